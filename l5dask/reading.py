@@ -1,0 +1,269 @@
+"""Reading L5Kit datasets lazily: one dask task reads and decodes one stored chunk.
+
+The graph of an array is a single layer, one task per stored chunk (or per group of
+``chunks_per_task`` consecutive stored chunks). A task returns a structured numpy
+array holding only the requested fields, so all fields (and all xarray variables) of
+one array share a single decode per chunk in a computation.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Any
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from numcodecs import Blosc
+
+from . import format as fmt
+from .errors import ChunkError, FormatError, L5DaskError
+from .store import Store, open_store
+
+_BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
+
+
+def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
+    """A packed copy of ``records`` with only ``fields`` (all of them when ``None``)."""
+    if fields is None or tuple(fields) == records.dtype.names:
+        return records
+    out = np.empty(records.shape, dtype=np.dtype([(f, records.dtype.fields[f][0]) for f in fields]))
+    for f in fields:
+        out[f] = records[f]
+    return out
+
+
+def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str) -> np.ndarray:
+    """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records."""
+    nbytes = meta.chunk_rows * meta.dtype.itemsize
+    out = np.empty(meta.chunk_rows, dtype=meta.dtype)
+    if compressed:
+        try:
+            _BLOSC.decode(raw, out=out)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ChunkError(
+                f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({exc})"
+            ) from None
+    else:
+        if len(raw) != nbytes:
+            raise ChunkError(
+                f"array {meta.name!r}, chunk {key!r}: holds {len(raw)} bytes, expected {nbytes}"
+            )
+        out.view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
+    return out
+
+
+def read_block(
+    store: Store,
+    meta: fmt.ArrayMeta,
+    compressed: bool,
+    first_chunk: int,
+    nchunks: int,
+    fields: tuple[str, ...] | None,
+) -> np.ndarray:
+    """Read ``nchunks`` stored chunks from ``first_chunk`` on, each once, keeping ``fields``."""
+    parts = []
+    for index in range(first_chunk, first_chunk + nchunks):
+        key = f"{meta.name}/{index}"
+        raw = store.get(key, what=f"array {meta.name!r}, chunk {str(index)!r}")
+        start, stop = meta.chunk_bounds(index)
+        records = decode_chunk(raw, meta, compressed, str(index))[: stop - start]
+        parts.append(project(records, fields))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+class L5Array:
+    """One stored structured array of a dataset, read lazily.
+
+    Parameters
+    ----------
+    store : Store
+        Where the dataset lives.
+    meta : ArrayMeta
+        The parsed ``.zarray``.
+    compressed : bool
+        Whether chunks are blosc-compressed (always, for L5Kit's writer).
+    """
+
+    def __init__(self, store: Store, meta: fmt.ArrayMeta, compressed: bool = True) -> None:
+        self.store, self.meta, self.compressed = store, meta, compressed
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.meta.dtype
+
+    def __len__(self) -> int:
+        return self.meta.length
+
+    def _fields(self, fields: Sequence[str] | str | None) -> tuple[str, ...] | None:
+        if fields is None:
+            return None
+        if isinstance(fields, str):
+            fields = (fields,)
+        unknown = [f for f in fields if f not in self.dtype.names]
+        if unknown:
+            raise L5DaskError(
+                f"array {self.name!r} has no field(s) {', '.join(unknown)}; it has {', '.join(self.dtype.names)}"
+            )
+        return tuple(fields)
+
+    def read_chunk(self, index: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
+        """Read and decode one stored chunk (eagerly, in this process)."""
+        return read_block(self.store, self.meta, self.compressed, index, 1, self._fields(fields))
+
+    def to_dask(
+        self, fields: Sequence[str] | str | None = None, chunks_per_task: int = 1
+    ) -> da.Array:
+        """The array as a 1-D dask array of records, one task per stored chunk.
+
+        Parameters
+        ----------
+        fields : sequence of str, optional
+            Keep only these fields (each chunk is still decoded once).
+        chunks_per_task : int
+            Group this many consecutive stored chunks per task (fewer, larger tasks).
+        """
+        fields = self._fields(fields)
+        if chunks_per_task < 1:
+            raise L5DaskError("chunks_per_task must be >= 1")
+        meta = self.meta
+        dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
+        token = tokenize(self.store.url, self.store.root, meta, fields, chunks_per_task)
+        name = f"l5-read-{meta.name}-{token}"
+        graph: dict[Any, Any] = {}
+        chunks: list[int] = []
+        for block, first in enumerate(range(0, meta.nchunks, chunks_per_task)):
+            n = min(chunks_per_task, meta.nchunks - first)
+            graph[(name, block)] = (read_block, self.store, meta, self.compressed, first, n, fields)
+            start, _ = meta.chunk_bounds(first)
+            _, stop = meta.chunk_bounds(first + n - 1)
+            chunks.append(stop - start)
+        if not chunks:
+            return da.from_array(np.empty(0, dtype=dtype), chunks=(0,), name=name)
+        hlg = HighLevelGraph.from_collections(name, graph, dependencies=())
+        return da.Array(hlg, name, chunks=(tuple(chunks),), dtype=dtype)
+
+    def __repr__(self) -> str:
+        return f"<L5Array {self.name} len={len(self)} chunks={self.meta.nchunks}x{self.meta.chunk_rows}>"
+
+
+class L5Dataset:
+    """An opened L5Kit dataset: metadata read once, data read lazily.
+
+    Use :func:`open_dataset` to make one.
+    """
+
+    def __init__(self, store: Store, arrays: dict[str, L5Array], attrs: dict[str, Any]) -> None:
+        self.store, self.arrays, self.attrs = store, arrays, attrs
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        labels = self.attrs.get("labels")
+        return tuple(labels) if isinstance(labels, list) and len(labels) == 17 else fmt.LABELS
+
+    def has(self, name: str) -> bool:
+        return name in self.arrays
+
+    def __getitem__(self, name: str) -> L5Array:
+        name = {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name)
+        try:
+            return self.arrays[name]
+        except KeyError:
+            raise L5DaskError(f"{self.url}: the dataset has no array {name!r}") from None
+
+    def counts(self) -> dict[str, int]:
+        return {fmt.SHORT_NAMES[n]: (len(self.arrays[n]) if n in self.arrays else 0) for n in fmt.ARRAY_NAMES}
+
+    # xarray views ------------------------------------------------------------------
+    @cached_property
+    def scenes(self):
+        from .xr import array_to_dataset
+
+        return array_to_dataset(self, fmt.SCENES)
+
+    @cached_property
+    def frames(self):
+        from .xr import array_to_dataset
+
+        return array_to_dataset(self, fmt.FRAMES)
+
+    @cached_property
+    def agents(self):
+        from .xr import array_to_dataset
+
+        return array_to_dataset(self, fmt.AGENTS)
+
+    @cached_property
+    def tl_faces(self):
+        from .xr import array_to_dataset
+
+        return array_to_dataset(self, fmt.TL_FACES)
+
+    def to_datatree(self):
+        """The whole dataset as one :class:`xarray.DataTree`, a node per array."""
+        from .xr import dataset_to_datatree
+
+        return dataset_to_datatree(self)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k}={v}" for k, v in self.counts().items())
+        return f"<L5Dataset {self.url!r} {parts}>"
+
+
+def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5Dataset:
+    """Open an L5Kit zarr dataset lazily.
+
+    Parameters
+    ----------
+    url : str or path
+        A local folder, ``file://`` URL, a ``.zip`` of the folder, ``s3://bucket/prefix``
+        or any fsspec URL.
+    storage_options : dict, optional
+        Options of the fsspec filesystem (S3 credentials, ``client_kwargs`` with an
+        ``endpoint_url``...). Without them s3fs uses the usual AWS environment.
+
+    Returns
+    -------
+    L5Dataset
+        Metadata is read here, once; chunks are read only when computed.
+    """
+    if isinstance(url, L5Dataset):
+        return url
+    store = open_store(url, storage_options)
+    raw_attrs = store.get_metadata(".zattrs")
+    attrs: dict[str, Any] = {}
+    if raw_attrs:
+        try:
+            loaded = json.loads(raw_attrs)
+            attrs = loaded if isinstance(loaded, dict) else {}
+        except ValueError:
+            raise FormatError(f"{store.url}: .zattrs is not valid JSON") from None
+    arrays: dict[str, L5Array] = {}
+    for name in fmt.ARRAY_NAMES:
+        raw = store.get_metadata(f"{name}/.zarray")
+        if raw is None:
+            if name == fmt.TL_FACES:
+                warnings.warn(
+                    f"{store.url}: no traffic_light_faces array; this is an older dataset format "
+                    "without traffic lights",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            raise FormatError(f"{store.url}: the dataset has no {name!r} array ({name}/.zarray is missing)")
+        meta = fmt.parse_zarray(name, raw, f"{store.url}: {name}/.zarray")
+        compressed = json.loads(raw).get("compressor") is not None
+        arrays[name] = L5Array(store, meta, compressed)
+    return L5Dataset(store, arrays, attrs)

@@ -1,0 +1,164 @@
+"""Where a dataset lives: local folders, zips, S3 and any fsspec URL.
+
+A :class:`Store` is a small picklable handle (filesystem + root path) that dask tasks
+carry to the workers, so that workers read chunks straight from the store.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import time
+from typing import Any
+
+import fsspec
+from fsspec.core import url_to_fs
+
+from .errors import ChunkError, NotADatasetError, StoreError
+
+#: Errors of a store that may pass (throttling, 5xx, dropped connections): retried.
+_RETRIES = 4
+
+
+def _is_transient(exc: BaseException) -> bool:
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    name = type(exc).__name__
+    text = str(exc)
+    return (
+        name in {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "ReadTimeoutError",
+                 "EndpointConnectionError", "ConnectTimeoutError", "ResponseStreamingError"}
+        or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError"))
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:300]
+
+
+class Store:
+    """A dataset root on some filesystem.
+
+    Parameters
+    ----------
+    url : str
+        Local path, ``file://``, ``s3://`` or any fsspec URL; a path ending in ``.zip``
+        is opened as a zip of the dataset folder.
+    storage_options : dict, optional
+        Passed to the fsspec filesystem (for S3: ``key``, ``secret``,
+        ``client_kwargs={"endpoint_url": ...}``, ``anon``...). For a zip, they go to
+        the filesystem that holds the zip.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = str(url)
+        options = dict(storage_options or {})
+        try:
+            if self.url.rstrip("/").endswith(".zip") and "::" not in self.url:
+                target_fs, zpath = url_to_fs(self.url, **options)
+                if not target_fs.exists(zpath):
+                    raise NotADatasetError(f"{self.url}: no such file")
+                self.fs = fsspec.filesystem("zip", fo=zpath, target_protocol=_protocol(target_fs),
+                                            target_options=options)
+                self.root = self._zip_root()
+            else:
+                self.fs, root = url_to_fs(self.url, **options)
+                self.root = root.rstrip("/")
+        except (NotADatasetError, StoreError):
+            raise
+        except (ValueError, ImportError) as exc:
+            raise StoreError(f"{self.url}: cannot open this location: {_describe(exc)}") from exc
+        except PermissionError as exc:
+            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+        except OSError as exc:
+            raise StoreError(f"{self.url}: {_describe(exc)}") from exc
+
+    def _zip_root(self) -> str:
+        """A zip holds the dataset at its root, or inside one top-level folder."""
+        if self.fs.exists(".zgroup"):
+            return ""
+        tops = [p for p in self.fs.ls("", detail=False)]
+        for top in tops:
+            top = top.rstrip("/")
+            if self.fs.exists(posixpath.join(top, ".zgroup")):
+                return top
+        return ""
+
+    def path(self, key: str) -> str:
+        return posixpath.join(self.root, key) if self.root else key
+
+    def get(self, key: str, *, what: str | None = None) -> bytes:
+        """Read one object, retrying transient store errors; map failures to clear errors."""
+        path = self.path(key)
+        delay = 0.2
+        for attempt in range(_RETRIES + 1):
+            try:
+                return self.fs.cat_file(path)
+            except FileNotFoundError as exc:
+                raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
+            except PermissionError as exc:
+                raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
+            except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
+                if attempt < _RETRIES and _is_transient(exc):
+                    time.sleep(delay)
+                    delay *= 2
+                    continue
+                raise StoreError(
+                    f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
+                ) from exc
+        raise AssertionError("unreachable")
+
+    def get_metadata(self, key: str) -> bytes | None:
+        """Read a metadata object, ``None`` when absent."""
+        try:
+            return self.get(key)
+        except ChunkError:
+            return None
+
+    def exists_root(self) -> bool:
+        try:
+            return bool(self.fs.exists(self.root or "/")) if self.root else True
+        except PermissionError as exc:
+            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+        except OSError as exc:
+            raise StoreError(f"{self.url}: {_describe(exc)}") from exc
+
+    def __dask_tokenize__(self):
+        return ("l5dask.Store", self.url, self.root, _protocol(self.fs))
+
+    def __repr__(self) -> str:
+        return f"Store({self.url!r})"
+
+    def __reduce__(self):
+        # Rebuild from the filesystem (fsspec filesystems pickle to their init arguments).
+        return (_rebuild_store, (self.url, self.fs, self.root))
+
+
+def _rebuild_store(url: str, fs: Any, root: str) -> Store:
+    store = Store.__new__(Store)
+    store.url, store.fs, store.root = url, fs, root
+    return store
+
+
+def _protocol(fs: Any) -> str:
+    proto = fs.protocol
+    return proto[0] if isinstance(proto, (tuple, list)) else proto
+
+
+def open_store(url: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> Store:
+    """Open a dataset location, raising :class:`NotADatasetError` if it holds no dataset."""
+    store = Store(os.fspath(url), storage_options)
+    try:
+        raw = store.get(".zgroup")
+    except ChunkError:
+        if not store.exists_root():
+            raise NotADatasetError(f"{store.url}: no such file, folder or bucket") from None
+        raise NotADatasetError(
+            f"{store.url}: not an L5Kit dataset (no zarr group metadata .zgroup)"
+        ) from None
+    if b"zarr_format" not in raw:
+        raise NotADatasetError(f"{store.url}: not an L5Kit dataset (.zgroup is not zarr v2 metadata)")
+    return store

@@ -1,0 +1,172 @@
+"""Writing datasets in exactly L5Kit's on-disk format (zarr v2, blosc lz4, byte shuffle).
+
+Chunks are written in parallel (a dask task per chunk) or streamed (:class:`ArrayWriter`).
+The group metadata (``.zgroup``) is written last, so an interrupted write never leaves
+something that opens as a complete dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from numcodecs import Blosc
+
+from . import format as fmt
+from .errors import L5DaskError
+from .store import Store
+
+_BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
+
+
+def encode_chunk(records: np.ndarray, chunk_rows: int) -> bytes:
+    """Pad ``records`` with the all-zero fill record to ``chunk_rows`` and blosc-encode them."""
+    if len(records) > chunk_rows:
+        raise ValueError(f"a chunk holds at most {chunk_rows} rows, got {len(records)}")
+    if len(records) < chunk_rows:
+        full = np.zeros(chunk_rows, dtype=records.dtype)
+        full[: len(records)] = records
+        records = full
+    return _BLOSC.encode(np.ascontiguousarray(records))
+
+
+def put(store: Store, key: str, data: bytes) -> None:
+    path = store.path(key)
+    if _is_local(store):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    store.fs.pipe_file(path, data)
+
+
+def _is_local(store: Store) -> bool:
+    proto = store.fs.protocol
+    return "file" in (proto if isinstance(proto, (tuple, list)) else (proto,))
+
+
+def write_block(store: Store, name: str, index: int, records: np.ndarray, chunk_rows: int) -> int:
+    """Encode and store chunk ``index`` of array ``name``; returns the rows written."""
+    put(store, f"{name}/{index}", encode_chunk(records, chunk_rows))
+    return len(records)
+
+
+def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> Store:
+    """Open a location for writing; refuse to overwrite a dataset unless asked to."""
+    store = Store(os.fspath(url), storage_options)
+    try:
+        exists = store.fs.exists(store.path(".zgroup"))
+    except PermissionError as exc:
+        raise L5DaskError(f"{store.url}: access denied ({exc})") from exc
+    if exists and not overwrite:
+        raise L5DaskError(f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
+    if overwrite and store.root and store.fs.exists(store.root):
+        # Remove the group metadata first: from here on the old dataset no longer looks complete.
+        if exists:
+            store.fs.rm(store.path(".zgroup"))
+        store.fs.rm(store.root, recursive=True)
+    return store
+
+
+def finish(store: Store, metas: Mapping[str, tuple[np.dtype, int, int]], labels=fmt.LABELS) -> None:
+    """Write each array's ``.zarray``, then ``.zattrs``, then ``.zgroup`` last."""
+    for name, (dtype, length, chunk_rows) in metas.items():
+        put(store, f"{name}/.zarray", fmt.zarray_json(dtype, length, chunk_rows))
+    put(store, ".zattrs", fmt.zattrs_json(tuple(labels)))
+    put(store, ".zgroup", fmt.ZGROUP_JSON)
+
+
+def _validate(name: str, array: Any) -> np.dtype:
+    dtype = np.dtype(array.dtype)
+    if getattr(array, "ndim", 1) != 1:
+        raise L5DaskError(f"array {name!r} must be 1-D, got {array.ndim} dimensions")
+    fmt.check_fields(name, dtype, f"array {name!r}")
+    if any(dtype.fields[f][0].base.kind == "O" for f in dtype.names):
+        raise L5DaskError(f"array {name!r} has object fields, which L5Kit's format cannot hold")
+    return dtype
+
+
+def write_dataset(
+    url: Any,
+    arrays: Mapping[str, Any],
+    *,
+    storage_options: dict | None = None,
+    labels: tuple[str, ...] = fmt.LABELS,
+    overwrite: bool = False,
+    chunk_rows: Mapping[str, int] | None = None,
+) -> Store:
+    """Write structured arrays as an L5Kit dataset, a dask task per stored chunk.
+
+    Parameters
+    ----------
+    url : str or path
+        Destination folder or fsspec URL (``s3://bucket/prefix``...).
+    arrays : mapping
+        ``{"scenes": ..., "frames": ..., "agents": ..., "traffic_light_faces": ...}``:
+        numpy or dask structured arrays (``traffic_light_faces`` may be left out for
+        the older format). Short name ``tl_faces`` is accepted too.
+    chunk_rows : mapping, optional
+        Rows per stored chunk, by array; L5Kit's sizes by default.
+    """
+    long = {v: k for k, v in fmt.SHORT_NAMES.items()}
+    arrays = {long.get(k, k): v for k, v in arrays.items()}
+    missing = [n for n in (fmt.SCENES, fmt.FRAMES, fmt.AGENTS) if n not in arrays]
+    if missing:
+        raise L5DaskError(f"cannot write a dataset without the array(s) {', '.join(missing)}")
+    dtypes = {name: _validate(name, a) for name, a in arrays.items()}
+    store = prepare_target(url, storage_options, overwrite)
+    rows = {n: (chunk_rows or {}).get(n, fmt.CHUNK_ROWS.get(n, 10_000)) for n in arrays}
+    tasks = []
+    for name, array in arrays.items():
+        if not isinstance(array, da.Array):
+            array = da.from_array(np.asarray(array), chunks=rows[name], name=f"l5-src-{tokenize(array)}")
+        array = array.rechunk(rows[name])
+        blocks = array.to_delayed().ravel()
+        tasks += [dask.delayed(write_block, pure=True)(store, name, i, b, rows[name]) for i, b in enumerate(blocks)]
+    dask.compute(*tasks)
+    finish(store, {n: (dtypes[n], len(arrays[n]), rows[n]) for n in arrays}, labels)
+    return store
+
+
+class ArrayWriter:
+    """Append records to one array; full chunks are encoded and stored in background threads."""
+
+    def __init__(self, store: Store, name: str, dtype: np.dtype, chunk_rows: int, pool: ThreadPoolExecutor) -> None:
+        self.store, self.name, self.dtype, self.chunk_rows, self.pool = store, name, dtype, chunk_rows, pool
+        self.buffer = np.empty(chunk_rows, dtype=dtype)
+        self.filled = 0
+        self.length = 0
+        self.next_chunk = 0
+        self.pending: list[Future] = []
+
+    def append(self, records: np.ndarray) -> None:
+        pos = 0
+        while pos < len(records):
+            take = min(self.chunk_rows - self.filled, len(records) - pos)
+            self.buffer[self.filled : self.filled + take] = records[pos : pos + take]
+            self.filled += take
+            pos += take
+            if self.filled == self.chunk_rows:
+                self._flush()
+        self.length += len(records)
+
+    def _flush(self) -> None:
+        block, self.buffer = self.buffer[: self.filled], np.empty(self.chunk_rows, dtype=self.dtype)
+        self.pending.append(self.pool.submit(write_block, self.store, self.name, self.next_chunk, block, self.chunk_rows))
+        self.next_chunk += 1
+        self.filled = 0
+        if len(self.pending) > 8:  # bound the memory held by chunks not yet written
+            done, self.pending = self.pending[:-8], self.pending[-8:]
+            for f in done:
+                f.result()
+
+    def close(self) -> tuple[np.dtype, int, int]:
+        if self.filled:
+            self._flush()
+        for f in self.pending:
+            f.result()
+        self.pending = []
+        return self.dtype, self.length, self.chunk_rows
