@@ -17,7 +17,6 @@ from typing import Any
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
 from numcodecs import Blosc
 
 from . import format as fmt
@@ -37,10 +36,11 @@ def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     return out
 
 
-def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str) -> np.ndarray:
-    """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records."""
+def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, out: np.ndarray | None = None) -> np.ndarray:
+    """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if given)."""
     nbytes = meta.chunk_rows * meta.dtype.itemsize
-    out = np.empty(meta.chunk_rows, dtype=meta.dtype)
+    if out is None:
+        out = np.empty(meta.chunk_rows, dtype=meta.dtype)
     if compressed:
         try:
             _BLOSC.decode(raw, out=out)
@@ -65,15 +65,33 @@ def read_block(
     nchunks: int,
     fields: tuple[str, ...] | None,
 ) -> np.ndarray:
-    """Read ``nchunks`` stored chunks from ``first_chunk`` on, each once, keeping ``fields``."""
-    parts = []
+    """Read ``nchunks`` stored chunks from ``first_chunk`` on, each once, keeping ``fields``.
+
+    Full chunks of all fields are decoded straight into the output (no copy); a
+    padded last chunk, or a projection, goes through one chunk-sized scratch buffer.
+    """
+    start, _ = meta.chunk_bounds(first_chunk)
+    _, stop = meta.chunk_bounds(first_chunk + nchunks - 1)
+    dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
+    out = np.empty(stop - start, dtype=dtype)
+    scratch = None
     for index in range(first_chunk, first_chunk + nchunks):
-        key = f"{meta.name}/{index}"
-        raw = store.get(key, what=f"array {meta.name!r}, chunk {str(index)!r}")
-        start, stop = meta.chunk_bounds(index)
-        records = decode_chunk(raw, meta, compressed, str(index))[: stop - start]
-        parts.append(project(records, fields))
-    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        raw = store.get(f"{meta.name}/{index}", what=f"array {meta.name!r}, chunk {str(index)!r}")
+        lo, hi = (b - start for b in meta.chunk_bounds(index))
+        if fields is None and hi - lo == meta.chunk_rows:
+            decode_chunk(raw, meta, compressed, str(index), out=out[lo:hi])
+            continue
+        if scratch is None:
+            scratch = np.empty(meta.chunk_rows, dtype=meta.dtype)
+        records = decode_chunk(raw, meta, compressed, str(index), out=scratch)[: hi - lo]
+        for f in dtype.names:
+            out[f][lo:hi] = records[f]
+    return out
+
+
+def _read_block_id(store, meta, compressed, chunks_per_task, fields, block_id=None) -> np.ndarray:
+    first = block_id[0] * chunks_per_task
+    return read_block(store, meta, compressed, first, min(chunks_per_task, meta.nchunks - first), fields)
 
 
 class L5Array:
@@ -136,20 +154,21 @@ class L5Array:
             raise L5DaskError("chunks_per_task must be >= 1")
         meta = self.meta
         dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
-        token = tokenize(self.store.url, self.store.root, meta, fields, chunks_per_task)
-        name = f"l5-read-{meta.name}-{token}"
-        graph: dict[Any, Any] = {}
-        chunks: list[int] = []
-        for block, first in enumerate(range(0, meta.nchunks, chunks_per_task)):
-            n = min(chunks_per_task, meta.nchunks - first)
-            graph[(name, block)] = (read_block, self.store, meta, self.compressed, first, n, fields)
-            start, _ = meta.chunk_bounds(first)
-            _, stop = meta.chunk_bounds(first + n - 1)
-            chunks.append(stop - start)
-        if not chunks:
-            return da.from_array(np.empty(0, dtype=dtype), chunks=(0,), name=name)
-        hlg = HighLevelGraph.from_collections(name, graph, dependencies=())
-        return da.Array(hlg, name, chunks=(tuple(chunks),), dtype=dtype)
+        firsts = list(range(0, meta.nchunks, chunks_per_task))
+        if not firsts:
+            return da.from_array(np.empty(0, dtype=dtype), chunks=(0,))
+        chunks = tuple(
+            meta.chunk_bounds(min(f + chunks_per_task, meta.nchunks) - 1)[1] - meta.chunk_bounds(f)[0] for f in firsts
+        )
+        token = tokenize(self.store, meta, fields, chunks_per_task)
+        # A blockwise layer with no inputs: one task per block, fused cheaply with
+        # per-field getitem layers by dask's blockwise optimisation.
+        return da.map_blocks(
+            _read_block_id,
+            self.store, meta, self.compressed, chunks_per_task, fields,
+            chunks=(chunks,), dtype=dtype, meta=np.empty(0, dtype=dtype),
+            name=f"l5-read-{meta.name}-{token}",
+        )
 
     def __repr__(self) -> str:
         return f"<L5Array {self.name} len={len(self)} chunks={self.meta.nchunks}x{self.meta.chunk_rows}>"

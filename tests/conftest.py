@@ -1,0 +1,121 @@
+"""Shared fixtures: generated datasets and a real S3 endpoint (moto server on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+import l5dask
+from l5dask import format as fmt
+
+#: Small chunks so that scenes, frames and tracks straddle chunk boundaries.
+SMALL_CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 300, fmt.AGENTS: 5_000, fmt.TL_FACES: 2_000}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def small_ds(tmp_path_factory) -> str:
+    """5 scenes, many small chunks (read-only: do not modify)."""
+    path = str(tmp_path_factory.mktemp("data") / "small.zarr")
+    l5dask.synthesize(path, scenes=5, seed=7, chunk_rows=SMALL_CHUNKS)
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_ds(tmp_path_factory) -> str:
+    """3 scenes with L5Kit's own chunk sizes (read-only)."""
+    path = str(tmp_path_factory.mktemp("data") / "default.zarr")
+    l5dask.synthesize(path, scenes=3, seed=3)
+    return path
+
+
+def read_all(path: str) -> dict[str, np.ndarray]:
+    """Every array of a dataset, decoded by zarr-python 2 (L5Kit's reader stack): the reference."""
+    import zarr
+
+    root = zarr.open_group(path, mode="r")
+    return {name: root[name][:] for name in fmt.ARRAY_NAMES if name in root}
+
+
+class S3Server:
+    """A moto S3 server on 127.0.0.1 with IAM authentication switched on."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", AWS_DEFAULT_REGION="us-east-1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        deadline = time.time() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1)
+                break
+            except Exception:
+                if time.time() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("moto server did not start")
+                time.sleep(0.2)
+        import boto3
+
+        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1",
+                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam.create_user(UserName="l5dask")
+        iam.put_user_policy(UserName="l5dask", PolicyName="s3", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="l5dask")["AccessKey"]
+        self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
+
+    def storage_options(self, key: str | None = None, secret: str | None = None) -> dict:
+        return {"key": key or self.key, "secret": secret or self.secret,
+                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+                "skip_instance_cache": True}
+
+    def make_bucket(self, name: str) -> None:
+        import boto3
+
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                              aws_access_key_id=self.key, aws_secret_access_key=self.secret)
+        try:
+            client.create_bucket(Bucket=name)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+
+    def s3fs(self):
+        import s3fs
+
+        return s3fs.S3FileSystem(**self.storage_options())
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+@pytest.fixture(scope="session")
+def s3():
+    server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_small(s3, small_ds) -> str:
+    """``small_ds`` uploaded to s3://l5-test/small.zarr."""
+    s3.make_bucket("l5-test")
+    fs = s3.s3fs()
+    fs.put(small_ds, "l5-test/small.zarr", recursive=True)
+    return "s3://l5-test/small.zarr"

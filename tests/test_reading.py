@@ -1,0 +1,163 @@
+"""The reader: exact values, one task per stored chunk, one decode per chunk, laziness."""
+
+from __future__ import annotations
+
+import shutil
+import zipfile
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+
+import l5dask
+import l5dask.reading as reading
+from l5dask import format as fmt
+from l5dask.store import Store
+
+from .conftest import SMALL_CHUNKS, read_all
+
+
+@pytest.fixture
+def decode_log(monkeypatch):
+    """Records every chunk decode as (array, chunk key)."""
+    calls: list[tuple[str, str]] = []
+    original = reading.decode_chunk
+
+    def counting(raw, meta, compressed, key, out=None):
+        calls.append((meta.name, key))
+        return original(raw, meta, compressed, key, out=out)
+
+    monkeypatch.setattr(reading, "decode_chunk", counting)
+    return calls
+
+
+@pytest.fixture
+def get_log(monkeypatch):
+    """Records every object read from any store."""
+    keys: list[str] = []
+    original = Store.get
+
+    def logging_get(self, key, **kw):
+        keys.append(key)
+        return original(self, key, **kw)
+
+    monkeypatch.setattr(Store, "get", logging_get)
+    return keys
+
+
+def test_all_arrays_equal_l5kit_reference(small_ds):
+    ref = read_all(small_ds)
+    ds = l5dask.open_dataset(small_ds)
+    for name, expected in ref.items():
+        got = ds[name].to_dask().compute()
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_dask_chunks_are_stored_chunks(small_ds):
+    ds = l5dask.open_dataset(small_ds)
+    for name, arr in ds.arrays.items():
+        x = arr.to_dask()
+        n, rows = len(arr), SMALL_CHUNKS[name]
+        expected = tuple(min(rows, n - i) for i in range(0, n, rows))
+        assert x.chunks == (expected,)
+        assert len(x.__dask_graph__()) == arr.meta.nchunks
+
+
+def test_chunks_per_task_groups_whole_chunks(small_ds, decode_log):
+    ds = l5dask.open_dataset(small_ds)
+    agents = ds["agents"]
+    x = agents.to_dask(fields=["track_id"], chunks_per_task=3)
+    assert len(x.__dask_graph__()) == -(-agents.meta.nchunks // 3)
+    assert all(c == 15_000 for c in x.chunks[0][:-1])
+    np.testing.assert_array_equal(x.compute()["track_id"], read_all(small_ds)["agents"]["track_id"])
+    assert sorted(decode_log) == sorted(("agents", str(i)) for i in range(agents.meta.nchunks))
+
+
+def test_opening_reads_only_metadata(small_ds, get_log):
+    ds = l5dask.open_dataset(small_ds)
+    _ = ds.agents, ds.frames, ds.to_datatree()
+    assert get_log and all(k.startswith(".z") or k.endswith("/.zarray") for k in get_log)
+
+
+def test_field_projection_decodes_each_chunk_once(small_ds, decode_log):
+    ds = l5dask.open_dataset(small_ds)
+    agents = ds["agents"]
+    x = agents.to_dask(fields=["centroid", "velocity"])
+    assert x.dtype.names == ("centroid", "velocity")
+    c, v = dask.compute(x["centroid"], x["velocity"])
+    ref = read_all(small_ds)["agents"]
+    np.testing.assert_array_equal(c, ref["centroid"])
+    np.testing.assert_array_equal(v, ref["velocity"])
+    assert sorted(decode_log) == sorted(("agents", str(i)) for i in range(agents.meta.nchunks))
+
+
+def test_xarray_variables_share_one_decode(small_ds, decode_log):
+    ds = l5dask.open_dataset(small_ds)
+    agents = ds.agents.compute()
+    n = ds["agents"].meta.nchunks
+    assert len(decode_log) == n and len(set(decode_log)) == n
+    ref = read_all(small_ds)["agents"]
+    for field in fmt.AGENT_DTYPE.names:
+        np.testing.assert_array_equal(agents[field].values, ref[field])
+
+
+def test_slicing_touches_only_overlapping_chunks(small_ds, decode_log):
+    ds = l5dask.open_dataset(small_ds)
+    x = ds["agents"].to_dask()
+    part = x[9_990:10_020].compute()  # rows of chunks 1 and 2 only
+    np.testing.assert_array_equal(part, read_all(small_ds)["agents"][9_990:10_020])
+    assert sorted(decode_log) == [("agents", "1"), ("agents", "2")]
+
+
+def test_read_chunk_padding_is_dropped(small_ds):
+    ds = l5dask.open_dataset(small_ds)
+    agents = ds["agents"]
+    last = agents.meta.nchunks - 1
+    tail = agents.read_chunk(last)
+    assert len(tail) == len(agents) - last * agents.meta.chunk_rows
+
+
+def _zip(src: str, dest: Path, inside_folder: bool) -> str:
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as zf:
+        for f in Path(src).rglob("*"):
+            if f.is_file():
+                rel = f.relative_to(Path(src).parent if inside_folder else src)
+                zf.write(f, rel.as_posix())
+    return str(dest)
+
+
+@pytest.mark.parametrize("inside_folder", [False, True])
+def test_zip_of_folder(small_ds, tmp_path, inside_folder):
+    path = _zip(small_ds, tmp_path / "small.zarr.zip", inside_folder)
+    ds = l5dask.open_dataset(path)
+    ref = read_all(small_ds)
+    np.testing.assert_array_equal(ds["frames"].to_dask().compute(), ref["frames"])
+    np.testing.assert_array_equal(ds.agents.track_id.values, ref["agents"]["track_id"])
+
+
+def test_file_url(small_ds):
+    ds = l5dask.open_dataset("file://" + small_ds)
+    np.testing.assert_array_equal(ds["scenes"].to_dask().compute(), read_all(small_ds)["scenes"])
+
+
+def test_old_format_without_traffic_lights_warns(tmp_path):
+    path = str(tmp_path / "old.zarr")
+    l5dask.synthesize(path, scenes=1, seed=1, traffic_lights=False)
+    with pytest.warns(RuntimeWarning, match="no traffic_light_faces array"):
+        ds = l5dask.open_dataset(path)
+    assert not ds.has(fmt.TL_FACES)
+    assert "traffic_light_faces_index_interval" not in ds.frames
+    assert ds.counts()["tl_faces"] == 0
+
+
+def test_unknown_extra_arrays_are_ignored(small_ds, tmp_path):
+    path = tmp_path / "extra.zarr"
+    shutil.copytree(small_ds, path)
+    (path / "agents_mask").mkdir()
+    (path / "agents_mask" / ".zarray").write_text('{"zarr_format": 2, "dtype": "|O"}')
+    (path / "agents_mask" / "0").write_bytes(b"\x80\x04junk")
+    ds = l5dask.open_dataset(str(path))
+    assert set(ds.arrays) == set(fmt.ARRAY_NAMES)
+    assert len(ds["agents"].to_dask().compute()) == len(ds["agents"])
