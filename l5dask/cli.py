@@ -100,5 +100,45 @@ def info(dataset: str, storage_options) -> None:
                    f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names)}")
 
 
+@main.command()
+@click.argument("dataset")
+@click.option("--output", "-O", "output", type=click.Path(dir_okay=False), help="write the report (JSON) here")
+@click.option("--scenes-table", type=click.Path(dir_okay=False), help="write the per-scene table (Parquet) here")
+@click.option("--chunks-per-task", default=1, show_default=True, type=click.IntRange(1),
+              help="stored chunks per task (fewer, larger tasks for huge datasets)")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@storage_option
+@_friendly
+def stats(dataset: str, output, scenes_table, chunks_per_task: int, quiet: bool, storage_options) -> None:
+    """Compute the standard statistics report of DATASET in one parallel pass."""
+    from .report import compute_report, summary_text, write_json, write_scene_table
+
+    report = compute_report(dataset, storage_options=_parse_storage_options(storage_options),
+                            chunks_per_task=chunks_per_task, progress=not quiet)
+    if output:
+        write_json(report, output)
+    if scenes_table:
+        write_scene_table(report, scenes_table)
+    click.echo(summary_text(report))
+
+
+@main.command()
+@click.argument("dataset")
+@storage_option
+@_friendly
+def validate(dataset: str, storage_options) -> None:
+    """Check every index interval of DATASET; exit 1 when there are problems."""
+    from .joins import validate as check
+    from .reading import open_dataset
+
+    problems = check(open_dataset(dataset, storage_options=_parse_storage_options(storage_options)))
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"{dataset}: no problems")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

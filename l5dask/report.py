@@ -1,0 +1,225 @@
+"""Planning and running the statistics report: graph building, apart from the maths in
+:mod:`l5dask.stats`. Outputs are written atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from operator import getitem
+from typing import Any
+
+import dask
+import numpy as np
+
+from . import format as fmt
+from .errors import L5DaskError
+from .joins import block_bounds, check_bounds, interval_problems, raise_first
+from .reading import L5Dataset, open_dataset
+from .stats import AgentStats, FrameStats, TLStats, finalize
+
+FAN_IN = 8
+
+
+def tree_reduce(parts: Sequence[Any], combine: Callable, identity: Callable) -> Any:
+    """Ordered tree reduction of delayed partials: neighbours are combined, in order."""
+    parts = list(parts)
+    if not parts:
+        return dask.delayed(identity)()
+    while len(parts) > 1:
+        parts = [dask.delayed(_combine_many, pure=True)(combine, *parts[i: i + FAN_IN])
+                 for i in range(0, len(parts), FAN_IN)]
+    return parts[0]
+
+
+def _combine_many(combine: Callable, *parts: Any) -> Any:
+    out = parts[0]
+    for p in parts[1:]:
+        out = combine(out, p)
+    return out
+
+
+def _frame_task(block, offset, scene_iv, scene_lo, has_tl, n_agents, n_tl):
+    """One frame block: frame partial, compact join columns, and the agents/tl interval bounds."""
+    part, join = FrameStats.chunk(block, offset, scene_iv, scene_lo, has_tl)
+    agent_bounds = block_bounds(block, "agent_index_interval", offset, n_agents)
+    tl_bounds = block_bounds(block, "traffic_light_faces_index_interval", offset, n_tl) if has_tl else None
+    return part, join, agent_bounds, tl_bounds
+
+
+def _agent_task(block, lo, nlabels, *joins):
+    return AgentStats.chunk(block, lo, list(joins), nlabels)
+
+
+def _offsets(chunks: tuple[int, ...]) -> np.ndarray:
+    return np.r_[0, np.cumsum(chunks)[:-1]].astype(np.int64)
+
+
+def compute_report(
+    dataset: Any,
+    *,
+    storage_options: dict | None = None,
+    chunks_per_task: int = 1,
+    progress: bool = False,
+    scheduler: Any = None,
+) -> dict[str, Any]:
+    """The standard statistics report of a dataset, as a dict (contract version 1).
+
+    Parameters
+    ----------
+    dataset : str, path or L5Dataset
+    chunks_per_task : int
+        Stored chunks per task (for datasets with 100 k+ chunks).
+    progress : bool
+        Show a progress bar on stderr.
+    scheduler : optional
+        Passed to ``dask.compute``; by default the current dask scheduler (an active
+        ``distributed.Client``, else local threads).
+    """
+    ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
+    counts = ds.counts()
+    has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in ds[fmt.FRAMES].dtype.names
+    compute_kw = {"scheduler": scheduler} if scheduler is not None else {}
+
+    # 1. scenes, whole: the report holds a row per scene anyway.
+    scenes = ds[fmt.SCENES].to_dask().compute(**compute_kw)
+    siv = scenes["frame_index_interval"].reshape(-1, 2)
+    n_bad, first_bad, why = interval_problems(siv, 0, counts["frames"])
+    problems = [f"scenes.frame_index_interval: row {first_bad}: {why}"] if n_bad else []
+    if not n_bad and len(siv) and (siv[0, 0] != 0 or siv[-1, 1] != counts["frames"]):
+        problems.append(f"scenes.frame_index_interval: covers frames {siv[0, 0]}..{siv[-1, 1]}, "
+                        f"the frames array has {counts['frames']} rows")
+    if not len(siv) and counts["frames"]:
+        problems.append(f"scenes.frame_index_interval: no scenes, but {counts['frames']} frames")
+    raise_first(problems)
+
+    # 2. the frames pass, persisted: partials + compact join columns, each chunk decoded once.
+    frame_fields = ["timestamp", "agent_index_interval", "ego_translation"] + (
+        ["traffic_light_faces_index_interval"] if has_tl else [])
+    frames = ds[fmt.FRAMES].to_dask(fields=frame_fields, chunks_per_task=chunks_per_task)
+    frame_tasks = []
+    for block, off, n in zip(frames.to_delayed().ravel(), _offsets(frames.chunks[0]), frames.chunks[0]):
+        s_lo = int(np.searchsorted(siv[:, 0], off, side="right") - 1) if n else 0
+        s_hi = int(np.searchsorted(siv[:, 0], off + n - 1, side="right")) if n else 0
+        frame_tasks.append(dask.delayed(_frame_task, pure=True)(
+            block, int(off), siv[s_lo:s_hi], s_lo, has_tl, counts["agents"], counts["tl_faces"]))
+    frame_tasks = list(dask.persist(*frame_tasks, **compute_kw)) if frame_tasks else []
+    bounds = dask.compute([dask.delayed(getitem)(t, 2) for t in frame_tasks],
+                          [dask.delayed(getitem)(t, 3) for t in frame_tasks], **compute_kw) if frame_tasks else ([], [])
+    agent_bounds = np.concatenate(bounds[0]) if frame_tasks else np.zeros((0, 6), np.int64)
+    problems = check_bounds(agent_bounds, "frames", "agent_index_interval", counts["agents"])
+    if has_tl:
+        problems += check_bounds(np.concatenate(bounds[1]) if frame_tasks else np.zeros((0, 6), np.int64),
+                                 "frames", "traffic_light_faces_index_interval", counts["tl_faces"])
+    raise_first(problems)
+    joins = [dask.delayed(getitem)(t, 1) for t in frame_tasks]
+    fb_start, fb_end, fb_rows = agent_bounds[:, 0], agent_bounds[:, 1], agent_bounds[:, 2]
+
+    # 3. agents and tl faces, each task depending only on the frame blocks it overlaps.
+    agents = ds[fmt.AGENTS].to_dask(fields=["centroid", "velocity", "track_id", "label_probabilities"],
+                                    chunks_per_task=chunks_per_task)
+    nlabels = agents.dtype["label_probabilities"].shape[0]
+    agent_parts = []
+    for block, lo, n in zip(agents.to_delayed().ravel(), _offsets(agents.chunks[0]), agents.chunks[0]):
+        ks = np.flatnonzero((fb_rows > 0) & (fb_start < lo + n) & (fb_end > lo))
+        agent_parts.append(dask.delayed(_agent_task, pure=True)(block, int(lo), nlabels, *[joins[k] for k in ks]))
+    tl_parts = []
+    if ds.has(fmt.TL_FACES):
+        tl = ds[fmt.TL_FACES].to_dask(fields=["face_id", "traffic_light_face_status"], chunks_per_task=chunks_per_task)
+        tl_parts = [dask.delayed(TLStats.chunk, pure=True)(b) for b in tl.to_delayed().ravel()]
+    final = dask.delayed(finalize, pure=True)(
+        counts, ds.labels, scenes,
+        tree_reduce([dask.delayed(getitem)(t, 0) for t in frame_tasks], FrameStats.combine, _empty_frame_part),
+        tree_reduce(agent_parts, AgentStats.combine, lambda: _empty_agent_part(nlabels)),
+        tree_reduce(tl_parts, TLStats.combine, _empty_tl_part),
+    )
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar(out=sys.stderr, dt=0.5):
+            report = final.compute(**compute_kw)
+    else:
+        report = final.compute(**compute_kw)
+    report["dataset"] = ds.url
+    return report
+
+
+def _empty_frame_part():
+    from .stats import FramePart
+
+    return FramePart()
+
+
+def _empty_agent_part(nlabels: int = 17):
+    from .stats import AgentPart
+
+    return AgentPart(labels=np.zeros(nlabels, np.int64))
+
+
+def _empty_tl_part():
+    from .stats import TLPart
+
+    return TLPart()
+
+
+def public(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without its private per-scene table."""
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Write to a temporary file beside ``path``, then rename it into place."""
+    path = os.path.abspath(path)
+    folder = os.path.dirname(path)
+    if not os.path.isdir(folder):
+        raise L5DaskError(f"{path}: the folder {folder} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=folder)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(report: dict[str, Any], path: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(public(report), f, indent=1)
+
+    atomic_write(path, write)
+
+
+def write_scene_table(report: dict[str, Any], path: str) -> None:
+    """The per-scene table as Parquet (built from per-scene partials, never from the agents)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({k: np.asarray(v) for k, v in report["_scene_table"].items()})
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def summary_text(report: dict[str, Any]) -> str:
+    """L5Kit's summary table and the label mix, for people."""
+    c, s = report["counts"], report["summary"]
+    head = ["Num Scenes", "Num Frames", "Num Agents", "Num TR lights", "Total Time (hr)", "Avg Frames per Scene",
+            "Avg Agents per Frame", "Avg Scene Time (sec)", "Avg Frame frequency"]
+    vals = [f"{c['scenes']:,}", f"{c['frames']:,}", f"{c['agents']:,}", f"{c['tl_faces']:,}",
+            f"{s['total_time_hours']:.2f}", f"{s['avg_frames_per_scene']:.2f}", f"{s['avg_agents_per_frame']:.2f}",
+            f"{s['avg_scene_time_s']:.2f}", f"{s['frame_frequency_hz']:.2f}"]
+    widths = [max(len(h), len(v)) for h, v in zip(head, vals)]
+    line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    row = lambda cells: "|" + "|".join(f" {x:>{w}} " for x, w in zip(cells, widths)) + "|"  # noqa: E731
+    out = [line, row(head), line, row(vals), line, "", "Label mix (most probable label):"]
+    total = max(c["agents"], 1)
+    for name, n in sorted(report["agents"]["label_counts"].items(), key=lambda kv: -kv[1]):
+        if n:
+            out.append(f"  {name:<40} {n:>14,}  {100 * n / total:6.2f} %")
+    out.append(f"Distinct tracks: {report['tracks']['count']:,}   "
+               f"mean agent speed: {report['agents']['speed_mps']['mean']:.2f} m/s   "
+               f"ego distance: {report['ego']['total_distance_km']:.1f} km")
+    return "\n".join(out)

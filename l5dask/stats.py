@@ -1,0 +1,347 @@
+"""The standard statistics report (``shared/spec/statistics-report.md``), in one pass.
+
+Shape (after flox): each level has a reduction object with ``chunk`` (one stored
+chunk -> a partial), ``combine`` (two neighbouring partials, in order -> one) and
+``finalize``. Graph building lives in this
+module's sibling :mod:`l5dask.report`, apart from the maths. Every stored chunk is decoded once:
+
+1. scenes are read whole (the report itself holds a row per scene);
+2. the frames pass (a task per frame chunk) yields the frame partials and compact
+   per-frame join columns (agent start, ego x/y, scene), which are persisted;
+3. agents and traffic-light faces (a task per chunk, each depending only on the frame
+   blocks it overlaps) and the tree combines of all three levels run in one compute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+
+SPEED_EDGES = np.linspace(0.0, 50.0, 101)
+DISTANCE_EDGES = np.linspace(0.0, 200.0, 41)
+I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+
+
+def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]``."""
+    idx = np.searchsorted(edges, values, side="right") - 1
+    return np.bincount(idx[idx >= 0], minlength=len(edges))[: len(edges)].astype(np.int64)
+
+
+# --- per-scene series over a range of scene indices ------------------------------------
+@dataclass
+class SceneSeries:
+    """Per-scene values for scenes ``lo .. lo + len - 1``, merged by an op per column."""
+
+    lo: int
+    cols: dict[str, np.ndarray]
+
+    OPS = {"sum": (np.add, 0), "min": (np.minimum, I64_MAX), "max": (np.maximum, I64_MIN)}
+
+    @staticmethod
+    def empty() -> SceneSeries:
+        return SceneSeries(0, {})
+
+    def __len__(self) -> int:
+        return len(next(iter(self.cols.values()))) if self.cols else 0
+
+
+def merge_series(a: SceneSeries, b: SceneSeries, ops: dict[str, str]) -> SceneSeries:
+    if not len(a):
+        return b
+    if not len(b):
+        return a
+    lo, hi = min(a.lo, b.lo), max(a.lo + len(a), b.lo + len(b))
+    cols = {}
+    for name, op in ops.items():
+        ufunc, identity = SceneSeries.OPS[op]
+        dtype = np.result_type(a.cols[name], b.cols[name])
+        out = np.full(hi - lo, identity, dtype=dtype)
+        for s in (a, b):
+            seg = slice(s.lo - lo, s.lo - lo + len(s))
+            out[seg] = ufunc(out[seg], s.cols[name])
+        cols[name] = out
+    return SceneSeries(lo, cols)
+
+
+# --- frames ----------------------------------------------------------------------------
+FRAME_SERIES_OPS = {"num_agents": "sum", "num_tl_faces": "sum", "ego_distance_m": "sum",
+                    "first_ts": "min", "last_ts": "max"}
+
+
+@dataclass
+class FramePart:
+    n: int = 0
+    per_frame_min: int = I64_MAX
+    per_frame_max: int = I64_MIN
+    per_frame_sum: int = 0
+    dt_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    dt_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    ego_speed_sum: float = 0.0
+    ego_pairs: int = 0
+    ego_distance: float = 0.0
+    series: SceneSeries = field(default_factory=SceneSeries.empty)
+    first: tuple | None = None  # (scene, timestamp, x, y) of the first frame
+    last: tuple | None = None
+
+
+def value_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v, c = np.unique(values, return_counts=True)
+    return v.astype(np.int64), c.astype(np.int64)
+
+
+def merge_counts(av, ac, bv, bc):
+    if not len(av):
+        return bv, bc
+    if not len(bv):
+        return av, ac
+    v, inv = np.unique(np.concatenate([av, bv]), return_inverse=True)
+    return v, np.bincount(inv, weights=np.concatenate([ac, bc]), minlength=len(v)).astype(np.int64)
+
+
+class FrameStats:
+    """Frame-level statistics: agents per frame, frame frequency, ego motion, per-scene sums."""
+
+    @staticmethod
+    def chunk(frames: np.ndarray, offset: int, scene_iv: np.ndarray, scene_lo: int,
+              has_tl: bool) -> tuple[FramePart, np.ndarray]:
+        """Partial of one frame block, and its compact join columns (agent start, ego x/y, scene).
+
+        ``scene_iv`` are the frame intervals of the scenes ``scene_lo...`` that overlap the block.
+        """
+        n = len(frames)
+        idx = offset + np.arange(n)
+        scene = scene_lo + np.searchsorted(scene_iv[:, 0], idx, side="right") - 1
+        ai = frames["agent_index_interval"]
+        per = ai[:, 1] - ai[:, 0]
+        ts = frames["timestamp"]
+        xy = frames["ego_translation"][:, :2].astype(np.float64)
+        join = np.empty(n, dtype=[("agent_start", np.int64), ("ego_xy", np.float64, (2,)), ("scene", np.int64)])
+        join["agent_start"], join["ego_xy"], join["scene"] = ai[:, 0], xy, scene
+        part = FramePart(n=n)
+        if n == 0:
+            return part, join
+        part.per_frame_min, part.per_frame_max, part.per_frame_sum = int(per.min()), int(per.max()), int(per.sum())
+        same = scene[1:] == scene[:-1]
+        dt = (ts[1:] - ts[:-1])[same]
+        step = np.sqrt(((xy[1:] - xy[:-1]) ** 2).sum(1))[same]
+        part.dt_values, part.dt_counts = value_counts(dt)
+        part.ego_speed_sum = float((step / (dt / 1e9)).sum())
+        part.ego_pairs = int(same.sum())
+        part.ego_distance = float(step.sum())
+        s0 = int(scene[0])
+        local = scene - s0
+        k = int(local[-1]) + 1
+        tl = frames["traffic_light_faces_index_interval"] if has_tl else None
+        # timestamps of each scene's first and last frame, where they fall in this block
+        first_ts = np.full(k, I64_MAX, np.int64)
+        last_ts = np.full(k, I64_MIN, np.int64)
+        own = scene_iv[scene - scene_lo]
+        at_start, at_end = idx == own[:, 0], idx == own[:, 1] - 1
+        first_ts[local[at_start]] = ts[at_start]
+        last_ts[local[at_end]] = ts[at_end]
+        part.series = SceneSeries(s0, {
+            "num_agents": np.bincount(local, weights=per, minlength=k).astype(np.int64),
+            "num_tl_faces": (np.bincount(local, weights=tl[:, 1] - tl[:, 0], minlength=k).astype(np.int64)
+                             if has_tl else np.zeros(k, np.int64)),
+            "ego_distance_m": np.bincount(local[1:][same], weights=step, minlength=k),
+            "first_ts": first_ts,
+            "last_ts": last_ts,
+        })
+        part.first = (int(scene[0]), int(ts[0]), float(xy[0, 0]), float(xy[0, 1]))
+        part.last = (int(scene[-1]), int(ts[-1]), float(xy[-1, 0]), float(xy[-1, 1]))
+        return part, join
+
+    @staticmethod
+    def combine(a: FramePart, b: FramePart) -> FramePart:
+        if a.n == 0:
+            return b
+        if b.n == 0:
+            return a
+        out = FramePart(
+            n=a.n + b.n,
+            per_frame_min=min(a.per_frame_min, b.per_frame_min),
+            per_frame_max=max(a.per_frame_max, b.per_frame_max),
+            per_frame_sum=a.per_frame_sum + b.per_frame_sum,
+            ego_speed_sum=a.ego_speed_sum + b.ego_speed_sum,
+            ego_pairs=a.ego_pairs + b.ego_pairs,
+            ego_distance=a.ego_distance + b.ego_distance,
+            series=merge_series(a.series, b.series, FRAME_SERIES_OPS),
+            first=a.first, last=b.last,
+        )
+        out.dt_values, out.dt_counts = merge_counts(a.dt_values, a.dt_counts, b.dt_values, b.dt_counts)
+        (sa, ta, xa, ya), (sb, tb, xb, yb) = a.last, b.first
+        if sa == sb:  # the consecutive pair across the seam of the two blocks
+            dt = tb - ta
+            step = float(np.sqrt((xb - xa) ** 2 + (yb - ya) ** 2))
+            out.dt_values, out.dt_counts = merge_counts(out.dt_values, out.dt_counts,
+                                                        np.array([dt], np.int64), np.array([1], np.int64))
+            out.ego_speed_sum += step / (dt / 1e9)
+            out.ego_pairs += 1
+            out.ego_distance += step
+            seam = SceneSeries(sa, {"num_agents": np.zeros(1, np.int64), "num_tl_faces": np.zeros(1, np.int64),
+                                    "ego_distance_m": np.array([step]), "first_ts": np.array([I64_MAX]),
+                                    "last_ts": np.array([I64_MIN])})
+            out.series = merge_series(out.series, seam, FRAME_SERIES_OPS)
+        return out
+
+
+def median_from_counts(values: np.ndarray, counts: np.ndarray) -> float:
+    """``np.median`` of the multiset given as sorted values with counts."""
+    total = int(counts.sum())
+    cum = np.cumsum(counts)
+    lo = values[np.searchsorted(cum, (total - 1) // 2, side="right")]
+    hi = values[np.searchsorted(cum, total // 2, side="right")]
+    return (float(lo) + float(hi)) / 2
+
+
+# --- agents ----------------------------------------------------------------------------
+@dataclass
+class AgentPart:
+    n: int = 0
+    labels: np.ndarray = field(default_factory=lambda: np.zeros(17, np.int64))
+    speed_sum: float = 0.0
+    speed_hist: np.ndarray = field(default_factory=lambda: np.zeros(101, np.int64))
+    dist_hist: np.ndarray = field(default_factory=lambda: np.zeros(41, np.int64))
+    tracks: SceneSeries = field(default_factory=SceneSeries.empty)  # closed scenes: distinct tracks
+    open: list = field(default_factory=list)  # [(scene, sorted unique track ids)] at the two edges
+
+
+def _close(series: SceneSeries, opens: list) -> SceneSeries:
+    for scene, ids in opens:
+        series = merge_series(series, SceneSeries(scene, {"n": np.array([len(ids)], np.int64)}), {"n": "sum"})
+    return series
+
+
+class AgentStats:
+    """Agent-level statistics: labels, speed, distance to ego, distinct tracks (exact)."""
+
+    @staticmethod
+    def chunk(agents: np.ndarray, lo: int, join_blocks: list[np.ndarray], nlabels: int = 17) -> AgentPart:
+        part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
+        if not len(agents):
+            return part
+        frames = np.concatenate(join_blocks) if len(join_blocks) > 1 else join_blocks[0]
+        pos = np.searchsorted(frames["agent_start"], np.arange(lo, lo + len(agents)), side="right") - 1
+        part.labels = np.bincount(agents["label_probabilities"].argmax(1), minlength=nlabels).astype(np.int64)
+        v = agents["velocity"].astype(np.float64)
+        speed = np.sqrt(v[:, 0] ** 2 + v[:, 1] ** 2)
+        part.speed_sum = float(speed.sum())
+        part.speed_hist = histogram(speed, SPEED_EDGES)
+        d = agents["centroid"] - frames["ego_xy"][pos]
+        part.dist_hist = histogram(np.sqrt(d[:, 0] ** 2 + d[:, 1] ** 2), DISTANCE_EDGES)
+        scene = frames["scene"][pos]
+        track = agents["track_id"]
+        order = np.lexsort((track, scene))
+        s, t = scene[order], track[order]
+        first = np.r_[True, (s[1:] != s[:-1]) | (t[1:] != t[:-1])]
+        us = s[first]
+        ut = t[first]
+        s_first, s_last = int(us[0]), int(us[-1])
+        inner = (us != s_first) & (us != s_last)
+        k = s_last - s_first + 1
+        part.tracks = SceneSeries(s_first, {"n": np.bincount(us[inner] - s_first, minlength=k).astype(np.int64)})
+        part.open = [(s_first, ut[us == s_first])]
+        if s_last != s_first:
+            part.open.append((s_last, ut[us == s_last]))
+        return part
+
+    @staticmethod
+    def combine(a: AgentPart, b: AgentPart) -> AgentPart:
+        if a.n == 0:
+            return b
+        if b.n == 0:
+            return a
+        opens: list = []
+        for scene, ids in a.open + b.open:
+            if opens and opens[-1][0] == scene:
+                opens[-1] = (scene, np.union1d(opens[-1][1], ids))
+            else:
+                opens.append((scene, ids))
+        tracks = merge_series(a.tracks, b.tracks, {"n": "sum"})
+        tracks = _close(tracks, opens[1:-1])
+        return AgentPart(
+            n=a.n + b.n, labels=a.labels + b.labels, speed_sum=a.speed_sum + b.speed_sum,
+            speed_hist=a.speed_hist + b.speed_hist, dist_hist=a.dist_hist + b.dist_hist,
+            tracks=tracks, open=[opens[0]] + ([opens[-1]] if len(opens) > 1 else []),
+        )
+
+
+# --- traffic-light faces ---------------------------------------------------------------
+@dataclass
+class TLPart:
+    n: int = 0
+    status: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
+    faces: np.ndarray = field(default_factory=lambda: np.zeros(0, "<U16"))
+
+
+class TLStats:
+    @staticmethod
+    def chunk(faces: np.ndarray) -> TLPart:
+        if not len(faces):
+            return TLPart()
+        return TLPart(len(faces), np.bincount(faces["traffic_light_face_status"].argmax(1), minlength=3)[:3]
+                      .astype(np.int64), np.unique(faces["face_id"]))
+
+    @staticmethod
+    def combine(a: TLPart, b: TLPart) -> TLPart:
+        return TLPart(a.n + b.n, a.status + b.status, np.union1d(a.faces, b.faces))
+
+
+# --- the report ------------------------------------------------------------------------
+def finalize(counts: dict[str, int], labels: tuple[str, ...], scenes: np.ndarray,
+             fp: FramePart, ap: AgentPart, tp: TLPart) -> dict[str, Any]:
+    """Assemble the report dict (contract version 1) from the three combined partials."""
+    n_scenes, n_frames, n_agents = counts["scenes"], counts["frames"], counts["agents"]
+    total_dt = int(fp.dt_counts.sum())
+    hz = 1e9 / median_from_counts(fp.dt_values, fp.dt_counts) if total_dt else 10.0
+    series = fp.series
+    per_scene = {}
+    for name in ("num_agents", "num_tl_faces", "ego_distance_m", "first_ts", "last_ts"):
+        col = np.zeros(n_scenes, dtype=np.float64 if name == "ego_distance_m" else np.int64)
+        if len(series):
+            col[series.lo: series.lo + len(series)] = series.cols[name]
+        per_scene[name] = col
+    tracks = _close(ap.tracks, ap.open)
+    num_tracks = np.zeros(n_scenes, np.int64)
+    if len(tracks):
+        num_tracks[tracks.lo: tracks.lo + len(tracks)] = tracks.cols["n"]
+    mean = lambda s, n: float(s / n) if n else 0.0  # noqa: E731
+    return {
+        "version": 1,
+        "counts": dict(counts),
+        "summary": {
+            "frame_frequency_hz": hz,
+            "total_time_hours": n_frames / hz / 3600,
+            "avg_frames_per_scene": mean(n_frames, n_scenes),
+            "avg_agents_per_frame": mean(n_agents, n_frames),
+            "avg_scene_time_s": mean(n_frames, n_scenes) / hz,
+        },
+        "agents": {
+            "label_counts": {name: int(c) for name, c in zip(labels, ap.labels)},
+            "per_frame": {"min": int(fp.per_frame_min) if fp.n else 0, "max": int(fp.per_frame_max) if fp.n else 0,
+                          "mean": mean(fp.per_frame_sum, fp.n)},
+            "speed_mps": {"mean": mean(ap.speed_sum, ap.n),
+                          "histogram": {"edges": SPEED_EDGES.tolist(), "counts": ap.speed_hist.tolist()}},
+            "distance_to_ego_m": {"histogram": {"edges": DISTANCE_EDGES.tolist(), "counts": ap.dist_hist.tolist()}},
+        },
+        "tracks": {"count": int(num_tracks.sum())},
+        "tl_faces": {"status_counts": dict(zip(fmt.TL_FACE_STATUSES, (int(x) for x in tp.status))),
+                     "unique_faces": int(len(tp.faces))},
+        "ego": {"mean_speed_mps": mean(fp.ego_speed_sum, fp.ego_pairs), "total_distance_km": fp.ego_distance / 1000},
+        "per_scene": {"num_agents": per_scene["num_agents"].tolist(), "num_tracks": num_tracks.tolist(),
+                      "ego_distance_m": per_scene["ego_distance_m"].tolist()},
+        "_scene_table": {
+            "scene_index": np.arange(n_scenes), "host": scenes["host"], "start_time": scenes["start_time"],
+            "end_time": scenes["end_time"],
+            "num_frames": (scenes["frame_index_interval"][:, 1] - scenes["frame_index_interval"][:, 0]),
+            "num_agents": per_scene["num_agents"], "num_tracks": num_tracks, "num_tl_faces": per_scene["num_tl_faces"],
+            "duration_s": np.where(per_scene["first_ts"] == I64_MAX, 0,
+                                   per_scene["last_ts"] - per_scene["first_ts"]) / 1e9,
+            "ego_distance_m": per_scene["ego_distance_m"],
+        },
+    }

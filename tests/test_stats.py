@@ -1,0 +1,204 @@
+"""The report equals a plain numpy computation of the definitions, on several chunkings."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+import l5dask
+from l5dask import format as fmt
+from l5dask.errors import IntervalError
+from l5dask.joins import Joins
+from l5dask.report import compute_report, public
+
+from .conftest import read_all
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from numpy_reference import reference_report  # noqa: E402
+
+
+def assert_report_equal(got, want, path="report"):
+    """Integers exactly, floats to 1e-9 relative, every key of the reference present."""
+    if isinstance(want, dict):
+        for k in want:
+            assert k in got, f"{path}.{k} missing"
+            assert_report_equal(got[k], want[k], f"{path}.{k}")
+    elif isinstance(want, list):
+        assert len(got) == len(want), f"{path}: length {len(got)} != {len(want)}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_report_equal(g, w, f"{path}[{i}]")
+    elif isinstance(want, float):
+        assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), f"{path}: {got} != {want}"
+    else:
+        assert got == want and type(got) is type(want) or (isinstance(got, int) and got == want), f"{path}: {got!r} != {want!r}"
+
+
+def check(path: str, **kw):
+    got = compute_report(path, **kw)
+    want = reference_report(read_all(path), fmt.LABELS)
+    assert_report_equal(public(got), want)
+    json.dumps(public(got))  # serialisable
+    return got
+
+
+CHUNKINGS = [
+    {fmt.SCENES: 1, fmt.FRAMES: 97, fmt.AGENTS: 1_000, fmt.TL_FACES: 333},
+    {fmt.SCENES: 2, fmt.FRAMES: 300, fmt.AGENTS: 5_000, fmt.TL_FACES: 2_000},
+    {fmt.SCENES: 3, fmt.FRAMES: 1_000, fmt.AGENTS: 7_777, fmt.TL_FACES: 10_000},
+]
+
+
+@pytest.mark.parametrize("chunks", CHUNKINGS)
+def test_report_matches_numpy_on_chunkings(tmp_path, chunks):
+    path = str(tmp_path / "d.zarr")
+    l5dask.synthesize(path, scenes=4, seed=21, chunk_rows=chunks)
+    check(path)
+
+
+def test_report_default_chunks_and_grouped_tasks(default_ds, small_ds):
+    check(default_ds)
+    check(small_ds, chunks_per_task=3)
+
+
+def test_one_scene(tmp_path):
+    path = str(tmp_path / "one.zarr")
+    l5dask.synthesize(path, scenes=1, seed=2, chunk_rows={fmt.AGENTS: 4_000, fmt.FRAMES: 50})
+    rep = check(path)
+    assert rep["counts"]["scenes"] == 1 and len(rep["per_scene"]["num_tracks"]) == 1
+
+
+def test_no_traffic_lights(tmp_path):
+    path = str(tmp_path / "old.zarr")
+    l5dask.synthesize(path, scenes=2, seed=3, traffic_lights=False, chunk_rows={fmt.AGENTS: 6_000})
+    with pytest.warns(RuntimeWarning):
+        rep = compute_report(path)
+    want = reference_report(read_all(path), fmt.LABELS)
+    assert_report_equal(public(rep), want)
+    assert rep["counts"]["tl_faces"] == 0 and rep["tl_faces"]["status_counts"] == {"ACTIVE": 0, "INACTIVE": 0, "UNKNOWN": 0}
+
+
+def test_empty_arrays(tmp_path):
+    path = str(tmp_path / "empty.zarr")
+    l5dask.synthesize(path, scenes=0)
+    rep = check(path)
+    assert rep["summary"]["frame_frequency_hz"] == 10.0
+    assert rep["agents"]["speed_mps"]["histogram"]["counts"] == [0] * 101
+    assert rep["agents"]["distance_to_ego_m"]["histogram"]["counts"] == [0] * 41
+
+
+def test_one_pass_decodes_each_chunk_once(small_ds, monkeypatch):
+    import l5dask.reading as reading
+
+    calls = []
+    original = reading.decode_chunk
+    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append((a[1].name, a[3])) or original(*a, **kw))
+    compute_report(small_ds)
+    ds = l5dask.open_dataset(small_ds)
+    expected = sorted((n, str(i)) for n, a in ds.arrays.items() for i in range(a.meta.nchunks))
+    assert sorted(calls) == expected
+
+
+def test_scene_table(small_ds, tmp_path):
+    out = tmp_path / "scenes.parquet"
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", small_ds, "--output", str(tmp_path / "r.json"),
+                        "--scenes-table", str(out), "--quiet"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "Num Scenes" in r.stdout and "PERCEPTION_LABEL_CAR" in r.stdout
+    t = pq.read_table(out).to_pandas()
+    d = read_all(small_ds)
+    sc, fr = d["scenes"], d["frames"]
+    siv = sc["frame_index_interval"]
+    assert list(t.scene_index) == list(range(len(sc)))
+    assert list(t.host) == list(sc["host"])
+    assert list(t.num_frames) == list(siv[:, 1] - siv[:, 0])
+    np.testing.assert_allclose(t.duration_s, (fr["timestamp"][siv[:, 1] - 1] - fr["timestamp"][siv[:, 0]]) / 1e9)
+    tiv = fr["traffic_light_faces_index_interval"]
+    assert list(t.num_tl_faces) == [int(tiv[e - 1, 1] - tiv[s, 0]) for s, e in siv]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert list(t.num_tracks) == report["per_scene"]["num_tracks"]
+    np.testing.assert_allclose(t.ego_distance_m, report["per_scene"]["ego_distance_m"], rtol=1e-12)
+
+
+def test_joins_match_numpy(small_ds):
+    d = read_all(small_ds)
+    sc, fr, tl = d["scenes"], d["frames"], d["traffic_light_faces"]
+    scene_of_frame = np.repeat(np.arange(len(sc)), np.diff(sc["frame_index_interval"], axis=1).ravel())
+    frame_of_agent = np.repeat(np.arange(len(fr)), np.diff(fr["agent_index_interval"], axis=1).ravel())
+    frame_of_face = np.repeat(np.arange(len(fr)), np.diff(fr["traffic_light_faces_index_interval"], axis=1).ravel())
+    j = Joins(l5dask.open_dataset(small_ds))
+    np.testing.assert_array_equal(j.frame_scene().compute(), scene_of_frame)
+    np.testing.assert_array_equal(j.agent_frame().compute(), frame_of_agent)
+    np.testing.assert_array_equal(j.agent_scene().compute(), scene_of_frame[frame_of_agent])
+    np.testing.assert_array_equal(j.tl_face_scene().compute(), scene_of_frame[frame_of_face])
+    np.testing.assert_array_equal(j.agent_frame_field("ego_translation").compute(), fr["ego_translation"][frame_of_agent])
+    x = j.agent_frame()
+    assert x.chunks == l5dask.open_dataset(small_ds)["agents"].to_dask().chunks
+
+
+def test_join_tasks_depend_only_on_overlapping_frame_blocks(small_ds):
+    j = Joins(l5dask.open_dataset(small_ds)).join(fmt.FRAMES, "agent_index_interval", fmt.AGENTS)
+    x = j.parent_index()
+    from dask.core import get_dependencies
+
+    graph = dict(x.__dask_graph__())
+    frame_blocks = len(j.intervals.chunks[0])
+    for key in x.__dask_keys__():
+        deps = get_dependencies(graph, key)
+        assert all(d[0] == j.intervals.name for d in deps)
+        assert 1 <= len(deps) <= 3 < frame_blocks
+
+
+def _break_intervals(src, dest, array, field, row, value):
+    shutil.copytree(src, dest)
+    ds = l5dask.open_dataset(dest)
+    arrays = {n: ds[n].to_dask().compute() for n in ds.arrays}
+    arrays[array][field][row] = value
+    l5dask.write_dataset(dest, arrays, overwrite=True, chunk_rows={n: a.meta.chunk_rows for n, a in ds.arrays.items()})
+
+
+@pytest.mark.parametrize("row,value,why", [
+    (700, [0, 0], "not contiguous"),       # a frame that jumps back
+    (400, [50_000, 49_000], "not increasing"),
+    (-1, [10**9, 10**9 + 5], "outside the child array"),
+])
+def test_bad_intervals_name_array_and_first_row(small_ds, tmp_path, row, value, why):
+    dest = str(tmp_path / "bad.zarr")
+    _break_intervals(small_ds, dest, fmt.FRAMES, "agent_index_interval", row, value)
+    n = len(read_all(dest)["frames"])
+    with pytest.raises(IntervalError, match=rf"frames.agent_index_interval: row {row % n}: .*{why}"):
+        compute_report(dest)
+    with pytest.raises(IntervalError, match=r"frames.agent_index_interval: row"):
+        Joins(l5dask.open_dataset(dest)).agent_frame()
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "validate", dest], capture_output=True, text=True)
+    assert r.returncode == 1 and f"row {row % n}" in r.stdout
+    out = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", dest, "--output", str(out), "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "agent_index_interval" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]
+
+
+def test_validate_ok(small_ds):
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "validate", small_ds], capture_output=True, text=True)
+    assert r.returncode == 0 and "no problems" in r.stdout
+
+
+def test_failed_report_keeps_previous_file(small_ds, tmp_path):
+    dest = tmp_path / "c.zarr"
+    shutil.copytree(small_ds, dest)
+    (dest / "agents" / "1").write_bytes(b"\x00" * 40)
+    out = tmp_path / "report.json"
+    out.write_text('{"previous": true}')
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", str(dest), "--output", str(out), "--quiet"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "chunk '1'" in r.stderr
+    assert json.loads(out.read_text()) == {"previous": True}
+    assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
