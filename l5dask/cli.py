@@ -104,12 +104,12 @@ def info(dataset: str, storage_options) -> None:
 @click.argument("dataset")
 @click.option("--output", "-O", "output", type=click.Path(dir_okay=False), help="write the report (JSON) here")
 @click.option("--scenes-table", type=click.Path(dir_okay=False), help="write the per-scene table (Parquet) here")
-@click.option("--chunks-per-task", default=1, show_default=True, type=click.IntRange(1),
-              help="stored chunks per task (fewer, larger tasks for huge datasets)")
+@click.option("--chunks-per-task", default=None, type=click.IntRange(1),
+              help="stored chunks per task [default: auto, 1 to 8 by the dataset's size and the threads]")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 @storage_option
 @_friendly
-def stats(dataset: str, output, scenes_table, chunks_per_task: int, quiet: bool, storage_options) -> None:
+def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, storage_options) -> None:
     """Compute the standard statistics report of DATASET in one parallel pass."""
     from .report import compute_report, summary_text, write_json, write_scene_table
 
@@ -120,6 +120,35 @@ def stats(dataset: str, output, scenes_table, chunks_per_task: int, quiet: bool,
     if scenes_table:
         write_scene_table(report, scenes_table)
     click.echo(summary_text(report))
+
+
+@main.command()
+@click.option("--scenes", default=200, show_default=True, type=click.IntRange(1),
+              help="scenes to generate (200 is about 3.6 M agents)")
+@click.option("--out", default="l5dask-demo", show_default=True, type=click.Path(file_okay=False),
+              help="folder for the generated dataset and the report")
+@_friendly
+def demo(scenes: int, out: str) -> None:
+    """The main job on an embedded default: generate a dataset, then its statistics report."""
+    import os
+
+    from .report import compute_report, summary_text, write_json, write_scene_table
+    from .synth import synthesize
+
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, f"synth-{scenes}.zarr")
+    if not os.path.exists(os.path.join(path, ".zgroup")):
+        start = time.perf_counter()
+        counts = synthesize(path, scenes=scenes, seed=0, overwrite=True)
+        click.echo(f"generated {path}: {counts['agents']:,} agents in {time.perf_counter() - start:.1f} s", err=True)
+    start = time.perf_counter()
+    report = compute_report(path, progress=True)
+    took = time.perf_counter() - start
+    write_json(report, os.path.join(out, "report.json"))
+    write_scene_table(report, os.path.join(out, "scenes.parquet"))
+    click.echo(summary_text(report))
+    click.echo(f"report of {report['counts']['agents']:,} agents in {took:.1f} s: "
+               f"{os.path.join(out, 'report.json')}, {os.path.join(out, 'scenes.parquet')}")
 
 
 @main.command()

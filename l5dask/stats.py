@@ -27,9 +27,20 @@ I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
 def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]``."""
-    idx = np.searchsorted(edges, values, side="right") - 1
-    return np.bincount(idx[idx >= 0], minlength=len(edges))[: len(edges)].astype(np.int64)
+    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]``.
+
+    ``edges`` are uniform from 0 (``edges[i] == i * width`` exactly); the bin is found by
+    arithmetic, then corrected by exact comparisons with the edges (no rounding at edges).
+    Values below 0 are not counted; NaN counts as overflow (as ``np.digitize`` does).
+    """
+    width = float(edges[1] - edges[0])
+    nbins = len(edges)
+    idx = np.floor(values / width)
+    idx -= idx * width > values
+    idx += (idx + 1) * width <= values
+    idx = np.nan_to_num(np.minimum(idx, nbins - 1), nan=nbins - 1)
+    idx = idx[idx >= 0].astype(np.int64)
+    return np.bincount(idx, minlength=nbins).astype(np.int64)
 
 
 # --- per-scene series over a range of scene indices ------------------------------------
@@ -228,26 +239,28 @@ class AgentStats:
         frames = np.concatenate(join_blocks) if len(join_blocks) > 1 else join_blocks[0]
         pos = np.searchsorted(frames["agent_start"], np.arange(lo, lo + len(agents)), side="right") - 1
         part.labels = np.bincount(agents["label_probabilities"].argmax(1), minlength=nlabels).astype(np.int64)
-        v = agents["velocity"].astype(np.float64)
-        speed = np.sqrt(v[:, 0] ** 2 + v[:, 1] ** 2)
+        vx, vy = agents["velocity"][:, 0].astype(np.float64), agents["velocity"][:, 1].astype(np.float64)
+        speed = np.sqrt(vx * vx + vy * vy)
         part.speed_sum = float(speed.sum())
         part.speed_hist = histogram(speed, SPEED_EDGES)
         d = agents["centroid"] - frames["ego_xy"][pos]
-        part.dist_hist = histogram(np.sqrt(d[:, 0] ** 2 + d[:, 1] ** 2), DISTANCE_EDGES)
+        dx, dy = d[:, 0], d[:, 1]
+        part.dist_hist = histogram(np.sqrt(dx * dx + dy * dy), DISTANCE_EDGES)
+        # distinct tracks: agents are ordered by scene, so each scene is one segment here
         scene = frames["scene"][pos]
         track = agents["track_id"]
-        order = np.lexsort((track, scene))
-        s, t = scene[order], track[order]
-        first = np.r_[True, (s[1:] != s[:-1]) | (t[1:] != t[:-1])]
-        us = s[first]
-        ut = t[first]
-        s_first, s_last = int(us[0]), int(us[-1])
-        inner = (us != s_first) & (us != s_last)
-        k = s_last - s_first + 1
-        part.tracks = SceneSeries(s_first, {"n": np.bincount(us[inner] - s_first, minlength=k).astype(np.int64)})
-        part.open = [(s_first, ut[us == s_first])]
-        if s_last != s_first:
-            part.open.append((s_last, ut[us == s_last]))
+        cuts = np.flatnonzero(scene[1:] != scene[:-1]) + 1
+        bounds = np.r_[0, cuts, len(scene)]
+        segments = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            t = np.sort(track[a:b])
+            segments.append((int(scene[a]), t[np.r_[True, t[1:] != t[:-1]]]))
+        s_first, s_last = segments[0][0], segments[-1][0]
+        n_inner = np.zeros(s_last - s_first + 1, np.int64)
+        for sc, ids in segments[1:-1]:
+            n_inner[sc - s_first] = len(ids)
+        part.tracks = SceneSeries(s_first, {"n": n_inner})
+        part.open = [segments[0]] + ([segments[-1]] if len(segments) > 1 else [])
         return part
 
     @staticmethod
