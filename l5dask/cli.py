@@ -100,6 +100,13 @@ def info(dataset: str, storage_options) -> None:
                    f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names)}")
 
 
+scheduler_option = click.option(
+    "--scheduler", "scheduler", metavar="ADDRESS", default=None,
+    help="run on this dask.distributed scheduler (tcp://host:8786); default: DASK_SCHEDULER_ADDRESS, "
+         "else the embedded default (local threads)",
+)
+
+
 @main.command()
 @click.argument("dataset")
 @click.option("--output", "-O", "output", type=click.Path(dir_okay=False), help="write the report (JSON) here")
@@ -107,14 +114,18 @@ def info(dataset: str, storage_options) -> None:
 @click.option("--chunks-per-task", default=None, type=click.IntRange(1),
               help="stored chunks per task [default: auto, 1 to 8 by the dataset's size and the threads]")
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
 @storage_option
 @_friendly
-def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, storage_options) -> None:
+def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
     """Compute the standard statistics report of DATASET in one parallel pass."""
+    from .cluster import connect
     from .report import compute_report, summary_text, write_json, write_scene_table
 
-    report = compute_report(dataset, storage_options=_parse_storage_options(storage_options),
-                            chunks_per_task=chunks_per_task, progress=not quiet)
+    options = _parse_storage_options(storage_options)
+    with connect(scheduler, quiet=True) as client:
+        report = compute_report(dataset, storage_options=options, chunks_per_task=chunks_per_task,
+                                progress=not quiet, client=client)
     if output:
         write_json(report, output)
     if scenes_table:

@@ -22,6 +22,7 @@ from dask.highlevelgraph import HighLevelGraph
 from . import format as fmt
 from .errors import L5DaskError
 from .joins import block_bounds, check_bounds, interval_problems, raise_first
+from .cluster import compute, persist
 from .reading import L5Dataset, open_dataset
 from .stats import AgentStats, FrameStats, TLStats, finalize
 
@@ -73,7 +74,7 @@ def worker_threads() -> int:
         from distributed import default_client
 
         return max(1, sum(default_client().nthreads().values()))
-    except (ImportError, ValueError):
+    except (ImportError, ValueError, OSError):
         return os.cpu_count() or 1
 
 
@@ -106,6 +107,7 @@ def compute_report(
     chunks_per_task: int | None = None,
     progress: bool = False,
     scheduler: Any = None,
+    client: Any = None,
 ) -> dict[str, Any]:
     """The standard statistics report of a dataset, as a dict (contract version 1).
 
@@ -120,6 +122,8 @@ def compute_report(
     scheduler : optional
         Passed to ``dask.compute``; by default the current dask scheduler (an active
         ``distributed.Client``, else local threads).
+    client : distributed.Client, optional
+        Run on this cluster (the default client is used anyway when there is one).
     """
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     counts = ds.counts()
@@ -130,7 +134,7 @@ def compute_report(
     token = tokenize(ds.store, counts, chunks_per_task)
 
     # 1. scenes, whole: the report holds a row per scene anyway.
-    scenes = ds[fmt.SCENES].to_dask().compute(**kw)
+    scenes = compute(ds[fmt.SCENES].to_dask(), client=client, **kw)
     siv = scenes["frame_index_interval"].reshape(-1, 2)
     _check_scenes(siv, counts["frames"])
 
@@ -146,8 +150,8 @@ def compute_report(
         graph[(fname, i)] = (_frame_task, (frames.name, i), int(off), siv[s_lo:s_hi], s_lo, has_tl,
                              counts["agents"], counts["tl_faces"])
     hlg = HighLevelGraph.from_collections(fname, graph, dependencies=[frames])
-    passes = dask.persist(*[Delayed(k, hlg, layer=fname) for k in graph], **kw) if graph else []
-    bounds = dask.compute([p[2] for p in passes], [p[3] for p in passes], **kw) if passes else ([], [])
+    passes = persist([Delayed(k, hlg, layer=fname) for k in graph], client=client, **kw)
+    bounds = compute(([p[2] for p in passes], [p[3] for p in passes]), client=client, **kw)
     empty = np.zeros((0, 6), np.int64)
     agent_bounds = np.concatenate(bounds[0]) if passes else empty
     problems = check_bounds(agent_bounds, "frames", "agent_index_interval", counts["agents"])
@@ -188,13 +192,7 @@ def compute_report(
     tp = tree_keys(graph, f"{name}-tl", tl_parts, TLStats.combine, _empty_tl_part)
     graph[(name, "final")] = (finalize, counts, list(ds.labels), scenes, fp, ap, tp)
     final = Delayed((name, "final"), HighLevelGraph.from_collections(name, graph, dependencies=deps), layer=name)
-    if progress:
-        from dask.diagnostics import ProgressBar
-
-        with ProgressBar(out=sys.stderr, dt=0.5):
-            report = final.compute(**kw)
-    else:
-        report = final.compute(**kw)
+    report = compute(final, client=client, progress=progress, **kw)
     report["dataset"] = ds.url
     return report
 

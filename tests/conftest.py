@@ -119,3 +119,45 @@ def s3_small(s3, small_ds) -> str:
     fs = s3.s3fs()
     fs.put(small_ds, "l5-test/small.zarr", recursive=True)
     return "s3://l5-test/small.zarr"
+
+
+class DaskCluster:
+    """A real ``dask scheduler`` and ``dask worker`` processes (with nannies) on 127.0.0.1."""
+
+    def __init__(self, n_workers: int = 2, threads: int = 1) -> None:
+        self.port = free_port()
+        self.address = f"tcp://127.0.0.1:{self.port}"
+        self.scheduler = subprocess.Popen(
+            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
+             "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.workers = [
+            subprocess.Popen([sys.executable, "-m", "dask", "worker", self.address, "--nthreads", str(threads),
+                              "--host", "127.0.0.1", "--no-dashboard", "--memory-limit", "2GB"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            for _ in range(n_workers)
+        ]
+        from distributed import Client
+
+        with Client(self.address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(n_workers, timeout=60)
+
+    def close(self) -> None:
+        for p in [*self.workers, self.scheduler]:
+            if p.poll() is None:
+                p.terminate()
+        for p in [*self.workers, self.scheduler]:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def logs(self) -> str:
+        """stderr of every process (call after close)."""
+        return "".join(p.stderr.read().decode(errors="replace") for p in [self.scheduler, *self.workers] if p.stderr)
+
+
+@pytest.fixture(scope="session")
+def dask_cluster():
+    cluster = DaskCluster()
+    yield cluster
+    cluster.close()

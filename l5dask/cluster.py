@@ -1,0 +1,103 @@
+"""Where a job runs: the embedded default, or an existing dask.distributed cluster.
+
+The embedded default is dask's threaded scheduler on this machine's cores: see the
+README ("Where it runs") for the measurement behind that choice. With a scheduler
+address (``--scheduler``, ``DASK_SCHEDULER_ADDRESS`` or dask's ``scheduler-address``
+config) the same graph runs on that cluster; workers read chunks from the store
+themselves, so no chunk bytes pass through the client or the scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import dask
+
+from .errors import L5DaskError
+
+CONNECT_TIMEOUT = "20s"
+
+
+def scheduler_address(address: str | None = None) -> str | None:
+    """The address to use: the argument, else dask's config (``DASK_SCHEDULER_ADDRESS``)."""
+    return address or dask.config.get("scheduler-address", None) or None
+
+
+@contextlib.contextmanager
+def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
+    """A ``distributed.Client`` for ``address`` (None: no client, the embedded default).
+
+    Connection failures and a scheduler lost mid-job become :class:`L5DaskError`;
+    ``quiet`` silences distributed's own logging of them (the CLI says it in one line).
+    """
+    address = scheduler_address(address)
+    if not address:
+        yield None
+        return
+    from distributed import Client
+
+    if quiet:
+        for name in [n for n in logging.root.manager.loggerDict if n.startswith("distributed")] + ["distributed"]:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=True)
+    except (OSError, TimeoutError) as exc:
+        raise L5DaskError(f"cannot connect to the dask scheduler at {address}: {_short(exc)}") from None
+    try:
+        yield client
+    except L5DaskError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - classify what distributed raised
+        if _lost(client, exc):
+            raise L5DaskError(f"lost the connection to the dask scheduler at {address} "
+                              f"({type(exc).__name__}); no output was written") from None
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            client.close(timeout=5)
+
+
+def _lost(client: Any, exc: BaseException) -> bool:
+    from concurrent.futures import CancelledError
+
+    from distributed.comm.core import CommClosedError
+
+    return isinstance(exc, (CommClosedError, CancelledError, OSError, TimeoutError)) or client.status != "running"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else type(exc).__name__
+
+
+def persist(collections: list, client: Any = None, **kw: Any) -> list:
+    """Persist on ``client`` if given (results stay on the workers), else locally."""
+    if not collections:
+        return []
+    if client is None:
+        return list(dask.persist(*collections, **kw))
+    return list(client.persist(collections))
+
+
+def compute(collection: Any, client: Any = None, progress: bool = False, **kw: Any) -> Any:
+    """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler."""
+    if client is None:
+        if progress:
+            from dask.diagnostics import ProgressBar
+
+            with ProgressBar(out=sys.stderr, dt=0.5):
+                return dask.compute(collection, **kw)[0]
+        return dask.compute(collection, **kw)[0]
+    futures = client.compute(collection)
+    if progress:
+        from distributed import progress as show
+
+        with contextlib.redirect_stdout(sys.stderr):
+            show(futures)
+            print(file=sys.stderr)
+    return client.gather(futures)

@@ -1,0 +1,144 @@
+"""On a real dask.distributed cluster (scheduler + 2 worker processes on 127.0.0.1) and S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from distributed import Client
+
+import l5dask
+from l5dask import format as fmt
+from l5dask.report import compute_report, public
+from l5dask.store import Store
+
+from .conftest import DaskCluster
+
+
+def cli(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True,
+                          env=env, **kw)
+
+
+def without_source(report: dict) -> dict:
+    return {k: v for k, v in public(report).items() if k != "dataset"}
+
+
+@pytest.fixture(scope="module")
+def local_report(small_ds):
+    return without_source(compute_report(small_ds))
+
+
+def test_cli_s3_on_cluster_equals_local(dask_cluster, s3, s3_small, local_report, tmp_path):
+    out = tmp_path / "r.json"
+    r = cli("stats", s3_small, "--scheduler", dask_cluster.address, "--output", str(out), "--quiet",
+            "-o", f"key={s3.key}", "-o", f"secret={s3.secret}",
+            "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1")
+    assert r.returncode == 0, r.stderr
+    assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
+    assert s3.secret not in r.stdout + r.stderr
+
+
+def test_workers_read_the_chunks_not_the_client(dask_cluster, s3, s3_small, local_report, monkeypatch):
+    me = os.getpid()
+    original = Store.get
+
+    def guarded(self, key, **kw):
+        if os.getpid() == me and not key.split("/")[-1].startswith("."):
+            raise AssertionError(f"the client read chunk {key}")
+        return original(self, key, **kw)
+
+    monkeypatch.setattr(Store, "get", guarded)
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        rep = compute_report(s3_small, storage_options=s3.storage_options(), client=client)
+        ran = client.run_on_scheduler(lambda dask_scheduler: sorted(
+            {ts.prefix.name for ts in dask_scheduler.tasks.values()} | set(dask_scheduler.task_prefixes)))
+    assert without_source(rep) == local_report
+    assert any(p.startswith("l5-read-agents") for p in ran)
+
+
+def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report, tmp_path):
+    env = dict(os.environ, DASK_SCHEDULER_ADDRESS=dask_cluster.address)
+    out = tmp_path / "r.json"
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.task_prefixes.get("l5-read-frames")
+                                         and dask_scheduler.task_prefixes["l5-read-frames"].states.get("memory", 0))
+        r = cli("stats", small_ds, "--output", str(out), "--quiet", env=env)
+        assert r.returncode == 0, r.stderr
+        seen = client.run_on_scheduler(lambda dask_scheduler: "l5-read-frames" in dask_scheduler.task_prefixes)
+    assert seen
+    assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
+
+
+def test_cannot_connect_is_one_line(tmp_path, small_ds):
+    out = tmp_path / "r.json"
+    r = cli("stats", small_ds, "--scheduler", "tcp://127.0.0.1:9", "--output", str(out), "--quiet",
+            env=dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="2s"))
+    assert r.returncode == 2 and "cannot connect to the dask scheduler" in r.stderr
+    assert r.stderr.count("\n") == 1 and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def many_chunks(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("big") / "many.zarr")
+    l5dask.synthesize(path, scenes=40, seed=9, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 500, fmt.TL_FACES: 1_000})
+    return path
+
+
+def _done(client, prefix="l5-report"):
+    return client.run_on_scheduler(lambda dask_scheduler, p=prefix: sum(
+        tp.states.get("memory", 0) + tp.states.get("released", 0) + tp.states.get("forgotten", 0)
+        for name, tp in dask_scheduler.task_prefixes.items() if name.startswith(p)))
+
+
+def test_worker_killed_mid_report_same_report(many_chunks, tmp_path):
+    expected = without_source(compute_report(many_chunks, chunks_per_task=1))
+    cluster = DaskCluster(n_workers=2)
+    try:
+        with Client(cluster.address, set_as_default=False) as client:
+            result = {}
+
+            def run():
+                with Client(cluster.address, set_as_default=False) as c:
+                    result["report"] = compute_report(many_chunks, client=c, chunks_per_task=1)
+
+            job = threading.Thread(target=run)
+            job.start()
+            deadline = time.time() + 60
+            while _done(client) < 50 and time.time() < deadline:
+                time.sleep(0.02)
+            victim = next(iter(client.run(os.getpid).values()))
+            os.kill(victim, signal.SIGKILL)
+            killed_midway = job.is_alive() and "report" not in result
+            job.join(180)
+        assert killed_midway and not job.is_alive()
+        assert without_source(result["report"]) == expected
+    finally:
+        cluster.close()
+
+
+def test_scheduler_lost_mid_job_one_line_no_output(many_chunks, tmp_path):
+    cluster = DaskCluster(n_workers=1)
+    out = tmp_path / "report.json"
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "l5dask.cli", "stats", many_chunks, "--scheduler",
+                                 cluster.address, "--output", str(out), "--quiet", "--chunks-per-task", "1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s"))
+        with Client(cluster.address, set_as_default=False) as client:
+            deadline = time.time() + 60
+            while _done(client) < 20 and time.time() < deadline:
+                time.sleep(0.02)
+        cluster.scheduler.kill()
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        cluster.close()
+    assert proc.returncode == 2, stderr
+    assert stderr.strip().count("\n") == 0 and "lost the connection to the dask scheduler" in stderr
+    assert not out.exists() and not [p for p in tmp_path.iterdir()]

@@ -1,0 +1,111 @@
+"""An object store that fails: a flaky HTTP proxy between s3fs and the S3 endpoint (moto server)."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlparse
+
+import pytest
+
+from l5dask.errors import StoreError
+from l5dask.report import compute_report, public
+
+from .conftest import free_port
+
+ERROR_503 = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+             b"<Message>Please reduce your request rate.</Message></Error>")
+
+
+class FlakyProxy:
+    """Forwards to ``upstream``; fails chosen chunk GETs with a 503 or a dropped connection."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = urlparse(upstream)
+        self.every = 0          # fail every n-th chunk GET (0: never)
+        self.always = None      # fail every GET whose path ends with this
+        self.count = 0
+        self.failures = 0
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                chunk = self.command == "GET" and not self.path.split("?")[0].rsplit("/", 1)[-1].startswith(".")
+                with proxy.lock:
+                    proxy.count += chunk
+                    n = proxy.count
+                fail = chunk and ((proxy.always and self.path.split("?")[0].endswith(proxy.always))
+                                  or (proxy.every and n % proxy.every == 0))
+                if fail:
+                    with proxy.lock:
+                        proxy.failures += 1
+                    if n % 2 and not proxy.always:  # a dropped connection, no response at all
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(ERROR_503)))
+                    self.end_headers()
+                    self.wfile.write(ERROR_503)
+                    return
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
+                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                resp = conn.getresponse()
+                data = resp.read()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                conn.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+        self.port = free_port()
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def proxy(s3):
+    p = FlakyProxy(s3.endpoint)
+    yield p
+    p.close()
+
+
+def _options(s3, proxy):
+    opts = s3.storage_options()
+    opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
+    opts["config_kwargs"] = {"retries": {"max_attempts": 2, "mode": "standard"}}
+    return opts
+
+
+def test_flaky_store_is_retried_and_report_exact(s3, s3_small, small_ds, proxy):
+    expected = {k: v for k, v in public(compute_report(small_ds)).items() if k != "dataset"}
+    proxy.every = 3
+    got = compute_report(s3_small, storage_options=_options(s3, proxy))
+    assert proxy.failures >= 5
+    assert {k: v for k, v in public(got).items() if k != "dataset"} == expected
+
+
+def test_store_that_keeps_failing_names_the_object(s3, s3_small, proxy):
+    proxy.always = "/agents/2"
+    with pytest.raises(StoreError, match=r"reading 'agents/2' failed after \d+ attempt"):
+        compute_report(s3_small, storage_options=_options(s3, proxy))
