@@ -21,6 +21,13 @@ from .errors import L5DaskError
 
 CONNECT_TIMEOUT = "20s"
 
+#: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).
+#: dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` switches off glibc's adaptive mmap
+#: threshold, so every multi-MB chunk and temporary becomes a fresh mmap that page-faults:
+#: the report ran 3.5x slower per worker process here. These keep at most 128 MB of freed
+#: heap per worker and allocations under 64 MB on the heap.
+WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(128 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(64 * 2**20)}
+
 
 def scheduler_address(address: str | None = None) -> str | None:
     """The address to use: the argument, else dask's config (``DASK_SCHEDULER_ADDRESS``)."""

@@ -75,8 +75,9 @@ def read_block(
     dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
     out = np.empty(stop - start, dtype=dtype)
     scratch = None
-    for index in range(first_chunk, first_chunk + nchunks):
-        raw = store.get(f"{meta.name}/{index}", what=f"array {meta.name!r}, chunk {str(index)!r}")
+    keys = [f"{meta.name}/{index}" for index in range(first_chunk, first_chunk + nchunks)]
+    raws = store.get_many(keys, what={k: f"array {meta.name!r}, chunk {k.split('/')[-1]!r}" for k in keys})
+    for index, raw in zip(range(first_chunk, first_chunk + nchunks), raws):
         lo, hi = (b - start for b in meta.chunk_bounds(index))
         if fields is None and hi - lo == meta.chunk_rows:
             decode_chunk(raw, meta, compressed, str(index), out=out[lo:hi])

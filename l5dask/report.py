@@ -130,7 +130,8 @@ def compute_report(
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in ds[fmt.FRAMES].dtype.names
     kw = {"scheduler": scheduler} if scheduler is not None else {}
     if chunks_per_task is None:
-        chunks_per_task = auto_chunks_per_task(ds[fmt.AGENTS].meta.nchunks)
+        chunks_per_task = dask.config.get("l5dask.chunks-per-task", None) or auto_chunks_per_task(
+            ds[fmt.AGENTS].meta.nchunks)
     token = tokenize(ds.store, counts, chunks_per_task)
 
     # 1. scenes, whole: the report holds a row per scene anyway.

@@ -111,6 +111,18 @@ class Store:
                 ) from exc
         raise AssertionError("unreachable")
 
+    def get_many(self, keys: list[str], what: dict[str, str] | None = None) -> list[bytes]:
+        """Read several objects at once (concurrently on object stores); failures retried one by one."""
+        if len(keys) == 1:
+            return [self.get(keys[0], what=(what or {}).get(keys[0]))]
+        paths = [self.path(k) for k in keys]
+        try:
+            got = self.fs.cat(paths, on_error="return")
+        except Exception:  # noqa: BLE001 - fall back to one by one, with retries and clear errors
+            got = {}
+        return [got[p] if isinstance(got.get(p), bytes) else self.get(k, what=(what or {}).get(k))
+                for p, k in zip(paths, keys)]
+
     def get_metadata(self, key: str) -> bytes | None:
         """Read a metadata object, ``None`` when absent."""
         try:

@@ -130,10 +130,13 @@ class DaskCluster:
         self.scheduler = subprocess.Popen(
             [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
              "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        from l5dask.cluster import WORKER_ENV
+
+        env = dict(os.environ, **WORKER_ENV, DASK_CONFIG=os.path.join(os.path.dirname(__file__), "..", "cluster"))
         self.workers = [
             subprocess.Popen([sys.executable, "-m", "dask", "worker", self.address, "--nthreads", str(threads),
                               "--host", "127.0.0.1", "--no-dashboard", "--memory-limit", "2GB"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
             for _ in range(n_workers)
         ]
         from distributed import Client

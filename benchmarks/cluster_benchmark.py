@@ -1,0 +1,104 @@
+"""The report on local workers and from S3, against the S3 fetch floor (issue 4).
+
+    python benchmarks/cluster_benchmark.py [--scenes 600] [--s3-scenes 200]
+
+(a) embedded default (local threads), from disk;
+(b) a local cluster of 1 single-threaded worker process, from disk;
+(c) the same with 2 worker processes;
+(d) the embedded default reading from a local S3 endpoint (moto server on 127.0.0.1);
+(e) the S3 floor: fetching the same objects with s3fs, all at once (``fs.cat``), nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import dataset  # noqa: E402
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def moto_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenes", type=int, default=600)
+    parser.add_argument("--s3-scenes", type=int, default=200)
+    args = parser.parse_args()
+    from distributed import Client, LocalCluster
+
+    from l5dask.cluster import WORKER_ENV
+    from l5dask.report import compute_report
+
+    os.environ.update(WORKER_ENV)  # the nannies pass it to the worker processes (see l5dask/cluster.py)
+
+    path = dataset(args.scenes)
+    a = min(timed(lambda: compute_report(path, scheduler="threads")) for _ in range(2))
+    runs = {}
+    for n in (1, 2):
+        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
+                Client(lc) as client:
+            compute_report(path, client=client)  # warm the workers' imports
+            runs[n] = min(timed(lambda: compute_report(path, client=client)) for _ in range(2))
+    b, c = runs[1], runs[2]
+    print(f"dataset {path}")
+    print(f"(a) embedded default (threads), disk:  {a:6.2f} s")
+    print(f"(b) 1 worker process, disk:            {b:6.2f} s")
+    print(f"(c) 2 worker processes, disk:          {c:6.2f} s")
+    print(f"parallel efficiency (b)/(2 x c) = {b / (2 * c):.2f}   (target >= 0.8)")
+
+    small = dataset(args.s3_scenes)
+    proc, endpoint = moto_server()
+    try:
+        import boto3
+        import s3fs
+
+        opts = {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+                "skip_instance_cache": True}
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
+                     aws_secret_access_key="x").create_bucket(Bucket="bench")
+        fs = s3fs.S3FileSystem(**opts)
+        fs.put(small, "bench/d.zarr", recursive=True)
+        keys = [k for k in fs.find("bench/d.zarr") if not k.rsplit("/", 1)[-1].startswith(".")]
+
+        def floor():
+            s3fs.S3FileSystem(**opts).cat(keys)
+
+        e = min(timed(floor) for _ in range(2))
+        d = min(timed(lambda: compute_report("s3://bench/d.zarr", storage_options=opts, scheduler="threads"))
+                for _ in range(2))
+        mb = sum(fs.size(k) for k in keys) / 1e6
+        print(f"S3 dataset {small}: {len(keys)} objects, {mb:.0f} MB")
+        print(f"(d) embedded default, from S3:         {d:6.2f} s")
+        print(f"(e) S3 floor (s3fs cat, concurrent):   {e:6.2f} s")
+        print(f"(d)/(e) = {d / e:.2f}   (target <= 1.5)")
+    finally:
+        proc.terminate()
+
+
+if __name__ == "__main__":
+    main()

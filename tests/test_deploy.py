@@ -1,0 +1,119 @@
+"""cluster/: every file loads, and every command in it is one our CLI (or dask's) accepts."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import dask
+import pytest
+import yaml
+
+from l5dask.cli import main as l5dask_cli
+from l5dask.cluster import scheduler_address
+
+CLUSTER = Path(__file__).parent.parent / "cluster"
+IMAGE = "l5dask:0.1.0"
+
+
+def yaml_docs():
+    return {p.relative_to(CLUSTER).as_posix(): list(yaml.safe_load_all(p.read_text()))
+            for p in sorted(CLUSTER.rglob("*.y*ml"))}
+
+
+def commands():
+    """Every (where, argv) of a container in cluster/."""
+    docs = yaml_docs()
+    out = []
+    for name, svc in docs["docker-compose.yml"][0]["services"].items():
+        if "command" in svc:
+            out.append((f"compose:{name}", svc["command"], svc.get("image")))
+    for file, items in docs.items():
+        for doc in items:
+            if not isinstance(doc, dict) or "kind" not in doc:
+                continue
+            for c in _containers(doc):
+                out.append((f"{file}:{c['name']}", c.get("command") or c.get("args"), c.get("image")))
+    return out
+
+
+def _containers(obj):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if k == "containers":
+                yield from v
+            else:
+                yield from _containers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _containers(v)
+
+
+def test_every_yaml_loads():
+    docs = yaml_docs()
+    assert {"docker-compose.yml", "dask.yaml", "k8s/daskcluster.yaml", "k8s/report-cronjob.yaml"} <= set(docs)
+    cluster = docs["k8s/daskcluster.yaml"][0]
+    assert cluster["apiVersion"] == "kubernetes.dask.org/v1" and cluster["kind"] == "DaskCluster"
+    kinds = {d["kind"] for d in docs["k8s/report-cronjob.yaml"]}
+    assert kinds == {"CronJob", "PersistentVolumeClaim"}
+
+
+def test_every_image_is_ours_and_built_by_the_dockerfile():
+    docker = (CLUSTER / "Dockerfile").read_text()
+    assert "pip install" in docker and "COPY l5dask" in docker
+    assert "cluster/Dockerfile" in (CLUSTER / "README.md").read_text() and IMAGE in (CLUSTER / "README.md").read_text()
+    for where, argv, image in commands():
+        if argv and argv[0] in ("l5dask", "dask"):
+            assert image == IMAGE or (image is None and where.startswith("compose")), where
+
+
+@pytest.mark.parametrize("where,argv,image", [c for c in commands() if c[1] and c[1][0] == "l5dask"],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_l5dask_commands_parse_with_our_cli(where, argv, image):
+    ctx = l5dask_cli.make_context("l5dask", list(argv[1:2]))
+    command = l5dask_cli.get_command(ctx, argv[1])
+    assert command is not None, f"{where}: no l5dask command {argv[1]!r}"
+    command.make_context(argv[1], list(argv[2:]))  # raises click.UsageError on an unknown flag
+
+
+@pytest.mark.parametrize("where,argv,image", [c for c in commands() if c[1] and c[1][0] == "dask"],
+                         ids=lambda v: v if isinstance(v, str) else None)
+def test_dask_commands_use_flags_dask_has(where, argv, image):
+    help_text = subprocess.run([sys.executable, "-m", "dask", argv[1], "--help"], capture_output=True,
+                               text=True).stdout
+    for flag in [a for a in argv[2:] if a.startswith("--")]:
+        assert re.search(rf"(^|\s|/){re.escape(flag)}\b", help_text), f"{where}: dask {argv[1]} has no {flag}"
+
+
+def test_dask_config_is_what_the_code_reads():
+    config = yaml.safe_load((CLUSTER / "dask.yaml").read_text())
+    assert "scheduler-address" in config and "chunks-per-task" in config["l5dask"]
+    with dask.config.set({"scheduler-address": "tcp://10.0.0.1:8786"}):
+        assert scheduler_address() == "tcp://10.0.0.1:8786"
+    assert scheduler_address("tcp://x:1") == "tcp://x:1"
+
+
+def test_cronjob_writes_where_the_volume_is():
+    cron = [d for d in yaml_docs()["k8s/report-cronjob.yaml"] if d["kind"] == "CronJob"][0]
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    mount = pod["containers"][0]["volumeMounts"][0]["mountPath"]
+    argv = pod["containers"][0]["command"]
+    assert argv[argv.index("--output") + 1].startswith(mount + "/")
+
+
+def test_worker_malloc_environment_everywhere(dask_cluster):
+    from distributed import Client
+
+    from l5dask.cluster import WORKER_ENV
+
+    config = yaml.safe_load((CLUSTER / "dask.yaml").read_text())
+    assert {k: str(v) for k, v in config["distributed"]["nanny"]["pre-spawn-environ"].items()} == WORKER_ENV
+    compose = yaml_docs()["docker-compose.yml"][0]
+    assert {k: str(v) for k, v in compose["services"]["worker"]["environment"].items() if "MALLOC" in k} == WORKER_ENV
+    k8s_worker = yaml_docs()["k8s/daskcluster.yaml"][0]["spec"]["worker"]["spec"]["containers"][0]
+    assert {e["name"]: e["value"] for e in k8s_worker["env"] if "MALLOC" in e["name"]} == WORKER_ENV
+    with Client(dask_cluster.address, set_as_default=False) as client:  # and real workers get it
+        envs = client.run(lambda: {k: __import__("os").environ.get(k) for k in WORKER_ENV})
+    assert all(e == WORKER_ENV for e in envs.values())
