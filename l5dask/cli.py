@@ -134,6 +134,36 @@ def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, sche
 
 
 @main.command()
+@click.argument("dataset")
+@click.option("--output", "-O", "output", required=True, type=click.Path(dir_okay=False),
+              help="write the HTML report here")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the report (JSON) here")
+@click.option("--scenes-table", type=click.Path(dir_okay=False), help="also write the per-scene table (Parquet)")
+@click.option("--chunks-per-task", default=None, type=click.IntRange(1), help="stored chunks per task [auto]")
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
+@storage_option
+@_friendly
+def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
+    from .cluster import connect
+    from .html import write_html
+    from .report import compute_report, write_json, write_scene_table
+
+    options = _parse_storage_options(storage_options)
+    start = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        rep = compute_report(dataset, storage_options=options, chunks_per_task=chunks_per_task,
+                             progress=not quiet, client=client)
+    write_html(rep, output, elapsed_s=time.perf_counter() - start)
+    if json_path:
+        write_json(rep, json_path)
+    if scenes_table:
+        write_scene_table(rep, scenes_table)
+    click.echo(f"wrote {output}")
+
+
+@main.command()
 @click.option("--scenes", default=200, show_default=True, type=click.IntRange(1),
               help="scenes to generate (200 is about 3.6 M agents)")
 @click.option("--out", default="l5dask-demo", show_default=True, type=click.Path(file_okay=False),
@@ -155,11 +185,14 @@ def demo(scenes: int, out: str) -> None:
     start = time.perf_counter()
     report = compute_report(path, progress=True)
     took = time.perf_counter() - start
+    from .html import write_html
+
     write_json(report, os.path.join(out, "report.json"))
     write_scene_table(report, os.path.join(out, "scenes.parquet"))
+    write_html(report, os.path.join(out, "report.html"), elapsed_s=took)
     click.echo(summary_text(report))
     click.echo(f"report of {report['counts']['agents']:,} agents in {took:.1f} s: "
-               f"{os.path.join(out, 'report.json')}, {os.path.join(out, 'scenes.parquet')}")
+               f"{os.path.join(out, 'report.json')}, scenes.parquet, report.html")
 
 
 @main.command()

@@ -27,6 +27,8 @@ from .reading import L5Dataset, open_dataset
 from .stats import AgentStats, FrameStats, TLStats, finalize
 
 FAN_IN = 8
+#: Scenes whose agents-per-frame series the report keeps for its plots.
+SAMPLE_SCENES = 4
 
 
 def tree_keys(graph: dict, name: str, leaves: Sequence[Any], combine: Callable, identity: Callable) -> Any:
@@ -52,9 +54,9 @@ def _combine_many(combine: Callable, *parts: Any) -> Any:
     return out
 
 
-def _frame_task(block, offset, scene_iv, scene_lo, has_tl, n_agents, n_tl):
+def _frame_task(block, offset, scene_iv, scene_lo, has_tl, n_agents, n_tl, sample_scenes):
     """One frame block: frame partial, compact join columns, and the agents/tl interval bounds."""
-    part, join = FrameStats.chunk(block, offset, scene_iv, scene_lo, has_tl)
+    part, join = FrameStats.chunk(block, offset, scene_iv, scene_lo, has_tl, sample_scenes)
     agent_bounds = block_bounds(block, "agent_index_interval", offset, n_agents)
     tl_bounds = block_bounds(block, "traffic_light_faces_index_interval", offset, n_tl) if has_tl else None
     return part, join, agent_bounds, tl_bounds
@@ -143,13 +145,16 @@ def compute_report(
     frame_fields = ["timestamp", "agent_index_interval", "ego_translation"] + (
         ["traffic_light_faces_index_interval"] if has_tl else [])
     frames = ds[fmt.FRAMES].to_dask(fields=frame_fields, chunks_per_task=chunks_per_task)
+    # a few scenes, evenly spread, whose agents per frame the plots show
+    sample_scenes = np.unique(np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64))
     fname = f"l5-frames-pass-{token}"
     graph: dict = {}
     for i, (off, n) in enumerate(zip(_offsets(frames.chunks[0]), frames.chunks[0])):
         s_lo = int(np.searchsorted(siv[:, 0], off, side="right") - 1) if n else 0
         s_hi = int(np.searchsorted(siv[:, 0], off + n - 1, side="right")) if n else 0
+        samples = sample_scenes[(sample_scenes >= s_lo) & (sample_scenes < s_hi)]
         graph[(fname, i)] = (_frame_task, (frames.name, i), int(off), siv[s_lo:s_hi], s_lo, has_tl,
-                             counts["agents"], counts["tl_faces"])
+                             counts["agents"], counts["tl_faces"], samples)
     hlg = HighLevelGraph.from_collections(fname, graph, dependencies=[frames])
     passes = persist([Delayed(k, hlg, layer=fname) for k in graph], client=client, **kw)
     bounds = compute(([p[2] for p in passes], [p[3] for p in passes]), client=client, **kw)
@@ -231,6 +236,9 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
     os.close(fd)
     try:
         write(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

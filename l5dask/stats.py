@@ -80,6 +80,11 @@ def merge_series(a: SceneSeries, b: SceneSeries, ops: dict[str, str]) -> SceneSe
 
 
 # --- frames ----------------------------------------------------------------------------
+SAMPLE_DTYPE = np.dtype([("scene", np.int64), ("timestamp", np.int64), ("agents", np.int64)])
+PATH_DTYPE = np.dtype([("scene", np.int64), ("x", np.float64), ("y", np.float64)])
+#: Ego path points kept for the overview map: one frame in this many (2.5 s at 10 Hz), and each scene's last.
+PATH_EVERY = 25
+
 FRAME_SERIES_OPS = {"num_agents": "sum", "num_tl_faces": "sum", "ego_distance_m": "sum",
                     "first_ts": "min", "last_ts": "max"}
 
@@ -98,6 +103,9 @@ class FramePart:
     series: SceneSeries = field(default_factory=SceneSeries.empty)
     first: tuple | None = None  # (scene, timestamp, x, y) of the first frame
     last: tuple | None = None
+    # for the plots: (scene, timestamp, agents) of the sample scenes' frames; (scene, x, y) ego path points
+    samples: np.ndarray = field(default_factory=lambda: np.zeros(0, SAMPLE_DTYPE))
+    path: np.ndarray = field(default_factory=lambda: np.zeros(0, PATH_DTYPE))
 
 
 def value_counts(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +127,7 @@ class FrameStats:
 
     @staticmethod
     def chunk(frames: np.ndarray, offset: int, scene_iv: np.ndarray, scene_lo: int,
-              has_tl: bool) -> tuple[FramePart, np.ndarray]:
+              has_tl: bool, sample_scenes: np.ndarray | None = None) -> tuple[FramePart, np.ndarray]:
         """Partial of one frame block, and its compact join columns (agent start, ego x/y, scene).
 
         ``scene_iv`` are the frame intervals of the scenes ``scene_lo...`` that overlap the block.
@@ -163,6 +171,13 @@ class FrameStats:
             "first_ts": first_ts,
             "last_ts": last_ts,
         })
+        if sample_scenes is not None and len(sample_scenes):
+            keep = np.isin(scene, sample_scenes)
+            part.samples = np.empty(int(keep.sum()), SAMPLE_DTYPE)
+            part.samples["scene"], part.samples["timestamp"], part.samples["agents"] = scene[keep], ts[keep], per[keep]
+        on_path = ((idx - own[:, 0]) % PATH_EVERY == 0) | at_end
+        part.path = np.empty(int(on_path.sum()), PATH_DTYPE)
+        part.path["scene"], part.path["x"], part.path["y"] = scene[on_path], xy[on_path, 0], xy[on_path, 1]
         part.first = (int(scene[0]), int(ts[0]), float(xy[0, 0]), float(xy[0, 1]))
         part.last = (int(scene[-1]), int(ts[-1]), float(xy[-1, 0]), float(xy[-1, 1]))
         return part, join
@@ -183,6 +198,7 @@ class FrameStats:
             ego_distance=a.ego_distance + b.ego_distance,
             series=merge_series(a.series, b.series, FRAME_SERIES_OPS),
             first=a.first, last=b.last,
+            samples=np.concatenate([a.samples, b.samples]), path=np.concatenate([a.path, b.path]),
         )
         out.dt_values, out.dt_counts = merge_counts(a.dt_values, a.dt_counts, b.dt_values, b.dt_counts)
         (sa, ta, xa, ya), (sb, tb, xb, yb) = a.last, b.first
@@ -348,6 +364,7 @@ def finalize(counts: dict[str, int], labels: tuple[str, ...], scenes: np.ndarray
         "ego": {"mean_speed_mps": mean(fp.ego_speed_sum, fp.ego_pairs), "total_distance_km": fp.ego_distance / 1000},
         "per_scene": {"num_agents": per_scene["num_agents"].tolist(), "num_tracks": num_tracks.tolist(),
                       "ego_distance_m": per_scene["ego_distance_m"].tolist()},
+        "_plots": {"samples": fp.samples, "path": fp.path},
         "_scene_table": {
             "scene_index": np.arange(n_scenes), "host": scenes["host"], "start_time": scenes["start_time"],
             "end_time": scenes["end_time"],

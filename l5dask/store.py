@@ -56,6 +56,8 @@ class Store:
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = str(url)
         options = dict(storage_options or {})
+        if self.url.startswith(("s3://", "s3a://")):
+            options = resolve_s3_options(options)
         try:
             if self.url.rstrip("/").endswith(".zip") and "::" not in self.url:
                 target_fs, zpath = url_to_fs(self.url, **options)
@@ -153,6 +155,36 @@ def _rebuild_store(url: str, fs: Any, root: str) -> Store:
     store = Store.__new__(Store)
     store.url, store.fs, store.root = url, fs, root
     return store
+
+
+def resolve_s3_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Make S3 credentials and endpoint explicit, so that they reach the workers.
+
+    Workers run elsewhere and may not share this process's AWS environment: credentials
+    found here by botocore's usual chain (environment, profiles, instance roles) and
+    ``AWS_ENDPOINT_URL`` are put into the options, which travel inside the tasks (they are
+    never printed or logged). Explicit options, ``anon`` or a ``profile`` are left alone.
+    """
+    out = dict(options)
+    client_kwargs = dict(out.get("client_kwargs") or {})
+    if "endpoint_url" not in client_kwargs and "endpoint_url" not in out and os.environ.get("AWS_ENDPOINT_URL"):
+        client_kwargs["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]
+    if client_kwargs:
+        out["client_kwargs"] = client_kwargs
+    if out.get("anon") or "profile" in out or "key" in out or "secret" in out or "token" in out:
+        return out
+    try:
+        import botocore.session
+
+        creds = botocore.session.get_session().get_credentials()
+    except Exception:  # noqa: BLE001 - no credentials here: s3fs decides (anonymous, or its own chain)
+        creds = None
+    if creds is not None:
+        frozen = creds.get_frozen_credentials()
+        out["key"], out["secret"] = frozen.access_key, frozen.secret_key
+        if frozen.token:
+            out["token"] = frozen.token
+    return out
 
 
 def _protocol(fs: Any) -> str:

@@ -142,3 +142,16 @@ def test_scheduler_lost_mid_job_one_line_no_output(many_chunks, tmp_path):
     assert proc.returncode == 2, stderr
     assert stderr.strip().count("\n") == 0 and "lost the connection to the dask scheduler" in stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir()]
+
+
+def test_environment_credentials_reach_the_workers(dask_cluster, s3, s3_small, local_report, tmp_path):
+    """The workers have no AWS environment: the client's credentials travel inside the tasks."""
+    env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.key, AWS_SECRET_ACCESS_KEY=s3.secret, AWS_ENDPOINT_URL=s3.endpoint,
+               AWS_DEFAULT_REGION="us-east-1")
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        assert not any(client.run(lambda: bool(__import__("os").environ.get("AWS_SECRET_ACCESS_KEY"))).values())
+    out = tmp_path / "r.json"
+    r = cli("stats", s3_small, "--scheduler", dask_cluster.address, "--output", str(out), env=env)
+    assert r.returncode == 0, r.stderr
+    assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
+    assert s3.secret not in r.stdout + r.stderr
