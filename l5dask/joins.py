@@ -74,7 +74,7 @@ def check_bounds(table: np.ndarray, parent: str, field: str, child_len: int) -> 
     """All interval problems of a parent array, from its per-block bounds table."""
     problems = []
     offsets = np.r_[0, np.cumsum(table[:, 2])[:-1]] if len(table) else np.zeros(0, np.int64)
-    for (start, end, rows, n_bad, first_bad, code) in table:
+    for (_start, _end, _rows, n_bad, first_bad, code) in table:
         if n_bad:
             problems.append(f"{parent}.{field}: row {first_bad}: {_reason(code, child_len)} "
                             f"({n_bad} bad row(s) in its chunk)")

@@ -231,6 +231,13 @@ class L5Dataset:
 
         return array_to_dataset(self, fmt.TL_FACES)
 
+    def joined(self, name: str):
+        """The xarray view of ``name`` with join coordinates (``scene_index``, ``frame_index``,
+        ``timestamp``, ``ego_translation``), all lazy; see :func:`l5dask.xr.joined_dataset`."""
+        from .xr import joined_dataset
+
+        return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name))
+
     def to_datatree(self):
         """The whole dataset as one :class:`xarray.DataTree`, a node per array."""
         from .xr import dataset_to_datatree

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from operator import getitem

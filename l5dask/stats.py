@@ -14,6 +14,7 @@ module's sibling :mod:`l5dask.report`, apart from the maths. Every stored chunk 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +42,20 @@ def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     idx = np.nan_to_num(np.minimum(idx, nbins - 1), nan=nbins - 1)
     idx = idx[idx >= 0].astype(np.int64)
     return np.bincount(idx, minlength=nbins).astype(np.int64)
+
+
+def empty_is_identity(combine):
+    """A partial of no rows (``n == 0``) is the identity of ``combine``: return the other one."""
+
+    @functools.wraps(combine)
+    def wrapper(a, b):
+        if a.n == 0:
+            return b
+        if b.n == 0:
+            return a
+        return combine(a, b)
+
+    return wrapper
 
 
 # --- per-scene series over a range of scene indices ------------------------------------
@@ -183,11 +198,8 @@ class FrameStats:
         return part, join
 
     @staticmethod
+    @empty_is_identity
     def combine(a: FramePart, b: FramePart) -> FramePart:
-        if a.n == 0:
-            return b
-        if b.n == 0:
-            return a
         out = FramePart(
             n=a.n + b.n,
             per_frame_min=min(a.per_frame_min, b.per_frame_min),
@@ -280,11 +292,8 @@ class AgentStats:
         return part
 
     @staticmethod
+    @empty_is_identity
     def combine(a: AgentPart, b: AgentPart) -> AgentPart:
-        if a.n == 0:
-            return b
-        if b.n == 0:
-            return a
         opens: list = []
         for scene, ids in a.open + b.open:
             if opens and opens[-1][0] == scene:
@@ -317,6 +326,7 @@ class TLStats:
                       .astype(np.int64), np.unique(faces["face_id"]))
 
     @staticmethod
+    @empty_is_identity
     def combine(a: TLPart, b: TLPart) -> TLPart:
         return TLPart(a.n + b.n, a.status + b.status, np.union1d(a.faces, b.faces))
 

@@ -55,6 +55,38 @@ def array_to_dataset(
     return out
 
 
+def joined_dataset(ds, name: str) -> xr.Dataset:
+    """:func:`array_to_dataset` plus lazy coordinates from the interval joins.
+
+    frames: ``scene_index``; agents and tl_faces: ``frame_index``, ``scene_index``,
+    ``timestamp`` (of their frame); agents also ``ego_translation`` (of their frame).
+    Building the joins reads the parents' interval bounds (one small task per parent chunk).
+    """
+    from .joins import Joins
+
+    j = Joins(ds)
+    out = array_to_dataset(ds, name)
+    row = ROW_DIMS[name]
+    if name == fmt.FRAMES:
+        return out.assign_coords(scene_index=(row, j.frame_scene()))
+    if name == fmt.AGENTS:
+        return out.assign_coords(
+            frame_index=(row, j.agent_frame()),
+            scene_index=(row, j.agent_scene()),
+            timestamp=(row, j.agent_frame_field("timestamp")),
+            ego_translation=((row, "xyz"), j.agent_frame_field("ego_translation")),
+        ).assign_coords(xyz=["x", "y", "z"])
+    if name == fmt.TL_FACES:
+        frames = fmt.FRAMES, "traffic_light_faces_index_interval", fmt.TL_FACES
+        timestamps = ds[fmt.FRAMES].to_dask(fields=["timestamp"])["timestamp"]
+        return out.assign_coords(
+            frame_index=(row, j.tl_face_frame()),
+            scene_index=(row, j.tl_face_scene()),
+            timestamp=(row, j.join(*frames).take(timestamps)),
+        )
+    return out
+
+
 def dataset_to_datatree(ds) -> xr.DataTree:
     """The whole dataset as a DataTree with one child node per stored array."""
     children = {fmt.SHORT_NAMES[n]: array_to_dataset(ds, n) for n in fmt.ARRAY_NAMES if ds.has(n)}

@@ -67,8 +67,6 @@ def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report
     env = dict(os.environ, DASK_SCHEDULER_ADDRESS=dask_cluster.address)
     out = tmp_path / "r.json"
     with Client(dask_cluster.address, set_as_default=False) as client:
-        before = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.task_prefixes.get("l5-read-frames")
-                                         and dask_scheduler.task_prefixes["l5-read-frames"].states.get("memory", 0))
         r = cli("stats", small_ds, "--output", str(out), "--quiet", env=env)
         assert r.returncode == 0, r.stderr
         seen = client.run_on_scheduler(lambda dask_scheduler: "l5-read-frames" in dask_scheduler.task_prefixes)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import l5dask
-from l5dask.errors import ChunkError, FormatError, NotADatasetError, StoreError
+from l5dask.errors import ChunkError, FormatError, NotADatasetError
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_corrupt_chunk_names_array_and_key(copy):
     chunk.write_bytes(bytes(data))
     ds = l5dask.open_dataset(copy)
     with pytest.raises(ChunkError, match=r"array 'frames', chunk '1'"):
-        ds.frames.timestamp.values
+        _ = ds.frames.timestamp.values
 
 
 def test_missing_chunk_object(copy):

@@ -3,11 +3,9 @@ endpoint and the test cluster, with no manual step."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import nbformat
-import pytest
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).parent.parent / "notebooks"

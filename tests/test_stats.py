@@ -137,6 +137,8 @@ def test_joins_match_numpy(small_ds):
     np.testing.assert_array_equal(j.frame_scene().compute(), scene_of_frame)
     np.testing.assert_array_equal(j.agent_frame().compute(), frame_of_agent)
     np.testing.assert_array_equal(j.agent_scene().compute(), scene_of_frame[frame_of_agent])
+    assert len(frame_of_face) == len(tl)
+    np.testing.assert_array_equal(j.tl_face_frame().compute(), frame_of_face)
     np.testing.assert_array_equal(j.tl_face_scene().compute(), scene_of_frame[frame_of_face])
     np.testing.assert_array_equal(j.agent_frame_field("ego_translation").compute(), fr["ego_translation"][frame_of_agent])
     x = j.agent_frame()

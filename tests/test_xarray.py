@@ -72,3 +72,24 @@ def test_datatree(small_ds):
 def test_engine_group_unknown(small_ds):
     with pytest.raises(l5dask.L5DaskError, match="no array 'cars'"):
         xr.open_dataset(small_ds, engine="l5kit", group="cars")
+
+
+def test_joined_views_have_join_coordinates(small_ds):
+    ds = l5dask.open_dataset(small_ds)
+    ref = read_all(small_ds)
+    sc, fr = ref["scenes"], ref["frames"]
+    scene_of_frame = np.repeat(np.arange(len(sc)), np.diff(sc["frame_index_interval"], axis=1).ravel())
+    frame_of_agent = np.repeat(np.arange(len(fr)), np.diff(fr["agent_index_interval"], axis=1).ravel())
+    frame_of_face = np.repeat(np.arange(len(fr)), np.diff(fr["traffic_light_faces_index_interval"], axis=1).ravel())
+    agents = ds.joined("agents")
+    assert agents.timestamp.chunks[0] == agents.yaw.chunks[0]  # aligned chunk for chunk, lazily
+    np.testing.assert_array_equal(agents.frame_index.values, frame_of_agent)
+    np.testing.assert_array_equal(agents.scene_index.values, scene_of_frame[frame_of_agent])
+    np.testing.assert_array_equal(agents.timestamp.values, fr["timestamp"][frame_of_agent])
+    np.testing.assert_array_equal(agents.ego_translation.sel(xyz="y").values, fr["ego_translation"][frame_of_agent, 1])
+    faces = ds.joined("tl_faces")
+    np.testing.assert_array_equal(faces.timestamp.values, fr["timestamp"][frame_of_face])
+    np.testing.assert_array_equal(ds.joined("frames").scene_index.values, scene_of_frame)
+    # a user's aggregation over join coordinates, with xarray: agents per scene
+    per_scene = agents.yaw.groupby(agents.scene_index.compute()).count().values
+    np.testing.assert_array_equal(per_scene, np.bincount(scene_of_frame[frame_of_agent]))
