@@ -28,20 +28,19 @@ I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
 def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]``.
+    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]`` (and NaN).
 
-    ``edges`` are uniform from 0 (``edges[i] == i * width`` exactly); the bin is found by
-    arithmetic, then corrected by exact comparisons with the edges (no rounding at edges).
-    Values below 0 are not counted; NaN counts as overflow (as ``np.digitize`` does).
+    ``edges`` are uniform from 0; binning is exact at the edges (see :func:`l5dask.kernels.uniform_bin`).
     """
-    width = float(edges[1] - edges[0])
-    nbins = len(edges)
-    idx = np.floor(values / width)
-    idx -= idx * width > values
-    idx += (idx + 1) * width <= values
-    idx = np.nan_to_num(np.minimum(idx, nbins - 1), nan=nbins - 1)
-    idx = idx[idx >= 0].astype(np.int64)
-    return np.bincount(idx, minlength=nbins).astype(np.int64)
+    from .kernels import uniform_bin
+
+    width, nbins = float(edges[1] - edges[0]), len(edges)
+    out = np.zeros(nbins, np.int64)
+    for v in np.asarray(values, np.float64):
+        b = uniform_bin(v, width, nbins)
+        if b >= 0:
+            out[b] += 1
+    return out
 
 
 def empty_is_identity(combine):
@@ -264,16 +263,14 @@ class AgentStats:
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
+        from .kernels import agent_chunk
+
         frames = np.concatenate(join_blocks) if len(join_blocks) > 1 else join_blocks[0]
-        pos = np.searchsorted(frames["agent_start"], np.arange(lo, lo + len(agents)), side="right") - 1
-        part.labels = np.bincount(agents["label_probabilities"].argmax(1), minlength=nlabels).astype(np.int64)
-        vx, vy = agents["velocity"][:, 0].astype(np.float64), agents["velocity"][:, 1].astype(np.float64)
-        speed = np.sqrt(vx * vx + vy * vy)
-        part.speed_sum = float(speed.sum())
-        part.speed_hist = histogram(speed, SPEED_EDGES)
-        d = agents["centroid"] - frames["ego_xy"][pos]
-        dx, dy = d[:, 0], d[:, 1]
-        part.dist_hist = histogram(np.sqrt(dx * dx + dy * dy), DISTANCE_EDGES)
+        pos = np.empty(len(agents), np.int64)
+        part.speed_sum = agent_chunk(
+            agents["label_probabilities"], agents["velocity"], agents["centroid"],
+            np.ascontiguousarray(frames["agent_start"]), np.ascontiguousarray(frames["ego_xy"]), lo,
+            float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]), part.labels, part.speed_hist, part.dist_hist, pos)
         # distinct tracks: agents are ordered by scene, so each scene is one segment here
         scene = frames["scene"][pos]
         track = agents["track_id"]

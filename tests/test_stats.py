@@ -204,3 +204,16 @@ def test_failed_report_keeps_previous_file(small_ds, tmp_path):
     assert r.returncode == 2 and "chunk '1'" in r.stderr
     assert json.loads(out.read_text()) == {"previous": True}
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
+
+
+def test_binning_is_exact_at_edges_and_overflow():
+    from l5dask.stats import DISTANCE_EDGES, SPEED_EDGES, histogram
+
+    rng = np.random.default_rng(0)
+    for edges in (SPEED_EDGES, DISTANCE_EDGES):
+        e = np.repeat(edges, 3)
+        v = np.concatenate([np.nextafter(e, -np.inf), e, np.nextafter(e, np.inf), rng.uniform(0, edges[-1] * 1.3, 5000),
+                            [np.inf, 1e300, 0.0]])
+        v = v[v >= 0]
+        want = [int(((v >= lo) & (v < hi)).sum()) for lo, hi in zip(edges[:-1], edges[1:])] + [int((v >= edges[-1]).sum())]
+        assert histogram(v, edges).tolist() == want
