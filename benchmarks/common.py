@@ -8,13 +8,13 @@ from pathlib import Path
 
 from numcodecs import Blosc
 
-import l5dask
-
 DATA = Path(__file__).parent / "data"
 
 
 def dataset(scenes: int, seed: int = 0) -> str:
     """A generated dataset under benchmarks/data, made once and reused."""
+    import l5dask  # here, so that the decode floor's own process imports only numcodecs
+
     path = DATA / f"synth-{scenes}-{seed}.zarr"
     if not (path / ".zgroup").exists():
         t = time.perf_counter()

@@ -125,18 +125,22 @@ class DaskCluster:
     """A real ``dask scheduler`` and ``dask worker`` processes (with nannies) on 127.0.0.1."""
 
     def __init__(self, n_workers: int = 2, threads: int = 1) -> None:
+        import tempfile
+
         self.port = free_port()
         self.address = f"tcp://127.0.0.1:{self.port}"
+        # logs go to a file: a pipe nobody reads could fill up and block a chatty worker
+        self.log = tempfile.TemporaryFile()
         self.scheduler = subprocess.Popen(
             [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
-             "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=self.log)
         from l5dask.cluster import WORKER_ENV
 
         env = dict(os.environ, **WORKER_ENV, DASK_CONFIG=os.path.join(os.path.dirname(__file__), "..", "cluster"))
         self.workers = [
             subprocess.Popen([sys.executable, "-m", "dask", "worker", self.address, "--nthreads", str(threads),
                               "--host", "127.0.0.1", "--no-dashboard", "--memory-limit", "2GB"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                             stdout=subprocess.DEVNULL, stderr=self.log, env=env)
             for _ in range(n_workers)
         ]
         from distributed import Client
@@ -155,8 +159,9 @@ class DaskCluster:
                 p.kill()
 
     def logs(self) -> str:
-        """stderr of every process (call after close)."""
-        return "".join(p.stderr.read().decode(errors="replace") for p in [self.scheduler, *self.workers] if p.stderr)
+        """What the scheduler and the workers logged."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
 
 @pytest.fixture(scope="session")

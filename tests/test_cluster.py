@@ -42,7 +42,7 @@ def test_cli_s3_on_cluster_equals_local(dask_cluster, s3, s3_small, local_report
             "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1")
     assert r.returncode == 0, r.stderr
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
-    assert s3.secret not in r.stdout + r.stderr
+    assert s3.secret not in r.stdout + r.stderr + dask_cluster.logs()  # nor in the workers' logs
 
 
 def test_workers_read_the_chunks_not_the_client(dask_cluster, s3, s3_small, local_report, monkeypatch):
