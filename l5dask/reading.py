@@ -57,6 +57,28 @@ def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, ou
     return out
 
 
+def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> list[tuple[int, bytes]]:
+    """The stored bytes of ``nchunks`` chunks from ``first_chunk`` on, fetched together."""
+    indices = range(first_chunk, first_chunk + nchunks)
+    keys = [f"{meta.name}/{index}" for index in indices]
+    raws = store.get_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
+    return list(zip(indices, raws))
+
+
+def iter_chunks(store: Store, meta: fmt.ArrayMeta, compressed: bool, first_chunk: int, nchunks: int,
+                scratch: np.ndarray | None = None):
+    """Yield ``(start row, records)`` for ``nchunks`` stored chunks from ``first_chunk`` on.
+
+    The objects are fetched together (concurrently on object stores); each chunk is decoded
+    once into ``scratch`` (one chunk of records, reused: valid until the next chunk).
+    """
+    if scratch is None:
+        scratch = np.empty(meta.chunk_rows, dtype=meta.dtype)
+    for index, raw in fetch_chunks(store, meta, first_chunk, nchunks):
+        start, stop = meta.chunk_bounds(index)
+        yield start, decode_chunk(raw, meta, compressed, str(index), out=scratch)[: stop - start]
+
+
 def read_block(
     store: Store,
     meta: fmt.ArrayMeta,
@@ -74,19 +96,14 @@ def read_block(
     _, stop = meta.chunk_bounds(first_chunk + nchunks - 1)
     dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
     out = np.empty(stop - start, dtype=dtype)
-    scratch = None
-    keys = [f"{meta.name}/{index}" for index in range(first_chunk, first_chunk + nchunks)]
-    raws = store.get_many(keys, what={k: f"array {meta.name!r}, chunk {k.split('/')[-1]!r}" for k in keys})
-    for index, raw in zip(range(first_chunk, first_chunk + nchunks), raws):
-        lo, hi = (b - start for b in meta.chunk_bounds(index))
-        if fields is None and hi - lo == meta.chunk_rows:
-            decode_chunk(raw, meta, compressed, str(index), out=out[lo:hi])
-            continue
-        if scratch is None:
-            scratch = np.empty(meta.chunk_rows, dtype=meta.dtype)
-        records = decode_chunk(raw, meta, compressed, str(index), out=scratch)[: hi - lo]
+    if fields is None and stop - meta.chunk_bounds(first_chunk + nchunks - 1)[0] == meta.chunk_rows:
+        for index, raw in fetch_chunks(store, meta, first_chunk, nchunks):
+            lo = meta.chunk_bounds(index)[0] - start
+            decode_chunk(raw, meta, compressed, str(index), out=out[lo: lo + meta.chunk_rows])
+        return out
+    for lo, records in iter_chunks(store, meta, compressed, first_chunk, nchunks):
         for f in dtype.names:
-            out[f][lo:hi] = records[f]
+            out[f][lo - start: lo - start + len(records)] = records[f]
     return out
 
 

@@ -22,8 +22,8 @@ from . import format as fmt
 from .errors import L5DaskError
 from .joins import block_bounds, check_bounds, interval_problems, raise_first
 from .cluster import compute, persist
-from .reading import L5Dataset, open_dataset
-from .stats import AgentStats, FrameStats, TLStats, finalize
+from .reading import L5Dataset, iter_chunks, open_dataset
+from .stats import AgentStats, FrameColumns, FrameStats, TLStats, finalize
 
 FAN_IN = 8
 #: Scenes whose agents-per-frame series the report keeps for its plots.
@@ -61,8 +61,22 @@ def _frame_task(block, offset, scene_iv, scene_lo, has_tl, n_agents, n_tl, sampl
     return part, join, agent_bounds, tl_bounds
 
 
-def _agent_task(block, lo, nlabels, *joins):
-    return AgentStats.chunk(block, lo, list(joins), nlabels)
+def _fused(chunk, combine, store, meta, compressed, first, n, *args):
+    """Read and reduce ``n`` stored chunks in one task: each chunk is decoded once into one
+    reused buffer and reduced at once (no decoded intermediate is kept or moved)."""
+    part = None
+    for lo, records in iter_chunks(store, meta, compressed, first, n):
+        p = chunk(records, lo, *args)
+        part = p if part is None else combine(part, p)
+    return part
+
+
+def _agent_chunk(records, lo, nlabels, frames):
+    return AgentStats.chunk(records, lo, frames, nlabels)
+
+
+def _tl_chunk(records, lo):
+    return TLStats.chunk(records)
 
 
 def _offsets(chunks: tuple[int, ...]) -> np.ndarray:
@@ -168,8 +182,7 @@ def compute_report(
 
     # 3. agents and tl faces, each task depending only on the frame blocks it overlaps;
     #    tree combines of the three levels; one compute.
-    # all agent fields: the report needs 4 of 6, and projecting would cost a copy per chunk
-    agents = ds[fmt.AGENTS].to_dask(chunks_per_task=chunks_per_task)
+    agents = ds[fmt.AGENTS]
     nlabels = agents.dtype["label_probabilities"].shape[0]
     name = f"l5-report-{token}"
     graph = {}
@@ -179,19 +192,25 @@ def compute_report(
         graph[(name, "frame-join", len(joins))] = (getitem, p.key, 1)
         frame_parts.append((name, "frame-part", len(frame_parts)))
         joins.append((name, "frame-join", len(joins)))
+    # agents and faces: one task reads and reduces a group of stored chunks (all fields: the
+    # report needs 4 of 6 agent fields, and projecting would cost a copy per chunk)
     agent_parts = []
-    for i, (lo, n) in enumerate(zip(_offsets(agents.chunks[0]), agents.chunks[0])):
-        ks = np.flatnonzero((fb_rows > 0) & (fb_start < lo + n) & (fb_end > lo))
-        graph[(name, "agent-part", i)] = (_agent_task, (agents.name, i), int(lo), nlabels, *[joins[k] for k in ks])
+    for i, first in enumerate(range(0, agents.meta.nchunks, chunks_per_task)):
+        n = min(chunks_per_task, agents.meta.nchunks - first)
+        lo, hi = agents.meta.chunk_bounds(first)[0], agents.meta.chunk_bounds(first + n - 1)[1]
+        ks = np.flatnonzero((fb_rows > 0) & (fb_start < hi) & (fb_end > lo))
+        frames_of_group = (FrameColumns.concat, [joins[k] for k in ks])
+        graph[(name, "agent-part", i)] = (_fused, _agent_chunk, AgentStats.combine, agents.store, agents.meta,
+                                          agents.compressed, first, n, nlabels, frames_of_group)
         agent_parts.append((name, "agent-part", i))
-    deps = [agents, *passes]
+    deps = list(passes)
     tl_parts = []
     if ds.has(fmt.TL_FACES):
-        tl = ds[fmt.TL_FACES].to_dask(fields=["face_id", "traffic_light_face_status"], chunks_per_task=chunks_per_task)
-        for i in range(tl.numblocks[0] if len(tl) else 0):
-            graph[(name, "tl-part", i)] = (TLStats.chunk, (tl.name, i))
+        tl = ds[fmt.TL_FACES]
+        for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task)):
+            n = min(chunks_per_task, tl.meta.nchunks - first)
+            graph[(name, "tl-part", i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed, first, n)
             tl_parts.append((name, "tl-part", i))
-        deps.append(tl)
     fp = tree_keys(graph, f"{name}-frames", frame_parts, FrameStats.combine, _empty_frame_part)
     ap = tree_keys(graph, f"{name}-agents", agent_parts, AgentStats.combine, functools.partial(_empty_agent_part, nlabels))
     tp = tree_keys(graph, f"{name}-tl", tl_parts, TLStats.combine, _empty_tl_part)

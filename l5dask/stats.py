@@ -94,6 +94,22 @@ def merge_series(a: SceneSeries, b: SceneSeries, ops: dict[str, str]) -> SceneSe
 
 
 # --- frames ----------------------------------------------------------------------------
+@dataclass
+class FrameColumns:
+    """What agents need of their frames (40 bytes a frame), contiguous for the kernel."""
+
+    agent_start: np.ndarray
+    ego_xy: np.ndarray
+    scene: np.ndarray
+
+    @staticmethod
+    def concat(blocks: list[FrameColumns]) -> FrameColumns:
+        if len(blocks) == 1:
+            return blocks[0]
+        return FrameColumns(*(np.concatenate([getattr(b, f) for b in blocks])
+                              for f in ("agent_start", "ego_xy", "scene")))
+
+
 SAMPLE_DTYPE = np.dtype([("scene", np.int64), ("timestamp", np.int64), ("agents", np.int64)])
 PATH_DTYPE = np.dtype([("scene", np.int64), ("x", np.float64), ("y", np.float64)])
 #: Ego path points kept for the overview map: one frame in this many (2.5 s at 10 Hz), and each scene's last.
@@ -141,7 +157,7 @@ class FrameStats:
 
     @staticmethod
     def chunk(frames: np.ndarray, offset: int, scene_iv: np.ndarray, scene_lo: int,
-              has_tl: bool, sample_scenes: np.ndarray | None = None) -> tuple[FramePart, np.ndarray]:
+              has_tl: bool, sample_scenes: np.ndarray | None = None) -> tuple[FramePart, FrameColumns]:
         """Partial of one frame block, and its compact join columns (agent start, ego x/y, scene).
 
         ``scene_iv`` are the frame intervals of the scenes ``scene_lo...`` that overlap the block.
@@ -153,8 +169,7 @@ class FrameStats:
         per = ai[:, 1] - ai[:, 0]
         ts = frames["timestamp"]
         xy = frames["ego_translation"][:, :2].astype(np.float64)
-        join = np.empty(n, dtype=[("agent_start", np.int64), ("ego_xy", np.float64, (2,)), ("scene", np.int64)])
-        join["agent_start"], join["ego_xy"], join["scene"] = ai[:, 0], xy, scene
+        join = FrameColumns(np.ascontiguousarray(ai[:, 0]), np.ascontiguousarray(xy), scene)
         part = FramePart(n=n)
         if n == 0:
             return part, join
@@ -259,20 +274,20 @@ class AgentStats:
     """Agent-level statistics: labels, speed, distance to ego, distinct tracks (exact)."""
 
     @staticmethod
-    def chunk(agents: np.ndarray, lo: int, join_blocks: list[np.ndarray], nlabels: int = 17) -> AgentPart:
+    def chunk(agents: np.ndarray, lo: int, frames: FrameColumns, nlabels: int = 17) -> AgentPart:
+        """Partial of one chunk of agents (first row ``lo``), given its frames' join columns."""
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
         from .kernels import agent_chunk
 
-        frames = np.concatenate(join_blocks) if len(join_blocks) > 1 else join_blocks[0]
         pos = np.empty(len(agents), np.int64)
         part.speed_sum = agent_chunk(
-            agents["label_probabilities"], agents["velocity"], agents["centroid"],
-            np.ascontiguousarray(frames["agent_start"]), np.ascontiguousarray(frames["ego_xy"]), lo,
-            float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]), part.labels, part.speed_hist, part.dist_hist, pos)
+            agents["label_probabilities"], agents["velocity"], agents["centroid"], frames.agent_start,
+            frames.ego_xy, lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]), part.labels, part.speed_hist,
+            part.dist_hist, pos)
         # distinct tracks: agents are ordered by scene, so each scene is one segment here
-        scene = frames["scene"][pos]
+        scene = frames.scene[pos]
         track = agents["track_id"]
         cuts = np.flatnonzero(scene[1:] != scene[:-1]) + 1
         bounds = np.r_[0, cuts, len(scene)]

@@ -60,7 +60,8 @@ def test_workers_read_the_chunks_not_the_client(dask_cluster, s3, s3_small, loca
         ran = client.run_on_scheduler(lambda dask_scheduler: sorted(
             {ts.prefix.name for ts in dask_scheduler.tasks.values()} | set(dask_scheduler.task_prefixes)))
     assert without_source(rep) == local_report
-    assert any(p.startswith("l5-read-agents") for p in ran)
+    # the chunks were read by tasks on the workers: the frames' read layer and the fused agent/face tasks
+    assert any(p.startswith("l5-read-frames") for p in ran) and any(p.startswith("l5-report") for p in ran)
 
 
 def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report, tmp_path):
