@@ -47,7 +47,7 @@ def moto_server():
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenes", type=int, default=600)
-    parser.add_argument("--s3-scenes", type=int, default=200)
+    parser.add_argument("--s3-scenes", type=int, default=200, help="0 skips the S3 part")
     args = parser.parse_args()
     from distributed import Client, LocalCluster
 
@@ -71,6 +71,8 @@ def main() -> None:
     print(f"(c) 2 worker processes, disk:          {c:6.2f} s")
     print(f"parallel efficiency (b)/(2 x c) = {b / (2 * c):.2f}   (target >= 0.8)")
 
+    if not args.s3_scenes:
+        return
     small = dataset(args.s3_scenes)
     proc, endpoint = moto_server()
     try:
