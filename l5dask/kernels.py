@@ -32,6 +32,15 @@ def uniform_bin(value: float, width: float, nbins: int) -> int:
 
 
 @njit(nogil=True, cache=True)
+def uniform_histogram(values, width, out):
+    """Add the bins of ``values`` (see :func:`uniform_bin`) to ``out``."""
+    for v in values:
+        b = uniform_bin(v, width, out.shape[0])
+        if b >= 0:
+            out[b] += 1
+
+
+@njit(nogil=True, cache=True)
 def agent_chunk(labels, velocity, centroid, frame_starts, ego_xy, lo, speed_width, dist_width,
                 label_counts, speed_hist, dist_hist, frame_pos):
     """Fill the label counts and both histograms, and each row's frame position; return the speed sum.
