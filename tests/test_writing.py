@@ -130,8 +130,9 @@ def _random_records(draw, dtype: np.dtype, n: int) -> np.ndarray:
         kind = dtype.fields[f][0].base.kind
         if kind == "U":
             out[f] = np.char.mod("s%d", np.arange(n)).astype(dtype.fields[f][0].base) if n else out[f]
-        elif kind == "f":
-            out[f] = np.nan_to_num(out[f].astype(np.float64), nan=0.0, posinf=1.0, neginf=-1.0).clip(-1e30, 1e30)
+        elif kind == "f":  # random bit patterns, made finite (the cast of huge values is expected)
+            with np.errstate(invalid="ignore", over="ignore"):
+                out[f] = np.nan_to_num(out[f].astype(np.float64), nan=0.0, posinf=1.0, neginf=-1.0).clip(-1e30, 1e30)
     return out
 
 
