@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from .errors import ChunkError, FormatError, IntervalError, L5DaskError, NotADatasetError, StoreError
 from .reading import L5Array, L5Dataset, open_dataset
-from .synth import synthesize
-from .writing import write_dataset
+
+#: Imported on first use: ``l5dask stats`` starts faster without the writer's imports.
+_LAZY = {"synthesize": "synth", "write_dataset": "writing"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __version__ = "0.1.0"
 

@@ -213,5 +213,31 @@ def validate(dataset: str, storage_options) -> None:
     click.echo(f"{dataset}: no problems")
 
 
+def run() -> None:
+    """The console entry point: run a command, flush its output, and leave.
+
+    The outputs are complete (written atomically, flushed) when a command returns, so the
+    process exits without the interpreter's teardown of numba, llvmlite and dask modules,
+    which took 0.4 s here (a tenth of a report of 30 M agents).
+    """
+    import logging
+    import os
+
+    try:
+        main.main(prog_name="l5dask")
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said
+            code = code or 1
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run()

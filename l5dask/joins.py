@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dask
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from . import format as fmt
 from .errors import IntervalError
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 def interval_problems(iv: np.ndarray, offset: int, child_len: int) -> tuple[int, int, str]:
@@ -179,6 +182,8 @@ class IntervalJoin:
         name = f"l5-parent-{self.child}-{tokenize(self.intervals.name)}"
         graph = self._graph(name, _parent_index_task)
         hlg = HighLevelGraph.from_collections(name, graph, dependencies=[self.intervals])
+        import dask.array as da
+
         return da.Array(hlg, name, chunks=self.child_chunks, dtype=np.int64)
 
     def take(self, values: da.Array) -> da.Array:
@@ -190,6 +195,8 @@ class IntervalJoin:
         graph = self._graph(name, _take_task, extra_of=values)
         hlg = HighLevelGraph.from_collections(name, graph, dependencies=[self.intervals, values])
         chunks = (self.child_chunks[0], *values.chunks[1:])
+        import dask.array as da
+
         return da.Array(hlg, name, chunks=chunks, dtype=values.dtype)
 
 

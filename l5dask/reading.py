@@ -12,9 +12,8 @@ import json
 import warnings
 from collections.abc import Sequence
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from numcodecs import Blosc
@@ -22,6 +21,9 @@ from numcodecs import Blosc
 from . import format as fmt
 from .errors import ChunkError, FormatError, L5DaskError
 from .store import Store, open_store
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 _BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
 
@@ -167,6 +169,8 @@ class L5Array:
         chunks_per_task : int
             Group this many consecutive stored chunks per task (fewer, larger tasks).
         """
+        import dask.array as da
+
         fields = self._fields(fields)
         if chunks_per_task < 1:
             raise L5DaskError("chunks_per_task must be >= 1")

@@ -22,7 +22,7 @@ from . import format as fmt
 from .errors import L5DaskError
 from .joins import block_bounds, check_bounds, interval_problems, raise_first
 from .cluster import compute, persist
-from .reading import L5Dataset, iter_chunks, open_dataset
+from .reading import L5Dataset, iter_chunks, open_dataset, read_block
 from .stats import AgentStats, FrameColumns, FrameStats, TLStats, finalize
 
 FAN_IN = 8
@@ -53,8 +53,19 @@ def _combine_many(combine: Callable, *parts: Any) -> Any:
     return out
 
 
-def _frame_task(block, offset, scene_iv, scene_lo, has_tl, n_agents, n_tl, sample_scenes):
-    """One frame block: frame partial, compact join columns, and the agents/tl interval bounds."""
+def _read_all(store, meta, compressed):
+    """A whole (small) array in one task."""
+    if not meta.nchunks:
+        return np.empty(0, meta.dtype)
+    return read_block(store, meta, compressed, 0, meta.nchunks, None)
+
+
+def _frame_task(store, meta, compressed, first, nchunks, fields, scene_iv, scene_lo, has_tl, n_agents, n_tl,
+                sample_scenes):
+    """One block of frame chunks, read and reduced: frame partial, compact join columns, and the
+    agents/tl interval bounds."""
+    block = read_block(store, meta, compressed, first, nchunks, fields)
+    offset = meta.chunk_bounds(first)[0]
     part, join = FrameStats.chunk(block, offset, scene_iv, scene_lo, has_tl, sample_scenes)
     agent_bounds = block_bounds(block, "agent_index_interval", offset, n_agents)
     tl_bounds = block_bounds(block, "traffic_light_faces_index_interval", offset, n_tl) if has_tl else None
@@ -77,10 +88,6 @@ def _agent_chunk(records, lo, nlabels, frames):
 
 def _tl_chunk(records, lo):
     return TLStats.chunk(records)
-
-
-def _offsets(chunks: tuple[int, ...]) -> np.ndarray:
-    return np.r_[0, np.cumsum(chunks)[:-1]].astype(np.int64)
 
 
 def worker_threads() -> int:
@@ -150,25 +157,30 @@ def compute_report(
     token = tokenize(ds.store, counts, chunks_per_task)
 
     # 1. scenes, whole: the report holds a row per scene anyway.
-    scenes = compute(ds[fmt.SCENES].to_dask(), client=client, **kw)
+    sc = ds[fmt.SCENES]
+    sname = f"l5-scenes-{token}"
+    scenes = compute(Delayed(sname, HighLevelGraph.from_collections(
+        sname, {sname: (_read_all, sc.store, sc.meta, sc.compressed)}, dependencies=[])), client=client, **kw)
     siv = scenes["frame_index_interval"].reshape(-1, 2)
     _check_scenes(siv, counts["frames"])
 
     # 2. the frames pass, persisted: partials + compact join columns, each chunk decoded once.
-    frame_fields = ["timestamp", "agent_index_interval", "ego_translation"] + (
-        ["traffic_light_faces_index_interval"] if has_tl else [])
-    frames = ds[fmt.FRAMES].to_dask(fields=frame_fields, chunks_per_task=chunks_per_task)
+    fr = ds[fmt.FRAMES]
+    frame_fields = ("timestamp", "agent_index_interval", "ego_translation") + (
+        ("traffic_light_faces_index_interval",) if has_tl else ())
     # a few scenes, evenly spread, whose agents per frame the plots show
     sample_scenes = np.unique(np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64))
     fname = f"l5-frames-pass-{token}"
     graph: dict = {}
-    for i, (off, n) in enumerate(zip(_offsets(frames.chunks[0]), frames.chunks[0])):
-        s_lo = int(np.searchsorted(siv[:, 0], off, side="right") - 1) if n else 0
-        s_hi = int(np.searchsorted(siv[:, 0], off + n - 1, side="right")) if n else 0
+    for i, first in enumerate(range(0, fr.meta.nchunks, chunks_per_task)):
+        nchunks = min(chunks_per_task, fr.meta.nchunks - first)
+        off, stop = fr.meta.chunk_bounds(first)[0], fr.meta.chunk_bounds(first + nchunks - 1)[1]
+        s_lo = int(np.searchsorted(siv[:, 0], off, side="right") - 1)
+        s_hi = int(np.searchsorted(siv[:, 0], stop - 1, side="right"))
         samples = sample_scenes[(sample_scenes >= s_lo) & (sample_scenes < s_hi)]
-        graph[(fname, i)] = (_frame_task, (frames.name, i), int(off), siv[s_lo:s_hi], s_lo, has_tl,
-                             counts["agents"], counts["tl_faces"], samples)
-    hlg = HighLevelGraph.from_collections(fname, graph, dependencies=[frames])
+        graph[(fname, i)] = (_frame_task, fr.store, fr.meta, fr.compressed, first, nchunks, frame_fields,
+                             siv[s_lo:s_hi], s_lo, has_tl, counts["agents"], counts["tl_faces"], samples)
+    hlg = HighLevelGraph.from_collections(fname, graph, dependencies=[])
     passes = persist([Delayed(k, hlg, layer=fname) for k in graph], client=client, **kw)
     bounds = compute(([p[2] for p in passes], [p[3] for p in passes]), client=client, **kw)
     empty = np.zeros((0, 6), np.int64)

@@ -39,6 +39,13 @@ def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return out
 
 
+def native(records: np.ndarray) -> np.ndarray:
+    """``records`` with every field in this machine's byte order (what the compiled kernels read)."""
+    if all(records.dtype.fields[f][0].base.isnative for f in records.dtype.names):
+        return records
+    return records.astype(np.dtype([(f, records.dtype.fields[f][0].newbyteorder("=")) for f in records.dtype.names]))
+
+
 def empty_is_identity(combine):
     """A partial of no rows (``n == 0``) is the identity of ``combine``: return the other one."""
 
@@ -275,37 +282,32 @@ class AgentStats:
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
-        from .kernels import agent_chunk
+        from .kernels import agent_chunk, track_runs
 
+        agents = native(agents)
         pos = np.empty(len(agents), np.int64)
         part.speed_sum = agent_chunk(
-            agents["label_probabilities"], agents["velocity"], agents["centroid"], frames.agent_start,
-            frames.ego_xy, lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]), part.labels, part.speed_hist,
-            part.dist_hist, pos)
-        # distinct tracks: agents are ordered by scene, so each scene is one segment here
-        scene = frames.scene[pos]
-        track = agents["track_id"]
-        cuts = np.flatnonzero(scene[1:] != scene[:-1]) + 1
-        bounds = np.r_[0, cuts, len(scene)]
-        segments = []
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            t = np.sort(track[a:b])
-            segments.append((int(scene[a]), t[np.r_[True, t[1:] != t[:-1]]]))
-        s_first, s_last = segments[0][0], segments[-1][0]
+            agents, frames.agent_start, frames.ego_xy, lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]),
+            part.labels, part.speed_hist, part.dist_hist, pos)
+        # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
+        # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
+        scenes, counts, first_ids, last_ids = track_runs(agents, pos, frames.scene)
+        s_first, s_last = int(scenes[0]), int(scenes[-1])
         n_inner = np.zeros(s_last - s_first + 1, np.int64)
-        for sc, ids in segments[1:-1]:
-            n_inner[sc - s_first] = len(ids)
+        n_inner[scenes[1:-1] - s_first] = counts[1:-1]
         part.tracks = SceneSeries(s_first, {"n": n_inner})
-        part.open = [segments[0]] + ([segments[-1]] if len(segments) > 1 else [])
+        part.open = [(s_first, first_ids)] + ([(s_last, last_ids)] if len(scenes) > 1 else [])
         return part
 
     @staticmethod
     @empty_is_identity
     def combine(a: AgentPart, b: AgentPart) -> AgentPart:
+        from .kernels import union_sorted
+
         opens: list = []
         for scene, ids in a.open + b.open:
             if opens and opens[-1][0] == scene:
-                opens[-1] = (scene, np.union1d(opens[-1][1], ids))
+                opens[-1] = (scene, union_sorted(opens[-1][1], ids))
             else:
                 opens.append((scene, ids))
         tracks = merge_series(a.tracks, b.tracks, {"n": "sum"})
@@ -330,8 +332,20 @@ class TLStats:
     def chunk(faces: np.ndarray) -> TLPart:
         if not len(faces):
             return TLPart()
-        return TLPart(len(faces), np.bincount(faces["traffic_light_face_status"].argmax(1), minlength=3)[:3]
-                      .astype(np.int64), np.unique(faces["face_id"]))
+        from .kernels import argmax_counts, distinct_rows
+
+        faces = native(faces)
+        ids = faces["face_id"]
+        offset, width = faces.dtype.fields["face_id"][1], ids.dtype.itemsize
+        if faces.dtype.itemsize % 4 == 0 and offset % 4 == 0 and faces.flags.c_contiguous:
+            # hash the ids in place: the records as rows of 32-bit words (a code point each)
+            words = faces.view(np.uint32).reshape(len(faces), -1)
+            first = distinct_rows(words, offset // 4, (offset + width) // 4)
+        else:
+            first = distinct_rows(np.ascontiguousarray(ids).view(np.uint32).reshape(len(ids), -1), 0, width // 4)
+        status = np.zeros(3, np.int64)
+        argmax_counts(faces["traffic_light_face_status"], status)
+        return TLPart(len(faces), status, np.unique(ids[first]))
 
     @staticmethod
     @empty_is_identity

@@ -13,7 +13,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import dask
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from numcodecs import Blosc
@@ -111,6 +110,8 @@ def write_dataset(
     chunk_rows : mapping, optional
         Rows per stored chunk, by array; L5Kit's sizes by default.
     """
+    import dask.array as da
+
     long = {v: k for k, v in fmt.SHORT_NAMES.items()}
     arrays = {long.get(k, k): v for k, v in arrays.items()}
     missing = [n for n in (fmt.SCENES, fmt.FRAMES, fmt.AGENTS) if n not in arrays]

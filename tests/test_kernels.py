@@ -1,0 +1,90 @@
+"""The compiled per-chunk kernels against plain numpy, on inputs chosen to reach every branch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from l5dask import format as fmt
+from l5dask.kernels import distinct_rows, track_runs
+from l5dask.stats import AgentStats, FrameColumns, TLStats, native
+
+
+def _agents(n: int, rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
+    rec = np.zeros(n, fmt.DTYPES[fmt.AGENTS])
+    rec["track_id"] = ids
+    rec["velocity"] = rng.normal(0, 5, (n, 2))
+    rec["centroid"] = rng.normal(0, 60, (n, 2))
+    rec["label_probabilities"] = rng.random((n, 17))
+    return rec
+
+
+@pytest.mark.parametrize("id_kind", ["dense", "sparse", "huge"])
+def test_track_runs_match_numpy(id_kind):
+    rng = np.random.default_rng(7)
+    n = 5_000
+    top = np.uint64(2**64 - 1)
+    ids = {"dense": lambda: rng.integers(1, 300, n).astype(np.uint64),
+           "sparse": lambda: rng.integers(0, 10**12, n).astype(np.uint64) * np.uint64(1000),  # a sort, not marks
+           "huge": lambda: np.where(rng.random(n) < 0.5, np.uint64(1),  # a span that overflows int64
+                                    top - rng.integers(0, 5, n).astype(np.uint64))}[id_kind]()
+    rec = _agents(n, rng, ids)
+    pos = np.sort(rng.integers(0, 40, n))  # frames in order
+    frame_scene = np.repeat(np.arange(8), 5) + 3
+    scenes, counts, first_ids, last_ids = track_runs(rec, pos, frame_scene)
+    row_scene = frame_scene[pos]
+    want_scenes = np.unique(row_scene)
+    np.testing.assert_array_equal(scenes, want_scenes)
+    np.testing.assert_array_equal(counts, [len(np.unique(ids[row_scene == s])) for s in want_scenes])
+    np.testing.assert_array_equal(first_ids, np.unique(ids[row_scene == want_scenes[0]]))
+    np.testing.assert_array_equal(last_ids, np.unique(ids[row_scene == want_scenes[-1]]))
+
+
+def test_distinct_rows_exact_under_collisions():
+    rng = np.random.default_rng(3)
+    # few distinct rows repeated many times, and rows differing only in their last word
+    base = rng.integers(0, 2**32, (50, 16), dtype=np.uint64).astype(np.uint32)
+    rows = np.concatenate([base[rng.integers(0, 50, 4000)], np.tile(base[:1], (30, 1))])
+    rows[-30:, -1] = np.arange(30, dtype=np.uint32)
+    first = distinct_rows(np.ascontiguousarray(rows), 0, rows.shape[1])
+    assert len(first) == len(np.unique(rows, axis=0))
+    assert len(np.unique(rows[first], axis=0)) == len(first)  # each kept row is distinct
+    assert np.all(np.diff(first) > 0)  # first occurrences, in order
+
+
+def test_tl_faces_unique_matches_numpy():
+    rng = np.random.default_rng(5)
+    faces = np.zeros(3000, fmt.DTYPES[fmt.TL_FACES])
+    names = np.array([f"/f{i:03d}" for i in range(200)] + ["", "é-face-ünïcode"])
+    faces["face_id"] = names[rng.integers(0, len(names), len(faces))]
+    faces["traffic_light_face_status"][np.arange(len(faces)), rng.integers(0, 3, len(faces))] = 1
+    packed = np.zeros(len(faces), np.dtype([("pad", "u1")] + [(f, faces.dtype.fields[f][0]) for f in faces.dtype.names]))
+    for f in faces.dtype.names:
+        packed[f] = faces[f]
+    for records in (faces, packed, faces[::2]):  # in place; ids at an odd offset; a strided view
+        part = TLStats.chunk(records)
+        np.testing.assert_array_equal(part.faces, np.unique(records["face_id"]))
+        np.testing.assert_array_equal(part.status, np.bincount(records["traffic_light_face_status"].argmax(1),
+                                                               minlength=3))
+
+
+def test_big_endian_records_give_the_same_partial():
+    rng = np.random.default_rng(11)
+    rec = _agents(2000, rng, rng.integers(1, 100, 2000).astype(np.uint64))
+    swapped = rec.astype(np.dtype([(f, rec.dtype.fields[f][0].newbyteorder(">")) for f in rec.dtype.names]))
+    assert native(rec) is rec and native(swapped).dtype == rec.dtype
+    frames = FrameColumns(np.array([0, 700, 1500], np.int64), rng.normal(0, 10, (3, 2)), np.array([0, 0, 1]))
+    a, b = AgentStats.chunk(rec, 0, frames), AgentStats.chunk(swapped, 0, frames)
+    for f in ("labels", "speed_hist", "dist_hist"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert a.speed_sum == b.speed_sum and a.tracks.cols["n"].tolist() == b.tracks.cols["n"].tolist()
+
+
+def test_union_sorted_matches_union1d():
+    from l5dask.kernels import union_sorted
+
+    rng = np.random.default_rng(2)
+    for n, m in [(0, 0), (0, 5), (7, 0), (300, 200), (1, 1)]:
+        a = np.unique(rng.integers(0, 400, n).astype(np.uint64))
+        b = np.unique(rng.integers(0, 400, m).astype(np.uint64))
+        np.testing.assert_array_equal(union_sorted(a, b), np.union1d(a, b))
