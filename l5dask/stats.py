@@ -39,13 +39,6 @@ def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     return out
 
 
-def native(records: np.ndarray) -> np.ndarray:
-    """``records`` with every field in this machine's byte order (what the compiled kernels read)."""
-    if all(records.dtype.fields[f][0].base.isnative for f in records.dtype.names):
-        return records
-    return records.astype(np.dtype([(f, records.dtype.fields[f][0].newbyteorder("=")) for f in records.dtype.names]))
-
-
 def empty_is_identity(combine):
     """A partial of no rows (``n == 0``) is the identity of ``combine``: return the other one."""
 
@@ -284,7 +277,6 @@ class AgentStats:
             return part
         from .kernels import agent_chunk, track_runs
 
-        agents = native(agents)
         pos = np.empty(len(agents), np.int64)
         part.speed_sum = agent_chunk(
             agents, frames.agent_start, frames.ego_xy, lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]),
@@ -332,20 +324,11 @@ class TLStats:
     def chunk(faces: np.ndarray) -> TLPart:
         if not len(faces):
             return TLPart()
-        from .kernels import argmax_counts, distinct_rows
+        from .kernels import argmax_counts, distinct_values
 
-        faces = native(faces)
-        ids = faces["face_id"]
-        offset, width = faces.dtype.fields["face_id"][1], ids.dtype.itemsize
-        if faces.dtype.itemsize % 4 == 0 and offset % 4 == 0 and faces.flags.c_contiguous:
-            # hash the ids in place: the records as rows of 32-bit words (a code point each)
-            words = faces.view(np.uint32).reshape(len(faces), -1)
-            first = distinct_rows(words, offset // 4, (offset + width) // 4)
-        else:
-            first = distinct_rows(np.ascontiguousarray(ids).view(np.uint32).reshape(len(ids), -1), 0, width // 4)
         status = np.zeros(3, np.int64)
-        argmax_counts(faces["traffic_light_face_status"], status)
-        return TLPart(len(faces), status, np.unique(ids[first]))
+        argmax_counts(faces, "traffic_light_face_status", status)
+        return TLPart(len(faces), status, np.unique(faces["face_id"][distinct_values(faces, "face_id")]))
 
     @staticmethod
     @empty_is_identity

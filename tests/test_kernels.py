@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from l5dask import format as fmt
-from l5dask.kernels import distinct_rows, track_runs
-from l5dask.stats import AgentStats, FrameColumns, TLStats, native
+from l5dask.kernels import distinct_values, layout, track_runs
+from l5dask.stats import AgentStats, FrameColumns, TLStats
 
 
 def _agents(n: int, rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
@@ -40,16 +40,19 @@ def test_track_runs_match_numpy(id_kind):
     np.testing.assert_array_equal(last_ids, np.unique(ids[row_scene == want_scenes[-1]]))
 
 
-def test_distinct_rows_exact_under_collisions():
+def test_distinct_values_exact_under_collisions():
     rng = np.random.default_rng(3)
-    # few distinct rows repeated many times, and rows differing only in their last word
-    base = rng.integers(0, 2**32, (50, 16), dtype=np.uint64).astype(np.uint32)
+    # few distinct values repeated many times, and values differing only in their last byte
+    base = rng.integers(0, 256, (50, 21), dtype=np.uint8)
     rows = np.concatenate([base[rng.integers(0, 50, 4000)], np.tile(base[:1], (30, 1))])
-    rows[-30:, -1] = np.arange(30, dtype=np.uint32)
-    first = distinct_rows(np.ascontiguousarray(rows), 0, rows.shape[1])
+    rows[-30:, -1] = np.arange(30, dtype=np.uint8)
+    records = np.zeros(len(rows), [("a", "u1"), ("key", "u1", (21,)), ("b", "<f8")])
+    records["key"] = rows
+    first = distinct_values(records, "key")
     assert len(first) == len(np.unique(rows, axis=0))
     assert len(np.unique(rows[first], axis=0)) == len(first)  # each kept row is distinct
     assert np.all(np.diff(first) > 0)  # first occurrences, in order
+    assert distinct_values(records[:0], "key").tolist() == []
 
 
 def test_tl_faces_unique_matches_numpy():
@@ -72,12 +75,29 @@ def test_big_endian_records_give_the_same_partial():
     rng = np.random.default_rng(11)
     rec = _agents(2000, rng, rng.integers(1, 100, 2000).astype(np.uint64))
     swapped = rec.astype(np.dtype([(f, rec.dtype.fields[f][0].newbyteorder(">")) for f in rec.dtype.names]))
-    assert native(rec) is rec and native(swapped).dtype == rec.dtype
+    assert layout(rec, {"velocity": np.dtype(np.float32)})[0] is rec  # in place
+    assert layout(swapped, {"velocity": np.dtype(np.float32)})[0].dtype["velocity"].base.isnative  # converted
     frames = FrameColumns(np.array([0, 700, 1500], np.int64), rng.normal(0, 10, (3, 2)), np.array([0, 0, 1]))
     a, b = AgentStats.chunk(rec, 0, frames), AgentStats.chunk(swapped, 0, frames)
     for f in ("labels", "speed_hist", "dist_hist"):
         np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
     assert a.speed_sum == b.speed_sum and a.tracks.cols["n"].tolist() == b.tracks.cols["n"].tolist()
+
+
+def test_agents_with_other_field_types_give_the_same_partial():
+    """float64 labels and velocities, float32 centroids, uint32 ids: converted, then the same maths."""
+    rng = np.random.default_rng(13)
+    rec = _agents(3000, rng, rng.integers(1, 100, 3000).astype(np.uint64))
+    rec["centroid"] = rec["centroid"].astype(np.float32)  # exactly representable either way
+    other = np.zeros(len(rec), [("track_id", "<u4"), ("label_probabilities", "<f8", (17,)), ("velocity", "<f8", (2,)),
+                                ("centroid", "<f4", (2,))])
+    for f in other.dtype.names:
+        other[f] = rec[f]
+    frames = FrameColumns(np.array([0, 1000, 2200], np.int64), rng.normal(0, 10, (3, 2)), np.array([4, 5, 5]))
+    a, b = AgentStats.chunk(rec, 0, frames), AgentStats.chunk(other, 0, frames)
+    for f in ("labels", "speed_hist", "dist_hist"):
+        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
+    assert a.speed_sum == b.speed_sum and a.open[0][1].tolist() == b.open[0][1].tolist()
 
 
 def test_union_sorted_matches_union1d():
@@ -88,3 +108,20 @@ def test_union_sorted_matches_union1d():
         a = np.unique(rng.integers(0, 400, n).astype(np.uint64))
         b = np.unique(rng.integers(0, 400, m).astype(np.uint64))
         np.testing.assert_array_equal(union_sorted(a, b), np.union1d(a, b))
+
+
+@pytest.mark.parametrize("ncols", [3, 4, 5, 17, 20])
+def test_argmax_is_numpys_with_ties_zeros_and_nan(ncols):
+    """The vector path and the scalar loop both give numpy's argmax: first maximum, NaN first of all."""
+    from l5dask.kernels import argmax_counts
+
+    rng = np.random.default_rng(ncols)
+    values = rng.choice(np.array([0.0, -0.0, 0.25, 1.0, -1.0, np.inf, -np.inf], np.float32), (4000, ncols))
+    values[rng.random(values.shape) < 0.01] = np.nan
+    values[:50] = 0.5  # all equal
+    rec = np.zeros(len(values), [("pad", "u1"), ("p", "<f4", (ncols,))])  # odd offset: unaligned loads
+    rec["p"] = values
+    for rows in (rec, rec[::3]):
+        counts = np.zeros(ncols, np.int64)
+        argmax_counts(rows, "p", counts)
+        np.testing.assert_array_equal(counts, np.bincount(rows["p"].argmax(1), minlength=ncols))

@@ -1,0 +1,284 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The report's per-chunk loops, compiled to C (GIL released): see :mod:`l5dask.kernels`.
+
+Records are read in place from their bytes (``buf``), a row every ``stride`` bytes with
+each field at a byte offset, so no field is copied out of a decoded chunk. Loads go
+through ``memcpy`` (rows of 116 bytes leave most doubles unaligned).
+"""
+
+import numpy as np
+
+from libc.math cimport sqrt
+from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcmp, memcpy
+
+cdef extern from "_argmax.h":
+    Py_ssize_t l5_argmax_f32(const uint8_t* p, Py_ssize_t n) noexcept nogil
+
+cdef enum:
+    # ids of a run are marked in a table when they span at most this many slots per row (else sorted)
+    DENSE_SPAN = 8
+
+cdef int64_t FAR = 4611686018427387904  # 2**62: past any row index
+
+
+cdef inline double _f8(const uint8_t* p) noexcept nogil:
+    cdef double v
+    memcpy(&v, p, 8)
+    return v
+
+
+cdef inline float _f4(const uint8_t* p) noexcept nogil:
+    cdef float v
+    memcpy(&v, p, 4)
+    return v
+
+
+cdef inline uint64_t _u8(const uint8_t* p) noexcept nogil:
+    cdef uint64_t v
+    memcpy(&v, p, 8)
+    return v
+
+
+cdef inline int64_t _bin(double value, double width, double inv_width, int64_t nbins) noexcept nogil:
+    """Bin ``i`` with ``i * width <= value < (i + 1) * width``; the last bin takes the rest (and NaN).
+
+    The product with ``inv_width`` only guesses ``i``; exact comparisons at the edges decide.
+    """
+    if not value < (nbins - 1) * width:  # overflow (also inf) and NaN; the last edge is exact
+        return nbins - 1
+    if value < 0.0:
+        return -1
+    cdef int64_t i = <int64_t>(value * inv_width)
+    if i * width > value:
+        i -= 1
+    elif (i + 1) * width <= value:
+        i += 1
+    return i
+
+
+def uniform_histogram(const double[::1] values, double width, int64_t[::1] out):
+    """Add the bins of ``values`` (see ``_bin``) to ``out``."""
+    cdef Py_ssize_t i
+    cdef int64_t b, nbins = out.shape[0]
+    cdef double inv = 1.0 / width
+    with nogil:
+        for i in range(values.shape[0]):
+            b = _bin(values[i], width, inv, nbins)
+            if b >= 0:
+                out[b] += 1
+
+
+def agent_chunk(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride,
+                Py_ssize_t o_labels, Py_ssize_t nlabels, Py_ssize_t o_velocity, Py_ssize_t o_centroid,
+                const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo,
+                double speed_width, double dist_width,
+                int64_t[::1] label_counts, int64_t[::1] speed_hist, int64_t[::1] dist_hist,
+                int64_t[::1] frame_pos):
+    """Add one chunk of agents to the label counts and both histograms, fill each row's frame
+    position (in ``frame_starts``), and return the sum of the speeds.
+
+    Labels are ``float32[nlabels]``, velocity ``float32[2]``, centroid ``float64[2]`` at
+    their offsets; the first row is agent ``lo``.
+    """
+    cdef const uint8_t* row
+    cdef Py_ssize_t i, j = 0, m = frame_starts.shape[0]
+    cdef int64_t b, nxt, ns = speed_hist.shape[0], nd = dist_hist.shape[0]
+    cdef double vx, vy, dx, dy, speed, speed_sum = 0.0
+    cdef double s_inv = 1.0 / speed_width, d_inv = 1.0 / dist_width
+    if n == 0:
+        return 0.0
+    with nogil:
+        while j + 1 < m and frame_starts[j + 1] <= lo:
+            j += 1
+        nxt = frame_starts[j + 1] if j + 1 < m else FAR
+        for i in range(n):
+            row = &buf[0] + i * stride
+            label_counts[l5_argmax_f32(row + o_labels, nlabels)] += 1
+            vx, vy = _f4(row + o_velocity), _f4(row + o_velocity + 4)
+            speed = sqrt(vx * vx + vy * vy)
+            speed_sum += speed
+            b = _bin(speed, speed_width, s_inv, ns)
+            if b >= 0:
+                speed_hist[b] += 1
+            while lo + i >= nxt:
+                j += 1
+                nxt = frame_starts[j + 1] if j + 1 < m else FAR
+            frame_pos[i] = j
+            dx = _f8(row + o_centroid) - ego_xy[j, 0]
+            dy = _f8(row + o_centroid + 8) - ego_xy[j, 1]
+            b = _bin(sqrt(dx * dx + dy * dy), dist_width, d_inv, nd)
+            if b >= 0:
+                dist_hist[b] += 1
+    return speed_sum
+
+
+cdef object _distinct_ids(const uint8_t* base, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t a, Py_ssize_t b):
+    """The sorted distinct uint64 ids of rows ``a..b-1``: a mark per id when they are dense, else a sort."""
+    cdef Py_ssize_t i, k = 0
+    cdef uint64_t t, lo, hi, v, span
+    cdef uint8_t* seen
+    cdef uint64_t[::1] out
+    lo = hi = _u8(base + a * stride + off)
+    with nogil:
+        for i in range(a + 1, b):
+            t = _u8(base + i * stride + off)
+            if t < lo:
+                lo = t
+            if t > hi:
+                hi = t
+    if hi - lo < <uint64_t>(DENSE_SPAN * (b - a) + 1024):
+        span = hi - lo + 1
+        seen = <uint8_t*>calloc(span, 1)
+        if seen == NULL:
+            raise MemoryError()
+        with nogil:
+            for i in range(a, b):
+                t = _u8(base + i * stride + off) - lo
+                if not seen[t]:
+                    seen[t] = 1
+                    k += 1
+        result = np.empty(k, np.uint64)
+        out = result
+        k = 0
+        with nogil:
+            for v in range(span):
+                if seen[v]:
+                    out[k] = lo + v
+                    k += 1
+        free(seen)
+        return result
+    ids = np.empty(b - a, np.uint64)
+    out = ids
+    for i in range(a, b):
+        out[i - a] = _u8(base + i * stride + off)
+    return np.unique(ids)
+
+
+def track_runs(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t o_track,
+               const int64_t[::1] frame_pos, const int64_t[::1] frame_scene):
+    """Distinct tracks per run of rows of one scene (agents are ordered by scene).
+
+    ``track_id`` is uint64 at ``o_track``; row ``i``'s scene is ``frame_scene[frame_pos[i]]``.
+    Returns ``(scenes, counts, first_ids, last_ids)``: each run's scene and number of
+    distinct ids, and the sorted distinct ids of the first and the last run (those runs
+    may go on in the neighbouring chunks).
+    """
+    cdef Py_ssize_t i, r, nruns = 1
+    cdef int64_t[::1] cuts_v, scenes_v, counts_v
+    with nogil:
+        for i in range(1, n):
+            if frame_scene[frame_pos[i]] != frame_scene[frame_pos[i - 1]]:
+                nruns += 1
+    cuts = np.empty(nruns + 1, np.int64)
+    cuts_v = cuts
+    cuts_v[0], cuts_v[nruns], r = 0, n, 1
+    with nogil:
+        for i in range(1, n):
+            if frame_scene[frame_pos[i]] != frame_scene[frame_pos[i - 1]]:
+                cuts_v[r] = i
+                r += 1
+    cdef const uint8_t* base = &buf[0]
+    scenes, counts = np.empty(nruns, np.int64), np.empty(nruns, np.int64)
+    scenes_v, counts_v = scenes, counts
+    first_ids = _distinct_ids(base, stride, o_track, cuts_v[0], cuts_v[1])
+    last_ids = first_ids if nruns == 1 else _distinct_ids(base, stride, o_track, cuts_v[nruns - 1], cuts_v[nruns])
+    for r in range(nruns):
+        scenes_v[r] = frame_scene[frame_pos[cuts_v[r]]]
+        if r == 0:
+            counts_v[r] = len(first_ids)
+        elif r == nruns - 1:
+            counts_v[r] = len(last_ids)
+        else:
+            counts_v[r] = len(_distinct_ids(base, stride, o_track, cuts_v[r], cuts_v[r + 1]))
+    return scenes, counts, first_ids, last_ids
+
+
+def distinct_rows(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t width):
+    """Indices of the first occurrence of each distinct value of the ``width`` bytes at ``off``.
+
+    An open-addressing hash table of row indices; values that hash alike are compared byte
+    for byte, so the result is exact whatever the hash does.
+    """
+    cdef Py_ssize_t i, c, k = 0, size = 16
+    cdef int64_t t, slot
+    cdef uint64_t h, w
+    cdef const uint8_t* key
+    while size < 2 * n:
+        size *= 2
+    cdef int64_t* table = <int64_t*>malloc(size * sizeof(int64_t))
+    if table == NULL:
+        raise MemoryError()
+    result = np.empty(n, np.int64)
+    cdef int64_t[::1] out = result
+    with nogil:
+        for i in range(size):
+            table[i] = -1
+        for i in range(n):
+            key = &buf[0] + i * stride + off
+            h = 14695981039346656037ULL
+            c = 0
+            while c + 8 <= width:
+                memcpy(&w, key + c, 8)
+                h = (h ^ w) * 1099511628211ULL
+                c += 8
+            while c < width:
+                h = (h ^ key[c]) * 1099511628211ULL
+                c += 1
+            h ^= h >> 29
+            slot = <int64_t>(h & <uint64_t>(size - 1))
+            while True:
+                t = table[slot]
+                if t < 0:
+                    table[slot] = i
+                    out[k] = i
+                    k += 1
+                    break
+                if memcmp(&buf[0] + t * stride + off, key, width) == 0:
+                    break
+                slot = (slot + 1) & (size - 1)
+    free(table)
+    return result[:k]
+
+
+def argmax_counts(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t ncols,
+                  int64_t[::1] counts):
+    """Add one to ``counts[argmax(row)]`` for each row of the ``float32[ncols]`` at ``off`` (first maximum, as numpy)."""
+    cdef Py_ssize_t i, arg
+    if n == 0:
+        return
+    with nogil:
+        for i in range(n):
+            arg = l5_argmax_f32(&buf[0] + i * stride + off, ncols)
+            if arg < counts.shape[0]:
+                counts[arg] += 1
+
+
+def union_sorted(const uint64_t[::1] a, const uint64_t[::1] b):
+    """The union of two sorted arrays of distinct uint64, sorted (a merge: ``np.union1d`` sorts)."""
+    result = np.empty(a.shape[0] + b.shape[0], np.uint64)
+    cdef uint64_t[::1] out = result
+    cdef Py_ssize_t i = 0, j = 0, k = 0
+    with nogil:
+        while i < a.shape[0] and j < b.shape[0]:
+            if a[i] < b[j]:
+                out[k] = a[i]
+                i += 1
+            elif b[j] < a[i]:
+                out[k] = b[j]
+                j += 1
+            else:
+                out[k] = a[i]
+                i += 1
+                j += 1
+            k += 1
+        while i < a.shape[0]:
+            out[k] = a[i]
+            i += 1
+            k += 1
+        while j < b.shape[0]:
+            out[k] = b[j]
+            j += 1
+            k += 1
+    return result[:k]

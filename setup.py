@@ -1,0 +1,12 @@
+"""Builds the compiled kernels (l5dask/_kernels.pyx); everything else is in pyproject.toml."""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=cythonize(
+        [Extension("l5dask._kernels", ["l5dask/_kernels.pyx"], include_dirs=["l5dask"], depends=["l5dask/_argmax.h"],
+                   extra_compile_args=["-O3"])],
+        compiler_directives={"language_level": 3},
+    )
+)
