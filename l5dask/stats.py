@@ -316,7 +316,7 @@ class AgentStats:
 class TLPart:
     n: int = 0
     status: np.ndarray = field(default_factory=lambda: np.zeros(3, np.int64))
-    faces: np.ndarray = field(default_factory=lambda: np.zeros(0, "<U16"))
+    faces: frozenset = frozenset()  # the distinct face ids (a set: unions cost a fraction of sorted merges)
 
 
 class TLStats:
@@ -328,12 +328,12 @@ class TLStats:
 
         status = np.zeros(3, np.int64)
         argmax_counts(faces, "traffic_light_face_status", status)
-        return TLPart(len(faces), status, np.unique(faces["face_id"][distinct_values(faces, "face_id")]))
+        return TLPart(len(faces), status, frozenset(faces["face_id"][distinct_values(faces, "face_id")].tolist()))
 
     @staticmethod
     @empty_is_identity
     def combine(a: TLPart, b: TLPart) -> TLPart:
-        return TLPart(a.n + b.n, a.status + b.status, np.union1d(a.faces, b.faces))
+        return TLPart(a.n + b.n, a.status + b.status, a.faces | b.faces)
 
 
 # --- the report ------------------------------------------------------------------------

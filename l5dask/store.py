@@ -89,6 +89,11 @@ class Store:
                 return top
         return ""
 
+    @property
+    def local(self) -> bool:
+        """Whether keys are plain files on this machine's filesystem."""
+        return _protocol(self.fs) == "file"
+
     def path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
 
@@ -98,6 +103,9 @@ class Store:
         delay = 0.2
         for attempt in range(_RETRIES + 1):
             try:
+                if self.local:
+                    with open(path, "rb") as f:  # fsspec's local opener costs 70 us a call
+                        return f.read()
                 return self.fs.cat_file(path)
             except FileNotFoundError as exc:
                 raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
