@@ -60,8 +60,8 @@ def test_workers_read_the_chunks_not_the_client(dask_cluster, s3, s3_small, loca
         ran = client.run_on_scheduler(lambda dask_scheduler: sorted(
             {ts.prefix.name for ts in dask_scheduler.tasks.values()} | set(dask_scheduler.task_prefixes)))
     assert without_source(rep) == local_report
-    # the chunks were read by tasks on the workers: the frames' read layer and the fused agent/face tasks
-    assert any(p.startswith("l5-read-frames") for p in ran) and any(p.startswith("l5-report") for p in ran)
+    # the chunks were read by tasks on the workers: scenes, the frames pass, the fused agent/face tasks
+    assert all(any(p.startswith(layer) for p in ran) for layer in ("l5-scenes", "l5-frames-pass", "l5-report"))
 
 
 def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report, tmp_path):
@@ -70,7 +70,7 @@ def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report
     with Client(dask_cluster.address, set_as_default=False) as client:
         r = cli("stats", small_ds, "--output", str(out), "--quiet", env=env)
         assert r.returncode == 0, r.stderr
-        seen = client.run_on_scheduler(lambda dask_scheduler: "l5-read-frames" in dask_scheduler.task_prefixes)
+        seen = client.run_on_scheduler(lambda dask_scheduler: any(p.startswith("l5-frames-pass") for p in dask_scheduler.task_prefixes))
     assert seen
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
 
