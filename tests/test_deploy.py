@@ -15,6 +15,7 @@ from l5dask.cli import main as l5dask_cli
 from l5dask.cluster import scheduler_address
 
 CLUSTER = Path(__file__).parent.parent / "cluster"
+ROOT = CLUSTER.parent
 IMAGE = "l5dask:0.1.0"
 
 
@@ -63,6 +64,11 @@ def test_every_yaml_loads():
 def test_every_image_is_ours_and_built_by_the_dockerfile():
     docker = (CLUSTER / "Dockerfile").read_text()
     assert "pip install" in docker and "COPY l5dask" in docker
+    # the kernels are compiled: every file the build needs is copied into the build stage
+    copied = {w for line in docker.splitlines() if line.startswith("COPY ") and "--from" not in line
+              for w in line.split()[1:-1]}
+    assert {"pyproject.toml", "setup.py", "MANIFEST.in", "l5dask"} <= copied
+    assert all((ROOT / f).exists() for f in copied)
     assert "cluster/Dockerfile" in (CLUSTER / "README.md").read_text() and IMAGE in (CLUSTER / "README.md").read_text()
     for where, argv, image in commands():
         if argv and argv[0] in ("l5dask", "dask"):
