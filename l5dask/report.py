@@ -26,7 +26,7 @@ from .cluster import compute, persist
 from .reading import L5Dataset, iter_chunks, open_dataset, read_block
 from .stats import AgentStats, FrameColumns, FrameStats, TLStats, finalize
 
-FAN_IN = 8
+FAN_IN = 16
 #: Scenes whose agents-per-frame series the report keeps for its plots.
 SAMPLE_SCENES = 4
 
@@ -87,33 +87,59 @@ def _agent_chunk(records, lo, nlabels, frames):
     return AgentStats.chunk(records, lo, frames, nlabels)
 
 
+def _agents_task(store, meta, compressed, first, n, nlabels, *frame_passes):
+    """A group of agent chunks, reduced, given the passes of the frame blocks it overlaps."""
+    frames = FrameColumns.concat([p[1] for p in frame_passes])
+    return _fused(_agent_chunk, AgentStats.combine, store, meta, compressed, first, n, nlabels, frames)
+
+
 def _tl_chunk(records, lo):
     return TLStats.chunk(records)
 
 
-def worker_threads() -> int:
-    """Threads that will run the tasks: those of an active distributed client, else local cores.
+def _client(client: Any = None) -> Any:
+    """The distributed client the job runs on: ``client``, else the default one if there is one.
 
-    A client exists only if ``distributed`` was imported; it is not imported here (0.2 s).
+    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s).
     """
+    if client is not None:
+        return client
     distributed = sys.modules.get("distributed")
     if distributed is not None:
         try:
-            return max(1, sum(distributed.default_client().nthreads().values()))
-        except (ValueError, OSError):
+            return distributed.default_client()
+        except ValueError:
+            pass
+    return None
+
+
+def worker_threads(client: Any = None) -> int:
+    """Threads that will run the tasks: those of the cluster, else local cores."""
+    client = _client(client)
+    if client is not None:
+        try:
+            return max(1, sum(client.nthreads().values()))
+        except OSError:
             pass
     return os.cpu_count() or 1
 
 
-def auto_chunks_per_task(nchunks: int, threads: int | None = None) -> int:
-    """Group stored chunks so that there are at least 16 tasks per thread, and at most 8 chunks a task.
+#: (tasks wanted per thread, most stored chunks in a task), by scheduler.
+TASK_SIZING = {"threads": (16, 8), "distributed": (8, 64)}
 
-    A task per stored chunk costs about as much scheduling as decoding the chunk (about
-    0.5 ms); grouping up to 8 halves the report's time here while keeping enough tasks
-    to balance load and to recover cheaply from a lost worker.
+
+def auto_chunks_per_task(nchunks: int, threads: int | None = None, scheduler: str = "threads",
+                         tasks_per_thread: int | None = None) -> int:
+    """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
+    the scheduling cost small against the work (each task still decodes each chunk once).
+
+    On local threads a task costs about 0.3 ms of scheduling, as much as decoding a chunk:
+    16 tasks per thread and up to 8 chunks a task. On dask.distributed a task costs 1-3 ms
+    (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks a task.
     """
+    per_thread, most = TASK_SIZING[scheduler]
     threads = threads or worker_threads()
-    return int(min(8, max(1, nchunks // (16 * threads))))
+    return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
 
 
 def _check_scenes(siv: np.ndarray, n_frames: int) -> None:
@@ -156,9 +182,11 @@ def compute_report(
     counts = ds.counts()
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in ds[fmt.FRAMES].dtype.names
     kw = {"scheduler": scheduler} if scheduler is not None else {}
+    cluster = _client(client) if scheduler is None else None
+    sizing = dict(threads=worker_threads(cluster), scheduler="distributed" if cluster is not None else "threads")
     if chunks_per_task is None:
         chunks_per_task = dask.config.get("l5dask.chunks-per-task", None) or auto_chunks_per_task(
-            ds[fmt.AGENTS].meta.nchunks)
+            ds[fmt.AGENTS].meta.nchunks, **sizing)
     token = tokenize(ds.store, counts, chunks_per_task)
 
     # 1. scenes, whole: the report holds a row per scene anyway.
@@ -177,8 +205,11 @@ def compute_report(
     sample_scenes = np.unique(np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64))
     fname = f"l5-frames-pass-{token}"
     graph: dict = {}
-    for i, first in enumerate(range(0, fr.meta.nchunks, chunks_per_task)):
-        nchunks = min(chunks_per_task, fr.meta.nchunks - first)
+    # frames in finer groups: the agent tasks run where their frames' join columns are, so
+    # those must be spread over the workers (one frames task held them all on one worker)
+    frames_per_task = min(chunks_per_task, auto_chunks_per_task(fr.meta.nchunks, tasks_per_thread=4, **sizing))
+    for i, first in enumerate(range(0, fr.meta.nchunks, frames_per_task)):
+        nchunks = min(frames_per_task, fr.meta.nchunks - first)
         off, stop = fr.meta.chunk_bounds(first)[0], fr.meta.chunk_bounds(first + nchunks - 1)[1]
         s_lo = int(np.searchsorted(siv[:, 0], off, side="right") - 1)
         s_hi = int(np.searchsorted(siv[:, 0], stop - 1, side="right"))
@@ -201,14 +232,14 @@ def compute_report(
     #    tree combines of the three levels; one compute.
     agents = ds[fmt.AGENTS]
     nlabels = agents.dtype["label_probabilities"].shape[0]
+    # a key name per kind of task, so that the scheduler learns each kind's duration
     name = f"l5-report-{token}"
+    keys = {kind: f"l5-{kind}-{token}" for kind in ("agents", "tlfaces")}
     graph = {}
-    frame_parts, joins = [], []
-    for p in passes:
-        graph[(name, "frame-part", len(frame_parts))] = (getitem, p.key, 0)
-        graph[(name, "frame-join", len(joins))] = (getitem, p.key, 1)
-        frame_parts.append((name, "frame-part", len(frame_parts)))
-        joins.append((name, "frame-join", len(joins)))
+    # the frame partials and join columns are read out of the persisted passes inside the tasks
+    # that use them (inline getitems, and keys as plain arguments: a list of keys would be a
+    # task of its own, and every task costs a round of scheduling)
+    frame_parts = [(getitem, p.key, 0) for p in passes]
     # agents and faces: one task reads and reduces a group of stored chunks (all fields: the
     # report needs 4 of 6 agent fields, and projecting would cost a copy per chunk)
     agent_parts = []
@@ -216,23 +247,23 @@ def compute_report(
         n = min(chunks_per_task, agents.meta.nchunks - first)
         lo, hi = agents.meta.chunk_bounds(first)[0], agents.meta.chunk_bounds(first + n - 1)[1]
         ks = np.flatnonzero((fb_rows > 0) & (fb_start < hi) & (fb_end > lo))
-        frames_of_group = (FrameColumns.concat, [joins[k] for k in ks])
-        graph[(name, "agent-part", i)] = (_fused, _agent_chunk, AgentStats.combine, agents.store, agents.meta,
-                                          agents.compressed, first, n, nlabels, frames_of_group)
-        agent_parts.append((name, "agent-part", i))
+        graph[(keys["agents"], i)] = (_agents_task, agents.store, agents.meta, agents.compressed, first, n, nlabels,
+                                      *[passes[k].key for k in ks])
+        agent_parts.append((keys["agents"], i))
     deps = list(passes)
     tl_parts = []
     if ds.has(fmt.TL_FACES):
         tl = ds[fmt.TL_FACES]
         for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task)):
             n = min(chunks_per_task, tl.meta.nchunks - first)
-            graph[(name, "tl-part", i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed, first, n)
-            tl_parts.append((name, "tl-part", i))
-    fp = tree_keys(graph, f"{name}-frames", frame_parts, FrameStats.combine, _empty_frame_part)
-    ap = tree_keys(graph, f"{name}-agents", agent_parts, AgentStats.combine, functools.partial(_empty_agent_part, nlabels))
-    tp = tree_keys(graph, f"{name}-tl", tl_parts, TLStats.combine, _empty_tl_part)
-    graph[(name, "final")] = (finalize, counts, list(ds.labels), scenes, fp, ap, tp)
-    final = Delayed((name, "final"), HighLevelGraph.from_collections(name, graph, dependencies=deps), layer=name)
+            graph[(keys["tlfaces"], i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed,
+                                           first, n)
+            tl_parts.append((keys["tlfaces"], i))
+    fp = tree_keys(graph, f"l5-combine-frames-{token}", frame_parts, FrameStats.combine, _empty_frame_part)
+    ap = tree_keys(graph, f"l5-combine-agents-{token}", agent_parts, AgentStats.combine, functools.partial(_empty_agent_part, nlabels))
+    tp = tree_keys(graph, f"l5-combine-tlfaces-{token}", tl_parts, TLStats.combine, _empty_tl_part)
+    graph[name] = (finalize, counts, list(ds.labels), scenes, fp, ap, tp)
+    final = Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps), layer=name)
     report = compute(final, client=client, progress=progress, **kw)
     report["dataset"] = ds.url
     return report
