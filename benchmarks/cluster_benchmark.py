@@ -1,6 +1,8 @@
 """The report on local workers and from S3, against the S3 fetch floor (issue 4).
 
-    python benchmarks/cluster_benchmark.py [--scenes 600] [--s3-scenes 200]
+    python benchmarks/cluster_benchmark.py [--scenes 1700] [--s3-scenes SCENES]
+
+The dataset is the one of stats_benchmark.py (30 M agents); --s3-scenes defaults to the same.
 
 (a) embedded default (local threads), from disk;
 (b) a local cluster of 1 single-threaded worker process, from disk;
@@ -46,8 +48,9 @@ def moto_server():
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scenes", type=int, default=600)
-    parser.add_argument("--s3-scenes", type=int, default=200, help="0 skips the S3 part")
+    parser.add_argument("--scenes", type=int, default=1700)
+    parser.add_argument("--s3-scenes", type=int, default=None, help="default: --scenes; 0 skips the S3 part")
+    parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     from distributed import Client, LocalCluster
 
@@ -57,13 +60,13 @@ def main() -> None:
     os.environ.update(WORKER_ENV)  # the nannies pass it to the worker processes (see l5dask/cluster.py)
 
     path = dataset(args.scenes)
-    a = min(timed(lambda: compute_report(path, scheduler="threads")) for _ in range(2))
+    a = min(timed(lambda: compute_report(path, scheduler="threads")) for _ in range(args.repeat))
     runs = {}
     for n in (1, 2):
         with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
                 Client(lc) as client:
             compute_report(path, client=client)  # warm the workers' imports
-            runs[n] = min(timed(lambda: compute_report(path, client=client)) for _ in range(2))
+            runs[n] = min(timed(lambda: compute_report(path, client=client)) for _ in range(args.repeat))
     b, c = runs[1], runs[2]
     print(f"dataset {path}")
     print(f"(a) embedded default (threads), disk:  {a:6.2f} s")
@@ -71,9 +74,9 @@ def main() -> None:
     print(f"(c) 2 worker processes, disk:          {c:6.2f} s")
     print(f"parallel efficiency (b)/(2 x c) = {b / (2 * c):.2f}   (target >= 0.8)")
 
-    if not args.s3_scenes:
+    if args.s3_scenes == 0:
         return
-    small = dataset(args.s3_scenes)
+    small = dataset(args.s3_scenes if args.s3_scenes is not None else args.scenes)
     proc, endpoint = moto_server()
     try:
         import boto3

@@ -217,3 +217,18 @@ def test_binning_is_exact_at_edges_and_overflow():
         v = v[v >= 0]
         want = [int(((v >= lo) & (v < hi)).sum()) for lo, hi in zip(edges[:-1], edges[1:])] + [int((v >= edges[-1]).sum())]
         assert histogram(v, edges).tolist() == want
+
+
+def test_task_sizing_by_scheduler():
+    """Local threads: many small tasks (scheduling is cheap); dask.distributed: fewer, larger ones;
+    always at least one chunk a task, and enough tasks for every thread while chunks last."""
+    from l5dask.report import auto_chunks_per_task as size
+
+    assert size(1502, threads=2) == 8 and size(1502, threads=2, scheduler="distributed") == 64
+    assert size(133_000, threads=400, scheduler="distributed") == 133_000 // (8 * 400)  # train_full, 400 threads
+    assert size(10, threads=8, scheduler="distributed") == 1 and size(0, threads=2) == 1
+    for n in (1, 7, 100, 5000):
+        for threads in (1, 2, 16):
+            for scheduler in ("threads", "distributed"):
+                k = size(n, threads=threads, scheduler=scheduler)
+                assert 1 <= k <= 64 and (-(-n // k) >= threads or k == 1)
