@@ -181,8 +181,14 @@ def compute_report(
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     counts = ds.counts()
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in ds[fmt.FRAMES].dtype.names
-    kw = {"scheduler": scheduler} if scheduler is not None else {}
     cluster = _client(client) if scheduler is None else None
+    if cluster is None and scheduler is None and dask.config.get("scheduler", None) is None:
+        # the embedded default: local threads, named by the function itself, since dask imports
+        # distributed (0.2 s) to look for a client whenever the scheduler is left to it or named by a string
+        from dask.threaded import get as threaded_get
+
+        scheduler = threaded_get
+    kw = {"scheduler": scheduler} if scheduler is not None else {}
     sizing = dict(threads=worker_threads(cluster), scheduler="distributed" if cluster is not None else "threads")
     if chunks_per_task is None:
         chunks_per_task = dask.config.get("l5dask.chunks-per-task", None) or auto_chunks_per_task(

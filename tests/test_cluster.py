@@ -90,7 +90,7 @@ def many_chunks(tmp_path_factory) -> str:
     return path
 
 
-def _done(client, prefix="l5-report"):
+def _done(client, prefix="l5-agents"):
     return client.run_on_scheduler(lambda dask_scheduler, p=prefix: sum(
         tp.states.get("memory", 0) + tp.states.get("released", 0) + tp.states.get("forgotten", 0)
         for name, tp in dask_scheduler.task_prefixes.items() if name.startswith(p)))

@@ -232,3 +232,15 @@ def test_task_sizing_by_scheduler():
             for scheduler in ("threads", "distributed"):
                 k = size(n, threads=threads, scheduler=scheduler)
                 assert 1 <= k <= 64 and (-(-n // k) >= threads or k == 1)
+
+
+def test_stats_imports_only_what_it_uses(small_ds, tmp_path):
+    """The embedded default runs without distributed, xarray, dask.array or pandas: importing them
+    cost more than half a second of a report's process (figures in the closing notes of issue 3)."""
+    code = ("import sys; from l5dask.cli import main; "
+            f"main(['stats', {str(small_ds)!r}, '-q', '--output', {str(tmp_path / 'r.json')!r}], standalone_mode=False); "
+            "print(sorted(m for m in ('distributed', 'xarray', 'dask.array', 'pandas', 'numba') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["agents"] > 0
