@@ -1,6 +1,6 @@
 """Threads or local worker processes for the embedded default? (issue 4)
 
-    python benchmarks/embedded_default.py [--scenes 600]
+    python benchmarks/embedded_default.py [--scenes 1700]
 
 Times the report on local threads (dask's threaded scheduler) and on a LocalCluster
 of one single-threaded worker process per core, cluster start-up included.
@@ -19,7 +19,7 @@ from common import dataset  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--scenes", type=int, default=600)
+    parser.add_argument("--scenes", type=int, default=1700)
     args = parser.parse_args()
     path = dataset(args.scenes)
     from distributed import Client, LocalCluster
