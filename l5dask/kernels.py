@@ -45,9 +45,10 @@ def layout(records: np.ndarray, types: dict[str, np.dtype]) -> tuple[np.ndarray,
 
 def agent_chunk(records: np.ndarray, frame_starts: np.ndarray, ego_xy: np.ndarray, lo: int,
                 speed_width: float, dist_width: float, label_counts: np.ndarray, speed_hist: np.ndarray,
-                dist_hist: np.ndarray, frame_pos: np.ndarray) -> float:
+                dist_hist: np.ndarray, frame_pos: np.ndarray, track_ids: np.ndarray) -> float:
     """Add the agents ``records`` (first row: agent ``lo``) to the label counts and both histograms;
-    fill ``frame_pos`` with each row's position in ``frame_starts``; return the sum of speeds.
+    fill ``frame_pos`` with each row's position in ``frame_starts`` and ``track_ids`` (uint64) with
+    its track id; return the sum of speeds.
 
     ``frame_starts``/``ego_xy`` are the agent starts and ego x/y of the frames overlapping the chunk.
     """
@@ -56,21 +57,22 @@ def agent_chunk(records: np.ndarray, frame_starts: np.ndarray, ego_xy: np.ndarra
     records, buf, off = layout(records, AGENT_TYPES)
     nlabels = records.dtype.fields["label_probabilities"][0].shape[0]
     return _agent_chunk(buf, len(records), records.dtype.itemsize, off["label_probabilities"],
-                        min(nlabels, len(label_counts)), off["velocity"], off["centroid"],
+                        min(nlabels, len(label_counts)), off["velocity"], off["centroid"], off["track_id"],
                         np.ascontiguousarray(frame_starts, np.int64), np.ascontiguousarray(ego_xy, np.float64), lo,
-                        speed_width, dist_width, label_counts, speed_hist, dist_hist, frame_pos)
+                        speed_width, dist_width, label_counts, speed_hist, dist_hist, frame_pos, track_ids)
 
 
-def track_runs(records: np.ndarray, frame_pos: np.ndarray, frame_scene: np.ndarray):
+def track_runs(track_ids: np.ndarray, frame_pos: np.ndarray, frame_scene: np.ndarray):
     """Distinct tracks per run of rows of one scene: ``(scenes, counts, first_ids, last_ids)``.
 
-    Row ``i``'s scene is ``frame_scene[frame_pos[i]]``; ``first_ids``/``last_ids`` are the
-    sorted distinct ``track_id`` of the first and last run (they may go on in the
-    neighbouring chunks). Ids are marked in a table when dense, else sorted.
+    Row ``i`` has track ``track_ids[i]`` and scene ``frame_scene[frame_pos[i]]``;
+    ``first_ids``/``last_ids`` are the sorted distinct ids of the first and last run (they may
+    go on in the neighbouring chunks). Ids are marked in a table when dense, else sorted.
     """
-    records, buf, off = layout(records, {"track_id": AGENT_TYPES["track_id"]})
-    return _track_runs(buf, len(records), records.dtype.itemsize, off["track_id"],
-                       np.ascontiguousarray(frame_pos, np.int64), np.ascontiguousarray(frame_scene, np.int64))
+    if not len(track_ids):
+        raise ValueError("track_runs needs at least one row")
+    return _track_runs(np.ascontiguousarray(track_ids, np.uint64), np.ascontiguousarray(frame_pos, np.int64),
+                       np.ascontiguousarray(frame_scene, np.int64))
 
 
 def distinct_values(records: np.ndarray, field: str) -> np.ndarray:

@@ -277,13 +277,13 @@ class AgentStats:
             return part
         from .kernels import agent_chunk, track_runs
 
-        pos = np.empty(len(agents), np.int64)
+        pos, ids = np.empty(len(agents), np.int64), np.empty(len(agents), np.uint64)
         part.speed_sum = agent_chunk(
             agents, frames.agent_start, frames.ego_xy, lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]),
-            part.labels, part.speed_hist, part.dist_hist, pos)
+            part.labels, part.speed_hist, part.dist_hist, pos, ids)
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
-        scenes, counts, first_ids, last_ids = track_runs(agents, pos, frames.scene)
+        scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames.scene)
         s_first, s_last = int(scenes[0]), int(scenes[-1])
         n_inner = np.zeros(s_last - s_first + 1, np.int64)
         n_inner[scenes[1:-1] - s_first] = counts[1:-1]

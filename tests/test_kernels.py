@@ -31,7 +31,7 @@ def test_track_runs_match_numpy(id_kind):
     rec = _agents(n, rng, ids)
     pos = np.sort(rng.integers(0, 40, n))  # frames in order
     frame_scene = np.repeat(np.arange(8), 5) + 3
-    scenes, counts, first_ids, last_ids = track_runs(rec, pos, frame_scene)
+    scenes, counts, first_ids, last_ids = track_runs(rec["track_id"], pos, frame_scene)
     row_scene = frame_scene[pos]
     want_scenes = np.unique(row_scene)
     np.testing.assert_array_equal(scenes, want_scenes)
