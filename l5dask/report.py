@@ -100,10 +100,19 @@ def _tl_chunk(records, lo):
 def _client(client: Any = None) -> Any:
     """The distributed client the job runs on: ``client``, else the default one if there is one.
 
-    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s).
+    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s)
+    unless dask's ``scheduler-address`` is set.
     """
     if client is not None:
         return client
+    address = dask.config.get("scheduler-address", None)
+    if address:  # DASK_SCHEDULER_ADDRESS: the API runs there too, as the CLI does
+        from distributed import Client, default_client
+
+        try:
+            return default_client()
+        except ValueError:
+            return Client(address, set_as_default=True)
     distributed = sys.modules.get("distributed")
     if distributed is not None:
         try:

@@ -73,6 +73,12 @@ def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report
         seen = client.run_on_scheduler(lambda dask_scheduler: any(p.startswith("l5-frames-pass") for p in dask_scheduler.task_prefixes))
     assert seen
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
+    # the Python API too: compute_report connects to DASK_SCHEDULER_ADDRESS
+    code = (f"from l5dask.report import compute_report; from distributed import default_client; "
+            f"compute_report({small_ds!r}); print(default_client().scheduler.address)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == dask_cluster.address
 
 
 def test_cannot_connect_is_one_line(tmp_path, small_ds):
