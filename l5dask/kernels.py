@@ -54,6 +54,9 @@ def agent_chunk(records: np.ndarray, frame_starts: np.ndarray, ego_xy: np.ndarra
     """
     if not len(records):
         return 0.0
+    if not len(frame_starts) or len(ego_xy) != len(frame_starts) or len(frame_pos) < len(records) \
+            or len(track_ids) < len(records):
+        raise ValueError("agent_chunk: the frames of the rows, and an output slot per row, are needed")
     records, buf, off = layout(records, AGENT_TYPES)
     nlabels = records.dtype.fields["label_probabilities"][0].shape[0]
     return _agent_chunk(buf, len(records), records.dtype.itemsize, off["label_probabilities"],
@@ -69,8 +72,9 @@ def track_runs(track_ids: np.ndarray, frame_pos: np.ndarray, frame_scene: np.nda
     ``first_ids``/``last_ids`` are the sorted distinct ids of the first and last run (they may
     go on in the neighbouring chunks). Ids are marked in a table when dense, else sorted.
     """
-    if not len(track_ids):
-        raise ValueError("track_runs needs at least one row")
+    if not len(track_ids) or len(frame_pos) != len(track_ids) or int(frame_pos.max()) >= len(frame_scene) \
+            or int(frame_pos.min()) < 0:
+        raise ValueError("track_runs: a frame position per row, each within frame_scene, is needed")
     return _track_runs(np.ascontiguousarray(track_ids, np.uint64), np.ascontiguousarray(frame_pos, np.int64),
                        np.ascontiguousarray(frame_scene, np.int64))
 

@@ -125,3 +125,17 @@ def test_argmax_is_numpys_with_ties_zeros_and_nan(ncols):
         counts = np.zeros(ncols, np.int64)
         argmax_counts(rows, "p", counts)
         np.testing.assert_array_equal(counts, np.bincount(rows["p"].argmax(1), minlength=ncols))
+
+
+def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
+    from l5dask.kernels import agent_chunk
+
+    rec = _agents(10, np.random.default_rng(0), np.arange(10, dtype=np.uint64))
+    out = dict(label_counts=np.zeros(17, np.int64), speed_hist=np.zeros(101, np.int64),
+               dist_hist=np.zeros(41, np.int64), frame_pos=np.zeros(10, np.int64), track_ids=np.zeros(10, np.uint64))
+    with pytest.raises(ValueError, match="frames of the rows"):
+        agent_chunk(rec, np.zeros(0, np.int64), np.zeros((0, 2)), 0, 0.5, 5.0, **out)
+    with pytest.raises(ValueError, match="output slot per row"):
+        agent_chunk(rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, **{**out, "frame_pos": np.zeros(3, np.int64)})
+    with pytest.raises(ValueError, match="within frame_scene"):
+        track_runs(rec["track_id"], np.full(10, 5), np.zeros(3, np.int64))
