@@ -232,7 +232,19 @@ def compute_report(
         graph[(fname, i)] = (_frame_task, fr.store, fr.meta, fr.compressed, first, nchunks, frame_fields,
                              siv[s_lo:s_hi], s_lo, has_tl, counts["agents"], counts["tl_faces"], samples)
     hlg = HighLevelGraph.from_collections(fname, graph, dependencies=[])
-    passes = persist([Delayed(k, hlg, layer=fname) for k in graph], client=client, **kw)
+    # the traffic-light faces need nothing of the frames: they start now, with the frames pass,
+    # and keep the workers busy while the client checks the bounds and builds the agent tasks
+    tname = f"l5-tlfaces-{token}"
+    tl_graph: dict = {}
+    if ds.has(fmt.TL_FACES):
+        tl = ds[fmt.TL_FACES]
+        for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task)):
+            n = min(chunks_per_task, tl.meta.nchunks - first)
+            tl_graph[(tname, i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed, first, n)
+    tl_hlg = HighLevelGraph.from_collections(tname, tl_graph, dependencies=[])
+    started = persist([Delayed(k, hlg, layer=fname) for k in graph] + [Delayed(k, tl_hlg, layer=tname) for k in tl_graph],
+                      client=client, **kw)
+    passes, tl_parts_done = started[:len(graph)], started[len(graph):]
     bounds = compute(([p[2] for p in passes], [p[3] for p in passes]), client=client, **kw)
     empty = np.zeros((0, 6), np.int64)
     agent_bounds = np.concatenate(bounds[0]) if passes else empty
@@ -243,20 +255,21 @@ def compute_report(
     raise_first(problems)
     fb_start, fb_end, fb_rows = agent_bounds[:, 0], agent_bounds[:, 1], agent_bounds[:, 2]
 
-    # 3. agents and tl faces, each task depending only on the frame blocks it overlaps;
-    #    tree combines of the three levels; one compute.
+    # 3. agents, each task depending only on the frame blocks it overlaps; tree combines of
+    #    the three levels; one compute.
     agents = ds[fmt.AGENTS]
     nlabels = agents.dtype["label_probabilities"].shape[0]
-    # a key name per kind of task, so that the scheduler learns each kind's duration
+    # a key name per kind of task (frames, faces, agents, combines), so that the scheduler learns
+    # each kind's duration
     name = f"l5-report-{token}"
-    keys = {kind: f"l5-{kind}-{token}" for kind in ("agents", "tlfaces")}
+    keys = {"agents": f"l5-agents-{token}"}
     graph = {}
     # the frame partials and join columns are read out of the persisted passes inside the tasks
     # that use them (inline getitems, and keys as plain arguments: a list of keys would be a
     # task of its own, and every task costs a round of scheduling)
     frame_parts = [(getitem, p.key, 0) for p in passes]
-    # agents and faces: one task reads and reduces a group of stored chunks (all fields: the
-    # report needs 4 of 6 agent fields, and projecting would cost a copy per chunk)
+    # one task reads and reduces a group of stored agent chunks (all fields: the report needs
+    # 4 of 6 agent fields, and projecting would cost a copy per chunk)
     agent_parts = []
     for i, first in enumerate(range(0, agents.meta.nchunks, chunks_per_task)):
         n = min(chunks_per_task, agents.meta.nchunks - first)
@@ -265,15 +278,8 @@ def compute_report(
         graph[(keys["agents"], i)] = (_agents_task, agents.store, agents.meta, agents.compressed, first, n, nlabels,
                                       *[passes[k].key for k in ks])
         agent_parts.append((keys["agents"], i))
-    deps = list(passes)
-    tl_parts = []
-    if ds.has(fmt.TL_FACES):
-        tl = ds[fmt.TL_FACES]
-        for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task)):
-            n = min(chunks_per_task, tl.meta.nchunks - first)
-            graph[(keys["tlfaces"], i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed,
-                                           first, n)
-            tl_parts.append((keys["tlfaces"], i))
+    deps = list(passes) + list(tl_parts_done)
+    tl_parts = [p.key for p in tl_parts_done]
     fp = tree_keys(graph, f"l5-combine-frames-{token}", frame_parts, FrameStats.combine, _empty_frame_part)
     ap = tree_keys(graph, f"l5-combine-agents-{token}", agent_parts, AgentStats.combine, functools.partial(_empty_agent_part, nlabels))
     tp = tree_keys(graph, f"l5-combine-tlfaces-{token}", tl_parts, TLStats.combine, _empty_tl_part)
