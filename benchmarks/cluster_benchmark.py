@@ -55,10 +55,13 @@ def main() -> None:
     args = parser.parse_args()
     from distributed import Client, LocalCluster
 
-    from l5dask.cluster import WORKER_ENV
+    import dask
+
+    from l5dask.cluster import WORKER_CONFIG, WORKER_ENV
     from l5dask.report import compute_report
 
     os.environ.update(WORKER_ENV)  # the nannies pass it to the worker processes (see l5dask/cluster.py)
+    dask.config.set(WORKER_CONFIG)  # as cluster/dask.yaml sets it on real clusters
 
     path = dataset(args.scenes)
     a = min(timed(lambda: compute_report(path, scheduler="threads")) for _ in range(args.repeat))

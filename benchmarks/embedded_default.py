@@ -24,10 +24,13 @@ def main() -> None:
     path = dataset(args.scenes)
     from distributed import Client, LocalCluster
 
-    from l5dask.cluster import WORKER_ENV
+    import dask
+
+    from l5dask.cluster import WORKER_CONFIG, WORKER_ENV
     from l5dask.report import compute_report
 
     os.environ.update(WORKER_ENV)  # the nannies pass it to the worker processes (see l5dask/cluster.py)
+    dask.config.set(WORKER_CONFIG)  # as cluster/dask.yaml sets it on real clusters
 
     cores = os.cpu_count() or 1
     for _ in range(2):

@@ -28,6 +28,10 @@ CONNECT_TIMEOUT = "20s"
 #: heap per worker and allocations under 64 MB on the heap.
 WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(128 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(64 * 2**20)}
 
+#: dask configuration for the workers (also in ``cluster/dask.yaml``): their statistical profiler
+#: samples every thread 100 times a second, 8% of a worker's CPU on the report here.
+WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
+
 
 def scheduler_address(address: str | None = None) -> str | None:
     """The address to use: the argument, else dask's config (``DASK_SCHEDULER_ADDRESS``)."""

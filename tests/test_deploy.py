@@ -109,17 +109,24 @@ def test_cronjob_writes_where_the_volume_is():
     assert argv[argv.index("--output") + 1].startswith(mount + "/")
 
 
-def test_worker_malloc_environment_everywhere(dask_cluster):
+def test_worker_settings_everywhere(dask_cluster):
     from distributed import Client
 
-    from l5dask.cluster import WORKER_ENV
+    from l5dask.cluster import WORKER_CONFIG, WORKER_ENV
 
     config = yaml.safe_load((CLUSTER / "dask.yaml").read_text())
     assert {k: str(v) for k, v in config["distributed"]["nanny"]["pre-spawn-environ"].items()} == WORKER_ENV
+    for key, value in WORKER_CONFIG.items():  # the dask settings of the workers, in the image's config
+        node = config
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, key
     compose = yaml_docs()["docker-compose.yml"][0]
     assert {k: str(v) for k, v in compose["services"]["worker"]["environment"].items() if "MALLOC" in k} == WORKER_ENV
     k8s_worker = yaml_docs()["k8s/daskcluster.yaml"][0]["spec"]["worker"]["spec"]["containers"][0]
     assert {e["name"]: e["value"] for e in k8s_worker["env"] if "MALLOC" in e["name"]} == WORKER_ENV
     with Client(dask_cluster.address, set_as_default=False) as client:  # and real workers get it
         envs = client.run(lambda: {k: __import__("os").environ.get(k) for k in WORKER_ENV})
+        configs = client.run(lambda: {k: __import__("dask").config.get(k) for k in WORKER_CONFIG})
     assert all(e == WORKER_ENV for e in envs.values())
+    assert all(c == WORKER_CONFIG for c in configs.values())
