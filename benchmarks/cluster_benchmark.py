@@ -74,15 +74,25 @@ def main() -> None:
             compute_report(path, client=client)  # warm the workers' imports
             return min(timed(lambda: compute_report(path, client=client)) for _ in range(2))
 
-    rounds = [(on_cluster(1), on_cluster(2)) for _ in range(args.repeat)]
+    def on_threads(n: int) -> float:
+        with dask.config.set(num_workers=n):
+            return min(timed(lambda: compute_report(path, scheduler="threads")) for _ in range(2))
+
+    # each round also runs the same graph on 1 and on 2 local threads of one process: how far two
+    # cores of this machine scale at all on this work, with no scheduler, processes or network
+    rounds = [(on_cluster(1), on_cluster(2), on_threads(1), on_threads(2)) for _ in range(args.repeat)]
     b, c = min(r[0] for r in rounds), min(r[1] for r in rounds)
+    t1, t2 = min(r[2] for r in rounds), min(r[3] for r in rounds)
     effs = [r[0] / (2 * r[1]) for r in rounds]
+    ceilings = [r[2] / (2 * r[3]) for r in rounds]
     print(f"dataset {path}")
     print(f"(a) embedded default (threads), disk:  {a:6.2f} s")
     print(f"(b) 1 worker process, disk:            {b:6.2f} s")
     print(f"(c) 2 worker processes, disk:          {c:6.2f} s")
     print(f"parallel efficiency (b)/(2 x c) = {b / (2 * c):.2f}   (target >= 0.8)")
     print(f"per round: {', '.join(f'{e:.2f}' for e in effs)}   median {statistics.median(effs):.2f}")
+    print(f"the machine's own scaling: 1 local thread {t1:.2f} s, 2 threads {t2:.2f} s: "
+          f"{t1 / (2 * t2):.2f}; per round {', '.join(f'{e:.2f}' for e in ceilings)}")
 
     if args.s3_scenes == 0:
         return

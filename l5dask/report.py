@@ -151,6 +151,19 @@ def auto_chunks_per_task(nchunks: int, threads: int | None = None, scheduler: st
     return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
 
 
+def task_groups(nchunks: int, per_task: int, threads: int) -> list[tuple[int, int]]:
+    """``(first chunk, number of chunks)`` of each task: ``per_task`` chunks a task, then smaller
+    tasks as the end nears (at most the rest over twice the threads, at least an eighth of
+    ``per_task``), so that the job does not end
+    on a few long tasks while other threads have nothing left to do ("guided" self-scheduling)."""
+    groups, first, smallest = [], 0, max(1, per_task // 8)
+    while first < nchunks:
+        n = max(smallest, min(per_task, (nchunks - first) // (2 * threads)))
+        groups.append((first, min(n, nchunks - first)))
+        first += n
+    return groups
+
+
 def _check_scenes(siv: np.ndarray, n_frames: int) -> None:
     n_bad, first_bad, why = interval_problems(siv, 0, n_frames)
     problems = [f"scenes.frame_index_interval: row {first_bad}: {why}"] if n_bad else []
@@ -277,8 +290,7 @@ def compute_report(
     # one task reads and reduces a group of stored agent chunks (all fields: the report needs
     # 4 of 6 agent fields, and projecting would cost a copy per chunk)
     agent_parts = []
-    for i, first in enumerate(range(0, agents.meta.nchunks, chunks_per_task)):
-        n = min(chunks_per_task, agents.meta.nchunks - first)
+    for i, (first, n) in enumerate(task_groups(agents.meta.nchunks, chunks_per_task, sizing["threads"])):
         lo, hi = agents.meta.chunk_bounds(first)[0], agents.meta.chunk_bounds(first + n - 1)[1]
         ks = np.flatnonzero((fb_rows > 0) & (fb_start < hi) & (fb_end > lo))
         graph[(keys["agents"], i)] = (_agents_task, agents.store, agents.meta, agents.compressed, first, n, nlabels,

@@ -244,3 +244,16 @@ def test_stats_imports_only_what_it_uses(small_ds, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]"
     assert json.loads((tmp_path / "r.json").read_text())["counts"]["agents"] > 0
+
+
+def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():
+    from l5dask.report import task_groups
+
+    for nchunks, per_task, threads in [(0, 8, 2), (1, 64, 2), (10, 3, 2), (1502, 64, 2), (1502, 8, 2), (777, 9, 3)]:
+        groups = task_groups(nchunks, per_task, threads)
+        assert [f for f, _ in groups] == list(np.cumsum([0] + [n for _, n in groups])[:-1])
+        assert sum(n for _, n in groups) == nchunks
+        sizes = [n for _, n in groups]
+        assert all(1 <= n <= per_task for n in sizes) and sizes == sorted(sizes, reverse=True) or nchunks == 0
+        assert all(n >= max(1, per_task // 8) for n in sizes[:-1])
+    assert [n for _, n in task_groups(1502, 64, 2)][:20] == [64] * 20  # full tasks while plenty remain
