@@ -254,7 +254,8 @@ def compute_report(
         for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task)):
             n = min(chunks_per_task, tl.meta.nchunks - first)
             tl_graph[(tname, i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed, first, n)
-    tl_hlg = HighLevelGraph.from_collections(tname, tl_graph, dependencies=[])
+    with dask.annotate(priority=-1):  # after the frames, whose bounds the client is waiting for
+        tl_hlg = HighLevelGraph.from_collections(tname, tl_graph, dependencies=[])
     started = persist([Delayed(k, hlg, layer=fname) for k in graph] + [Delayed(k, tl_hlg, layer=tname) for k in tl_graph],
                       client=client, **kw)
     passes, tl_parts_done = started[:len(graph)], started[len(graph):]
