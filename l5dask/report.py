@@ -154,14 +154,42 @@ def auto_chunks_per_task(nchunks: int, threads: int | None = None, scheduler: st
 def task_groups(nchunks: int, per_task: int, threads: int) -> list[tuple[int, int]]:
     """``(first chunk, number of chunks)`` of each task: ``per_task`` chunks a task, then smaller
     tasks as the end nears (at most the rest over twice the threads, at least an eighth of
-    ``per_task``), so that the job does not end
-    on a few long tasks while other threads have nothing left to do ("guided" self-scheduling)."""
+    ``per_task``), so that the job does not end on a few long tasks while other threads have
+    nothing left to do ("guided" self-scheduling)."""
     groups, first, smallest = [], 0, max(1, per_task // 8)
     while first < nchunks:
         n = max(smallest, min(per_task, (nchunks - first) // (2 * threads)))
         groups.append((first, min(n, nchunks - first)))
         first += n
     return groups
+
+
+def _tl_graph(ds: L5Dataset, name: str, chunks_per_task: int) -> dict:
+    """Tasks reading and reducing groups of traffic-light face chunks (none without the array)."""
+    if not ds.has(fmt.TL_FACES):
+        return {}
+    tl = ds[fmt.TL_FACES]
+    return {(name, i): (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed, first,
+                        min(chunks_per_task, tl.meta.nchunks - first))
+            for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task))}
+
+
+def _agents_graph(agents, name: str, groups: list[tuple[int, int]], nlabels: int, frame_bounds: np.ndarray,
+                  frame_keys: list) -> dict:
+    """A task per group of stored agent chunks, depending only on the frame blocks its rows overlap.
+
+    ``frame_bounds`` are the blocks' agent ranges (start, end, rows); the passes' keys are plain
+    arguments (a list of keys would be a task of its own, and every task costs a round of
+    scheduling). A task reads all fields: the report needs 4 of 6, and projecting would copy.
+    """
+    start, end, rows = frame_bounds[:, 0], frame_bounds[:, 1], frame_bounds[:, 2]
+    graph = {}
+    for i, (first, n) in enumerate(groups):
+        lo, hi = agents.meta.chunk_bounds(first)[0], agents.meta.chunk_bounds(first + n - 1)[1]
+        overlapping = np.flatnonzero((rows > 0) & (start < hi) & (end > lo))
+        graph[(name, i)] = (_agents_task, agents.store, agents.meta, agents.compressed, first, n, nlabels,
+                            *[frame_keys[k] for k in overlapping])
+    return graph
 
 
 def _check_scenes(siv: np.ndarray, n_frames: int) -> None:
@@ -248,12 +276,7 @@ def compute_report(
     # the traffic-light faces need nothing of the frames: they start now, with the frames pass,
     # and keep the workers busy while the client checks the bounds and builds the agent tasks
     tname = f"l5-tlfaces-{token}"
-    tl_graph: dict = {}
-    if ds.has(fmt.TL_FACES):
-        tl = ds[fmt.TL_FACES]
-        for i, first in enumerate(range(0, tl.meta.nchunks, chunks_per_task)):
-            n = min(chunks_per_task, tl.meta.nchunks - first)
-            tl_graph[(tname, i)] = (_fused, _tl_chunk, TLStats.combine, tl.store, tl.meta, tl.compressed, first, n)
+    tl_graph = _tl_graph(ds, tname, chunks_per_task)
     with dask.annotate(priority=-1):  # after the frames, whose bounds the client is waiting for
         tl_hlg = HighLevelGraph.from_collections(tname, tl_graph, dependencies=[])
     started = persist([Delayed(k, hlg, layer=fname) for k in graph] + [Delayed(k, tl_hlg, layer=tname) for k in tl_graph],
@@ -273,7 +296,6 @@ def compute_report(
         problems += check_bounds(np.concatenate([b[1] for b in bounds]) if passes else empty,
                                  "frames", "traffic_light_faces_index_interval", counts["tl_faces"])
     raise_first(problems)
-    fb_start, fb_end, fb_rows = agent_bounds[:, 0], agent_bounds[:, 1], agent_bounds[:, 2]
 
     # 3. agents, each task depending only on the frame blocks it overlaps; tree combines of
     #    the three levels; one compute.
@@ -282,21 +304,11 @@ def compute_report(
     # a key name per kind of task (frames, faces, agents, combines), so that the scheduler learns
     # each kind's duration
     name = f"l5-report-{token}"
-    keys = {"agents": f"l5-agents-{token}"}
-    graph = {}
-    # the frame partials and join columns are read out of the persisted passes inside the tasks
-    # that use them (inline getitems, and keys as plain arguments: a list of keys would be a
-    # task of its own, and every task costs a round of scheduling)
+    groups = task_groups(agents.meta.nchunks, chunks_per_task, sizing["threads"])
+    graph = _agents_graph(agents, f"l5-agents-{token}", groups, nlabels, agent_bounds, [p.key for p in passes])
+    agent_parts = list(graph)
+    # the frame partials are read out of the persisted passes inside the combines (inline getitems)
     frame_parts = [(getitem, p.key, 0) for p in passes]
-    # one task reads and reduces a group of stored agent chunks (all fields: the report needs
-    # 4 of 6 agent fields, and projecting would cost a copy per chunk)
-    agent_parts = []
-    for i, (first, n) in enumerate(task_groups(agents.meta.nchunks, chunks_per_task, sizing["threads"])):
-        lo, hi = agents.meta.chunk_bounds(first)[0], agents.meta.chunk_bounds(first + n - 1)[1]
-        ks = np.flatnonzero((fb_rows > 0) & (fb_start < hi) & (fb_end > lo))
-        graph[(keys["agents"], i)] = (_agents_task, agents.store, agents.meta, agents.compressed, first, n, nlabels,
-                                      *[passes[k].key for k in ks])
-        agent_parts.append((keys["agents"], i))
     deps = list(passes) + list(tl_parts_done)
     tl_parts = [p.key for p in tl_parts_done]
     fp = tree_keys(graph, f"l5-combine-frames-{token}", frame_parts, FrameStats.combine, _empty_frame_part)
