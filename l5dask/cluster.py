@@ -86,11 +86,17 @@ def _short(exc: BaseException) -> str:
     return text[0][:200] if text else type(exc).__name__
 
 
-def persist(collections: list, client: Any = None, **kw: Any) -> list:
-    """Persist on ``client`` if given (results stay on the workers), else locally."""
+def persist(collections: list, client: Any = None, progress: bool = False, **kw: Any) -> list:
+    """Persist on ``client`` if given (results stay on the workers), else locally (with a progress
+    bar on stderr: there, persisting runs the tasks before it returns)."""
     if not collections:
         return []
     if client is None:
+        if progress:
+            from dask.diagnostics import ProgressBar
+
+            with ProgressBar(out=sys.stderr, dt=0.5):
+                return list(dask.persist(*collections, **kw))
         return list(dask.persist(*collections, **kw))
     return list(client.persist(collections))
 

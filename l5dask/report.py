@@ -280,7 +280,7 @@ def compute_report(
     with dask.annotate(priority=-1):  # after the frames, whose bounds the client is waiting for
         tl_hlg = HighLevelGraph.from_collections(tname, tl_graph, dependencies=[])
     started = persist([Delayed(k, hlg, layer=fname) for k in graph] + [Delayed(k, tl_hlg, layer=tname) for k in tl_graph],
-                      client=client, **kw)
+                      client=client, progress=progress, **kw)
     passes, tl_parts_done = started[:len(graph)], started[len(graph):]
     # the interval bounds of each frame block (small) come back to the client; one task per block,
     # where the block is, written out as a graph (a Delayed getitem per block cost 2 ms of client time)
