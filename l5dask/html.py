@@ -11,7 +11,8 @@ import numpy as np
 
 from . import __version__
 from .plot import REPORT_FIGURES, png
-from .report import atomic_write, summary_text
+from .outputs import atomic_write
+from .report import summary_text
 
 MAX_TABLE_ROWS = 500
 

@@ -1,251 +1,227 @@
-"""Vectorized interval joins: scene -> frame -> agent, frame -> traffic-light face.
+"""Lazy, vectorized interval joins: scene -> frame -> agent, frame -> traffic-light face.
 
-A join first computes, per parent block, the child range it covers (one small task
-per parent block; validated). Then each child chunk's task depends only on the
-parent blocks that overlap it, and finds its parents with ``searchsorted``.
+``Joins(ds).agent_scene()`` and the other joins are dask arrays chunked like their child array;
+building them reads nothing. Their graphs are made when they are computed, by the engine:
+
+1. the parent's rows are one pass (scenes read whole; the frames pass persisted, each chunk
+   decoded once, keeping only the join columns asked for, and its intervals checked);
+2. each child task gets only the parent blocks whose child ranges overlap its rows and finds
+   each row's parent with ``searchsorted``. A child chunk is never read: its rows are known
+   from the metadata.
+
+All the joins of one :class:`Joins` (hence of one ``ds.joined(...)`` view) share one parent
+pass: computing several join coordinates together decodes each frame chunk once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
-import dask
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task, TaskRef
 
 from . import format as fmt
-from .errors import IntervalError
+from .engine import Block, Job, Link, Pass, Rows
+from .intervals import check_intervals
 
 if TYPE_CHECKING:
     import dask.array as da
 
-
-def interval_problems(iv: np.ndarray, offset: int, child_len: int) -> tuple[int, int, str]:
-    """Check ``[start, end)`` rows of one block: (number of bad rows, first bad row, why).
-
-    Rows are bad when ``end < start`` (not increasing), when ``start`` is not the
-    previous row's ``end`` (not contiguous), or when they point outside the child.
-    """
-    if len(iv) == 0:
-        return 0, -1, ""
-    starts, ends = iv[:, 0], iv[:, 1]
-    checks = (  # the most telling reason first, when a row has several
-        ((starts < 0) | (ends > child_len), f"points outside the child array of length {child_len}"),
-        (ends < starts, "end < start (not increasing)"),
-        (np.r_[False, starts[1:] != ends[:-1]], "start != previous end (not contiguous)"),
-    )
-    bad = np.zeros(len(iv), bool)
-    first, why = len(iv), ""
-    for mask, reason in checks:
-        bad |= mask
-        hit = np.flatnonzero(mask)
-        if len(hit) and hit[0] < first:
-            first, why = int(hit[0]), reason
-    n = int(bad.sum())
-    return n, (offset + first if n else -1), why
+#: The interval field linking each child array to its parent.
+PARENT = {fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
+          fmt.AGENTS: (fmt.FRAMES, "agent_index_interval"),
+          fmt.TL_FACES: (fmt.FRAMES, "traffic_light_faces_index_interval")}
 
 
-def block_bounds(records: np.ndarray, field: str, offset: int, child_len: int) -> np.ndarray:
-    """Per parent block: first start, last end, rows, bad rows, first bad row, reason code."""
-    iv = records[field] if records.dtype.names else records
-    n_bad, first_bad, why = interval_problems(iv, offset, child_len)
-    reasons = ("", "end < start (not increasing)", "start != previous end (not contiguous)")
-    code = reasons.index(why) if why in reasons else 3
-    start, end = (int(iv[0, 0]), int(iv[-1, 1])) if len(iv) else (-1, -1)
-    return np.array([[start, end, len(iv), n_bad, first_bad, code]], dtype=np.int64)
+class Deferred(Mapping):
+    """A graph layer made when it is first read (at compute time), not when it is declared."""
+
+    def __init__(self, build) -> None:
+        self._build, self._graph = build, None
+
+    def _materialized(self) -> dict:
+        if self._graph is None:
+            self._graph = self._build()
+        return self._graph
+
+    def __getitem__(self, key):
+        return self._materialized()[key]
+
+    def __iter__(self) -> Iterator:
+        return iter(self._materialized())
+
+    def __len__(self) -> int:
+        return len(self._materialized())
+
+    def __contains__(self, key) -> bool:
+        return key in self._materialized()
 
 
-def _reason(code: int, child_len: int) -> str:
-    return ("", "end < start (not increasing)", "start != previous end (not contiguous)",
-            f"points outside the child array of length {child_len}")[code]
+def _scene_rows(scenes: np.ndarray) -> Rows:
+    iv = scenes["frame_index_interval"].reshape(-1, 2)
+    return Rows(0, {"start": np.ascontiguousarray(iv[:, 0]), "scene": np.arange(len(iv), dtype=np.int64)})
 
 
-@dataclass
-class Bounds:
-    """Per parent block: parent row offset, first child row, child end; validated."""
-
-    offsets: np.ndarray
-    starts: np.ndarray
-    ends: np.ndarray
-    rows: np.ndarray
+def _frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str, ...], fields: tuple[str, ...]) -> Rows:
+    """The join columns of a block of frames: each interval's start, the scene, asked-for fields."""
+    cols = {f: np.ascontiguousarray(frames[f][:, 0]) for f in starts}
+    cols["scene"] = scenes.offset + scenes.locate(offset, offset + len(frames), "start")
+    cols.update({f: np.ascontiguousarray(frames[f]) for f in fields})
+    return Rows(offset, cols)
 
 
-def check_bounds(table: np.ndarray, parent: str, field: str, child_len: int) -> list[str]:
-    """All interval problems of a parent array, from its per-block bounds table."""
-    problems = []
-    offsets = np.r_[0, np.cumsum(table[:, 2])[:-1]] if len(table) else np.zeros(0, np.int64)
-    for (_start, _end, _rows, n_bad, first_bad, code) in table:
-        if n_bad:
-            problems.append(f"{parent}.{field}: row {first_bad}: {_reason(code, child_len)} "
-                            f"({n_bad} bad row(s) in its chunk)")
-    expected = 0
-    for off, (start, end, rows, *_r) in zip(offsets, table):
-        if rows == 0:
-            continue
-        if start != expected:
-            problems.append(f"{parent}.{field}: row {off}: starts at {start}, expected {expected} "
-                            "(not contiguous with the previous row)")
-        expected = end
-    if len(table) and table[:, 2].sum() and expected != child_len:
-        problems.append(f"{parent}.{field}: the last row ends at {expected}, but the child array has {child_len} rows")
-    elif not (len(table) and table[:, 2].sum()) and child_len:
-        problems.append(f"{parent}.{field}: no rows, but the child array has {child_len} rows")
-    return problems
+def _frame_rows_task(starts, fields):
+    def rows(frames, offset, scenes):
+        return _frame_rows(frames, offset, scenes, starts, fields)
+
+    return rows
 
 
-def first_problem_row(problem: str) -> int:
-    try:
-        return int(problem.split(": row ")[1].split(":")[0])
-    except (IndexError, ValueError):
-        return 2**62
+def _take(lo: int, hi: int, start: str, column: str, rows: Rows | None, *blocks: Block) -> np.ndarray:
+    """``column`` of the parent of each child row ``lo .. hi - 1``."""
+    rows = rows if rows is not None else Rows.concat([b.rows for b in blocks])
+    pos = rows.locate(lo, hi, start)
+    if column == "index":
+        return rows.offset + pos
+    return rows[column][pos]
 
 
-def raise_first(problems: list[str]) -> None:
-    if problems:
-        raise IntervalError(min(problems, key=first_problem_row))
+class _FramesPass:
+    """The frames' rows for the joins of one dataset, made once per set of columns asked for."""
+
+    def __init__(self, ds) -> None:
+        self.ds, self.starts, self.fields = ds, set(), set()
+        self._done: tuple | None = None
+
+    def want(self, start: str, field: str | None) -> None:
+        self.starts.add(start)
+        if field is not None and field not in ("scene", "index"):
+            self.fields.add(field)
+
+    def run(self) -> tuple[Any, dict]:
+        """The persisted pass (its intervals checked) and its graph entries, once per set of columns."""
+        wanted = (tuple(sorted(self.starts)), tuple(sorted(self.fields)))
+        if self._done is None or self._done[0] != wanted:
+            ds, job = self.ds, Job()
+            scenes = job.read(ds[fmt.SCENES])
+            check_intervals(scenes["frame_index_interval"].reshape(-1, 2), fmt.SCENES, "frame_index_interval",
+                            len(ds[fmt.FRAMES]))
+            child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
+            intervals = {f: len(ds[c]) for c, f in child.items() if f in wanted[0]}
+            spec = Pass(ds[fmt.FRAMES], parent=Link(_scene_rows(scenes), "start"),
+                        rows=_frame_rows_task(*wanted), intervals=intervals, blocks=True, name="frames-join")
+            (persisted,) = job.persist(spec)
+            entries = {}
+            for c in persisted.collections:
+                entries.update(dict(c.__dask_graph__()))
+            self._done = (wanted, persisted, entries)
+        return self._done[1], self._done[2]
 
 
-def parents_of(child_lo: int, child_hi: int, starts_blocks: Sequence[np.ndarray], offsets: Sequence[int]) -> np.ndarray:
-    """Parent row of each child row in ``[child_lo, child_hi)``, from the overlapping parent blocks' starts."""
-    starts = np.concatenate(starts_blocks) if len(starts_blocks) > 1 else starts_blocks[0]
-    base = np.concatenate([np.full(len(s), o, np.int64) + np.arange(len(s)) for s, o in zip(starts_blocks, offsets)])
-    pos = np.searchsorted(starts, np.arange(child_lo, child_hi), side="right") - 1
-    return base[pos]
-
-
-def _parent_index_task(child_lo: int, child_hi: int, offsets: list[int], field: str, *blocks: np.ndarray) -> np.ndarray:
-    return parents_of(child_lo, child_hi, [b[field][:, 0] for b in blocks], offsets)
-
-
-def _take_task(child_lo, child_hi, offsets, field, nblocks, *blocks):
-    iv_blocks, value_blocks = blocks[:nblocks], blocks[nblocks:]
-    idx = parents_of(child_lo, child_hi, [b[field][:, 0] for b in iv_blocks], offsets)
-    values = np.concatenate(value_blocks) if len(value_blocks) > 1 else value_blocks[0]
-    return values[idx - offsets[0]]
-
-
-class IntervalJoin:
-    """The join of a child array to its parent through ``parent[field]`` intervals.
+class Joins:
+    """The joins of one dataset, as lazy dask arrays chunked like the child array.
 
     Parameters
     ----------
     ds : L5Dataset
-    parent, field, child : str
-        E.g. ``("frames", "agent_index_interval", "agents")``.
+    chunks_per_task : int
+        Stored child chunks per output chunk (as ``L5Array.to_dask``).
     """
 
-    def __init__(self, ds, parent: str, field: str, child: str) -> None:
-        self.ds, self.parent, self.field, self.child = ds, parent, field, child
-        self.child_len = len(ds[child])
-        self.intervals = ds[parent].to_dask(fields=[field])
-        table = self._bounds_table()
-        raise_first(check_bounds(table, parent, field, self.child_len))
-        self.offsets = np.r_[0, np.cumsum(table[:, 2])[:-1]].astype(np.int64) if len(table) else np.zeros(0, np.int64)
-        self.starts, self.ends, self.rows = table[:, 0], table[:, 1], table[:, 2]
-        self.child_chunks = ds[child].to_dask().chunks
+    def __init__(self, ds, chunks_per_task: int = 1) -> None:
+        self.ds, self.chunks_per_task = ds, chunks_per_task
+        self._frames = _FramesPass(ds)
 
-    def _bounds_table(self) -> np.ndarray:
-        x = self.intervals
-        if not x.npartitions or len(x) == 0:
-            return np.zeros((0, 6), np.int64)
-        offsets = np.r_[0, np.cumsum(x.chunks[0])[:-1]]
-        parts = [dask.delayed(block_bounds)(b, self.field, int(o), self.child_len)
-                 for b, o in zip(x.to_delayed().ravel(), offsets)]
-        return np.concatenate(dask.compute(*parts))
+    def column(self, child: str, column: str) -> da.Array:
+        """``column`` of each child row's parent: ``"index"`` (the parent row), ``"scene"``, or a
+        field of the parent (frames only: ``timestamp``, ``ego_translation``...)."""
+        import dask.array as da
 
-    def blocks_for(self, lo: int, hi: int) -> list[int]:
-        """Parent blocks whose child ranges overlap ``[lo, hi)``."""
-        return [int(k) for k in np.flatnonzero((self.rows > 0) & (self.starts < hi) & (self.ends > lo))]
-
-    def _graph(self, name: str, task, extra_of: da.Array | None = None):
-        """One task per child chunk, depending only on the parent blocks it overlaps."""
-        graph = {}
-        lo = 0
-        tail = (0,) * (extra_of.ndim - 1) if extra_of is not None else ()
-        for i, n in enumerate(self.child_chunks[0]):
-            ks = self.blocks_for(lo, lo + n)
-            args = [(self.intervals.name, k) for k in ks]
-            offsets = [int(self.offsets[k]) for k in ks]
-            if extra_of is not None:
-                args += [(extra_of.name, k, *tail) for k in ks]
-                graph[(name, i, *tail)] = (task, lo, lo + n, offsets, self.field, len(ks), *args)
+        parent, interval = PARENT[child]
+        src = self.ds[child]
+        chunks = src.to_dask(chunks_per_task=self.chunks_per_task).chunks[0]
+        bounds = np.r_[0, np.cumsum(chunks)].astype(np.int64)
+        if parent == fmt.SCENES:
+            if column not in ("index", "scene"):
+                raise ValueError(f"frames join scenes by index only, not {column!r}")
+            dtype, tail = np.dtype(np.int64), ()
+        else:
+            if column in ("index", "scene"):
+                dtype, tail = np.dtype(np.int64), ()
             else:
-                graph[(name, i)] = (task, lo, lo + n, offsets, self.field, *args)
-            lo += n
-        return graph
+                sub = self.ds[fmt.FRAMES].dtype.fields[column][0]  # KeyError: no such frame field
+                dtype, tail = sub.base, sub.shape
+            self._frames.want(interval, column)
+        start = interval if parent == fmt.FRAMES else "start"
+        name = f"l5-join-{child}-{column}-{tokenize(self.ds[child], self.ds[parent], self.chunks_per_task)}"
+        extra = (0,) * len(tail)
 
-    def parent_index(self) -> da.Array:
-        """Parent row of every child row: an int64 dask array chunked like the child."""
-        name = f"l5-parent-{self.child}-{tokenize(self.intervals.name)}"
-        graph = self._graph(name, _parent_index_task)
-        hlg = HighLevelGraph.from_collections(name, graph, dependencies=[self.intervals])
-        import dask.array as da
+        def build() -> dict:
+            graph = {}
+            if parent == fmt.SCENES:
+                job = Job()
+                scenes = job.read(self.ds[fmt.SCENES])
+                iv = scenes["frame_index_interval"].reshape(-1, 2)
+                check_intervals(iv, fmt.SCENES, interval, len(src))
+                rows = _scene_rows(scenes)
+                for i in range(len(chunks)):
+                    lo, hi = int(bounds[i]), int(bounds[i + 1])
+                    graph[(name, i)] = Task((name, i), _take, lo, hi, "start", "index",
+                                            rows.overlapping(lo, hi, "start"))
+                return graph
+            persisted, entries = self._frames.run()
+            graph.update(entries)
+            starts, ends, nrows = persisted.child_range(interval)
+            for i in range(len(chunks)):
+                lo, hi = int(bounds[i]), int(bounds[i + 1])
+                overlap = np.flatnonzero((nrows > 0) & (starts < hi) & (ends > lo))
+                key = (name, i, *extra)
+                graph[key] = Task(key, _take, lo, hi, start, column, None,
+                                  *[TaskRef(persisted.keys[k]) for k in overlap])
+            return graph
 
-        return da.Array(hlg, name, chunks=self.child_chunks, dtype=np.int64)
-
-    def take(self, values: da.Array) -> da.Array:
-        """``values`` (aligned with the parent's blocks) broadcast to every child row."""
-        if values.chunks[0] != self.intervals.chunks[0]:
-            raise ValueError("values must be chunked like the parent array's stored chunks")
-        values = values.rechunk({i: -1 for i in range(1, values.ndim)})
-        name = f"l5-take-{self.child}-{tokenize(self.intervals.name, values.name)}"
-        graph = self._graph(name, _take_task, extra_of=values)
-        hlg = HighLevelGraph.from_collections(name, graph, dependencies=[self.intervals, values])
-        chunks = (self.child_chunks[0], *values.chunks[1:])
-        import dask.array as da
-
-        return da.Array(hlg, name, chunks=chunks, dtype=values.dtype)
-
-
-class Joins:
-    """The joins of one dataset, built on first use: ``Joins(ds).agent_scene()`` etc."""
-
-    def __init__(self, ds) -> None:
-        self.ds = ds
-        self._cache: dict[tuple[str, str], IntervalJoin] = {}
-
-    def join(self, parent: str, field: str, child: str) -> IntervalJoin:
-        key = (parent, child)
-        if key not in self._cache:
-            self._cache[key] = IntervalJoin(self.ds, parent, field, child)
-        return self._cache[key]
+        hlg = HighLevelGraph({name: Deferred(build)}, {name: set()})
+        return da.Array(hlg, name, chunks=((*chunks,), *((n,) for n in tail)), dtype=dtype)
 
     def frame_scene(self) -> da.Array:
         """Scene index of every frame."""
-        return self.join(fmt.SCENES, "frame_index_interval", fmt.FRAMES).parent_index()
+        return self.column(fmt.FRAMES, "index")
 
     def agent_frame(self) -> da.Array:
         """Frame index of every agent."""
-        return self.join(fmt.FRAMES, "agent_index_interval", fmt.AGENTS).parent_index()
+        return self.column(fmt.AGENTS, "index")
 
     def agent_scene(self) -> da.Array:
         """Scene index of every agent."""
-        return self.join(fmt.FRAMES, "agent_index_interval", fmt.AGENTS).take(self.frame_scene())
+        return self.column(fmt.AGENTS, "scene")
 
     def tl_face_frame(self) -> da.Array:
-        return self.join(fmt.FRAMES, "traffic_light_faces_index_interval", fmt.TL_FACES).parent_index()
+        """Frame index of every traffic-light face."""
+        return self.column(fmt.TL_FACES, "index")
 
     def tl_face_scene(self) -> da.Array:
-        return self.join(fmt.FRAMES, "traffic_light_faces_index_interval", fmt.TL_FACES).take(self.frame_scene())
+        """Scene index of every traffic-light face."""
+        return self.column(fmt.TL_FACES, "scene")
 
     def agent_frame_field(self, field: str) -> da.Array:
         """A field of each agent's frame (e.g. ``timestamp``, ``ego_translation``), per agent."""
-        values = self.ds[fmt.FRAMES].to_dask(fields=[field])[field]
-        return self.join(fmt.FRAMES, "agent_index_interval", fmt.AGENTS).take(values)
+        return self.column(fmt.AGENTS, field)
+
+    def tl_face_frame_field(self, field: str) -> da.Array:
+        """A field of each traffic-light face's frame (e.g. ``timestamp``)."""
+        return self.column(fmt.TL_FACES, field)
 
 
 def validate(ds) -> list[str]:
-    """Every interval problem of a dataset (empty when it is consistent)."""
-    problems = []
-    for parent, field, child in fmt.INTERVALS:
-        if not (ds.has(parent) and ds.has(child)) or field not in ds[parent].dtype.names:
-            continue
-        j = IntervalJoin.__new__(IntervalJoin)
-        j.ds, j.parent, j.field, j.child = ds, parent, field, child
-        j.child_len = len(ds[child])
-        j.intervals = ds[parent].to_dask(fields=[field])
-        problems += check_bounds(j._bounds_table(), parent, field, j.child_len)
+    """Every interval problem of a dataset (empty when it is consistent): one pass per parent
+    array, reading only its interval fields' bounds."""
+    specs = []
+    for parent, fld, child in fmt.INTERVALS:
+        if ds.has(parent) and ds.has(child) and fld in ds[parent].dtype.names:
+            specs.append(Pass(ds[parent], intervals={fld: len(ds[child])}, blocks=True, name=f"{parent}-{fld}"))
+    problems: list[str] = []
+    Job().persist(*specs, check=False, problems=problems)
     return problems

@@ -57,10 +57,11 @@ def agent_chunk(records: np.ndarray, frame_starts: np.ndarray, ego_xy: np.ndarra
     if not len(frame_starts) or len(ego_xy) != len(frame_starts) or len(frame_pos) < len(records) \
             or len(track_ids) < len(records):
         raise ValueError("agent_chunk: the frames of the rows, and an output slot per row, are needed")
-    records, buf, off = layout(records, AGENT_TYPES)
     nlabels = records.dtype.fields["label_probabilities"][0].shape[0]
-    return _agent_chunk(buf, len(records), records.dtype.itemsize, off["label_probabilities"],
-                        min(nlabels, len(label_counts)), off["velocity"], off["centroid"], off["track_id"],
+    if len(label_counts) != nlabels:
+        raise ValueError(f"agent_chunk: {nlabels} label probabilities a row, but {len(label_counts)} label counts")
+    records, buf, off = layout(records, AGENT_TYPES)
+    return _agent_chunk(buf, len(records), records.dtype.itemsize, off["label_probabilities"], nlabels, off["velocity"], off["centroid"], off["track_id"],
                         np.ascontiguousarray(frame_starts, np.int64), np.ascontiguousarray(ego_xy, np.float64), lo,
                         speed_width, dist_width, label_counts, speed_hist, dist_hist, frame_pos, track_ids)
 
@@ -95,5 +96,7 @@ def argmax_counts(records: np.ndarray, field: str, counts: np.ndarray) -> None:
     if not len(records):
         return
     ncols = records.dtype.fields[field][0].shape[0]
+    if len(counts) != ncols:
+        raise ValueError(f"argmax_counts: {field} has {ncols} columns, but there are {len(counts)} counts")
     records, buf, off = layout(records, {field: np.dtype(np.float32)})
     _argmax_counts(buf, len(records), records.dtype.itemsize, off[field], ncols, counts)

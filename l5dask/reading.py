@@ -141,6 +141,29 @@ class L5Array:
     def __len__(self) -> int:
         return self.meta.length
 
+    # the engine's ChunkSource ---------------------------------------------------------
+    @property
+    def nchunks(self) -> int:
+        return self.meta.nchunks
+
+    def chunk_bounds(self, index: int) -> tuple[int, int]:
+        return self.meta.chunk_bounds(index)
+
+    def iter_chunks(self, first: int, n: int):
+        """``(start row, records)`` of stored chunks ``first .. first + n - 1``, each decoded once
+        into one reused buffer (valid until the next chunk)."""
+        return iter_chunks(self.store, self.meta, self.compressed, first, n)
+
+    def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
+        """Stored chunks ``first .. first + n - 1`` as one array of records (each decoded once)."""
+        if n == 0:
+            return np.empty(0, self.dtype if fields is None else project(np.empty(0, self.dtype), fields).dtype)
+        return read_block(self.store, self.meta, self.compressed, first, n, self._fields(fields))
+
+    def __dask_tokenize__(self):
+        return ("l5dask.L5Array", self.store.__dask_tokenize__(), self.meta.name, self.meta.length,
+                self.meta.chunk_rows, self.meta.dtype.descr, self.compressed)
+
     def _fields(self, fields: Sequence[str] | str | None) -> tuple[str, ...] | None:
         if fields is None:
             return None

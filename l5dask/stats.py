@@ -1,15 +1,17 @@
-"""The standard statistics report (``shared/spec/statistics-report.md``), in one pass.
+"""The standard statistics report (``docs/statistics-report.md``): its maths, in one pass.
 
-Shape (after flox): each level has a reduction object with ``chunk`` (one stored
-chunk -> a partial), ``combine`` (two neighbouring partials, in order -> one) and
-``finalize``. Graph building lives in this
-module's sibling :mod:`l5dask.report`, apart from the maths. Every stored chunk is decoded once:
+Shape (after flox): each level is one declared :class:`~l5dask.engine.Reduction` with
+``chunk`` (one stored chunk, or block, and the parent rows that overlap it -> a partial),
+an ordered ``combine`` and an ``identity``; :func:`finalize` assembles the report. What the
+passes read, and in which order, is declared in :mod:`l5dask.report`; the engine
+(:mod:`l5dask.engine`) runs them. Every stored chunk is decoded once:
 
 1. scenes are read whole (the report itself holds a row per scene);
-2. the frames pass (a task per frame chunk) yields the frame partials and compact
-   per-frame join columns (agent start, ego x/y, scene), which are persisted;
-3. agents and traffic-light faces (a task per chunk, each depending only on the frame
-   blocks it overlaps) and the tree combines of all three levels run in one compute.
+2. the frames pass (a task per group of frame chunks, given the scenes they overlap) yields
+   the frame partials and compact per-frame join rows (agent start, ego x/y, scene: 32 bytes
+   a frame), which are persisted;
+3. agents (a task per group of chunks, each given only the frame rows it overlaps) and
+   traffic-light faces, and the tree combines of all three levels, run in one compute.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
+from .engine import Reduction, Rows
 
 SPEED_EDGES = np.linspace(0.0, 50.0, 101)
 DISTANCE_EDGES = np.linspace(0.0, 200.0, 41)
@@ -90,22 +93,6 @@ def merge_series(a: SceneSeries, b: SceneSeries, ops: dict[str, str]) -> SceneSe
 
 
 # --- frames ----------------------------------------------------------------------------
-@dataclass
-class FrameColumns:
-    """What agents need of their frames (40 bytes a frame), contiguous for the kernel."""
-
-    agent_start: np.ndarray
-    ego_xy: np.ndarray
-    scene: np.ndarray
-
-    @staticmethod
-    def concat(blocks: list[FrameColumns]) -> FrameColumns:
-        if len(blocks) == 1:
-            return blocks[0]
-        return FrameColumns(*(np.concatenate([getattr(b, f) for b in blocks])
-                              for f in ("agent_start", "ego_xy", "scene")))
-
-
 SAMPLE_DTYPE = np.dtype([("scene", np.int64), ("timestamp", np.int64), ("agents", np.int64)])
 PATH_DTYPE = np.dtype([("scene", np.int64), ("x", np.float64), ("y", np.float64)])
 #: Ego path points kept for the overview map: one frame in this many (2.5 s at 10 Hz), and each scene's last.
@@ -148,27 +135,39 @@ def merge_counts(av, ac, bv, bc):
     return v, np.bincount(inv, weights=np.concatenate([ac, bc]), minlength=len(v)).astype(np.int64)
 
 
+def frame_rows(frames: np.ndarray, offset: int, scenes: Rows) -> Rows:
+    """What agents need of their frames: agent start, ego x/y and scene of each frame (32 bytes)."""
+    scene = scenes.offset + scenes.locate(offset, offset + len(frames), "start")
+    return Rows(offset, {"agent_start": np.ascontiguousarray(frames["agent_index_interval"][:, 0]),
+                         "ego_xy": np.ascontiguousarray(frames["ego_translation"][:, :2], dtype=np.float64),
+                         "scene": scene})
+
+
+def scene_rows(scenes: np.ndarray) -> Rows:
+    """The scenes as the frames' parent rows: each scene's frame interval."""
+    iv = scenes["frame_index_interval"].reshape(-1, 2)
+    return Rows(0, {"start": np.ascontiguousarray(iv[:, 0]), "end": np.ascontiguousarray(iv[:, 1])})
+
+
 class FrameStats:
     """Frame-level statistics: agents per frame, frame frequency, ego motion, per-scene sums."""
 
     @staticmethod
-    def chunk(frames: np.ndarray, offset: int, scene_iv: np.ndarray, scene_lo: int,
-              has_tl: bool, sample_scenes: np.ndarray | None = None) -> tuple[FramePart, FrameColumns]:
-        """Partial of one frame block, and its compact join columns (agent start, ego x/y, scene).
-
-        ``scene_iv`` are the frame intervals of the scenes ``scene_lo...`` that overlap the block.
-        """
+    def chunk(frames: np.ndarray, offset: int, scenes: Rows, has_tl: bool,
+              sample_scenes: np.ndarray | None = None) -> FramePart:
+        """Partial of one frame block whose first row is frame ``offset``; ``scenes`` are the
+        scene rows (frame intervals) that overlap the block."""
         n = len(frames)
         idx = offset + np.arange(n)
-        scene = scene_lo + np.searchsorted(scene_iv[:, 0], idx, side="right") - 1
+        pos = scenes.locate(offset, offset + n, "start")
+        scene = scenes.offset + pos
         ai = frames["agent_index_interval"]
         per = ai[:, 1] - ai[:, 0]
         ts = frames["timestamp"]
         xy = frames["ego_translation"][:, :2].astype(np.float64)
-        join = FrameColumns(np.ascontiguousarray(ai[:, 0]), np.ascontiguousarray(xy), scene)
         part = FramePart(n=n)
         if n == 0:
-            return part, join
+            return part
         part.per_frame_min, part.per_frame_max, part.per_frame_sum = int(per.min()), int(per.max()), int(per.sum())
         same = scene[1:] == scene[:-1]
         dt = (ts[1:] - ts[:-1])[same]
@@ -184,8 +183,7 @@ class FrameStats:
         # timestamps of each scene's first and last frame, where they fall in this block
         first_ts = np.full(k, I64_MAX, np.int64)
         last_ts = np.full(k, I64_MIN, np.int64)
-        own = scene_iv[scene - scene_lo]
-        at_start, at_end = idx == own[:, 0], idx == own[:, 1] - 1
+        at_start, at_end = idx == scenes["start"][pos], idx == scenes["end"][pos] - 1
         first_ts[local[at_start]] = ts[at_start]
         last_ts[local[at_end]] = ts[at_end]
         part.series = SceneSeries(s0, {
@@ -200,12 +198,12 @@ class FrameStats:
             keep = np.isin(scene, sample_scenes)
             part.samples = np.empty(int(keep.sum()), SAMPLE_DTYPE)
             part.samples["scene"], part.samples["timestamp"], part.samples["agents"] = scene[keep], ts[keep], per[keep]
-        on_path = ((idx - own[:, 0]) % PATH_EVERY == 0) | at_end
+        on_path = ((idx - scenes["start"][pos]) % PATH_EVERY == 0) | at_end
         part.path = np.empty(int(on_path.sum()), PATH_DTYPE)
         part.path["scene"], part.path["x"], part.path["y"] = scene[on_path], xy[on_path, 0], xy[on_path, 1]
         part.first = (int(scene[0]), int(ts[0]), float(xy[0, 0]), float(xy[0, 1]))
         part.last = (int(scene[-1]), int(ts[-1]), float(xy[-1, 0]), float(xy[-1, 1]))
-        return part, join
+        return part
 
     @staticmethod
     @empty_is_identity
@@ -270,8 +268,9 @@ class AgentStats:
     """Agent-level statistics: labels, speed, distance to ego, distinct tracks (exact)."""
 
     @staticmethod
-    def chunk(agents: np.ndarray, lo: int, frames: FrameColumns, nlabels: int = 17) -> AgentPart:
-        """Partial of one chunk of agents (first row ``lo``), given its frames' join columns."""
+    def chunk(agents: np.ndarray, lo: int, frames: Rows, nlabels: int = 17) -> AgentPart:
+        """Partial of one chunk of agents (first row ``lo``), given the rows of its frames
+        (:func:`frame_rows`)."""
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
@@ -279,11 +278,11 @@ class AgentStats:
 
         pos, ids = np.empty(len(agents), np.int64), np.empty(len(agents), np.uint64)
         part.speed_sum = agent_chunk(
-            agents, frames.agent_start, frames.ego_xy, lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]),
+            agents, frames["agent_start"], frames["ego_xy"], lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]),
             part.labels, part.speed_hist, part.dist_hist, pos, ids)
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
-        scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames.scene)
+        scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames["scene"])
         s_first, s_last = int(scenes[0]), int(scenes[-1])
         n_inner = np.zeros(s_last - s_first + 1, np.int64)
         n_inner[scenes[1:-1] - s_first] = counts[1:-1]
@@ -320,8 +319,10 @@ class TLPart:
 
 
 class TLStats:
+    """Traffic-light faces: status counts (argmax) and distinct face ids."""
+
     @staticmethod
-    def chunk(faces: np.ndarray) -> TLPart:
+    def chunk(faces: np.ndarray, start: int = 0, parent: None = None) -> TLPart:
         if not len(faces):
             return TLPart()
         from .kernels import argmax_counts, distinct_values
@@ -336,10 +337,43 @@ class TLStats:
         return TLPart(a.n + b.n, a.status + b.status, a.faces | b.faces)
 
 
+# --- the declared reductions -----------------------------------------------------------
+def frames_reduction(has_tl: bool, sample_scenes: np.ndarray) -> Reduction:
+    """Frame partials, given the overlapping scene rows (:func:`scene_rows`)."""
+    samples = np.asarray(sample_scenes, np.int64)
+    return Reduction(f"frames-tl{int(has_tl)}-samples{'.'.join(map(str, samples.tolist()))}",
+                     functools.partial(_frame_chunk, has_tl=has_tl, sample_scenes=samples),
+                     FrameStats.combine, FramePart)
+
+
+def _frame_chunk(frames, offset, scenes, has_tl, sample_scenes):
+    return FrameStats.chunk(frames, offset, scenes, has_tl, sample_scenes)
+
+
+def agents_reduction(nlabels: int) -> Reduction:
+    """Agent partials, given the overlapping frame rows (:func:`frame_rows`)."""
+    return Reduction(f"agents-{nlabels}", functools.partial(_agent_chunk, nlabels=nlabels), AgentStats.combine,
+                     functools.partial(_empty_agent_part, nlabels))
+
+
+def _agent_chunk(agents, lo, frames, nlabels):
+    return AgentStats.chunk(agents, lo, frames, nlabels)
+
+
+def _empty_agent_part(nlabels: int) -> AgentPart:
+    return AgentPart(labels=np.zeros(nlabels, np.int64))
+
+
+TL_FACES = Reduction("tl-faces", TLStats.chunk, TLStats.combine, TLPart)
+
+
 # --- the report ------------------------------------------------------------------------
 def finalize(counts: dict[str, int], labels: tuple[str, ...], scenes: np.ndarray,
-             fp: FramePart, ap: AgentPart, tp: TLPart) -> dict[str, Any]:
+             fp: FramePart, ap: AgentPart, tp: TLPart | None = None) -> dict[str, Any]:
     """Assemble the report dict (contract version 1) from the three combined partials."""
+    tp = tp if tp is not None else TLPart()
+    if len(ap.labels) != len(labels):
+        raise ValueError(f"{len(ap.labels)} label counts for {len(labels)} label names")
     n_scenes, n_frames, n_agents = counts["scenes"], counts["frames"], counts["agents"]
     total_dt = int(fp.dt_counts.sum())
     hz = 1e9 / median_from_counts(fp.dt_values, fp.dt_counts) if total_dt else 10.0

@@ -60,7 +60,8 @@ def joined_dataset(ds, name: str) -> xr.Dataset:
 
     frames: ``scene_index``; agents and tl_faces: ``frame_index``, ``scene_index``,
     ``timestamp`` (of their frame); agents also ``ego_translation`` (of their frame).
-    Building the joins reads the parents' interval bounds (one small task per parent chunk).
+    Building the view reads nothing; computing its coordinates together decodes each scene
+    and frame chunk once (see :mod:`l5dask.joins`).
     """
     from .joins import Joins
 
@@ -69,21 +70,14 @@ def joined_dataset(ds, name: str) -> xr.Dataset:
     row = ROW_DIMS[name]
     if name == fmt.FRAMES:
         return out.assign_coords(scene_index=(row, j.frame_scene()))
-    if name == fmt.AGENTS:
-        return out.assign_coords(
-            frame_index=(row, j.agent_frame()),
-            scene_index=(row, j.agent_scene()),
-            timestamp=(row, j.agent_frame_field("timestamp")),
-            ego_translation=((row, "xyz"), j.agent_frame_field("ego_translation")),
-        ).assign_coords(xyz=["x", "y", "z"])
-    if name == fmt.TL_FACES:
-        frames = fmt.FRAMES, "traffic_light_faces_index_interval", fmt.TL_FACES
-        timestamps = ds[fmt.FRAMES].to_dask(fields=["timestamp"])["timestamp"]
-        return out.assign_coords(
-            frame_index=(row, j.tl_face_frame()),
-            scene_index=(row, j.tl_face_scene()),
-            timestamp=(row, j.join(*frames).take(timestamps)),
-        )
+    if name in (fmt.AGENTS, fmt.TL_FACES):
+        coords = {"frame_index": (row, j.column(name, "index")),
+                  "scene_index": (row, j.column(name, "scene")),
+                  "timestamp": (row, j.column(name, "timestamp"))}
+        if name == fmt.AGENTS:
+            coords["ego_translation"] = ((row, "xyz"), j.column(name, "ego_translation"))
+            return out.assign_coords(coords).assign_coords(xyz=["x", "y", "z"])
+        return out.assign_coords(coords)
     return out
 
 

@@ -74,11 +74,18 @@ def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report
     assert seen
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
     # the Python API too: compute_report connects to DASK_SCHEDULER_ADDRESS
-    code = (f"from l5dask.report import compute_report; from distributed import default_client; "
-            f"compute_report({small_ds!r}); print(default_client().scheduler.address)")
+    # (and closes the client it opened: no client is left behind)
+    code = ("import distributed; from distributed.client import _global_clients; seen = []\n"
+            "class Seen(distributed.Client):\n"
+            "    def __init__(self, address, **kw): seen.append(address); super().__init__(address, **kw)\n"
+            "distributed.Client = Seen\n"
+            f"from l5dask.report import compute_report; r = compute_report({small_ds!r})\n"
+            "print(seen[0], r['counts']['agents'], len(_global_clients))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines()[-1] == dask_cluster.address
+    address, agents, open_clients = r.stdout.split()
+    assert address == dask_cluster.address and int(agents) == local_report["counts"]["agents"]
+    assert open_clients == "0"
 
 
 def test_cannot_connect_is_one_line(tmp_path, small_ds):

@@ -7,7 +7,40 @@ import pytest
 
 from l5dask import format as fmt
 from l5dask.kernels import distinct_values, layout, track_runs
-from l5dask.stats import AgentStats, FrameColumns, TLStats
+from l5dask.engine import Rows
+from l5dask.stats import DISTANCE_EDGES, SPEED_EDGES, AgentStats, TLStats
+
+
+def _frames(starts, ego_xy, scene) -> Rows:
+    return Rows(0, {"agent_start": np.asarray(starts, np.int64), "ego_xy": np.asarray(ego_xy, np.float64),
+                    "scene": np.asarray(scene, np.int64)})
+
+
+def _numpy_agent_partial(rec: np.ndarray, frames: Rows) -> dict:
+    """The agent partial from its definitions, in plain numpy (as benchmarks/numpy_reference.py)."""
+    frame = np.searchsorted(frames["agent_start"], np.arange(len(rec)), side="right") - 1
+    v = rec["velocity"].astype(np.float64)
+    speed = np.sqrt(v[:, 0] ** 2 + v[:, 1] ** 2)
+    d = rec["centroid"].astype(np.float64) - frames["ego_xy"][frame]
+    dist = np.sqrt(d[:, 0] ** 2 + d[:, 1] ** 2)
+    hist = lambda x, e: np.bincount(np.digitize(x, e) - 1, minlength=len(e))[: len(e)]  # noqa: E731
+    scene = frames["scene"][frame]
+    return {"labels": np.bincount(rec["label_probabilities"].argmax(1), minlength=17),
+            "speed_sum": speed.sum(), "speed_hist": hist(speed, SPEED_EDGES), "dist_hist": hist(dist, DISTANCE_EDGES),
+            "ids": {int(s): np.unique(rec["track_id"][scene == s]).astype(np.uint64) for s in np.unique(scene)}}
+
+
+def _assert_partial(part, want) -> None:
+    for f in ("labels", "speed_hist", "dist_hist"):
+        np.testing.assert_array_equal(getattr(part, f), want[f], err_msg=f)
+    assert part.speed_sum == pytest.approx(want["speed_sum"], rel=1e-12)
+    scenes = sorted(want["ids"])
+    opened = dict(part.open)
+    for s in (scenes[0], scenes[-1]):  # the edge scenes stay open, with their distinct ids
+        np.testing.assert_array_equal(opened[s], want["ids"][s])
+    inner = {s: len(want["ids"][s]) for s in scenes[1:-1]}
+    assert {part.tracks.lo + i: int(n) for i, n in enumerate(part.tracks.cols["n"]) if n} == \
+        {s: n for s, n in inner.items() if n}
 
 
 def _agents(n: int, rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
@@ -77,11 +110,10 @@ def test_big_endian_records_give_the_same_partial():
     swapped = rec.astype(np.dtype([(f, rec.dtype.fields[f][0].newbyteorder(">")) for f in rec.dtype.names]))
     assert layout(rec, {"velocity": np.dtype(np.float32)})[0] is rec  # in place
     assert layout(swapped, {"velocity": np.dtype(np.float32)})[0].dtype["velocity"].base.isnative  # converted
-    frames = FrameColumns(np.array([0, 700, 1500], np.int64), rng.normal(0, 10, (3, 2)), np.array([0, 0, 1]))
-    a, b = AgentStats.chunk(rec, 0, frames), AgentStats.chunk(swapped, 0, frames)
-    for f in ("labels", "speed_hist", "dist_hist"):
-        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
-    assert a.speed_sum == b.speed_sum and a.tracks.cols["n"].tolist() == b.tracks.cols["n"].tolist()
+    frames = _frames([0, 700, 1500], rng.normal(0, 10, (3, 2)), [0, 0, 1])
+    want = _numpy_agent_partial(rec, frames)
+    _assert_partial(AgentStats.chunk(rec, 0, frames), want)
+    _assert_partial(AgentStats.chunk(swapped, 0, frames), want)
 
 
 def test_agents_with_other_field_types_give_the_same_partial():
@@ -93,11 +125,37 @@ def test_agents_with_other_field_types_give_the_same_partial():
                                 ("centroid", "<f4", (2,))])
     for f in other.dtype.names:
         other[f] = rec[f]
-    frames = FrameColumns(np.array([0, 1000, 2200], np.int64), rng.normal(0, 10, (3, 2)), np.array([4, 5, 5]))
-    a, b = AgentStats.chunk(rec, 0, frames), AgentStats.chunk(other, 0, frames)
-    for f in ("labels", "speed_hist", "dist_hist"):
-        np.testing.assert_array_equal(getattr(a, f), getattr(b, f))
-    assert a.speed_sum == b.speed_sum and a.open[0][1].tolist() == b.open[0][1].tolist()
+    frames = _frames([0, 1000, 2200], rng.normal(0, 10, (3, 2)), [4, 5, 5])
+    want = _numpy_agent_partial(rec, frames)
+    _assert_partial(AgentStats.chunk(rec, 0, frames), want)
+    _assert_partial(AgentStats.chunk(other, 0, frames), want)
+
+
+def test_agent_partial_with_label_ties_and_many_scenes():
+    """Ties between label probabilities (numpy: the first maximum wins) and inner scenes closed."""
+    rng = np.random.default_rng(17)
+    rec = _agents(4000, rng, rng.integers(1, 60, 4000).astype(np.uint64))
+    tied = rng.random(4000) < 0.5
+    rec["label_probabilities"][tied] = 0.0
+    cols = rng.integers(0, 17, (int(tied.sum()), 2))
+    rows = np.flatnonzero(tied)
+    rec["label_probabilities"][rows, cols[:, 0]] = 0.5
+    rec["label_probabilities"][rows, cols[:, 1]] = 0.5
+    starts = np.arange(0, 4000, 100)
+    frames = _frames(starts, rng.normal(0, 30, (len(starts), 2)), np.repeat(np.arange(8), 5) + 2)
+    _assert_partial(AgentStats.chunk(rec, 0, frames), _numpy_agent_partial(rec, frames))
+
+
+def test_short_label_counts_are_refused_not_narrowed():
+    from l5dask.kernels import agent_chunk, argmax_counts
+
+    rec = _agents(10, np.random.default_rng(0), np.arange(10, dtype=np.uint64))
+    out = dict(speed_hist=np.zeros(101, np.int64), dist_hist=np.zeros(41, np.int64),
+               frame_pos=np.zeros(10, np.int64), track_ids=np.zeros(10, np.uint64))
+    with pytest.raises(ValueError, match="17 label probabilities a row, but 16 label counts"):
+        agent_chunk(rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, label_counts=np.zeros(16, np.int64), **out)
+    with pytest.raises(ValueError, match="label_probabilities has 17 columns, but there are 3 counts"):
+        argmax_counts(rec, "label_probabilities", np.zeros(3, np.int64))
 
 
 def test_union_sorted_matches_union1d():

@@ -1,0 +1,525 @@
+"""The one engine for passes over stored chunks.
+
+A computation is declared, not assembled (after flox and ``dask.array.reduction``):
+
+- a :class:`ChunkSource` is anything read in numbered chunks of rows (or bytes): an L5Kit
+  array (:class:`l5dask.reading.L5Array`), byte ranges of a file, the files of a folder
+  (:mod:`l5dask.sources`);
+- a :class:`Reduction` is one declared object: ``chunk`` (one chunk -> a partial), an ordered,
+  associative ``combine``, its ``identity`` and a ``finalize``;
+- a :class:`Pass` runs a reduction over a source in tasks of whole chunks (each decoded once),
+  optionally given the :class:`Rows` of a parent (the rows whose ``[start, end)`` intervals
+  overlap the task's rows), optionally keeping per-row columns for children (``rows``) and
+  checking its interval fields (``intervals``).
+
+A :class:`Job` owns the rest: the embedded default (local threads) or a cluster, task sizes for
+the scheduler in use and guided groups, priorities, persisting a parent pass and routing its
+rows to only the child tasks that overlap it, the interval checks, the ordered tree combines
+(fan-in from dask's ``split_every`` config), progress, and errors that name the array and chunk.
+
+Graphs are written with dask's explicit task spec (``Task``/``TaskRef``); a task of a parent
+pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import dask
+import numpy as np
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import List, Task, TaskRef
+
+from .cluster import compute, persist
+from .intervals import block_bounds, check_bounds, raise_first
+
+#: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
+SPLIT_EVERY = 16
+#: (tasks wanted per thread, most stored chunks in a task), by scheduler.
+TASK_SIZING = {"threads": (16, 8), "distributed": (8, 64)}
+#: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
+PARENT_TASKS_PER_THREAD = 4
+
+
+class ChunkSource(Protocol):
+    """What a pass reads: numbered chunks of consecutive rows (or bytes, or files)."""
+
+    name: str
+
+    @property
+    def nchunks(self) -> int: ...
+
+    def chunk_bounds(self, index: int) -> tuple[int, int]:
+        """``[start, stop)`` of chunk ``index`` in the source's own unit (rows, bytes, files)."""
+
+    def iter_chunks(self, first: int, n: int) -> Iterator[tuple[int, Any]]:
+        """``(start, data)`` of chunks ``first .. first + n - 1``, each read and decoded once
+        (``data`` may be a reused buffer, valid until the next one)."""
+
+    def read(self, first: int, n: int) -> Any:
+        """Chunks ``first .. first + n - 1`` as one block (for passes with ``blocks=True``)."""
+
+
+def _no_finalize(partial: Any) -> Any:
+    return partial
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduction over chunks, declared once (flox's ``Aggregation`` shape).
+
+    Parameters
+    ----------
+    name : str
+        Names its tasks and tokenizes it: two reductions with one name are the same maths.
+    chunk : callable ``(data, start, parent) -> partial``
+        One chunk (or block) whose first row is ``start``; ``parent`` is the :class:`Rows` of the
+        parent rows that overlap it (``None`` without a parent).
+    combine : callable ``(a, b) -> partial``
+        Two neighbouring partials, ``a`` before ``b``: associative, not necessarily commutative.
+    identity : callable ``() -> partial``
+        The partial of no rows: ``combine(identity(), p) == p``.
+    finalize : callable ``(partial) -> result``, optional
+    """
+
+    name: str
+    chunk: Callable[[Any, int, Any], Any]
+    combine: Callable[[Any, Any], Any]
+    identity: Callable[[], Any]
+    finalize: Callable[[Any], Any] = _no_finalize
+
+    def __dask_tokenize__(self):
+        return ("l5dask.Reduction", self.name)
+
+
+@dataclass
+class Rows:
+    """Columns of consecutive parent rows ``offset, offset + 1, ...`` (the join columns of a pass).
+
+    ``cols[start]`` holds each row's first child row; with contiguous intervals, parent row
+    ``offset + i`` covers the child rows ``[cols[start][i], cols[start][i + 1])``.
+    """
+
+    offset: int
+    cols: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(next(iter(self.cols.values()))) if self.cols else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(c.nbytes for c in self.cols.values())
+
+    @staticmethod
+    def concat(blocks: Sequence[Rows]) -> Rows:
+        if len(blocks) == 1:
+            return blocks[0]
+        return Rows(blocks[0].offset, {k: np.concatenate([b.cols[k] for b in blocks]) for k in blocks[0].cols})
+
+    def overlapping(self, lo: int, hi: int, start: str) -> Rows:
+        """The rows whose child ranges overlap child rows ``[lo, hi)`` (a slice: no copy)."""
+        starts = self.cols[start]
+        a = max(0, int(np.searchsorted(starts, lo, side="right")) - 1)
+        b = int(np.searchsorted(starts, hi - 1, side="right")) if hi > lo else a
+        return Rows(self.offset + a, {k: v[a:b] for k, v in self.cols.items()})
+
+    def locate(self, lo: int, hi: int, start: str) -> np.ndarray:
+        """Position (in these rows) of the parent of each child row in ``[lo, hi)``."""
+        return np.searchsorted(self.cols[start], np.arange(lo, hi), side="right") - 1
+
+
+class Block(NamedTuple):
+    """What a task of a pass returns."""
+
+    partial: Any
+    rows: Rows | None
+    bounds: np.ndarray | None  # per interval field: (chunks, 6) table of block_bounds
+
+
+@dataclass(frozen=True)
+class Link:
+    """How a child pass gets its parent rows: from a persisted pass, or from rows in memory."""
+
+    parent: Any  # Persisted | Rows
+    start: str  # the column of parent rows holding each row's first child row
+    interval: str | None = None  # the parent's interval field (a persisted parent's checked bounds)
+
+
+class Stage(NamedTuple):
+    """What a task of a pass carries: the pass without its parent (which may hold a graph)."""
+
+    label: str
+    source: Any
+    reduction: Reduction | None
+    rows: Callable | None
+    intervals: dict[str, int]
+    blocks: bool
+
+
+@dataclass
+class Pass:
+    """A declared pass over one source.
+
+    Parameters
+    ----------
+    source : ChunkSource
+    reduction : Reduction, optional
+        What to reduce; ``None`` for a pass that only keeps rows (a join's parent).
+    parent : Link, optional
+        Rows of the parent handed to each chunk (only those overlapping its rows).
+    rows : callable ``(data, start, parent) -> Rows``, optional
+        Per-row columns kept for child passes (the pass is then persisted, spread finer).
+    intervals : dict, optional
+        ``{field: child length}``: interval fields whose bounds the job checks before any child
+        pass is built (an :class:`~l5dask.errors.IntervalError` names the array and first row).
+    blocks : bool
+        Hand ``chunk`` the task's chunks as one block (read with ``source.read``) instead of one
+        chunk at a time (streamed through one reused buffer).
+    priority : int
+        Scheduling priority of its tasks (higher first).
+    """
+
+    source: Any
+    reduction: Reduction | None = None
+    parent: Link | None = None
+    rows: Callable[[Any, int, Any], Rows] | None = None
+    intervals: dict[str, int] = field(default_factory=dict)
+    blocks: bool = False
+    priority: int = 0
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.source.name
+
+    def stage(self) -> Stage:
+        return Stage(self.label, self.source, self.reduction, self.rows, dict(self.intervals), self.blocks)
+
+
+@dataclass
+class Persisted:
+    """A pass whose blocks are held (on the workers, or in this process): its keys, its graph,
+    and each block's child bounds per interval field."""
+
+    spec: Pass
+    keys: list
+    collections: list
+    groups: list[tuple[int, int]]
+    bounds: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def link(self, interval: str, start: str) -> Link:
+        """Hand child passes the rows of this pass, placed by ``interval`` (checked), found by ``start``."""
+        if interval not in self.bounds:
+            raise ValueError(f"pass {self.spec.label!r} does not check {interval!r}")
+        return Link(self, start, interval)
+
+    def child_range(self, interval: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per block: first child row, child end, parent rows (from the checked bounds)."""
+        t = self.bounds[interval]
+        return t[:, 0], t[:, 1], t[:, 2]
+
+
+# --- tasks ---------------------------------------------------------------------------------
+def _parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | None:
+    if link_rows is not None:
+        return link_rows
+    return Rows.concat([b.rows for b in blocks]) if blocks else None
+
+
+def _note(exc: BaseException, spec_name: str, source: Any, first: int, n: int, what: str) -> None:
+    chunks = f"chunk {first}" if n == 1 else f"chunks {first}..{first + n - 1}"
+    exc.add_note(f"l5dask: in {what} of {source.name!r}, {chunks} (pass {spec_name!r})")
+
+
+def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_blocks: Block) -> Block:
+    """The task of a pass: read chunks ``first .. first + n - 1`` (each decoded once) and reduce
+    them, keep their rows and their interval bounds."""
+    source, red = spec.source, spec.reduction
+    parent = _parent_rows(link_rows, parent_blocks)
+    part, rows, bounds = None, [], {f: [] for f in spec.intervals}
+    chunks = [(source.chunk_bounds(first)[0], source.read(first, n))] if spec.blocks else \
+        source.iter_chunks(first, n)
+    try:
+        for start, data in chunks:
+            if red is not None:
+                p = red.chunk(data, start, parent)
+                part = p if part is None else red.combine(part, p)
+            if spec.rows is not None:
+                rows.append(spec.rows(data, start, parent))
+            for f, child_len in spec.intervals.items():
+                bounds[f].append(block_bounds(data, f, start, child_len))
+    except Exception as exc:
+        from .errors import L5DaskError
+
+        if not isinstance(exc, L5DaskError):
+            _note(exc, spec.label, source, first, n, red.name if red is not None else "rows")
+        raise
+    return Block(part if red is not None else None, Rows.concat(rows) if rows else None,
+                 {f: np.concatenate(b) for f, b in bounds.items()} if spec.intervals else None)
+
+
+def _partial(x: Any) -> Any:
+    return x.partial if isinstance(x, Block) else x
+
+
+def combine_many(reduction: Reduction, *parts: Any) -> Any:
+    """Combine neighbouring partials (or blocks) in order."""
+    out = _partial(parts[0])
+    for p in parts[1:]:
+        out = reduction.combine(out, _partial(p))
+    return out
+
+
+def _finalize(reduction: Reduction, part: Any) -> Any:
+    return reduction.finalize(part)
+
+
+def _bounds_table(field_: str, *blocks: Block) -> np.ndarray:
+    return np.concatenate([b.bounds[field_] for b in blocks]) if blocks else np.zeros((0, 6), np.int64)
+
+
+def _read_whole(source: Any) -> Any:
+    return source.read(0, source.nchunks) if source.nchunks else source.read(0, 0)
+
+
+# --- sizing --------------------------------------------------------------------------------
+def default_client(client: Any = None) -> Any:
+    """The distributed client the job runs on: ``client``, else the default one if there is one.
+
+    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s)
+    unless dask's ``scheduler-address`` is set (``DASK_SCHEDULER_ADDRESS``).
+    """
+    if client is not None:
+        return client
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            return distributed.default_client()
+        except ValueError:
+            pass
+    return None
+
+
+def worker_threads(client: Any = None) -> int:
+    """Threads that will run the tasks: those of the cluster, else local cores."""
+    if client is not None:
+        try:
+            return max(1, sum(client.nthreads().values()))
+        except OSError:
+            pass
+    return os.cpu_count() or 1
+
+
+def auto_chunks_per_task(nchunks: int, threads: int | None = None, scheduler: str = "threads",
+                         tasks_per_thread: int | None = None) -> int:
+    """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
+    the scheduling cost small against the work (each task still decodes each chunk once).
+
+    On local threads a task costs about 0.3 ms of scheduling, as much as decoding a chunk:
+    16 tasks per thread and up to 8 chunks a task. On dask.distributed a task costs 1-3 ms
+    (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks a task.
+    """
+    per_thread, most = TASK_SIZING[scheduler]
+    threads = threads or worker_threads()
+    return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
+
+
+def task_groups(nchunks: int, per_task: int, threads: int) -> list[tuple[int, int]]:
+    """``(first chunk, number of chunks)`` of each task: ``per_task`` chunks a task, then smaller
+    tasks as the end nears (at most the rest over twice the threads, at least an eighth of
+    ``per_task``), so that the job does not end on a few long tasks while other threads have
+    nothing left to do ("guided" self-scheduling)."""
+    groups, first, smallest = [], 0, max(1, per_task // 8)
+    while first < nchunks:
+        n = max(smallest, min(per_task, (nchunks - first) // (2 * threads)))
+        groups.append((first, min(n, nchunks - first)))
+        first += n
+    return groups
+
+
+def tree_reduce(graph: dict, name: str, leaves: Sequence[Any], reduction: Reduction,
+                split_every: int | None = None) -> Any:
+    """Add an ordered tree combine of ``leaves`` (keys) to ``graph``, one key name per level
+    (``name-0``, ``name-1``...); returns the root key. Fan-in: ``split_every``, else dask's
+    ``split_every`` config, else :data:`SPLIT_EVERY`."""
+    fan_in = int(split_every or dask.config.get("split_every", None) or SPLIT_EVERY)
+    if fan_in < 2:
+        raise ValueError("split_every must be at least 2")
+    if not leaves:
+        key = (name, 0, 0)
+        graph[key] = Task(key, reduction.identity)
+        return key
+    level, keys = 0, list(leaves)
+    while len(keys) > 1 or level == 0:
+        nxt = []
+        for j in range(0, len(keys), fan_in):
+            key = (name, level, j // fan_in)
+            graph[key] = Task(key, combine_many, reduction, *[TaskRef(k) for k in keys[j: j + fan_in]])
+            nxt.append(key)
+        keys, level = nxt, level + 1
+    return keys[0]
+
+
+# --- the job -------------------------------------------------------------------------------
+class Job:
+    """Where and how passes run: the embedded default (local threads) or a cluster.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Run there (else the default client if there is one, else local threads).
+    scheduler : optional
+        A dask scheduler for ``dask.compute`` (overrides the choice above).
+    chunks_per_task : int, optional
+        Stored chunks per task of every pass (default: sized for the scheduler, per pass).
+    progress : bool
+        A progress bar on stderr.
+    """
+
+    def __init__(self, client: Any = None, scheduler: Any = None, chunks_per_task: int | None = None,
+                 progress: bool = False) -> None:
+        self.client = default_client(client) if scheduler is None else None
+        if self.client is None and scheduler is None and dask.config.get("scheduler", None) is None:
+            # the embedded default: local threads, named by the function itself, since dask imports
+            # distributed (0.2 s) to look for a client whenever the scheduler is left to it
+            from dask.threaded import get as threaded_get
+
+            scheduler = threaded_get
+        self.kw = {"scheduler": scheduler} if scheduler is not None else {}
+        self.scheduler_kind = "distributed" if self.client is not None else "threads"
+        self.threads = worker_threads(self.client)
+        self.chunks_per_task = chunks_per_task or dask.config.get("l5dask.chunks-per-task", None)
+        self.progress = progress
+
+    def groups(self, spec: Pass) -> list[tuple[int, int]]:
+        """The tasks of a pass: guided groups of whole chunks, sized for the scheduler."""
+        n = spec.source.nchunks
+        per_task = self.chunks_per_task or auto_chunks_per_task(n, self.threads, self.scheduler_kind)
+        if spec.rows is not None:
+            # a parent's rows place its child tasks: spread them over the workers
+            per_task = min(per_task, auto_chunks_per_task(n, self.threads, self.scheduler_kind,
+                                                          tasks_per_thread=PARENT_TASKS_PER_THREAD))
+            return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
+        return task_groups(n, per_task, self.threads)
+
+    def token(self, spec: Pass) -> str:
+        return tokenize(spec.source, spec.reduction, spec.label, self.chunks_per_task, self.threads,
+                        self.scheduler_kind, sorted(spec.intervals.items()))
+
+    def leaves(self, spec: Pass, name: str) -> tuple[dict, list, list[tuple[int, int]]]:
+        """The tasks of a pass (a dict), the collections they depend on, and their groups."""
+        groups = self.groups(spec)
+        stage = spec.stage()
+        graph, deps = {}, []
+        link = spec.parent
+        persisted = link is not None and isinstance(link.parent, Persisted)
+        if persisted:
+            starts, ends, rows = link.parent.child_range(link.interval)
+            deps = link.parent.collections
+        for i, (first, n) in enumerate(groups):
+            lo = spec.source.chunk_bounds(first)[0]
+            hi = spec.source.chunk_bounds(first + n - 1)[1]
+            key = (name, i)
+            if link is None:
+                graph[key] = Task(key, run_group, stage, first, n, None)
+            elif persisted:
+                # only the parent blocks whose child ranges overlap these rows
+                overlap = np.flatnonzero((rows > 0) & (starts < hi) & (ends > lo))
+                graph[key] = Task(key, run_group, stage, first, n, None,
+                                  *[TaskRef(link.parent.keys[k]) for k in overlap])
+            else:
+                graph[key] = Task(key, run_group, stage, first, n, link.parent.overlapping(lo, hi, link.start))
+        return graph, deps, groups
+
+    # -- running ---------------------------------------------------------------------------
+    def read(self, source: Any, name: str | None = None) -> Any:
+        """A whole (small) source in one task, computed now (on the workers on a cluster)."""
+        key = name or f"l5-{source.name}-{tokenize(source)}"
+        graph = {key: Task(key, _read_whole, source)}
+        return compute(Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
+                       client=self.client, **self.kw)
+
+    def persist(self, *specs: Pass, check: bool = True, problems: list | None = None) -> list[Persisted]:
+        """Run these passes' tasks together and keep their blocks; then fetch the interval bounds
+        of the passes that declare ``intervals`` and (``check``) raise on the first problem row."""
+        built = []
+        collections: list = []
+        for spec in specs:
+            name = f"l5-{spec.label}-pass-{self.token(spec)}"
+            graph, deps, groups = self.leaves(spec, name)
+            with dask.annotate(priority=spec.priority):
+                hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
+            built.append((spec, [Delayed(k, hlg, layer=name) for k in graph], groups))
+            collections += built[-1][1]
+        done = persist(collections, client=self.client, progress=self.progress, **self.kw)
+        out, i = [], 0
+        for spec, parts, groups in built:
+            held = done[i: i + len(parts)]
+            i += len(parts)
+            out.append(Persisted(spec, [p.key for p in held], held, groups))
+        found = self._bounds(out)
+        if problems is not None:
+            problems += found
+        if check:
+            raise_first(found)
+        return out
+
+    def _bounds(self, passes: list[Persisted]) -> list[str]:
+        """Fetch each pass's interval bounds (small) into it; every problem they show."""
+        wanted = [(p, f) for p in passes for f in p.spec.intervals]
+        if not wanted:
+            return []
+        # the bounds (small) come back in one graph: a task per interval field, where the blocks are
+        graph, deps = {}, []
+        for p, f in wanted:
+            key = f"l5-{p.spec.label}-bounds-{f}-{tokenize(p.keys)}"
+            graph[key] = Task(key, _bounds_table, f, *[TaskRef(k) for k in p.keys])
+            deps += p.collections
+        name = f"l5-bounds-{tokenize(list(graph))}"
+        graph[name] = Task(name, list, List(*[TaskRef(k) for k in graph]))
+        tables = compute(Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
+                         client=self.client, **self.kw)
+        problems = []
+        for (p, f), table in zip(wanted, tables):
+            p.bounds[f] = table
+            problems += check_bounds(table, p.spec.source.name, f, p.spec.intervals[f])
+        return problems
+
+    def compute(self, specs: Sequence[Pass | Persisted], final: Callable | None = None, name: str = "l5-result",
+                args: Sequence[Any] = ()) -> Any:
+        """Reduce each pass (running those not yet persisted), in one compute.
+
+        Returns each pass's finalized result, or ``final(*args, *results)`` computed as one task
+        named ``name`` (where the partials are) when ``final`` is given.
+        """
+        graph: dict = {}
+        deps: list = []
+        roots = []
+        for spec in specs:
+            if isinstance(spec, Persisted):
+                leaves, deps = list(spec.keys), deps + spec.collections
+                red, label = spec.spec.reduction, spec.spec.label
+            else:
+                label, red = spec.label, spec.reduction
+                g, d, _ = self.leaves(spec, f"l5-{label}-{self.token(spec)}")
+                graph.update(g)
+                deps += d
+                leaves = list(g)
+            root = tree_reduce(graph, f"l5-combine-{label}-{tokenize(leaves)}", leaves, red)
+            fin = (f"l5-finalize-{label}-{tokenize(root)}",)
+            graph[fin] = Task(fin, _finalize, red, TaskRef(root))
+            roots.append(fin)
+        key = f"{name}-{tokenize(roots)}"
+        graph[key] = Task(key, final, *args, *[TaskRef(r) for r in roots]) if final is not None else \
+            Task(key, tuple, List(*[TaskRef(r) for r in roots]))
+        hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
+        return compute(Delayed(key, hlg, layer=key), client=self.client, progress=self.progress, **self.kw)

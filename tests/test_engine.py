@@ -1,0 +1,231 @@
+"""The engine itself, with toy reductions: order, one decode per chunk, O(chunks) tasks, parent
+rows routed only to the child tasks that overlap them, threads against a real cluster, and
+sources other than L5Kit arrays (byte ranges of a file, files of a folder)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from distributed import Client
+
+import l5dask
+from l5dask import engine
+from l5dask import format as fmt
+from l5dask.engine import Job, Link, Pass, Reduction, Rows
+from l5dask.sources import ByteRanges, Files
+
+from .conftest import read_all
+
+
+def _cat(a, b):
+    return a + b
+
+
+#: Non-commutative: the chunk starts, in the order the combines saw them.
+STARTS = Reduction("starts", lambda data, start, parent: [(start, len(data))], _cat, list)
+
+
+def _frame_rows(frames, offset, parent):
+    return Rows(offset, {"start": np.ascontiguousarray(frames["agent_index_interval"][:, 0]),
+                         "timestamp": frames["timestamp"].copy()})
+
+
+def _agent_ts(agents, lo, frames: Rows):
+    """Per agent: its frame's timestamp, found in the parent rows handed to the task."""
+    return [frames["timestamp"][frames.locate(lo, lo + len(agents), "start")]]
+
+
+AGENT_TS = Reduction("agent-ts", _agent_ts, _cat, list, finalize=lambda parts: np.concatenate(parts))
+
+
+@pytest.mark.parametrize("chunks_per_task,split_every", [(1, 2), (3, 3), (None, None)])
+def test_ordered_combine_is_in_row_order(small_ds, chunks_per_task, split_every):
+    import dask
+
+    ds = l5dask.open_dataset(small_ds)
+    agents = ds[fmt.AGENTS]
+    want = [agents.chunk_bounds(i) for i in range(agents.nchunks)]
+    with dask.config.set(split_every=split_every):
+        got = Job(chunks_per_task=chunks_per_task).compute([Pass(agents, STARTS)])[0]
+    assert [(s, s + n) for s, n in got] == want
+
+
+def _counting(monkeypatch):
+    import l5dask.reading as reading
+
+    calls = []
+    original = reading.decode_chunk
+    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append((a[1].name, a[3])) or original(*a, **kw))
+    return calls
+
+
+def test_parent_pass_routes_rows_and_decodes_each_chunk_once(small_ds, monkeypatch):
+    ds = l5dask.open_dataset(small_ds)
+    ref = read_all(small_ds)
+    calls = _counting(monkeypatch)
+    job = Job(chunks_per_task=2)
+    frames = Pass(ds[fmt.FRAMES], STARTS, rows=_frame_rows, intervals={"agent_index_interval": len(ds[fmt.AGENTS])})
+    (done,) = job.persist(frames)
+    child = Pass(ds[fmt.AGENTS], AGENT_TS, parent=done.link("agent_index_interval", "start"))
+    frame_starts, got = job.compute([done, child])
+    fiv = ref["frames"]["agent_index_interval"]
+    want = np.repeat(ref["frames"]["timestamp"], fiv[:, 1] - fiv[:, 0])
+    np.testing.assert_array_equal(got, want)
+    assert [s for s, _ in frame_starts] == [ds[fmt.FRAMES].chunk_bounds(i)[0] for i in range(ds[fmt.FRAMES].nchunks)]
+    expected = sorted((n, str(i)) for n in (fmt.FRAMES, fmt.AGENTS) for i in range(ds[n].nchunks))
+    assert sorted(calls) == expected
+
+
+def test_child_tasks_depend_on_exactly_the_overlapping_parent_blocks(small_ds):
+    """Each child task's dependencies are the parent blocks whose agent ranges overlap its rows,
+    computed here from the reference arrays; the graph has O(chunks) tasks."""
+    ds = l5dask.open_dataset(small_ds)
+    fiv = read_all(small_ds)["frames"]["agent_index_interval"]
+    job = Job(chunks_per_task=1)
+    frames = Pass(ds[fmt.FRAMES], rows=_frame_rows, intervals={"agent_index_interval": len(ds[fmt.AGENTS])})
+    (done,) = job.persist(frames)
+    child = Pass(ds[fmt.AGENTS], AGENT_TS, parent=done.link("agent_index_interval", "start"))
+    graph, _, groups = job.leaves(child, "child")
+    block_rows = [ds[fmt.FRAMES].chunk_bounds(f) for f, _ in done.groups]
+    for (key, task), (first, n) in zip(graph.items(), groups):
+        lo, hi = ds[fmt.AGENTS].chunk_bounds(first)[0], ds[fmt.AGENTS].chunk_bounds(first + n - 1)[1]
+        want = {done.keys[k] for k, (a, b) in enumerate(block_rows)
+                if b > a and fiv[a, 0] < hi and fiv[b - 1, 1] > lo}
+        assert set(task.dependencies) == want and len(want) < len(done.keys)
+    reduce_graph: dict = {}
+    root = engine.tree_reduce(reduce_graph, "r", list(graph), AGENT_TS, split_every=4)
+    assert root in reduce_graph and len(reduce_graph) <= len(graph) // 3 + 2
+    assert all(len(t.dependencies) <= 4 for t in reduce_graph.values())
+
+
+def test_rows_in_memory_reach_only_their_slice(small_ds):
+    """A parent held in memory (the scenes) is sliced per task: each task carries only its rows."""
+    ds = l5dask.open_dataset(small_ds)
+    ref = read_all(small_ds)
+    siv = ref["scenes"]["frame_index_interval"]
+    rows = Rows(0, {"start": siv[:, 0].copy(), "scene": np.arange(len(siv))})
+
+    def scene_of(frames, lo, scenes):
+        return [scenes["scene"][scenes.locate(lo, lo + len(frames), "start")]]
+
+    red = Reduction("scene-of", scene_of, _cat, list, finalize=np.concatenate)
+    spec = Pass(ds[fmt.FRAMES], red, parent=Link(rows, "start"))
+    job = Job(chunks_per_task=1)
+    graph, _, groups = job.leaves(spec, "t")
+    for task in graph.values():
+        (arg,) = [a for a in task.args if isinstance(a, Rows)]
+        assert 0 < len(arg) < len(siv)  # a slice of the scenes, not all of them
+    (got,) = job.compute([spec])
+    np.testing.assert_array_equal(got, np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0]))
+
+
+def test_errors_name_the_array_and_chunk(small_ds):
+    ds = l5dask.open_dataset(small_ds)
+
+    def boom(data, start, parent):
+        if start == ds[fmt.AGENTS].chunk_bounds(3)[0]:
+            raise ValueError("bad value")
+        return []
+
+    with pytest.raises(ValueError, match="bad value") as info:
+        Job(chunks_per_task=1).compute([Pass(ds[fmt.AGENTS], Reduction("boom", boom, _cat, list))])
+    assert "of 'agents', chunk 3" in "".join(info.value.__notes__)
+
+
+def test_same_result_on_threads_and_a_real_cluster(small_ds, dask_cluster):
+    ds = l5dask.open_dataset(small_ds)
+
+    def run(job):
+        (done,) = job.persist(Pass(ds[fmt.FRAMES], STARTS, rows=_frame_rows,
+                                   intervals={"agent_index_interval": len(ds[fmt.AGENTS])}))
+        child = Pass(ds[fmt.AGENTS], AGENT_TS, parent=done.link("agent_index_interval", "start"))
+        return job.compute([done, child, Pass(ds[fmt.AGENTS], STARTS)])
+
+    local = run(Job())
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        remote = run(Job(client=client))
+        ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    assert local[0] == remote[0] and local[2] == remote[2]
+    np.testing.assert_array_equal(local[1], remote[1])
+    assert any(p.startswith("l5-agents") for p in ran) and any(p.startswith("l5-frames-pass") for p in ran)
+
+
+# --- other sources ------------------------------------------------------------------------------
+LINES = Reduction("lines", lambda data, start, parent: data.splitlines(), _cat, list)
+
+
+@pytest.mark.parametrize("block_bytes", [1, 7, 100, 10**6])
+def test_byte_ranges_give_every_line_once_in_order(tmp_path, block_bytes):
+    rng = np.random.default_rng(block_bytes)
+    lines = [b"a,b,c"] + [b",".join(str(x).encode() for x in rng.integers(0, 10**rng.integers(1, 9), 3))
+                          for _ in range(500)]
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    src = ByteRanges(str(path), block_bytes=block_bytes, header=True)
+    assert src.header_line == b"a,b,c" and src.nchunks == -(-path.stat().st_size // block_bytes)
+    got = Job().compute([Pass(src, LINES)])[0]
+    assert got == lines[1:]
+    total = Reduction("sum", lambda d, s, p: int(np.loadtxt(d.splitlines(), delimiter=",", dtype=np.int64,
+                                                            ndmin=2).sum()) if d else 0, _cat, int)
+    assert Job(chunks_per_task=3).compute([Pass(src, total)])[0] == sum(
+        int(x) for line in lines[1:] for x in line.split(b","))
+
+
+def test_byte_ranges_without_a_last_line_end(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"x\n1\n22\n333")
+    assert Job().compute([Pass(ByteRanges(str(path), block_bytes=2, header=True), LINES)])[0] == [b"1", b"22", b"333"]
+
+
+def test_files_of_a_folder_in_groups(tmp_path):
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(0, 5000, 23)
+    for i, n in enumerate(sizes):
+        (tmp_path / f"sweep_{i:03d}.bin").write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+    (tmp_path / "notes.txt").write_text("not a sweep")
+    src = Files(str(tmp_path), pattern="*.bin")
+    assert src.nchunks == 23
+    per_file = Reduction("sizes", lambda data, start, parent: [(start, len(data), int(np.frombuffer(data, np.uint8).sum()))],
+                         _cat, list)
+    got = Job(chunks_per_task=4).compute([Pass(src, per_file)])[0]
+    want = [(i, int(n), int(np.frombuffer((tmp_path / f"sweep_{i:03d}.bin").read_bytes(), np.uint8).sum()))
+            for i, n in enumerate(sizes)]
+    assert got == want
+
+
+def test_files_from_s3(s3, tmp_path):
+    s3.make_bucket("l5-files")
+    fs = s3.s3fs()
+    for i in range(5):
+        fs.pipe(f"l5-files/sweeps/s{i}.bin", bytes([i]) * (i + 1))
+    src = Files("s3://l5-files/sweeps", pattern="*.bin", storage_options=s3.storage_options())
+    got = Job(chunks_per_task=2).compute([Pass(src, Reduction("b", lambda d, s, p: [d], _cat, list))])[0]
+    assert got == [bytes([i]) * (i + 1) for i in range(5)]
+
+
+def test_task_sizing_by_scheduler():
+    """Local threads: many small tasks (scheduling is cheap); dask.distributed: fewer, larger ones;
+    always at least one chunk a task, and enough tasks for every thread while chunks last."""
+    from l5dask.engine import auto_chunks_per_task as size
+
+    assert size(1502, threads=2) == 8 and size(1502, threads=2, scheduler="distributed") == 64
+    assert size(133_000, threads=400, scheduler="distributed") == 133_000 // (8 * 400)  # train_full, 400 threads
+    assert size(10, threads=8, scheduler="distributed") == 1 and size(0, threads=2) == 1
+    for n in (1, 7, 100, 5000):
+        for threads in (1, 2, 16):
+            for scheduler in ("threads", "distributed"):
+                k = size(n, threads=threads, scheduler=scheduler)
+                assert 1 <= k <= 64 and (-(-n // k) >= threads or k == 1)
+
+
+def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():
+    from l5dask.engine import task_groups
+
+    for nchunks, per_task, threads in [(0, 8, 2), (1, 64, 2), (10, 3, 2), (1502, 64, 2), (1502, 8, 2), (777, 9, 3)]:
+        groups = task_groups(nchunks, per_task, threads)
+        assert [f for f, _ in groups] == list(np.cumsum([0] + [n for _, n in groups])[:-1])
+        assert sum(n for _, n in groups) == nchunks
+        sizes = [n for _, n in groups]
+        assert all(1 <= n <= per_task for n in sizes) and sizes == sorted(sizes, reverse=True) or nchunks == 0
+        assert all(n >= max(1, per_task // 8) for n in sizes[:-1])
+    assert [n for _, n in task_groups(1502, 64, 2)][:20] == [64] * 20  # full tasks while plenty remain
