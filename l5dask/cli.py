@@ -71,15 +71,18 @@ def main() -> None:
 @click.option("--scenes", default=10, show_default=True, type=click.IntRange(0), help="number of scenes")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-traffic-lights", is_flag=True, help="write the older format, without traffic_light_faces")
+@click.option("--label-ties", default=0.0, type=click.FloatRange(0, 1),
+              help="fraction of tracks whose label probabilities tie (for testing numpy's tie rule)")
 @click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
 @storage_option
 @_friendly
-def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, overwrite: bool, storage_options) -> None:
+def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties: float, overwrite: bool,
+          storage_options) -> None:
     """Generate a realistic L5Kit dataset at OUT (deterministic for a seed)."""
     from .synth import synthesize
 
     start = time.perf_counter()
-    counts = synthesize(out, scenes=scenes, seed=seed, traffic_lights=not no_traffic_lights,
+    counts = synthesize(out, scenes=scenes, seed=seed, traffic_lights=not no_traffic_lights, label_ties=label_ties,
                         overwrite=overwrite, storage_options=_parse_storage_options(storage_options))
     took = time.perf_counter() - start
     click.echo(f"wrote {out}: " + ", ".join(f"{k}={v:,}" for k, v in counts.items()) + f" in {took:.1f} s")
@@ -107,25 +110,47 @@ scheduler_option = click.option(
 )
 
 
+def _outputs(*paths: str | None) -> None:
+    """Check every output before any work: a missing folder fails now, not after the computation."""
+    from .outputs import check_writable
+
+    for p in paths:
+        if p:
+            check_writable(p)
+
+
+def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
+    """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr)."""
+    from .cluster import connect
+    from .report import compute_report
+
+    with connect(scheduler, quiet=True) as client:
+        if client is not None and not quiet:
+            click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {client.dashboard_link}", err=True)
+        return compute_report(dataset, storage_options=_parse_storage_options(storage_options),
+                              chunks_per_task=chunks_per_task, progress=not quiet, client=client)
+
+
+chunks_option = click.option(
+    "--chunks-per-task", default=None, type=click.IntRange(1),
+    help="stored chunks per task [default: sized for the scheduler: up to 8 on local threads, 64 on a cluster]")
+
+
 @main.command()
 @click.argument("dataset")
 @click.option("--output", "-O", "output", type=click.Path(dir_okay=False), help="write the report (JSON) here")
 @click.option("--scenes-table", type=click.Path(dir_okay=False), help="write the per-scene table (Parquet) here")
-@click.option("--chunks-per-task", default=None, type=click.IntRange(1),
-              help="stored chunks per task [default: auto, 1 to 8 by the dataset's size and the threads]")
+@chunks_option
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 @scheduler_option
 @storage_option
 @_friendly
 def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
     """Compute the standard statistics report of DATASET in one parallel pass."""
-    from .cluster import connect
-    from .report import compute_report, summary_text, write_json, write_scene_table
+    from .report import summary_text, write_json, write_scene_table
 
-    options = _parse_storage_options(storage_options)
-    with connect(scheduler, quiet=True) as client:
-        report = compute_report(dataset, storage_options=options, chunks_per_task=chunks_per_task,
-                                progress=not quiet, client=client)
+    _outputs(output, scenes_table)
+    report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
     if output:
         write_json(report, output)
     if scenes_table:
@@ -139,22 +164,19 @@ def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, sche
               help="write the HTML report here")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the report (JSON) here")
 @click.option("--scenes-table", type=click.Path(dir_okay=False), help="also write the per-scene table (Parquet)")
-@click.option("--chunks-per-task", default=None, type=click.IntRange(1), help="stored chunks per task [auto]")
+@chunks_option
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 @scheduler_option
 @storage_option
 @_friendly
 def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
-    from .cluster import connect
     from .html import write_html
-    from .report import compute_report, write_json, write_scene_table
+    from .report import write_json, write_scene_table
 
-    options = _parse_storage_options(storage_options)
+    _outputs(output, json_path, scenes_table)
     start = time.perf_counter()
-    with connect(scheduler, quiet=True) as client:
-        rep = compute_report(dataset, storage_options=options, chunks_per_task=chunks_per_task,
-                             progress=not quiet, client=client)
+    rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
     write_html(rep, output, elapsed_s=time.perf_counter() - start)
     if json_path:
         write_json(rep, json_path)
@@ -224,8 +246,19 @@ def run() -> None:
     import os
 
     try:
-        main.main(prog_name="l5dask")
-        code = 0
+        code = main.main(prog_name="l5dask", standalone_mode=False)
+        code = code if isinstance(code, int) else 0
+    except click.UsageError as exc:  # click's own usage errors: one line too, with where to look
+        where = f"l5dask {exc.ctx.command_path.split(' ', 1)[1]} --help" if exc.ctx and " " in exc.ctx.command_path \
+            else "l5dask --help"
+        print(f"l5dask: error: {exc.format_message()} (see {where})".replace("\n", " "), file=sys.stderr)
+        code = EXIT_USER_ERROR
+    except click.Abort:
+        print("l5dask: interrupted", file=sys.stderr)
+        code = 130
+    except click.ClickException as exc:
+        print(f"l5dask: error: {exc.format_message()}", file=sys.stderr)
+        code = exc.exit_code
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if isinstance(exc.code, str):

@@ -19,8 +19,6 @@ import dask
 
 from .errors import L5DaskError
 
-CONNECT_TIMEOUT = "20s"
-
 #: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).
 #: dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` switches off glibc's adaptive mmap
 #: threshold, so every multi-MB chunk and temporary becomes a fresh mmap that page-faults:
@@ -56,7 +54,9 @@ def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
             logging.getLogger(name).setLevel(logging.CRITICAL)
 
     try:
-        client = Client(address, timeout=CONNECT_TIMEOUT, set_as_default=True)
+        # how long to wait: dask's distributed.comm.timeouts.connect (cluster/dask.yaml, or
+        # DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT)
+        client = Client(address, timeout=dask.config.get("distributed.comm.timeouts.connect"), set_as_default=True)
     except (OSError, TimeoutError) as exc:
         raise L5DaskError(f"cannot connect to the dask scheduler at {address}: {_short(exc)}") from None
     try:

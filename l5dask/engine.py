@@ -381,12 +381,15 @@ class Job:
         A dask scheduler for ``dask.compute`` (overrides the choice above).
     chunks_per_task : int, optional
         Stored chunks per task of every pass (default: sized for the scheduler, per pass).
+    size_for : int, optional
+        The stored chunks of the pass that dominates the work: every pass is then sized for it
+        (as a tree reduction is sized for its largest input).
     progress : bool
         A progress bar on stderr.
     """
 
     def __init__(self, client: Any = None, scheduler: Any = None, chunks_per_task: int | None = None,
-                 progress: bool = False) -> None:
+                 progress: bool = False, size_for: int | None = None) -> None:
         self.client = default_client(client) if scheduler is None else None
         if self.client is None and scheduler is None and dask.config.get("scheduler", None) is None:
             # the embedded default: local threads, named by the function itself, since dask imports
@@ -398,16 +401,22 @@ class Job:
         self.scheduler_kind = "distributed" if self.client is not None else "threads"
         self.threads = worker_threads(self.client)
         self.chunks_per_task = chunks_per_task or dask.config.get("l5dask.chunks-per-task", None)
+        if self.chunks_per_task is None and size_for is not None:
+            # every pass sized for the one that dominates the work (small passes get few tasks)
+            self.chunks_per_task = auto_chunks_per_task(size_for, self.threads, self.scheduler_kind)
         self.progress = progress
 
-    def groups(self, spec: Pass) -> list[tuple[int, int]]:
-        """The tasks of a pass: guided groups of whole chunks, sized for the scheduler."""
+    def groups(self, spec: Pass, guided: bool = True) -> list[tuple[int, int]]:
+        """The tasks of a pass: groups of whole chunks, sized for the scheduler (and for the job's
+        dominant pass when it has one); ``guided``: smaller as the end nears (a persisted pass is
+        followed by more work, so its last tasks idle no thread: it needs no guided end)."""
         n = spec.source.nchunks
         per_task = self.chunks_per_task or auto_chunks_per_task(n, self.threads, self.scheduler_kind)
         if spec.rows is not None:
             # a parent's rows place its child tasks: spread them over the workers
             per_task = min(per_task, auto_chunks_per_task(n, self.threads, self.scheduler_kind,
                                                           tasks_per_thread=PARENT_TASKS_PER_THREAD))
+        if spec.rows is not None or not guided:
             return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
         return task_groups(n, per_task, self.threads)
 
@@ -415,9 +424,9 @@ class Job:
         return tokenize(spec.source, spec.reduction, spec.label, self.chunks_per_task, self.threads,
                         self.scheduler_kind, sorted(spec.intervals.items()))
 
-    def leaves(self, spec: Pass, name: str) -> tuple[dict, list, list[tuple[int, int]]]:
+    def leaves(self, spec: Pass, name: str, guided: bool = True) -> tuple[dict, list, list[tuple[int, int]]]:
         """The tasks of a pass (a dict), the collections they depend on, and their groups."""
-        groups = self.groups(spec)
+        groups = self.groups(spec, guided)
         stage = spec.stage()
         graph, deps = {}, []
         link = spec.parent
@@ -455,7 +464,7 @@ class Job:
         collections: list = []
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
-            graph, deps, groups = self.leaves(spec, name)
+            graph, deps, groups = self.leaves(spec, name, guided=False)
             with dask.annotate(priority=spec.priority):
                 hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
             built.append((spec, [Delayed(k, hlg, layer=name) for k in graph], groups))

@@ -1,6 +1,6 @@
 """The L5Kit zarr v2 on-disk format: the one place for its constants and dtype rules.
 
-Everything here is pure: no I/O. See ``shared/spec/l5kit-zarr-format.md``.
+Everything here is pure: no I/O. It follows L5Kit 1.5.0's ``ChunkedDataset`` (``l5kit/data/zarr_dataset.py``, ``labels.py``).
 """
 
 from __future__ import annotations

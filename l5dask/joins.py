@@ -60,9 +60,10 @@ class Deferred(Mapping):
         return key in self._materialized()
 
 
-def _scene_rows(scenes: np.ndarray) -> Rows:
+def scene_rows(scenes: np.ndarray) -> Rows:
+    """The scenes as the frames' parent rows: each scene's frame interval (``start``, ``end``)."""
     iv = scenes["frame_index_interval"].reshape(-1, 2)
-    return Rows(0, {"start": np.ascontiguousarray(iv[:, 0]), "scene": np.arange(len(iv), dtype=np.int64)})
+    return Rows(0, {"start": np.ascontiguousarray(iv[:, 0]), "end": np.ascontiguousarray(iv[:, 1])})
 
 
 def _frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str, ...], fields: tuple[str, ...]) -> Rows:
@@ -95,6 +96,16 @@ class _FramesPass:
     def __init__(self, ds) -> None:
         self.ds, self.starts, self.fields = ds, set(), set()
         self._done: tuple | None = None
+        self._scenes: np.ndarray | None = None
+
+    def scenes(self) -> np.ndarray:
+        """The scenes, read whole once (in one task; their intervals checked)."""
+        if self._scenes is None:
+            scenes = Job().read(self.ds[fmt.SCENES])
+            check_intervals(scenes["frame_index_interval"].reshape(-1, 2), fmt.SCENES, "frame_index_interval",
+                            len(self.ds[fmt.FRAMES]))
+            self._scenes = scenes
+        return self._scenes
 
     def want(self, start: str, field: str | None) -> None:
         self.starts.add(start)
@@ -106,12 +117,10 @@ class _FramesPass:
         wanted = (tuple(sorted(self.starts)), tuple(sorted(self.fields)))
         if self._done is None or self._done[0] != wanted:
             ds, job = self.ds, Job()
-            scenes = job.read(ds[fmt.SCENES])
-            check_intervals(scenes["frame_index_interval"].reshape(-1, 2), fmt.SCENES, "frame_index_interval",
-                            len(ds[fmt.FRAMES]))
+            scenes = self.scenes()
             child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
             intervals = {f: len(ds[c]) for c, f in child.items() if f in wanted[0]}
-            spec = Pass(ds[fmt.FRAMES], parent=Link(_scene_rows(scenes), "start"),
+            spec = Pass(ds[fmt.FRAMES], parent=Link(scene_rows(scenes), "start"),
                         rows=_frame_rows_task(*wanted), intervals=intervals, blocks=True, name="frames-join")
             (persisted,) = job.persist(spec)
             entries = {}
@@ -162,11 +171,7 @@ class Joins:
         def build() -> dict:
             graph = {}
             if parent == fmt.SCENES:
-                job = Job()
-                scenes = job.read(self.ds[fmt.SCENES])
-                iv = scenes["frame_index_interval"].reshape(-1, 2)
-                check_intervals(iv, fmt.SCENES, interval, len(src))
-                rows = _scene_rows(scenes)
+                rows = scene_rows(self._frames.scenes())
                 for i in range(len(chunks)):
                     lo, hi = int(bounds[i]), int(bounds[i + 1])
                     graph[(name, i)] = Task((name, i), _take, lo, hi, "start", "index",

@@ -4,7 +4,7 @@ Each kernel makes one pass over a decoded chunk's rows, reading the fields it ne
 their byte offsets, so nothing is copied out of the chunk; the loops release the GIL, so
 threads scale. The numpy formulation of the same maths made many passes over each chunk
 (argmax over the 17 labels, speed, two histograms, frame lookup, a sort per scene for the
-distinct tracks). Definitions are exactly those of ``shared/spec/statistics-report.md``;
+distinct tracks). Definitions are exactly those of ``docs/statistics-report.md``;
 ``tests/test_kernels.py`` and ``tests/test_stats.py`` check them against numpy.
 
 Compiled with Cython when the package is installed: the module loads in a millisecond,

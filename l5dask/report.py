@@ -14,7 +14,8 @@ from .engine import Job, Link, Pass
 from .intervals import check_intervals
 from .outputs import atomic_write
 from .reading import L5Dataset, open_dataset
-from .stats import TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction, scene_rows
+from .joins import scene_rows
+from .stats import TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
 
 #: Scenes whose agents-per-frame series the report keeps for its plots.
 SAMPLE_SCENES = 4
@@ -54,9 +55,10 @@ def compute_report(
                 return compute_report(dataset, storage_options=storage_options, chunks_per_task=chunks_per_task,
                                       progress=progress, client=own)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
-    job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress)
-    counts = ds.counts()
     frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS]
+    job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress,
+              size_for=agents.nchunks)  # the agents are most of the work
+    counts = ds.counts()
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in frames.dtype.names
 
     # 1. scenes, whole: the report holds a row per scene anyway

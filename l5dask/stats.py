@@ -143,12 +143,6 @@ def frame_rows(frames: np.ndarray, offset: int, scenes: Rows) -> Rows:
                          "scene": scene})
 
 
-def scene_rows(scenes: np.ndarray) -> Rows:
-    """The scenes as the frames' parent rows: each scene's frame interval."""
-    iv = scenes["frame_index_interval"].reshape(-1, 2)
-    return Rows(0, {"start": np.ascontiguousarray(iv[:, 0]), "end": np.ascontiguousarray(iv[:, 1])})
-
-
 class FrameStats:
     """Frame-level statistics: agents per frame, frame frequency, ego motion, per-scene sums."""
 

@@ -204,17 +204,45 @@ def _protocol(fs: Any) -> str:
     return proto[0] if isinstance(proto, (tuple, list)) else proto
 
 
+#: Tables that make a folder a Lyft perception dataset (nuScenes-style JSON).
+PERCEPTION_TABLES = ("scene.json", "sample.json", "sample_data.json", "ego_pose.json")
+
+
+def what_is_there(store: Store) -> str:
+    """Say what a location holds when it is not an L5Kit dataset (for the error message)."""
+    fs, root = store.fs, store.root
+    try:
+        if root and fs.isfile(root):
+            return "not an L5Kit dataset: it is a file (a dataset is a folder, or a .zip of one, holding .zgroup)"
+        names = sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(root or "", detail=False))
+    except (OSError, ValueError):
+        return "not an L5Kit dataset (no zarr group metadata .zgroup)"
+    if not names:
+        return "not an L5Kit dataset: the folder is empty"
+    if "zarr.json" in names:
+        return ("not an L5Kit dataset: a zarr v3 store (L5Kit writes zarr v2: .zgroup and .zarray files); "
+                "read it with zarr-python 3 or xarray's zarr engine")
+    sub = [n for n in names if fs.isdir(posixpath.join(root, n) if root else n)]
+    nested = any(t in names for t in PERCEPTION_TABLES) or any(
+        fs.exists(posixpath.join(root, d, "scene.json") if root else posixpath.join(d, "scene.json")) for d in sub[:8])
+    if nested:
+        return ("not an L5Kit dataset: a Lyft perception dataset (nuScenes-style JSON tables such as "
+                "scene.json); these commands read L5Kit prediction datasets (zarr)")
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return f"not an L5Kit dataset (no zarr group metadata .zgroup); it holds {shown}"
+
+
 def open_store(url: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> Store:
     """Open a dataset location, raising :class:`NotADatasetError` if it holds no dataset."""
     store = Store(os.fspath(url), storage_options)
     try:
         raw = store.get(".zgroup")
-    except ChunkError:
+    except (ChunkError, StoreError) as exc:
+        if isinstance(exc, StoreError) and not isinstance(exc.__cause__, (NotADirectoryError, IsADirectoryError)):
+            raise
         if not store.exists_root():
             raise NotADatasetError(f"{store.url}: no such file, folder or bucket") from None
-        raise NotADatasetError(
-            f"{store.url}: not an L5Kit dataset (no zarr group metadata .zgroup)"
-        ) from None
+        raise NotADatasetError(f"{store.url}: {what_is_there(store)}") from None
     if b"zarr_format" not in raw:
         raise NotADatasetError(f"{store.url}: not an L5Kit dataset (.zgroup is not zarr v2 metadata)")
     return store

@@ -1,7 +1,7 @@
 """A realistic generator of L5Kit datasets, for tests, benchmarks and demos.
 
-Its shape follows the real Lyft Level 5 data (``shared/spec/l5kit-zarr-format.md``):
-10 Hz frames, 248-249 frames per scene, about 84 agents per frame that persist as
+Its shape follows the real Lyft Level 5 data (L5Kit's format: ``l5dask/format.py``):
+10 Hz frames, 248-249 frames per scene, about 71 agents per frame that persist as
 tracks and move smoothly, the real label mix, traffic-light faces whose status follows
 a light cycle, an ego that drives. Every scene is generated from ``(seed, scene index)``,
 vectorized in numpy, and streamed to chunk writers: memory does not grow with the size.
@@ -65,7 +65,7 @@ def _face_table(seed: int, n_lights: int = 4000) -> tuple[np.ndarray, np.ndarray
     return lights, faces, rng.uniform(-2500, 2500, size=(n_lights, 2))
 
 
-def make_scene(seed: int, index: int, faces_map=None, density: float = 1.0) -> SceneData:
+def make_scene(seed: int, index: int, faces_map=None, density: float = 1.0, label_ties: float = 0.0) -> SceneData:
     """Generate one scene (its intervals start at 0; the caller offsets them)."""
     rng = np.random.default_rng([seed, index])
     n = 248 + int(rng.random() < 0.3)
@@ -113,6 +113,16 @@ def make_scene(seed: int, index: int, faces_map=None, density: float = 1.0) -> S
     probs[soft, label[soft]] = main[soft]
     probs[soft, 1] += 1 - main[soft]
     probs[soft & (label == 1), 1] = 1.0
+    if label_ties:  # (drawn only when asked: datasets without ties stay the same for a seed)
+        tie = np.flatnonzero(rng.random(n_tracks) < label_ties)
+        kind = rng.integers(0, 3, len(tie))
+        other = rng.integers(0, 17, len(tie))
+        probs[tie] = 0.0
+        two = tie[kind == 0]  # two labels at 0.5 (numpy's argmax: the lower index wins)
+        probs[two, label[two]] = 0.5
+        probs[two, other[kind == 0]] = 0.5
+        probs[tie[kind == 1]] = 1 / 17  # all equal: label 0
+        # kind 2: all zero, also label 0
 
     lengths = death - birth
     total = int(lengths.sum())
@@ -179,6 +189,7 @@ def synthesize(
     chunk_rows: dict[str, int] | None = None,
     traffic_lights: bool = True,
     density: float = 1.0,
+    label_ties: float = 0.0,
     threads: int | None = None,
 ) -> dict[str, int]:
     """Write a generated dataset of ``scenes`` scenes to ``url``; returns the array lengths.
@@ -191,7 +202,10 @@ def synthesize(
     traffic_lights : bool
         Write the ``traffic_light_faces`` array (False makes the older format).
     density : float
-        Scales the number of agents per frame (1.0 is the real data's about 84).
+        Scales the number of agents per frame (1.0 gives about 71, as the real sample).
+    label_ties : float
+        Fraction of tracks whose label probabilities tie (two labels at 0.5, all 17 equal, or all
+        zero), to reach numpy's rule for ties (the first maximum) in tests. The real data has none.
     """
     store = prepare_target(url, storage_options, overwrite)
     rows = {n: (chunk_rows or {}).get(n, fmt.CHUNK_ROWS[n]) for n in fmt.ARRAY_NAMES}
@@ -204,7 +218,7 @@ def synthesize(
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
         writers = {n: ArrayWriter(store, n, dtypes[n], rows[n], pool) for n in names}
         for index in range(scenes):
-            data = make_scene(seed, index, faces_map, density)
+            data = make_scene(seed, index, faces_map, density, label_ties)
             data.scene["frame_index_interval"] += offsets["frames"]
             data.frames["agent_index_interval"] += offsets["agents"]
             data.frames["traffic_light_faces_index_interval"] += offsets["tl"]

@@ -125,3 +125,91 @@ def test_cli_bad_input_is_one_line_exit_2(copy, tmp_path):
     assert r.returncode == 2 and "not a structured dtype" in r.stderr and "Traceback" not in r.stderr
     r = cli("info", str(copy), "--storage-option", "novalue")
     assert r.returncode == 2 and "expected KEY=VALUE" in r.stderr
+
+
+# --- outputs: checked before any work, written atomically, failures named ------------------------
+@pytest.fixture
+def unreadable(small_ds, tmp_path) -> Path:
+    """A dataset whose every chunk raises if it is read (metadata intact)."""
+    dest = tmp_path / "unreadable.zarr"
+    shutil.copytree(small_ds, dest)
+    for chunk in dest.glob("*/[0-9]*"):
+        chunk.write_bytes(b"not blosc")
+    return dest
+
+
+def test_write_that_fails_midway_keeps_the_previous_file(tmp_path):
+    from l5dask.outputs import atomic_write
+
+    out = tmp_path / "r.json"
+    out.write_text("previous")
+
+    def write(tmp):
+        with open(tmp, "w") as f:
+            f.write("half of a report")
+            f.flush()
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(l5dask.L5DaskError, match=rf"{out}: writing failed.*No space left on device"):
+        atomic_write(str(out), write)
+    assert out.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+@pytest.mark.parametrize("command", ["stats", "report"])
+def test_cli_output_on_a_full_disk_keeps_the_previous_file(small_ds, tmp_path, command):
+    """A real file-size limit (RLIMIT_FSIZE) fills the 'disk' midway through the output."""
+    import resource
+    import signal
+
+    out = tmp_path / ("r.json" if command == "stats" else "r.html")
+    out.write_text("previous")
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", command, small_ds, "--output", str(out), "--quiet"],
+                       capture_output=True, text=True, preexec_fn=limit)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and f"{out}: writing failed" in r.stderr and "Traceback" not in r.stderr
+    assert out.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
+
+
+@pytest.mark.parametrize("args", [
+    ["stats", "{ds}", "--output", "{tmp}/missing/r.json"],
+    ["stats", "{ds}", "--output", "{tmp}/ok.json", "--scenes-table", "{tmp}/missing/s.parquet"],
+    ["report", "{ds}", "--output", "{tmp}/missing/r.html"],
+    ["report", "{ds}", "--output", "{tmp}/r.html", "--json", "{tmp}/missing/r.json"],
+    ["stats", "{ds}", "--output", "{tmp}"],
+])
+def test_outputs_are_checked_before_any_chunk_is_read(unreadable, tmp_path, args):
+    r = cli(*[a.format(ds=unreadable, tmp=tmp_path) for a in args], "--quiet")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    # the output's problem, not the dataset's: nothing was read
+    assert ("does not exist" in r.stderr or "is a folder" in r.stderr) and "chunk" not in r.stderr
+
+
+def test_usage_errors_are_one_line(small_ds):
+    for args in (["stats"], ["stats", small_ds, "--chunks-per-task", "0"], ["nosuchcommand"], ["stats", "--bogus"]):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith("l5dask: error: ") and "Usage" not in r.stderr, r.stderr
+
+
+def test_what_a_location_is_when_it_is_not_a_dataset(tmp_path):
+    (tmp_path / "file.txt").write_text("hello")
+    (tmp_path / "v3").mkdir()
+    (tmp_path / "v3" / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
+    (tmp_path / "perception" / "train_data").mkdir(parents=True)
+    for t in ("scene.json", "sample.json"):
+        (tmp_path / "perception" / "train_data" / t).write_text("[]")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "a.csv").write_text("x")
+    for where, says in [("file.txt", "it is a file"), ("v3", "a zarr v3 store"),
+                        ("perception", "a Lyft perception dataset"), ("other", "it holds a.csv")]:
+        with pytest.raises(NotADatasetError, match=f"not an L5Kit dataset: {says}|not an L5Kit dataset .*{says}"):
+            l5dask.open_dataset(tmp_path / where)
+        r = cli("stats", str(tmp_path / where), "--quiet")
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
+    r = cli("info", "/etc/hostname")
+    assert r.returncode == 2 and "it is a file" in r.stderr and "Not a directory" not in r.stderr

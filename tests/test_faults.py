@@ -25,6 +25,7 @@ class FlakyProxy:
         self.upstream = urlparse(upstream)
         self.every = 0          # fail every n-th chunk GET (0: never)
         self.always = None      # fail every GET whose path ends with this
+        self.drops = True       # fail half of the time by dropping the connection (else always a 503)
         self.count = 0
         self.failures = 0
         self.lock = threading.Lock()
@@ -47,7 +48,7 @@ class FlakyProxy:
                 if fail:
                     with proxy.lock:
                         proxy.failures += 1
-                    if n % 2 and not proxy.always:  # a dropped connection, no response at all
+                    if n % 2 and not proxy.always and proxy.drops:  # a dropped connection, no response at all
                         self.close_connection = True
                         self.connection.shutdown(2)
                         return
@@ -103,6 +104,23 @@ def test_flaky_store_is_retried_and_report_exact(s3, s3_small, small_ds, proxy):
     got = compute_report(s3_small, storage_options=_options(s3, proxy))
     assert proxy.failures >= 5
     assert {k: v for k, v in public(got).items() if k != "dataset"} == expected
+
+
+def test_transient_errors_only_l5dasks_own_retries_absorb(s3, s3_small, small_ds, proxy, monkeypatch):
+    """botocore retries nothing here (max_attempts 1) and s3fs does not retry a 503: each chunk GET
+    that fails once is saved by l5dask's own retry, and only by it."""
+    import l5dask.store
+
+    expected = {k: v for k, v in public(compute_report(small_ds)).items() if k != "dataset"}
+    opts = _options(s3, proxy)
+    opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    proxy.every, proxy.drops = 4, False
+    got = compute_report(s3_small, storage_options=opts)
+    assert proxy.failures >= 5
+    assert {k: v for k, v in public(got).items() if k != "dataset"} == expected
+    monkeypatch.setattr(l5dask.store, "_RETRIES", 0)  # without them, the same store fails the report
+    with pytest.raises(StoreError, match="failed after 1 attempt"):
+        compute_report(s3_small, storage_options=dict(opts, skip_instance_cache=True))
 
 
 def test_store_that_keeps_failing_names_the_object(s3, s3_small, proxy):

@@ -17,6 +17,8 @@ from l5dask import plot
 from l5dask.cli import main
 from l5dask.report import compute_report
 
+from .conftest import require
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -33,8 +35,7 @@ def page(small_ds, tmp_path_factory):
 
 
 def chromium(args, tmp_path):
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (.ci/run installs Debian's chromium)")
+    require(CHROMIUM is not None, "chromium (Debian's package)")
     return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
                           capture_output=True, text=True, timeout=120)
 

@@ -63,6 +63,17 @@ def test_report_matches_numpy_on_chunkings(tmp_path, chunks):
     check(path)
 
 
+def test_report_with_label_ties_matches_numpy(tmp_path):
+    """Ties between label probabilities: the report counts the first maximum, as numpy's argmax."""
+    path = str(tmp_path / "ties.zarr")
+    l5dask.synthesize(path, scenes=3, seed=9, label_ties=0.4, chunk_rows={fmt.AGENTS: 3_000})
+    probs = read_all(path)["agents"]["label_probabilities"]
+    top = probs.max(1, keepdims=True)
+    assert ((probs == top).sum(1) > 1).mean() > 0.2  # the data has ties, two-way and all-equal
+    rep = check(path)
+    assert rep["agents"]["label_counts"]["PERCEPTION_LABEL_NOT_SET"] > 0  # all-equal rows go to label 0
+
+
 def test_report_default_chunks_and_grouped_tasks(default_ds, small_ds):
     check(default_ds)
     check(small_ds, chunks_per_task=3)

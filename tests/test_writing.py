@@ -18,7 +18,7 @@ import l5dask
 from l5dask import format as fmt
 from l5dask.errors import L5DaskError, NotADatasetError
 
-from .conftest import read_all
+from .conftest import read_all, require
 
 
 def _l5kit_chunked_dataset():
@@ -28,8 +28,7 @@ def _l5kit_chunked_dataset():
     needs only zarr-python 2 and two sibling modules, which we load directly.
     """
     spec = importlib.util.find_spec("l5kit")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("l5kit is not installed (pip install --no-deps l5kit==1.5.0 prettytable)")
+    require(spec is not None and bool(spec.submodule_search_locations), "l5kit 1.5.0 (pip install --no-deps l5kit==1.5.0)")
     root = Path(list(spec.submodule_search_locations)[0])
     for pkg, path in (("l5kit", root), ("l5kit.data", root / "data")):
         if pkg not in sys.modules or not hasattr(sys.modules[pkg], "ChunkedDataset" if pkg == "l5kit.data" else "__path__"):

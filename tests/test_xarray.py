@@ -93,3 +93,49 @@ def test_joined_views_have_join_coordinates(small_ds):
     # a user's aggregation over join coordinates, with xarray: agents per scene
     per_scene = agents.yaw.groupby(agents.scene_index.compute()).count().values
     np.testing.assert_array_equal(per_scene, np.bincount(scene_of_frame[frame_of_agent]))
+
+
+def _unreadable(small_ds, tmp_path):
+    """A copy whose every chunk raises if it is read (metadata intact)."""
+    import shutil
+
+    dest = tmp_path / "unreadable.zarr"
+    shutil.copytree(small_ds, dest)
+    for chunk in dest.glob("*/[0-9]*"):
+        chunk.write_bytes(b"not blosc")
+    return str(dest)
+
+
+def test_building_joins_and_joined_views_reads_nothing(small_ds, tmp_path):
+    from l5dask.errors import ChunkError
+    from l5dask.joins import Joins
+
+    ds = l5dask.open_dataset(_unreadable(small_ds, tmp_path))
+    views = [ds.joined(n) for n in ("agents", "frames", "tl_faces")]  # nothing is read: nothing raises
+    j = Joins(ds)
+    arrays = [j.agent_scene(), j.agent_frame(), j.frame_scene(), j.tl_face_scene(), j.agent_frame_field("timestamp")]
+    assert views[0].scene_index.shape == (len(ds["agents"]),) and arrays[0].chunks == ds["agents"].to_dask().chunks
+    with pytest.raises(ChunkError):  # ... until they are computed
+        views[0].scene_index.values
+
+
+def test_join_coordinates_decode_each_parent_chunk_once(small_ds, monkeypatch):
+    import dask
+
+    calls = []
+    original = reading.decode_chunk
+    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append((a[1].name, a[3])) or original(*a, **kw))
+    ds = l5dask.open_dataset(small_ds)
+    view = ds.joined("agents")
+    assert calls == []
+    got = dask.compute(view.scene_index.data, view.frame_index.data, view.timestamp.data, view.ego_translation.data)
+    # scenes and frames, each chunk once; no agent chunk (the child rows come from the metadata)
+    assert sorted(calls) == sorted((n, str(i)) for n in (fmt.SCENES, fmt.FRAMES) for i in range(ds[n].nchunks))
+    ref = read_all(small_ds)
+    siv, fiv = ref["scenes"]["frame_index_interval"], ref["frames"]["agent_index_interval"]
+    frame_of_agent = np.repeat(np.arange(len(fiv)), fiv[:, 1] - fiv[:, 0])
+    scene_of_frame = np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0])
+    np.testing.assert_array_equal(got[0], scene_of_frame[frame_of_agent])
+    np.testing.assert_array_equal(got[1], frame_of_agent)
+    np.testing.assert_array_equal(got[2], ref["frames"]["timestamp"][frame_of_agent])
+    np.testing.assert_array_equal(got[3], ref["frames"]["ego_translation"][frame_of_agent])
