@@ -121,12 +121,13 @@ def _outputs(*paths: str | None) -> None:
 
 def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
     """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr)."""
-    from .cluster import connect
+    from .cluster import connect, dashboard_link
     from .report import compute_report
 
     with connect(scheduler, quiet=True) as client:
         if client is not None and not quiet:
-            click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {client.dashboard_link}", err=True)
+            link = dashboard_link(client) or "none (the scheduler serves no dashboard: it needs bokeh)"
+            click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {link}", err=True)
         return compute_report(dataset, storage_options=_parse_storage_options(storage_options),
                               chunks_per_task=chunks_per_task, progress=not quiet, client=client)
 

@@ -73,6 +73,14 @@ def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
             client.close(timeout=5)
 
 
+def dashboard_link(client: Any) -> str | None:
+    """The scheduler's dashboard, or None when it serves none (it needs bokeh)."""
+    try:
+        return client.dashboard_link
+    except (KeyError, AttributeError, OSError):
+        return None
+
+
 def _lost(client: Any, exc: BaseException) -> bool:
     from concurrent.futures import CancelledError
 

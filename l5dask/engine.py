@@ -37,6 +37,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
 from .cluster import compute, persist
+from .errors import L5DaskError
 from .intervals import block_bounds, check_bounds, raise_first
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
@@ -258,8 +259,6 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
             for f, child_len in spec.intervals.items():
                 bounds[f].append(block_bounds(data, f, start, child_len))
     except Exception as exc:
-        from .errors import L5DaskError
-
         if not isinstance(exc, L5DaskError):
             _note(exc, spec.label, source, first, n, red.name if red is not None else "rows")
         raise
@@ -288,15 +287,14 @@ def _bounds_table(field_: str, *blocks: Block) -> np.ndarray:
 
 
 def _read_whole(source: Any) -> Any:
-    return source.read(0, source.nchunks) if source.nchunks else source.read(0, 0)
+    return source.read(0, source.nchunks)
 
 
 # --- sizing --------------------------------------------------------------------------------
 def default_client(client: Any = None) -> Any:
     """The distributed client the job runs on: ``client``, else the default one if there is one.
 
-    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s)
-    unless dask's ``scheduler-address`` is set (``DASK_SCHEDULER_ADDRESS``).
+    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s).
     """
     if client is not None:
         return client

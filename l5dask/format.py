@@ -114,8 +114,6 @@ LABELS: tuple[str, ...] = (
     "PERCEPTION_LABEL_ANIMAL",
     "AVRESEARCH_LABEL_DONTCARE",
 )
-#: The labels L5Kit keeps by default (CAR through ANIMAL).
-AGENT_LIKE_LABELS = LABELS[3:16]
 TL_FACE_STATUSES: tuple[str, ...] = ("ACTIVE", "INACTIVE", "UNKNOWN")
 
 COMPRESSOR: dict[str, Any] = {
@@ -152,7 +150,6 @@ class ArrayMeta:
     dtype: np.dtype
     length: int
     chunk_rows: int
-    fill_value: bytes | None
 
     @property
     def nchunks(self) -> int:
@@ -263,14 +260,7 @@ def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
         )
     if meta.get("order", "C") != "C":
         raise FormatError(f"{where}: order {meta.get('order')!r} is not supported")
-    fill = meta.get("fill_value")
-    fill_bytes = None
-    if isinstance(fill, str):
-        try:
-            fill_bytes = base64.standard_b64decode(fill)
-        except ValueError:
-            fill_bytes = None
-    return ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]), fill_bytes)
+    return ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]))
 
 
 def zarray_json(dtype: np.dtype, length: int, chunk_rows: int) -> bytes:

@@ -12,14 +12,16 @@ import numpy as np
 from . import __version__
 from .plot import REPORT_FIGURES, png
 from .outputs import atomic_write
-from .report import summary_text
+from .report import summary_rows
 
 MAX_TABLE_ROWS = 500
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222}
 h1{font-size:1.6rem;margin-bottom:.2rem} h2{font-size:1.2rem;margin-top:2rem;border-bottom:1px solid #ddd}
-.identity{color:#555;font-size:.9rem} pre{background:#f6f6f6;padding:.8rem;overflow-x:auto;font-size:.8rem}
+.identity{color:#555;font-size:.9rem}
+table.summary{width:100%;table-layout:fixed;margin-bottom:1rem} table.summary th{position:static;white-space:normal}
+.labels{display:grid;grid-template-columns:repeat(auto-fit,minmax(320px,1fr));gap:.2rem 2rem;font-size:.85rem}
 .figures{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:1rem}
 figure{margin:0} figure img{max-width:100%} figcaption{font-size:.8rem;color:#666}
 table{border-collapse:collapse;font-size:.8rem} td,th{border:1px solid #ddd;padding:2px 6px;text-align:right}
@@ -32,6 +34,12 @@ window.addEventListener('load', function () {
   var ok = 0;
   imgs.forEach(function (img) { if (img.complete && img.naturalWidth > 0) { ok += 1; } });
   document.body.setAttribute('data-figures-loaded', String(ok));
+  // for the browser test: does anything stick out of the window sideways?
+  var wide = document.documentElement.scrollWidth > window.innerWidth;
+  document.querySelectorAll('table.summary, .labels').forEach(function (el) {
+    if (el.scrollWidth > el.clientWidth) { wide = true; }
+  });
+  document.body.setAttribute('data-overflow', String(wide));
 });
 """
 
@@ -63,6 +71,13 @@ def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
     more = f"<p>First {MAX_TABLE_ROWS} of {n:,} scenes (the whole table: <code>--scenes-table</code>).</p>" \
         if n > MAX_TABLE_ROWS else ""
     took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""
+    head, values, labels, extra = summary_rows(report)
+    summary = ("<table class=\"summary\"><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+               + "</tr></thead><tbody><tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in values)
+               + "</tr></tbody></table>"
+               + "<div class=\"labels\">" + "".join(f"<div>{html.escape(name)}: {n:,} ({share:.2f} %)</div>"
+                                                 for name, n, share in labels) + "</div>"
+               + f"<p>{html.escape(extra)}</p>")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <title>l5dask report: {name}</title>
@@ -72,7 +87,7 @@ def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
 <p class="identity">{c['scenes']:,} scenes, {c['frames']:,} frames, {c['agents']:,} agents,
 {c['tl_faces']:,} traffic-light faces &middot; computed {now}{took} &middot; l5dask {__version__}</p>
 <h2>Summary</h2>
-<pre>{html.escape(summary_text(report))}</pre>
+{summary}
 <h2>Figures</h2>
 <div class="figures">{''.join(figures)}</div>
 <h2>Scenes</h2>

@@ -44,22 +44,31 @@ def label_mix(report: dict[str, Any], ax=None):
     return ax
 
 
-def _histogram(ax, hist: dict, xlabel: str, title: str, color: str):
+def _histogram(ax, hist: dict, xlabel: str, title: str, color: str, log: bool = False):
     edges = np.asarray(hist["edges"], float)
     counts = np.asarray(hist["counts"])
     width = edges[1] - edges[0]
     ax.bar(edges[:-1], counts[:-1], width=width, align="edge", color=color)
     ax.bar([edges[-1]], [counts[-1]], width=width, align="edge", color="#999999", label=f">= {edges[-1]:g}")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("agents")
+    if log and counts.any():
+        ax.set_yscale("log")
+        ax.set_ylabel("agents (log scale)")
+    else:
+        ax.set_ylabel("agents")
     ax.set_title(title)
     ax.legend(loc="upper right", fontsize=8)
     return ax
 
 
 def speed_histogram(report: dict[str, Any], ax=None):
-    """Agents' speed |v| in m/s (last bar: overflow)."""
-    return _histogram(_ax(ax), report["agents"]["speed_mps"]["histogram"], "speed (m/s)", "Agent speed", "#4c9a5d")
+    """Agents' speed |v| in m/s (last bar: overflow), log counts: most agents are parked, and on a
+    linear axis their bar at 0 hides every other."""
+    hist = report["agents"]["speed_mps"]["histogram"]
+    total = max(sum(hist["counts"]), 1)
+    parked = 100 * hist["counts"][0] / total
+    return _histogram(_ax(ax), hist, "speed (m/s)", f"Agent speed ({parked:.0f} % below {hist['edges'][1]:g} m/s)",
+                      "#4c9a5d", log=True)
 
 
 def distance_histogram(report: dict[str, Any], ax=None):

@@ -109,23 +109,30 @@ def write_scene_table(report: dict[str, Any], path: str) -> None:
     atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
 
-def summary_text(report: dict[str, Any]) -> str:
-    """L5Kit's summary table and the label mix, for people."""
+def summary_rows(report: dict[str, Any]) -> tuple[list[str], list[str], list[tuple[str, int, float]], str]:
+    """L5Kit's summary (its column names and values), the label mix (name, agents, %), one more line."""
     c, s = report["counts"], report["summary"]
     head = ["Num Scenes", "Num Frames", "Num Agents", "Num TR lights", "Total Time (hr)", "Avg Frames per Scene",
             "Avg Agents per Frame", "Avg Scene Time (sec)", "Avg Frame frequency"]
     vals = [f"{c['scenes']:,}", f"{c['frames']:,}", f"{c['agents']:,}", f"{c['tl_faces']:,}",
             f"{s['total_time_hours']:.2f}", f"{s['avg_frames_per_scene']:.2f}", f"{s['avg_agents_per_frame']:.2f}",
             f"{s['avg_scene_time_s']:.2f}", f"{s['frame_frequency_hz']:.2f}"]
+    total = max(c["agents"], 1)
+    labels = [(name, n, 100 * n / total) for name, n in
+              sorted(report["agents"]["label_counts"].items(), key=lambda kv: -kv[1]) if n]
+    extra = (f"Distinct tracks: {report['tracks']['count']:,}   "
+             f"mean agent speed: {report['agents']['speed_mps']['mean']:.2f} m/s   "
+             f"ego distance: {report['ego']['total_distance_km']:.1f} km")
+    return head, vals, labels, extra
+
+
+def summary_text(report: dict[str, Any]) -> str:
+    """L5Kit's summary table and the label mix, for people (a terminal)."""
+    head, vals, labels, extra = summary_rows(report)
     widths = [max(len(h), len(v)) for h, v in zip(head, vals)]
     line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     row = lambda cells: "|" + "|".join(f" {x:>{w}} " for x, w in zip(cells, widths)) + "|"  # noqa: E731
     out = [line, row(head), line, row(vals), line, "", "Label mix (most probable label):"]
-    total = max(c["agents"], 1)
-    for name, n in sorted(report["agents"]["label_counts"].items(), key=lambda kv: -kv[1]):
-        if n:
-            out.append(f"  {name:<40} {n:>14,}  {100 * n / total:6.2f} %")
-    out.append(f"Distinct tracks: {report['tracks']['count']:,}   "
-               f"mean agent speed: {report['agents']['speed_mps']['mean']:.2f} m/s   "
-               f"ego distance: {report['ego']['total_distance_km']:.1f} km")
+    out += [f"  {name:<40} {n:>14,}  {share:6.2f} %" for name, n, share in labels]
+    out.append(extra)
     return "\n".join(out)

@@ -167,3 +167,38 @@ def test_environment_credentials_reach_the_workers(dask_cluster, s3, s3_small, l
     assert r.returncode == 0, r.stderr
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
     assert s3.secret not in r.stdout + r.stderr
+
+
+def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
+    """A scheduler with its dashboard: the link the CLI prints answers; --quiet prints nothing."""
+    import urllib.request
+
+    from .conftest import free_port
+
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                                  "--dashboard-address", "127.0.0.1:0"], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1", "--no-dashboard"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with Client(address, timeout="30s", set_as_default=False) as client:
+            client.wait_for_workers(1, timeout=60)
+        r = cli("stats", small_ds, "--scheduler", address, "--output", str(tmp_path / "r.json"))
+        assert r.returncode == 0, r.stderr
+        line = [x for x in r.stderr.splitlines() if "dashboard:" in x][0]
+        link = line.split("dashboard: ")[1].strip()
+        assert link.startswith("http://127.0.0.1:") and address in line
+        assert urllib.request.urlopen(link, timeout=30).status == 200
+        r = cli("stats", small_ds, "--scheduler", address, "--quiet")
+        assert r.returncode == 0 and "dashboard" not in r.stderr
+    finally:
+        for p in (worker, scheduler):
+            p.terminate()
+            p.wait(15)
+
+
+def test_dashboard_link_without_a_dashboard(dask_cluster, small_ds):
+    r = cli("stats", small_ds, "--scheduler", dask_cluster.address)
+    assert r.returncode == 0 and "dashboard: none (the scheduler serves no dashboard" in r.stderr

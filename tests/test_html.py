@@ -62,6 +62,32 @@ def test_chromium_renders_title_and_figures_without_console_errors(page, tmp_pat
     assert pixels.shape[:2] == (2400, 1280) and pixels[..., :3].std() > 0.05  # a page, not a blank
 
 
+def test_page_fits_a_1280_px_window_and_the_summary_is_a_table(page, tmp_path):
+    r = chromium(["--dump-dom", "--window-size=1280,1000", page.as_uri()], tmp_path)
+    assert 'data-overflow="false"' in r.stdout, "something is wider than a 1280 px window"
+    assert '<table class="summary">' in r.stdout and "<pre>" not in r.stdout
+    r = chromium(["--dump-dom", "--window-size=600,1000", page.as_uri()], tmp_path)
+    assert 'data-overflow="true"' in r.stdout  # the check itself sees overflow when there is some
+
+
+def test_speed_histogram_shows_more_than_the_parked_agents(page, tmp_path):
+    """On a linear axis the bar at 0 m/s (parked agents) hides every other bar; with log counts,
+    bars are drawn across the speeds: count the plot's columns that hold the bars' colour."""
+    import base64
+    import io
+
+    from matplotlib.image import imread
+
+    text = page.read_text()
+    src = re.search(r'<img alt="speed histogram" src="data:image/png;base64,([^"]+)"', text, re.I)
+    if src is None:
+        src = re.search(r'<img alt="[^"]*speed[^"]*" src="data:image/png;base64,([^"]+)"', text, re.I)
+    img = imread(io.BytesIO(base64.b64decode(src.group(1))))[..., :3]
+    green = np.all(np.abs(img - np.array([0x4c, 0x9a, 0x5d]) / 255) < 0.08, axis=2)
+    columns = np.flatnonzero(green.any(axis=0))
+    assert len(columns) > 0.3 * img.shape[1], len(columns)
+
+
 def test_console_error_detection_works(tmp_path):
     bad = tmp_path / "bad.html"
     bad.write_text("<html><body><script>console.error('boom'); missing();</script></body></html>")
