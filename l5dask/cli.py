@@ -126,7 +126,7 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
 
     with connect(scheduler, quiet=True) as client:
         if client is not None and not quiet:
-            link = dashboard_link(client) or "none (the scheduler serves no dashboard: it needs bokeh)"
+            link = dashboard_link(client) or "unknown (the scheduler names none)"
             click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {link}", err=True)
         return compute_report(dataset, storage_options=_parse_storage_options(storage_options),
                               chunks_per_task=chunks_per_task, progress=not quiet, client=client)

@@ -74,7 +74,7 @@ def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
 
 
 def dashboard_link(client: Any) -> str | None:
-    """The scheduler's dashboard, or None when it serves none (it needs bokeh)."""
+    """The scheduler's dashboard link as dask gives it (None if it cannot say)."""
     try:
         return client.dashboard_link
     except (KeyError, AttributeError, OSError):

@@ -282,8 +282,8 @@ def _finalize(reduction: Reduction, part: Any) -> Any:
     return reduction.finalize(part)
 
 
-def _bounds_table(field_: str, *blocks: Block) -> np.ndarray:
-    return np.concatenate([b.bounds[field_] for b in blocks]) if blocks else np.zeros((0, 6), np.int64)
+def _bounds_of(block: Block) -> dict[str, np.ndarray]:
+    return block.bounds
 
 
 def _read_whole(source: Any) -> Any:
@@ -482,23 +482,28 @@ class Job:
 
     def _bounds(self, passes: list[Persisted]) -> list[str]:
         """Fetch each pass's interval bounds (small) into it; every problem they show."""
-        wanted = [(p, f) for p in passes for f in p.spec.intervals]
-        if not wanted:
+        passes = [p for p in passes if p.spec.intervals]
+        if not passes:
             return []
-        # the bounds (small) come back in one graph: a task per interval field, where the blocks are
-        graph, deps = {}, []
-        for p, f in wanted:
-            key = f"l5-{p.spec.label}-bounds-{f}-{tokenize(p.keys)}"
-            graph[key] = Task(key, _bounds_table, f, *[TaskRef(k) for k in p.keys])
+        # one small graph: a task per block takes its bounds out where the block is (the block,
+        # rows included, never moves), one task gathers them
+        name = f"l5-bounds-{tokenize([p.keys for p in passes])}"
+        graph, deps, refs = {}, [], []
+        for p in passes:
+            for k in p.keys:
+                key = (f"{name}-block", len(refs))
+                graph[key] = Task(key, _bounds_of, TaskRef(k))
+                refs.append(key)
             deps += p.collections
-        name = f"l5-bounds-{tokenize(list(graph))}"
-        graph[name] = Task(name, list, List(*[TaskRef(k) for k in graph]))
-        tables = compute(Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
-                         client=self.client, **self.kw)
+        graph[name] = Task(name, list, List(*[TaskRef(k) for k in refs]))
+        got = iter(compute(Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
+                           client=self.client, **self.kw))
         problems = []
-        for (p, f), table in zip(wanted, tables):
-            p.bounds[f] = table
-            problems += check_bounds(table, p.spec.source.name, f, p.spec.intervals[f])
+        for p in passes:
+            blocks = [next(got) for _ in p.keys]
+            for f, child_len in p.spec.intervals.items():
+                p.bounds[f] = np.concatenate([b[f] for b in blocks]) if blocks else np.zeros((0, 6), np.int64)
+                problems += check_bounds(p.bounds[f], p.spec.source.name, f, child_len)
         return problems
 
     def compute(self, specs: Sequence[Pass | Persisted], final: Callable | None = None, name: str = "l5-result",

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from .plot import REPORT_FIGURES, png
+from .plot import REPORT_FIGURES, _short, png
 from .outputs import atomic_write
 from .report import summary_rows
 
@@ -75,7 +75,7 @@ def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
     summary = ("<table class=\"summary\"><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
                + "</tr></thead><tbody><tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in values)
                + "</tr></tbody></table>"
-               + "<div class=\"labels\">" + "".join(f"<div>{html.escape(name)}: {n:,} ({share:.2f} %)</div>"
+               + "<div class=\"labels\">" + "".join(f"<div>{html.escape(_short(name))}: {n:,} ({share:.2f} %)</div>"
                                                  for name, n, share in labels) + "</div>"
                + f"<p>{html.escape(extra)}</p>")
     return f"""<!DOCTYPE html>

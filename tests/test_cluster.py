@@ -197,8 +197,3 @@ def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
         for p in (worker, scheduler):
             p.terminate()
             p.wait(15)
-
-
-def test_dashboard_link_without_a_dashboard(dask_cluster, small_ds):
-    r = cli("stats", small_ds, "--scheduler", dask_cluster.address)
-    assert r.returncode == 0 and "dashboard: none (the scheduler serves no dashboard" in r.stderr

@@ -16,6 +16,9 @@ from .conftest import free_port
 
 ERROR_503 = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
              b"<Message>Please reduce your request rate.</Message></Error>")
+#: A 503 that s3fs does not retry (it retries only "reduce your request rate" and "SlowDown").
+ERROR_503_PLAIN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+                   b"<Message>The service is unavailable.</Message></Error>")
 
 
 class FlakyProxy:
@@ -26,6 +29,7 @@ class FlakyProxy:
         self.every = 0          # fail every n-th chunk GET (0: never)
         self.always = None      # fail every GET whose path ends with this
         self.drops = True       # fail half of the time by dropping the connection (else always a 503)
+        self.body = ERROR_503
         self.count = 0
         self.failures = 0
         self.lock = threading.Lock()
@@ -54,9 +58,9 @@ class FlakyProxy:
                         return
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(ERROR_503)))
+                    self.send_header("Content-Length", str(len(proxy.body)))
                     self.end_headers()
-                    self.wfile.write(ERROR_503)
+                    self.wfile.write(proxy.body)
                     return
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
                 conn.request(self.command, self.path, body=body, headers=dict(self.headers))
@@ -107,14 +111,14 @@ def test_flaky_store_is_retried_and_report_exact(s3, s3_small, small_ds, proxy):
 
 
 def test_transient_errors_only_l5dasks_own_retries_absorb(s3, s3_small, small_ds, proxy, monkeypatch):
-    """botocore retries nothing here (max_attempts 1) and s3fs does not retry a 503: each chunk GET
-    that fails once is saved by l5dask's own retry, and only by it."""
+    """botocore retries nothing here (max_attempts 1) and s3fs does not retry this 503 (it retries
+    only throttling messages): the failed GETs are saved by l5dask's own retries, and only by them."""
     import l5dask.store
 
     expected = {k: v for k, v in public(compute_report(small_ds)).items() if k != "dataset"}
     opts = _options(s3, proxy)
     opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
-    proxy.every, proxy.drops = 4, False
+    proxy.every, proxy.drops, proxy.body = 4, False, ERROR_503_PLAIN
     got = compute_report(s3_small, storage_options=opts)
     assert proxy.failures >= 5
     assert {k: v for k, v in public(got).items() if k != "dataset"} == expected
