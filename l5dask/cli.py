@@ -110,13 +110,14 @@ scheduler_option = click.option(
 )
 
 
-def _outputs(*paths: str | None) -> None:
-    """Check every output before any work: a missing folder fails now, not after the computation."""
+def _outputs(storage_options, *paths: str | None) -> None:
+    """Check every output before any work: a missing folder or bucket fails now, not after the
+    computation. Outputs on an object store use the same ``-o`` storage options as the dataset."""
     from .outputs import check_writable
 
     for p in paths:
         if p:
-            check_writable(p)
+            check_writable(p, _parse_storage_options(storage_options))
 
 
 def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
@@ -139,8 +140,8 @@ chunks_option = click.option(
 
 @main.command()
 @click.argument("dataset")
-@click.option("--output", "-O", "output", type=click.Path(dir_okay=False), help="write the report (JSON) here")
-@click.option("--scenes-table", type=click.Path(dir_okay=False), help="write the per-scene table (Parquet) here")
+@click.option("--output", "-O", "output", help="write the report (JSON) here: a path or an s3:// (fsspec) URL")
+@click.option("--scenes-table", help="write the per-scene table (Parquet) here: a path or a URL")
 @chunks_option
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 @scheduler_option
@@ -150,21 +151,21 @@ def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, sche
     """Compute the standard statistics report of DATASET in one parallel pass."""
     from .report import summary_text, write_json, write_scene_table
 
-    _outputs(output, scenes_table)
+    _outputs(storage_options, output, scenes_table)
     report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
+    options = _parse_storage_options(storage_options)
     if output:
-        write_json(report, output)
+        write_json(report, output, options)
     if scenes_table:
-        write_scene_table(report, scenes_table)
+        write_scene_table(report, scenes_table, options)
     click.echo(summary_text(report))
 
 
 @main.command()
 @click.argument("dataset")
-@click.option("--output", "-O", "output", required=True, type=click.Path(dir_okay=False),
-              help="write the HTML report here")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="also write the report (JSON) here")
-@click.option("--scenes-table", type=click.Path(dir_okay=False), help="also write the per-scene table (Parquet)")
+@click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
+@click.option("--json", "json_path", help="also write the report (JSON) here")
+@click.option("--scenes-table", help="also write the per-scene table (Parquet)")
 @chunks_option
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 @scheduler_option
@@ -175,14 +176,15 @@ def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet
     from .html import write_html
     from .report import write_json, write_scene_table
 
-    _outputs(output, json_path, scenes_table)
+    _outputs(storage_options, output, json_path, scenes_table)
     start = time.perf_counter()
     rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
-    write_html(rep, output, elapsed_s=time.perf_counter() - start)
+    options = _parse_storage_options(storage_options)
+    write_html(rep, output, elapsed_s=time.perf_counter() - start, storage_options=options)
     if json_path:
-        write_json(rep, json_path)
+        write_json(rep, json_path, options)
     if scenes_table:
-        write_scene_table(rep, scenes_table)
+        write_scene_table(rep, scenes_table, options)
     click.echo(f"wrote {output}")
 
 

@@ -98,7 +98,8 @@ def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
 """
 
 
-def write_html(report: dict[str, Any], path: str, elapsed_s: float | None = None) -> None:
+def write_html(report: dict[str, Any], path: str, elapsed_s: float | None = None,
+               storage_options: dict | None = None) -> None:
     """Write the page atomically (a failed run leaves no partial file)."""
     page = render(report, elapsed_s)
 
@@ -106,4 +107,4 @@ def write_html(report: dict[str, Any], path: str, elapsed_s: float | None = None
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(page)
 
-    atomic_write(path, write)
+    atomic_write(path, write, storage_options)

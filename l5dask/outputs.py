@@ -1,7 +1,10 @@
 """The one way l5dask writes an output file: checked before any work, written atomically.
 
-A run that fails, for any reason (bad data, a lost cluster, a full disk), leaves the previous
-file as it was and no partial file that looks complete.
+A local output is written to a temporary file beside it, then renamed into place. An output on
+an object store (``s3://...`` or any fsspec URL) is written to a local temporary file, then put
+as one object: object stores make an object visible only once it is whole. Either way a run that
+fails, for any reason (bad data, a lost cluster, a full disk), keeps the previous file as it was
+and leaves no partial file that looks complete.
 """
 
 from __future__ import annotations
@@ -9,13 +12,44 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from typing import Any
 
 from .errors import L5DaskError
 
 
-def check_writable(path: str) -> str:
-    """Fail now, in one line, if ``path`` cannot be written (before any computation); return it absolute."""
-    path = os.path.abspath(os.fspath(path))
+def _remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _fs(path: str, storage_options: dict[str, Any] | None):
+    from fsspec.core import url_to_fs
+
+    from .store import resolve_s3_options
+
+    options = dict(storage_options or {})
+    if path.startswith(("s3://", "s3a://")):
+        options = resolve_s3_options(options)
+    return url_to_fs(path, **options)
+
+
+def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> str:
+    """Fail now, in one line, if ``path`` cannot be written (before any computation); return it."""
+    path = os.fspath(path)
+    if _remote(path):
+        try:
+            fs, target = _fs(path, storage_options)
+            parent = target.rstrip("/").rsplit("/", 1)[0] if "/" in target.rstrip("/") else target
+            bucket = target.split("/", 1)[0]
+            if not fs.exists(bucket):
+                raise L5DaskError(f"{path}: the bucket {bucket!r} does not exist (or is not visible with these credentials)")
+            if fs.isfile(parent) and parent != bucket:
+                raise L5DaskError(f"{path}: {parent!r} is a file, not a prefix")
+        except L5DaskError:
+            raise
+        except (OSError, ValueError, ImportError) as exc:
+            raise L5DaskError(f"{path}: cannot write there: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}") from None
+        return path
+    path = os.path.abspath(path.removeprefix("file://"))
     folder = os.path.dirname(path)
     if os.path.isdir(path):
         raise L5DaskError(f"{path}: is a folder; give a file name")
@@ -27,21 +61,28 @@ def check_writable(path: str) -> str:
     return path
 
 
-def atomic_write(path: str, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp)`` on a temporary file beside ``path``, then rename it into place.
+def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[str, Any] | None = None) -> None:
+    """Call ``write(tmp)`` on a local temporary file, then move it into place at ``path`` whole.
 
     An error while writing (a full disk...) removes the temporary file, keeps any previous
     ``path``, and is raised as an :class:`~l5dask.errors.L5DaskError` that names ``path``.
     """
-    path = check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".partial", dir=os.path.dirname(path))
+    path = check_writable(path, storage_options)
+    remote = _remote(path)
+    folder = None if remote else os.path.dirname(path)
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
     os.close(fd)
     try:
         write(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
+        if remote:
+            fs, target = _fs(path, storage_options)
+            fs.put_file(tmp, target)  # one object, visible only once whole
+        else:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+            os.replace(tmp, path)
     except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -49,3 +90,6 @@ def atomic_write(path: str, write: Callable[[str], None]) -> None:
             raise L5DaskError(f"{path}: writing failed, the previous file (if any) is kept: "
                               f"{exc.strerror or exc}") from exc
         raise
+    finally:
+        if remote and os.path.exists(tmp):
+            os.unlink(tmp)

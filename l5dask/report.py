@@ -92,21 +92,21 @@ def public(report: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in report.items() if not k.startswith("_")}
 
 
-def write_json(report: dict[str, Any], path: str) -> None:
+def write_json(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
             json.dump(public(report), f, indent=1)
 
-    atomic_write(path, write)
+    atomic_write(path, write, storage_options)
 
 
-def write_scene_table(report: dict[str, Any], path: str) -> None:
+def write_scene_table(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
     """The per-scene table as Parquet (built from per-scene partials, never from the agents)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pa.table({k: np.asarray(v) for k, v in report["_scene_table"].items()})
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp), storage_options)
 
 
 def summary_rows(report: dict[str, Any]) -> tuple[list[str], list[str], list[tuple[str, int, float]], str]:

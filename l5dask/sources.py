@@ -5,6 +5,8 @@
   ``dask.bytes.read_bytes`` with a delimiter); ``start`` is the chunk's byte offset.
 - :class:`Files`: the files of a folder (lidar sweeps, images), one file a chunk; ``start``
   is the file's position in the sorted listing.
+- :class:`TableRows`: the rows of a table held in memory (a pyarrow Table, a pandas DataFrame,
+  a numpy array: anything with ``len`` and row slices), in chunks of ``chunk_rows`` rows.
 
 Both read through :class:`l5dask.store.Store`: local folders, zips, S3 and any fsspec URL,
 with its retries and its errors.
@@ -141,3 +143,46 @@ class Files:
 
     def __dask_tokenize__(self):
         return ("l5dask.Files", self.store.__dask_tokenize__(), tuple(self.keys))
+
+
+class TableRows:
+    """The rows of an in-memory table, in chunks of ``chunk_rows`` consecutive rows.
+
+    Slices are views where the table type allows (pyarrow, numpy, pandas' ``iloc``): a task
+    carries its table, so on a cluster keep such tables small (a parsed JSON table, an index).
+    """
+
+    def __init__(self, table: Any, chunk_rows: int = 100_000, name: str = "table") -> None:
+        if chunk_rows < 1:
+            raise ValueError("chunk_rows must be at least 1")
+        self.table, self.chunk_rows, self.name = table, int(chunk_rows), name
+        self._len = len(table)
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self._len // self.chunk_rows)
+
+    def chunk_bounds(self, index: int) -> tuple[int, int]:
+        return index * self.chunk_rows, min((index + 1) * self.chunk_rows, self._len)
+
+    def _rows(self, lo: int, hi: int) -> Any:
+        t = self.table
+        if hasattr(t, "iloc"):
+            return t.iloc[lo:hi]
+        if hasattr(t, "slice") and hasattr(t, "num_rows"):  # pyarrow
+            return t.slice(lo, hi - lo)
+        return t[lo:hi]
+
+    def iter_chunks(self, first: int, n: int) -> Iterator[tuple[int, Any]]:
+        for index in range(first, first + n):
+            lo, hi = self.chunk_bounds(index)
+            yield lo, self._rows(lo, hi)
+
+    def read(self, first: int, n: int) -> Any:
+        lo, hi = self.chunk_bounds(first)[0], self.chunk_bounds(first + n - 1)[1] if n else self.chunk_bounds(first)[0]
+        return self._rows(lo, hi)
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        return ("l5dask.TableRows", self.name, self.chunk_rows, tokenize(self.table))

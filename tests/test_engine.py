@@ -12,7 +12,7 @@ import l5dask
 from l5dask import engine
 from l5dask import format as fmt
 from l5dask.engine import Job, Link, Pass, Reduction, Rows
-from l5dask.sources import ByteRanges, Files
+from l5dask.sources import ByteRanges, Files, TableRows
 
 from .conftest import read_all
 
@@ -191,6 +191,28 @@ def test_files_of_a_folder_in_groups(tmp_path):
     want = [(i, int(n), int(np.frombuffer((tmp_path / f"sweep_{i:03d}.bin").read_bytes(), np.uint8).sum()))
             for i, n in enumerate(sizes)]
     assert got == want
+
+
+@pytest.mark.parametrize("kind", ["pyarrow", "pandas", "numpy"])
+def test_rows_of_a_table(kind):
+    """A toy reduction over the rows of an in-memory table: per-category sums, in row order."""
+    import pandas as pd
+    import pyarrow as pa
+
+    rng = np.random.default_rng(1)
+    cat, val = rng.integers(0, 5, 1003), rng.random(1003)
+    table = {"pyarrow": pa.table({"cat": cat, "val": val}), "pandas": pd.DataFrame({"cat": cat, "val": val}),
+             "numpy": np.rec.fromarrays([cat, val], names="cat,val")}[kind]
+
+    def sums(rows, start, parent):
+        c, v = np.asarray(rows["cat"]), np.asarray(rows["val"])
+        return [(start, len(c), np.bincount(c, weights=v, minlength=5))]
+
+    src = TableRows(table, chunk_rows=97)
+    assert src.nchunks == 11
+    parts = Job(chunks_per_task=2).compute([Pass(src, Reduction("sums", sums, _cat, list))])[0]
+    assert [(s, n) for s, n, _ in parts] == [(i * 97, min(97, 1003 - i * 97)) for i in range(11)]
+    np.testing.assert_allclose(sum(p for _, _, p in parts), np.bincount(cat, weights=val, minlength=5), rtol=1e-12)
 
 
 def test_files_from_s3(s3, tmp_path):

@@ -69,3 +69,44 @@ def test_synth_and_write_to_s3(s3, tmp_path):
     l5dask.write_dataset("s3://l5-out/copy.zarr", {n: ds[n].to_dask() for n in ds.arrays}, storage_options=opts)
     copy = l5dask.open_dataset("s3://l5-out/copy.zarr", storage_options=opts)
     np.testing.assert_array_equal(copy["agents"].to_dask().compute(), ref["agents"])
+
+
+def _s3_options(s3) -> list[str]:
+    return ["-o", f"key={s3.key}", "-o", f"secret={s3.secret}", "-o", f"client_kwargs.endpoint_url={s3.endpoint}",
+            "-o", "client_kwargs.region_name=us-east-1"]
+
+
+def test_outputs_to_s3_are_whole_objects(s3, s3_small, small_ds, tmp_path):
+    """A batch job writes its report and scene table straight to a bucket (one PUT each)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    s3.make_bucket("l5-out")
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", s3_small, "--quiet",
+                        "--output", "s3://l5-out/nightly/r.json", "--scenes-table", "s3://l5-out/nightly/s.parquet",
+                        *_s3_options(s3)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    local = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", small_ds, "--quiet", "--output", str(local)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    fs = s3.s3fs()
+    got, want = json.loads(fs.cat("l5-out/nightly/r.json")), json.loads(local.read_text())
+    assert {k: v for k, v in got.items() if k != "dataset"} == {k: v for k, v in want.items() if k != "dataset"}
+    with fs.open("l5-out/nightly/s.parquet", "rb") as f:
+        assert pq.read_table(f).num_rows == want["counts"]["scenes"]
+    assert [p for p in fs.ls("l5-out/nightly") if "partial" in p] == []
+
+
+def test_output_bucket_that_does_not_exist_fails_before_any_read(s3, small_ds, tmp_path):
+    import shutil
+
+    dest = tmp_path / "unreadable.zarr"
+    shutil.copytree(small_ds, dest)
+    for chunk in dest.glob("*/[0-9]*"):
+        chunk.write_bytes(b"not blosc")
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", str(dest), "--quiet",
+                        "--output", "s3://no-such-bucket/r.json", *_s3_options(s3)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "the bucket 'no-such-bucket' does not exist" in r.stderr and "chunk" not in r.stderr
