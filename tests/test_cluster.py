@@ -197,3 +197,24 @@ def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
         for p in (worker, scheduler):
             p.terminate()
             p.wait(15)
+
+
+def test_lazy_joins_compute_on_a_cluster(dask_cluster, small_ds):
+    """The joins' graphs are made at compute time on the client; their frames pass and child tasks
+    run on the workers (the persisted frame blocks stay there), and the values equal numpy."""
+    import dask
+    import numpy as np
+
+    from .conftest import read_all
+
+    ref = read_all(small_ds)
+    siv, fiv = ref["scenes"]["frame_index_interval"], ref["frames"]["agent_index_interval"]
+    frame_of_agent = np.repeat(np.arange(len(fiv)), fiv[:, 1] - fiv[:, 0])
+    scene_of_frame = np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0])
+    with Client(dask_cluster.address, set_as_default=True) as client:
+        view = l5dask.open_dataset(small_ds).joined("agents")
+        scene, ts = dask.compute(view.scene_index.data, view.timestamp.data)
+        ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    np.testing.assert_array_equal(scene, scene_of_frame[frame_of_agent])
+    np.testing.assert_array_equal(ts, ref["frames"]["timestamp"][frame_of_agent])
+    assert any(p.startswith("l5-frames-join-pass") for p in ran) and any(p.startswith("l5-join-agents") for p in ran)
