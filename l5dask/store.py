@@ -6,6 +6,7 @@ carry to the workers, so that workers read chunks straight from the store.
 
 from __future__ import annotations
 
+import errno
 import os
 import posixpath
 import time
@@ -20,10 +21,18 @@ from .errors import ChunkError, NotADatasetError, StoreError
 _RETRIES = 4
 
 
+#: errno values of store errors that may pass: s3fs maps 503 ServiceUnavailable and SlowDown to
+#: EBUSY and 500 InternalError to EREMOTEIO (their messages need not say the status code).
+_TRANSIENT_ERRNOS = {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED,
+                     getattr(errno, "EREMOTEIO", 121)}
+
+
 def _is_transient(exc: BaseException) -> bool:
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     name = type(exc).__name__
     text = str(exc)

@@ -128,6 +128,20 @@ def test_transient_errors_only_l5dasks_own_retries_absorb(s3, s3_small, small_ds
 
 
 def test_store_that_keeps_failing_names_the_object(s3, s3_small, proxy):
-    proxy.always = "/agents/2"
-    with pytest.raises(StoreError, match=r"reading 'agents/2' failed after \d+ attempt"):
-        compute_report(s3_small, storage_options=_options(s3, proxy))
+    proxy.always, proxy.body = "/agents/2", ERROR_503_PLAIN  # (s3fs and botocore retry nothing: quicker)
+    opts = _options(s3, proxy)
+    opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    with pytest.raises(StoreError, match=r"reading 'agents/2' failed after 5 attempt"):
+        compute_report(s3_small, storage_options=opts)
+
+
+def test_store_errors_that_may_pass_are_retried_whatever_their_message():
+    """s3fs turns a 503 into OSError(EBUSY, 'The service is unavailable.'): no status code in the text."""
+    import errno
+
+    from l5dask.store import _is_transient
+
+    assert _is_transient(OSError(errno.EBUSY, "The service is unavailable."))
+    assert _is_transient(OSError(121, "We encountered an internal error."))
+    assert not _is_transient(FileNotFoundError(errno.ENOENT, "no such key"))
+    assert not _is_transient(OSError(errno.EACCES, "Access Denied"))
