@@ -15,6 +15,7 @@ pass: computing several join coordinates together decodes each frame chunk once.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -74,13 +75,6 @@ def _frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str
     return Rows(offset, cols)
 
 
-def _frame_rows_task(starts, fields):
-    def rows(frames, offset, scenes):
-        return _frame_rows(frames, offset, scenes, starts, fields)
-
-    return rows
-
-
 def _take(lo: int, hi: int, start: str, column: str, rows: Rows | None, *blocks: Block) -> np.ndarray:
     """``column`` of the parent of each child row ``lo .. hi - 1``."""
     rows = rows if rows is not None else Rows.concat([b.rows for b in blocks])
@@ -121,7 +115,7 @@ class _FramesPass:
             child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
             intervals = {f: len(ds[c]) for c, f in child.items() if f in wanted[0]}
             spec = Pass(ds[fmt.FRAMES], parent=Link(scene_rows(scenes), "start"),
-                        rows=_frame_rows_task(*wanted), intervals=intervals, blocks=True, name="frames-join")
+                        rows=functools.partial(_frame_rows, starts=wanted[0], fields=wanted[1]), intervals=intervals, blocks=True, name="frames-join")
             (persisted,) = job.persist(spec)
             entries = {}
             for c in persisted.collections:

@@ -336,22 +336,14 @@ def frames_reduction(has_tl: bool, sample_scenes: np.ndarray) -> Reduction:
     """Frame partials, given the overlapping scene rows (:func:`scene_rows`)."""
     samples = np.asarray(sample_scenes, np.int64)
     return Reduction(f"frames-tl{int(has_tl)}-samples{'.'.join(map(str, samples.tolist()))}",
-                     functools.partial(_frame_chunk, has_tl=has_tl, sample_scenes=samples),
+                     functools.partial(FrameStats.chunk, has_tl=has_tl, sample_scenes=samples),
                      FrameStats.combine, FramePart)
-
-
-def _frame_chunk(frames, offset, scenes, has_tl, sample_scenes):
-    return FrameStats.chunk(frames, offset, scenes, has_tl, sample_scenes)
 
 
 def agents_reduction(nlabels: int) -> Reduction:
     """Agent partials, given the overlapping frame rows (:func:`frame_rows`)."""
-    return Reduction(f"agents-{nlabels}", functools.partial(_agent_chunk, nlabels=nlabels), AgentStats.combine,
+    return Reduction(f"agents-{nlabels}", functools.partial(AgentStats.chunk, nlabels=nlabels), AgentStats.combine,
                      functools.partial(_empty_agent_part, nlabels))
-
-
-def _agent_chunk(agents, lo, frames, nlabels):
-    return AgentStats.chunk(agents, lo, frames, nlabels)
 
 
 def _empty_agent_part(nlabels: int) -> AgentPart:

@@ -43,6 +43,13 @@ def _assert_partial(part, want) -> None:
         {s: n for s, n in inner.items() if n}
 
 
+def _assert_both_equal_numpy(rec: np.ndarray, converted: np.ndarray, frames: Rows) -> None:
+    """The records as they are and converted (other byte order or field types): numpy's partial."""
+    want = _numpy_agent_partial(rec, frames)
+    _assert_partial(AgentStats.chunk(rec, 0, frames), want)
+    _assert_partial(AgentStats.chunk(converted, 0, frames), want)
+
+
 def _agents(n: int, rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
     rec = np.zeros(n, fmt.DTYPES[fmt.AGENTS])
     rec["track_id"] = ids
@@ -110,10 +117,7 @@ def test_big_endian_records_give_the_same_partial():
     swapped = rec.astype(np.dtype([(f, rec.dtype.fields[f][0].newbyteorder(">")) for f in rec.dtype.names]))
     assert layout(rec, {"velocity": np.dtype(np.float32)})[0] is rec  # in place
     assert layout(swapped, {"velocity": np.dtype(np.float32)})[0].dtype["velocity"].base.isnative  # converted
-    frames = _frames([0, 700, 1500], rng.normal(0, 10, (3, 2)), [0, 0, 1])
-    want = _numpy_agent_partial(rec, frames)
-    _assert_partial(AgentStats.chunk(rec, 0, frames), want)
-    _assert_partial(AgentStats.chunk(swapped, 0, frames), want)
+    _assert_both_equal_numpy(rec, swapped, _frames([0, 700, 1500], rng.normal(0, 10, (3, 2)), [0, 0, 1]))
 
 
 def test_agents_with_other_field_types_give_the_same_partial():
@@ -125,10 +129,7 @@ def test_agents_with_other_field_types_give_the_same_partial():
                                 ("centroid", "<f4", (2,))])
     for f in other.dtype.names:
         other[f] = rec[f]
-    frames = _frames([0, 1000, 2200], rng.normal(0, 10, (3, 2)), [4, 5, 5])
-    want = _numpy_agent_partial(rec, frames)
-    _assert_partial(AgentStats.chunk(rec, 0, frames), want)
-    _assert_partial(AgentStats.chunk(other, 0, frames), want)
+    _assert_both_equal_numpy(rec, other, _frames([0, 1000, 2200], rng.normal(0, 10, (3, 2)), [4, 5, 5]))
 
 
 def test_agent_partial_with_label_ties_and_many_scenes():
