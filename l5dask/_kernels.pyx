@@ -9,7 +9,7 @@ through ``memcpy`` (rows of 116 bytes leave most doubles unaligned).
 import numpy as np
 
 from libc.math cimport sqrt
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
@@ -284,3 +284,63 @@ def union_sorted(const uint64_t[::1] a, const uint64_t[::1] b):
             j += 1
             k += 1
     return result[:k]
+
+
+def argmax_rows(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t ncols,
+                int8_t[::1] out):
+    """``out[i] = argmax(row i)`` of the ``float32[ncols]`` at ``off`` (first maximum, as numpy; ncols <= 127)."""
+    cdef Py_ssize_t i
+    if n == 0:
+        return
+    with nogil:
+        for i in range(n):
+            out[i] = <int8_t>l5_argmax_f32(&buf[0] + i * stride + off, ncols)
+
+
+def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1] count, double[::1] total,
+                 double[::1] lo, double[::1] hi, bint want_sum, bint want_min, bint want_max):
+    """Per group ``codes[i]``: add each value that is not NaN to ``count`` (and ``total``), and
+    take it into ``lo``/``hi`` (minimum, maximum): one pass over the rows, in place."""
+    cdef Py_ssize_t i, n = codes.shape[0]
+    cdef int64_t g
+    cdef double v
+    with nogil:
+        for i in range(n):
+            v = values[i]
+            if v != v:
+                continue
+            g = codes[i]
+            count[g] += 1
+            if want_sum:
+                total[g] += v
+            if want_min and not v >= lo[g]:
+                lo[g] = v
+            if want_max and not v <= hi[g]:
+                hi[g] = v
+
+
+def gather_fields(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, const int64_t[::1] offsets,
+                  const int64_t[::1] sizes, const int64_t[::1] dests, const int64_t[::1] argmax_offsets,
+                  const int64_t[::1] argmax_ncols, const int64_t[::1] argmax_dests):
+    """In one pass over the rows: copy the ``sizes[j]`` bytes at ``offsets[j]`` of each row to
+    row ``i`` of the contiguous output at address ``dests[j]``, and write the argmax (int8) of the
+    ``float32[argmax_ncols[j]]`` at ``argmax_offsets[j]`` to the output at ``argmax_dests[j]``."""
+    cdef Py_ssize_t i, j, k = offsets.shape[0], m = argmax_offsets.shape[0]
+    cdef const uint8_t* row
+    cdef uint8_t* out
+    if n == 0:
+        return
+    with nogil:
+        for i in range(n):
+            row = &buf[0] + i * stride
+            for j in range(k):
+                out = <uint8_t*><size_t>dests[j]
+                if sizes[j] == 8:
+                    memcpy(out + i * 8, row + offsets[j], 8)
+                elif sizes[j] == 4:
+                    memcpy(out + i * 4, row + offsets[j], 4)
+                else:
+                    memcpy(out + i * sizes[j], row + offsets[j], sizes[j])
+            for j in range(m):
+                out = <uint8_t*><size_t>argmax_dests[j]
+                out[i] = <uint8_t>l5_argmax_f32(row + argmax_offsets[j], argmax_ncols[j])

@@ -189,6 +189,57 @@ def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet
 
 
 @main.command()
+@click.argument("dataset")
+@click.option("--array", "-a", default="agents", show_default=True, help="agents, frames, scenes or tl_faces")
+@click.option("--by", "-b", default="", help="columns to group by, comma-separated (e.g. scene_index,label)")
+@click.option("--value", "-v", "values", multiple=True, required=True, metavar="COLUMN:REDUCTIONS",
+              help="a column and its reductions (repeatable), e.g. speed:mean,max,count or extent_length:q50,q99")
+@click.option("--where", "-w", default=None, help='keep rows where this holds, e.g. "distance_to_ego < 20"')
+@click.option("--output", "-O", "output", help="write the result here (.parquet or .csv; a path or an s3:// URL); "
+                                                "default: print it")
+@click.option("--max-groups", default=None, type=click.IntRange(1), help="refuse groupings that may make more groups "
+              "[default: 10,000,000]")
+@click.option("--quantile-bits", default=None, type=click.IntRange(0, 52),
+              help="mantissa bits of the quantile sketch (52: exact) [default: 12, relative error <= 1.2e-4]")
+@chunks_option
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
+@storage_option
+@_friendly
+def agg(dataset: str, array: str, by: str, values, where, output, max_groups, quantile_bits,
+        chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
+    """Group the rows of one array of DATASET and reduce columns, in one parallel pass.
+
+    Columns (an unknown one is refused with the list of those that exist): stored fields
+    (centroid_x, extent_length, velocity_y, track_id, one per label name...), derived (label,
+    speed, hour, num_agents...) and joins (scene_index, frame_index, timestamp, host, ego_x,
+    ego_y, distance_to_ego). Reductions: count, sum, mean, min, max, var, std, median, q<percent>.
+    """
+    from . import aggregate as agg_mod
+    from .cluster import connect
+    from .outputs import table_format, write_table
+
+    options = _parse_storage_options(storage_options)
+    if output:
+        table_format(output)
+    _outputs(storage_options, output)
+    values_map = agg_mod.parse_value_options(values)
+    kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
+    with connect(scheduler, quiet=True) as client:
+        result = agg_mod.aggregate(dataset, array, by=[b.strip() for b in by.split(",") if b.strip()],
+                                   values=values_map, where=where, storage_options=options,
+                                   chunks_per_task=chunks_per_task, client=client, progress=not quiet, **kw)
+    if output:
+        write_table(result, output, options)
+        click.echo(f"wrote {output}: {len(result):,} groups")
+    else:
+        import pandas as pd
+
+        with pd.option_context("display.max_rows", 60, "display.width", 200):
+            click.echo(result.to_string(index=False) if len(result) <= 60 else result)
+
+
+@main.command()
 @click.option("--scenes", default=200, show_default=True, type=click.IntRange(1),
               help="scenes to generate (200 is about 3.6 M agents)")
 @click.option("--out", default="l5dask-demo", show_default=True, type=click.Path(file_okay=False),

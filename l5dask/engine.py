@@ -134,8 +134,14 @@ class Rows:
         return Rows(self.offset + a, {k: v[a:b] for k, v in self.cols.items()})
 
     def locate(self, lo: int, hi: int, start: str) -> np.ndarray:
-        """Position (in these rows) of the parent of each child row in ``[lo, hi)``."""
-        return np.searchsorted(self.cols[start], np.arange(lo, hi), side="right") - 1
+        """Position (in these rows) of the parent of each child row in ``[lo, hi)``: the last row
+        whose first child row is at or before it (``searchsorted(..., side="right") - 1``)."""
+        starts = self.cols[start]
+        if not len(starts) or starts[0] > lo or hi <= lo:
+            return np.searchsorted(starts, np.arange(lo, hi), side="right") - 1
+        # the same, in one pass over the rows: each parent repeated over its rows in [lo, hi)
+        cuts = np.clip(starts, lo, hi)
+        return np.repeat(np.arange(len(starts), dtype=np.int64), np.diff(cuts, append=hi))
 
 
 class Block(NamedTuple):

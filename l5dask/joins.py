@@ -40,8 +40,11 @@ PARENT = {fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
 class Deferred(Mapping):
     """A graph layer made when it is first read (at compute time), not when it is declared."""
 
-    def __init__(self, build) -> None:
-        self._build, self._graph = build, None
+    def __init__(self, build, token: str | None = None) -> None:
+        self._build, self._graph, self._token = build, None, token
+
+    def __dask_tokenize__(self):
+        return ("l5dask.Deferred", self._token or id(self))
 
     def _materialized(self) -> dict:
         if self._graph is None:
@@ -61,17 +64,26 @@ class Deferred(Mapping):
         return key in self._materialized()
 
 
-def scene_rows(scenes: np.ndarray) -> Rows:
-    """The scenes as the frames' parent rows: each scene's frame interval (``start``, ``end``)."""
+def scene_rows(scenes: np.ndarray, hosts: tuple[str, ...] | None = None) -> Rows:
+    """The scenes as the frames' parent rows: each scene's frame interval (``start``, ``end``),
+    and with ``hosts`` (the sorted host names) each scene's host code (``host``)."""
     iv = scenes["frame_index_interval"].reshape(-1, 2)
-    return Rows(0, {"start": np.ascontiguousarray(iv[:, 0]), "end": np.ascontiguousarray(iv[:, 1])})
+    cols = {"start": np.ascontiguousarray(iv[:, 0]), "end": np.ascontiguousarray(iv[:, 1])}
+    if hosts is not None:
+        cols["host"] = np.searchsorted(np.asarray(hosts), scenes["host"]).astype(np.int32)
+    return Rows(0, cols)
 
 
-def _frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str, ...], fields: tuple[str, ...]) -> Rows:
-    """The join columns of a block of frames: each interval's start, the scene, asked-for fields."""
+def frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str, ...], fields: tuple[str, ...]) -> Rows:
+    """The join columns of a block of frames for their children: each interval's start (named
+    by its field), the scene, the scene's ``host`` code if asked (and the scene rows have it),
+    and the frame fields asked for."""
     cols = {f: np.ascontiguousarray(frames[f][:, 0]) for f in starts}
-    cols["scene"] = scenes.offset + scenes.locate(offset, offset + len(frames), "start")
-    cols.update({f: np.ascontiguousarray(frames[f]) for f in fields})
+    pos = scenes.locate(offset, offset + len(frames), "start")
+    cols["scene"] = scenes.offset + pos
+    if "host" in fields:
+        cols["host"] = scenes["host"][pos]
+    cols.update({f: np.ascontiguousarray(frames[f]) for f in fields if f != "host"})
     return Rows(offset, cols)
 
 
@@ -84,39 +96,51 @@ def _take(lo: int, hi: int, start: str, column: str, rows: Rows | None, *blocks:
     return rows[column][pos]
 
 
-class _FramesPass:
-    """The frames' rows for the joins of one dataset, made once per set of columns asked for."""
+class FramesPass:
+    """The frames' join rows for the children of one dataset (agents, faces), made once per set
+    of columns asked for: one pass over the frames (each chunk decoded once), persisted, its
+    intervals checked. The scenes are read whole once (their intervals checked)."""
 
-    def __init__(self, ds) -> None:
-        self.ds, self.starts, self.fields = ds, set(), set()
+    def __init__(self, ds, job: Job | None = None) -> None:
+        self.ds, self.job, self.starts, self.fields = ds, job, set(), set()
+        self.hosts: tuple[str, ...] | None = None
         self._done: tuple | None = None
         self._scenes: np.ndarray | None = None
 
     def scenes(self) -> np.ndarray:
         """The scenes, read whole once (in one task; their intervals checked)."""
         if self._scenes is None:
-            scenes = Job().read(self.ds[fmt.SCENES])
+            scenes = (self.job or Job()).read(self.ds[fmt.SCENES])
             check_intervals(scenes["frame_index_interval"].reshape(-1, 2), fmt.SCENES, "frame_index_interval",
                             len(self.ds[fmt.FRAMES]))
             self._scenes = scenes
         return self._scenes
 
-    def want(self, start: str, field: str | None) -> None:
+    def scene_rows(self) -> Rows:
+        return scene_rows(self.scenes(), self.hosts if "host" in self.fields else None)
+
+    def want(self, start: str, field: str | None = None) -> None:
+        """Child rows found by the interval field ``start``; a parent column ``field`` (a frame
+        field, or ``host`` with :attr:`hosts` set)."""
         self.starts.add(start)
-        if field is not None and field not in ("scene", "index"):
+        if field is not None and field not in ("scene", "index", start):
             self.fields.add(field)
+
+    def spec(self) -> Pass:
+        """The declared pass over the frames that keeps the rows asked for."""
+        ds = self.ds
+        starts, fields = tuple(sorted(self.starts)), tuple(sorted(self.fields))
+        child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
+        intervals = {f: len(ds[c]) for c, f in child.items() if f in starts}
+        return Pass(ds[fmt.FRAMES], parent=Link(self.scene_rows(), "start"),
+                    rows=functools.partial(frame_rows, starts=starts, fields=fields), intervals=intervals,
+                    blocks=True, name="frames-join")
 
     def run(self) -> tuple[Any, dict]:
         """The persisted pass (its intervals checked) and its graph entries, once per set of columns."""
         wanted = (tuple(sorted(self.starts)), tuple(sorted(self.fields)))
         if self._done is None or self._done[0] != wanted:
-            ds, job = self.ds, Job()
-            scenes = self.scenes()
-            child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
-            intervals = {f: len(ds[c]) for c, f in child.items() if f in wanted[0]}
-            spec = Pass(ds[fmt.FRAMES], parent=Link(scene_rows(scenes), "start"),
-                        rows=functools.partial(_frame_rows, starts=wanted[0], fields=wanted[1]), intervals=intervals, blocks=True, name="frames-join")
-            (persisted,) = job.persist(spec)
+            (persisted,) = (self.job or Job()).persist(self.spec())
             entries = {}
             for c in persisted.collections:
                 entries.update(dict(c.__dask_graph__()))
@@ -136,7 +160,7 @@ class Joins:
 
     def __init__(self, ds, chunks_per_task: int = 1) -> None:
         self.ds, self.chunks_per_task = ds, chunks_per_task
-        self._frames = _FramesPass(ds)
+        self._frames = FramesPass(ds)
 
     def column(self, child: str, column: str) -> da.Array:
         """``column`` of each child row's parent: ``"index"`` (the parent row), ``"scene"``, or a
@@ -224,3 +248,31 @@ def validate(ds) -> list[str]:
     problems: list[str] = []
     Job().persist(*specs, check=False, problems=problems)
     return problems
+
+
+def parent_frames(ds, selection, job: Job | None = None) -> FramesPass | None:
+    """The parent rows the columns of ``selection`` (:class:`l5dask.columns.Selection`) need,
+    declared: ``None`` when they need none; else a :class:`FramesPass` (for frames: only its
+    scene rows, in memory)."""
+    need = selection.parent
+    if not need:
+        return None
+    frames = FramesPass(ds, job)
+    hosts = [c.categories for c in selection.columns.values() if "host" in c.parent]
+    if hosts:
+        frames.hosts = tuple(hosts[0])
+    for p in need:
+        frames.want(selection.parent_start, p)
+    return frames
+
+
+def parent_link(ds, selection, job: Job) -> Link | None:
+    """How each chunk of ``selection``'s array gets its parent rows, ready to run: the scene rows
+    in memory (frames), or the frames pass persisted on the job's workers (agents, faces)."""
+    frames = parent_frames(ds, selection, job)
+    if frames is None:
+        return None
+    if selection.array == fmt.FRAMES:
+        return Link(frames.scene_rows(), "start")
+    persisted, _ = frames.run()
+    return persisted.link(selection.parent_start, selection.parent_start)

@@ -93,3 +93,39 @@ def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[
     finally:
         if remote and os.path.exists(tmp):
             os.unlink(tmp)
+
+
+#: Table formats :func:`write_table` writes, by file extension.
+TABLE_FORMATS = (".parquet", ".csv")
+
+
+def table_format(path: str) -> str:
+    """``.parquet`` or ``.csv``, from ``path``'s extension (else a clear error, before any work)."""
+    ext = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
+    if ext not in TABLE_FORMATS:
+        raise L5DaskError(f"{path}: unknown table format {ext or '(no extension)'!r}; name the file "
+                          f"{' or '.join('*' + e for e in TABLE_FORMATS)}")
+    return ext
+
+
+def write_table(table: Any, path: str, storage_options: dict[str, Any] | None = None, ext: str | None = None) -> None:
+    """A table (a pandas DataFrame, a dict of arrays or a pyarrow Table) written atomically as
+    Parquet or CSV (``ext``, else chosen by ``path``'s extension)."""
+    import pyarrow as pa
+
+    ext = ext or table_format(path)
+    if not isinstance(table, pa.Table):
+        table = pa.Table.from_pandas(table, preserve_index=False) if hasattr(table, "to_numpy") else \
+            pa.table(dict(table))
+
+    def write(tmp: str) -> None:
+        if ext == ".parquet":
+            import pyarrow.parquet as pq
+
+            pq.write_table(table, tmp)
+        else:
+            import pyarrow.csv as pc
+
+            pc.write_csv(table, tmp)
+
+    atomic_write(path, write, storage_options)

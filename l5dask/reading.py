@@ -282,6 +282,14 @@ class L5Dataset:
 
         return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name))
 
+    def to_dask_dataframe(self, array: str = "agents", columns: Sequence[str] | None = None,
+                          joins: Sequence[str] = (), chunks_per_task: int | None = None):
+        """One array as a dask DataFrame with named (and join) columns; see
+        :func:`l5dask.dataframe.to_dask_dataframe`."""
+        from .dataframe import to_dask_dataframe
+
+        return to_dask_dataframe(self, array, columns=columns, joins=joins, chunks_per_task=chunks_per_task)
+
     def to_datatree(self):
         """The whole dataset as one :class:`xarray.DataTree`, a node per array."""
         from .xr import dataset_to_datatree

@@ -12,7 +12,7 @@ from . import format as fmt
 from .cluster import scheduler_address
 from .engine import Job, Link, Pass
 from .intervals import check_intervals
-from .outputs import atomic_write
+from .outputs import atomic_write, write_table
 from .reading import L5Dataset, open_dataset
 from .joins import scene_rows
 from .stats import TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
@@ -102,11 +102,7 @@ def write_json(report: dict[str, Any], path: str, storage_options: dict | None =
 
 def write_scene_table(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
     """The per-scene table as Parquet (built from per-scene partials, never from the agents)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    table = pa.table({k: np.asarray(v) for k, v in report["_scene_table"].items()})
-    atomic_write(path, lambda tmp: pq.write_table(table, tmp), storage_options)
+    write_table({k: np.asarray(v) for k, v in report["_scene_table"].items()}, path, storage_options, ".parquet")
 
 
 def summary_rows(report: dict[str, Any]) -> tuple[list[str], list[str], list[tuple[str, int, float]], str]:

@@ -1,0 +1,413 @@
+"""Named columns of each stored array: its fields flattened, derived values, and join columns.
+
+One catalogue (:class:`Table`) per array of a dataset, shared by the dataframe view
+(:func:`l5dask.frame.to_dask_dataframe`), the declarative aggregations
+(:func:`l5dask.aggregate.aggregate`) and the CLI. A column is computed per stored chunk from
+the chunk's records (decoded once, only the fields asked for copied out) and, for join
+columns, from the rows of the parent array that overlap the chunk (the engine's
+:class:`~l5dask.engine.Rows`):
+
+- **stored**: one column per field, subarray fields one column per element: ``centroid_x``,
+  ``extent_length``, ``velocity_y``, ``frame_index_start``/``_end`` for intervals, ``ego_x``,
+  ``ego_rotation_xy``; probability fields one column per class (the 17 label names, the three
+  traffic-light face statuses);
+- **derived**: ``label`` and ``status`` (the argmax, categorical, numpy's first-maximum rule),
+  ``speed`` (``sqrt(vx² + vy²)`` in float64, as the report), ``num_agents``/``num_frames``/
+  ``num_tl_faces`` (interval lengths), ``hour`` (UTC hour of day of the timestamp);
+- **join**: ``frame_index``, ``scene_index``, ``timestamp``, ``host`` (categorical), ``ego_x``,
+  ``ego_y`` of each row's frame or scene; ``distance_to_ego`` (from the centroid and its frame's
+  ego position, as the report) and ``hour`` need them too.
+
+Each table's row index is a column too: ``scene_index`` (scenes), ``frame_index`` (frames),
+``agent_index``, ``tl_face_index``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import format as fmt
+from .engine import Rows
+from .errors import L5DaskError
+
+#: The row index column of each array.
+INDEX = {fmt.SCENES: "scene_index", fmt.FRAMES: "frame_index", fmt.AGENTS: "agent_index",
+         fmt.TL_FACES: "tl_face_index"}
+#: The interval field of each child's parent, and the parent.
+PARENT = {fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
+          fmt.AGENTS: (fmt.FRAMES, "agent_index_interval"),
+          fmt.TL_FACES: (fmt.FRAMES, "traffic_light_faces_index_interval")}
+#: Short names of subarray fields' columns (others: ``{field}_{element}``).
+PREFIX = {"ego_translation": "ego", "frame_index_interval": "frame_index",
+          "agent_index_interval": "agent_index", "traffic_light_faces_index_interval": "tl_face_index"}
+NS_PER_HOUR = 3_600_000_000_000
+
+
+@dataclass(frozen=True)
+class Column:
+    """One named column: how a chunk makes it, what it needs."""
+
+    name: str
+    kind: str  # "index", "stored", "derived", "join"
+    dtype: np.dtype
+    make: Callable[[Chunk], np.ndarray]
+    fields: tuple[str, ...] = ()  # stored fields read
+    parent: tuple[str, ...] = ()  # parent row columns needed ("scene", "host", frame fields)
+    needs: tuple[str, ...] = ()  # other columns it is computed from
+    categories: tuple[str, ...] | None = None  # categorical: values are codes into these
+    element: tuple[str, tuple[int, ...]] | None = None  # a stored number: (field, index in the field)
+    argmax: str | None = None  # the argmax of this (float32) field
+
+    @property
+    def categorical(self) -> bool:
+        return self.categories is not None
+
+
+class Chunk:
+    """The columns of one chunk of rows ``start .. start + len(data) - 1``, computed on demand
+    (each once) from its records and the parent rows that overlap it."""
+
+    def __init__(self, columns: dict[str, Column], data: np.ndarray, start: int, parent: Rows | None,
+                 parent_start: str = "start") -> None:
+        self.columns, self.data, self.start, self.parent = columns, data, start, parent
+        self.parent_start = parent_start
+        self._cols: dict[str, np.ndarray] = {}
+        self._pos: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        col = self._cols.get(name)
+        if col is None:
+            col = self._cols[name] = self.columns[name].make(self)
+        return col
+
+    def gathered(self, name: str) -> np.ndarray:
+        """A stored number or an argmax: made with every other one the columns use, in one pass
+        over the records (:func:`l5dask.kernels.gather`)."""
+        if name not in self._cols:
+            self._gather()
+        return self._cols[name]
+
+    def _gather(self) -> None:
+        from .kernels import gather
+
+        wanted = [c for c in self.columns.values() if c.element is not None and c.name not in self._cols]
+        maxed = [c for c in self.columns.values() if c.argmax is not None and c.name not in self._cols]
+        values, maxes = gather(self.data, [c.element for c in wanted], [c.argmax for c in maxed])
+        self._cols.update(zip([c.name for c in wanted], values))
+        self._cols.update(zip([c.name for c in maxed], maxes))
+
+    @property
+    def pos(self) -> np.ndarray:
+        """Position, in the parent rows, of each row's parent."""
+        if self._pos is None:
+            self._pos = self.parent.locate(self.start, self.start + len(self.data), self.parent_start)
+        return self._pos
+
+
+# --- column makers (module level: they travel in tasks) -----------------------------------
+def _index(c: Chunk) -> np.ndarray:
+    return np.arange(c.start, c.start + len(c), dtype=np.int64)
+
+
+def _field(name: str, index: tuple, dtype: np.dtype, c: Chunk) -> np.ndarray:
+    return np.array(c.data[name][(slice(None), *index)], dtype=dtype)
+
+
+def _gathered(name: str, c: Chunk) -> np.ndarray:
+    return c.gathered(name)
+
+
+def _codes(name: str, categories: tuple[str, ...], c: Chunk) -> np.ndarray:
+    values = c.data[name]
+    cats = np.asarray(categories)
+    codes = np.searchsorted(cats, values)
+    codes[codes == len(cats)] = 0
+    if not np.array_equal(cats[codes], values):
+        raise L5DaskError(f"{name}: values that are not among the {len(cats)} categories found first")
+    return codes.astype(np.int32)
+
+
+def _speed(c: Chunk) -> np.ndarray:
+    vx, vy = c["velocity_x"].astype(np.float64), c["velocity_y"].astype(np.float64)
+    return np.sqrt(vx * vx + vy * vy)
+
+
+def _length(name: str, c: Chunk) -> np.ndarray:
+    iv = c.data[name]
+    return (iv[:, 1] - iv[:, 0]).astype(np.int64)
+
+
+def _hour(c: Chunk) -> np.ndarray:
+    return ((c["timestamp"] // NS_PER_HOUR) % 24).astype(np.int8)
+
+
+def _distance(c: Chunk) -> np.ndarray:
+    dx, dy = c["centroid_x"] - c["ego_x"], c["centroid_y"] - c["ego_y"]
+    return np.sqrt(dx * dx + dy * dy)
+
+
+def _parent_index(c: Chunk) -> np.ndarray:
+    return c.parent.offset + c.pos
+
+
+def _parent_col(name: str, index: tuple, dtype: np.dtype, c: Chunk) -> np.ndarray:
+    col = c.parent[name]
+    return np.asarray(col[(slice(None), *index)].take(c.pos) if index else col.take(c.pos), dtype=dtype)
+
+
+def _partial(func, *args):
+    import functools
+
+    return functools.partial(func, *args)
+
+
+# --- the catalogue --------------------------------------------------------------------------
+def element_names(name: str, shape: tuple[int, ...], labels: tuple[str, ...]) -> list[tuple[str, tuple]]:
+    """``(column name, index)`` of each element of a subarray field."""
+    if name == "label_probabilities":
+        return [(label, (i,)) for i, label in enumerate(labels)]
+    if name == "traffic_light_face_status":
+        return [(s, (i,)) for i, s in enumerate(fmt.TL_FACE_STATUSES)]
+    known = fmt.FIELD_DIMS.get(name)
+    prefix = PREFIX.get(name, name)
+    if known and all(c is not None for c in known[1]) and len(known[1]) == len(shape):
+        import itertools
+
+        return [(f"{prefix}_{''.join(parts)}", idx) for idx, parts in
+                zip(itertools.product(*(range(n) for n in shape)), itertools.product(*known[1]))]
+    import itertools
+
+    return [(f"{prefix}_{'_'.join(map(str, idx))}", idx) for idx in itertools.product(*(range(n) for n in shape))]
+
+
+@dataclass
+class Table:
+    """The columns of one array of a dataset (see the module's docstring).
+
+    Parameters
+    ----------
+    ds : L5Dataset
+    array : str
+        ``agents``, ``frames``, ``scenes``, ``tl_faces`` (or the stored names).
+    hosts : sequence of str, optional
+        The host names (categories of ``host``); read from the scenes when first needed.
+    """
+
+    ds: Any
+    array: str
+    hosts: tuple[str, ...] | None = None
+    columns: dict[str, Column] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.array = {v: k for k, v in fmt.SHORT_NAMES.items()}.get(self.array, self.array)
+        if self.array not in fmt.ARRAY_NAMES:
+            raise L5DaskError(f"unknown array {self.array!r}; the arrays are "
+                              f"{', '.join(fmt.SHORT_NAMES[n] for n in fmt.ARRAY_NAMES)}")
+        self.source = self.ds[self.array]
+        self._build()
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        return ("l5dask.Table", tokenize(self.source), self.hosts)
+
+    # -- building -----------------------------------------------------------------------------
+    def _add(self, col: Column) -> None:
+        self.columns.setdefault(col.name, col)
+
+    @staticmethod
+    def _stored(col: str, name: str, idx: tuple, dtype: np.dtype) -> Column:
+        if dtype.kind in "biuf":  # numbers: gathered together in one pass over the records
+            return Column(col, "stored", dtype, _partial(_gathered, col), fields=(name,), element=(name, idx))
+        return Column(col, "stored", dtype, _partial(_field, name, idx, dtype), fields=(name,))
+
+    def _build(self) -> None:
+        a, dtype = self.array, self.source.dtype
+        self._add(Column(INDEX[a], "index", np.dtype(np.int64), _index))
+        for name in dtype.names:
+            sub = dtype.fields[name][0]
+            if sub.kind == "U" and name == "host":
+                self._add(Column("host", "stored", np.dtype(np.int32), _partial(_codes, "host", self._hosts()),
+                                 fields=("host",), categories=self._hosts()))
+            elif sub.shape:
+                for col, idx in element_names(name, sub.shape, self.ds.labels):
+                    self._add(self._stored(col, name, idx, sub.base))
+            else:
+                self._add(self._stored(name, name, (), sub))
+        names = dtype.names
+        if "label_probabilities" in names:
+            self._add(Column("label", "derived", np.dtype(np.int8), _partial(_gathered, "label"),
+                             fields=("label_probabilities",), categories=tuple(self.ds.labels),
+                             argmax="label_probabilities"))
+        if "traffic_light_face_status" in names:
+            self._add(Column("status", "derived", np.dtype(np.int8), _partial(_gathered, "status"),
+                             fields=("traffic_light_face_status",), categories=tuple(fmt.TL_FACE_STATUSES),
+                             argmax="traffic_light_face_status"))
+        if "velocity" in names:
+            self._add(Column("speed", "derived", np.dtype(np.float64), _speed, needs=("velocity_x", "velocity_y")))
+        for fld, col in (("frame_index_interval", "num_frames"), ("agent_index_interval", "num_agents"),
+                         ("traffic_light_faces_index_interval", "num_tl_faces")):
+            if fld in names:
+                self._add(Column(col, "derived", np.dtype(np.int64), _partial(_length, fld), fields=(fld,)))
+        # joins
+        if a == fmt.FRAMES:
+            self._add(Column("scene_index", "join", np.dtype(np.int64), _parent_index, parent=("start",)))
+            self._add(Column("host", "join", np.dtype(np.int32), _partial(_parent_col, "host", (), np.int32),
+                             parent=("host",), categories=self._hosts()))
+        elif a in (fmt.AGENTS, fmt.TL_FACES):
+            i64, f8 = np.dtype(np.int64), np.dtype(np.float64)
+            self._add(Column("frame_index", "join", i64, _parent_index, parent=(self.parent_start,)))
+            self._add(Column("scene_index", "join", i64, _partial(_parent_col, "scene", (), i64), parent=("scene",)))
+            self._add(Column("timestamp", "join", i64, _partial(_parent_col, "timestamp", (), i64),
+                             parent=("timestamp",)))
+            self._add(Column("host", "join", np.dtype(np.int32), _partial(_parent_col, "host", (), np.int32),
+                             parent=("host",), categories=self._hosts()))
+            for i, axis in enumerate("xy"):
+                self._add(Column(f"ego_{axis}", "join", f8, _partial(_parent_col, "ego_translation", (i,), f8),
+                                 parent=("ego_translation",)))
+            if "centroid" in names:
+                self._add(Column("distance_to_ego", "derived", f8, _distance,
+                                 needs=("centroid_x", "centroid_y", "ego_x", "ego_y")))
+        if "timestamp" in self.columns:
+            self._add(Column("hour", "derived", np.dtype(np.int8), _hour, needs=("timestamp",)))
+
+    @property
+    def parent_start(self) -> str:
+        """The parent rows' column that holds each parent's first row of this array."""
+        return PARENT[self.array][1] if self.array in (fmt.AGENTS, fmt.TL_FACES) else "start"
+
+    def _hosts(self) -> _LazyHosts:
+        return _LazyHosts(self)
+
+    def host_names(self) -> tuple[str, ...]:
+        """The distinct hosts of the dataset's scenes, sorted (read once, in one task)."""
+        if self.hosts is None:
+            from .engine import Job
+
+            scenes = Job().read(self.ds[fmt.SCENES])
+            self.hosts = tuple(np.unique(scenes["host"]).tolist())
+        return self.hosts
+
+    # -- using ------------------------------------------------------------------------------
+    @property
+    def names(self) -> list[str]:
+        return list(self.columns)
+
+    def resolve(self, names: Iterable[str], what: str = "column") -> list[str]:
+        """``names`` checked: an unknown one raises an error naming those that exist."""
+        names = list(names)
+        unknown = [n for n in names if n not in self.columns]
+        if unknown:
+            raise L5DaskError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                              f"for {fmt.SHORT_NAMES[self.array]}; the columns are: {', '.join(self.columns)}")
+        return names
+
+    def closure(self, names: Iterable[str]) -> list[Column]:
+        """The columns ``names`` and every column they are computed from."""
+        seen: dict[str, Column] = {}
+
+        def visit(n: str) -> None:
+            if n not in seen:
+                col = self.columns[n]
+                for d in col.needs:
+                    visit(d)
+                seen[n] = col
+
+        for n in self.resolve(names):
+            visit(n)
+        return list(seen.values())
+
+    def fields(self, names: Iterable[str]) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for c in self.closure(names) for f in c.fields))
+
+    def parent_columns(self, names: Iterable[str]) -> tuple[str, ...]:
+        """The parent row columns the columns ``names`` need (empty: no parent pass)."""
+        return tuple(sorted({p for c in self.closure(names) for p in c.parent}))
+
+    def categories(self, name: str) -> tuple[str, ...] | None:
+        cats = self.columns[name].categories
+        return tuple(cats) if cats is not None else None
+
+    def select(self, names: Iterable[str]) -> Selection:
+        """What tasks carry to make the columns ``names``: those columns and what they need
+        (host categories resolved: the scenes are read once, only when a host column is used)."""
+        names = tuple(dict.fromkeys(self.resolve(names)))
+        cols = {}
+        for c in self.closure(names):
+            if isinstance(c.categories, _LazyHosts):
+                hosts = self.host_names()
+                make = c.make
+                if c.kind == "stored":
+                    make = _partial(_codes, "host", hosts)
+                c = Column(c.name, c.kind, c.dtype, make, c.fields, c.parent, c.needs, hosts, c.element, c.argmax)
+            cols[c.name] = c
+        return Selection(self.array, self.source, names, cols, self.parent_start)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Some columns of one array, ready to be made per chunk (this travels in tasks)."""
+
+    array: str
+    source: Any
+    names: tuple[str, ...]
+    columns: dict[str, Column]
+    parent_start: str = "start"
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        cats = {n: c.categories for n, c in self.columns.items() if c.categories is not None}
+        return ("l5dask.Selection", tokenize(self.source), self.names, tokenize(cats))
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f for c in self.columns.values() for f in c.fields))
+
+    @property
+    def parent(self) -> tuple[str, ...]:
+        """The parent row columns needed (empty: no parent pass)."""
+        return tuple(sorted({p for c in self.columns.values() for p in c.parent}))
+
+    def chunk(self, data: np.ndarray, start: int, parent: Rows | None) -> Chunk:
+        return Chunk(self.columns, data, start, parent, self.parent_start)
+
+    def arrays(self, data: np.ndarray, start: int, parent: Rows | None) -> dict[str, np.ndarray]:
+        """The selected columns of one chunk."""
+        c = self.chunk(data, start, parent)
+        return {n: c[n] for n in self.names}
+
+    def empty(self) -> dict[str, np.ndarray]:
+        return {n: np.zeros(0, self.columns[n].dtype) for n in self.names}
+
+
+class _LazyHosts(Sequence):
+    """The host categories, read from the scenes only when a host column is used."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    def _names(self) -> tuple[str, ...]:
+        return self.table.host_names()
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __iter__(self):
+        return iter(self._names())
+
+    def __reduce__(self):  # travels as the names themselves
+        return (tuple, (self._names(),))
+
+    def __dask_tokenize__(self):
+        return ("l5dask.hosts", self._names())

@@ -1,0 +1,117 @@
+"""Each stored array as a dask DataFrame, with join columns: ``ds.to_dask_dataframe(...)``.
+
+One partition per task of stored chunks (sized as the engine sizes a pass), known divisions
+(the row index), the columns of :mod:`l5dask.columns`. Building the DataFrame reads nothing
+(except the scenes' host names when a ``host`` column is asked for: they are its categories).
+Its graph is made when it is computed: join columns come from the parent's rows, one pass over
+the frames (persisted, each chunk decoded once) whose blocks go to only the partitions they
+overlap, as the report does; each partition decodes each of its stored chunks once and copies
+out only the fields its columns need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from dask.base import tokenize
+from dask.task_spec import Task, TaskRef
+
+from . import format as fmt
+from .columns import INDEX, Selection, Table
+from .engine import Block, Job, Pass, Rows
+from .errors import L5DaskError
+from .joins import Deferred, parent_frames
+
+
+def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], index: np.ndarray) -> pd.DataFrame:
+    """A pandas DataFrame of made columns: categoricals decoded, the row index named."""
+    data = {}
+    for name in selection.names:
+        col = selection.columns[name]
+        values = cols[name]
+        data[name] = pd.Categorical.from_codes(values, categories=list(col.categories)) if col.categorical else values
+    return pd.DataFrame(data, index=pd.Index(index, name=INDEX[selection.array]))
+
+
+def _partition(selection: Selection, first: int, n: int, rows: Rows | None, *blocks: Block) -> pd.DataFrame:
+    """One partition: stored chunks ``first .. first + n - 1``, each decoded once."""
+    source = selection.source
+    parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
+    parts = [selection.arrays(data, start, parent) for start, data in source.iter_chunks(first, n)]
+    cols = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in selection.names} \
+        if parts else selection.empty()
+    lo, hi = source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1]
+    return pandas_frame(selection, cols, np.arange(lo, hi, dtype=np.int64))
+
+
+def default_columns(table: Table) -> list[str]:
+    """The stored fields' columns (no derived or join columns: those are asked for)."""
+    return [n for n, c in table.columns.items() if c.kind == "stored"]
+
+
+def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None = None, joins: Sequence[str] = (),
+                      chunks_per_task: int | None = None):
+    """A dask DataFrame of one array of ``ds``, its row index as the index (known divisions).
+
+    Parameters
+    ----------
+    ds : L5Dataset
+    array : str
+        ``agents``, ``frames``, ``scenes`` or ``tl_faces``.
+    columns : sequence of str, optional
+        Any columns of :mod:`l5dask.columns` (stored, derived, join); default: the stored fields'.
+    joins : sequence of str
+        Join columns to add (``scene_index``, ``frame_index``, ``timestamp``, ``host``,
+        ``ego_x``, ``ego_y``...); also accepted in ``columns``.
+    chunks_per_task : int, optional
+        Stored chunks per partition (default: sized by the engine for local threads).
+    """
+    import dask.dataframe as dd
+
+    table = Table(ds, array)
+    joins = list(joins)
+    table.resolve(joins, "join")
+    not_joins = [j for j in joins if not table.parent_columns([j])]
+    if not_joins:
+        join_names = [n for n in table.columns if table.parent_columns([n])]
+        raise L5DaskError(f"not a join column of {fmt.SHORT_NAMES[table.array]}: {', '.join(not_joins)}; the join "
+                          f"columns are: {', '.join(join_names) or 'none (scenes have no parent)'}")
+    names = (list(columns) if columns is not None else default_columns(table)) + joins
+    index = INDEX[table.array]
+    names = [n for n in dict.fromkeys(names) if n != index]
+    selection = table.select(names)
+    source = selection.source
+    groups = Job(chunks_per_task=chunks_per_task).groups(Pass(source), guided=False)
+    meta = pandas_frame(selection, selection.empty(), np.zeros(0, np.int64))
+    if not groups:
+        return dd.from_pandas(meta, npartitions=1)
+    bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]]
+    divisions = tuple(bounds[:-1]) + (bounds[-1] - 1,)
+    token = tokenize(selection, groups)
+    name = f"l5-df-{fmt.SHORT_NAMES[table.array]}-{token}"
+    keys = [(name, i) for i in range(len(groups))]
+
+    def build() -> dict:
+        graph: dict[Any, Any] = {}
+        frames = parent_frames(ds, selection)
+        if frames is None:
+            for key, (first, n) in zip(keys, groups):
+                graph[key] = Task(key, _partition, selection, first, n, None)
+        elif table.array == fmt.FRAMES:
+            rows = frames.scene_rows()
+            for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
+                graph[key] = Task(key, _partition, selection, first, n, rows.overlapping(lo, hi, "start"))
+        else:
+            persisted, entries = frames.run()
+            graph.update(entries)
+            starts, ends, nrows = persisted.child_range(selection.parent_start)
+            for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
+                overlap = np.flatnonzero((nrows > 0) & (starts < hi) & (ends > lo))
+                graph[key] = Task(key, _partition, selection, first, n, None,
+                                  *[TaskRef(persisted.keys[k]) for k in overlap])
+        return graph
+
+    return dd.from_graph(Deferred(build, token=name), meta, divisions, keys, f"l5-df-{fmt.SHORT_NAMES[table.array]}")
