@@ -331,31 +331,40 @@ def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarra
 
 
 def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
-    """The partial of one stored chunk (or block) of rows."""
+    """The partial of one stored chunk (or block) of rows: its columns made, then grouped."""
     c = spec.selection.chunk(data, start, parent)
     keep = None
     if spec.where is not None:
         cats = {n: col.categories for n, col in spec.selection.columns.items() if col.categorical}
         keep = evaluate_where(spec.where, c, cats)
-        if keep.all():
-            keep = None
-    n = len(c) if keep is None else int(keep.sum())
+    return group_part([c[b] for b in spec.by], {name: c[name] for name, _ in spec.values},
+                      {name: spec.stats(name) for name, _ in spec.values}, spec.quantile_bits, keep)
 
-    def col(name: str) -> np.ndarray:
-        v = c[name]
-        return v if keep is None else v[keep]
 
-    codes, ngroups, table = encode([col(b).astype(np.int64, copy=False) for b in spec.by], n)
+def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dict[str, set[str]],
+               quantile_bits: int = QUANTILE_BITS, keep: np.ndarray | None = None) -> GroupPart:
+    """The partial of some rows: grouped by ``keys`` (integer columns), each value column reduced
+    to the statistics it ``needs``; rows where ``keep`` is False left out."""
+    n = len(keys[0]) if keys else len(next(iter(values.values())))
+    if keep is not None and keep.all():
+        keep = None
+    codes, ngroups, table = encode([k.astype(np.int64, copy=False) for k in keys], n)
+    if keep is not None:  # the rows left out go to one more group, dropped below
+        codes[~keep] = ngroups
+        table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])
+        ngroups += 1
     rows = np.bincount(codes, minlength=ngroups)
     present = rows > 0
+    if keep is not None:
+        present[-1] = False
     dense = not present.all()
     remap = np.cumsum(present) - 1 if dense else None
     part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
     from .kernels import group_reduce
 
-    for name, _ in spec.values:
-        need = spec.stats(name)
-        v = col(name).astype(np.float64, copy=False)
+    for name, v in values.items():
+        need = needs[name]
+        v = v.astype(np.float64, copy=False)
         stats = {}
         if need & {"n", "sum", "min", "max", "m2"}:
             count, total, lo, hi = group_reduce(codes, v, ngroups, sums="sum" in need or "m2" in need,
@@ -372,11 +381,11 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
                 dev = v - mean[codes]
                 dev[np.isnan(dev)] = 0.0
                 stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
-        part.stats[name] = {k: (a[present] if dense else a) for k, a in stats.items() if k in need or k == "n"}
+        part.stats[name] = {k: (a[present] if dense else a) for k, a in stats.items()}
         if "sketch" in need:
-            ok = ~np.isnan(v)
+            ok = ~np.isnan(v) if keep is None else ~np.isnan(v) & keep
             g = codes if ok.all() else codes[ok]
-            part.sketches[name] = _sketch(remap[g] if dense else g, v if ok.all() else v[ok], spec.quantile_bits)
+            part.sketches[name] = _sketch(remap[g] if dense else g, v if ok.all() else v[ok], quantile_bits)
     return part
 
 

@@ -144,13 +144,28 @@ def _length(name: str, c: Chunk) -> np.ndarray:
     return (iv[:, 1] - iv[:, 0]).astype(np.int64)
 
 
+def hour_of_day(timestamp: np.ndarray) -> np.ndarray:
+    """UTC hour of day (int8) of timestamps in nanoseconds since the epoch."""
+    return ((timestamp // NS_PER_HOUR) % 24).astype(np.int8)
+
+
 def _hour(c: Chunk) -> np.ndarray:
-    return ((c["timestamp"] // NS_PER_HOUR) % 24).astype(np.int8)
+    return hour_of_day(c["timestamp"])
+
+
+def _parent_hour(c: Chunk) -> np.ndarray:
+    """The hour of each row's frame: computed per frame, then taken per row."""
+    return hour_of_day(c.parent["timestamp"]).take(c.pos)
 
 
 def _distance(c: Chunk) -> np.ndarray:
-    dx, dy = c["centroid_x"] - c["ego_x"], c["centroid_y"] - c["ego_y"]
-    return np.sqrt(dx * dx + dy * dy)
+    """``sqrt(dx * dx + dy * dy)`` in float64, as the report (in place: no temporaries)."""
+    dx = np.subtract(c["centroid_x"], c["ego_x"])
+    dy = np.subtract(c["centroid_y"], c["ego_y"])
+    dx *= dx
+    dy *= dy
+    dx += dy
+    return np.sqrt(dx, out=dx)
 
 
 def _parent_index(c: Chunk) -> np.ndarray:
@@ -276,7 +291,10 @@ class Table:
                 self._add(Column("distance_to_ego", "derived", f8, _distance,
                                  needs=("centroid_x", "centroid_y", "ego_x", "ego_y")))
         if "timestamp" in self.columns:
-            self._add(Column("hour", "derived", np.dtype(np.int8), _hour, needs=("timestamp",)))
+            if self.columns["timestamp"].kind == "join":
+                self._add(Column("hour", "derived", np.dtype(np.int8), _parent_hour, parent=("timestamp",)))
+            else:
+                self._add(Column("hour", "derived", np.dtype(np.int8), _hour, needs=("timestamp",)))
 
     @property
     def parent_start(self) -> str:

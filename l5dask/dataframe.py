@@ -26,25 +26,31 @@ from .errors import L5DaskError
 from .joins import Deferred, parent_frames
 
 
+def category_dtype(names) -> pd.CategoricalDtype:
+    """The dtype of a categorical column (its categories plain Python strings)."""
+    return pd.CategoricalDtype(pd.Index(list(names), dtype=object))
+
+
 def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], index: np.ndarray) -> pd.DataFrame:
     """A pandas DataFrame of made columns: categoricals decoded, the row index named."""
     data = {}
     for name in selection.names:
         col = selection.columns[name]
         values = cols[name]
-        data[name] = pd.Categorical.from_codes(values, categories=list(col.categories)) if col.categorical else values
-    return pd.DataFrame(data, index=pd.Index(index, name=INDEX[selection.array]))
+        data[name] = pd.Categorical.from_codes(values, dtype=category_dtype(col.categories), validate=False) \
+            if col.categorical else values
+    return pd.DataFrame(data, index=pd.Index(index, name=INDEX[selection.array]), copy=False)
 
 
 def _partition(selection: Selection, first: int, n: int, rows: Rows | None, *blocks: Block) -> pd.DataFrame:
-    """One partition: stored chunks ``first .. first + n - 1``, each decoded once."""
+    """One partition: stored chunks ``first .. first + n - 1`` read as one block (each decoded
+    once), its columns made from the fields they need."""
     source = selection.source
     parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
-    parts = [selection.arrays(data, start, parent) for start, data in source.iter_chunks(first, n)]
-    cols = {k: np.concatenate([p[k] for p in parts]) if len(parts) > 1 else parts[0][k] for k in selection.names} \
-        if parts else selection.empty()
-    lo, hi = source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1]
-    return pandas_frame(selection, cols, np.arange(lo, hi, dtype=np.int64))
+    lo = source.chunk_bounds(first)[0]
+    data = source.read(first, n)
+    cols = selection.arrays(data, lo, parent)
+    return pandas_frame(selection, cols, np.arange(lo, lo + len(data), dtype=np.int64))
 
 
 def default_columns(table: Table) -> list[str]:

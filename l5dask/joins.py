@@ -163,21 +163,28 @@ class Joins:
         self._frames = FramesPass(ds)
 
     def column(self, child: str, column: str) -> da.Array:
-        """``column`` of each child row's parent: ``"index"`` (the parent row), ``"scene"``, or a
-        field of the parent (frames only: ``timestamp``, ``ego_translation``...)."""
+        """``column`` of each child row's parent: ``"index"`` (the parent row), ``"scene"``, a
+        field of the parent (frames only: ``timestamp``, ``ego_translation``...), or ``"host"``
+        (the code of the scene's host among the sorted names set in ``self._frames.hosts``)."""
         import dask.array as da
 
         parent, interval = PARENT[child]
         src = self.ds[child]
         chunks = src.to_dask(chunks_per_task=self.chunks_per_task).chunks[0]
         bounds = np.r_[0, np.cumsum(chunks)].astype(np.int64)
+        if column == "host" and self._frames.hosts is None:
+            raise ValueError("set the host names (self._frames.hosts) to join hosts")
         if parent == fmt.SCENES:
-            if column not in ("index", "scene"):
-                raise ValueError(f"frames join scenes by index only, not {column!r}")
-            dtype, tail = np.dtype(np.int64), ()
+            if column not in ("index", "scene", "host"):
+                raise ValueError(f"frames join scenes by index or host only, not {column!r}")
+            dtype, tail = np.dtype(np.int32 if column == "host" else np.int64), ()
+            if column == "host":
+                self._frames.fields.add("host")
         else:
             if column in ("index", "scene"):
                 dtype, tail = np.dtype(np.int64), ()
+            elif column == "host":
+                dtype, tail = np.dtype(np.int32), ()
             else:
                 sub = self.ds[fmt.FRAMES].dtype.fields[column][0]  # KeyError: no such frame field
                 dtype, tail = sub.base, sub.shape
@@ -189,10 +196,10 @@ class Joins:
         def build() -> dict:
             graph = {}
             if parent == fmt.SCENES:
-                rows = scene_rows(self._frames.scenes())
+                rows = self._frames.scene_rows()
                 for i in range(len(chunks)):
                     lo, hi = int(bounds[i]), int(bounds[i + 1])
-                    graph[(name, i)] = Task((name, i), _take, lo, hi, "start", "index",
+                    graph[(name, i)] = Task((name, i), _take, lo, hi, "start", "host" if column == "host" else "index",
                                             rows.overlapping(lo, hi, "start"))
                 return graph
             persisted, entries = self._frames.run()

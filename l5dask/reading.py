@@ -275,12 +275,14 @@ class L5Dataset:
 
         return array_to_dataset(self, fmt.TL_FACES)
 
-    def joined(self, name: str):
-        """The xarray view of ``name`` with join coordinates (``scene_index``, ``frame_index``,
-        ``timestamp``, ``ego_translation``), all lazy; see :func:`l5dask.xr.joined_dataset`."""
+    def joined(self, name: str, chunks_per_task: int | None = None):
+        """The xarray view of ``name`` with lazy join coordinates (``scene_index``, ``frame_index``,
+        ``timestamp``, ``hour``, ``host``, ``ego_translation``, ``label``...) that know their
+        values (``.l5.groupby(...)``); see :func:`l5dask.xr.joined_dataset`. ``chunks_per_task``:
+        stored chunks per dask chunk (default: sized for this machine's threads, as the engine)."""
         from .xr import joined_dataset
 
-        return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name))
+        return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name), chunks_per_task)
 
     def to_dask_dataframe(self, array: str = "agents", columns: Sequence[str] | None = None,
                           joins: Sequence[str] = (), chunks_per_task: int | None = None):

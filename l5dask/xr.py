@@ -55,30 +55,216 @@ def array_to_dataset(
     return out
 
 
-def joined_dataset(ds, name: str) -> xr.Dataset:
+def _argmax_block(records: np.ndarray, field: str) -> np.ndarray:
+    from .kernels import argmax_rows
+
+    return argmax_rows(records, field)
+
+
+def _hour_block(timestamp: np.ndarray) -> np.ndarray:
+    from .columns import hour_of_day
+
+    return hour_of_day(timestamp)
+
+
+def categorical_attrs(names: Sequence[str]) -> dict:
+    """CF attributes of a coordinate of category codes: its values and their names."""
+    return {"flag_values": np.arange(len(names), dtype=np.int64), "flag_meanings": " ".join(names)}
+
+
+def range_attrs(n: int) -> dict:
+    """CF attributes of a coordinate of indices ``0 .. n - 1``: the values it can take."""
+    return {"valid_range": np.array([0, max(n - 1, 0)], dtype=np.int64)}
+
+
+def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Dataset:
     """:func:`array_to_dataset` plus lazy coordinates from the interval joins.
 
-    frames: ``scene_index``; agents and tl_faces: ``frame_index``, ``scene_index``,
-    ``timestamp`` (of their frame); agents also ``ego_translation`` (of their frame).
-    Building the view reads nothing; computing its coordinates together decodes each scene
-    and frame chunk once (see :mod:`l5dask.joins`).
+    frames: ``scene_index``, ``host``; agents and tl_faces: ``frame_index``, ``scene_index``,
+    ``timestamp``, ``hour`` (UTC hour of day), ``host`` of their frame; agents also
+    ``ego_translation`` (of their frame) and ``label`` (the argmax of ``label_probabilities``,
+    whose dimension is then ``label_name``); tl_faces ``status`` (its probabilities' dimension
+    ``status_name``). Coordinates of categories (``label``, ``host``, ``status``) hold codes
+    with CF ``flag_values``/``flag_meanings``; index coordinates a CF ``valid_range``: so they
+    know their values, and ``.l5.groupby(...)`` groups by them without being computed first.
+
+    Building the view reads only the scenes' host names (one small chunk); computing its
+    coordinates together decodes each scene and frame chunk once (see :mod:`l5dask.joins`), and
+    ``label`` comes from the same decoded agent chunks as the variables.
     """
+    import dask.array as da
+
+    from .columns import Table
     from .joins import Joins
 
-    j = Joins(ds)
-    out = array_to_dataset(ds, name)
+    from .engine import auto_chunks_per_task
+
+    per_task = chunks_per_task or auto_chunks_per_task(ds[name].nchunks)
+    j = Joins(ds, chunks_per_task=per_task)
+    hosts = Table(ds, name).host_names() if name != fmt.SCENES else None
+    out = array_to_dataset(ds, name, chunks_per_task=per_task)
     row = ROW_DIMS[name]
+    n_scenes, n_frames = len(ds[fmt.SCENES]), len(ds[fmt.FRAMES])
+    if name == fmt.SCENES:
+        return out
     if name == fmt.FRAMES:
-        return out.assign_coords(scene_index=(row, j.frame_scene()))
-    if name in (fmt.AGENTS, fmt.TL_FACES):
-        coords = {"frame_index": (row, j.column(name, "index")),
-                  "scene_index": (row, j.column(name, "scene")),
-                  "timestamp": (row, j.column(name, "timestamp"))}
-        if name == fmt.AGENTS:
-            coords["ego_translation"] = ((row, "xyz"), j.column(name, "ego_translation"))
-            return out.assign_coords(coords).assign_coords(xyz=["x", "y", "z"])
-        return out.assign_coords(coords)
+        j._frames.hosts = hosts
+        return out.assign_coords(
+            scene_index=(row, j.frame_scene(), range_attrs(n_scenes)),
+            host=(row, j.column(name, "host"), categorical_attrs(hosts)))
+    j._frames.hosts = hosts
+    coords = {"frame_index": (row, j.column(name, "index"), range_attrs(n_frames)),
+              "scene_index": (row, j.column(name, "scene"), range_attrs(n_scenes)),
+              "timestamp": (row, j.column(name, "timestamp")),
+              "host": (row, j.column(name, "host"), categorical_attrs(hosts))}
+    coords["hour"] = (row, da.map_blocks(_hour_block, coords["timestamp"][1], dtype=np.int8), range_attrs(24))
+    records = ds[name].to_dask(chunks_per_task=per_task)
+    if name == fmt.AGENTS:
+        # the argmax is the coordinate "label": the probabilities' dimension becomes "label_name"
+        out = out.rename({"label": "label_name"})
+        coords["ego_translation"] = ((row, "xyz"), j.column(name, "ego_translation"))
+        coords["label"] = (row, da.map_blocks(_argmax_block, records, "label_probabilities", dtype=np.int8),
+                           categorical_attrs(ds.labels))
+        return out.assign_coords(coords).assign_coords(xyz=["x", "y", "z"])
+    out = out.rename({"status": "status_name"})
+    coords["status"] = (row, da.map_blocks(_argmax_block, records, "traffic_light_face_status", dtype=np.int8),
+                        categorical_attrs(fmt.TL_FACE_STATUSES))
+    return out.assign_coords(coords)
+
+
+def groupers(obj, names: Sequence[str]) -> dict:
+    """xarray groupers for coordinates that know their values (see :func:`joined_dataset`)."""
+    from xarray.groupers import UniqueGrouper
+
+    out = {}
+    for n in names:
+        if n not in obj.coords:
+            raise KeyError(f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}")
+        attrs = obj.coords[n].attrs
+        if "flag_values" in attrs:
+            labels = np.asarray(attrs["flag_values"])
+        elif "valid_range" in attrs:
+            lo, hi = (int(v) for v in attrs["valid_range"])
+            labels = np.arange(lo, hi + 1)
+        else:
+            raise ValueError(f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
+                             f"obj.groupby({n}=UniqueGrouper(labels=...))")
+        out[n] = UniqueGrouper(labels=labels)
     return out
+
+
+def name_categories(result):
+    """Replace the codes of categorical coordinates (CF ``flag_meanings``) by their names."""
+    if not hasattr(result, "coords"):
+        return result
+    for n, coord in list(result.coords.items()):
+        meanings = coord.attrs.get("flag_meanings")
+        if meanings and coord.ndim == 1 and n in result.dims:
+            names = np.asarray(meanings.split(" "))
+            result = result.assign_coords({n: (n, names[np.asarray(coord.values, dtype=np.int64)])})
+    return result
+
+
+def _combine_all(*parts):
+    import functools
+
+    from .aggregate import combine_parts
+
+    return functools.reduce(combine_parts, parts)
+
+
+def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
+                    quantile_bits: int | None = None) -> xr.DataArray:
+    """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
+    pass: the sketch of :mod:`l5dask.aggregate` (its error bound) per chunk, merged in a tree."""
+    import dask
+    from dask import delayed
+
+    from .aggregate import QUANTILE_BITS, group_part, sketch_quantiles
+    from .engine import SPLIT_EVERY
+
+    bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
+    if obj.ndim != 1:
+        raise ValueError(f"quantiles per group of a 1-D variable: select one element first (dims {obj.dims})")
+    import dask.array as da
+
+    data = obj.data
+    keys = [k.rechunk(data.chunks) if isinstance(k, da.Array) else da.from_array(np.asarray(k), chunks=data.chunks)
+            for k in (obj.coords[n].data for n in names)]
+    blocks = [b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False)
+                                                                          for k in keys]]]
+    parts = [delayed(group_part)(list(ks), {"v": d}, {"v": {"sketch"}}, bits) for d, *ks in zip(*blocks)]
+    fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
+    while len(parts) > 1:
+        parts = [delayed(_combine_all)(*parts[i: i + fan_in]) for i in range(0, len(parts), fan_in)]
+    (part,) = dask.compute(parts[0])
+    qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    shape = [len(labels[n]) for n in names]
+    out = np.full((*shape, len(qs)), np.nan)
+    pos = tuple(np.searchsorted(labels[n], part.keys[:, j]) for j, n in enumerate(names))
+    for i, qq in enumerate(qs):
+        out[(*pos, i)] = sketch_quantiles(part.sketches["v"], len(part), float(qq), bits)
+    coords = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
+    result = xr.DataArray(out, dims=(*names, "quantile"), coords={**coords, "quantile": qs}, name=obj.name,
+                          attrs={"l5dask_quantile_bits": bits})
+    return result if np.ndim(q) else result.squeeze("quantile", drop=False)
+
+
+class _Grouped:
+    """An xarray GroupBy whose results name their categories (``label`` names, not codes);
+    ``quantile`` is computed in one pass with a sketch (flox's needs a group in one chunk)."""
+
+    def __init__(self, grouped, obj=None, names: Sequence[str] = (), labels: dict | None = None) -> None:
+        self._grouped, self._obj, self._names, self._labels = grouped, obj, tuple(names), labels or {}
+
+    def __getitem__(self, key):
+        return _Grouped(self._grouped[key], self._obj[key] if self._obj is not None else None, self._names,
+                        self._labels)
+
+    def quantile(self, q, quantile_bits: int | None = None, **kwargs):
+        """Quantiles per group (numpy's "linear" method) of a dask-backed 1-D DataArray, within
+        the error bound of :mod:`l5dask.aggregate` (``quantile_bits=52``: exact); else xarray's."""
+        obj = self._obj
+        if isinstance(obj, xr.DataArray) and hasattr(obj.data, "dask") and obj.ndim == 1 and not kwargs:
+            return name_categories(sketch_quantile(obj, self._names, self._labels, q, quantile_bits))
+        return name_categories(self._grouped.quantile(q, **kwargs))
+
+    def __getattr__(self, attr):
+        value = getattr(self._grouped, attr)
+        if not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            return name_categories(value(*args, **kwargs))
+
+        return call
+
+    def __repr__(self) -> str:
+        return repr(self._grouped)
+
+
+class L5Accessor:
+    """``obj.l5``: grouping by join coordinates without ceremony.
+
+    ``speed.l5.groupby("scene_index", "label").mean()`` groups a dask-backed variable by lazy
+    coordinates that know their values (no ``labels`` to pass, no codes computed first), with
+    flox: one pass, each chunk decoded once. Results name their categories.
+    """
+
+    def __init__(self, obj) -> None:
+        self._obj = obj
+
+    def groupers(self, *names: str) -> dict:
+        return groupers(self._obj, names)
+
+    def groupby(self, *names: str, **kwargs):
+        found = groupers(self._obj, names)
+        return _Grouped(self._obj.groupby(found, **kwargs), self._obj, names,
+                        {n: np.asarray(g.labels) for n, g in found.items()})
+
+
+xr.register_dataset_accessor("l5")(L5Accessor)
+xr.register_dataarray_accessor("l5")(L5Accessor)
 
 
 def dataset_to_datatree(ds) -> xr.DataTree:

@@ -1,0 +1,384 @@
+"""Users' own aggregations: named columns, dataframes with joins, ``aggregate``, ``l5dask agg``, the
+xarray accessor. Every result is compared with plain numpy/pandas on the arrays as zarr-python 2
+(L5Kit's reader stack) decodes them, on data built to reach the edges: NaN values, label ties,
+groups and scenes across chunk boundaries, several hosts, rows left out by ``where``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+
+import l5dask
+from l5dask import format as fmt
+from l5dask import reading
+from l5dask.aggregate import aggregate
+from l5dask.errors import L5DaskError
+
+from .conftest import SMALL_CHUNKS, read_all
+
+
+@pytest.fixture(scope="module")
+def edge_ds(tmp_path_factory) -> str:
+    """8 scenes in small chunks, a fifth of the tracks with tied label probabilities, NaN in some
+    velocities and extents (read-only)."""
+    base = str(tmp_path_factory.mktemp("agg") / "base.zarr")
+    l5dask.synthesize(base, scenes=8, seed=11, chunk_rows=SMALL_CHUNKS, label_ties=0.2)
+    arrays = read_all(base)
+    agents = arrays[fmt.AGENTS].copy()
+    rng = np.random.default_rng(0)
+    agents["velocity"][rng.random(len(agents)) < 0.01, 0] = np.nan
+    agents["extent"][rng.random(len(agents)) < 0.01, 0] = np.nan
+    arrays[fmt.AGENTS] = agents
+    path = str(tmp_path_factory.mktemp("agg") / "edge.zarr")
+    l5dask.write_dataset(path, arrays, chunk_rows=SMALL_CHUNKS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ref(edge_ds) -> dict[str, pd.DataFrame]:
+    """Each array's columns, computed here with plain numpy from zarr-python 2's arrays."""
+    a = read_all(edge_ds)
+    scenes, frames, agents, faces = (a[n] for n in fmt.ARRAY_NAMES)
+    hosts = np.unique(scenes["host"])
+    siv, fiv, tiv = (x.reshape(-1, 2) for x in (scenes["frame_index_interval"], frames["agent_index_interval"],
+                                                frames["traffic_light_faces_index_interval"]))
+    scene_of_frame = np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0])
+    frame_of_agent = np.repeat(np.arange(len(fiv)), fiv[:, 1] - fiv[:, 0])
+    frame_of_face = np.repeat(np.arange(len(tiv)), tiv[:, 1] - tiv[:, 0])
+    labels = list(fmt.LABELS)
+    v = agents["velocity"].astype(np.float64)
+    ego = frames["ego_translation"][frame_of_agent]
+    ag = pd.DataFrame({
+        "centroid_x": agents["centroid"][:, 0], "centroid_y": agents["centroid"][:, 1],
+        "extent_length": agents["extent"][:, 0], "velocity_x": agents["velocity"][:, 0],
+        "track_id": agents["track_id"],
+        "label": pd.Categorical.from_codes(agents["label_probabilities"].argmax(1), categories=labels),
+        "speed": np.sqrt(v[:, 0] ** 2 + v[:, 1] ** 2),
+        "scene_index": scene_of_frame[frame_of_agent], "frame_index": frame_of_agent,
+        "timestamp": frames["timestamp"][frame_of_agent],
+        "host": pd.Categorical(scenes["host"][scene_of_frame[frame_of_agent]], categories=hosts),
+        "ego_x": ego[:, 0], "ego_y": ego[:, 1],
+        "distance_to_ego": np.sqrt((agents["centroid"][:, 0] - ego[:, 0]) ** 2 + (agents["centroid"][:, 1] - ego[:, 1]) ** 2),
+        "hour": (frames["timestamp"][frame_of_agent] // 3_600_000_000_000 % 24).astype(np.int8),
+    })
+    ag.index.name = "agent_index"
+    fr = pd.DataFrame({"timestamp": frames["timestamp"], "agent_index_start": fiv[:, 0], "ego_z": frames["ego_translation"][:, 2],
+                       "ego_rotation_xy": frames["ego_rotation"][:, 0, 1], "num_agents": fiv[:, 1] - fiv[:, 0],
+                       "scene_index": scene_of_frame,
+                       "host": pd.Categorical(scenes["host"][scene_of_frame], categories=hosts)})
+    fr.index.name = "frame_index"
+    tl = pd.DataFrame({"face_id": faces["face_id"], "ACTIVE": faces["traffic_light_face_status"][:, 0],
+                       "status": pd.Categorical.from_codes(faces["traffic_light_face_status"].argmax(1),
+                                                           categories=list(fmt.TL_FACE_STATUSES)),
+                       "frame_index": frame_of_face, "scene_index": scene_of_frame[frame_of_face]})
+    sc = pd.DataFrame({"frame_index_start": siv[:, 0], "num_frames": siv[:, 1] - siv[:, 0],
+                       "host": pd.Categorical(scenes["host"], categories=hosts), "start_time": scenes["start_time"]})
+    return {"agents": ag, "frames": fr, "tl_faces": tl, "scenes": sc}
+
+
+def _decodes(monkeypatch) -> list:
+    calls = []
+    original = reading.decode_chunk
+    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append((a[1].name, a[3])) or original(*a, **kw))
+    return calls
+
+
+def _same_frame(got: pd.DataFrame, exp: pd.DataFrame) -> None:
+    for c in exp.columns:
+        g, e = got[c], exp[c]
+        if isinstance(e.dtype, pd.CategoricalDtype):
+            assert list(g.cat.categories) == list(e.cat.categories), c
+            np.testing.assert_array_equal(g.cat.codes.to_numpy(), e.cat.codes.to_numpy(), err_msg=c)
+        else:
+            np.testing.assert_array_equal(g.to_numpy(), e.to_numpy(), err_msg=c)
+
+
+# --- dataframes -----------------------------------------------------------------------------
+@pytest.mark.parametrize("array,columns,joins", [
+    ("agents", ["centroid_x", "centroid_y", "extent_length", "velocity_x", "track_id", "label", "speed"],
+     ["scene_index", "frame_index", "timestamp", "host", "ego_x", "ego_y", "distance_to_ego", "hour"]),
+    ("frames", ["timestamp", "agent_index_start", "ego_z", "ego_rotation_xy", "num_agents"], ["scene_index", "host"]),
+    ("tl_faces", ["face_id", "ACTIVE", "status"], ["frame_index", "scene_index"]),
+    ("scenes", ["frame_index_start", "num_frames", "host", "start_time"], []),
+])
+def test_dataframe_columns_equal_numpy(edge_ds, ref, array, columns, joins):
+    ds = l5dask.open_dataset(edge_ds)
+    df = ds.to_dask_dataframe(array, columns=columns, joins=joins, chunks_per_task=2)
+    stored = ds[array if array != "tl_faces" else fmt.TL_FACES]
+    assert df.known_divisions and df.npartitions == -(-stored.nchunks // 2)
+    assert df.divisions[0] == 0 and df.divisions[-1] == len(stored) - 1
+    got = df.compute()
+    assert list(got.columns) == columns + joins
+    assert got.index.name == {"agents": "agent_index", "frames": "frame_index", "tl_faces": "tl_face_index",
+                              "scenes": "scene_index"}[array]
+    np.testing.assert_array_equal(got.index.to_numpy(), np.arange(len(stored)))
+    _same_frame(got, ref[array][columns + joins])
+
+
+def test_dataframe_default_columns_and_label_probabilities(edge_ds):
+    ds = l5dask.open_dataset(edge_ds)
+    df = ds.to_dask_dataframe("agents")
+    assert "PERCEPTION_LABEL_CAR" in df.columns and "extent_height" in df.columns and "label" not in df.columns
+    part = df.partitions[1].compute()
+    raw = ds["agents"].read(0, ds["agents"].nchunks)[df.divisions[1]: df.divisions[2]]
+    np.testing.assert_array_equal(part["PERCEPTION_LABEL_CAR"].to_numpy(), raw["label_probabilities"][:, 3])
+
+
+def test_dataframe_is_lazy_and_decodes_each_chunk_once(edge_ds, monkeypatch):
+    calls = _decodes(monkeypatch)
+    ds = l5dask.open_dataset(edge_ds)
+    df = ds.to_dask_dataframe("agents", columns=["speed", "label", "centroid_x"], joins=["scene_index", "ego_x"])
+    assert calls == []  # building reads nothing
+    df.compute()
+    # each agent chunk once whatever the columns, frames once (the joins' pass), scenes once
+    for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):
+        got = sorted(k for n, k in calls if n == name)
+        assert got == sorted(str(i) for i in range(ds[name].nchunks)), name
+
+
+def test_dataframe_bad_columns(edge_ds):
+    ds = l5dask.open_dataset(edge_ds)
+    with pytest.raises(L5DaskError, match=r"unknown column 'sped'.*the columns are: .*speed"):
+        ds.to_dask_dataframe("agents", columns=["sped"])
+    with pytest.raises(L5DaskError, match=r"not a join column of agents: speed; the join columns are: frame_index"):
+        ds.to_dask_dataframe("agents", joins=["speed"])
+    with pytest.raises(L5DaskError, match=r"unknown array 'agent'; the arrays are scenes, frames, agents, tl_faces"):
+        ds.to_dask_dataframe("agent")
+
+
+# --- aggregate ------------------------------------------------------------------------------
+ALL = ["count", "sum", "mean", "min", "max", "var", "std"]
+
+
+@pytest.mark.parametrize("chunks_per_task", [1, 3])
+def test_aggregate_equals_pandas(edge_ds, ref, chunks_per_task):
+    ds = l5dask.open_dataset(edge_ds)
+    got = aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ALL, "extent_length": ["mean", "count"]},
+                    chunks_per_task=chunks_per_task)
+    g = ref["agents"].groupby(["scene_index", "label"], observed=True)
+    exp = g.speed.agg(ALL).reset_index()
+    assert len(got) == len(exp) > 8 * 3  # several labels a scene
+    np.testing.assert_array_equal(got.scene_index.to_numpy(), exp.scene_index.to_numpy())
+    assert list(got.label.astype(str)) == list(exp.label.astype(str))
+    for r in ALL:
+        np.testing.assert_allclose(got[f"speed_{r}"].to_numpy(), exp[r].to_numpy(), rtol=1e-9, atol=1e-12, err_msg=r)
+    np.testing.assert_allclose(got.extent_length_mean, g.extent_length.mean().to_numpy().astype(np.float64), rtol=1e-6)
+    np.testing.assert_array_equal(got.extent_length_count, g.extent_length.count().to_numpy())
+    assert ref["agents"].speed.isna().any()  # NaNs were there to be skipped
+
+
+def test_aggregate_where_and_three_keys(edge_ds, ref):
+    ds = l5dask.open_dataset(edge_ds)
+    got = aggregate(ds, "agents", by=["host", "hour", "label"], values={"speed": ["count"]},
+                    where="distance_to_ego < 20 and label != 'PERCEPTION_LABEL_UNKNOWN'")
+    a = ref["agents"]
+    exp = a[(a.distance_to_ego < 20) & (a.label != "PERCEPTION_LABEL_UNKNOWN")] \
+        .groupby(["host", "hour", "label"], observed=True).speed.count().reset_index()
+    assert len(got) == len(exp) > 0
+    for c in ("host", "label"):
+        assert list(got[c].astype(str)) == list(exp[c].astype(str))
+    np.testing.assert_array_equal(got.hour, exp.hour)
+    np.testing.assert_array_equal(got.speed_count, exp.speed)
+    inlist = aggregate(ds, "agents", values={"track_id": ["count"]},
+                       where="label in ['PERCEPTION_LABEL_CAR', 'PERCEPTION_LABEL_PEDESTRIAN'] or speed > 10")
+    assert inlist.track_id_count[0] == ((a.label.isin(["PERCEPTION_LABEL_CAR", "PERCEPTION_LABEL_PEDESTRIAN"]))
+                                        | (a.speed > 10)).sum()
+
+
+def test_aggregate_other_arrays_and_no_keys(edge_ds, ref):
+    ds = l5dask.open_dataset(edge_ds)
+    fr = aggregate(ds, "frames", by=["host"], values={"num_agents": ["sum", "max"]})
+    exp = ref["frames"].groupby("host", observed=True).num_agents.agg(["sum", "max"])
+    np.testing.assert_array_equal(fr.num_agents_sum, exp["sum"])
+    np.testing.assert_array_equal(fr.num_agents_max, exp["max"])
+    tl = aggregate(ds, "tl_faces", by=["status"], values={"ACTIVE": ["mean"]})
+    exp = ref["tl_faces"].groupby("status", observed=True).ACTIVE.mean()
+    assert list(tl.status.astype(str)) == list(exp.index.astype(str))
+    np.testing.assert_allclose(tl.ACTIVE_mean, exp.to_numpy(), rtol=1e-6)
+    whole = aggregate(ds, "agents", values={"speed": ["mean", "max"]})
+    assert len(whole) == 1 and list(whole.columns) == ["speed_mean", "speed_max"]
+    np.testing.assert_allclose(whole.speed_mean[0], ref["agents"].speed.mean(), rtol=1e-12)
+
+
+def test_quantiles_exact_and_within_the_stated_bound(edge_ds, ref):
+    ds = l5dask.open_dataset(edge_ds)
+    a = ref["agents"]
+    qs = [0.0, 0.01, 0.5, 0.9, 0.99, 1.0]
+    names = [f"q{q * 100:g}" for q in qs]
+    exact = aggregate(ds, "agents", by=["label"], values={"extent_length": names, "speed": ["median"]}, quantile_bits=52)
+    bits = 7
+    approx = aggregate(ds, "agents", by=["label"], values={"extent_length": names}, quantile_bits=bits)
+    for i, (label, group) in enumerate(a.groupby("label", observed=True)):
+        x = group.extent_length.to_numpy(np.float64)
+        x = np.sort(x[~np.isnan(x)])
+        for q, name in zip(qs, names):
+            want = np.quantile(x, q)
+            assert exact[f"extent_length_{name}"][i] == want, (label, q)
+            h = (len(x) - 1) * q
+            bound = 2.0 ** -(bits + 1) * max(abs(x[int(np.floor(h))]), abs(x[min(int(np.floor(h)) + 1, len(x) - 1)]))
+            assert abs(approx[f"extent_length_{name}"][i] - want) <= bound, (label, q)
+        s = group.speed.to_numpy()
+        assert exact.speed_median[i] == np.median(s[~np.isnan(s)])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_quantile_sketch_negative_values_and_zero():
+    from l5dask.aggregate import _sketch, sketch_quantiles
+
+    rng = np.random.default_rng(3)
+    x = np.r_[rng.normal(0, 5, 5000), 0.0, -0.0, 1e-300, -np.inf][rng.permutation(5004)]
+    for bits in (52, 10):
+        sk = _sketch(np.zeros(len(x), np.int64), x, bits)
+        for q in (0.0, 0.001, 0.25, 0.5, 0.75, 1.0):
+            got, want = sketch_quantiles(sk, 1, q, bits)[0], np.quantile(x, q)
+            if bits == 52 or not np.isfinite(want):  # exact (NaN where numpy's lerp from -inf is NaN too)
+                np.testing.assert_equal(got, want, err_msg=str(q))
+            else:
+                assert abs(got - want) <= 2.0 ** -(bits + 1) * np.abs(np.sort(x)[[int((len(x) - 1) * q), min(int((len(x) - 1) * q) + 1, len(x) - 1)]]).max()
+
+
+def test_aggregate_decodes_each_chunk_once(edge_ds, monkeypatch):
+    calls = _decodes(monkeypatch)
+    ds = l5dask.open_dataset(edge_ds)
+    aggregate(ds, "agents", by=["scene_index"], values={"speed": ["mean"], "extent_length": ["q50"]})
+    for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):
+        assert sorted(k for n, k in calls if n == name) == sorted(str(i) for i in range(ds[name].nchunks)), name
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"by": ["scene"], "values": {"speed": ["mean"]}}, r"unknown group column 'scene' for agents; the columns are: agent_index, centroid_x"),
+    ({"values": {"sped": ["mean"]}}, r"unknown value column 'sped' for agents; the columns are: .*speed"),
+    ({"values": {"speed": ["average"]}}, r"unknown reduction 'average' \(for speed\); they are: count, sum, mean, min, max, var, std, median, q<percent>"),
+    ({"values": {"speed": ["q101"]}}, r"'q101': a quantile is between q0 and q100"),
+    ({"values": {"label": ["mean"]}}, r"'label' is categorical: only count applies"),
+    ({"by": ["speed"], "values": {"speed": ["mean"]}}, r"cannot group by 'speed' \(float64\): group by integer or categorical"),
+    ({"values": {}}, r"no values to aggregate"),
+    ({"values": {"speed": ["mean"]}, "where": "speed >"}, r"where 'speed >' does not parse: invalid syntax"),
+    ({"values": {"speed": ["mean"]}, "where": "sped > 3"}, r"where 'sped > 3' names unknown column 'sped'; the columns of agents are: "),
+    ({"values": {"speed": ["mean"]}, "where": "__import__('os').system('true')"}, r"is not allowed"),
+    ({"values": {"speed": ["mean"]}, "where": "label == 'CAR'"}, r"'CAR' is not a label; they are: PERCEPTION_LABEL_NOT_SET"),
+    ({"values": {"speed": ["mean"]}, "where": "label > 'PERCEPTION_LABEL_CAR'"}, r"label is categorical: compare it with == or in"),
+    ({"by": ["scene_index", "track_id"], "values": {"speed": ["count"]}, "max_groups": 1000},
+     r"grouping agents by scene_index, track_id may make up to [\d,]+ groups, more than the limit of 1,000; raise max_groups"),
+    ({"values": {"speed": ["mean"]}, "quantile_bits": 60}, r"quantile_bits must be an integer from 0 to 52"),
+])
+def test_aggregate_bad_input_is_refused_before_reading(edge_ds, monkeypatch, kwargs, message):
+    ds = l5dask.open_dataset(edge_ds)
+    calls = _decodes(monkeypatch)
+    with pytest.raises(L5DaskError, match=message):
+        aggregate(ds, "agents", **kwargs)
+    assert calls == []  # said before computing
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True)
+
+
+def test_cli_agg_writes_parquet_and_csv_equal_to_the_api(edge_ds, tmp_path):
+    ds = l5dask.open_dataset(edge_ds)
+    want = aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean", "max", "count"]},
+                     where="distance_to_ego < 20")
+    out = tmp_path / "r.parquet"
+    p = _cli("agg", edge_ds, "--by", "scene_index,label", "--value", "speed:mean,max,count", "--where",
+             "distance_to_ego < 20", "--output", str(out), "-q")
+    assert p.returncode == 0, p.stderr
+    got = pd.read_parquet(out)
+    pd.testing.assert_frame_equal(got.assign(label=got.label.astype(str)), want.assign(label=want.label.astype(str)),
+                                  check_dtype=False)
+    p = _cli("agg", edge_ds, "--array", "frames", "--by", "host", "--value", "num_agents:sum", "-O", str(tmp_path / "f.csv"), "-q")
+    assert p.returncode == 0, p.stderr
+    csv = pd.read_csv(tmp_path / "f.csv")
+    assert list(csv.columns) == ["host", "num_agents_sum"] and csv.num_agents_sum.sum() == len(ds["agents"])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--value", "speed"], r"--value 'speed': expected COLUMN:REDUCTION\[,REDUCTION...\]"),
+    (["--value", "speed:mean", "-O", "{tmp}/r.xlsx"], r"unknown table format '.xlsx'; name the file \*.parquet or \*.csv"),
+    (["--value", "speed:mean", "-O", "{tmp}/missing/r.parquet"], r"the folder .*missing does not exist"),
+    (["--by", "nope", "--value", "speed:mean"], r"unknown group column 'nope' for agents"),
+    (["--value", "speed:mean", "--where", "speed >>> 2"], r"does not parse"),
+])
+def test_cli_agg_bad_input_one_line(edge_ds, tmp_path, args, message):
+    import re
+
+    p = _cli("agg", edge_ds, *[a.replace("{tmp}", str(tmp_path)) for a in args], "-q")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("l5dask: error: ") and re.search(message, lines[0]), p.stderr
+    assert list(tmp_path.iterdir()) == []  # no output, not even a partial one
+
+
+# --- xarray ---------------------------------------------------------------------------------
+def test_xarray_groupby_join_coordinates_without_labels(edge_ds, monkeypatch):
+    ds = l5dask.open_dataset(edge_ds)
+    view = ds.joined("agents", chunks_per_task=2)
+    v = view.velocity.astype(np.float64)
+    speed = np.sqrt(v.sel(xy="x") ** 2 + v.sel(xy="y") ** 2)
+    with pytest.raises(ValueError, match="labels"):  # xarray alone asks for labels
+        speed.groupby("scene_index").mean()
+    calls = _decodes(monkeypatch)
+    got = speed.l5.groupby("scene_index", "label").mean().to_series().dropna()
+    # one decode per chunk: agents (the variable and the label coordinate share them), frames, scenes
+    for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):
+        assert sorted(k for n, k in calls if n == name) == sorted(str(i) for i in range(ds[name].nchunks)), name
+    want = aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
+    np.testing.assert_allclose(got.to_numpy(), want.speed_mean.to_numpy(), rtol=1e-12)
+    assert list(got.index.get_level_values("label")) == list(want.label.astype(str))
+
+
+def test_xarray_quantiles_and_categorical_names(edge_ds, ref):
+    ds = l5dask.open_dataset(edge_ds)
+    view = ds.joined("agents")
+    length = view.extent.sel(lwh="length").astype(np.float64)
+    got = length.l5.groupby("label").quantile([0.5, 0.99], quantile_bits=52)
+    assert got.dims == ("label", "quantile") and got.label.values[3] == "PERCEPTION_LABEL_CAR"
+    for label, group in ref["agents"].groupby("label", observed=True):
+        x = group.extent_length.to_numpy(np.float64)
+        np.testing.assert_array_equal(got.sel(label=label).values, np.quantile(x[~np.isnan(x)], [0.5, 0.99]))
+    near = view.centroid.sel(xy="x") - view.ego_translation.sel(xyz="x")
+    by_host = (near > 0).l5.groupby("host", "hour").sum()
+    a = ref["agents"]
+    exp = (a.centroid_x - a.ego_x > 0).groupby([a.host, a.hour], observed=True).sum()
+    np.testing.assert_array_equal(by_host.to_series().loc[exp.index.map(lambda k: (str(k[0]), k[1]))].to_numpy(),
+                                  exp.to_numpy())
+
+
+def test_xarray_accessor_refuses_coordinates_without_known_values(edge_ds):
+    view = l5dask.open_dataset(edge_ds).joined("agents")
+    with pytest.raises(ValueError, match=r"'timestamp' does not know its values"):
+        view.yaw.l5.groupby("timestamp")
+    with pytest.raises(KeyError, match=r"no coordinate 'scene' to group by"):
+        view.yaw.l5.groupby("scene")
+
+
+def test_columns_kernels_equal_numpy():
+    from l5dask.kernels import argmax_rows, gather, group_reduce
+
+    rng = np.random.default_rng(5)
+    rec = np.zeros(1000, [("a", np.float64, (2,)), ("p", np.float32, (17,)), ("t", np.uint64), ("s", np.int16)])
+    rec["a"], rec["p"], rec["t"], rec["s"] = rng.normal(size=(1000, 2)), rng.integers(0, 3, (1000, 17)), \
+        rng.integers(0, 2**63, 1000, dtype=np.uint64), rng.integers(-99, 99, 1000)
+    rec["p"][::7, 5] = np.nan  # numpy's argmax takes the first NaN
+    np.testing.assert_array_equal(argmax_rows(rec, "p"), rec["p"].argmax(1))
+    for records in (rec, rec[::3], rec.astype(rec.dtype.newbyteorder(">"))):  # contiguous, strided, big-endian
+        (a1, t, s), (m,) = gather(records, [("a", (1,)), ("t", ()), ("s", ())], ["p"])
+        np.testing.assert_array_equal(a1, records["a"][:, 1])
+        np.testing.assert_array_equal(t, records["t"])
+        np.testing.assert_array_equal(s, records["s"])
+        np.testing.assert_array_equal(m, records["p"].argmax(1))
+    codes, values = rng.integers(0, 7, 5000), rng.normal(size=5000)
+    values[::11] = np.nan
+    n, total, lo, hi = group_reduce(codes, values, 8, True, True, True)
+    s = pd.Series(values).groupby(codes)
+    np.testing.assert_array_equal(n[:7], s.count())
+    np.testing.assert_allclose(total[:7], s.sum())
+    np.testing.assert_array_equal(lo[:7], s.min())
+    np.testing.assert_array_equal(hi[:7], s.max())
+    assert n[7] == 0 and lo[7] == np.inf and hi[7] == -np.inf
+    with pytest.raises(ValueError, match=r"codes must lie in \[0, 3\)"):
+        group_reduce(codes, values, 3)
