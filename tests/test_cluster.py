@@ -218,3 +218,28 @@ def test_lazy_joins_compute_on_a_cluster(dask_cluster, small_ds):
     np.testing.assert_array_equal(scene, scene_of_frame[frame_of_agent])
     np.testing.assert_array_equal(ts, ref["frames"]["timestamp"][frame_of_agent])
     assert any(p.startswith("l5-frames-join-pass") for p in ran) and any(p.startswith("l5-join-agents") for p in ran)
+
+
+def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small_ds):
+    """The three paths of users' aggregations run on the workers and equal the local results."""
+    import numpy as np
+    import pandas as pd
+
+    from l5dask.aggregate import aggregate
+
+    ds = l5dask.open_dataset(small_ds)
+    values = {"speed": ["mean", "max", "count", "std", "q50"]}
+    local = aggregate(ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30")
+    local_df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"]).compute(scheduler="threads")
+    with Client(dask_cluster.address, set_as_default=True) as client:
+        remote = aggregate(ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30",
+                           client=client)
+        df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"]).compute()
+        view = ds.joined("agents")
+        v = view.velocity.astype(np.float64)
+        mean = np.sqrt(v.sel(xy="x") ** 2 + v.sel(xy="y") ** 2).l5.groupby("scene_index").mean().values
+        ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
+    pd.testing.assert_frame_equal(remote, local)
+    pd.testing.assert_frame_equal(df, local_df)
+    np.testing.assert_allclose(mean, local_df.groupby("scene_index").speed.mean().to_numpy(), rtol=1e-12)
+    assert {"l5-agents", "l5-combine-agents", "l5-df-agents", "l5-frames-join-pass", "groupby_nanmean-chunk"} <= set(ran)

@@ -45,3 +45,13 @@ def test_cluster_and_s3(tmp_path, monkeypatch, s3, s3_small, dask_cluster):
 def test_scene_explorer(tmp_path):
     nb = run("03_scene_explorer.ipynb", tmp_path)
     assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) == 3
+
+
+def test_custom_aggregations(tmp_path, monkeypatch):
+    monkeypatch.setenv("L5DASK_SCENES", "6")
+    nb = run("04_custom_aggregations.ipynb", tmp_path)
+    assert not [o for o in outputs(nb) if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) >= 3
+    import pandas as pd
+
+    assert list(pd.read_csv(tmp_path / "by_label.csv").columns) == ["label", "speed_mean", "speed_count"]
