@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from . import format as fmt
 from .columns import INDEX, Selection, Table
@@ -477,8 +476,11 @@ def sketch_quantiles(sketch: tuple[np.ndarray, np.ndarray, np.ndarray], ngroups:
     return out
 
 
-def finalize_part(spec: Spec, part: GroupPart) -> pd.DataFrame:
-    """The result: a row per group with rows, the keys first (categoricals by name)."""
+def finalize_part(spec: Spec, part: GroupPart):
+    """The result, a pandas DataFrame: a row per group with rows, the keys first (categoricals
+    by name). pandas is imported here, where the partials are, not with the module."""
+    import pandas as pd
+
     data: dict[str, Any] = {}
     for j, name in enumerate(spec.by):
         col = spec.selection.columns[name]
@@ -533,7 +535,7 @@ def group_bound(table: Table, by: Sequence[str]) -> int:
 def aggregate(ds, array: str = "agents", by: Sequence[str] | str = (), values: Mapping[str, Sequence[str] | str] | None = None,
               where: str | None = None, *, max_groups: int = MAX_GROUPS, quantile_bits: int = QUANTILE_BITS,
               storage_options: dict | None = None, chunks_per_task: int | None = None, client: Any = None,
-              scheduler: Any = None, progress: bool = False) -> pd.DataFrame:
+              scheduler: Any = None, progress: bool = False):
     """Group the rows of one array by some columns and reduce others, in one pass.
 
     Parameters

@@ -1,0 +1,165 @@
+"""Users' own aggregations (issue #12): three queries through three paths, each a whole process,
+against ``l5dask stats`` (the standard report, a whole process) measured in the same rounds.
+
+    python benchmarks/aggregate_benchmark.py [--scenes 1700] [--rounds 3]
+
+- (q1) mean speed per (scene_index, label);
+- (q2) agents within 20 m of the ego per (host, hour of day, label);
+- (q3) 50/90/99 % quantiles of extent_length per label.
+
+Paths: ``l5dask.aggregate`` (the declared one-pass reduction), ``ds.to_dask_dataframe`` (dask
+DataFrame with join columns, then pandas-style groupby), the xarray view (``.l5.groupby`` over
+join coordinates, flox). The queries are in ``aggregate_queries.py``, as a user writes them.
+Rounds are interleaved (these shared machines change speed from one minute to the next): the
+best time of each is printed, with its ratio to the best report, and the median of the per-round
+ratios. Every result is checked against a plain numpy computation of the same definitions on
+the arrays as zarr-python 2 decodes them (quantiles: exact for the dataframe path, within the
+sketch's stated bound for the other two).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import dataset  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+QUERIES = ("q1", "q2", "q3")
+APIS = ("aggregate", "dataframe", "xarray")
+TARGETS = {"aggregate": 1.0, "dataframe": 2.0, "xarray": 3.0}
+QUANTILES = (0.5, 0.9, 0.99)
+
+
+def run(cmd: list[str]) -> tuple[float, float]:
+    """A command to completion: (wall seconds, peak RSS in GB of that process)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    if status != 0:
+        raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
+    return wall, usage.ru_maxrss / 1e6
+
+
+def reference(path: str) -> dict[str, pd.DataFrame]:
+    """The three answers with plain numpy on zarr-python 2's arrays (L5Kit's reader stack)."""
+    import zarr
+
+    from l5dask.format import LABELS
+
+    root = zarr.open_group(path, mode="r")
+    scenes, frames = root["scenes"][:], root["frames"][:]
+    agents = root["agents"].get_basic_selection(slice(None), fields=["centroid", "velocity", "extent",
+                                                                      "label_probabilities"])
+    siv, fiv = scenes["frame_index_interval"], frames["agent_index_interval"]
+    frame = np.repeat(np.arange(len(fiv)), fiv[:, 1] - fiv[:, 0])
+    scene = np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0])[frame]
+    label = agents["label_probabilities"].argmax(1)
+    v = agents["velocity"].astype(np.float64)
+    speed = np.sqrt(v[:, 0] ** 2 + v[:, 1] ** 2)
+    nl = len(LABELS)
+    key = scene * nl + label
+    n = np.bincount(key, minlength=len(siv) * nl)
+    s = np.bincount(key, weights=speed, minlength=len(siv) * nl)
+    has = np.flatnonzero(n)
+    q1 = pd.DataFrame({"scene_index": has // nl, "label": np.asarray(LABELS)[has % nl], "value": s[has] / n[has]})
+    hosts, host = np.unique(scenes["host"], return_inverse=True)
+    ego = frames["ego_translation"][frame]
+    d = np.sqrt((agents["centroid"][:, 0] - ego[:, 0]) ** 2 + (agents["centroid"][:, 1] - ego[:, 1]) ** 2)
+    hour = frames["timestamp"][frame] // 3_600_000_000_000 % 24
+    near = d < 20
+    k2 = (host[scene][near] * 24 + hour[near]) * nl + label[near]
+    c2 = np.bincount(k2, minlength=len(hosts) * 24 * nl)
+    has = np.flatnonzero(c2)
+    q2 = pd.DataFrame({"host": hosts[has // (24 * nl)], "hour": has // nl % 24, "label": np.asarray(LABELS)[has % nl],
+                       "value": c2[has]})
+    length = agents["extent"][:, 0].astype(np.float64)
+    rows = []
+    for k in np.unique(label):
+        x = np.sort(length[label == k])
+        rows.append({"label": LABELS[k], **{q: np.quantile(x, q) for q in QUANTILES},
+                     **{f"bound{q}": 2.0 ** -13 * np.abs(x[[int((len(x) - 1) * q), min(int((len(x) - 1) * q) + 1,
+                                                                                        len(x) - 1)]]).max()
+                        for q in QUANTILES}})
+    return {"q1": q1, "q2": q2, "q3": pd.DataFrame(rows)}
+
+
+def check(query: str, api: str, got: pd.DataFrame, ref: pd.DataFrame) -> str:
+    """Compare one result with the numpy reference; returns what was checked."""
+    if query in ("q1", "q2"):
+        keys = list(ref.columns[:-1])
+        assert len(got) == len(ref), (query, api, len(got), len(ref))
+        for k in keys:
+            np.testing.assert_array_equal(got[k].astype(ref[k].dtype).to_numpy(), ref[k].to_numpy(), err_msg=f"{query} {api} {k}")
+        value = got[got.columns[len(keys)]].to_numpy()
+        if query == "q1":
+            np.testing.assert_allclose(value, ref.value.to_numpy(), rtol=1e-9, err_msg=f"{query} {api}")
+            return "equal (rtol 1e-9)"
+        np.testing.assert_array_equal(value, ref.value.to_numpy(), err_msg=f"{query} {api}")
+        return "equal"
+    assert list(got.label) == list(ref.label), (api, list(got.label))
+    worst = 0.0
+    for j, q in enumerate(QUANTILES):
+        err = np.abs(got[got.columns[1 + j]].to_numpy() - ref[q].to_numpy())
+        if api == "dataframe":
+            np.testing.assert_array_equal(err, 0, err_msg=f"q3 {api} {q}")
+        else:
+            assert (err <= ref[f"bound{q}"].to_numpy()).all(), (api, q, err)
+            worst = max(worst, float((err / ref[q].to_numpy()).max()))
+    return "exact" if api == "dataframe" else f"within the bound (worst relative error {worst:.1e} <= 1.2e-4)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenes", type=int, default=1700)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    path = dataset(args.scenes)
+    import l5dask
+
+    n = len(l5dask.open_dataset(path)["agents"])
+    print(f"dataset: {path}, {n:,} agents; {os.cpu_count()} cores; {args.rounds} interleaved rounds", flush=True)
+    times: dict[tuple[str, str], list[float]] = {}
+    mem: dict[tuple[str, str], float] = {}
+    stats: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            t, _ = run([sys.executable, "-m", "l5dask.cli", "stats", path, "--output", f"{tmp}/r.json", "--quiet"])
+            stats.append(t)
+            line = [f"round {r + 1}: stats {t:.2f} s"]
+            for q in QUERIES:
+                for api in APIS:
+                    t, m = run([sys.executable, os.path.join(HERE, "aggregate_queries.py"), path, q, api,
+                                f"{tmp}/{q}-{api}.parquet"])
+                    times.setdefault((q, api), []).append(t)
+                    mem[(q, api)] = max(mem.get((q, api), 0.0), m)
+                    line.append(f"{q}/{api} {t:.2f}")
+            print("  ".join(line), flush=True)
+        print("checking every result against numpy ...", flush=True)
+        ref = reference(path)
+        checked = {(q, api): check(q, api, pd.read_parquet(f"{tmp}/{q}-{api}.parquet"), ref[q])
+                   for q in QUERIES for api in APIS}
+    best_stats = min(stats)
+    print(f"\nl5dask stats (the report, whole process): best {best_stats:.2f} s\n")
+    print("| query | path | best (s) | / report | per-round median | target | peak RSS (GB) | result vs numpy |")
+    print("|---|---|---|---|---|---|---|---|")
+    for q in QUERIES:
+        for api in APIS:
+            ts = times[(q, api)]
+            ratios = [t / s for t, s in zip(ts, stats)]
+            target = "(none)" if (q, api) == ("q3", "aggregate") else f"<= {TARGETS[api]:g}x"
+            print(f"| {q} | {api} | {min(ts):.2f} | {min(ts) / best_stats:.2f}x | {np.median(ratios):.2f}x | {target} "
+                  f"| {mem[(q, api)]:.2f} | {checked[(q, api)]} |")
+
+
+if __name__ == "__main__":
+    main()

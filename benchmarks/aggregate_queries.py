@@ -1,0 +1,66 @@
+"""The three queries of the aggregation benchmark, through one of the three paths, as a whole
+process: ``python aggregate_queries.py DATASET q1|q2|q3 aggregate|dataframe|xarray OUT.parquet``.
+
+Written as a user would write them (see notebooks/04_custom_aggregations.ipynb); the result is
+saved as a long table (keys, then one column per value) for the benchmark to check against numpy.
+"""
+
+from __future__ import annotations
+
+import sys
+
+QUANTILES = [0.5, 0.9, 0.99]
+
+
+def main(path: str, query: str, api: str, out: str) -> None:
+    import numpy as np
+    import pandas as pd
+
+    import l5dask
+
+    ds = l5dask.open_dataset(path)
+    if api == "aggregate":
+        from l5dask.aggregate import aggregate
+
+        if query == "q1":
+            res = aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
+        elif query == "q2":
+            res = aggregate(ds, "agents", by=["host", "hour", "label"], values={"speed": ["count"]},
+                            where="distance_to_ego < 20")
+        else:
+            res = aggregate(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
+    elif api == "dataframe":
+        if query == "q1":
+            df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"])
+            res = df.groupby(["scene_index", "label"], observed=True).speed.mean().compute().sort_index().reset_index()
+        elif query == "q2":
+            df = ds.to_dask_dataframe("agents", columns=["label", "distance_to_ego"], joins=["host", "hour"])
+            res = df[df.distance_to_ego < 20].groupby(["host", "hour", "label"], observed=True).size() \
+                .compute().sort_index().reset_index()
+        else:
+            df = ds.to_dask_dataframe("agents", columns=["label", "extent_length"])
+            res = df.groupby("label", observed=True).extent_length.apply(
+                lambda s: s.quantile(QUANTILES), meta=("extent_length", "f8")).compute().unstack().sort_index() \
+                .reset_index()
+    else:
+        view = ds.joined("agents")
+        if query == "q1":
+            v = view.velocity.astype("float64")
+            speed = np.sqrt(v.sel(xy="x") ** 2 + v.sel(xy="y") ** 2)
+            res = speed.l5.groupby("scene_index", "label").mean().to_series().dropna().reset_index()
+        elif query == "q2":
+            dx = view.centroid.sel(xy="x") - view.ego_translation.sel(xyz="x")
+            dy = view.centroid.sel(xy="y") - view.ego_translation.sel(xyz="y")
+            near = np.sqrt(dx * dx + dy * dy) < 20
+            res = near.l5.groupby("host", "hour", "label").sum().to_series()
+            res = res[res > 0].reset_index()
+        else:
+            length = view.extent.sel(lwh="length").astype("float64")
+            res = length.l5.groupby("label").quantile(QUANTILES).to_series().unstack().dropna(how="all").reset_index()
+    res = pd.DataFrame({str(c): (res[c].astype(str) if str(res[c].dtype) in ("category", "object", "str") else res[c])
+                        for c in res.columns})
+    res.to_parquet(out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
