@@ -226,17 +226,19 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
     values_map = agg_mod.parse_value_options(values)
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
     with connect(scheduler, quiet=True) as client:
-        result = agg_mod.aggregate(dataset, array, by=[b.strip() for b in by.split(",") if b.strip()],
+        result = agg_mod.aggregate_result(dataset, array, by=[b.strip() for b in by.split(",") if b.strip()],
                                    values=values_map, where=where, storage_options=options,
                                    chunks_per_task=chunks_per_task, client=client, progress=not quiet, **kw)
     if output:
-        write_table(result, output, options)
-        click.echo(f"wrote {output}: {len(result):,} groups")
+        table = result.to_arrow()
+        write_table(table, output, options)
+        click.echo(f"wrote {output}: {table.num_rows:,} groups")
     else:
         import pandas as pd
 
+        frame = result.to_pandas()
         with pd.option_context("display.max_rows", 60, "display.width", 200):
-            click.echo(result.to_string(index=False) if len(result) <= 60 else result)
+            click.echo(frame.to_string(index=False) if len(frame) <= 60 else frame)
 
 
 @main.command()
