@@ -21,7 +21,7 @@ from dask.task_spec import Task, TaskRef
 
 from . import format as fmt
 from .columns import INDEX, Selection, Table
-from .engine import Block, Job, Pass, Rows
+from .engine import Block, Job, Pass, Rows, collection_chunks_per_task
 from .errors import L5DaskError
 from .joins import Deferred, parent_frames
 
@@ -73,7 +73,8 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
         Join columns to add (``scene_index``, ``frame_index``, ``timestamp``, ``host``,
         ``ego_x``, ``ego_y``...); also accepted in ``columns``.
     chunks_per_task : int, optional
-        Stored chunks per partition (default: sized by the engine for local threads).
+        Stored chunks per partition (default: :func:`l5dask.engine.collection_chunks_per_task`,
+        about 100 MB).
     """
     import dask.dataframe as dd
 
@@ -90,6 +91,7 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     names = [n for n in dict.fromkeys(names) if n != index]
     selection = table.select(names)
     source = selection.source
+    chunks_per_task = chunks_per_task or collection_chunks_per_task(source.nchunks)
     groups = Job(chunks_per_task=chunks_per_task).groups(Pass(source), guided=False)
     meta = pandas_frame(selection, selection.empty(), np.zeros(0, np.int64))
     if not groups:

@@ -279,7 +279,7 @@ class L5Dataset:
         """The xarray view of ``name`` with lazy join coordinates (``scene_index``, ``frame_index``,
         ``timestamp``, ``hour``, ``host``, ``ego_translation``, ``label``...) that know their
         values (``.l5.groupby(...)``); see :func:`l5dask.xr.joined_dataset`. ``chunks_per_task``:
-        stored chunks per dask chunk (default: sized for this machine's threads, as the engine)."""
+        stored chunks per dask chunk (default: about 100 MB, :func:`l5dask.engine.collection_chunks_per_task`)."""
         from .xr import joined_dataset
 
         return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name), chunks_per_task)

@@ -97,9 +97,9 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
     from .columns import Table
     from .joins import Joins
 
-    from .engine import auto_chunks_per_task
+    from .engine import collection_chunks_per_task
 
-    per_task = chunks_per_task or auto_chunks_per_task(ds[name].nchunks)
+    per_task = chunks_per_task or collection_chunks_per_task(ds[name].nchunks)
     j = Joins(ds, chunks_per_task=per_task)
     hosts = Table(ds, name).host_names() if name != fmt.SCENES else None
     out = array_to_dataset(ds, name, chunks_per_task=per_task)

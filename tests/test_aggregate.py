@@ -125,7 +125,8 @@ def test_dataframe_default_columns_and_label_probabilities(edge_ds):
     df = ds.to_dask_dataframe("agents")
     assert "PERCEPTION_LABEL_CAR" in df.columns and "extent_height" in df.columns and "label" not in df.columns
     part = df.partitions[1].compute()
-    raw = ds["agents"].read(0, ds["agents"].nchunks)[df.divisions[1]: df.divisions[2]]
+    raw = ds["agents"].read(0, ds["agents"].nchunks)[df.divisions[1]: df.divisions[1] + len(part)]
+    assert part.index[0] == df.divisions[1] and len(part) > 0
     np.testing.assert_array_equal(part["PERCEPTION_LABEL_CAR"].to_numpy(), raw["label_probabilities"][:, 3])
 
 
