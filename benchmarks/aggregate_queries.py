@@ -25,7 +25,7 @@ def main(path: str, query: str, api: str, out: str) -> None:
         if query == "q1":
             res = aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
         elif query == "q2":
-            res = aggregate(ds, "agents", by=["host", "hour", "label"], values={"speed": ["count"]},
+            res = aggregate(ds, "agents", by=["host", "hour", "label"], values={"agent_index": ["count"]},
                             where="distance_to_ego < 20")
         else:
             res = aggregate(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
@@ -60,6 +60,12 @@ def main(path: str, query: str, api: str, out: str) -> None:
     res = pd.DataFrame({str(c): (res[c].astype(str) if str(res[c].dtype) in ("category", "object", "str") else res[c])
                         for c in res.columns})
     res.to_parquet(out)
+
+
+#: The same queries as batch jobs: ``l5dask agg`` (the aggregate API without pandas: Arrow out).
+CLI = {"q1": ["--by", "scene_index,label", "--value", "speed:mean"],
+       "q2": ["--by", "host,hour,label", "--value", "agent_index:count", "--where", "distance_to_ego < 20"],
+       "q3": ["--by", "label", "--value", "extent_length:q50,q90,q99"]}
 
 
 if __name__ == "__main__":
