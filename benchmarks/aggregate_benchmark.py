@@ -22,34 +22,21 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 import pandas as pd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aggregate_queries import CLI  # noqa: E402
-from common import dataset  # noqa: E402
+from common import dataset, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 QUERIES = ("q1", "q2", "q3")
 APIS = ("aggregate", "l5dask agg", "dataframe", "xarray")
 TARGETS = {"aggregate": 1.0, "l5dask agg": 1.0, "dataframe": 2.0, "xarray": 3.0}
 QUANTILES = (0.5, 0.9, 0.99)
-
-
-def run(cmd: list[str]) -> tuple[float, float]:
-    """A command to completion: (wall seconds, peak RSS in GB of that process)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    if status != 0:
-        raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
-    return wall, usage.ru_maxrss / 1e6
 
 
 def reference(path: str) -> dict[str, pd.DataFrame]:

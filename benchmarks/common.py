@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -48,3 +49,14 @@ def best_of(n: int, fn):
         if best is None or dt < best[0]:
             best = (dt, out)
     return best
+
+
+def run(cmd: list[str]) -> tuple[float, float]:
+    """Run a command to completion: (wall seconds, peak RSS in GB of that process)."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    if status != 0:
+        raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
+    return wall, usage.ru_maxrss / 1e6

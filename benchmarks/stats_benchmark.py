@@ -16,27 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset, decode_floor  # noqa: E402
+from common import dataset, decode_floor, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARRAYS = ("scenes", "frames", "agents", "traffic_light_faces")
-
-
-def run(cmd: list[str]) -> tuple[float, float]:
-    """Run a command to completion: (wall seconds, peak RSS in GB of that process)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    if status != 0:
-        raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
-    return wall, usage.ru_maxrss / 1e6
 
 
 def l5dask_stats(path: str) -> tuple[float, float]:
