@@ -31,15 +31,16 @@ def category_dtype(names) -> pd.CategoricalDtype:
     return pd.CategoricalDtype(pd.Index(list(names), dtype=object))
 
 
-def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], index: np.ndarray) -> pd.DataFrame:
-    """A pandas DataFrame of made columns: categoricals decoded, the row index named."""
+def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], lo: int, hi: int) -> pd.DataFrame:
+    """A pandas DataFrame of made columns for rows ``lo .. hi - 1``: categoricals decoded, the
+    row index a named ``RangeIndex`` (nothing materialized)."""
     data = {}
     for name in selection.names:
         col = selection.columns[name]
         values = cols[name]
         data[name] = pd.Categorical.from_codes(values, dtype=category_dtype(col.categories), validate=False) \
             if col.categorical else values
-    return pd.DataFrame(data, index=pd.Index(index, name=INDEX[selection.array]), copy=False)
+    return pd.DataFrame(data, index=pd.RangeIndex(lo, hi, name=INDEX[selection.array]), copy=False)
 
 
 def _partition(selection: Selection, first: int, n: int, rows: Rows | None, *blocks: Block) -> pd.DataFrame:
@@ -50,7 +51,7 @@ def _partition(selection: Selection, first: int, n: int, rows: Rows | None, *blo
     lo = source.chunk_bounds(first)[0]
     data = source.read(first, n)
     cols = selection.arrays(data, lo, parent)
-    return pandas_frame(selection, cols, np.arange(lo, lo + len(data), dtype=np.int64))
+    return pandas_frame(selection, cols, lo, lo + len(data))
 
 
 def default_columns(table: Table) -> list[str]:
@@ -93,7 +94,7 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     source = selection.source
     chunks_per_task = chunks_per_task or collection_chunks_per_task(source.nchunks)
     groups = Job(chunks_per_task=chunks_per_task).groups(Pass(source), guided=False)
-    meta = pandas_frame(selection, selection.empty(), np.zeros(0, np.int64))
+    meta = pandas_frame(selection, selection.empty(), 0, 0)
     if not groups:
         return dd.from_pandas(meta, npartitions=1)
     bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]]
