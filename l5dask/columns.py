@@ -342,9 +342,6 @@ class Table:
             visit(n)
         return list(seen.values())
 
-    def fields(self, names: Iterable[str]) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(f for c in self.closure(names) for f in c.fields))
-
     def parent_columns(self, names: Iterable[str]) -> tuple[str, ...]:
         """The parent row columns the columns ``names`` need (empty: no parent pass)."""
         return tuple(sorted({p for c in self.closure(names) for p in c.parent}))
@@ -384,10 +381,6 @@ class Selection:
 
         cats = {n: c.categories for n, c in self.columns.items() if c.categories is not None}
         return ("l5dask.Selection", tokenize(self.source), self.names, tokenize(cats))
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(f for c in self.columns.values() for f in c.fields))
 
     @property
     def parent(self) -> tuple[str, ...]:
