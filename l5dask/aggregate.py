@@ -15,7 +15,8 @@ but ``quantile_bits`` bits of the mantissa dropped (sign and exponent kept), and
 count is kept exactly. A quantile is numpy's "linear" one with each of the two order statistics
 it interpolates replaced by the midpoint of its bucket, so that
 ``|estimate - numpy| <= 2 ** -(quantile_bits + 1) * max(|x_lo|, |x_hi|)`` (``x_lo``, ``x_hi``
-the two order statistics). With ``quantile_bits >= 23`` a float32 column is exact (each bucket
+the two order statistics); zero is exact (its bucket stands for 0; it also holds the subnormal
+numbers below ``2 ** (-1074 + 52 - quantile_bits)``, 5e-312 by default, which it rounds to 0). With ``quantile_bits >= 23`` a float32 column is exact (each bucket
 holds one float32 value), with ``quantile_bits=52`` every column is.
 """
 
@@ -303,7 +304,8 @@ def bucket_values(b: np.ndarray, bits: int) -> np.ndarray:
     lo = (lo_ord ^ ((lo_ord >> 63) & _SIGN)).view(np.float64)
     hi = (hi_ord ^ ((hi_ord >> 63) & _SIGN)).view(np.float64)
     mid = lo + (hi - lo) / 2
-    return np.where(np.isfinite(lo) & np.isfinite(hi), mid, lo)
+    # the bucket that starts at 0.0 holds 0 (exactly) and the smallest subnormals: it stands for 0
+    return np.where(lo == 0.0, 0.0, np.where(np.isfinite(lo) & np.isfinite(hi), mid, lo))
 
 
 def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -243,6 +243,20 @@ def test_quantile_sketch_negative_values_and_zero():
                 assert abs(got - want) <= 2.0 ** -(bits + 1) * np.abs(np.sort(x)[[int((len(x) - 1) * q), min(int((len(x) - 1) * q) + 1, len(x) - 1)]]).max()
 
 
+def test_quantile_of_many_zeros_is_zero():
+    """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
+    the bucket that holds 0 (found by the demo: 2.7e-312)."""
+    from l5dask.aggregate import QUANTILE_BITS, _sketch, sketch_quantiles
+
+    x = np.r_[np.zeros(700), np.linspace(0.1, 9, 300)]
+    for bits in (QUANTILE_BITS, 3, 52):
+        sk = _sketch(np.zeros(len(x), np.int64), x, bits)
+        assert sketch_quantiles(sk, 1, 0.5, bits)[0] == 0.0
+        assert sketch_quantiles(sk, 1, 0.0, bits)[0] == 0.0
+        h = 0.9 * (len(x) - 1)
+        assert abs(sketch_quantiles(sk, 1, 0.9, bits)[0] - np.quantile(x, 0.9)) <= 2.0 ** -(bits + 1) * np.sort(x)[int(h) + 1]
+
+
 def test_aggregate_decodes_each_chunk_once(edge_ds, monkeypatch):
     calls = _decodes(monkeypatch)
     ds = l5dask.open_dataset(edge_ds)
