@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from dask.base import tokenize
-from dask.task_spec import Task, TaskRef
+from dask.task_spec import Task
 
 from . import format as fmt
 from .columns import INDEX, Selection, Table
@@ -116,11 +116,9 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
         else:
             persisted, entries = frames.run()
             graph.update(entries)
-            starts, ends, nrows = persisted.child_range(selection.parent_start)
             for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
-                overlap = np.flatnonzero((nrows > 0) & (starts < hi) & (ends > lo))
                 graph[key] = Task(key, _partition, selection, first, n, None,
-                                  *[TaskRef(persisted.keys[k]) for k in overlap])
+                                  *persisted.refs(selection.parent_start, lo, hi))
         return graph
 
     return dd.from_graph(Deferred(build, token=name), meta, divisions, keys, f"l5-df-{fmt.SHORT_NAMES[table.array]}")

@@ -234,6 +234,11 @@ class Persisted:
         t = self.bounds[interval]
         return t[:, 0], t[:, 1], t[:, 2]
 
+    def refs(self, interval: str, lo: int, hi: int) -> list[TaskRef]:
+        """References to only the blocks whose child rows (by ``interval``) overlap ``[lo, hi)``."""
+        starts, ends, rows = self.child_range(interval)
+        return [TaskRef(self.keys[k]) for k in np.flatnonzero((rows > 0) & (starts < hi) & (ends > lo))]
+
 
 # --- tasks ---------------------------------------------------------------------------------
 def _parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | None:
@@ -449,7 +454,6 @@ class Job:
         link = spec.parent
         persisted = link is not None and isinstance(link.parent, Persisted)
         if persisted:
-            starts, ends, rows = link.parent.child_range(link.interval)
             deps = link.parent.collections
         for i, (first, n) in enumerate(groups):
             lo = spec.source.chunk_bounds(first)[0]
@@ -459,9 +463,7 @@ class Job:
                 graph[key] = Task(key, run_group, stage, first, n, None)
             elif persisted:
                 # only the parent blocks whose child ranges overlap these rows
-                overlap = np.flatnonzero((rows > 0) & (starts < hi) & (ends > lo))
-                graph[key] = Task(key, run_group, stage, first, n, None,
-                                  *[TaskRef(link.parent.keys[k]) for k in overlap])
+                graph[key] = Task(key, run_group, stage, first, n, None, *link.parent.refs(link.interval, lo, hi))
             else:
                 graph[key] = Task(key, run_group, stage, first, n, link.parent.overlapping(lo, hi, link.start))
         return graph, deps, groups

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import Task, TaskRef
+from dask.task_spec import Task
 
 from . import format as fmt
 from .engine import Block, Job, Link, Pass, Rows
@@ -204,13 +204,10 @@ class Joins:
                 return graph
             persisted, entries = self._frames.run()
             graph.update(entries)
-            starts, ends, nrows = persisted.child_range(interval)
             for i in range(len(chunks)):
                 lo, hi = int(bounds[i]), int(bounds[i + 1])
-                overlap = np.flatnonzero((nrows > 0) & (starts < hi) & (ends > lo))
                 key = (name, i, *extra)
-                graph[key] = Task(key, _take, lo, hi, start, column, None,
-                                  *[TaskRef(persisted.keys[k]) for k in overlap])
+                graph[key] = Task(key, _take, lo, hi, start, column, None, *persisted.refs(interval, lo, hi))
             return graph
 
         hlg = HighLevelGraph({name: Deferred(build)}, {name: set()})
