@@ -6,7 +6,8 @@ from .errors import ChunkError, FormatError, IntervalError, L5DaskError, NotADat
 from .reading import L5Array, L5Dataset, open_dataset
 
 #: Imported on first use: ``l5dask stats`` starts faster without the writer's imports.
-_LAZY = {"synthesize": "synth", "write_dataset": "writing"}
+_LAZY = {"synthesize": "synth", "write_dataset": "writing", "concat": "surgery", "subset": "surgery",
+         "split": "surgery"}
 
 
 def __getattr__(name: str):
@@ -28,7 +29,10 @@ __all__ = [
     "L5Dataset",
     "NotADatasetError",
     "StoreError",
+    "concat",
     "open_dataset",
+    "split",
+    "subset",
     "synthesize",
     "write_dataset",
     "__version__",

@@ -273,6 +273,90 @@ def demo(scenes: int, out: str) -> None:
                f"{os.path.join(out, 'report.json')}, scenes.parquet, report.html")
 
 
+def _written(ds, seconds: float) -> None:
+    counts = ", ".join(f"{n:,} {k}" for k, n in ds.counts().items())
+    masks = f"; agent masks {', '.join(ds.masks)}" if ds.masks else ""
+    click.echo(f"wrote {ds.url}: {counts}{masks} ({seconds:.1f} s)")
+
+
+def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
+    """Run one surgery operation (:mod:`l5dask.surgery`) on the embedded default or a cluster."""
+    from .cluster import connect
+
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        out = op(*args, storage_options=_parse_storage_options(storage_options), client=client,
+                 progress=not quiet, **kw)
+    for ds in (out.values() if isinstance(out, dict) else [out]):
+        _written(ds, time.perf_counter() - t0)
+
+
+overwrite_option = click.option("--overwrite", is_flag=True, help="replace a dataset that exists at the output")
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--output", "-O", "output", required=True, help="the concatenated dataset: a folder or a URL")
+@overwrite_option
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
+    parallel; agent masks that every input holds are concatenated too. Inputs that cannot be
+    opened, or differ in dtypes or labels, are refused."""
+    from .surgery import concat as op
+
+    _surgery(op, list(inputs), output, overwrite=overwrite, chunks_per_task=chunks_per_task,
+             scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+
+
+@main.command()
+@click.argument("dataset")
+@click.argument("output")
+@click.option("--scenes", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
+@click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
+@click.option("--start", default=None, metavar="ISO", help="keep scenes whose first frame is at or after this time (UTC unless said)")
+@click.option("--end", default=None, metavar="ISO", help="... and before this time")
+@overwrite_option
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_task, quiet, scheduler,
+           storage_options) -> None:
+    """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
+    intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold."""
+    from .surgery import subset as op
+
+    _surgery(op, dataset, output, scenes=scenes, hosts=hosts, start=start, end=end, overwrite=overwrite,
+             chunks_per_task=chunks_per_task, scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+
+
+@main.command()
+@click.argument("dataset")
+@click.argument("outdir")
+@click.option("--part", "parts", multiple=True, required=True, metavar="NAME=N|NAME=1.5GB|NAME=rest",
+              help="a part written to OUTDIR/NAME: N scenes, a size as L5Kit's zarr_split counts it "
+                   "(GB of 1024^3 bytes), or the rest (last); repeatable, in order")
+@overwrite_option
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """Split DATASET into consecutive parts of scenes, each a dataset under OUTDIR."""
+    from .surgery import split as op
+
+    _surgery(op, dataset, outdir, list(parts), overwrite=overwrite, chunks_per_task=chunks_per_task,
+             scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+
+
 @main.command()
 @click.argument("dataset")
 @storage_option

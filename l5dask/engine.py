@@ -527,6 +527,15 @@ class Job:
                 problems += check_bounds(p.bounds[f], p.spec.source.name, f, child_len)
         return problems
 
+    def map(self, func: Callable, calls: Sequence[tuple], name: str) -> list:
+        """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
+        writes its own output chunks); results in order."""
+        key = f"{name}-{tokenize(func, calls)}"
+        graph = {(key, i): Task((key, i), func, *args) for i, args in enumerate(calls)}
+        graph[key] = Task(key, list, List(*[TaskRef(k) for k in list(graph)]))
+        return compute(Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
+                       client=self.client, progress=self.progress, **self.kw)
+
     def compute(self, specs: Sequence[Pass | Persisted], final: Callable | None = None, name: str = "l5-result",
                 args: Sequence[Any] = ()) -> Any:
         """Reduce each pass (running those not yet persisted), in one compute.

@@ -150,6 +150,15 @@ class ArrayMeta:
     dtype: np.dtype
     length: int
     chunk_rows: int
+    #: An N-D array of one numeric type (an agents mask: ``(agents, 2)`` uint32) is read as 1-D
+    #: records of its trailing dimensions (same bytes); ``tail`` holds those dimensions, whose
+    #: chunk keys carry a ``.0`` each (``"3.0"``), joined by ``separator``.
+    tail: tuple[int, ...] = ()
+    separator: str = "."
+
+    def key(self, index: int) -> str:
+        """The store key of stored chunk ``index``."""
+        return f"{self.name}/{index}" + "".join(self.separator + "0" for _ in self.tail)
 
     @property
     def nchunks(self) -> int:
@@ -263,8 +272,45 @@ def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
     return ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]))
 
 
-def zarray_json(dtype: np.dtype, length: int, chunk_rows: int) -> bytes:
-    """The ``.zarray`` that zarr-python 2 (hence L5Kit) writes for such an array."""
+#: Where L5Kit's ``select_agents`` writes agent masks: ``agents_mask/{threshold}``.
+MASKS = "agents_mask"
+
+
+def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
+    """Parse the ``.zarray`` of an N-D array of one number type chunked along its first axis only
+    (L5Kit's agent masks: uint32, ``(agents, 2)``, chunks ``(10000, 2)``), as 1-D records."""
+    try:
+        meta = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{where}: .zarray is not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
+        raise FormatError(f"{where}: not zarr v2 array metadata")
+    descr = meta.get("dtype")
+    if not isinstance(descr, str):
+        raise FormatError(f"{where}: dtype {descr!r} is not a plain number type")
+    try:
+        base = np.dtype(descr)
+    except TypeError as exc:
+        raise FormatError(f"{where}: unknown dtype {descr!r}") from exc
+    if base.kind not in "biuf":
+        raise FormatError(f"{where}: dtype {descr!r} is not a number type; refusing to read it")
+    shape, chunks = meta.get("shape"), meta.get("chunks")
+    ok = (isinstance(shape, list) and isinstance(chunks, list) and len(shape) == len(chunks) >= 1
+          and all(isinstance(v, int) and v >= 0 for v in shape + chunks) and chunks[0] > 0)
+    if not ok or list(chunks[1:]) != list(shape[1:]):
+        raise FormatError(f"{where}: expected chunks along the first axis only, got shape {shape!r} chunks {chunks!r}")
+    comp = meta.get("compressor")
+    if meta.get("filters") or meta.get("order", "C") != "C" or (
+            comp is not None and (not isinstance(comp, dict) or comp.get("id") != "blosc")):
+        raise FormatError(f"{where}: only blosc-compressed C-order arrays without filters are supported")
+    tail = tuple(shape[1:])
+    dtype = np.dtype([("value", base, tail)]) if tail else np.dtype([("value", base)])
+    return ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]), tail, meta.get("dimension_separator", "."))
+
+
+def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, ...] = ()) -> bytes:
+    """The ``.zarray`` that zarr-python 2 (hence L5Kit) writes for such an array (for an N-D array
+    of one number type, ``tail``: its records are its trailing dimensions, as L5Kit's masks)."""
     meta = {
         "chunks": [chunk_rows],
         "compressor": dict(COMPRESSOR),
@@ -275,6 +321,10 @@ def zarray_json(dtype: np.dtype, length: int, chunk_rows: int) -> bytes:
         "shape": [length],
         "zarr_format": 2,
     }
+    if tail:
+        base = dtype.fields["value"][0].base
+        meta.update(chunks=[chunk_rows, *tail], shape=[length, *tail], dtype=base.str,
+                    fill_value=0 if base.kind in "biu" else 0.0)
     return json.dumps(meta, indent=4, sort_keys=True, ensure_ascii=True).encode()
 
 

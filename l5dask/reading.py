@@ -62,7 +62,7 @@ def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, ou
 def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> list[tuple[int, bytes]]:
     """The stored bytes of ``nchunks`` chunks from ``first_chunk`` on, fetched together."""
     indices = range(first_chunk, first_chunk + nchunks)
-    keys = [f"{meta.name}/{index}" for index in indices]
+    keys = [meta.key(index) for index in indices]
     raws = store.get_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
     return list(zip(indices, raws))
 
@@ -246,6 +246,25 @@ class L5Dataset:
             return self.arrays[name]
         except KeyError:
             raise L5DaskError(f"{self.url}: the dataset has no array {name!r}") from None
+
+    @cached_property
+    def masks(self) -> dict[str, L5Array]:
+        """L5Kit's agent masks (``agents_mask/{threshold}``, written by ``select_agents``), by name
+        (the threshold, e.g. ``"0.5"``): arrays of records of one field ``value``, ``uint32 (2,)``
+        (past and future frames), one per agent. Empty when the dataset has none."""
+        fs, root = self.store.fs, self.store.path(fmt.MASKS)
+        try:
+            names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        out = {}
+        for name in (n for n in names if not n.startswith(".")):  # .zgroup, .zattrs
+            raw = self.store.get_metadata(f"{fmt.MASKS}/{name}/.zarray")
+            if raw is not None:
+                key = f"{fmt.MASKS}/{name}"
+                meta = fmt.parse_nd_zarray(key, raw, f"{self.url}: {key}/.zarray")
+                out[name] = L5Array(self.store, meta, json.loads(raw).get("compressor") is not None)
+        return out
 
     def counts(self) -> dict[str, int]:
         return {fmt.SHORT_NAMES[n]: (len(self.arrays[n]) if n in self.arrays else 0) for n in fmt.ARRAY_NAMES}

@@ -24,15 +24,17 @@ from .store import Store
 _BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
 
 
-def encode_chunk(records: np.ndarray, chunk_rows: int) -> bytes:
-    """Pad ``records`` with the all-zero fill record to ``chunk_rows`` and blosc-encode them."""
+def encode_chunk(records: np.ndarray, chunk_rows: int, flat: bool = False) -> bytes:
+    """Pad ``records`` with the all-zero fill record to ``chunk_rows`` and blosc-encode them
+    (``flat``: records of an N-D number array, encoded as its numbers, as zarr-python 2 does)."""
     if len(records) > chunk_rows:
         raise ValueError(f"a chunk holds at most {chunk_rows} rows, got {len(records)}")
     if len(records) < chunk_rows:
         full = np.zeros(chunk_rows, dtype=records.dtype)
         full[: len(records)] = records
         records = full
-    return _BLOSC.encode(np.ascontiguousarray(records))
+    records = np.ascontiguousarray(records)
+    return _BLOSC.encode(records.view(records.dtype.fields["value"][0].base) if flat else records)
 
 
 def put(store: Store, key: str, data: bytes) -> None:
@@ -53,6 +55,14 @@ def write_block(store: Store, name: str, index: int, records: np.ndarray, chunk_
     return len(records)
 
 
+def write_chunks(store: Store, meta: fmt.ArrayMeta, first: int, records: np.ndarray) -> int:
+    """Encode and store ``records`` as the stored chunks ``first, first + 1, ...`` of ``meta``."""
+    rows = meta.chunk_rows
+    for i in range(0, len(records), rows):
+        put(store, meta.key(first + i // rows), encode_chunk(records[i: i + rows], rows, bool(meta.tail)))
+    return len(records)
+
+
 def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> Store:
     """Open a location for writing; refuse to overwrite a dataset unless asked to."""
     store = Store(os.fspath(url), storage_options)
@@ -70,10 +80,18 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> S
     return store
 
 
-def finish(store: Store, metas: Mapping[str, tuple[np.dtype, int, int]], labels=fmt.LABELS) -> None:
-    """Write each array's ``.zarray``, then ``.zattrs``, then ``.zgroup`` last."""
-    for name, (dtype, length, chunk_rows) in metas.items():
-        put(store, f"{name}/.zarray", fmt.zarray_json(dtype, length, chunk_rows))
+def finish(store: Store, metas: Mapping[str, tuple[np.dtype, int, int] | fmt.ArrayMeta], labels=fmt.LABELS) -> None:
+    """Write each array's ``.zarray`` (and the ``.zgroup`` of a subgroup such as ``agents_mask``),
+    then ``.zattrs``, then the dataset's ``.zgroup`` last."""
+    groups = set()
+    for name, meta in metas.items():
+        dtype, length, chunk_rows, tail = (meta.dtype, meta.length, meta.chunk_rows, meta.tail) \
+            if isinstance(meta, fmt.ArrayMeta) else (*meta, ())
+        put(store, f"{name}/.zarray", fmt.zarray_json(dtype, length, chunk_rows, tail))
+        parts = name.split("/")
+        groups.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    for group in sorted(groups):
+        put(store, f"{group}/.zgroup", fmt.ZGROUP_JSON)
     put(store, ".zattrs", fmt.zattrs_json(tuple(labels)))
     put(store, ".zgroup", fmt.ZGROUP_JSON)
 

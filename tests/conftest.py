@@ -30,6 +30,30 @@ def require(available: bool, what: str) -> None:
     pytest.skip(f"{what} is not installed (.ci/run installs it)")
 
 
+def l5kit_data() -> None:
+    """Make ``l5kit.data``'s modules importable (L5Kit 1.5.0, installed --no-deps).
+
+    l5kit's package ``__init__`` imports torch and its map stack; ``l5kit.data.zarr_dataset`` and
+    ``zarr_utils`` need only zarr-python 2, tqdm and sibling modules: the two packages are made
+    plain namespaces, their ``__init__`` not run.
+    """
+    import importlib.util
+    import types
+    from pathlib import Path
+
+    done = sys.modules.get("l5kit.data")
+    if done is not None and getattr(done, "__file__", None) is None:
+        return
+    spec = importlib.util.find_spec("l5kit")
+    require(spec is not None and bool(spec.submodule_search_locations), "l5kit 1.5.0 (pip install --no-deps l5kit==1.5.0)")
+    root = Path(list(spec.submodule_search_locations)[0])
+    for pkg, path in (("l5kit", root), ("l5kit.data", root / "data")):
+        if pkg not in sys.modules or getattr(sys.modules[pkg], "__file__", None) is not None:
+            mod = types.ModuleType(pkg)
+            mod.__path__ = [str(path)]
+            sys.modules[pkg] = mod
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,23 +18,11 @@ import l5dask
 from l5dask import format as fmt
 from l5dask.errors import L5DaskError, NotADatasetError
 
-from .conftest import read_all, require
+from .conftest import l5kit_data, read_all, require
 
 
 def _l5kit_chunked_dataset():
-    """L5Kit's own ChunkedDataset class (l5kit 1.5.0, installed --no-deps).
-
-    l5kit's package __init__ imports torch and its map stack; ChunkedDataset itself
-    needs only zarr-python 2 and two sibling modules, which we load directly.
-    """
-    spec = importlib.util.find_spec("l5kit")
-    require(spec is not None and bool(spec.submodule_search_locations), "l5kit 1.5.0 (pip install --no-deps l5kit==1.5.0)")
-    root = Path(list(spec.submodule_search_locations)[0])
-    for pkg, path in (("l5kit", root), ("l5kit.data", root / "data")):
-        if pkg not in sys.modules or not hasattr(sys.modules[pkg], "ChunkedDataset" if pkg == "l5kit.data" else "__path__"):
-            mod = types.ModuleType(pkg)
-            mod.__path__ = [str(path)]
-            sys.modules[pkg] = mod
+    l5kit_data()
     from l5kit.data.zarr_dataset import ChunkedDataset  # noqa: E402
 
     return ChunkedDataset

@@ -1,0 +1,521 @@
+"""Dataset surgery: concatenate, subset and split L5Kit datasets, chunk-parallel, in L5Kit's format.
+
+Every operation is one plan: the output is a list of **runs**, each a contiguous range of scenes
+of one input, carried with its frames, agents, traffic-light faces and agent masks, and with its
+interval fields rebased as L5Kit's ``_append_zarr_subset`` does (``+ output offset - input
+offset``). A run of scenes ``[s0, s1)`` covers the frames ``[f0, f1)`` of its scenes' intervals,
+the agents ``[frames[f0].start, frames[f1 - 1].end)`` and the faces likewise. The frames' rows
+at each scene's ends (and their timestamps, for time ranges) come from one pass over the frames
+that also checks their intervals: a dataset whose intervals are broken is refused, not copied.
+
+Writing: each output array is cut into tasks of whole output chunks; a task reads only the input
+chunks its rows come from (after a shift, output and input chunks do not line up), adds the
+shifts to the interval fields, and encodes and stores its chunks through the one writer
+(:mod:`l5dask.writing`). Nothing holds a whole array. The group metadata (``.zgroup``) of every
+output is written last, once all chunks of all outputs are stored; a failed run removes what it
+wrote, so that nothing is left that opens as a dataset.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import functools
+import os
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from dask.base import tokenize
+
+from . import format as fmt
+from .engine import Job, Pass, Reduction, auto_chunks_per_task
+from .errors import L5DaskError
+from .intervals import check_intervals
+from .reading import L5Array, L5Dataset, open_dataset
+from .store import Store
+from .writing import finish, prepare_target, write_chunks
+
+#: L5Kit's gigabyte (``zarr_utils.GIGABYTE``): 1024 ** 3 bytes.
+GIGABYTE = 1024 ** 3
+#: Rows per output chunk: L5Kit's (as its ``ChunkedDataset.initialize``), 10 000 for agent masks.
+OUT_CHUNK_ROWS = {**fmt.CHUNK_ROWS, fmt.MASKS: 10_000}
+
+
+# --- what each scene covers -------------------------------------------------------------------
+@dataclass
+class SceneTable:
+    """Per scene of one dataset: its frames ``[f0, f1)``, agents ``[a0, a1)``, faces ``[t0, t1)``,
+    host and first frame's timestamp (``-1`` for a scene without frames)."""
+
+    f0: np.ndarray
+    f1: np.ndarray
+    a0: np.ndarray
+    a1: np.ndarray
+    t0: np.ndarray
+    t1: np.ndarray
+    host: np.ndarray
+    timestamp: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.f0)
+
+
+def _pick_chunk(wanted: np.ndarray, fields: tuple[str, ...], data: np.ndarray, start: int, parent: Any) -> tuple:
+    lo, hi = np.searchsorted(wanted, [start, start + len(data)])
+    idx = wanted[lo:hi] - start
+    return wanted[lo:hi], {f: np.ascontiguousarray(data[f][idx]) for f in fields}
+
+
+def _pick_combine(a: tuple, b: tuple) -> tuple:
+    return np.concatenate([a[0], b[0]]), {f: np.concatenate([a[1][f], b[1][f]]) for f in a[1]}
+
+
+def _pick_identity(fields: tuple[str, ...]) -> tuple:
+    return np.zeros(0, np.int64), {f: np.zeros((0, 2), np.int64) if f.endswith("interval") else np.zeros(0, np.int64)
+                                   for f in fields}
+
+
+def pick_rows(array: L5Array, wanted: np.ndarray, fields: tuple[str, ...], job: Job,
+              intervals: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """``fields`` of the rows ``wanted`` (sorted, unique) of ``array``, in one pass over it that
+    also checks ``intervals`` (``{field: child length}``) on every row."""
+    token = tokenize(wanted, fields)
+    red = Reduction(f"pick-{token}", functools.partial(_pick_chunk, wanted, fields), _pick_combine,
+                    functools.partial(_pick_identity, fields))
+    spec = Pass(array, red, intervals=dict(intervals or {}), blocks=True, name=f"{array.name}-rows")
+    done = job.persist(spec) if intervals else [spec]
+    rows, values = job.compute(done)[0]
+    if not np.array_equal(rows, wanted):
+        raise AssertionError("pick_rows lost rows")
+    return values
+
+
+def scene_table(ds: L5Dataset, job: Job) -> SceneTable:
+    """What each scene of ``ds`` covers: scenes read whole (small), frames in one checked pass."""
+    scenes = job.read(ds[fmt.SCENES])
+    counts = ds.counts()
+    iv = scenes["frame_index_interval"].reshape(-1, 2)
+    check_intervals(iv, fmt.SCENES, "frame_index_interval", counts["frames"])
+    f0, f1 = iv[:, 0].astype(np.int64), iv[:, 1].astype(np.int64)
+    frames = ds[fmt.FRAMES]
+    has_tl = tl_field(ds) is not None
+    fields = ("timestamp", "agent_index_interval") + (("traffic_light_faces_index_interval",) if has_tl else ())
+    intervals = {"agent_index_interval": counts["agents"]}
+    if has_tl:
+        intervals["traffic_light_faces_index_interval"] = counts["tl_faces"]
+    nonempty = f1 > f0
+    has_first = f0 < counts["frames"]  # an empty scene's agents start where its next frame's do
+    wanted = np.unique(np.concatenate([f0[has_first], f1[nonempty] - 1]))
+    got = pick_rows(frames, wanted, fields, job, intervals)
+
+    def at(rows: np.ndarray, f: str, col: int | None) -> np.ndarray:
+        v = got[f] if col is None else got[f].reshape(-1, 2)[:, col]
+        return v[np.searchsorted(wanted, rows)]
+
+    def span(f: str, total: int) -> tuple[np.ndarray, np.ndarray]:
+        start = np.full(len(f0), total, np.int64)
+        start[has_first] = at(f0[has_first], f, 0)
+        end = start.copy()
+        end[nonempty] = at(f1[nonempty] - 1, f, 1)
+        return start, end
+
+    a0, a1 = span("agent_index_interval", counts["agents"])
+    t0, t1 = span("traffic_light_faces_index_interval", counts["tl_faces"]) if has_tl else \
+        (np.zeros(len(f0), np.int64), np.zeros(len(f0), np.int64))
+    ts = np.full(len(f0), -1, np.int64)
+    ts[nonempty] = at(f0[nonempty], "timestamp", None)
+    return SceneTable(f0, f1, a0, a1, t0, t1, np.asarray(scenes["host"]), ts)
+
+
+def tl_field(ds: L5Dataset) -> str | None:
+    """The frames' face interval field, when the dataset has traffic lights."""
+    f = "traffic_light_faces_index_interval"
+    return f if ds.has(fmt.TL_FACES) and f in ds[fmt.FRAMES].dtype.names else None
+
+
+# --- plans ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``[lo, hi)`` of an input array, written at output row ``out``, ``shifts`` added to fields."""
+
+    source: L5Array
+    lo: int
+    hi: int
+    out: int
+    shifts: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass
+class Output:
+    """One output dataset: where, and the pieces of each of its arrays."""
+
+    store: Store
+    labels: tuple[str, ...]
+    pieces: dict[str, list[Piece]] = field(default_factory=dict)
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    tails: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def length(self, name: str) -> int:
+        p = self.pieces[name]
+        return p[-1].out + p[-1].hi - p[-1].lo if p else 0
+
+
+def runs_of(scenes: np.ndarray) -> list[tuple[int, int]]:
+    """Consecutive scene indices (in the given order) as ``[s0, s1)`` runs."""
+    scenes = np.asarray(scenes, np.int64)
+    if not len(scenes):
+        return []
+    cut = np.flatnonzero(np.diff(scenes) != 1) + 1
+    starts, ends = np.r_[0, cut], np.r_[cut, len(scenes)]
+    return [(int(scenes[a]), int(scenes[b - 1]) + 1) for a, b in zip(starts, ends)]
+
+
+def plan(store: Store, parts: Sequence[tuple[L5Dataset, SceneTable, np.ndarray]],
+         masks: Sequence[str] = ()) -> Output:
+    """The output made of the scenes ``selected`` of each ``(dataset, its table, selected)``, in
+    order, with the agent masks ``masks`` (which every dataset holds)."""
+    first = parts[0][0]
+    out = Output(store, first.labels)
+    names = [fmt.SCENES, fmt.FRAMES, fmt.AGENTS] + ([fmt.TL_FACES] if first.has(fmt.TL_FACES) else [])
+    for name in names:
+        out.pieces[name], out.dtypes[name], out.tails[name] = [], first[name].dtype, ()
+    for m in masks:
+        key = f"{fmt.MASKS}/{m}"
+        out.pieces[key], out.dtypes[key], out.tails[key] = [], first.masks[m].dtype, first.masks[m].meta.tail
+    pos = dict.fromkeys(["scenes", "frames", "agents", "faces"], 0)
+    tl = tl_field(first)
+    for ds, t, selected in parts:
+        for s0, s1 in runs_of(selected):
+            f0, f1 = int(t.f0[s0]), int(t.f1[s1 - 1])
+            a0, a1 = int(t.a0[s0]), int(t.a1[s1 - 1])
+            c0, c1 = int(t.t0[s0]), int(t.t1[s1 - 1])
+            add = out.pieces
+            add[fmt.SCENES].append(Piece(ds[fmt.SCENES], s0, s1, pos["scenes"],
+                                         (("frame_index_interval", pos["frames"] - f0),)))
+            shifts = (("agent_index_interval", pos["agents"] - a0),) + ((tl, pos["faces"] - c0),) if tl else \
+                (("agent_index_interval", pos["agents"] - a0),)
+            add[fmt.FRAMES].append(Piece(ds[fmt.FRAMES], f0, f1, pos["frames"], shifts))
+            add[fmt.AGENTS].append(Piece(ds[fmt.AGENTS], a0, a1, pos["agents"]))
+            if tl:
+                add[fmt.TL_FACES].append(Piece(ds[fmt.TL_FACES], c0, c1, pos["faces"]))
+            for m in masks:
+                add[f"{fmt.MASKS}/{m}"].append(Piece(ds.masks[m], a0, a1, pos["agents"]))
+            pos["scenes"] += s1 - s0
+            pos["frames"] += f1 - f0
+            pos["agents"] += a1 - a0
+            pos["faces"] += c1 - c0
+    for name in out.pieces:  # an empty piece writes nothing
+        out.pieces[name] = [p for p in out.pieces[name] if p.hi > p.lo]
+    return out
+
+
+# --- writing ------------------------------------------------------------------------------------
+def copy_rows(store: Store, meta: fmt.ArrayMeta, first: int, n: int, pieces: tuple[Piece, ...]) -> int:
+    """The task that writes output chunks ``first .. first + n - 1`` of one array: reads the input
+    chunks its rows come from (each once), shifts interval fields, encodes and stores."""
+    lo = first * meta.chunk_rows
+    hi = min(lo + n * meta.chunk_rows, meta.length)
+    out = np.empty(hi - lo, dtype=meta.dtype)
+    for p in pieces:
+        a, b = max(p.lo, lo - p.out + p.lo), min(p.hi, hi - p.out + p.lo)  # input rows this task takes
+        if b <= a:
+            continue
+        rows = p.source.meta.chunk_rows
+        c0, c1 = a // rows, (b - 1) // rows + 1
+        block = p.source.read(c0, c1 - c0)
+        seg = out[p.out + a - p.lo - lo: p.out + b - p.lo - lo]
+        seg[...] = block[a - c0 * rows: b - c0 * rows]
+        for f, shift in p.shifts:
+            if shift:
+                seg[f] += shift
+    return write_chunks(store, meta, first, out)
+
+
+def write_outputs(outputs: Sequence[Output], job: Job) -> None:
+    """Write every array of every output (one compute), then each output's metadata, ``.zgroup``
+    last; on any failure, remove what was written (nothing is left that opens)."""
+    calls, metas = [], []
+    for o in outputs:
+        m = {}
+        for name, pieces in o.pieces.items():
+            rows = OUT_CHUNK_ROWS[fmt.MASKS if name.startswith(fmt.MASKS + "/") else name]
+            meta = fmt.ArrayMeta(name, o.dtypes[name], o.length(name), rows, o.tails[name])
+            m[name] = meta
+            per = job.chunks_per_task or auto_chunks_per_task(meta.nchunks, job.threads, job.scheduler_kind)
+            outs = np.array([p.out for p in pieces], np.int64)
+            ends = outs + np.array([p.hi - p.lo for p in pieces], np.int64)
+            for first in range(0, meta.nchunks, per):
+                n = min(per, meta.nchunks - first)
+                lo, hi = first * rows, min((first + n) * rows, meta.length)
+                take = np.flatnonzero((outs < hi) & (ends > lo))
+                calls.append((o.store, meta, first, n, tuple(pieces[k] for k in take)))
+        metas.append(m)
+    try:
+        job.map(copy_rows, calls, "l5-copy")
+        for o, m in zip(outputs, metas):
+            finish(o.store, m, o.labels)
+    except BaseException:
+        for o in outputs:
+            remove(o.store)
+        raise
+
+
+def remove(store: Store) -> None:
+    """Remove an output (best effort): its ``.zgroup`` first, so that it stops opening at once."""
+    try:
+        if store.fs.exists(store.path(".zgroup")):
+            store.fs.rm(store.path(".zgroup"))
+        if store.root and store.fs.exists(store.root):
+            store.fs.rm(store.root, recursive=True)
+    except OSError:
+        pass
+
+
+# --- inputs and targets -------------------------------------------------------------------------
+def _same_place(a: Store, b: Store) -> bool:
+    def where(s: Store) -> tuple:
+        root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
+        return (type(s.fs).__name__, root)
+
+    return where(a) == where(b)
+
+
+def check_target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> None:
+    """Refuse (before any work) an output that is one of the inputs, or holds a dataset (unless
+    ``overwrite``)."""
+    probe = Store(os.fspath(url), storage_options)
+    for ds in inputs:
+        if _same_place(probe, ds.store):
+            raise L5DaskError(f"{probe.url}: the output is an input ({ds.url}); write elsewhere")
+    if not overwrite and probe.fs.exists(probe.path(".zgroup")):
+        raise L5DaskError(f"{probe.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
+
+
+def target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> Store:
+    """The output location, checked (:func:`check_target`) and made ready (an old dataset removed
+    when ``overwrite``)."""
+    check_target(url, inputs, storage_options, overwrite)
+    return prepare_target(url, storage_options, overwrite)
+
+
+def common_masks(inputs: Sequence[L5Dataset]) -> list[str]:
+    """The agent masks every input holds, with one dtype (the others cannot be concatenated)."""
+    names = set(inputs[0].masks)
+    for ds in inputs[1:]:
+        names &= set(ds.masks)
+    return sorted(n for n in names if len({ds.masks[n].dtype for ds in inputs}) == 1)
+
+
+def check_compatible(inputs: Sequence[L5Dataset]) -> None:
+    """Inputs of one concatenation must have the same arrays, dtypes and label lists."""
+    first = inputs[0]
+    for ds in inputs[1:]:
+        if ds.labels != first.labels:
+            raise L5DaskError(f"{ds.url}: its label list differs from {first.url}'s; they cannot be concatenated")
+        for name in fmt.ARRAY_NAMES:
+            if ds.has(name) != first.has(name):
+                has, lacks = (ds, first) if ds.has(name) else (first, ds)
+                raise L5DaskError(f"{has.url} has a {name} array and {lacks.url} does not; they cannot be concatenated")
+        for name in fmt.ARRAY_NAMES:
+            if ds.has(name) and ds[name].dtype != first[name].dtype:
+                raise L5DaskError(f"{ds.url}: its {name} dtype {ds[name].dtype.descr} differs from {first.url}'s "
+                                  f"{first[name].dtype.descr}; they cannot be concatenated")
+
+
+def _open(url: Any, storage_options: dict | None) -> L5Dataset:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # no traffic lights: supported
+        return open_dataset(url, storage_options)
+
+
+# --- the operations -------------------------------------------------------------------------------
+def concat(inputs: Sequence[Any], output: Any, *, storage_options: dict | None = None, overwrite: bool = False,
+           client: Any = None, chunks_per_task: int | None = None, progress: bool = False) -> L5Dataset:
+    """Concatenate datasets into ``output``: value-equal to L5Kit's ``zarr_concat`` on the four
+    arrays (which skips inputs it cannot open: these are refused here), and the agent masks that
+    every input holds are concatenated too.
+
+    Parameters
+    ----------
+    inputs : sequence of paths, URLs or :class:`L5Dataset`
+    output : path or URL
+        Refused if a dataset is there, unless ``overwrite``.
+    """
+    if not inputs:
+        raise L5DaskError("concat needs at least one input dataset")
+    datasets = [_open(u, storage_options) for u in inputs]
+    check_compatible(datasets)
+    check_target(output, datasets, storage_options, overwrite)
+    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
+    tables = [scene_table(ds, Job(client=client)) for ds in datasets]
+    store = target(output, datasets, storage_options, overwrite)
+    out = plan(store, [(ds, t, np.arange(len(t))) for ds, t in zip(datasets, tables)], common_masks(datasets))
+    write_outputs([out], job)
+    return _open(store.url, storage_options)
+
+
+def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
+    """``"0:100,200:250"`` as scene ranges ``[start, end)``; empty, overlapping or out-of-range
+    ranges are refused."""
+    ranges = []
+    for part in str(text).split(","):
+        m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", part)
+        if not m:
+            raise L5DaskError(f"scene range {part.strip()!r} is not START:END (e.g. 0:100)")
+        a = int(m.group(1)) if m.group(1) else 0
+        b = int(m.group(2)) if m.group(2) else nscenes
+        if a < 0 or b > nscenes:
+            raise L5DaskError(f"scene range {part.strip()!r} is out of range: the dataset has {nscenes} scenes (0:{nscenes})")
+        if b <= a:
+            raise L5DaskError(f"scene range {part.strip()!r} is empty (END must be greater than START)")
+        for c, d in ranges:
+            if a < d and c < b:
+                raise L5DaskError(f"scene ranges {c}:{d} and {a}:{b} overlap")
+        ranges.append((a, b))
+    return ranges
+
+
+def parse_time(text: Any, what: str) -> int:
+    """An ISO date or time (UTC unless it says otherwise) as nanoseconds since the epoch."""
+    if isinstance(text, (int, np.integer)):
+        return int(text)
+    try:
+        t = _dt.datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise L5DaskError(f"{what} {text!r} is not an ISO date or time (e.g. 2019-11-01 or 2019-11-01T08:00:00)") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=_dt.timezone.utc)
+    delta = t - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+    return (delta // _dt.timedelta(microseconds=1)) * 1000
+
+
+def select_scenes(t: SceneTable, scenes: str | Sequence[tuple[int, int]] | None = None,
+                  hosts: Sequence[str] | str | None = None, start: Any = None, end: Any = None) -> np.ndarray:
+    """The scene indices that pass every filter given: in the ranges (in their order), of one of
+    ``hosts``, whose first frame's timestamp is in ``[start, end)``."""
+    n = len(t)
+    if scenes is None:
+        order = np.arange(n)
+    else:
+        ranges = parse_ranges(scenes, n) if isinstance(scenes, str) else \
+            parse_ranges(",".join(f"{a}:{b}" for a, b in scenes), n)
+        order = np.concatenate([np.arange(a, b) for a, b in ranges])
+    keep = np.ones(n, bool)
+    if hosts is not None:
+        hosts = [h.strip() for h in hosts.split(",")] if isinstance(hosts, str) else list(hosts)
+        known = sorted(set(t.host.tolist()))
+        unknown = [h for h in hosts if h not in known]
+        if unknown:
+            raise L5DaskError(f"no scene has host {', '.join(map(repr, unknown))}; the hosts are {', '.join(known)}")
+        keep &= np.isin(t.host, hosts)
+    if start is not None or end is not None:
+        lo = parse_time(start, "--start") if start is not None else np.iinfo(np.int64).min
+        hi = parse_time(end, "--end") if end is not None else np.iinfo(np.int64).max
+        if hi <= lo:
+            raise L5DaskError(f"the time range [{start}, {end}) is empty")
+        keep &= (t.timestamp >= lo) & (t.timestamp < hi) & (t.f1 > t.f0)
+    selected = order[keep[order]]
+    if not len(selected):
+        raise L5DaskError("no scene matches the subset asked for; nothing written")
+    return selected
+
+
+def subset(input: Any, output: Any, *, scenes: str | Sequence[tuple[int, int]] | None = None,
+           hosts: Sequence[str] | str | None = None, start: Any = None, end: Any = None,
+           storage_options: dict | None = None, overwrite: bool = False, client: Any = None,
+           chunks_per_task: int | None = None, progress: bool = False) -> L5Dataset:
+    """Keep some scenes of a dataset (with their frames, agents, faces and agent masks): scene
+    ranges ``"START:END,..."``, hosts, and/or a time range ``[start, end)`` of their first frames
+    (ISO, UTC unless said); intervals rebased as L5Kit's ``_append_zarr_subset``."""
+    if scenes is None and hosts is None and start is None and end is None:
+        raise L5DaskError("say which scenes to keep: scene ranges, hosts, or a time range (start/end)")
+    ds = _open(input, storage_options)
+    if isinstance(scenes, str):
+        parse_ranges(scenes, len(ds[fmt.SCENES]))  # refused now, before any work
+    if start is not None or end is not None:
+        parse_time(start, "--start") if start is not None else None
+        parse_time(end, "--end") if end is not None else None
+    check_target(output, [ds], storage_options, overwrite)
+    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
+    t = scene_table(ds, Job(client=client))
+    selected = select_scenes(t, scenes, hosts, start, end)
+    store = target(output, [ds], storage_options, overwrite)
+    write_outputs([plan(store, [(ds, t, selected)], sorted(ds.masks))], job)
+    return _open(store.url, storage_options)
+
+
+def dataset_bytes(ds: L5Dataset) -> int:
+    """Bytes of every file of the dataset, as L5Kit's ``_compute_path_size`` counts them."""
+    return int(ds.store.fs.du(ds.store.root, total=True) if ds.store.root else ds.store.fs.du("", total=True))
+
+
+def parse_part(spec: str) -> tuple[str, str]:
+    """``NAME=N`` (scenes), ``NAME=1.5GB`` (L5Kit's size-based split) or ``NAME=rest``."""
+    name, sep, size = str(spec).partition("=")
+    name, size = name.strip(), size.strip()
+    if not sep or not name or not size:
+        raise L5DaskError(f"part {spec!r} is not NAME=N, NAME=SIZE_GB (e.g. 1.5GB) or NAME=rest")
+    if "/" in name or name in (".", ".."):
+        raise L5DaskError(f"part {spec!r}: the name must be a plain folder name")
+    if size != "rest" and not re.fullmatch(r"\d+", size) and not re.fullmatch(r"(\d+(\.\d*)?|\.\d+)\s*[gG][bB]", size):
+        raise L5DaskError(f"part {spec!r}: the size must be a number of scenes (N), of gigabytes (1.5GB) or 'rest'")
+    return name, size
+
+
+def split_counts(parts: Sequence[tuple[str, str]], nscenes: int, nbytes: int) -> list[int]:
+    """Scenes per part, in order: ``N``; ``x GB`` as ``zarr_split`` (``int(scenes * x / size in
+    GB)``, GB of 1024 ** 3 bytes, the input's size counting every file); ``rest``: the others."""
+    names = [n for n, _ in parts]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise L5DaskError(f"part name(s) {', '.join(sorted(dup))} given twice")
+    rest = [i for i, (_, s) in enumerate(parts) if s == "rest"]
+    if rest and (len(rest) > 1 or rest[0] != len(parts) - 1):
+        raise L5DaskError("only the last part may be 'rest'")
+    counts = []
+    for name, size in parts[: len(parts) - len(rest)]:
+        if size.lower().endswith("gb"):
+            counts.append(int(nscenes * float(size[:-2]) / (nbytes / GIGABYTE)))
+        else:
+            counts.append(int(size))
+        if counts[-1] == 0:
+            raise L5DaskError(f"part {name}={size} holds no scene (the dataset has {nscenes} scenes, "
+                              f"{nbytes / GIGABYTE:.4g} GB)")
+    taken = sum(counts)
+    if rest:
+        if taken >= nscenes:
+            raise L5DaskError(f"the parts take {taken} of the {nscenes} scenes: nothing is left for "
+                              f"{parts[-1][0]}=rest")
+        counts.append(nscenes - taken)
+    elif taken > nscenes:
+        raise L5DaskError(f"the parts take {taken} scenes; the dataset has {nscenes}")
+    return counts
+
+
+def split(input: Any, outdir: Any, parts: Sequence[str | tuple[str, str]], *, storage_options: dict | None = None,
+          overwrite: bool = False, client: Any = None, chunks_per_task: int | None = None,
+          progress: bool = False) -> dict[str, L5Dataset]:
+    """Split a dataset into consecutive parts written to ``outdir/NAME``: ``NAME=N`` scenes,
+    ``NAME=1.5GB`` (L5Kit's ``zarr_split``) and a last ``NAME=rest``. Returns the parts' datasets."""
+    parsed = [parse_part(p) if isinstance(p, str) else (str(p[0]), str(p[1])) for p in parts]
+    if not parsed:
+        raise L5DaskError("split needs at least one part (NAME=N, NAME=1.5GB or NAME=rest)")
+    ds = _open(input, storage_options)
+    nscenes = len(ds[fmt.SCENES])
+    counts = split_counts(parsed, nscenes, dataset_bytes(ds) if any(s.lower().endswith("gb") for _, s in parsed) else 0)
+    base = os.fspath(outdir).rstrip("/")
+    paths = [posixpath.join(base, name) if "://" in base else os.path.join(base, name) for name, _ in parsed]
+    for p in paths:
+        check_target(p, [ds], storage_options, overwrite)
+    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
+    t = scene_table(ds, Job(client=client))
+    stores = [target(p, [ds], storage_options, overwrite) for p in paths]
+    edges = np.r_[0, np.cumsum(counts)]
+    outputs = [plan(s, [(ds, t, np.arange(edges[i], edges[i + 1]))], sorted(ds.masks)) for i, s in enumerate(stores)]
+    write_outputs(outputs, job)
+    return {name: _open(s.url, storage_options) for (name, _), s in zip(parsed, stores)}
