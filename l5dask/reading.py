@@ -176,6 +176,27 @@ class L5Array:
             )
         return tuple(fields)
 
+    def read_rows(self, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
+        """Rows ``[lo, hi)`` (all fields) into ``out`` (``hi - lo`` records): each stored chunk read
+        and decoded once, straight into ``out`` when all its rows fit there (no copy), else
+        through one chunk of scratch."""
+        meta, rows = self.meta, self.meta.chunk_rows
+        if hi <= lo:
+            return out
+        scratch = None
+        for index, raw in fetch_chunks(self.store, meta, lo // rows, (hi - 1) // rows + 1 - lo // rows):
+            start, stop = meta.chunk_bounds(index)
+            if start >= lo and start + rows <= hi:
+                decode_chunk(raw, meta, self.compressed, str(index), out=out[start - lo: start - lo + rows])
+                continue
+            if scratch is None:
+                scratch = np.empty(rows, dtype=meta.dtype)
+            decode_chunk(raw, meta, self.compressed, str(index), out=scratch)
+            a, b = max(lo, start), min(hi, stop)
+            # as bytes: a memcpy (a structured copy goes field by field, 3x slower)
+            out[a - lo: b - lo].view(np.uint8)[:] = scratch[a - start: b - start].view(np.uint8)
+        return out
+
     def read_chunk(self, index: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
         """Read and decode one stored chunk (eagerly, in this process)."""
         return read_block(self.store, self.meta, self.compressed, index, 1, self._fields(fields))

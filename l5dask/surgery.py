@@ -223,11 +223,7 @@ def copy_rows(store: Store, meta: fmt.ArrayMeta, first: int, n: int, pieces: tup
         a, b = max(p.lo, lo - p.out + p.lo), min(p.hi, hi - p.out + p.lo)  # input rows this task takes
         if b <= a:
             continue
-        rows = p.source.meta.chunk_rows
-        c0, c1 = a // rows, (b - 1) // rows + 1
-        block = p.source.read(c0, c1 - c0)
-        seg = out[p.out + a - p.lo - lo: p.out + b - p.lo - lo]
-        seg[...] = block[a - c0 * rows: b - c0 * rows]
+        seg = p.source.read_rows(a, b, out[p.out + a - p.lo - lo: p.out + b - p.lo - lo])
         for f, shift in p.shifts:
             if shift:
                 seg[f] += shift
