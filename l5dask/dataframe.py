@@ -12,18 +12,16 @@ out only the fields its columns need.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
 from dask.base import tokenize
-from dask.task_spec import Task
 
 from . import format as fmt
 from .columns import INDEX, Selection, Table
 from .engine import Block, Job, Pass, Rows, collection_chunks_per_task
 from .errors import L5DaskError
-from .joins import Deferred, parent_frames
+from .joins import Deferred, chunk_tasks
 
 
 def category_dtype(names) -> pd.CategoricalDtype:
@@ -46,12 +44,8 @@ def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], lo: int, hi:
 def _partition(selection: Selection, first: int, n: int, rows: Rows | None, *blocks: Block) -> pd.DataFrame:
     """One partition: stored chunks ``first .. first + n - 1`` read as one block (each decoded
     once), its columns made from the fields they need."""
-    source = selection.source
-    parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
-    lo = source.chunk_bounds(first)[0]
-    data = source.read(first, n)
-    cols = selection.arrays(data, lo, parent)
-    return pandas_frame(selection, cols, lo, lo + len(data))
+    lo, cols, hi = selection.block(first, n, rows, blocks)
+    return pandas_frame(selection, cols, lo, hi)
 
 
 def default_columns(table: Table) -> list[str]:
@@ -104,21 +98,6 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     keys = [(name, i) for i in range(len(groups))]
 
     def build() -> dict:
-        graph: dict[Any, Any] = {}
-        frames = parent_frames(ds, selection)
-        if frames is None:
-            for key, (first, n) in zip(keys, groups):
-                graph[key] = Task(key, _partition, selection, first, n, None)
-        elif table.array == fmt.FRAMES:
-            rows = frames.scene_rows()
-            for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
-                graph[key] = Task(key, _partition, selection, first, n, rows.overlapping(lo, hi, "start"))
-        else:
-            persisted, entries = frames.run()
-            graph.update(entries)
-            for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
-                graph[key] = Task(key, _partition, selection, first, n, None,
-                                  *persisted.refs(selection.parent_start, lo, hi))
-        return graph
+        return chunk_tasks(ds, selection, groups, keys, _partition)
 
     return dd.from_graph(Deferred(build, token=name), meta, divisions, keys, f"l5-df-{fmt.SHORT_NAMES[table.array]}")

@@ -270,6 +270,34 @@ def parent_frames(ds, selection, job: Job | None = None) -> FramesPass | None:
     return frames
 
 
+def chunk_tasks(ds, selection, groups: list[tuple[int, int]], keys: list, func) -> dict:
+    """A task per group of stored chunks of ``selection``'s array, ``func(selection, first, n,
+    rows, *parent_blocks)`` (bind other arguments first, with ``functools.partial``), each given
+    only the parent rows it overlaps: the scene rows
+    (frames), or references to the blocks of the frames pass it overlaps (agents, faces), the pass
+    run and persisted here (a graph made at compute time: ``Deferred``)."""
+    from dask.task_spec import Task
+
+    source = selection.source
+    bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + \
+        [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]] if groups else [0]
+    graph: dict = {}
+    frames = parent_frames(ds, selection)
+    if frames is None:
+        for key, (first, n) in zip(keys, groups):
+            graph[key] = Task(key, func, selection, first, n, None)
+    elif selection.array == fmt.FRAMES:
+        rows = frames.scene_rows()
+        for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
+            graph[key] = Task(key, func, selection, first, n, rows.overlapping(lo, hi, "start"))
+    else:
+        persisted, entries = frames.run()
+        graph.update(entries)
+        for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
+            graph[key] = Task(key, func, selection, first, n, None, *persisted.refs(selection.parent_start, lo, hi))
+    return graph
+
+
 def parent_link(ds, selection, job: Job) -> Link | None:
     """How each chunk of ``selection``'s array gets its parent rows, ready to run: the scene rows
     in memory (frames), or the frames pass persisted on the job's workers (agents, faces)."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import dask
 import numpy as np
 import pandas as pd
 import pytest

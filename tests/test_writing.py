@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-import types
 from pathlib import Path
 
 import dask.array as da
@@ -18,7 +15,7 @@ import l5dask
 from l5dask import format as fmt
 from l5dask.errors import L5DaskError, NotADatasetError
 
-from .conftest import l5kit_data, read_all, require
+from .conftest import l5kit_data, read_all
 
 
 def _l5kit_chunked_dataset():
