@@ -395,14 +395,14 @@ class Selection:
         c = self.chunk(data, start, parent)
         return {n: c[n] for n in self.names}
 
-    def block(self, first: int, n: int, rows: Rows | None, blocks: tuple = ()) -> tuple[int, dict[str, np.ndarray], int]:
+    def block(self, first: int, n: int, rows: Rows | None, blocks: tuple = ()) -> tuple[int, np.ndarray, dict[str, np.ndarray]]:
         """Stored chunks ``first .. first + n - 1`` read as one block (each decoded once) and the
         selected columns made of it, given the parent ``rows`` or the parent pass's ``blocks``:
-        ``(first row, columns, end row)``."""
+        ``(first row, records, columns)``."""
         parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
         lo = self.source.chunk_bounds(first)[0]
         data = self.source.read(first, n)
-        return lo, self.arrays(data, lo, parent), lo + len(data)
+        return lo, data, self.arrays(data, lo, parent)
 
     def empty(self) -> dict[str, np.ndarray]:
         return {n: np.zeros(0, self.columns[n].dtype) for n in self.names}

@@ -44,8 +44,8 @@ def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], lo: int, hi:
 def _partition(selection: Selection, first: int, n: int, rows: Rows | None, *blocks: Block) -> pd.DataFrame:
     """One partition: stored chunks ``first .. first + n - 1`` read as one block (each decoded
     once), its columns made from the fields they need."""
-    lo, cols, hi = selection.block(first, n, rows, blocks)
-    return pandas_frame(selection, cols, lo, hi)
+    lo, data, cols = selection.block(first, n, rows, blocks)
+    return pandas_frame(selection, cols, lo, lo + len(data))
 
 
 def default_columns(table: Table) -> list[str]:

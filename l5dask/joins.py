@@ -270,7 +270,7 @@ def parent_frames(ds, selection, job: Job | None = None) -> FramesPass | None:
     return frames
 
 
-def chunk_tasks(ds, selection, groups: list[tuple[int, int]], keys: list, func) -> dict:
+def chunk_tasks(ds, selection, groups: list[tuple[int, int]], keys: list, func, job: Job | None = None) -> dict:
     """A task per group of stored chunks of ``selection``'s array, ``func(selection, first, n,
     rows, *parent_blocks)`` (bind other arguments first, with ``functools.partial``), each given
     only the parent rows it overlaps: the scene rows
@@ -282,7 +282,7 @@ def chunk_tasks(ds, selection, groups: list[tuple[int, int]], keys: list, func) 
     bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + \
         [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]] if groups else [0]
     graph: dict = {}
-    frames = parent_frames(ds, selection)
+    frames = parent_frames(ds, selection, job)
     if frames is None:
         for key, (first, n) in zip(keys, groups):
             graph[key] = Task(key, func, selection, first, n, None)

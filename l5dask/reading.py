@@ -9,6 +9,7 @@ one array share a single decode per chunk in a computation.
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections.abc import Sequence
 from functools import cached_property
@@ -19,7 +20,7 @@ from dask.base import tokenize
 from numcodecs import Blosc
 
 from . import format as fmt
-from .errors import ChunkError, FormatError, L5DaskError
+from .errors import ChunkError, FormatError, L5DaskError, NotADatasetError
 from .store import Store, open_store
 
 if TYPE_CHECKING:
@@ -109,9 +110,9 @@ def read_block(
     return out
 
 
-def _read_block_id(store, meta, compressed, chunks_per_task, fields, block_id=None) -> np.ndarray:
+def _read_block_id(array, chunks_per_task, fields, block_id=None) -> np.ndarray:
     first = block_id[0] * chunks_per_task
-    return read_block(store, meta, compressed, first, min(chunks_per_task, meta.nchunks - first), fields)
+    return array.read(first, min(chunks_per_task, array.meta.nchunks - first), fields)
 
 
 class L5Array:
@@ -176,6 +177,12 @@ class L5Array:
             )
         return tuple(fields)
 
+    def select(self, fields: Sequence[str]) -> L5Array:
+        """This array for a reader that needs only ``fields``: itself (a chunk of records is
+        decoded whole; a columnar layout reads only those fields)."""
+        self._fields(fields)
+        return self
+
     def read_rows(self, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
         """Rows ``[lo, hi)`` (all fields) into ``out`` (``hi - lo`` records): each stored chunk read
         and decoded once, straight into ``out`` when all its rows fit there (no copy), else
@@ -199,7 +206,7 @@ class L5Array:
 
     def read_chunk(self, index: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
         """Read and decode one stored chunk (eagerly, in this process)."""
-        return read_block(self.store, self.meta, self.compressed, index, 1, self._fields(fields))
+        return self.read(index, 1, fields)
 
     def to_dask(
         self, fields: Sequence[str] | str | None = None, chunks_per_task: int = 1
@@ -226,12 +233,12 @@ class L5Array:
         chunks = tuple(
             meta.chunk_bounds(min(f + chunks_per_task, meta.nchunks) - 1)[1] - meta.chunk_bounds(f)[0] for f in firsts
         )
-        token = tokenize(self.store, meta, fields, chunks_per_task)
+        token = tokenize(self, fields, chunks_per_task)
         # A blockwise layer with no inputs: one task per block, fused cheaply with
         # per-field getitem layers by dask's blockwise optimisation.
         return da.map_blocks(
             _read_block_id,
-            self.store, meta, self.compressed, chunks_per_task, fields,
+            self, chunks_per_task, fields,
             chunks=(chunks,), dtype=dtype, meta=np.empty(0, dtype=dtype),
             name=f"l5-read-{meta.name}-{token}",
         )
@@ -362,7 +369,15 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
     """
     if isinstance(url, L5Dataset):
         return url
-    store = open_store(url, storage_options)
+    try:
+        store = open_store(url, storage_options)
+    except NotADatasetError:
+        from .columnar import is_columnar, open_columnar
+
+        store = Store(os.fspath(url), storage_options)
+        if is_columnar(store):  # a zarr v3 export of l5dask's (``l5dask export --format zarr3``)
+            return open_columnar(store)
+        raise
     raw_attrs = store.get_metadata(".zattrs")
     attrs: dict[str, Any] = {}
     if raw_attrs:

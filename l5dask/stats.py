@@ -258,6 +258,10 @@ def _close(series: SceneSeries, opens: list) -> SceneSeries:
     return series
 
 
+#: The agent fields the report reads (a columnar store reads only these: never extent or yaw).
+AGENT_FIELDS = ("centroid", "velocity", "track_id", "label_probabilities")
+
+
 class AgentStats:
     """Agent-level statistics: labels, speed, distance to ego, distinct tracks (exact)."""
 

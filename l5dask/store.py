@@ -106,15 +106,21 @@ class Store:
     def path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
 
-    def get(self, key: str, *, what: str | None = None) -> bytes:
-        """Read one object, retrying transient store errors; map failures to clear errors."""
+    def get(self, key: str, *, what: str | None = None, start: int | None = None, end: int | None = None) -> bytes:
+        """Read one object (or its bytes ``[start, end)``; a negative ``start`` counts from the
+        end), retrying transient store errors; map failures to clear errors."""
         path = self.path(key)
         delay = 0.2
         for attempt in range(_RETRIES + 1):
             try:
                 if self.local:
                     with open(path, "rb") as f:  # fsspec's local opener costs 70 us a call
-                        return f.read()
+                        if start is None:
+                            return f.read()
+                        f.seek(start, 0 if start >= 0 else 2)
+                        return f.read() if end is None else f.read(end - f.tell())
+                if start is not None:
+                    return self.fs.cat_file(path, start=start, end=end)
                 return self.fs.cat_file(path)
             except FileNotFoundError as exc:
                 raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc

@@ -1,0 +1,215 @@
+"""Columnar exports of an L5Kit dataset: Parquet (for DuckDB, Polars, Spark, pandas...) and the
+zarr v3 layout of :mod:`l5dask.columnar` (for zarr-python 3 and xarray's own zarr engine).
+
+Both are one pass per array, a task per group of stored chunks (each decoded once), the join
+columns made from the frames pass as the dataframes make them (:func:`l5dask.joins.chunk_tasks`).
+
+**Parquet**: ``OUT/{scenes,frames,agents,tl_faces}/part-NNNNNN.parquet``. Every table has its own
+row index (``agent_index``, ``frame_index``, ``scene_index``, ``tl_face_index``) and the join
+columns (``scene_index``, ``frame_index``, ``timestamp`` on agents and faces; ``scene_index`` on
+frames), so that SQL engines join the tables on them. One row group per stored chunk, with
+statistics (engines prune row groups by ``scene_index`` or ``timestamp``); zstd. Subarray fields
+are **flat columns**, named as :mod:`l5dask.columns` names them (``centroid_x``, ``extent_length``,
+``ego_rotation_xy``, one ``float32`` column per label name, ``agent_index_start``/``_end``): every
+engine reads, filters and keeps statistics on plain columns, while list columns have no per-element
+statistics and each engine spells their elements differently. ``host`` is a dictionary-encoded
+string.
+
+The output folder appears whole: a local export is written beside it and renamed into place; on
+an object store a failed export removes what it wrote.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from typing import Any
+
+import numpy as np
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task, TaskRef
+
+from . import format as fmt
+from .cluster import compute
+from .columnar import CHUNKS_PER_SHARD, JOINS, LAYOUT, LAYOUT_VERSION, FieldMeta, array_json, encode_shard, group_json
+from .columns import INDEX, Selection, Table
+from .engine import Job, Pass
+from .errors import L5DaskError
+from .joins import chunk_tasks
+from .outputs import arrow_array, arrow_strings
+from .reading import L5Dataset, open_dataset
+from .store import Store
+from .writing import put
+
+FORMATS = ("parquet", "zarr3")
+
+
+def export_columns(table: Table) -> list[str]:
+    """The Parquet columns of a table: its row index, its stored fields, its join columns."""
+    stored = [n for n, c in table.columns.items() if c.kind == "stored"]
+    return [INDEX[table.array], *stored, *JOINS[table.array]]
+
+
+def arrow_table(selection: Selection, cols: dict[str, np.ndarray]):
+    """The columns of one block as an Arrow table (categoricals dictionary-encoded), no pandas."""
+    import pyarrow as pa
+
+    arrays = []
+    for name in selection.names:
+        col = selection.columns[name]
+        if col.categorical:
+            arrays.append(pa.DictionaryArray.from_arrays(arrow_array(cols[name]), arrow_strings(col.categories)))
+        else:
+            arrays.append(arrow_array(cols[name]))
+    return pa.Table.from_arrays(arrays, names=list(selection.names))
+
+
+def _write_parquet(out: Store, folder: str, selection: Selection, first: int, n: int, rows, *blocks) -> int:
+    import pyarrow.parquet as pq
+
+    _, data, cols = selection.block(first, n, rows, blocks)
+    table = arrow_table(selection, cols)
+    key = f"{folder}/part-{first:06d}.parquet"
+    if out.local:
+        os.makedirs(os.path.dirname(out.path(key)), exist_ok=True)
+    with out.fs.open(out.path(key), "wb") as f:
+        pq.write_table(table, f, row_group_size=selection.source.meta.chunk_rows, compression="zstd",
+                       write_statistics=True)
+    return len(data)
+
+
+def _write_shards(out: Store, metas: dict[str, FieldMeta], selection: Selection, first: int, n: int, rows,
+                  *blocks) -> int:
+    _, data, cols = selection.block(first, n, rows, blocks)
+    shard = first // CHUNKS_PER_SHARD
+    for name, m in metas.items():
+        values = data[name] if name in data.dtype.names else cols[name]
+        put(out, m.shard_key(shard), encode_shard(values, m))
+    return len(data)
+
+
+def _done(*counts: int) -> int:
+    return int(sum(counts))
+
+
+def _named(names: list[str], *counts: int) -> dict[str, int]:
+    return dict(zip(names, counts))
+
+
+def _field_metas(ds: L5Dataset, name: str) -> dict[str, FieldMeta]:
+    arr = ds[name]
+    metas = {}
+    for f in arr.dtype.names:
+        sub = arr.dtype.fields[f][0]
+        metas[f] = FieldMeta(f"{name}/{f}", sub.base, sub.shape, len(arr), arr.meta.chunk_rows, CHUNKS_PER_SHARD)
+    for j in JOINS[name]:
+        metas[j] = FieldMeta(f"{name}/{j}", np.dtype(np.int64), (), len(arr), arr.meta.chunk_rows, CHUNKS_PER_SHARD)
+    return metas
+
+
+def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> tuple[Store, Store | None]:
+    """(where tasks write, the final location when that is a local rename away)."""
+    from .surgery import _same_place
+
+    final = Store(url, storage_options)
+    if _same_place(final, ds.store):
+        raise L5DaskError(f"{final.url}: the output is the input; write elsewhere")
+    try:
+        exists = final.fs.exists(final.root) and (not final.fs.isdir(final.root) or bool(final.fs.ls(final.root)))
+    except OSError as exc:
+        raise L5DaskError(f"{final.url}: cannot write there: {exc}") from None
+    if exists and not overwrite:
+        raise L5DaskError(f"{final.url}: already exists (pass overwrite=True / --overwrite)")
+    if final.local:
+        parent = os.path.dirname(os.path.abspath(final.root))
+        if not os.path.isdir(parent):
+            raise L5DaskError(f"{final.url}: the folder {parent} does not exist")
+        tmp = os.path.join(parent, f".{os.path.basename(final.root)}.partial-{uuid.uuid4().hex[:8]}")
+        return Store(tmp), final
+    if exists:
+        final.fs.rm(final.root, recursive=True)
+    return final, None
+
+
+def export(dataset: Any, output: Any, format: str = "parquet", *, storage_options: dict | None = None,
+           overwrite: bool = False, client: Any = None, chunks_per_task: int | None = None,
+           progress: bool = False) -> dict[str, int]:
+    """Export every array of a dataset as Parquet (``format="parquet"``) or as the zarr v3
+    columnar layout (``"zarr3"``, see :mod:`l5dask.columnar`); returns the rows written by array.
+
+    Parameters
+    ----------
+    dataset : path, URL or L5Dataset
+    output : path or URL
+        A folder (refused if it exists, unless ``overwrite``).
+    """
+    fmt_name = str(format).lower()
+    if fmt_name not in FORMATS:
+        raise L5DaskError(f"unknown export format {format!r}; the formats are {', '.join(FORMATS)}")
+    ds = open_dataset(dataset, storage_options)
+    out, final = _target(os.fspath(output), ds, storage_options, overwrite)
+    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
+    graph: dict = {}
+    roots: dict[str, list] = {}
+    metas_of: dict[str, dict[str, FieldMeta]] = {}
+    for name in ds.arrays:
+        table = Table(ds, name)
+        short = fmt.SHORT_NAMES[name]
+        if fmt_name == "parquet":
+            selection = table.select(export_columns(table))
+            groups = job.groups(Pass(selection.source), guided=False)
+            func = functools.partial(_write_parquet, out, short)
+        else:
+            selection = table.select(JOINS[name])
+            n = selection.source.nchunks
+            groups = [(f, min(CHUNKS_PER_SHARD, n - f)) for f in range(0, n, CHUNKS_PER_SHARD)]
+            metas_of[name] = _field_metas(ds, name)
+            func = functools.partial(_write_shards, out, metas_of[name])
+        key = f"l5-export-{short}-{tokenize(ds.url, fmt_name, groups, str(out.url))}"
+        keys = [(key, i) for i in range(len(groups))]
+        graph.update(chunk_tasks(ds, selection, groups, keys, func, job))
+        roots[name] = keys
+    top = f"l5-export-{tokenize(sorted(graph, key=str))}"
+    for n, ks in roots.items():
+        graph[(top, n)] = Task((top, n), _done, *[TaskRef(k) for k in ks])
+    graph[top] = Task(top, _named, list(fmt.SHORT_NAMES[n] for n in roots), *[TaskRef((top, n)) for n in roots])
+    try:
+        rows = compute(Delayed(top, HighLevelGraph.from_collections(top, graph, dependencies=[])),
+                       client=job.client, progress=job.progress, **job.kw)
+        if fmt_name == "zarr3":
+            _zarr3_metadata(out, ds, metas_of)
+        if final is not None:
+            if os.path.exists(final.root):
+                import shutil
+
+                shutil.rmtree(final.root)
+            os.replace(out.root, final.root)
+    except BaseException:
+        try:
+            out.fs.rm(out.root, recursive=True)
+        except OSError:
+            pass
+        raise
+    return rows
+
+
+def _zarr3_metadata(out: Store, ds: L5Dataset, metas_of: dict[str, dict[str, FieldMeta]]) -> None:
+    """Every array's and group's ``zarr.json``, the root's last."""
+    for name, metas in metas_of.items():
+        arr = ds[name]
+        for f, m in metas.items():
+            attrs = {}
+            if f == "label_probabilities":
+                attrs["labels"] = list(ds.labels)
+            elif f == "traffic_light_face_status":
+                attrs["statuses"] = list(fmt.TL_FACE_STATUSES)
+            elif f in JOINS[name]:
+                attrs["description"] = f"join column: the {f} of each row (l5dask)"
+            put(out, f"{m.key}/zarr.json", array_json(name, f, m, attrs))
+        put(out, f"{name}/zarr.json", group_json({"l5kit_dtype": fmt.descr_from_dtype(arr.dtype), "length": len(arr),
+                                                  "chunk_rows": arr.meta.chunk_rows}))
+    put(out, "zarr.json", group_json({"l5dask": {"layout": LAYOUT, "version": LAYOUT_VERSION, "source": ds.url},
+                                      "format_version": fmt.FORMAT_VERSION, "labels": list(ds.labels)}))
