@@ -359,6 +359,31 @@ def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, 
 
 @main.command()
 @click.argument("dataset")
+@click.argument("output")
+@click.option("--format", "-f", "format_", default="parquet", show_default=True, metavar="parquet|zarr3",
+              help="parquet: a Parquet dataset per array, with join columns (DuckDB, Polars, Spark...); zarr3: "
+                   "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)")
+@overwrite_option
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def export(dataset, output, format_, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """Export every array of DATASET to OUTPUT (a folder or URL) in a columnar format."""
+    from .cluster import connect
+    from .exports import export as op
+
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        rows = op(dataset, output, format_, storage_options=_parse_storage_options(storage_options),
+                  overwrite=overwrite, chunks_per_task=chunks_per_task, client=client, progress=not quiet)
+    click.echo(f"wrote {output} ({format_}): " + ", ".join(f"{n:,} {k}" for k, n in rows.items())
+               + f" ({time.perf_counter() - t0:.1f} s)")
+
+
+@main.command()
+@click.argument("dataset")
 @storage_option
 @_friendly
 def validate(dataset: str, storage_options) -> None:

@@ -4,7 +4,7 @@ zarr v3 layout of :mod:`l5dask.columnar` (for zarr-python 3 and xarray's own zar
 Both are one pass per array, a task per group of stored chunks (each decoded once), the join
 columns made from the frames pass as the dataframes make them (:func:`l5dask.joins.chunk_tasks`).
 
-**Parquet**: ``OUT/{scenes,frames,agents,tl_faces}/part-NNNNNN.parquet``. Every table has its own
+**Parquet**: ``OUT/{scenes,frames,agents,traffic_light_faces}/part-NNNNNN.parquet`` (L5Kit's names). Every table has its own
 row index (``agent_index``, ``frame_index``, ``scene_index``, ``tl_face_index``) and the join
 columns (``scene_index``, ``frame_index``, ``timestamp`` on agents and faces; ``scene_index`` on
 frames), so that SQL engines join the tables on them. One row group per stored chunk, with
@@ -161,7 +161,7 @@ def export(dataset: Any, output: Any, format: str = "parquet", *, storage_option
         if fmt_name == "parquet":
             selection = table.select(export_columns(table))
             groups = job.groups(Pass(selection.source), guided=False)
-            func = functools.partial(_write_parquet, out, short)
+            func = functools.partial(_write_parquet, out, name)
         else:
             selection = table.select(JOINS[name])
             n = selection.source.nchunks
@@ -197,7 +197,16 @@ def export(dataset: Any, output: Any, format: str = "parquet", *, storage_option
 
 
 def _zarr3_metadata(out: Store, ds: L5Dataset, metas_of: dict[str, dict[str, FieldMeta]]) -> None:
-    """Every array's and group's ``zarr.json``, the root's last."""
+    """Every array's and group's ``zarr.json``, the root's last, holding them all (zarr-python's
+    consolidated metadata: xarray opens the tree with one read)."""
+    import json
+
+    nodes: dict[str, dict] = {}
+
+    def put_json(key: str, raw: bytes) -> None:
+        put(out, f"{key}/zarr.json", raw)
+        nodes[key] = json.loads(raw)
+
     for name, metas in metas_of.items():
         arr = ds[name]
         for f, m in metas.items():
@@ -208,8 +217,10 @@ def _zarr3_metadata(out: Store, ds: L5Dataset, metas_of: dict[str, dict[str, Fie
                 attrs["statuses"] = list(fmt.TL_FACE_STATUSES)
             elif f in JOINS[name]:
                 attrs["description"] = f"join column: the {f} of each row (l5dask)"
-            put(out, f"{m.key}/zarr.json", array_json(name, f, m, attrs))
-        put(out, f"{name}/zarr.json", group_json({"l5kit_dtype": fmt.descr_from_dtype(arr.dtype), "length": len(arr),
-                                                  "chunk_rows": arr.meta.chunk_rows}))
-    put(out, "zarr.json", group_json({"l5dask": {"layout": LAYOUT, "version": LAYOUT_VERSION, "source": ds.url},
-                                      "format_version": fmt.FORMAT_VERSION, "labels": list(ds.labels)}))
+            put_json(m.key, array_json(name, f, m, attrs))
+        put_json(name, group_json({"l5kit_dtype": fmt.descr_from_dtype(arr.dtype), "length": len(arr),
+                                   "chunk_rows": arr.meta.chunk_rows}))
+    root = json.loads(group_json({"l5dask": {"layout": LAYOUT, "version": LAYOUT_VERSION, "source": ds.url},
+                                  "format_version": fmt.FORMAT_VERSION, "labels": list(ds.labels)}))
+    root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": nodes}
+    put(out, "zarr.json", json.dumps(root, indent=1).encode())
