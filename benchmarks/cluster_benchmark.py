@@ -15,36 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset  # noqa: E402
+from common import dataset, moto_server  # noqa: E402
 
 
 def timed(fn):
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
-
-
-def moto_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(100):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
-            break
-        except OSError:
-            time.sleep(0.2)
-    return proc, f"http://127.0.0.1:{port}"
 
 
 def main() -> None:

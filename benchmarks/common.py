@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from numcodecs import Blosc
@@ -60,3 +63,18 @@ def run(cmd: list[str]) -> tuple[float, float]:
     if status != 0:
         raise SystemExit(f"failed ({status}): {' '.join(cmd)}")
     return wall, usage.ru_maxrss / 1e6
+
+
+def moto_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
+            break
+        except OSError:
+            time.sleep(0.2)
+    return proc, f"http://127.0.0.1:{port}"

@@ -110,7 +110,19 @@ def persist(collections: list, client: Any = None, progress: bool = False, **kw:
 
 
 def compute(collection: Any, client: Any = None, progress: bool = False, **kw: Any) -> Any:
-    """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler."""
+    """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler.
+
+    On local threads the tasks run in a pool of this call's own, shut down before it returns or
+    raises: when a task fails no other task is still running (writing an output the caller is
+    about to remove)."""
+    from dask.threaded import get as threaded_get
+
+    if client is None and kw.get("scheduler") is threaded_get and "pool" not in kw:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+            return compute(collection, None, progress, pool=pool, **kw)
     if client is None:
         if progress:
             from dask.diagnostics import ProgressBar
