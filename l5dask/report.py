@@ -15,7 +15,7 @@ from .intervals import check_intervals
 from .outputs import atomic_write, write_table
 from .reading import L5Dataset, open_dataset
 from .joins import scene_rows
-from .stats import AGENT_FIELDS, TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
+from .stats import AGENT_FIELDS, FRAME_FIELDS, TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
 
 #: Scenes whose agents-per-frame series the report keeps for its plots.
 SAMPLE_SCENES = 4
@@ -56,6 +56,7 @@ def compute_report(
                                       progress=progress, client=own)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS].select(AGENT_FIELDS)
+    frames = frames.select([f for f in FRAME_FIELDS if f in frames.dtype.names])
     job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress,
               size_for=agents.nchunks)  # the agents are most of the work
     counts = ds.counts()

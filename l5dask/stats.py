@@ -260,6 +260,8 @@ def _close(series: SceneSeries, opens: list) -> SceneSeries:
 
 #: The agent fields the report reads (a columnar store reads only these: never extent or yaw).
 AGENT_FIELDS = ("centroid", "velocity", "track_id", "label_probabilities")
+#: The frame fields it reads (never the ego's rotation).
+FRAME_FIELDS = ("timestamp", "agent_index_interval", "traffic_light_faces_index_interval", "ego_translation")
 
 
 class AgentStats:

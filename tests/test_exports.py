@@ -136,6 +136,7 @@ def test_zarr3_export_reads_back_as_the_same_dataset(source, tmp_path, monkeypat
     assert json.dumps(r_back, default=str, sort_keys=True) == json.dumps(r_orig, default=str, sort_keys=True)
     agent_arrays = {k.split("/")[1] for k in keys if k.startswith("agents/")}
     assert agent_arrays == {"centroid", "velocity", "track_id", "label_probabilities"}
+    assert not [k for k in keys if k.startswith("frames/ego_rotation")]
     # xarray views and dataframes work on it as on the original
     np.testing.assert_array_equal(back.agents["velocity"].values, d["agents"]["velocity"])
 
