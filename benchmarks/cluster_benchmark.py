@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset, moto_server  # noqa: E402
+from common import dataset, moto_bucket, moto_server  # noqa: E402
 
 
 def timed(fn):
@@ -81,13 +81,9 @@ def main() -> None:
     small = dataset(args.s3_scenes if args.s3_scenes is not None else args.scenes)
     proc, endpoint = moto_server()
     try:
-        import boto3
         import s3fs
 
-        opts = {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-                "skip_instance_cache": True}
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
-                     aws_secret_access_key="x").create_bucket(Bucket="bench")
+        opts = moto_bucket(endpoint)
         fs = s3fs.S3FileSystem(**opts)
         fs.put(small, "bench/d.zarr", recursive=True)
         keys = [k for k in fs.find("bench/d.zarr") if not k.rsplit("/", 1)[-1].startswith(".")]

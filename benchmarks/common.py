@@ -78,3 +78,13 @@ def moto_server():
         except OSError:
             time.sleep(0.2)
     return proc, f"http://127.0.0.1:{port}"
+
+
+def moto_bucket(endpoint: str, bucket: str = "bench") -> dict:
+    """Make ``bucket`` on the moto server at ``endpoint``; the storage options that reach it."""
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
+                 aws_secret_access_key="x").create_bucket(Bucket=bucket)
+    return {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+            "skip_instance_cache": True}

@@ -21,7 +21,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import dataset, moto_server, run  # noqa: E402
+from common import dataset, moto_bucket, moto_server, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -66,7 +66,6 @@ def main() -> None:
 
 
 def s3(src: str, v3: str, l5: str, rounds: int) -> None:
-    import boto3
     import s3fs
 
     from l5dask.report import compute_report
@@ -74,10 +73,7 @@ def s3(src: str, v3: str, l5: str, rounds: int) -> None:
 
     proc, endpoint = moto_server()
     try:
-        opts = {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-                "skip_instance_cache": True}
-        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
-                     aws_secret_access_key="x").create_bucket(Bucket="bench")
+        opts = moto_bucket(endpoint)
         fs = s3fs.S3FileSystem(**opts)
         fs.put(src, "bench/l5kit.zarr", recursive=True)
         fs.put(v3, "bench/v3", recursive=True)

@@ -291,18 +291,18 @@ def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
         _written(ds, time.perf_counter() - t0)
 
 
-overwrite_option = click.option("--overwrite", is_flag=True, help="replace a dataset that exists at the output")
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+def writer_options(func):
+    """The options of the commands that write a dataset or an export (and the one error path)."""
+    for option in (storage_option, scheduler_option, click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
+                   chunks_option, click.option("--overwrite", is_flag=True, help="replace what exists at the output")):
+        func = option(func)
+    return func
 
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-O", "output", required=True, help="the concatenated dataset: a folder or a URL")
-@overwrite_option
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
+@writer_options
 @_friendly
 def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
@@ -321,11 +321,7 @@ def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage
 @click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
 @click.option("--start", default=None, metavar="ISO", help="keep scenes whose first frame is at or after this time (UTC unless said)")
 @click.option("--end", default=None, metavar="ISO", help="... and before this time")
-@overwrite_option
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
+@writer_options
 @_friendly
 def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_task, quiet, scheduler,
            storage_options) -> None:
@@ -343,11 +339,7 @@ def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_tas
 @click.option("--part", "parts", multiple=True, required=True, metavar="NAME=N|NAME=1.5GB|NAME=rest",
               help="a part written to OUTDIR/NAME: N scenes, a size as L5Kit's zarr_split counts it "
                    "(GB of 1024^3 bytes), or the rest (last); repeatable, in order")
-@overwrite_option
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
+@writer_options
 @_friendly
 def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """Split DATASET into consecutive parts of scenes, each a dataset under OUTDIR."""
@@ -363,11 +355,7 @@ def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, 
 @click.option("--format", "-f", "format_", default="parquet", show_default=True, metavar="parquet|zarr3",
               help="parquet: a Parquet dataset per array, with join columns (DuckDB, Polars, Spark...); zarr3: "
                    "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)")
-@overwrite_option
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
+@writer_options
 @_friendly
 def export(dataset, output, format_, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """Export every array of DATASET to OUTPUT (a folder or URL) in a columnar format."""

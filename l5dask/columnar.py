@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from numcodecs import Blosc, VLenUTF8, Zstd

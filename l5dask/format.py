@@ -242,8 +242,8 @@ def check_fields(name: str, dtype: np.dtype, where: str) -> None:
             )
 
 
-def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
-    """Parse and validate the ``.zarray`` JSON of one L5Kit array."""
+def _load_zarray(raw: bytes, where: str) -> dict:
+    """A ``.zarray``'s JSON object, refused unless it is zarr v2 metadata."""
     try:
         meta = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -252,6 +252,12 @@ def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
         raise FormatError(f"{where}: .zarray is not a JSON object")
     if meta.get("zarr_format") != 2:
         raise FormatError(f"{where}: zarr_format is {meta.get('zarr_format')!r}, expected 2")
+    return meta
+
+
+def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
+    """Parse and validate the ``.zarray`` JSON of one L5Kit array."""
+    meta = _load_zarray(raw, where)
     dtype = dtype_from_descr(meta.get("dtype"), where)
     check_fields(name, dtype, where)
     shape, chunks = meta.get("shape"), meta.get("chunks")
@@ -279,12 +285,7 @@ MASKS = "agents_mask"
 def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
     """Parse the ``.zarray`` of an N-D array of one number type chunked along its first axis only
     (L5Kit's agent masks: uint32, ``(agents, 2)``, chunks ``(10000, 2)``), as 1-D records."""
-    try:
-        meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{where}: .zarray is not valid JSON ({exc})") from exc
-    if not isinstance(meta, dict) or meta.get("zarr_format") != 2:
-        raise FormatError(f"{where}: not zarr v2 array metadata")
+    meta = _load_zarray(raw, where)
     descr = meta.get("dtype")
     if not isinstance(descr, str):
         raise FormatError(f"{where}: dtype {descr!r} is not a plain number type")
