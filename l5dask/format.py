@@ -170,6 +170,18 @@ class ArrayMeta:
         return start, min(start + self.chunk_rows, self.length)
 
 
+def safe_dtype(text: str, kinds: set[str], what: str, why: str) -> np.dtype:
+    """The numpy dtype spelled ``text``, refused unless its kind is one of ``kinds`` (never an
+    object dtype: nothing read from a store is unpickled); errors start with ``what``."""
+    try:
+        dt = np.dtype(text)
+    except TypeError as exc:
+        raise FormatError(f"{what} an unknown dtype {text!r}") from exc
+    if dt.kind not in kinds:
+        raise FormatError(f"{what} dtype {text!r}, {why}")
+    return dt
+
+
 def dtype_from_descr(descr: Any, where: str) -> np.dtype:
     """Build a numpy dtype from a zarr v2 ``dtype`` entry, refusing anything unsafe.
 
@@ -186,15 +198,8 @@ def dtype_from_descr(descr: Any, where: str) -> np.dtype:
         name, base = entry[0], entry[1]
         if not isinstance(base, str):
             raise FormatError(f"{where}: field {name!r} has a nested or unsupported dtype {base!r}")
-        try:
-            base_dt = np.dtype(base)
-        except TypeError as exc:
-            raise FormatError(f"{where}: field {name!r} has an unknown dtype {base!r}") from exc
-        if base_dt.kind not in _ALLOWED_KINDS:
-            raise FormatError(
-                f"{where}: field {name!r} has dtype {base!r}, which would need object/pickle "
-                "decoding; refusing to read it"
-            )
+        base_dt = safe_dtype(base, _ALLOWED_KINDS, f"{where}: field {name!r} has",
+                             "which would need object/pickle decoding; refusing to read it")
         if len(entry) == 3:
             shape = entry[2]
             if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
@@ -289,12 +294,7 @@ def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
     descr = meta.get("dtype")
     if not isinstance(descr, str):
         raise FormatError(f"{where}: dtype {descr!r} is not a plain number type")
-    try:
-        base = np.dtype(descr)
-    except TypeError as exc:
-        raise FormatError(f"{where}: unknown dtype {descr!r}") from exc
-    if base.kind not in "biuf":
-        raise FormatError(f"{where}: dtype {descr!r} is not a number type; refusing to read it")
+    base = safe_dtype(descr, set("biuf"), f"{where}: it has", "which is not a number type; refusing to read it")
     shape, chunks = meta.get("shape"), meta.get("chunks")
     ok = (isinstance(shape, list) and isinstance(chunks, list) and len(shape) == len(chunks) >= 1
           and all(isinstance(v, int) and v >= 0 for v in shape + chunks) and chunks[0] > 0)
