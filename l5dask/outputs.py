@@ -21,7 +21,8 @@ def _remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def _fs(path: str, storage_options: dict[str, Any] | None):
+def filesystem(path: str, storage_options: dict[str, Any] | None):
+    """The fsspec filesystem of a file's URL and its path there (S3 options resolved as the store's)."""
     from fsspec.core import url_to_fs
 
     from .store import resolve_s3_options
@@ -37,7 +38,7 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
     path = os.fspath(path)
     if _remote(path):
         try:
-            fs, target = _fs(path, storage_options)
+            fs, target = filesystem(path, storage_options)
             parent = target.rstrip("/").rsplit("/", 1)[0] if "/" in target.rstrip("/") else target
             bucket = target.split("/", 1)[0]
             if not fs.exists(bucket):
@@ -76,7 +77,7 @@ def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[
     try:
         write(tmp)
         if remote:
-            fs, target = _fs(path, storage_options)
+            fs, target = filesystem(path, storage_options)
             fs.put_file(tmp, target)  # one object, visible only once whole
         else:
             umask = os.umask(0)

@@ -54,6 +54,45 @@ def l5kit_data() -> None:
             sys.modules[pkg] = mod
 
 
+def l5kit_evaluation():
+    """L5Kit 1.5.0's ``evaluation.csv_utils``, ``evaluation.metrics`` and ``evaluation.extract_metrics``
+    loaded from its installed source without torch: ``l5kit.evaluation``'s ``__init__`` and
+    ``metrics.py`` import torch and the planning stack, which the numpy metrics never call, so
+    those imports get empty stand-ins (and only for the loading)."""
+    import importlib.util
+    import types
+
+    l5kit_data()
+    if "l5kit.evaluation.extract_metrics" in sys.modules:
+        return sys.modules["l5kit.evaluation.csv_utils"], sys.modules["l5kit.evaluation.metrics"], \
+            sys.modules["l5kit.evaluation.extract_metrics"]
+    root = list(sys.modules["l5kit"].__path__)[0]
+    ev = types.ModuleType("l5kit.evaluation")
+    ev.__path__ = [os.path.join(root, "evaluation")]
+    sys.modules["l5kit.evaluation"] = ev
+    saved = {k: sys.modules.get(k) for k in ("torch", "l5kit.planning", "l5kit.planning.utils")}
+    for k in saved:
+        sys.modules[k] = types.ModuleType(k)
+    sys.modules["l5kit.planning"].utils = sys.modules["l5kit.planning.utils"]
+    sys.modules["torch"].Tensor = type("Tensor", (), {})  # only annotations use it
+    try:
+        mods = []
+        for name in ("csv_utils", "metrics", "extract_metrics"):
+            spec = importlib.util.spec_from_file_location(f"l5kit.evaluation.{name}",
+                                                          os.path.join(root, "evaluation", f"{name}.py"))
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod
+            spec.loader.exec_module(mod)
+            mods.append(mod)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+    return tuple(mods)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
