@@ -8,7 +8,7 @@ through ``memcpy`` (rows of 116 bytes leave most doubles unaligned).
 
 import numpy as np
 
-from libc.math cimport sqrt
+from libc.math cimport fma, sqrt
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
@@ -344,3 +344,12 @@ def gather_fields(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, const
             for j in range(m):
                 out = <uint8_t*><size_t>argmax_dests[j]
                 out[i] = <uint8_t>l5_argmax_f32(row + argmax_offsets[j], argmax_ncols[j])
+
+
+def norm2_fma(const double[::1] x, const double[::1] y, double[::1] out):
+    """``sqrt(fma(y, y, x * x))`` per element: ``np.linalg.norm`` of a 2-vector as numpy computes
+    it (its ``dot`` is OpenBLAS's ddot, which fuses the multiply-add on FMA hardware)."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    with nogil:
+        for i in range(n):
+            out[i] = sqrt(fma(y[i], y[i], x[i] * x[i]))

@@ -158,7 +158,7 @@ class ArrayMeta:
 
     def key(self, index: int) -> str:
         """The store key of stored chunk ``index``."""
-        return f"{self.name}/{index}" + "".join(self.separator + "0" for _ in self.tail)
+        return (f"{self.name}/" if self.name else "") + f"{index}" + "".join(self.separator + "0" for _ in self.tail)
 
     @property
     def nchunks(self) -> int:

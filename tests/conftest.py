@@ -93,6 +93,39 @@ def l5kit_evaluation():
     return tuple(mods)
 
 
+def l5kit_select_agents():
+    """L5Kit 1.5.0's ``dataset/select_agents.py`` (and its ``ChunkedDataset``) without torch:
+    ``l5kit.dataset``'s ``__init__`` imports torch, and ``l5kit.geometry``'s the map stack; the
+    module needs only ``angular_distance`` (``geometry/angle.py``), loaded on its own."""
+    import importlib.util
+    import types
+
+    l5kit_data()
+    if "l5kit.dataset.select_agents" in sys.modules:
+        return sys.modules["l5kit.dataset.select_agents"]
+    root = list(sys.modules["l5kit"].__path__)[0]
+    from l5kit.data.zarr_dataset import ChunkedDataset
+
+    sys.modules["l5kit.data"].ChunkedDataset = ChunkedDataset
+
+    def load(name: str, path: str):
+        spec = importlib.util.spec_from_file_location(name, os.path.join(root, path))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        return mod
+
+    if "l5kit.geometry" not in sys.modules:
+        geo = types.ModuleType("l5kit.geometry")
+        geo.__path__ = [os.path.join(root, "geometry")]
+        sys.modules["l5kit.geometry"] = geo
+        geo.angular_distance = load("l5kit.geometry.angle", "geometry/angle.py").angular_distance
+    pkg = types.ModuleType("l5kit.dataset")
+    pkg.__path__ = [os.path.join(root, "dataset")]
+    sys.modules.setdefault("l5kit.dataset", pkg)
+    return load("l5kit.dataset.select_agents", "dataset/select_agents.py")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
