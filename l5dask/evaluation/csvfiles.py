@@ -539,37 +539,54 @@ WRITE_ROWS = 10_000
 WRITE_WINDOW = 8
 
 
-def _write_blocks(path: str, header: list[str], func, arrays: list[Any], extra: tuple, job: Any,
-                  storage_options: dict | None) -> None:
-    """Format row blocks of ``arrays`` in parallel tasks and append them in order, atomically."""
-    import dask.array as da
-
-    from ..cluster import compute
-    from ..engine import Job
+def write_ordered(path: str, header: list[str], parts, storage_options: dict | None = None) -> None:
+    """Write a CSV atomically: ``header``, then the bytes that the iterable ``parts`` yields, in
+    order (a caller computes them in windows of parallel tasks, so only a window is in memory)."""
     from ..outputs import atomic_write
-
-    job = job or Job()
-    n = arrays[0].shape[0]
-    arrays = [da.asarray(a).rechunk({0: WRITE_ROWS}) if isinstance(a, da.Array) else a for a in arrays]
-    bounds = [(lo, min(lo + WRITE_ROWS, n)) for lo in range(0, n, WRITE_ROWS)]
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as out:
             out.write((",".join(header) + "\r\n").encode())
-            for w in range(0, len(bounds), WRITE_WINDOW):
-                batch = bounds[w: w + WRITE_WINDOW]
-                if any(isinstance(a, da.Array) for a in arrays):
-                    import dask
-
-                    parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in batch]
-                    got = compute(parts, client=job.client, **job.kw)
-                else:
-                    got = job.map(func, [tuple(a[lo:hi] for a in arrays) + extra for lo, hi in batch],
-                                  name="l5-csv-format")
-                for b in got:
-                    out.write(b)
+            for b in parts:
+                out.write(b)
 
     atomic_write(path, write, storage_options)
+
+
+def windows(job: Any, func, calls: list[tuple], name: str, window: int | None = None):
+    """``func(*call)`` of each call, yielded in order, computed ``window`` tasks at a time."""
+    window = window or max(WRITE_WINDOW, 2 * job.threads)
+    for w in range(0, len(calls), window):
+        yield from job.map(func, calls[w: w + window], name=name)
+
+
+def _dask_windows(job: Any, func, arrays: list[Any], extra: tuple, bounds: list[tuple[int, int]]):
+    import dask
+
+    from ..cluster import compute
+
+    for w in range(0, len(bounds), WRITE_WINDOW):
+        parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in bounds[w: w + WRITE_WINDOW]]
+        yield from compute(parts, client=job.client, **job.kw)
+
+
+def _write_blocks(path: str, header: list[str], func, arrays: list[Any], extra: tuple, job: Any,
+                  storage_options: dict | None) -> None:
+    """Format row blocks of ``arrays`` (numpy or dask) in parallel tasks, appended in order, atomically."""
+    import dask.array as da
+
+    from ..engine import Job
+    from ..outputs import check_writable
+
+    check_writable(path, storage_options)
+    job = job or Job()
+    n = arrays[0].shape[0]
+    bounds = [(lo, min(lo + WRITE_ROWS, n)) for lo in range(0, n, WRITE_ROWS)]
+    if any(isinstance(a, da.Array) for a in arrays):
+        parts = _dask_windows(job, func, arrays, extra, bounds)
+    else:
+        parts = windows(job, func, [tuple(a[lo:hi] for a in arrays) + extra for lo, hi in bounds], "l5-csv-format")
+    write_ordered(path, header, parts, storage_options)
 
 
 def _check_rows(timestamps, track_ids, n: int) -> None:

@@ -1,0 +1,194 @@
+"""Ground truth from a dataset: L5Kit's ``export_zarr_to_csv``, as a vectorized self-join.
+
+For each selected agent (row ``a`` in frame ``f`` of scene ``s``, track ``k``), in agent order:
+the current agent is the first of frame ``f`` with track ``k`` that passes the label filter (the
+agent itself unless a frame repeats a track id; none: L5Kit raises, and so do we, naming it);
+for ``i = 1..T`` the future position is the first agent of frame ``f + i`` with track ``k`` (no
+label filter) if that frame is still in scene ``s``. Positions go to the agent's frame and back
+as L5Kit's ``AgentDataset`` moves them (through float32), minus the current centroid.
+
+Each task owns a range of agent rows and reads the whole scenes that hold them (so the future
+frames of its last agents, and the agents mask if it must be computed, are there); the lookups
+``(frame, track) -> first agent`` are one sort and a ``searchsorted`` of every ``(agent, step)``.
+Tasks return their rows formatted as L5Kit writes them; the file is appended in order and moved
+into place whole.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import format as fmt
+from ..errors import L5DaskError
+from .agents import SceneData, Thresholds, label_filter, mask_of, read_span, rows_per_task, spans, task_ranges
+from .csvfiles import gt_bytes, gt_header, windows, write_ordered
+
+#: ``AgentDataset``'s defaults.
+MIN_FRAME_HISTORY = 10
+MIN_FRAME_FUTURE = 1
+
+
+class MaskError(L5DaskError, ValueError):
+    """A mask that does not fit the dataset, or selects an agent L5Kit cannot use."""
+
+
+def _first_lookup(frame: np.ndarray, track: np.ndarray, keep: np.ndarray) -> tuple:
+    """A sorted key ``(frame, track code)`` of the rows where ``keep``, first row per key."""
+    rows = np.flatnonzero(keep)
+    codes, inv = np.unique(track, return_inverse=True)
+    key = frame[rows] * len(codes) + inv[rows]
+    order = np.lexsort((rows, key))
+    key, rows = key[order], rows[order]
+    first = np.r_[True, key[1:] != key[:-1]] if len(key) else np.zeros(0, bool)
+    return key[first], rows[first], codes
+
+
+def _find(table: tuple, frame: np.ndarray, track: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of ``(frame, track)`` in a lookup, and whether each was found."""
+    keys, rows, codes = table
+    code = np.searchsorted(codes, track)
+    known = code < len(codes)
+    known[known] = codes[code[known]] == track[known]
+    q = frame * len(codes) + np.minimum(code, max(len(codes) - 1, 0))
+    pos = np.minimum(np.searchsorted(keys, q), max(len(keys) - 1, 0))
+    found = known & (keys[pos] == q) if len(keys) else np.zeros(len(q), bool)
+    return rows[pos] if len(rows) else np.zeros(len(q), np.int64), found
+
+
+def gt_rows(data: SceneData, selected: np.ndarray, future_len: int, threshold: float,
+            scene_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """GT of the agents ``selected`` (rows of ``data``): timestamps, track ids, coords (n, T, 2),
+    avails (n, T) as ``export_zarr_to_csv`` writes them. ``scene_end``: each agent's scene's end frame."""
+    ag, fr, f0 = data.agents, data.frames, data.span.f0
+    n = len(ag)
+    track = ag["track_id"].astype(np.uint64)
+    frame = data.frame - f0
+    lp = ag["label_probabilities"].reshape(n, -1)
+    passing = label_filter(lp, threshold)
+    cur_rows, ok = _find(_first_lookup(frame, track, passing), frame[selected], track[selected])
+    if not ok.all():
+        a = int(selected[np.flatnonzero(~ok)[0]]) + data.span.a0
+        raise MaskError(f"the mask selects agent {a} (track {int(track[a - data.span.a0])}, frame "
+                        f"{int(data.frame[a - data.span.a0])}), which fails the label filter > {threshold}: "
+                        "L5Kit's ground truth raises there")
+    anyone = _first_lookup(frame, track, np.ones(n, bool))
+    steps = np.arange(1, future_len + 1)
+    fut_frame = frame[selected][:, None] + steps
+    in_scene = fut_frame < (scene_end[selected] - f0)[:, None]
+    k = np.broadcast_to(track[selected][:, None], fut_frame.shape)
+    fut_rows, found = _find(anyone, np.where(in_scene, fut_frame, 0).ravel(), k.ravel())
+    avail = (found.reshape(fut_frame.shape) & in_scene).astype(np.float32)
+    centroid = ag["centroid"].reshape(n, 2).astype(np.float64)
+    c = centroid[cur_rows]
+    yaw = ag["yaw"][cur_rows].astype(np.float64)
+    pos = np.where(avail[..., None] > 0, centroid[fut_rows.reshape(fut_frame.shape)], 0.0)
+    # AgentDataset: world -> agent (float64), * availability, cast to float32, agent -> world, - centroid
+    cos, sin = np.cos(yaw)[:, None], np.sin(yaw)[:, None]
+    tx = -(cos[:, 0] * c[:, 0] + sin[:, 0] * c[:, 1])[:, None]
+    ty = (sin[:, 0] * c[:, 0] - cos[:, 0] * c[:, 1])[:, None]
+    ax = (pos[..., 0] * cos + pos[..., 1] * sin + tx) * avail
+    ay = (pos[..., 0] * -sin + pos[..., 1] * cos + ty) * avail
+    ax, ay = ax.astype(np.float32).astype(np.float64), ay.astype(np.float32).astype(np.float64)
+    wx = ax * cos + ay * -sin + c[:, 0, None]
+    wy = ax * sin + ay * cos + c[:, 1, None]
+    coords = np.stack([wx - c[:, 0, None], wy - c[:, 1, None]], axis=-1)
+    timestamps = fr["timestamp"][frame[selected]].astype(np.int64)
+    return timestamps, track[selected].astype(np.int64), coords, avail
+
+
+def _gt_task(agents: Any, frames: Any, span: Any, lo: int, hi: int, future_len: int, th: Thresholds,
+             mask_source: Any, history: int, future: int, scene_f1: np.ndarray) -> bytes:
+    """The GT rows of the selected agents among rows ``[lo, hi)``, formatted."""
+    data = read_span(agents, frames, span)
+    if isinstance(mask_source, np.ndarray) and mask_source.dtype == bool:
+        chosen = mask_source
+    else:
+        if mask_source is None:
+            counts = mask_of(data, th)[0][lo - span.a0: hi - span.a0]
+        else:  # the dataset's agents mask array
+            counts = mask_source.read_rows(lo, hi, np.empty(hi - lo, mask_source.dtype))["value"]
+        chosen = (counts[:, 0] >= history) & (counts[:, 1] >= future)
+    selected = np.flatnonzero(chosen) + (lo - span.a0)
+    scene_end = scene_f1[data.scene - span.s0]
+    ts, tid, coords, avail = gt_rows(data, selected, future_len, th.threshold, scene_end)
+    return gt_bytes(ts, tid, coords, avail)
+
+
+def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndarray:
+    """A boolean agents mask: an array, or L5Kit's ``mask.npz`` (key ``arr_0``); its length must be
+    the number of agents."""
+    if isinstance(mask, (str, bytes)) or hasattr(mask, "__fspath__"):
+        from ..outputs import filesystem
+
+        path = str(mask)
+        try:
+            fs, p = filesystem(path, storage_options)
+            with fs.open(p, "rb") as f:
+                with np.load(f, allow_pickle=False) as z:
+                    if "arr_0" not in z.files:
+                        raise MaskError(f"{path}: no array 'arr_0' (L5Kit's mask.npz holds one): {z.files}")
+                    mask = z["arr_0"]
+        except FileNotFoundError:
+            raise MaskError(f"{path}: no such file") from None
+        except (ValueError, OSError) as exc:
+            if isinstance(exc, MaskError):
+                raise
+            raise MaskError(f"{path}: not a numpy .npz file ({exc})") from None
+    mask = np.asarray(mask)
+    if mask.ndim != 1 or len(mask) != n:
+        raise MaskError(f"the mask has shape {mask.shape}; the dataset has {n:,} agents (one flag per agent)")
+    if mask.dtype != bool:
+        if mask.dtype.kind not in "iu" or not np.isin(mask, (0, 1)).all():
+            raise MaskError(f"the mask is {mask.dtype}, not booleans")
+        mask = mask.astype(bool)
+    return mask
+
+
+def export_zarr_to_csv(dataset: Any, csv_file_path: str, future_num_frames: int = 50,
+                       filter_agents_threshold: float = 0.5, agents_mask: Any = None, *,
+                       min_frame_history: int = MIN_FRAME_HISTORY, min_frame_future: int = MIN_FRAME_FUTURE,
+                       storage_options: dict | None = None, job: Any = None, client: Any = None,
+                       progress: bool = False) -> int:
+    """The GT CSV that L5Kit's ``export_zarr_to_csv`` writes (same rows, order and header).
+
+    ``agents_mask``: a boolean array (or a ``mask.npz`` path) of the agents to export; else the
+    dataset's ``agents_mask/{threshold}`` with ``min_frame_history`` / ``min_frame_future`` (as
+    ``AgentDataset``), computed on the fly when the dataset has none. Returns the rows written.
+    """
+    from ..engine import Job
+    from ..outputs import check_writable
+    from ..reading import open_dataset
+    from ..surgery import scene_table
+
+    check_writable(csv_file_path, storage_options)
+    if int(future_num_frames) < 1:
+        raise L5DaskError(f"future frames must be at least 1, got {future_num_frames}")
+    job = job or Job(client=client, progress=progress)
+    ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
+    th = Thresholds(float(filter_agents_threshold))
+    n = len(ds[fmt.AGENTS])
+    mask = None
+    if agents_mask is not None:
+        mask = load_mask(agents_mask, n, storage_options)
+    else:
+        mask = ds.masks.get(str(th.threshold))
+    table = scene_table(ds, job)
+    calls = []
+    for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job), align=1):
+        span = spans(table, lo, hi)
+        src = mask[lo:hi] if isinstance(mask, np.ndarray) else mask
+        if isinstance(src, np.ndarray) and not src.any():
+            continue
+        calls.append((ds[fmt.AGENTS], ds[fmt.FRAMES], span, lo, hi, int(future_num_frames), th, src,
+                      int(min_frame_history), int(min_frame_future), table.f1[span.s0: span.s1]))
+    written = [0]
+
+    def counted():
+        for b in windows(job, _gt_task, calls, "l5-ground-truth"):
+            written[0] += b.count(b"\n")
+            yield b
+
+    write_ordered(csv_file_path, gt_header(int(future_num_frames)), counted(), storage_options)
+    return written[0]
