@@ -388,6 +388,17 @@ def validate(dataset: str, storage_options) -> None:
     click.echo(f"{dataset}: no problems")
 
 
+def _add_systems() -> None:
+    """Each system's commands live in its subpackage; they share this module's error path."""
+    from .evaluation.cli import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_add_systems()
+
+
 def run() -> None:
     """The console entry point: run a command, flush its output, and leave.
 

@@ -44,16 +44,52 @@ window.addEventListener('load', function () {
 """
 
 
+def figures_html(figures, data: dict[str, Any]) -> str:
+    """The ``(caption, draw)`` figures of ``data`` as inlined PNGs."""
+    out = []
+    for caption, draw in figures:
+        img = base64.b64encode(png(draw, data)).decode()
+        out.append(f'<figure><img alt="{caption}" src="data:image/png;base64,{img}">'
+                   f"<figcaption>{caption}</figcaption></figure>")
+    return "".join(out)
+
+
+def page(title: str, identity: str, body: str) -> str:
+    """A self-contained page: the report's style and the browser test's hooks."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>{_CSS}</style></head>
+<body>
+<h1>{html.escape(title)}</h1>
+<p class="identity">{identity}</p>
+{body}
+<script>{_SCRIPT}</script>
+</body></html>
+"""
+
+
+def table_html(head: list[str], rows: list[list[str]]) -> str:
+    return ("<div class=\"scroll\"><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+                                               for r in rows) + "</tbody></table></div>")
+
+
+def write_page(text: str, path: str, storage_options: dict | None = None) -> None:
+    """Write a page atomically (a failed run leaves no partial file)."""
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+
+    atomic_write(path, write, storage_options)
+
+
 def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
     """The HTML page of a report (as returned by ``compute_report``)."""
     c = report["counts"]
-    name = html.escape(str(report.get("dataset", "dataset")))
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    figures = []
-    for caption, draw in REPORT_FIGURES:
-        data = base64.b64encode(png(draw, report)).decode()
-        figures.append(f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
-                       f"<figcaption>{caption}</figcaption></figure>")
+    figures = figures_html(REPORT_FIGURES, report)
     table = report["_scene_table"]
     cols = list(table)
     n = len(table["scene_index"])
@@ -78,33 +114,45 @@ def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
                + "<div class=\"labels\">" + "".join(f"<div>{html.escape(_short(name))}: {n:,} ({share:.2f} %)</div>"
                                                  for name, n, share in labels) + "</div>"
                + f"<p>{html.escape(extra)}</p>")
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<title>l5dask report: {name}</title>
-<style>{_CSS}</style></head>
-<body>
-<h1>l5dask report: {name}</h1>
-<p class="identity">{c['scenes']:,} scenes, {c['frames']:,} frames, {c['agents']:,} agents,
-{c['tl_faces']:,} traffic-light faces &middot; computed {now}{took} &middot; l5dask {__version__}</p>
-<h2>Summary</h2>
+    identity = (f"{c['scenes']:,} scenes, {c['frames']:,} frames, {c['agents']:,} agents, "
+                f"{c['tl_faces']:,} traffic-light faces &middot; computed {now}{took} &middot; l5dask {__version__}")
+    body = f"""<h2>Summary</h2>
 {summary}
 <h2>Figures</h2>
-<div class="figures">{''.join(figures)}</div>
+<div class="figures">{figures}</div>
 <h2>Scenes</h2>
 {more}<div class="scroll"><table><thead><tr>{''.join(f'<th>{html.escape(col)}</th>' for col in cols)}</tr></thead>
-<tbody>{''.join(rows)}</tbody></table></div>
-<script>{_SCRIPT}</script>
-</body></html>
-"""
+<tbody>{''.join(rows)}</tbody></table></div>"""
+    return page(f"l5dask report: {report.get('dataset', 'dataset')}", identity, body)
 
 
 def write_html(report: dict[str, Any], path: str, elapsed_s: float | None = None,
                storage_options: dict | None = None) -> None:
     """Write the page atomically (a failed run leaves no partial file)."""
-    page = render(report, elapsed_s)
+    write_page(render(report, elapsed_s), path, storage_options)
 
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(page)
 
-    atomic_write(path, write, storage_options)
+def render_evaluation(result: dict[str, Any], gt: str, pred: str, elapsed_s: float | None = None) -> str:
+    """The page of an evaluation (as returned by :func:`l5dask.evaluation.evaluate`)."""
+    from .evaluation.metrics import METRICS
+    from .plot import EVALUATION_FIGURES
+
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""
+    identity = (f"{html.escape(gt)} against {html.escape(pred)}: {result['rows']:,} rows, T = {result['future_len']}, "
+                f"M = {result['max_modes']} &middot; computed {now}{took} &middot; l5dask {__version__}")
+    scalar = [k for k in METRICS if not isinstance(result[k], list)]
+    summary = table_html(["metric", "mean"], [[k, "" if result[k] is None else f"{result[k]:.6g}"] for k in scalar]
+                         + [["prob_true_mode", ", ".join(f"{v:.4f}" for v in result["prob_true_mode"] or [])]])
+    body = f"<h2>Metrics</h2>{summary}<h2>Figures</h2><div class=\"figures\">{figures_html(EVALUATION_FIGURES, result)}</div>"
+    for key, what in (("by_label", "label"), ("by_scene", "scene")):
+        groups = result.get(key)
+        if not groups:
+            continue
+        shown = groups[:MAX_TABLE_ROWS]
+        more = f"<p>First {MAX_TABLE_ROWS} of {len(groups):,} (the whole table is in the JSON).</p>" \
+            if len(groups) > MAX_TABLE_ROWS else ""
+        body += (f"<h2>By {what}</h2>{more}" + table_html(
+            [what, "rows"] + scalar, [[_short(str(g["name"])), f"{g['rows']:,}"]
+                                      + ["" if g[k] is None else f"{g[k]:.4g}" for k in scalar] for g in shown]))
+    return page("l5dask evaluation", identity, body)

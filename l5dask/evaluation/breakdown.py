@@ -16,7 +16,8 @@ from dask.base import tokenize
 from .. import format as fmt
 from ..engine import Pass, Reduction
 from ..surgery import pick_rows
-from .csvfiles import SHOW_KEYS, CSVError
+from .csvfiles import CSVError
+from .metrics import SHOW_KEYS
 
 
 def _frames_chunk(wanted: np.ndarray, data: np.ndarray, start: int, parent: Any) -> tuple:

@@ -1,0 +1,151 @@
+"""The evaluation commands (``evaluate``, ``select-agents``, ``gt``, ``chop``), added to ``l5dask``'s
+command line with its one error path: a user's mistake is one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from ..cli import _friendly, _outputs, _parse_storage_options, chunks_option, scheduler_option, storage_option
+
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+threshold_option = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0, 1),
+                                help="label filter: summed agent-like label probability must be above it")
+
+
+def _job(client, quiet: bool, chunks_per_task=None):
+    from ..engine import Job
+
+    return Job(client=client, progress=not quiet, chunks_per_task=chunks_per_task)
+
+
+@click.command()
+@click.argument("gt")
+@click.argument("pred")
+@click.option("--output", "-O", "output", required=True, help="the metrics (JSON): a path or a URL")
+@click.option("--max-modes", default=3, show_default=True, type=click.IntRange(1), help="modes of the PRED file (L5Kit's M)")
+@click.option("--dataset", help="the dataset the GT comes from: adds breakdowns by label and by scene")
+@click.option("--html", "html_path", help="also write a self-contained HTML page with plots")
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, storage_options) -> None:
+    """L5Kit's eight metrics of the prediction file PRED against the ground truth GT (rows joined
+    on (timestamp, track_id)), in one parallel pass over both files."""
+    from ..cluster import connect
+    from ..report import write_json
+    from .metrics import METRICS, evaluate as run
+
+    _outputs(storage_options, output, html_path)
+    opts = _parse_storage_options(storage_options)
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        result = run(gt, pred, max_modes, dataset=dataset, storage_options=opts, job=_job(client, quiet))
+    took = time.perf_counter() - t0
+    write_json(result, output, opts)
+    if html_path:
+        from ..html import render_evaluation, write_page
+
+        write_page(render_evaluation(result, gt, pred, took), html_path, opts)
+    for k in METRICS:
+        v = result[k]
+        click.echo(f"{k:<36} " + (f"{v:.6g}" if isinstance(v, float) else
+                                  "none" if v is None else f"[{len(v)} values, mean {sum(v) / len(v):.4g}]"))
+    click.echo(f"{result['rows']:,} rows in {took:.1f} s: {output}" + (f", {html_path}" if html_path else ""))
+
+
+@click.command("select-agents")
+@click.argument("dataset")
+@threshold_option
+@click.option("--yaw-degrees", default=30.0, show_default=True, type=float, help="max yaw change between frames")
+@click.option("--extent-ratio", default=1.1, show_default=True, type=float, help="max ratio of extent areas")
+@click.option("--distance-m", default=50.0, show_default=True, type=float, help="max distance from the ego")
+@click.option("--output", "-O", "output", help="write the mask array here instead of into DATASET")
+@click.option("--overwrite", is_flag=True, help="replace an existing mask")
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, output, overwrite, chunks_per_task,
+                  quiet, scheduler, storage_options) -> None:
+    """Write L5Kit's agents mask agents_mask/THRESHOLD into DATASET (as select_agents) and print
+    its report and past/future table."""
+    from ..cluster import connect
+    from .agents import mask_name, select_agents as run, table_text
+
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        rep = run(dataset, threshold, yaw_degrees, extent_ratio, distance_m, output=output, overwrite=overwrite,
+                  storage_options=_parse_storage_options(storage_options), job=_job(client, quiet, chunks_per_task))
+    click.echo(json.dumps({k: v for k, v in rep.items() if k != "past_future"}, indent=1))
+    click.echo(table_text(rep))
+    where = output or f"{dataset}/{mask_name(threshold)}"
+    click.echo(f"wrote {where}: {rep['total_agent_frames']:,} agents in {time.perf_counter() - t0:.1f} s")
+
+
+@click.command("gt")
+@click.argument("dataset")
+@click.option("--output", "-O", "output", required=True, help="the GT CSV: a path or a URL")
+@click.option("--future-frames", default=50, show_default=True, type=click.IntRange(1), help="T")
+@threshold_option
+@click.option("--mask", "mask", help="L5Kit's mask.npz (key arr_0): the agents to export")
+@click.option("--min-history", default=None, type=click.IntRange(0), help="with the agents mask [default: 10]")
+@click.option("--min-future", default=None, type=click.IntRange(0), help="with the agents mask [default: 1]")
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def gt(dataset, output, future_frames, threshold, mask, min_history, min_future, chunks_per_task, quiet, scheduler,
+       storage_options) -> None:
+    """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
+    from ..cluster import connect
+    from ..errors import L5DaskError
+    from .ground_truth import MIN_FRAME_FUTURE, MIN_FRAME_HISTORY, export_zarr_to_csv
+
+    if mask and (min_history is not None or min_future is not None):
+        raise L5DaskError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
+    _outputs(storage_options, output)
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        rows = export_zarr_to_csv(dataset, output, future_frames, threshold, mask,
+                                  min_frame_history=MIN_FRAME_HISTORY if min_history is None else min_history,
+                                  min_frame_future=MIN_FRAME_FUTURE if min_future is None else min_future,
+                                  storage_options=_parse_storage_options(storage_options),
+                                  job=_job(client, quiet, chunks_per_task))
+    click.echo(f"wrote {output}: {rows:,} rows in {time.perf_counter() - t0:.1f} s")
+
+
+@click.command()
+@click.argument("dataset")
+@click.option("--frames", "frames", required=True, type=click.IntRange(1), help="frames kept per scene (N)")
+@click.option("--future-frames", default=50, show_default=True, type=click.IntRange(1), help="T of gt.csv")
+@click.option("--min-future", default=10, show_default=True, type=click.IntRange(0),
+              help="future frames an agent needs in the agents mask")
+@threshold_option
+@click.option("--output", "-O", "output", required=True, help="the folder to write the trio into")
+@click.option("--overwrite", is_flag=True, help="replace what exists there")
+@chunks_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def chop(dataset, frames, future_frames, min_future, threshold, output, overwrite, chunks_per_task, quiet, scheduler,
+         storage_options) -> None:
+    """L5Kit's create_chopped_dataset: OUTPUT/<dataset name> chopped at --frames, mask.npz, gt.csv."""
+    from ..cluster import connect
+    from .chop import create_chopped_dataset
+
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        out = create_chopped_dataset(dataset, threshold, frames, future_frames, min_future, output=output,
+                                     overwrite=overwrite, storage_options=_parse_storage_options(storage_options),
+                                     client=client, progress=not quiet, chunks_per_task=chunks_per_task)
+    click.echo(f"wrote {out}: the chopped dataset, mask.npz, gt.csv in {time.perf_counter() - t0:.1f} s")
+
+
+COMMANDS = (evaluate, select_agents, gt, chop)
