@@ -396,9 +396,6 @@ def _add_systems() -> None:
         main.add_command(command)
 
 
-_add_systems()
-
-
 def run() -> None:
     """The console entry point: run a command, flush its output, and leave.
 
@@ -409,6 +406,7 @@ def run() -> None:
     import logging
     import os
 
+    _add_systems()
     try:
         code = main.main(prog_name="l5dask", standalone_mode=False)
         code = code if isinstance(code, int) else 0

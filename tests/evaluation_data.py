@@ -7,7 +7,7 @@ import numpy as np
 import l5dask
 from l5dask import format as fmt
 
-from conftest import read_all
+from .conftest import read_all
 
 #: Small chunks: scenes, frames, agents and masks straddle chunk boundaries.
 EDGE_CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 40, fmt.AGENTS: 700, fmt.TL_FACES: 500}

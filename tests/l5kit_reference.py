@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from conftest import l5kit_evaluation, l5kit_select_agents
+from .conftest import l5kit_evaluation, l5kit_select_agents
 
 
 def ground_truth(path: str, csv_path: str, future_len: int, threshold: float, mask: np.ndarray) -> None:
