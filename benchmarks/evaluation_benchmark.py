@@ -136,9 +136,7 @@ def decode_floor(path: str, arrays: tuple[str, ...]) -> float:
 def l5kit_scenes(path: str, scenes: int = 20) -> tuple[float, float]:
     """L5Kit's get_valid_agents on ``scenes`` scenes, and the transcribed GT path on their chopped
     agents: seconds each."""
-    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-    from conftest import l5kit_select_agents
-    from l5kit_reference import ground_truth
+    from tests.conftest import l5kit_select_agents
 
     sa = l5kit_select_agents()
     from l5kit.data.zarr_dataset import ChunkedDataset
