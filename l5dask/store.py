@@ -106,12 +106,17 @@ class Store:
     def path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
 
-    def get(self, key: str, *, what: str | None = None, start: int | None = None, end: int | None = None) -> bytes:
+    def get(self, key: str, *, what: str | None = None, start: int | None = None, end: int | None = None,
+            tried: int = 0, failed: BaseException | None = None) -> bytes:
         """Read one object (or its bytes ``[start, end)``; a negative ``start`` counts from the
-        end), retrying transient store errors; map failures to clear errors."""
+        end), retrying transient store errors; map failures to clear errors. ``tried``: attempts
+        already made elsewhere (a batch fetch whose error was ``failed``): they count."""
         path = self.path(key)
         delay = 0.2
-        for attempt in range(_RETRIES + 1):
+        for attempt in range(tried, _RETRIES + 1):
+            if attempt:
+                time.sleep(delay)
+                delay *= 2
             try:
                 if self.local:
                     with open(path, "rb") as f:  # fsspec's local opener costs 70 us a call
@@ -128,29 +133,39 @@ class Store:
                 raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
             except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
                 if attempt < _RETRIES and _is_transient(exc):
-                    time.sleep(delay)
-                    delay *= 2
+                    failed = exc
                     continue
                 raise StoreError(
                     f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
                 ) from exc
-        raise AssertionError("unreachable")
+        raise StoreError(f"{self.url}: reading {key!r} failed after {tried} attempt(s): {_describe(failed)}") from failed
 
     def get_many(self, keys: list[str], what: dict[str, str] | None = None) -> list[bytes]:
-        """Read several objects at once (concurrently on object stores); failures retried one by one.
+        """Read several objects at once (concurrently on object stores); failures retried one by one
+        (the batch counts as their first attempt).
 
         Only asynchronous filesystems (s3, http...) fetch concurrently: on a local disk
         ``fs.cat`` of a list costs ~4 ms of path expansion per call, more than reading.
         """
+        what = what or {}
         if len(keys) == 1 or not getattr(self.fs, "async_impl", False):
-            return [self.get(k, what=(what or {}).get(k)) for k in keys]
+            return [self.get(k, what=what.get(k)) for k in keys]
         paths = [self.path(k) for k in keys]
         try:
             got = self.fs.cat(paths, on_error="return")
         except Exception:  # noqa: BLE001 - fall back to one by one, with retries and clear errors
             got = {}
-        return [got[p] if isinstance(got.get(p), bytes) else self.get(k, what=(what or {}).get(k))
-                for p, k in zip(paths, keys)]
+        out = []
+        for p, k in zip(paths, keys):
+            v = got.get(p)
+            if isinstance(v, bytes):
+                out.append(v)
+            elif isinstance(v, Exception) and not isinstance(v, (FileNotFoundError, PermissionError)) \
+                    and _is_transient(v):
+                out.append(self.get(k, what=what.get(k), tried=1, failed=v))
+            else:
+                out.append(self.get(k, what=what.get(k)))
+        return out
 
     def get_metadata(self, key: str) -> bytes | None:
         """Read a metadata object, ``None`` when absent."""

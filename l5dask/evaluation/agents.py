@@ -152,7 +152,12 @@ def mask_of(data: SceneData, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
     reason[ok_label & ~ok_dist] = 2
     # pairs: each agent and the previous occurrence of its track in its scene
     track = ag["track_id"].astype(np.uint64)
-    order = np.lexsort((np.arange(n), track, data.scene))
+    rel = data.scene - data.span.s0
+    if n and int(track.max()) < (1 << 43) and int(rel.max()) < (1 << 20):
+        # one int64 key (scene, track), sorted stably: the row order within a key is kept
+        order = np.argsort((rel.astype(np.int64) << 43) | track.astype(np.int64), kind="stable")
+    else:
+        order = np.lexsort((np.arange(n), track, data.scene))
     s_scene, s_track, s_frame = data.scene[order], track[order], data.frame[order]
     s_valid = valid[order]
     prev_same = np.zeros(n, bool)
