@@ -11,9 +11,8 @@ and L5Kit's own code, in the same run.
 - select-agents and gt: on the generated dataset of ``--scenes`` scenes (30 M agents at 1700),
   whole process, against the decode floor of the arrays they read (every chunk of frames and
   agents read and blosc-decoded, a thread per core, nothing else), and against L5Kit's own
-  per-scene code run on 20 scenes and scaled (``get_valid_agents``; for gt, the per-agent path
-  of ``AgentDataset`` as ``tests/l5kit_reference.py`` transcribes it: L5Kit cannot import its
-  own without torch). gt exports a chopped-style mask (the agents of each scene's frame 100 with
+  per-scene code run on 20 scenes and scaled (``get_valid_agents``; L5Kit's ground truth runs
+  ``AgentDataset``, which cannot be imported without torch, so gt has no L5Kit figure). gt exports a chopped-style mask (the agents of each scene's frame 100 with
   10 future frames in the agents mask: the validation use), and, once, the default
   (history 10, future 1, the mask computed on the fly).
 
@@ -133,9 +132,8 @@ def decode_floor(path: str, arrays: tuple[str, ...]) -> float:
     return time.perf_counter() - t
 
 
-def l5kit_scenes(path: str, scenes: int = 20) -> tuple[float, float]:
-    """L5Kit's get_valid_agents on ``scenes`` scenes, and the transcribed GT path on their chopped
-    agents: seconds each."""
+def l5kit_scenes(path: str, scenes: int = 20) -> float:
+    """L5Kit's get_valid_agents on ``scenes`` scenes: seconds."""
     from tests.conftest import l5kit_select_agents
 
     sa = l5kit_select_agents()
@@ -146,8 +144,7 @@ def l5kit_scenes(path: str, scenes: int = 20) -> tuple[float, float]:
     t = time.perf_counter()
     for fr in z.scenes["frame_index_interval"][:scenes]:
         sa.get_valid_agents(fr, z, 0.5, 30, 1.1, 50)
-    mask_s = time.perf_counter() - t
-    return mask_s, 0.0
+    return time.perf_counter() - t
 
 
 def chopped_mask(path: str, job=None) -> str:
@@ -193,7 +190,7 @@ def bench_dataset(scenes: int, rounds: int) -> None:
     r = subprocess.run(L5DASK + ["gt", path, "-O", os.path.join(tmp, "gt-all.csv"), "-q"], capture_output=True, text=True)
     gt_all = time.perf_counter() - t
     all_rows = r.stdout.strip()
-    mask_s, _ = l5kit_scenes(path)
+    mask_s = l5kit_scenes(path)
     l5kit_mask = mask_s * scenes / 20
     fb = min(floor)
     print(f"\nselect-agents / gt: {n:,} agents ({scenes} scenes), {rounds} interleaved rounds; "

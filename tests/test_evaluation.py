@@ -432,6 +432,7 @@ def test_bad_masks_and_frames(edge, tmp_path):
     np.savez(tmp_path / "short.npz", np.ones(n - 1, bool))
     r = cli("gt", path, "-O", tmp_path / "gt.csv", "--mask", tmp_path / "short.npz")
     one_line_error(r, "shape", f"{n:,} agents")
+    assert not (tmp_path / "gt.csv").exists() and not list(tmp_path.glob(".gt.csv*"))
     a = read_all(path)["agents"]
     from l5dask.evaluation.agents import label_filter
 

@@ -71,7 +71,7 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
     """Write L5Kit's chopped test set of ``zarr_path`` into the folder ``output``: the chopped
     dataset under the input's own name, ``mask.npz`` and ``gt.csv``; returns ``output``."""
     from ..engine import Job
-    from ..outputs import atomic_write, check_writable
+    from ..outputs import atomic_write, check_writable, filesystem
     from ..reading import open_dataset
     from ..surgery import Output, Piece, pick_rows, remove, scene_table, target, tl_field, write_outputs
     from .ground_truth import export_zarr_to_csv
@@ -98,8 +98,6 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
         os.makedirs(out_dir)
     for p in (gt_path, mask_path):
         check_writable(p, storage_options)
-        from ..outputs import filesystem
-
         fs, q = filesystem(p, storage_options)
         if fs.exists(q) and not overwrite:
             raise L5DaskError(f"{p} exists; pass --overwrite")
@@ -165,8 +163,6 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
             o.pieces[n] = [p for p in o.pieces[n] if p.hi > p.lo]
         write_outputs([o], job)
     except BaseException:
-        from ..outputs import filesystem
-
         for p in written:
             fs, q = filesystem(p, storage_options)
             fs.rm(q)

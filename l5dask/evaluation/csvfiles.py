@@ -123,10 +123,6 @@ class CSVFile:
     def modes(self) -> int:
         return 1 if self.kind == "gt" else self.max_modes
 
-    def open(self):
-        fs, p = _fs(self.path, self.storage_options)
-        return fs.open(p, "rb")
-
     def read_range(self, lo: int, hi: int) -> bytes:
         fs, p = _fs(self.path, self.storage_options)
         return fs.cat_file(p, start=lo, end=hi)
