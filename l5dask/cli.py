@@ -391,8 +391,9 @@ def validate(dataset: str, storage_options) -> None:
 def _add_systems() -> None:
     """Each system's commands live in its subpackage; they share this module's error path."""
     from .evaluation.cli import COMMANDS
+    from .perception.cli import COMMANDS as PERCEPTION
 
-    for command in COMMANDS:
+    for command in [*COMMANDS, *PERCEPTION]:
         main.add_command(command)
 
 

@@ -68,13 +68,15 @@ class Store:
         if self.url.startswith(("s3://", "s3a://")):
             options = resolve_s3_options(options)
         try:
-            if self.url.rstrip("/").endswith(".zip") and "::" not in self.url:
+            kind = archive_kind(self.url)
+            if kind:
                 target_fs, zpath = url_to_fs(self.url, **options)
                 if not target_fs.exists(zpath):
                     raise NotADatasetError(f"{self.url}: no such file")
-                self.fs = fsspec.filesystem("zip", fo=zpath, target_protocol=_protocol(target_fs),
-                                            target_options=options)
-                self.root = self._zip_root()
+                extra = {"compression": "infer"} if kind == "tar" else {}
+                self.fs = fsspec.filesystem(kind, fo=zpath, target_protocol=_protocol(target_fs),
+                                            target_options=options, **extra)
+                self.root = self._archive_root()
             else:
                 self.fs, root = url_to_fs(self.url, **options)
                 self.root = root.rstrip("/")
@@ -87,14 +89,16 @@ class Store:
         except OSError as exc:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
 
-    def _zip_root(self) -> str:
-        """A zip holds the dataset at its root, or inside one top-level folder."""
-        if self.fs.exists(".zgroup"):
+    def _archive_root(self) -> str:
+        """An archive holds the dataset at its root, or inside one top-level folder (an L5Kit
+        dataset has ``.zgroup``, a perception dataset ``data/scene.json``)."""
+        markers = (".zgroup", "data/scene.json")
+        if any(self.fs.exists(m) for m in markers):
             return ""
         tops = [p for p in self.fs.ls("", detail=False)]
         for top in tops:
             top = top.rstrip("/")
-            if self.fs.exists(posixpath.join(top, ".zgroup")):
+            if any(self.fs.exists(posixpath.join(top, m)) for m in markers):
                 return top
         return ""
 
@@ -191,6 +195,18 @@ class Store:
     def __reduce__(self):
         # Rebuild from the filesystem (fsspec filesystems pickle to their init arguments).
         return (_rebuild_store, (self.url, self.fs, self.root))
+
+
+def archive_kind(url: str) -> str | None:
+    """``"zip"`` or ``"tar"`` when ``url`` names an archive of a dataset folder (not a chained URL)."""
+    if "::" in url:
+        return None
+    name = url.rstrip("/").lower()
+    if name.endswith(".zip"):
+        return "zip"
+    if name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
+        return "tar"
+    return None
 
 
 def _rebuild_store(url: str, fs: Any, root: str) -> Store:

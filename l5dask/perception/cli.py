@@ -1,0 +1,142 @@
+"""``l5dask perception ...``: the perception commands, a group of their own, sharing ``l5dask``'s one
+error path (a user's mistake is one line on stderr and exit 2) and its atomic outputs."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from ..cli import _friendly, _outputs, _parse_storage_options, scheduler_option, storage_option
+
+quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress on stderr")
+lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
+boxes_option = click.option("--points-in-boxes", is_flag=True,
+                            help="also count lidar points in every box (reads the key-frame sweeps)")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def perception() -> None:
+    """The Lyft perception dataset (nuScenes-style JSON tables, lidar sweeps, images)."""
+
+
+def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
+    from ..cluster import connect
+    from ..engine import Job
+    from . import open_perception
+    from .report import perception_report
+
+    opts = _parse_storage_options(storage_options)
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        job = Job(client=client, progress=not quiet and points_in_boxes)
+        ds = open_perception(data, opts, job=job)
+        if not quiet:
+            click.echo(f"parsing the 13 tables of {ds.url} ...", err=True)
+        report = perception_report(ds, lidar=not no_lidar, points_in_boxes=points_in_boxes)
+    took = time.perf_counter() - t0
+    if not quiet:
+        click.echo(f"done in {took:.1f} s", err=True)
+    return report, took, opts
+
+
+@perception.command()
+@click.argument("data")
+@click.option("--output", "-O", "output", help="write the report (JSON) here: a path or a URL")
+@lidar_option
+@boxes_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
+    """The perception report of DATA (a folder, .zip, .tar or URL) from one parallel pass."""
+    from ..report import write_json
+    from .report import summary
+
+    _outputs(storage_options, output)
+    report, _, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
+    if output:
+        write_json(report, output, opts)
+    click.echo(summary(report))
+
+
+@perception.command()
+@click.argument("data")
+@click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
+@click.option("--json", "json_path", help="also write the report (JSON) here")
+@lidar_option
+@boxes_option
+@quiet_option
+@scheduler_option
+@storage_option
+@_friendly
+def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
+    """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""
+    from ..html import render_perception, write_page
+    from ..report import write_json
+
+    _outputs(storage_options, output, json_path)
+    rep, took, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
+    write_page(render_perception(rep, data, took), output, opts)
+    if json_path:
+        write_json(rep, json_path, opts)
+    click.echo(f"wrote {output}")
+
+
+@perception.command("to-l5kit")
+@click.argument("data")
+@click.argument("out")
+@click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
+@quiet_option
+@storage_option
+@_friendly
+def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
+    """Write DATA as an L5Kit dataset at OUT (scenes, frames = samples, agents = annotations)."""
+    from . import open_perception
+    from .to_l5kit import to_l5kit as convert
+
+    opts = _parse_storage_options(storage_options)
+    t0 = time.perf_counter()
+    rows = convert(open_perception(data, opts), out, opts, overwrite=overwrite)
+    click.echo(f"{rows['scenes']:,} scenes, {rows['frames']:,} frames, {rows['agents']:,} agents in "
+               f"{time.perf_counter() - t0:.1f} s: {out}")
+
+
+@perception.command()
+@click.argument("out")
+@click.option("--scenes", default=2, show_default=True, type=click.IntRange(0), help="number of scenes")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--lidar-points", default=2000, show_default=True, type=click.IntRange(0),
+              help="points of each sweep (0: no lidar files)")
+@click.option("--no-images", is_flag=True, help="write no camera files")
+@click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
+@_friendly
+def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
+    """Generate a realistic perception dataset at OUT (a local folder) that the Lyft SDK loads."""
+    import os
+    import shutil
+
+    from ..errors import L5DaskError
+    from .synth import generate
+
+    if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:
+        raise L5DaskError(f"{out}: a dataset already exists there (pass --overwrite)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise L5DaskError(f"{out}: is a file, not a folder")
+    tmp = out.rstrip("/") + ".partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.perf_counter()
+    try:
+        rows = generate(tmp, scenes=scenes, seed=seed, lidar_points=lidar_points, images=not no_images)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    click.echo(f"{rows['scene']:,} scenes, {rows['sample']:,} samples, {rows['sample_annotation']:,} annotations "
+               f"in {time.perf_counter() - t0:.1f} s: {out}")
+
+
+COMMANDS = [perception]

@@ -1,0 +1,144 @@
+"""Tokens become row indices: link columns as integer indices, lists of links as CSR, chains as
+positions. All vectorized (Arrow's hash lookups, numpy pointer jumping): no Python loop over rows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError
+
+#: Per table, the link fields: field -> (target table, required). A required link may not be "".
+LINKS: dict[str, dict[str, tuple[str, bool]]] = {
+    "calibrated_sensor": {"sensor_token": ("sensor", True)},
+    "instance": {"category_token": ("category", True)},
+    "map": {"log_tokens": ("log", True)},
+    "sample": {"scene_token": ("scene", True), "prev": ("sample", False), "next": ("sample", False)},
+    "sample_annotation": {"sample_token": ("sample", True), "instance_token": ("instance", True),
+                          "attribute_tokens": ("attribute", True), "visibility_token": ("visibility", False),
+                          "prev": ("sample_annotation", False), "next": ("sample_annotation", False)},
+    "sample_data": {"sample_token": ("sample", True), "ego_pose_token": ("ego_pose", True),
+                    "calibrated_sensor_token": ("calibrated_sensor", True),
+                    "prev": ("sample_data", False), "next": ("sample_data", False)},
+    "scene": {"log_token": ("log", True), "first_sample_token": ("sample", True),
+              "last_sample_token": ("sample", True)},
+}
+LIST_LINKS = {"attribute_tokens", "log_tokens"}
+
+
+def _flat(values: Any) -> Any:
+    import pyarrow as pa
+
+    return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+
+
+def self_index(tokens: Any, where: str) -> None:
+    """Raise on duplicate tokens (the SDK would silently keep the last)."""
+    import pyarrow.compute as pc
+
+    first = pc.index_in(tokens, value_set=_flat(tokens)).to_numpy(zero_copy_only=False)
+    dup = np.flatnonzero(first != np.arange(len(first)))
+    if len(dup):
+        row = int(dup[0])
+        raise FormatError(f"{where}: duplicate token {tokens[row].as_py()!r} (rows {int(first[row])} and {row})")
+
+
+def resolve(values: Any, tokens: Any, where: str, field: str, target: str, required: bool,
+            row_tokens: Any = None) -> np.ndarray:
+    """Row indices in the target table of ``values`` (strings): -1 for ``""``; a required empty
+    link or a token the target lacks raises, naming the table, row, field and token."""
+    import pyarrow.compute as pc
+
+    values = _flat(values)
+    idx = pc.index_in(values, value_set=_flat(tokens))
+    out = idx.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    missing = np.flatnonzero(out < 0)
+    if len(missing):
+        text = values.take(missing).to_numpy(zero_copy_only=False)
+        empty = np.array([v is None or v == "" for v in text], bool) if len(text) < 4096 else \
+            pc.fill_null(pc.equal(values.take(missing), ""), True).to_numpy(zero_copy_only=False)
+        bad = missing[~empty] if not required else missing
+        if len(bad):
+            row = int(bad[0])
+            value = values[row].as_py()
+            who = f" (token {row_tokens[row].as_py()})" if row_tokens is not None else ""
+            if value in (None, ""):
+                raise FormatError(f"{where}: row {row}{who}: {field} is empty (every row needs a {target})")
+            raise FormatError(f"{where}: row {row}{who}: {field} {value!r} is not a token of {target}.json "
+                              "(a dangling link)")
+    return out
+
+
+def resolve_list(values: Any, tokens: Any, where: str, field: str, target: str,
+                 row_tokens: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """A list-of-tokens column as CSR: (offsets, target row indices)."""
+    import pyarrow.compute as pc
+
+    values = _flat(values)
+    lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = pc.list_flatten(values)
+    idx = pc.index_in(flat, value_set=_flat(tokens)).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = np.flatnonzero(idx < 0)
+    if len(bad):
+        row = int(np.searchsorted(offsets, bad[0], side="right") - 1)
+        who = f" (token {row_tokens[row].as_py()})" if row_tokens is not None else ""
+        raise FormatError(f"{where}: row {row}{who}: {field} lists {flat[int(bad[0])].as_py()!r}, "
+                          f"not a token of {target}.json (a dangling link)")
+    return offsets, idx
+
+
+def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: str, tokens: Any,
+          what: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """Head row and position of every row along its ``prev``/``next`` chain (pointer jumping:
+    log2(n) vectorized rounds). A chain must be consistent (``next`` of ``a`` is ``b`` exactly
+    when ``prev`` of ``b`` is ``a``), stay in one ``group`` (scene, instance) and not loop."""
+    n = len(prev)
+    rows = np.arange(n)
+    has_next = nxt >= 0
+    bad = rows[has_next][prev[nxt[has_next]] != rows[has_next]]
+    if len(bad):
+        a = int(bad[0])
+        raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
+                          f"is row {int(nxt[a])}, whose prev is not row {a}")
+    has_prev = prev >= 0
+    bad = rows[has_prev][nxt[prev[has_prev]] != rows[has_prev]]
+    if len(bad):
+        b = int(bad[0])
+        raise FormatError(f"{where}: the prev/next chain breaks at row {b} (token {tokens[b].as_py()}): its prev "
+                          f"is row {int(prev[b])}, whose next is not row {b}")
+    if group is not None:
+        cross = rows[has_next][group[nxt[has_next]] != group[rows[has_next]]]
+        if len(cross):
+            a = int(cross[0])
+            raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
+                              f"(row {int(nxt[a])}) belongs to another {what or 'group'}")
+    anc = np.where(has_prev, prev, rows)
+    dist = has_prev.astype(np.int64)
+    for _ in range(max(1, int(np.ceil(np.log2(max(n, 2))))) + 1):
+        dist = dist + dist[anc]  # a head is its own ancestor at distance 0
+        anc = anc[anc]
+        if not (prev[anc] >= 0).any():
+            break
+    looped = np.flatnonzero(prev[anc] >= 0)
+    if len(looped):
+        r = int(looped[0])
+        raise FormatError(f"{where}: the prev/next chain loops (through row {r}, token {tokens[r].as_py()})")
+    return anc, dist
+
+
+def group_starts(group: np.ndarray, ngroups: int, head: np.ndarray, where: str, tokens: Any, what: str,
+                 group_tokens: Any = None) -> None:
+    """Each group (scene, instance) with rows holds one chain: one head."""
+    heads = np.flatnonzero(head == np.arange(len(head)))
+    counts = np.bincount(group[heads], minlength=ngroups)
+    many = np.flatnonzero(counts > 1)
+    if len(many):
+        g = int(many[0])
+        rows = heads[group[heads] == g][:2]
+        name = f" {group_tokens[g].as_py()}" if group_tokens is not None else f" {g}"
+        raise FormatError(f"{where}: the prev/next chain of {what}{name} breaks: rows {int(rows[0])} and "
+                          f"{int(rows[1])} both start it (no prev)")
