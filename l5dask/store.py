@@ -73,9 +73,9 @@ class Store:
                 target_fs, zpath = url_to_fs(self.url, **options)
                 if not target_fs.exists(zpath):
                     raise NotADatasetError(f"{self.url}: no such file")
-                extra = {"compression": "infer"} if kind == "tar" else {}
+                # (fsspec's tar infers gzip, bz2, xz from the name)
                 self.fs = fsspec.filesystem(kind, fo=zpath, target_protocol=_protocol(target_fs),
-                                            target_options=options, **extra)
+                                            target_options=options)
                 self.root = self._archive_root()
             else:
                 self.fs, root = url_to_fs(self.url, **options)

@@ -83,7 +83,7 @@ def to_world(points: np.ndarray, cs_r: np.ndarray, cs_t: np.ndarray, pose_r: np.
              pose_t: np.ndarray) -> np.ndarray:
     """(3, n) float32 sensor points to the world frame, as the SDK's ``rotate``/``translate`` do
     (each step computed in float64, stored back into the float32 points)."""
-    p = np.ascontiguousarray(points, dtype=np.float32)
+    p = np.array(points, dtype=np.float32, order="C")  # a copy: the input may be a read-only buffer
     for r, t in ((cs_r, cs_t), (pose_r, pose_t)):
         p[:] = np.dot(r, p)
         for k in range(3):
