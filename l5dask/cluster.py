@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-import dask
 
 from .errors import L5DaskError
 
@@ -33,6 +32,8 @@ WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
 
 def scheduler_address(address: str | None = None) -> str | None:
     """The address to use: the argument, else dask's config (``DASK_SCHEDULER_ADDRESS``)."""
+    import dask
+
     return address or dask.config.get("scheduler-address", None) or None
 
 
@@ -47,6 +48,7 @@ def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
     if not address:
         yield None
         return
+    import dask
     from distributed import Client
 
     if quiet:
@@ -97,6 +99,8 @@ def _short(exc: BaseException) -> str:
 def persist(collections: list, client: Any = None, progress: bool = False, **kw: Any) -> list:
     """Persist on ``client`` if given (results stay on the workers), else locally (with a progress
     bar on stderr: there, persisting runs the tasks before it returns)."""
+    import dask
+
     if not collections:
         return []
     if client is None:
@@ -115,6 +119,7 @@ def compute(collection: Any, client: Any = None, progress: bool = False, **kw: A
     On local threads the tasks run in a pool of this call's own, shut down before it returns or
     raises: when a task fails no other task is still running (writing an output the caller is
     about to remove)."""
+    import dask
     from dask.threaded import get as threaded_get
 
     if client is None and kw.get("scheduler") is threaded_get and "pool" not in kw:

@@ -151,3 +151,19 @@ def write_table(table: Any, path: str, storage_options: dict[str, Any] | None = 
             pc.write_csv(table, tmp)
 
     atomic_write(path, write, storage_options)
+
+
+def public(report: dict[str, Any]) -> dict[str, Any]:
+    """A report without its private keys (``_...``: what its figures and tables are drawn from)."""
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def write_json(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
+    """A report (its public keys) as JSON, atomically."""
+    import json
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(public(report), f, indent=1)
+
+    atomic_write(path, write, storage_options)

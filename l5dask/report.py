@@ -3,7 +3,6 @@ reductions (:mod:`l5dask.stats`) run over which arrays, and what each needs of i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,7 @@ from . import format as fmt
 from .cluster import scheduler_address
 from .engine import Job, Link, Pass
 from .intervals import check_intervals
-from .outputs import atomic_write, write_table
+from .outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
 from .reading import L5Dataset, open_dataset
 from .joins import scene_rows
 from .stats import AGENT_FIELDS, FRAME_FIELDS, TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
@@ -86,19 +85,6 @@ def compute_report(
                          args=(counts, list(ds.labels), scenes))
     report["dataset"] = ds.url
     return report
-
-
-def public(report: dict[str, Any]) -> dict[str, Any]:
-    """The report without its private per-scene table."""
-    return {k: v for k, v in report.items() if not k.startswith("_")}
-
-
-def write_json(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            json.dump(public(report), f, indent=1)
-
-    atomic_write(path, write, storage_options)
 
 
 def write_scene_table(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:

@@ -36,7 +36,7 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
     """L5Kit's eight metrics of the prediction file PRED against the ground truth GT (rows joined
     on (timestamp, track_id)), in one parallel pass over both files."""
     from ..cluster import connect
-    from ..report import write_json
+    from ..outputs import write_json
     from .metrics import METRICS, evaluate as run
 
     _outputs(storage_options, output, html_path)

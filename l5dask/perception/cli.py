@@ -22,14 +22,17 @@ def perception() -> None:
 
 def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
     from ..cluster import connect
-    from ..engine import Job
     from . import open_perception
     from .report import perception_report
 
     opts = _parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        job = Job(client=client, progress=not quiet and points_in_boxes)
+        job = None  # on this machine without the lidar pass, no dask engine (its imports cost 0.3 s)
+        if client or points_in_boxes:
+            from ..engine import Job
+
+            job = Job(client=client, progress=not quiet and points_in_boxes)
         ds = open_perception(data, opts, job=job)
         if not quiet:
             click.echo(f"parsing the 13 tables of {ds.url} ...", err=True)
@@ -51,7 +54,7 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
 @_friendly
 def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """The perception report of DATA (a folder, .zip, .tar or URL) from one parallel pass."""
-    from ..report import write_json
+    from ..outputs import write_json
     from .report import summary
 
     _outputs(storage_options, output)
@@ -74,7 +77,7 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
 def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""
     from ..html import render_perception, write_page
-    from ..report import write_json
+    from ..outputs import write_json
 
     _outputs(storage_options, output, json_path)
     rep, took, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)

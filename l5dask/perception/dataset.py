@@ -38,15 +38,18 @@ class Table:
     def strings(self, col: str) -> np.ndarray:
         """A string column as a numpy object array (``None`` as ``""``)."""
         if col not in self._cache:
-            values = self.arrow.column(col).fill_null("")
-            self._cache[col] = values.to_numpy() if len(values) else np.zeros(0, object)
+            values = self.arrow.column(col).to_numpy(zero_copy_only=False) if len(self) else np.zeros(0, object)
+            values = values.astype(object)
+            values[np.equal(values, None)] = ""
+            self._cache[col] = values
         return self._cache[col]
 
     def numbers(self, col: str, dtype=np.float64) -> np.ndarray:
         if col not in self._cache:
-            values = self.arrow.column(col)
-            fill = False if dtype is bool else 0
-            self._cache[col] = values.fill_null(fill).to_numpy().astype(dtype) if len(values) else np.zeros(0, dtype)
+            values = self.arrow.column(col).to_numpy(zero_copy_only=False) if len(self) else np.zeros(0)
+            values = np.where(np.equal(values, None), 0, values) if values.dtype == object else values
+            values = np.nan_to_num(values.astype(np.float64), nan=0.0)
+            self._cache[col] = values.astype(dtype)
         return self._cache[col]
 
     def vectors(self, col: str) -> np.ndarray:
@@ -122,7 +125,8 @@ class PerceptionDataset:
         self.load([name, *sorted(targets), *(["scene"] if name == "sample" else []),
                    *(["instance"] if name == "sample_annotation" else [])])
         t = Table(self._raw[name])
-        links.self_index(t.tokens, t.where)
+        own = [f for f, (target, _) in links.LINKS.get(name, {}).items() if target == name]
+        found = dict(zip(own, links.self_index(t.tokens, t.where, *[t.arrow.column(f) for f in own])))
         self._tables[name] = t
         try:
             for field, (target, required) in links.LINKS.get(name, {}).items():
@@ -131,7 +135,7 @@ class PerceptionDataset:
                     t.lists[field] = links.resolve_list(t.arrow.column(field), other, t.where, field, target, t.tokens)
                 else:
                     t.links[field] = links.resolve(t.arrow.column(field), other, t.where, field, target, required,
-                                                   t.tokens)
+                                                   t.tokens, found.get(field))
             if name == "sample":
                 self._rank_samples(t)
             elif name == "sample_annotation":

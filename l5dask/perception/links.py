@@ -28,37 +28,54 @@ LINKS: dict[str, dict[str, tuple[str, bool]]] = {
 LIST_LINKS = {"attribute_tokens", "log_tokens"}
 
 
+def indices(values: Any, missing: int = -1) -> np.ndarray:
+    """An Arrow integer array as int64 numpy, nulls as ``missing`` (no ``fill_null``: its Python
+    scalar makes pyarrow import pandas, 0.2 s)."""
+    got = values.to_numpy(zero_copy_only=False)
+    if got.dtype.kind == "f":
+        got = np.where(np.isnan(got), missing, got)
+    return got.astype(np.int64)
+
+
 def _flat(values: Any) -> Any:
     import pyarrow as pa
 
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
-def self_index(tokens: Any, where: str) -> None:
-    """Raise on duplicate tokens (the SDK would silently keep the last)."""
+def self_index(tokens: Any, where: str, *links: Any) -> list[Any]:
+    """Raise on duplicate tokens (the SDK would silently keep the last); return the lookups of the
+    table's own links (``prev``, ``next``) in the same hash table: one build for all three."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    first = pc.index_in(tokens, value_set=_flat(tokens)).to_numpy(zero_copy_only=False)
-    dup = np.flatnonzero(first != np.arange(len(first)))
+    tokens = _flat(tokens)
+    n = len(tokens)
+    parts = [tokens, *[_flat(v) for v in links]]
+    found = pc.index_in(pa.chunked_array(parts, type=tokens.type), value_set=tokens)
+    first = found.slice(0, n).to_numpy(zero_copy_only=False)
+    dup = np.flatnonzero(first != np.arange(n))
     if len(dup):
         row = int(dup[0])
         raise FormatError(f"{where}: duplicate token {tokens[row].as_py()!r} (rows {int(first[row])} and {row})")
+    return [found.slice(n * (k + 1), n) for k in range(len(links))]
 
 
 def resolve(values: Any, tokens: Any, where: str, field: str, target: str, required: bool,
-            row_tokens: Any = None) -> np.ndarray:
+            row_tokens: Any = None, found: Any = None) -> np.ndarray:
     """Row indices in the target table of ``values`` (strings): -1 for ``""``; a required empty
-    link or a token the target lacks raises, naming the table, row, field and token."""
+    link or a token the target lacks raises, naming the table, row, field and token. ``found``:
+    the lookup, when already made (:func:`self_index`)."""
     import pyarrow.compute as pc
 
     values = _flat(values)
-    idx = pc.index_in(values, value_set=_flat(tokens))
-    out = idx.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    idx = pc.index_in(values, value_set=_flat(tokens)) if found is None else found
+    out = indices(idx)
     missing = np.flatnonzero(out < 0)
     if len(missing):
         text = values.take(missing).to_numpy(zero_copy_only=False)
         empty = np.array([v is None or v == "" for v in text], bool) if len(text) < 4096 else \
-            pc.fill_null(pc.equal(values.take(missing), ""), True).to_numpy(zero_copy_only=False)
+            indices(pc.equal(values.take(missing), "").cast("int8"), 1).astype(bool)
         bad = missing[~empty] if not required else missing
         if len(bad):
             row = int(bad[0])
@@ -77,11 +94,11 @@ def resolve_list(values: Any, tokens: Any, where: str, field: str, target: str,
     import pyarrow.compute as pc
 
     values = _flat(values)
-    lengths = pc.list_value_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    lengths = indices(pc.list_value_length(values), 0)
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = pc.list_flatten(values)
-    idx = pc.index_in(flat, value_set=_flat(tokens)).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    idx = indices(pc.index_in(flat, value_set=_flat(tokens)))
     bad = np.flatnonzero(idx < 0)
     if len(bad):
         row = int(np.searchsorted(offsets, bad[0], side="right") - 1)

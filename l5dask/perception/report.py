@@ -36,7 +36,20 @@ def histogram(values: np.ndarray, edges: np.ndarray = DISTANCE_EDGES) -> list[in
 
 def tables_report(ds) -> dict[str, Any]:
     """Every report key but ``lidar.*``."""
-    ds.load()
+    from concurrent.futures import ThreadPoolExecutor
+
+    big = "sample_annotation"
+    if ds.job is None or ds.job.client is None:
+        # on this machine's threads (DuckDB and Arrow release the GIL): the annotations parse in one
+        # thread while the others parse and sample_data's links resolve (a pipeline, not two steps)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(ds.load, [big])
+            ds.load([n for n in tables.TABLES if n != big])
+            for name in ("sample_data", "sample", "instance"):
+                ds.table(name)
+            pending.result()
+    else:
+        ds.load()  # a task per table on the cluster
     t = {name: ds.table(name) for name in tables.TABLES}
     ann, smp, inst, cat = t["sample_annotation"], t["sample"], t["instance"], t["category"]
     n_cat = len(cat)
@@ -53,7 +66,8 @@ def tables_report(ds) -> dict[str, Any]:
     off, att = ann.lists["attribute_tokens"]
     owner = np.repeat(np.arange(len(ann)), np.diff(off))
     n_att = len(t["attribute"])
-    pairs = np.unique(owner * max(n_att, 1) + att)  # an annotation counts once per attribute it lists
+    pairs = np.sort(owner * max(n_att, 1) + att)  # an annotation counts once per attribute it lists
+    pairs = pairs[np.r_[True, pairs[1:] != pairs[:-1]]] if len(pairs) else pairs
     a["per_attribute"] = _by_name(t["attribute"].strings("name"), np.bincount(pairs % max(n_att, 1), minlength=n_att))
 
     size = ann.vectors("size")

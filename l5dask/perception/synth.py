@@ -166,7 +166,6 @@ def generate(
         yaw_rate = srng.normal(0, 0.05)
         tt = (sample_us - sample_us[0]) / 1e6
         ego_yaw0 = srng.uniform(-np.pi, np.pi)
-        ego_yaw = ego_yaw0 + yaw_rate * tt
         origin = srng.uniform(-2000, 2000, 2)
 
         def ego_at(times_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
