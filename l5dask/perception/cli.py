@@ -15,6 +15,13 @@ boxes_option = click.option("--points-in-boxes", is_flag=True,
                             help="also count lidar points in every box (reads the key-frame sweeps)")
 
 
+def pass_options(func):
+    """The options of a command that runs the report's pass (stats, report)."""
+    for option in (storage_option, scheduler_option, quiet_option, boxes_option, lidar_option):
+        func = option(func)
+    return func
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def perception() -> None:
     """The Lyft perception dataset (nuScenes-style JSON tables, lidar sweeps, images)."""
@@ -46,11 +53,7 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
 @perception.command()
 @click.argument("data")
 @click.option("--output", "-O", "output", help="write the report (JSON) here: a path or a URL")
-@lidar_option
-@boxes_option
-@quiet_option
-@scheduler_option
-@storage_option
+@pass_options
 @_friendly
 def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """The perception report of DATA (a folder, .zip, .tar or URL) from one parallel pass."""
@@ -68,11 +71,7 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
 @click.argument("data")
 @click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
 @click.option("--json", "json_path", help="also write the report (JSON) here")
-@lidar_option
-@boxes_option
-@quiet_option
-@scheduler_option
-@storage_option
+@pass_options
 @_friendly
 def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""

@@ -27,7 +27,23 @@ def _take(values: np.ndarray, idx: np.ndarray, fill: Any) -> np.ndarray:
     return out
 
 
+def _memo(func):
+    """A join computed once per dataset (several columns, and the report, take parts of it)."""
+    import functools
+
+    @functools.wraps(func)
+    def wrapper(ds, *args):
+        memo = ds.__dict__.setdefault("_joins", {})
+        key = (func.__name__, args)
+        if key not in memo:
+            memo[key] = func(ds, *args)
+        return memo[key]
+
+    return wrapper
+
+
 # -- shared joins (the report uses them too) ---------------------------------------------------
+@_memo
 def sensor_of_sample_data(ds) -> np.ndarray:
     sd, cs = ds.table("sample_data"), ds.table("calibrated_sensor")
     return cs.links["sensor_token"][sd.links["calibrated_sensor_token"]]
@@ -43,6 +59,7 @@ def modality_of_sample_data(ds) -> np.ndarray:
         else np.zeros(0, object)
 
 
+@_memo
 def key_frame_of_samples(ds, channel: str = LIDAR_TOP) -> np.ndarray:
     """Per sample, its key-frame sample_data row of ``channel`` (-1 none; the last in file order if
     several, as the SDK's ``sample["data"]``)."""
@@ -53,6 +70,7 @@ def key_frame_of_samples(ds, channel: str = LIDAR_TOP) -> np.ndarray:
     return out
 
 
+@_memo
 def ego_of_samples(ds) -> tuple[np.ndarray, np.ndarray]:
     """Per sample: its LIDAR_TOP ego pose row (-1 none) and that pose's translation (NaN none)."""
     sd, ep = ds.table("sample_data"), ds.table("ego_pose")
@@ -64,15 +82,18 @@ def ego_of_samples(ds) -> tuple[np.ndarray, np.ndarray]:
     return pose, xyz
 
 
+@_memo
 def category_of_annotations(ds) -> np.ndarray:
     ann, inst = ds.table("sample_annotation"), ds.table("instance")
     return inst.links["category_token"][ann.links["instance_token"]] if len(ann) else np.zeros(0, np.int64)
 
 
+@_memo
 def scene_of_annotations(ds) -> np.ndarray:
     return ds.table("sample").links["scene_token"][ds.table("sample_annotation").links["sample_token"]]
 
 
+@_memo
 def box_velocity(ds, max_time_diff: float = 1.5) -> np.ndarray:
     """The SDK's ``box_velocity`` of every annotation, vectorized (same operations, same order):
     centred difference over the neighbours in the instance's chain, NaN when the annotation is

@@ -115,18 +115,15 @@ def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: st
     when ``prev`` of ``b`` is ``a``), stay in one ``group`` (scene, instance) and not loop."""
     n = len(prev)
     rows = np.arange(n)
-    has_next = nxt >= 0
-    bad = rows[has_next][prev[nxt[has_next]] != rows[has_next]]
-    if len(bad):
-        a = int(bad[0])
-        raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
-                          f"is row {int(nxt[a])}, whose prev is not row {a}")
-    has_prev = prev >= 0
-    bad = rows[has_prev][nxt[prev[has_prev]] != rows[has_prev]]
-    if len(bad):
-        b = int(bad[0])
-        raise FormatError(f"{where}: the prev/next chain breaks at row {b} (token {tokens[b].as_py()}): its prev "
-                          f"is row {int(prev[b])}, whose next is not row {b}")
+    has_next, has_prev = nxt >= 0, prev >= 0
+    # consistency, both ways: a's next is b exactly when b's prev is a
+    for field, link, back, has in (("next", nxt, prev, has_next), ("prev", prev, nxt, has_prev)):
+        bad = rows[has][back[link[has]] != rows[has]]
+        if len(bad):
+            a = int(bad[0])
+            other = "prev" if field == "next" else "next"
+            raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its "
+                              f"{field} is row {int(link[a])}, whose {other} is not row {a}")
     if group is not None:
         cross = rows[has_next][group[nxt[has_next]] != group[rows[has_next]]]
         if len(cross):

@@ -86,7 +86,7 @@ def _frame_poses(ds) -> np.ndarray:
     """Per sample, the ego pose of its key-frame LIDAR_TOP sample_data; failing that, of any of its
     key-frame sample_data (the last in file order); -1 when it has none."""
     sd = ds.table("sample_data")
-    pose, _ = joins.ego_of_samples(ds)
+    pose = joins.ego_of_samples(ds)[0].copy()  # filled in below: not the shared join
     missing = pose < 0
     if missing.any() and len(sd):
         any_key = np.full(len(pose), -1, np.int64)
