@@ -6,7 +6,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=cythonize(
         [Extension("l5dask._kernels", ["l5dask/_kernels.pyx"], include_dirs=["l5dask"], depends=["l5dask/_argmax.h"],
-                   extra_compile_args=["-O3"])],
+                   extra_compile_args=["-O3"]),
+         Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], extra_compile_args=["-O3"])],
         compiler_directives={"language_level": 3},
     )
 )

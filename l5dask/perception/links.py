@@ -1,5 +1,6 @@
 """Tokens become row indices: link columns as integer indices, lists of links as CSR, chains as
-positions. All vectorized (Arrow's hash lookups, numpy pointer jumping): no Python loop over rows.
+positions. All vectorized or compiled (a hash table of the tokens, one walk along each chain): no
+loop over rows.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ LINKS: dict[str, dict[str, tuple[str, bool]]] = {
               "last_sample_token": ("sample", True)},
 }
 LIST_LINKS = {"attribute_tokens", "log_tokens"}
+EMPTY = -2  # a lookup's mark for a null or "" link, before it becomes -1
 
 
 def indices(values: Any, missing: int = -1) -> np.ndarray:
@@ -43,22 +45,55 @@ def _flat(values: Any) -> Any:
     return values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
 
 
-def self_index(tokens: Any, where: str, *links: Any) -> list[Any]:
-    """Raise on duplicate tokens (the SDK would silently keep the last); return the lookups of the
-    table's own links (``prev``, ``next``) in the same hash table: one build for all three."""
+def _buffers(values: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A string column's Arrow buffers, in place: (int32 offsets, bytes, validity bytes, empty
+    when there is no null)."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    tokens = _flat(tokens)
-    n = len(tokens)
-    parts = [tokens, *[_flat(v) for v in links]]
-    found = pc.index_in(pa.chunked_array(parts, type=tokens.type), value_set=tokens)
-    first = found.slice(0, n).to_numpy(zero_copy_only=False)
-    dup = np.flatnonzero(first != np.arange(n))
-    if len(dup):
-        row = int(dup[0])
-        raise FormatError(f"{where}: duplicate token {tokens[row].as_py()!r} (rows {int(first[row])} and {row})")
-    return [found.slice(n * (k + 1), n) for k in range(len(links))]
+    values = _flat(values)
+    if values.type != pa.string():
+        values = values.cast(pa.string())
+    n = len(values)
+    bufs = values.buffers()
+    if n == 0 or bufs[1] is None:
+        return np.zeros(n + 1, np.int32), np.zeros(1, np.uint8), np.zeros(0, np.uint8)
+    offsets = np.frombuffer(bufs[1], np.int32, count=n + 1, offset=values.offset * 4)
+    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(1, np.uint8)
+    valid = np.zeros(0, np.uint8) if values.null_count == 0 else \
+        values.is_valid().to_numpy(zero_copy_only=False).view(np.uint8)
+    return offsets, data, valid
+
+
+def token_index(tokens: Any) -> Any:
+    """A hash table of a table's tokens -> row (the first row holding each)."""
+    import pyarrow as pa
+
+    from ._kernels import StringIndex
+
+    chunks = tokens.chunks if isinstance(tokens, pa.ChunkedArray) else [tokens]
+    return StringIndex([_buffers(c)[:2] for c in chunks])
+
+
+def lookup(values: Any, index: Any, empty: int = -1) -> np.ndarray:
+    """Row indices in the table of ``index`` (:func:`token_index`) of string ``values``: -1 for a
+    value that is not a token there, ``empty`` for a null or ``""``. Chunk by chunk, in place."""
+    import pyarrow as pa
+
+    if isinstance(values, pa.ChunkedArray) and values.num_chunks != 1:
+        parts = [index.lookup(*_buffers(c), empty) for c in values.chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return index.lookup(*_buffers(values), empty)
+
+
+def self_index(tokens: Any, where: str, *links: Any) -> list[np.ndarray]:
+    """Raise on duplicate tokens (the SDK would silently keep the last); return the lookups of the
+    table's own links (``prev``, ``next``) in the same hash table."""
+    index = token_index(tokens)
+    if index.dup_row >= 0:
+        row = int(index.dup_row)
+        raise FormatError(f"{where}: duplicate token {tokens[row].as_py()!r} (rows {int(index.dup_first)} "
+                          f"and {row})")
+    return [lookup(v, index, EMPTY) for v in links]
 
 
 def resolve(values: Any, tokens: Any, where: str, field: str, target: str, required: bool,
@@ -66,25 +101,18 @@ def resolve(values: Any, tokens: Any, where: str, field: str, target: str, requi
     """Row indices in the target table of ``values`` (strings): -1 for ``""``; a required empty
     link or a token the target lacks raises, naming the table, row, field and token. ``found``:
     the lookup, when already made (:func:`self_index`)."""
-    import pyarrow.compute as pc
-
-    values = _flat(values)
-    idx = pc.index_in(values, value_set=_flat(tokens)) if found is None else found
-    out = indices(idx)
-    missing = np.flatnonzero(out < 0)
-    if len(missing):
-        text = values.take(missing).to_numpy(zero_copy_only=False)
-        empty = np.array([v is None or v == "" for v in text], bool) if len(text) < 4096 else \
-            indices(pc.equal(values.take(missing), "").cast("int8"), 1).astype(bool)
-        bad = missing[~empty] if not required else missing
-        if len(bad):
-            row = int(bad[0])
-            value = values[row].as_py()
-            who = f" (token {row_tokens[row].as_py()})" if row_tokens is not None else ""
-            if value in (None, ""):
-                raise FormatError(f"{where}: row {row}{who}: {field} is empty (every row needs a {target})")
-            raise FormatError(f"{where}: row {row}{who}: {field} {value!r} is not a token of {target}.json "
-                              "(a dangling link)")
+    out = lookup(values, token_index(tokens), EMPTY) if found is None else found
+    empty = out == EMPTY
+    out[empty] = -1
+    bad = np.flatnonzero((out < 0) & ~empty if not required else out < 0)
+    if len(bad):
+        row = int(bad[0])
+        value = values[row].as_py()
+        who = f" (token {row_tokens[row].as_py()})" if row_tokens is not None else ""
+        if value in (None, ""):
+            raise FormatError(f"{where}: row {row}{who}: {field} is empty (every row needs a {target})")
+        raise FormatError(f"{where}: row {row}{who}: {field} {value!r} is not a token of {target}.json "
+                          "(a dangling link)")
     return out
 
 
@@ -93,12 +121,11 @@ def resolve_list(values: Any, tokens: Any, where: str, field: str, target: str,
     """A list-of-tokens column as CSR: (offsets, target row indices)."""
     import pyarrow.compute as pc
 
-    values = _flat(values)
     lengths = indices(pc.list_value_length(values), 0)
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     flat = pc.list_flatten(values)
-    idx = indices(pc.index_in(flat, value_set=_flat(tokens)))
+    idx = lookup(flat, token_index(tokens))
     bad = np.flatnonzero(idx < 0)
     if len(bad):
         row = int(np.searchsorted(offsets, bad[0], side="right") - 1)
@@ -110,8 +137,8 @@ def resolve_list(values: Any, tokens: Any, where: str, field: str, target: str,
 
 def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: str, tokens: Any,
           what: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """Head row and position of every row along its ``prev``/``next`` chain (pointer jumping:
-    log2(n) vectorized rounds). A chain must be consistent (``next`` of ``a`` is ``b`` exactly
+    """Head row and position of every row along its ``prev``/``next`` chain (one compiled walk from
+    each head). A chain must be consistent (``next`` of ``a`` is ``b`` exactly
     when ``prev`` of ``b`` is ``a``), stay in one ``group`` (scene, instance) and not loop."""
     n = len(prev)
     rows = np.arange(n)
@@ -130,18 +157,15 @@ def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: st
             a = int(cross[0])
             raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
                               f"(row {int(nxt[a])}) belongs to another {what or 'group'}")
-    anc = np.where(has_prev, prev, rows)
-    dist = has_prev.astype(np.int64)
-    for _ in range(max(1, int(np.ceil(np.log2(max(n, 2))))) + 1):
-        dist = dist + dist[anc]  # a head is its own ancestor at distance 0
-        anc = anc[anc]
-        if not (prev[anc] >= 0).any():
-            break
-    looped = np.flatnonzero(prev[anc] >= 0)
+    from ._kernels import walk_chains
+
+    head, position = np.empty(n, np.int64), np.zeros(n, np.int64)
+    walk_chains(np.ascontiguousarray(prev, np.int64), np.ascontiguousarray(nxt, np.int64), head, position)
+    looped = np.flatnonzero(head < 0)
     if len(looped):
         r = int(looped[0])
         raise FormatError(f"{where}: the prev/next chain loops (through row {r}, token {tokens[r].as_py()})")
-    return anc, dist
+    return head, position
 
 
 def group_starts(group: np.ndarray, ngroups: int, head: np.ndarray, where: str, tokens: Any, what: str,

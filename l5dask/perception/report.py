@@ -40,16 +40,54 @@ def tables_report(ds) -> dict[str, Any]:
 
     big = "sample_annotation"
     if ds.job is None or ds.job.client is None:
-        # on this machine's threads (DuckDB and Arrow release the GIL): the annotations parse in one
-        # thread while the others parse and sample_data's links resolve (a pipeline, not two steps)
+        # on this machine's threads (DuckDB, Arrow and our kernels release the GIL): the annotations
+        # parse in one thread while the other tables parse and resolve and their keys are computed
+        # (a pipeline, not two steps)
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(ds.load, [big])
             ds.load([n for n in tables.TABLES if n != big])
-            for name in ("sample_data", "sample", "instance"):
-                ds.table(name)
+            part = _sample_keys(ds)
             pending.result()
     else:
         ds.load()  # a task per table on the cluster
+        part = _sample_keys(ds)
+    part.update(_annotation_keys(ds, part))
+    report = {k: part.pop(k) for k in ("counts", "annotations", "instances", "scenes", "sample_data", "ego")}
+    report.update(part)  # the private keys last
+    return report
+
+
+def _sample_keys(ds) -> dict[str, Any]:
+    """The keys that need no annotation: samples, sample_data, the ego's path, instances per category."""
+    t = {name: ds.table(name) for name in tables.TABLES if name != "sample_annotation"}
+    smp, inst, cat = t["sample"], t["instance"], t["category"]
+    cat_names = cat.strings("name")
+    report: dict[str, Any] = {}
+    report["instances"] = {"per_category": _by_name(cat_names, np.bincount(inst.links["category_token"],
+                                                                             minlength=len(cat)))}
+    scene_of_sample = smp.links["scene_token"]
+    report["scenes"] = {"num_samples": np.bincount(scene_of_sample, minlength=len(t["scene"])).astype(int).tolist()}
+    sensors = t["sensor"]
+    sensor_of = joins.sensor_of_sample_data(ds)
+    report["sample_data"] = {
+        "per_channel": _by_name(sensors.strings("channel"), np.bincount(sensor_of, minlength=len(sensors))),
+        "key_frames": int(t["sample_data"].numbers("is_key_frame", bool).sum()),
+    }
+    # the ego's path: consecutive samples of each scene's chain, both with a LIDAR_TOP pose
+    _, ego = joins.ego_of_samples(ds)
+    order = np.lexsort((smp.position, scene_of_sample))
+    same = scene_of_sample[order][1:] == scene_of_sample[order][:-1]
+    step = np.hypot(*(ego[order][1:, :2] - ego[order][:-1, :2]).T)
+    ok = same & ~np.isnan(step)
+    report["ego"] = {"total_distance_km": float(step[ok].sum()) / 1000}
+    # for the figures (private: not in the JSON)
+    starts = np.concatenate([[0], np.cumsum(np.bincount(scene_of_sample, minlength=len(t["scene"])))])
+    report["_ego_paths"] = [ego[order][a:b, :2][::5] for a, b in zip(starts[:-1], starts[1:])]
+    return report
+
+
+def _annotation_keys(ds, part: dict[str, Any]) -> dict[str, Any]:
+    """The keys of the annotations (and ``counts``, which needs them all)."""
     t = {name: ds.table(name) for name in tables.TABLES}
     ann, smp, inst, cat = t["sample_annotation"], t["sample"], t["instance"], t["category"]
     n_cat = len(cat)
@@ -60,8 +98,6 @@ def tables_report(ds) -> dict[str, Any]:
     per_cat = np.bincount(ann_cat, minlength=n_cat)
     report["annotations"] = a = {}
     a["per_category"] = _by_name(cat_names, per_cat)
-    report["instances"] = i = {}
-    i["per_category"] = _by_name(cat_names, np.bincount(inst.links["category_token"], minlength=n_cat))
 
     off, att = ann.lists["attribute_tokens"]
     owner = np.repeat(np.arange(len(ann)), np.diff(off))
@@ -87,32 +123,11 @@ def tables_report(ds) -> dict[str, Any]:
     d = np.hypot(*(ann.vectors("translation")[has, :2] - ego_of_ann[has, :2]).T)
     a["distance_to_ego_m"] = {"histogram": {"edges": DISTANCE_EDGES.tolist(), "counts": histogram(d)}}
 
-    i["length"] = _stats(np.bincount(ann.links["instance_token"], minlength=len(inst)))
-
-    scene_of_sample = smp.links["scene_token"]
-    report["scenes"] = {
-        "num_samples": np.bincount(scene_of_sample, minlength=len(t["scene"])).astype(int).tolist(),
-        "num_annotations": np.bincount(scene_of_sample[ann.links["sample_token"]],
-                                       minlength=len(t["scene"])).astype(int).tolist(),
-    }
-
-    sensors = t["sensor"]
-    sensor_of = joins.sensor_of_sample_data(ds)
-    report["sample_data"] = {
-        "per_channel": _by_name(sensors.strings("channel"), np.bincount(sensor_of, minlength=len(sensors))),
-        "key_frames": int(t["sample_data"].numbers("is_key_frame", bool).sum()),
-    }
-
-    # the ego's path: consecutive samples of each scene's chain, both with a LIDAR_TOP pose
-    order = np.lexsort((smp.position, scene_of_sample))
-    same = scene_of_sample[order][1:] == scene_of_sample[order][:-1]
-    step = np.hypot(*(ego[order][1:, :2] - ego[order][:-1, :2]).T)
-    ok = same & ~np.isnan(step)
-    report["ego"] = {"total_distance_km": float(step[ok].sum()) / 1000}
-    # for the figures (private: not in the JSON)
-    report["_per_sample"] = per_sample
-    starts = np.concatenate([[0], np.cumsum(np.bincount(scene_of_sample, minlength=len(t["scene"])))])
-    report["_ego_paths"] = [ego[order][a:b, :2][::5] for a, b in zip(starts[:-1], starts[1:])]
+    report["instances"] = dict(part["instances"], length=_stats(np.bincount(ann.links["instance_token"],
+                                                                            minlength=len(inst))))
+    report["scenes"] = dict(part["scenes"], num_annotations=np.bincount(
+        smp.links["scene_token"][ann.links["sample_token"]], minlength=len(t["scene"])).astype(int).tolist())
+    report["_per_sample"] = per_sample  # for the figures (private: not in the JSON)
     return report
 
 

@@ -1,0 +1,101 @@
+"""The compiled token lookups and chain walks of ``l5dask.perception.links`` against plain
+references (Arrow's ``index_in``, a Python walk) on random inputs built to reach their edges:
+nulls, ``""``, repeated tokens, prefixes of each other, chunked and sliced Arrow arrays, chains
+of one row, more chains than are walked together, loops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from l5dask.errors import FormatError
+from l5dask.perception import links
+
+
+def _strings(rng, pool, n, nulls=0.0):
+    return [None if rng.random() < nulls else pool[i] for i in rng.integers(0, len(pool), n)]
+
+
+def _arrow(values, rng):
+    """As a plain, a sliced or a chunked Arrow array."""
+    kind = rng.integers(0, 3)
+    if kind == 0 or len(values) < 3:
+        return pa.array(values, pa.string())
+    if kind == 1:
+        return pa.array(["pad"] + values + ["pad"], pa.string()).slice(1, len(values))
+    cut = int(rng.integers(1, len(values)))
+    return pa.chunked_array([pa.array(values[:cut], pa.string()), pa.array(values[cut:], pa.string())])
+
+
+def _index_in(values, tokens):
+    got = pc.index_in(values, value_set=pa.array(tokens.to_pylist(), pa.string()))
+    return np.array([-1 if v is None else v for v in got.to_pylist()], np.int64)
+
+
+def test_token_lookup_equals_arrow_index_in():
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        # short strings over two letters: many repeats, "" and prefixes of each other
+        pool = ["".join(rng.choice(list("ab"), rng.integers(0, 5))) for _ in range(40)]
+        if trial % 3 == 0:  # long random tokens, as the real ones
+            pool = [rng.bytes(32).hex() for _ in range(200)]
+        tokens = _arrow(_strings(rng, pool, int(rng.integers(0, 60))), rng)
+        query = _arrow(_strings(rng, pool + ["zz", "a" * 70], int(rng.integers(0, 80)), nulls=0.1), rng)
+        index = links.token_index(tokens)
+        ref = _index_in(query, tokens)
+        np.testing.assert_array_equal(links.lookup(query, index), ref)
+        # EMPTY marks the nulls and the ""s that are not tokens; the rest as before
+        marked = links.lookup(query, index, links.EMPTY)
+        values = query.to_pylist()
+        empty = np.array([v is None or (v == "" and r < 0) for v, r in zip(values, ref)], bool)
+        np.testing.assert_array_equal(marked, np.where(empty, links.EMPTY, ref))
+        # the first repeated token in row order, and where it first was
+        first = _index_in(tokens, tokens)
+        dup = np.flatnonzero(first != np.arange(len(first)))
+        assert (index.dup_row, index.dup_first) == ((dup[0], first[dup[0]]) if len(dup) else (-1, -1))
+
+
+def test_duplicate_tokens_are_named():
+    tokens = pa.array(["x", "y", "z", "y"], pa.string())
+    with pytest.raises(FormatError, match=r"t.json: duplicate token 'y' \(rows 1 and 3\)"):
+        links.self_index(tokens, "t.json")
+
+
+def _walk(prev, nxt):
+    """Head and position of each row, walking from each head in Python (-1: not reached)."""
+    head, pos = np.full(len(prev), -1), np.zeros(len(prev), np.int64)
+    for h in np.flatnonzero(prev < 0):
+        r, k = h, 0
+        while r >= 0:
+            head[r], pos[r] = h, k
+            r, k = nxt[r], k + 1
+    return head, pos
+
+
+@pytest.mark.parametrize("loops", [False, True])
+def test_chains_equal_a_plain_walk(loops):
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        n = int(rng.integers(1, 3000))
+        order = rng.permutation(n)
+        cuts = np.sort(rng.choice(np.arange(1, n), size=min(n - 1, int(rng.integers(0, 200))), replace=False)) \
+            if n > 1 else np.zeros(0, int)
+        prev, nxt, group = np.full(n, -1), np.full(n, -1), np.zeros(n, np.int64)
+        chains = np.split(order, cuts)
+        for g, rows in enumerate(chains):  # more chains than the kernel walks together
+            prev[rows[1:]], nxt[rows[:-1]], group[rows] = rows[:-1], rows[1:], g
+        ring = None
+        if loops:
+            ring = max(chains, key=len)  # close one chain into a ring
+            prev[ring[0]], nxt[ring[-1]] = ring[-1], ring[0]
+        tokens = pa.array([f"t{i}" for i in range(n)])
+        if ring is not None:
+            with pytest.raises(FormatError, match=f"loops \\(through row {ring.min()},"):
+                links.chain(prev, nxt, group, "t.json", tokens)
+            continue
+        head, pos = links.chain(prev, nxt, group, "t.json", tokens)
+        ref_head, ref_pos = _walk(prev, nxt)
+        np.testing.assert_array_equal(head, ref_head)
+        np.testing.assert_array_equal(pos, ref_pos)
