@@ -99,3 +99,30 @@ def test_chains_equal_a_plain_walk(loops):
         ref_head, ref_pos = _walk(prev, nxt)
         np.testing.assert_array_equal(head, ref_head)
         np.testing.assert_array_equal(pos, ref_pos)
+
+
+@pytest.mark.parametrize("type_", [pa.int32(), pa.int64(), pa.float64(), pa.bool_()])
+def test_arrow_numbers_without_pandas_equal_to_numpy(type_):
+    from l5dask.outputs import numpy_array, valid_rows
+
+    rng = np.random.default_rng(11)
+    for trial in range(50):
+        n = int(rng.integers(0, 40))
+        raw = rng.integers(-5, 5, n)
+        values = [None if rng.random() < 0.2 else (bool(v > 0) if type_ == pa.bool_() else v.item()) for v in raw]
+        arr = _arrow_typed(values, type_, rng)
+        ref_valid = np.array([v is not None for v in values], bool)
+        np.testing.assert_array_equal(valid_rows(arr), ref_valid)
+        got = numpy_array(arr, 7)
+        ref = np.array([7 if v is None else v for v in values], got.dtype)
+        np.testing.assert_array_equal(got, ref)
+
+
+def _arrow_typed(values, type_, rng):
+    kind = rng.integers(0, 3)
+    if kind == 0 or len(values) < 3:
+        return pa.array(values, type_)
+    if kind == 1:  # an offset that is not a multiple of 8 (the bitmaps)
+        return pa.array([None, True if type_ == pa.bool_() else 1, None] + values, type_).slice(3, len(values))
+    cut = int(rng.integers(1, len(values)))
+    return pa.chunked_array([pa.array(values[:cut], type_), pa.array(values[cut:], type_)])

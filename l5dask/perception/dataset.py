@@ -3,12 +3,14 @@ to row indices, chains checked and ranked, and joined columns on demand."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
 import numpy as np
 
 from ..errors import FormatError, NotADatasetError
+from ..outputs import numpy_array
 from ..store import Store
 from . import links, tables
 
@@ -38,16 +40,14 @@ class Table:
     def strings(self, col: str) -> np.ndarray:
         """A string column as a numpy object array (``None`` as ``""``)."""
         if col not in self._cache:
-            values = self.arrow.column(col).to_numpy(zero_copy_only=False) if len(self) else np.zeros(0, object)
-            values = values.astype(object)
+            values = np.array(self.arrow.column(col).to_pylist() if len(self) else [], object)
             values[np.equal(values, None)] = ""
             self._cache[col] = values
         return self._cache[col]
 
     def numbers(self, col: str, dtype=np.float64) -> np.ndarray:
         if col not in self._cache:
-            values = self.arrow.column(col).to_numpy(zero_copy_only=False) if len(self) else np.zeros(0)
-            values = np.where(np.equal(values, None), 0, values) if values.dtype == object else values
+            values = numpy_array(self.arrow.column(col), 0)  # nulls as 0
             values = np.nan_to_num(values.astype(np.float64), nan=0.0)
             self._cache[col] = values.astype(dtype)
         return self._cache[col]
@@ -59,7 +59,7 @@ class Table:
 
             k = tables.VECTORS[col]
             flat = pc.list_flatten(self.arrow.column(col))
-            self._cache[col] = (flat.to_numpy() if len(flat) else np.zeros(0)).reshape(len(self), k)
+            self._cache[col] = numpy_array(flat).astype(np.float64).reshape(len(self), k)
         return self._cache[col]
 
 
@@ -125,17 +125,28 @@ class PerceptionDataset:
         self.load([name, *sorted(targets), *(["scene"] if name == "sample" else []),
                    *(["instance"] if name == "sample_annotation" else [])])
         t = Table(self._raw[name])
-        own = [f for f, (target, _) in links.LINKS.get(name, {}).items() if target == name]
-        found = dict(zip(own, links.self_index(t.tokens, t.where, *[t.arrow.column(f) for f in own])))
+        spec = links.LINKS.get(name, {})
+        own = [f for f, (target, _) in spec.items() if target == name]
+
+        def resolve(field: str, found: Any = None) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+            target, required = spec[field]
+            other = self._raw[target].arrow.column("token") if target != name else t.tokens
+            if field in links.LIST_LINKS:
+                return links.resolve_list(t.arrow.column(field), other, t.where, field, target, t.tokens)
+            return links.resolve(t.arrow.column(field), other, t.where, field, target, required, t.tokens, found)
+
+        others = [f for f in spec if f not in own]
         self._tables[name] = t
         try:
-            for field, (target, required) in links.LINKS.get(name, {}).items():
-                other = self._raw[target].arrow.column("token") if target != name else t.tokens
-                if field in links.LIST_LINKS:
-                    t.lists[field] = links.resolve_list(t.arrow.column(field), other, t.where, field, target, t.tokens)
-                else:
-                    t.links[field] = links.resolve(t.arrow.column(field), other, t.where, field, target, required,
-                                                   t.tokens, found.get(field))
+            # the links to other tables resolve in a thread (the lookups release the GIL) while
+            # the table's own tokens are hashed and its prev/next looked up; errors in field order
+            with _maybe_thread(len(t) >= 100_000) as run:
+                pending = run(lambda: {f: resolve(f) for f in others})
+                found = dict(zip(own, links.self_index(t.tokens, t.where, *[t.arrow.column(f) for f in own])))
+                for field, value in pending().items():
+                    (t.lists if field in links.LIST_LINKS else t.links)[field] = value
+            for field in own:
+                t.links[field] = resolve(field, found[field])
             if name == "sample":
                 self._rank_samples(t)
             elif name == "sample_annotation":
@@ -179,6 +190,23 @@ class PerceptionDataset:
 
         df = self.frame(name, columns)
         return dd.from_pandas(df, npartitions=npartitions or max(1, len(df) // 100_000))
+
+
+@contextlib.contextmanager
+def _maybe_thread(threaded: bool):
+    """``run(func)`` -> a callable giving ``func()``'s result: run in a thread of its own when
+    ``threaded``, else at once."""
+    if not threaded:
+        def now(func):
+            result = func()
+            return lambda: result
+
+        yield now
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        yield lambda func: pool.submit(func).result
 
 
 def _weight(name: str) -> int:

@@ -119,9 +119,11 @@ def check(table: Any, name: str, where: str) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
+    from ..outputs import valid_rows
+
     tokens = table.column("token")
     if tokens.null_count:
-        row = int(np.flatnonzero(tokens.is_null().to_numpy(zero_copy_only=False))[0])
+        row = int(np.flatnonzero(~valid_rows(tokens))[0])
         raise FormatError(f"{where}: row {row} has no token (every row of a table needs one)")
     for col, n in VECTORS.items():
         if col not in table.column_names:
@@ -137,7 +139,7 @@ def check(table: Any, name: str, where: str) -> None:
             raise FormatError(f"{where}: row {row} (token {tokens[row].as_py()}): {col} has {got}, expected {n} numbers")
         flat = pc.list_flatten(values)
         if flat.null_count:
-            nulls = np.flatnonzero(flat.is_null().to_numpy(zero_copy_only=False))
+            nulls = np.flatnonzero(~valid_rows(flat))
             row = int(nulls[0] // n)
             raise FormatError(f"{where}: row {row} (token {tokens[row].as_py()}): {col} holds a null")
 
