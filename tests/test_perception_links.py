@@ -126,3 +126,32 @@ def _arrow_typed(values, type_, rng):
         return pa.array([None, True if type_ == pa.bool_() else 1, None] + values, type_).slice(3, len(values))
     cut = int(rng.integers(1, len(values)))
     return pa.chunked_array([pa.array(values[:cut], type_), pa.array(values[cut:], type_)])
+
+
+def test_compiled_points_in_boxes_equal_the_sdks_operations():
+    """The compiled count against the SDK's operations (``count_in_boxes_exact``, itself tested
+    against the SDK in test_perception.py) on points built to sit on faces, edges and corners, in
+    world coordinates far from the origin, with flat and tiny boxes."""
+    from l5dask.perception.lidar import _SIGN, count_in_boxes, count_in_boxes_exact, quaternion_matrices
+
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        nb = int(rng.integers(1, 40))
+        centers = rng.uniform(-2000, 2000, (1, 3)) + rng.uniform(-20, 20, (nb, 3))
+        sizes = rng.uniform(0.05, 6, (nb, 3))
+        sizes[rng.random((nb, 3)) < 0.05] = 0.0  # flat boxes
+        rots = quaternion_matrices(rng.normal(size=(nb, 4)))
+        pts = [centers[:, :, None] + rng.uniform(-8, 8, (nb, 3, 200))]
+        for b in range(nb):  # corners, points on faces and edges, and one float32 step off them
+            w, ln, h = sizes[b]
+            local = np.vstack((ln / 2 * _SIGN[0], w / 2 * _SIGN[1], h / 2 * _SIGN[2]))
+            corners = rots[b] @ local + centers[b][:, None]
+            mix = rng.dirichlet(np.ones(8), 30).T
+            on = np.concatenate([corners, corners @ mix, (corners[:, :4] @ rng.dirichlet(np.ones(4), 30).T)], 1)
+            pts.append(on[None])
+        points = np.concatenate([p.transpose(1, 0, 2).reshape(3, -1) for p in pts], 1).astype(np.float32)
+        points = np.concatenate([points, np.nextafter(points, np.float32(np.inf)),
+                                 np.nextafter(points, np.float32(-np.inf))], 1)
+        got = count_in_boxes(points, centers, sizes, rots)
+        np.testing.assert_array_equal(got, count_in_boxes_exact(points, centers, sizes, rots))
+        assert got.sum() > 0

@@ -9,7 +9,7 @@ byte per row (an empty ``valid`` means no nulls).
 import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
 cdef extern from *:
@@ -197,3 +197,132 @@ def walk_chains(const int64_t[::1] prev, const int64_t[::1] nxt, int64_t[::1] he
                     __builtin_prefetch(&head[r])
                     __builtin_prefetch(&position[r])
                 c += 1
+
+
+cdef enum:
+    # a box's row in ``frames``: p1 (its first corner), the edge vectors i, j, k from it, their
+    # squared lengths, and the box's bounding cube (lo, hi)
+    P1 = 0
+    EI = 3
+    EJ = 6
+    EK = 9
+    II = 12
+    LO = 15
+    HI = 18
+    FRAME = 21
+    GRID = 64
+
+
+def count_in_boxes(const float[:, ::1] points, const double[:, ::1] frames, int64_t[::1] out, double band):
+    """Per box, the points (3, n) inside it by the SDK's ``points_in_box`` test (``0 <= v.i <= i.i``
+    and the same for j and k, ``v`` from the first corner). A point that is within ``band`` times
+    an edge's squared length of a face (and not clearly outside on another edge) is not decided
+    here: its (box, point) pairs are returned for the exact test in numpy, so that the count does
+    not depend on how the dot products are rounded.
+
+    The boxes' bounds are binned on a grid in x, y of at most ``GRID`` x ``GRID`` cells: a
+    point meets only the boxes of its cell (most points meet none). A box with an edge of length
+    0 passes whole slabs (the SDK's test, ``0 <= 0 <= 0`` on that edge): its bounds are infinite,
+    and then every point meets every box."""
+    cdef Py_ssize_t n = points.shape[1], nb = frames.shape[0], p, b, e, c, k, cx, cy, nx, ny, x0, x1, y0, y1
+    cdef double x, y, z, v0, v1, v2, d, ee, lim, gx, gy, cell
+    cdef const double* f
+    cdef bint unsure, outside
+    cdef list undecided = []
+    cdef int64_t* start = NULL
+    cdef int64_t* members = NULL
+    cdef int64_t* fill = NULL
+    if n == 0 or nb == 0:
+        return undecided
+    gx, gy = frames[0, LO], frames[0, LO + 1]
+    cdef double hx = frames[0, HI], hy = frames[0, HI + 1]
+    for b in range(nb):
+        gx, gy = min(gx, frames[b, LO]), min(gy, frames[b, LO + 1])
+        hx, hy = max(hx, frames[b, HI]), max(hy, frames[b, HI + 1])
+    cdef bint single = not (hx - gx < 1e9 and hy - gy < 1e9)  # unbounded (flat) or NaN boxes: one cell
+    cell = 1.0 if single else max((hx - gx) / GRID, (hy - gy) / GRID, 0.25)
+    nx = 1 if single else min(<Py_ssize_t>((hx - gx) / cell) + 1, GRID + 1)
+    ny = 1 if single else min(<Py_ssize_t>((hy - gy) / cell) + 1, GRID + 1)
+    cdef double inv = 1.0 / cell
+    start = <int64_t*>calloc(nx * ny + 1, sizeof(int64_t))
+    fill = <int64_t*>calloc(nx * ny, sizeof(int64_t))
+    try:
+        if start == NULL or fill == NULL:
+            raise MemoryError()
+        for b in range(nb):  # boxes per cell, as CSR
+            _cells(&frames[b, 0], gx, gy, inv, nx, ny, &x0, &x1, &y0, &y1)
+            for cy in range(y0, y1 + 1):
+                for cx in range(x0, x1 + 1):
+                    start[cy * nx + cx + 1] += 1
+        for c in range(nx * ny):
+            start[c + 1] += start[c]
+        members = <int64_t*>malloc(max(start[nx * ny], 1) * sizeof(int64_t))
+        if members == NULL:
+            raise MemoryError()
+        for b in range(nb):
+            _cells(&frames[b, 0], gx, gy, inv, nx, ny, &x0, &x1, &y0, &y1)
+            for cy in range(y0, y1 + 1):
+                for cx in range(x0, x1 + 1):
+                    c = cy * nx + cx
+                    members[start[c] + fill[c]] = b
+                    fill[c] += 1
+        with nogil:
+            for p in range(n):
+                x = points[0, p]
+                y = points[1, p]
+                if single:
+                    c = 0
+                else:
+                    if not (x >= gx and x <= hx and y >= gy and y <= hy):
+                        continue
+                    cx = min(<Py_ssize_t>((x - gx) * inv), nx - 1)
+                    cy = min(<Py_ssize_t>((y - gy) * inv), ny - 1)
+                    c = cy * nx + cx
+                z = points[2, p]
+                for k in range(start[c], start[c + 1]):
+                    b = members[k]
+                    f = &frames[b, 0]
+                    if x < f[LO] or x > f[HI] or y < f[LO + 1] or y > f[HI + 1] or z < f[LO + 2] or z > f[HI + 2]:
+                        continue
+                    v0 = x - f[P1]
+                    v1 = y - f[P1 + 1]
+                    v2 = z - f[P1 + 2]
+                    unsure = False
+                    outside = False
+                    for e in range(3):
+                        d = f[EI + 3 * e] * v0 + f[EI + 3 * e + 1] * v1 + f[EI + 3 * e + 2] * v2
+                        ee = f[II + e]
+                        lim = band * ee
+                        if d < -lim or d > ee + lim:
+                            if ee > 0.0:  # (a flat box: only the exact test can say)
+                                outside = True
+                                break
+                        if d <= lim or d >= ee - lim:
+                            unsure = True
+                    if outside:
+                        continue
+                    if unsure:
+                        with gil:
+                            undecided.append((b, p))
+                    else:
+                        out[b] += 1
+    finally:
+        free(start)
+        free(fill)
+        free(members)
+    return undecided
+
+
+cdef inline void _cells(const double* f, double gx, double gy, double inv, Py_ssize_t nx, Py_ssize_t ny,
+                        Py_ssize_t* x0, Py_ssize_t* x1, Py_ssize_t* y0, Py_ssize_t* y1) noexcept nogil:
+    """The grid cells a box's bounds cover (a NaN box: all of them), by the points' own formula
+    (monotonic: a point within the bounds falls in one of these cells)."""
+    x0[0], x1[0], y0[0], y1[0] = 0, nx - 1, 0, ny - 1
+    if nx == 1 and ny == 1:
+        return
+    if f[LO] >= gx and f[HI] >= gx:
+        x0[0] = min(<Py_ssize_t>((f[LO] - gx) * inv), nx - 1)
+        x1[0] = min(<Py_ssize_t>((f[HI] - gx) * inv), nx - 1)
+    if f[LO + 1] >= gy and f[HI + 1] >= gy:
+        y0[0] = min(<Py_ssize_t>((f[LO + 1] - gy) * inv), ny - 1)
+        y1[0] = min(<Py_ssize_t>((f[HI + 1] - gy) * inv), ny - 1)
