@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import threading
 import time
 from typing import Any
 
@@ -19,6 +20,9 @@ from .errors import ChunkError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried.
 _RETRIES = 4
+#: Reads inside an archive go one at a time: fsspec's tar filesystem seeks and reads one shared file
+#: object without a lock (threads reading at once got each other's bytes: found by a test).
+_ARCHIVE_READS = threading.Lock()
 
 
 #: errno values of store errors that may pass: s3fs maps 503 ServiceUnavailable and SlowDown to
@@ -128,9 +132,10 @@ class Store:
                             return f.read()
                         f.seek(start, 0 if start >= 0 else 2)
                         return f.read() if end is None else f.read(end - f.tell())
-                if start is not None:
-                    return self.fs.cat_file(path, start=start, end=end)
-                return self.fs.cat_file(path)
+                if _protocol(self.fs) in ("tar", "zip"):
+                    with _ARCHIVE_READS:
+                        return self.fs.cat_file(path, start=start, end=end)
+                return self.fs.cat_file(path, start=start, end=end)
             except FileNotFoundError as exc:
                 raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
             except PermissionError as exc:

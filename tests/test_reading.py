@@ -161,3 +161,31 @@ def test_unknown_extra_arrays_are_ignored(small_ds, tmp_path):
     ds = l5dask.open_dataset(str(path))
     assert set(ds.arrays) == set(fmt.ARRAY_NAMES)
     assert len(ds["agents"].to_dask().compute()) == len(ds["agents"])
+
+
+@pytest.mark.parametrize("kind", ["zip", "tar"])
+def test_archive_reads_from_many_threads_get_their_own_bytes(tmp_path, kind):
+    """Tasks read an archive from several threads at once (the tables, the lidar sweeps): each read
+    returns its own file's bytes (fsspec's tar shares one file object without a lock)."""
+    import tarfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(1)
+    files = {f"d/f{i}.bin": rng.bytes(int(rng.integers(1, 300_000))) for i in range(64)}
+    path = tmp_path / f"a.{kind}"
+    if kind == "zip":
+        with zipfile.ZipFile(path, "w") as z:
+            for name, data in files.items():
+                z.writestr(name, data)
+    else:
+        src = tmp_path / "src"
+        with tarfile.open(path, "w") as t:
+            for name, data in files.items():
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                (src / name).write_bytes(data)
+                t.add(src / name, arcname=name)
+    store = Store(str(path))
+    names = list(files) * 4
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda n: store.get(n), names))
+    assert all(g == files[n] for n, g in zip(names, got))
