@@ -8,10 +8,12 @@ through ``memcpy`` (rows of 116 bytes leave most doubles unaligned).
 
 import numpy as np
 
-from libc.math cimport fma, sqrt
+from libc.math cimport sqrt
 from libc.stdint cimport int8_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
+
+from l5dask._records cimport _f4, _f8, _norm2, _u8
 
 cdef extern from "_argmax.h":
     Py_ssize_t l5_argmax_f32(const uint8_t* p, Py_ssize_t n) noexcept nogil
@@ -21,24 +23,6 @@ cdef enum:
     DENSE_SPAN = 8
 
 cdef int64_t FAR = 4611686018427387904  # 2**62: past any row index
-
-
-cdef inline double _f8(const uint8_t* p) noexcept nogil:
-    cdef double v
-    memcpy(&v, p, 8)
-    return v
-
-
-cdef inline float _f4(const uint8_t* p) noexcept nogil:
-    cdef float v
-    memcpy(&v, p, 4)
-    return v
-
-
-cdef inline uint64_t _u8(const uint8_t* p) noexcept nogil:
-    cdef uint64_t v
-    memcpy(&v, p, 8)
-    return v
 
 
 cdef inline int64_t _bin(double value, double width, double inv_width, int64_t nbins) noexcept nogil:
@@ -352,4 +336,4 @@ def norm2_fma(const double[::1] x, const double[::1] y, double[::1] out):
     cdef Py_ssize_t i, n = x.shape[0]
     with nogil:
         for i in range(n):
-            out[i] = sqrt(fma(y[i], y[i], x[i] * x[i]))
+            out[i] = _norm2(x[i], y[i])

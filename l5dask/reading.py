@@ -204,6 +204,30 @@ class L5Array:
             out[a - lo: b - lo].view(np.uint8)[:] = scratch[a - start: b - start].view(np.uint8)
         return out
 
+    def read_ranges(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        """The rows of the sorted, disjoint ranges ``[lo[i], hi[i])``, one after the other; each
+        stored chunk holding any of them read and decoded once (a run of chunks fetched together)."""
+        lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        keep = hi > lo
+        lo, hi = lo[keep], hi[keep]
+        offset = np.concatenate([[0], np.cumsum(hi - lo)])
+        out = None
+        rows = self.meta.chunk_rows
+        first, last = lo // rows, (hi - 1) // rows
+        # runs of consecutive chunks that hold wanted rows
+        chunks = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)])) if len(lo) else []
+        breaks = np.flatnonzero(np.diff(chunks) > 1) + 1 if len(chunks) else []
+        for run in np.split(np.asarray(chunks, np.int64), breaks) if len(chunks) else []:
+            for start, records in self.iter_chunks(int(run[0]), len(run)):
+                if out is None:
+                    out = np.empty(int(offset[-1]), records.dtype)
+                stop = start + len(records)
+                for i in range(int(np.searchsorted(hi, start, "right")), int(np.searchsorted(lo, stop, "left"))):
+                    a, b = max(int(lo[i]), start), min(int(hi[i]), stop)
+                    at = int(offset[i]) + a - int(lo[i])
+                    out[at: at + b - a].view(np.uint8)[:] = records[a - start: b - start].view(np.uint8)
+        return out if out is not None else np.empty(0, self.dtype)
+
     def read_chunk(self, index: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
         """Read and decode one stored chunk (eagerly, in this process)."""
         return self.read(index, 1, fields)

@@ -17,7 +17,8 @@ import zarr
 
 import l5dask
 from l5dask.evaluation import csvfiles, metrics as M
-from l5dask.evaluation.agents import select_agents
+from l5dask import format as fmt
+from l5dask.evaluation.agents import KEEP, select_agents
 from l5dask.evaluation.ground_truth import export_zarr_to_csv
 
 from .conftest import l5kit_data, l5kit_evaluation, l5kit_select_agents, read_all
@@ -253,6 +254,76 @@ def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "past/future" in r.stdout and "reject_th_yaw" in r.stdout
     np.testing.assert_array_equal(zarr.open(str(tmp_path / "m.zarr"), mode="r")[:], ref)
+
+
+def test_mask_pass_checks_equal_l5kits_on_their_edges():
+    """The compiled pass's float32 yaw and extent checks and its label filter (float64 with a band
+    left to numpy's float32 sum) against L5Kit's own functions, on values built at their edges."""
+    from l5dask.evaluation._kernels import pair_checks
+    from l5dask.evaluation.agents import label_ok
+
+    sa = l5kit_select_agents()
+    rng = np.random.default_rng(7)
+    f32 = np.float32
+    # yaws: changes at +-30 degrees (and 1-4 float32 steps around), near +-pi and +-2pi (the wrap),
+    # from yaws far from 0; both orders
+    prev = rng.uniform(-8, 8, 6000).astype(f32)
+    delta = np.concatenate([np.full(1000, np.pi / 6), np.full(1000, -np.pi / 6), np.full(1000, np.pi),
+                            np.full(1000, -np.pi), np.full(1000, 2 * np.pi - np.pi / 6), rng.uniform(-7, 7, 1000)])
+    cur = (prev + delta).astype(f32)
+    k = rng.integers(-4, 5, len(cur))  # up to 4 float32 steps either way
+    for _ in range(4):
+        cur = np.where(k > 0, np.nextafter(cur, f32(np.inf)), np.where(k < 0, np.nextafter(cur, f32(-np.inf)), cur))
+        k = k - np.sign(k)
+    # and runs of consecutive float32 values across the threshold from a few yaws (every step seen)
+    runs = [(f32(p), (f32(p) + f32(d)).astype(f32)) for p in (0, 0.5, -1, 3, -3.1) for d in (np.pi / 6, -np.pi / 6)]
+    for p, c in runs:
+        run = [c]
+        for _ in range(200):
+            run = [np.nextafter(run[0], f32(-np.inf))] + run + [np.nextafter(run[-1], f32(np.inf))]
+        prev = np.concatenate([prev, np.full(len(run), p, f32)])
+        cur = np.concatenate([cur, np.array(run, f32)])
+    cur = cur.astype(f32)
+    # areas: around 0.01 and around a ratio of 1.1, exact zeros, NaN, inf
+    e0 = rng.uniform(0.05, 5, len(cur)).astype(f32)
+    e1 = np.where(rng.random(len(cur)) < 0.3, (f32(0.01) / e0).astype(f32), rng.uniform(0.05, 5, len(cur))).astype(f32)
+    area_prev = (e0 * e1).astype(f32)
+    g0 = (e0 * np.where(rng.random(len(cur)) < 0.5, f32(1.1), f32(1 / 1.1))).astype(f32)
+    k = rng.integers(-1, 2, len(g0))
+    g0 = np.where(k > 0, np.nextafter(g0, f32(np.inf)), np.where(k < 0, np.nextafter(g0, f32(-np.inf)), g0)).astype(f32)
+    g1 = e1.copy()
+    g1[:30], g0[30:40], g1[40:50] = 0, np.nan, np.inf
+    area_cur = (g0 * g1).astype(f32)
+    for yaw_th, ext_th in ((30.0, 1.1), (29.999999, 1.0999999), (45.5, 2.0)):
+        yo, eo = np.empty(len(cur), np.uint8), np.empty(len(cur), np.uint8)
+        pair_checks(cur, prev, area_prev, area_cur, f32(yaw_th), f32(ext_th), yo, eo)
+        ref_yaw = [sa.in_angular_distance(p, c, yaw_th) for p, c in zip(prev, cur)]
+        ref_ext = [sa.in_extent_ratio(np.array([a, b, 1], f32), np.array([c, d, 1], f32), ext_th)
+                   for a, b, c, d in zip(e0, e1, g0, g1)]
+        np.testing.assert_array_equal(yo.astype(bool), ref_yaw)
+        np.testing.assert_array_equal(eo.astype(bool), ref_ext)
+        assert 0 < sum(ref_yaw) < len(cur) and 0 < sum(ref_ext) < len(cur)
+    # labels: kept probabilities summing to the threshold in float64 but not in numpy's float32
+    # order (and the other way round), exactly at it, NaN
+    from l5kit.data.filter import _get_label_filter
+
+    n = 20000
+    agents = np.zeros(n, fmt.AGENT_DTYPE)
+    lp = rng.dirichlet(np.ones(17), n).astype(f32)
+    for th in (0.5, 0.3):
+        near = rng.random(n) < 0.7
+        kept = lp[:, KEEP].astype(np.float64).sum(axis=1)
+        lp2 = lp.copy()
+        lp2[:, KEEP] = (lp[:, KEEP] * np.where(near, th / kept, 1)[:, None]).astype(f32)
+        # a few float32 steps of the sum off the threshold
+        lp2[near, KEEP[0]] += (rng.integers(-12, 13, near.sum()) * 1e-8).astype(f32)
+        lp2[:5] = np.nan
+        agents["label_probabilities"] = lp2
+        got = label_ok(agents, th)
+        ref = _get_label_filter(lp2, th)
+        np.testing.assert_array_equal(got.astype(bool), ref)
+        f64 = lp2[:, KEEP].astype(np.float64).sum(axis=1) > th
+        assert (f64 != ref).sum() > 10, "the data must reach sums where float64 and numpy's float32 disagree"
 
 
 # --- ground truth -------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
-"""L5Kit's agents mask (``select_agents``), vectorized over whole scenes, chunk-parallel.
+"""L5Kit's agents mask (``select_agents``), one compiled pass over whole scenes, chunk-parallel.
 
 Per agent, L5Kit counts how many consecutive past and future frames of its track are "valid"
-with it (``l5kit/dataset/select_agents.py``). The same rule as array operations:
+with it (``l5kit/dataset/select_agents.py``). The rule:
 
 - *point-wise*: the label filter (``sum of the 13 agent-like label probabilities > threshold``,
   summed in float32 as numpy does) and the distance to the ego (``np.linalg.norm`` of the 2-vector:
@@ -13,11 +13,13 @@ with it (``l5kit/dataset/select_agents.py``). The same rule as array operations:
   extents' areas under ``extent_ratio`` (areas under 0.01 m^2 fail); a failure starts a new run at
   the agent.
 
-Agents sorted by (scene, track, row), a run is a stretch of valid agents without a start; the
-past count is the position in its run, the future count what follows it. A run never leaves
-its scene, so a task that reads whole scenes is exact: each task owns a range of output rows
-(whole 10,000-row chunks of the mask), reads the scenes that overlap it (at most a partial scene
-more at each end) and writes its chunks.
+A run is a stretch of a track's valid agents without a start; the past count is the position in
+its run, the future count what follows it. One compiled pass (``_kernels.MaskPass``) walks the
+agents in row order (frame order within a scene) a decoded chunk at a time, keeping each
+track's last occurrence in its scene, and counts futures backwards at the end. A run never
+leaves its scene, so a task that reads whole scenes is exact: each task owns a range of output
+rows (whole 10,000-row chunks of the mask), reads the scenes that overlap it (at most a partial
+scene more at each end) and writes its chunks.
 """
 
 from __future__ import annotations
@@ -67,7 +69,25 @@ def label_filter(label_probabilities: np.ndarray, threshold: float) -> np.ndarra
     return np.sum(label_probabilities[:, KEEP], axis=1) > threshold
 
 
-# --- the data of whole scenes --------------------------------------------------------------------
+def _label_offsets() -> np.ndarray:
+    """The byte offsets in an agent record of the kept label probabilities."""
+    return (fmt.AGENT_DTYPE.fields["label_probabilities"][1] + 4 * KEEP).astype(np.int64)
+
+
+def label_ok(records: np.ndarray, threshold: float) -> np.ndarray:
+    """:func:`label_filter` of agent records in L5Kit's layout (uint8 0/1), read in place by the
+    compiled pass; only rows whose sum is within a band of the threshold go through numpy's sum."""
+    from ._kernels import label_pass
+
+    dt = fmt.AGENT_DTYPE
+    ok = np.empty(len(records), np.uint8)
+    if label_pass(records.view(np.uint8), len(records), dt.itemsize, _label_offsets(), threshold, ok):
+        near = np.flatnonzero(ok == 2)
+        ok[near] = label_filter(records["label_probabilities"][near].reshape(len(near), -1), threshold)
+    return ok
+
+
+# --- the rows of whole scenes -----------------------------------------------------------------------
 @dataclass
 class SceneSpan:
     """Rows of the whole scenes ``[s0, s1)``: frames ``[f0, f1)`` and agents ``[a0, a1)``; each
@@ -82,29 +102,14 @@ class SceneSpan:
     frames_per_scene: np.ndarray
 
 
-@dataclass
-class SceneData:
-    """The decoded rows of a :class:`SceneSpan` and, per agent, its frame and scene (absolute)."""
-
-    span: SceneSpan
-    agents: np.ndarray
-    frames: np.ndarray
-    frame: np.ndarray
-    scene: np.ndarray
-
-
-def read_span(agents: Any, frames: Any, span: SceneSpan) -> SceneData:
-    """Decode the frames and agents of whole scenes (one ranged read of each array)."""
+def span_frames(frames: Any, span: SceneSpan) -> np.ndarray:
+    """The frames of a span (one ranged read), checked to cover its agents contiguously."""
     fr = frames.read_rows(span.f0, span.f1, np.empty(span.f1 - span.f0, frames.dtype))
-    ag = agents.read_rows(span.a0, span.a1, np.empty(span.a1 - span.a0, agents.dtype))
-    iv = fr["agent_index_interval"].reshape(-1, 2).astype(np.int64)
-    lengths = iv[:, 1] - iv[:, 0]
+    iv = fr["agent_index_interval"].reshape(-1, 2)
     if len(iv) and (iv[0, 0] != span.a0 or iv[-1, 1] != span.a1 or (iv[1:, 0] != iv[:-1, 1]).any()):
         raise L5DaskError(f"{frames.name}: frames {span.f0}..{span.f1} do not cover agents {span.a0}..{span.a1} "
                           "contiguously (broken intervals)")
-    frame = np.repeat(np.arange(span.f0, span.f1, dtype=np.int64), lengths)
-    scene_of_frame = np.repeat(np.arange(span.s0, span.s1, dtype=np.int64), span.frames_per_scene)
-    return SceneData(span, ag, fr, frame, scene_of_frame[frame - span.f0])
+    return fr
 
 
 def spans(table: Any, lo: int, hi: int) -> SceneSpan:
@@ -123,85 +128,63 @@ def task_ranges(n: int, rows_per_task: int, align: int = MASK_CHUNK_ROWS) -> lis
     return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
 
-def rows_per_task(agents: Any, job: Any) -> int:
-    """Agent rows per task: whole stored chunks, as many per task as the engine would read."""
+def rows_per_task(agents: Any, job: Any, table: Any = None) -> int:
+    """Agent rows per task: whole stored chunks, as many per task as the engine would read, and
+    (given the scene table) at least 40 scenes' worth, so that the partial scenes a task reads
+    past each end of its rows cost at most a few percent more decoding."""
     from ..engine import auto_chunks_per_task
 
     per = job.chunks_per_task or auto_chunks_per_task(agents.meta.nchunks, job.threads, job.scheduler_kind)
-    return max(1, per) * agents.meta.chunk_rows
+    rows = max(1, per) * agents.meta.chunk_rows
+    if table is not None and not job.chunks_per_task and len(table.a0):
+        rows = max(rows, 40 * len(agents) // len(table.a0))
+    return rows
 
 
 # --- the mask ---------------------------------------------------------------------------------------
-def mask_of(data: SceneData, th: Thresholds) -> tuple[np.ndarray, np.ndarray]:
-    """The agents mask of whole scenes: ``(past, future)`` per agent (uint32) and why each agent
-    was rejected (0, or the 1-based index into :data:`REJECTS`)."""
-    from .._kernels import norm2_fma
-
-    ag, fr = data.agents, data.frames
-    n = len(ag)
-    reason = np.zeros(n, np.int8)
-    lp = ag["label_probabilities"].reshape(n, -1)
-    ok_label = label_filter(lp, th.threshold)
-    ego = fr["ego_translation"].reshape(len(fr), -1)[data.frame - data.span.f0]
-    c = ag["centroid"].reshape(n, 2)
-    dist = np.empty(n)
-    norm2_fma(np.ascontiguousarray(ego[:, 0] - c[:, 0]), np.ascontiguousarray(ego[:, 1] - c[:, 1]), dist)
-    ok_dist = dist < th.distance_m
-    valid = ok_label & ok_dist
-    reason[~ok_label] = 1
-    reason[ok_label & ~ok_dist] = 2
-    # pairs: each agent and the previous occurrence of its track in its scene
-    track = ag["track_id"].astype(np.uint64)
-    rel = data.scene - data.span.s0
-    if n and int(track.max()) < (1 << 43) and int(rel.max()) < (1 << 20):
-        # one int64 key (scene, track), sorted stably: the row order within a key is kept
-        order = np.argsort((rel.astype(np.int64) << 43) | track.astype(np.int64), kind="stable")
-    else:
-        order = np.lexsort((np.arange(n), track, data.scene))
-    s_scene, s_track, s_frame = data.scene[order], track[order], data.frame[order]
-    s_valid = valid[order]
-    prev_same = np.zeros(n, bool)
-    prev_same[1:] = (s_scene[1:] == s_scene[:-1]) & (s_track[1:] == s_track[:-1])
-    has_prev = prev_same.copy()
-    has_prev[1:] &= s_valid[:-1]
-    has_prev &= s_valid
-    yaw = ag["yaw"].astype(np.float32)[order]
-    ext = ag["extent"].reshape(n, -1)[order].astype(np.float32)
-    p = np.flatnonzero(has_prev)
-    q = p - 1
-    hole = s_frame[p] != s_frame[q] + 1
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        ad = (yaw[p] - yaw[q] + np.pi) % (2 * np.pi) - np.pi  # angular_distance(current, previous), float32
-        ok_yaw = (np.abs(ad) * 180 / np.pi) < th.yaw_degrees
-        area_prev = ext[q, 0] * ext[q, 1]
-        area_cur = ext[p, 0] * ext[p, 1]
-        ratio = np.where(area_prev > area_cur, area_prev / area_cur, area_cur / area_prev)
-        ok_ext = (area_prev >= 0.01) & (area_cur >= 0.01) & (ratio < th.extent_ratio)
-    pair_reason = np.where(hole, 3, np.where(~ok_yaw, 4, np.where(~ok_ext, 5, 0))).astype(np.int8)
-    reason[order[p]] = pair_reason
-    start = s_valid & ~has_prev
-    start[p] |= pair_reason > 0
-    # runs: stretches of valid agents (in sorted order) between starts
-    idx = np.arange(n)
-    run_first = np.maximum.accumulate(np.where(start, idx, 0)) if n else idx
-    run_id = np.cumsum(start) - 1
-    lengths = np.bincount(run_id[s_valid], minlength=max(int(run_id[-1]) + 1, 0) if n else 0)
-    past = np.where(s_valid, idx - run_first, 0)
-    future = np.where(s_valid, lengths[np.maximum(run_id, 0)] - past - 1 if n else 0, 0)
-    mask = np.zeros((n, 2), np.uint32)
-    mask[order, 0] = past
-    mask[order, 1] = future
-    return mask, reason
+#: the fields the pass reads in place, in the layout it reads them from
+_FIELDS = ("centroid", "extent", "yaw", "track_id")
 
 
-def summarize(mask: np.ndarray, reason: np.ndarray) -> dict[str, np.ndarray]:
-    """Counts for L5Kit's report: rejections by reason, the past/future table, agents."""
-    steps = np.array(TABLE_STEPS)
-    table = ((mask[:, 0, None, None] >= steps[:, None]) & (mask[:, 1, None, None] >= steps[None, :])).sum(axis=0) \
-        if len(mask) < 2_000_000 else sum(summarize(mask[i: i + 1_000_000], reason[i: i + 1_000_000])["table"]
-                                        for i in range(0, len(mask), 1_000_000))
-    return {"rejects": np.bincount(reason, minlength=len(REJECTS) + 1)[1:], "table": np.asarray(table),
-            "agents": np.array(len(mask))}
+def _as_stored(records: np.ndarray) -> np.ndarray:
+    """Agent records in L5Kit's layout (a copy only if they are not)."""
+    if records.dtype == fmt.AGENT_DTYPE:
+        return records
+    out = np.zeros(len(records), fmt.AGENT_DTYPE)
+    for name in _FIELDS + ("label_probabilities",):
+        out[name] = records[name]
+    return out
+
+
+def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: int, hi: int
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The agents mask of rows ``[lo, hi)`` (inside the span), computed over its whole scenes by
+    one compiled pass over the span's agents, a decoded chunk at a time: ``(past, future)`` per
+    agent (uint32), the rejections by reason (:data:`REJECTS`) and L5Kit's past/future table
+    (agents with ``past >= TABLE_STEPS[i]`` and ``future >= TABLE_STEPS[j]``) of those rows."""
+    from ._kernels import MaskPass
+
+    n = span.a1 - span.a0
+    iv = fr["agent_index_interval"].reshape(-1, 2).astype(np.int64)
+    frame_scene = np.repeat(np.arange(span.s0, span.s1, dtype=np.int64), span.frames_per_scene)
+    ego = fr["ego_translation"].reshape(len(fr), -1).astype(np.float64)
+    mp = MaskPass(np.ascontiguousarray(iv[:, 1] - span.a0), frame_scene, np.ascontiguousarray(ego[:, 0]),
+                  np.ascontiguousarray(ego[:, 1]), n, np.float32(th.yaw_degrees), np.float32(th.extent_ratio),
+                  float(th.distance_m))
+    dt = fmt.AGENT_DTYPE
+    offsets = tuple(dt.fields[f][1] for f in _FIELDS)
+    keep = _label_offsets()
+    rows = agents.meta.chunk_rows
+    if n:
+        first = span.a0 // rows
+        for start, records in agents.iter_chunks(first, (span.a1 - 1) // rows + 1 - first):
+            part = _as_stored(records[max(span.a0, start) - start: min(span.a1, start + len(records)) - start])
+            buf, i, forced = part.view(np.uint8), 0, -1
+            while (i := mp.feed(buf, len(part), dt.itemsize, offsets, keep, th.threshold, i,
+                                forced)) < len(part):
+                # a label sum within the band of the threshold: numpy's float32 sum decides it
+                forced = int(label_filter(part["label_probabilities"][i: i + 1].reshape(1, -1), th.threshold)[0])
+    return mp.finish(lo - span.a0, hi - span.a0, np.array(TABLE_STEPS, np.int64))
 
 
 def _mask_task(agents: Any, frames: Any, span: SceneSpan, lo: int, hi: int, th: Thresholds,
@@ -209,14 +192,10 @@ def _mask_task(agents: Any, frames: Any, span: SceneSpan, lo: int, hi: int, th: 
     """Compute the mask of agent rows ``[lo, hi)`` (whole scenes read) and write its chunks."""
     from ..writing import write_chunks
 
-    mask, reason = mask_of(read_span(agents, frames, span), th)
-    mine = slice(lo - span.a0, hi - span.a0)
-    mask, reason = mask[mine], reason[mine]
+    mask, rejects, table = span_mask(agents, span_frames(frames, span), span, th, lo, hi)
     if store is not None:
-        records = np.empty(len(mask), MASK_DTYPE)
-        records["value"] = mask
-        write_chunks(store, meta, lo // MASK_CHUNK_ROWS, records)
-    return summarize(mask, reason)
+        write_chunks(store, meta, lo // MASK_CHUNK_ROWS, mask.view(MASK_DTYPE).reshape(-1))
+    return {"rejects": rejects, "table": table, "agents": np.array(hi - lo)}
 
 
 def mask_name(threshold: float) -> str:
@@ -260,7 +239,7 @@ def select_agents(dataset: Any, threshold: float = 0.5, yaw_degrees: float = TH_
     meta = fmt.ArrayMeta(array_name, MASK_DTYPE, n, MASK_CHUNK_ROWS, (2,))
     table = scene_table(ds, job)
     calls = [(ds[fmt.AGENTS], ds[fmt.FRAMES], spans(table, lo, hi), lo, hi, th, store, meta)
-             for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job))]
+             for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job, table))]
     parts = job.map(_mask_task, calls, name="l5-agents-mask") if calls else []
     put(store, f"{array_name}/.zarray" if array_name else ".zarray", fmt.zarray_json(MASK_DTYPE, n, MASK_CHUNK_ROWS, (2,)))
     if array_name:

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import L5DaskError
-from .agents import Thresholds, mask_of, read_span, rows_per_task, spans, task_ranges
+from .agents import Thresholds, rows_per_task, span_frames, span_mask, spans, task_ranges
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,7 @@ class Memory:
 
 
 def _mask_at(agents: Any, frames: Any, span: Any, lo: int, hi: int, th: Thresholds, wanted: np.ndarray) -> np.ndarray:
-    mask = mask_of(read_span(agents, frames, span), th)[0]
-    return mask[wanted - span.a0]
+    return span_mask(agents, span_frames(frames, span), span, th, lo, hi)[0][wanted - lo]
 
 
 def future_counts(ds: Any, rows: np.ndarray, th: Thresholds, job: Any) -> np.ndarray:
@@ -56,7 +55,7 @@ def future_counts(ds: Any, rows: np.ndarray, th: Thresholds, job: Any) -> np.nda
             np.zeros((0, 2), np.uint32)
     table = scene_table(ds, job)
     calls = []
-    for lo, hi in task_ranges(len(ds[fmt.AGENTS]), rows_per_task(ds[fmt.AGENTS], job), align=1):
+    for lo, hi in task_ranges(len(ds[fmt.AGENTS]), rows_per_task(ds[fmt.AGENTS], job, table), align=1):
         w = rows[(rows >= lo) & (rows < hi)]
         if len(w):
             calls.append((ds[fmt.AGENTS], ds[fmt.FRAMES], spans(table, lo, hi), lo, hi, th, w))

@@ -7,9 +7,10 @@ for ``i = 1..T`` the future position is the first agent of frame ``f + i`` with 
 label filter) if that frame is still in scene ``s``. Positions go to the agent's frame and back
 as L5Kit's ``AgentDataset`` moves them (through float32), minus the current centroid.
 
-Each task owns a range of agent rows and reads the whole scenes that hold them (so the future
-frames of its last agents, and the agents mask if it must be computed, are there); the lookups
-``(frame, track) -> first agent`` are one sort and a ``searchsorted`` of every ``(agent, step)``.
+Each task owns a range of agent rows; it reads the frames of the whole scenes that hold them and
+only the agents of the frames its selected agents need (their own and the next T of their
+scene; all of them when it computes the agents mask itself); the lookups ``(frame, track) ->
+first agent`` are one sort and a ``searchsorted`` of every ``(agent, step)``.
 Tasks return their rows formatted as L5Kit writes them; the file is appended in order and moved
 into place whole.
 """
@@ -22,7 +23,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import L5DaskError
-from .agents import SceneData, Thresholds, label_filter, mask_of, read_span, rows_per_task, spans, task_ranges
+from .agents import Thresholds, label_filter, rows_per_task, span_frames, span_mask, spans, task_ranges
 from .csvfiles import gt_bytes, gt_header, windows, write_ordered
 
 #: ``AgentDataset``'s defaults.
@@ -57,26 +58,27 @@ def _find(table: tuple, frame: np.ndarray, track: np.ndarray) -> tuple[np.ndarra
     return rows[pos] if len(rows) else np.zeros(len(q), np.int64), found
 
 
-def gt_rows(data: SceneData, selected: np.ndarray, future_len: int, threshold: float,
-            scene_end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """GT of the agents ``selected`` (rows of ``data``): timestamps, track ids, coords (n, T, 2),
-    avails (n, T) as ``export_zarr_to_csv`` writes them. ``scene_end``: each agent's scene's end frame."""
-    ag, fr, f0 = data.agents, data.frames, data.span.f0
+def gt_rows(ag: np.ndarray, frame: np.ndarray, timestamps: np.ndarray, selected: np.ndarray, future_len: int,
+            threshold: float, scene_end: np.ndarray, name: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """GT of the agents ``selected`` (positions in ``ag``, whose rows are in frames ``frame``:
+    every agent of each frame from a selected agent's to ``future_len`` frames later, or its
+    scene's end): timestamps, track ids, coords (n, T, 2), avails (n, T) as
+    ``export_zarr_to_csv`` writes them. ``timestamps``: per frame; ``scene_end``: each selected
+    agent's scene's end frame; ``name(position)``: the agent's row and frame, for errors."""
     n = len(ag)
     track = ag["track_id"].astype(np.uint64)
-    frame = data.frame - f0
     lp = ag["label_probabilities"].reshape(n, -1)
     passing = label_filter(lp, threshold)
     cur_rows, ok = _find(_first_lookup(frame, track, passing), frame[selected], track[selected])
     if not ok.all():
-        a = int(selected[np.flatnonzero(~ok)[0]]) + data.span.a0
-        raise MaskError(f"the mask selects agent {a} (track {int(track[a - data.span.a0])}, frame "
-                        f"{int(data.frame[a - data.span.a0])}), which fails the label filter > {threshold}: "
-                        "L5Kit's ground truth raises there")
+        i = int(selected[np.flatnonzero(~ok)[0]])
+        row, at = name(i)
+        raise MaskError(f"the mask selects agent {row} (track {int(track[i])}, frame {at}), which "
+                        f"fails the label filter > {threshold}: L5Kit's ground truth raises there")
     anyone = _first_lookup(frame, track, np.ones(n, bool))
     steps = np.arange(1, future_len + 1)
     fut_frame = frame[selected][:, None] + steps
-    in_scene = fut_frame < (scene_end[selected] - f0)[:, None]
+    in_scene = fut_frame < scene_end[:, None]
     k = np.broadcast_to(track[selected][:, None], fut_frame.shape)
     fut_rows, found = _find(anyone, np.where(in_scene, fut_frame, 0).ravel(), k.ravel())
     avail = (found.reshape(fut_frame.shape) & in_scene).astype(np.float32)
@@ -94,25 +96,44 @@ def gt_rows(data: SceneData, selected: np.ndarray, future_len: int, threshold: f
     wx = ax * cos + ay * -sin + c[:, 0, None]
     wy = ax * sin + ay * cos + c[:, 1, None]
     coords = np.stack([wx - c[:, 0, None], wy - c[:, 1, None]], axis=-1)
-    timestamps = fr["timestamp"][frame[selected]].astype(np.int64)
-    return timestamps, track[selected].astype(np.int64), coords, avail
+    return timestamps[frame[selected]].astype(np.int64), track[selected].astype(np.int64), coords, avail
 
 
 def _gt_task(agents: Any, frames: Any, span: Any, lo: int, hi: int, future_len: int, th: Thresholds,
              mask_source: Any, history: int, future: int, scene_f1: np.ndarray) -> bytes:
-    """The GT rows of the selected agents among rows ``[lo, hi)``, formatted."""
-    data = read_span(agents, frames, span)
+    """The GT rows of the selected agents among rows ``[lo, hi)``, formatted. Only the agents of
+    the frames a selected agent needs (its own and the next ``future_len`` of its scene) are read."""
+    fr = span_frames(frames, span)
     if isinstance(mask_source, np.ndarray) and mask_source.dtype == bool:
         chosen = mask_source
     else:
         if mask_source is None:
-            counts = mask_of(data, th)[0][lo - span.a0: hi - span.a0]
+            counts = span_mask(agents, fr, span, th, lo, hi)[0]
         else:  # the dataset's agents mask array
             counts = mask_source.read_rows(lo, hi, np.empty(hi - lo, mask_source.dtype))["value"]
         chosen = (counts[:, 0] >= history) & (counts[:, 1] >= future)
-    selected = np.flatnonzero(chosen) + (lo - span.a0)
-    scene_end = scene_f1[data.scene - span.s0]
-    ts, tid, coords, avail = gt_rows(data, selected, future_len, th.threshold, scene_end)
+    rows = np.flatnonzero(chosen) + lo
+    if not len(rows):
+        return b""
+    iv = fr["agent_index_interval"].reshape(-1, 2).astype(np.int64)
+    sel_frame = np.searchsorted(iv[:, 1], rows, side="right")  # relative to the span's first frame
+    scene_end = np.repeat(scene_f1 - span.f0, span.frames_per_scene)[sel_frame]
+    # the frames needed: [f, min(f + T, scene end - 1)] of each selected agent, merged
+    mark = np.zeros(len(fr) + 1, np.int64)
+    np.add.at(mark, sel_frame, 1)
+    np.add.at(mark, np.minimum(sel_frame + future_len + 1, scene_end), -1)
+    needed = np.cumsum(mark[:-1]) > 0
+    edges = np.diff(np.concatenate([[0], needed.view(np.int8), [0]]))
+    f_lo, f_hi = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    ag = agents.read_ranges(iv[f_lo, 0], iv[f_hi - 1, 1])
+    counts = iv[needed, 1] - iv[needed, 0]
+    frame = np.repeat(np.flatnonzero(needed), counts)
+    # positions of the selected rows among the rows read
+    start = np.concatenate([[0], np.cumsum(iv[f_hi - 1, 1] - iv[f_lo, 0])[:-1]])
+    piece = np.searchsorted(iv[f_lo, 0], rows, side="right") - 1
+    selected = start[piece] + rows - iv[f_lo, 0][piece]
+    ts, tid, coords, avail = gt_rows(ag, frame, fr["timestamp"], selected, future_len, th.threshold, scene_end,
+                                     lambda i: (int(rows[np.searchsorted(selected, i)]), int(frame[i]) + span.f0))
     return gt_bytes(ts, tid, coords, avail)
 
 
@@ -176,7 +197,7 @@ def export_zarr_to_csv(dataset: Any, csv_file_path: str, future_num_frames: int 
         mask = ds.masks.get(str(th.threshold))
     table = scene_table(ds, job)
     calls = []
-    for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job), align=1):
+    for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job, table), align=1):
         span = spans(table, lo, hi)
         src = mask[lo:hi] if isinstance(mask, np.ndarray) else mask
         if isinstance(src, np.ndarray) and not src.any():
