@@ -146,7 +146,7 @@ def rows_per_task(agents: Any, job: Any, table: Any = None) -> int:
 _FIELDS = ("centroid", "extent", "yaw", "track_id")
 
 
-def _as_stored(records: np.ndarray) -> np.ndarray:
+def as_stored(records: np.ndarray) -> np.ndarray:
     """Agent records in L5Kit's layout (a copy only if they are not)."""
     if records.dtype == fmt.AGENT_DTYPE:
         return records
@@ -178,7 +178,7 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
     if n:
         first = span.a0 // rows
         for start, records in agents.iter_chunks(first, (span.a1 - 1) // rows + 1 - first):
-            part = _as_stored(records[max(span.a0, start) - start: min(span.a1, start + len(records)) - start])
+            part = as_stored(records[max(span.a0, start) - start: min(span.a1, start + len(records)) - start])
             buf, i, forced = part.view(np.uint8), 0, -1
             while (i := mp.feed(buf, len(part), dt.itemsize, offsets, keep, th.threshold, i,
                                 forced)) < len(part):

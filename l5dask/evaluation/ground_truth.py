@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..errors import L5DaskError
-from .agents import Thresholds, label_filter, rows_per_task, span_frames, span_mask, spans, task_ranges
+from .agents import Thresholds, as_stored, label_ok, rows_per_task, span_frames, span_mask, spans, task_ranges
 from .csvfiles import gt_bytes, gt_header, windows, write_ordered
 
 #: ``AgentDataset``'s defaults.
@@ -35,24 +35,38 @@ class MaskError(L5DaskError, ValueError):
     """A mask that does not fit the dataset, or selects an agent L5Kit cannot use."""
 
 
-def _first_lookup(frame: np.ndarray, track: np.ndarray, keep: np.ndarray) -> tuple:
-    """A sorted key ``(frame, track code)`` of the rows where ``keep``, first row per key."""
-    rows = np.flatnonzero(keep)
-    codes, inv = np.unique(track, return_inverse=True)
-    key = frame[rows] * len(codes) + inv[rows]
-    order = np.lexsort((rows, key))
-    key, rows = key[order], rows[order]
-    first = np.r_[True, key[1:] != key[:-1]] if len(key) else np.zeros(0, bool)
-    return key[first], rows[first], codes
+def _keys(frame: np.ndarray, track: np.ndarray, codes: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """One int64 key per ``(frame, track)`` (frames and tracks under 2**31: ``frame << 32 | track``;
+    else ``frame * len(codes) + code``), and whether the track is among ``codes``."""
+    if codes is None:
+        return (frame.astype(np.int64) << 32) | track.astype(np.int64), np.ones(len(track), bool)
+    code = np.searchsorted(codes, track)
+    known = code < len(codes)
+    known[known] = codes[code[known]] == track[known]
+    return frame * len(codes) + np.minimum(code, max(len(codes) - 1, 0)), known
+
+
+def _first_lookups(frame: np.ndarray, track: np.ndarray, passing: np.ndarray) -> tuple[tuple, tuple]:
+    """Sorted keys ``(frame, track)`` and the first row of each: among all rows, and among the rows
+    ``passing`` (one stable sort for both)."""
+    small = not len(track) or (int(track.max()) < 2 ** 31 and int(frame.max()) < 2 ** 31)
+    codes = None if small else np.unique(track)
+    key = _keys(frame, track, codes)[0]
+    order = np.argsort(key, kind="stable")  # rows in order within a key
+    skey = key[order]
+
+    def first(keys: np.ndarray, rows: np.ndarray) -> tuple:
+        head = np.r_[True, keys[1:] != keys[:-1]] if len(keys) else np.zeros(0, bool)
+        return keys[head], rows[head], codes
+
+    keep = passing[order]
+    return first(skey, order), first(skey[keep], order[keep])
 
 
 def _find(table: tuple, frame: np.ndarray, track: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows of ``(frame, track)`` in a lookup, and whether each was found."""
     keys, rows, codes = table
-    code = np.searchsorted(codes, track)
-    known = code < len(codes)
-    known[known] = codes[code[known]] == track[known]
-    q = frame * len(codes) + np.minimum(code, max(len(codes) - 1, 0))
+    q, known = _keys(frame, track, codes)
     pos = np.minimum(np.searchsorted(keys, q), max(len(keys) - 1, 0))
     found = known & (keys[pos] == q) if len(keys) else np.zeros(len(q), bool)
     return rows[pos] if len(rows) else np.zeros(len(q), np.int64), found
@@ -67,15 +81,13 @@ def gt_rows(ag: np.ndarray, frame: np.ndarray, timestamps: np.ndarray, selected:
     agent's scene's end frame; ``name(position)``: the agent's row and frame, for errors."""
     n = len(ag)
     track = ag["track_id"].astype(np.uint64)
-    lp = ag["label_probabilities"].reshape(n, -1)
-    passing = label_filter(lp, threshold)
-    cur_rows, ok = _find(_first_lookup(frame, track, passing), frame[selected], track[selected])
+    anyone, passing = _first_lookups(frame, track, label_ok(as_stored(ag), threshold).view(bool))
+    cur_rows, ok = _find(passing, frame[selected], track[selected])
     if not ok.all():
         i = int(selected[np.flatnonzero(~ok)[0]])
         row, at = name(i)
         raise MaskError(f"the mask selects agent {row} (track {int(track[i])}, frame {at}), which "
                         f"fails the label filter > {threshold}: L5Kit's ground truth raises there")
-    anyone = _first_lookup(frame, track, np.ones(n, bool))
     steps = np.arange(1, future_len + 1)
     fut_frame = frame[selected][:, None] + steps
     in_scene = fut_frame < scene_end[:, None]
