@@ -256,6 +256,19 @@ def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     np.testing.assert_array_equal(zarr.open(str(tmp_path / "m.zarr"), mode="r")[:], ref)
 
 
+def test_mask_pass_with_a_table_that_grows(edge, tmp_path, monkeypatch):
+    """The pass's track table starting at 2 slots (so it grows many times within a scene) gives
+    L5Kit's mask too."""
+    import functools
+
+    from l5dask.evaluation import _kernels
+
+    path, ref, counts = edge
+    monkeypatch.setattr(_kernels, "MaskPass", functools.partial(_kernels.MaskPass, capacity=2))
+    select_agents(path, 0.5, output=tmp_path / "m.zarr")
+    np.testing.assert_array_equal(zarr.open(str(tmp_path / "m.zarr"), mode="r")[:], ref)
+
+
 def test_mask_pass_checks_equal_l5kits_on_their_edges():
     """The compiled pass's float32 yaw and extent checks and its label filter (float64 with a band
     left to numpy's float32 sum) against L5Kit's own functions, on values built at their edges."""

@@ -130,7 +130,7 @@ cdef class MaskPass:
     cdef int shift
 
     def __cinit__(self, int64_t[::1] frame_end, int64_t[::1] frame_scene, double[::1] ego_x, double[::1] ego_y,
-                  Py_ssize_t n, float yaw_th, float extent_th, double distance_th):
+                  Py_ssize_t n, float yaw_th, float extent_th, double distance_th, Py_ssize_t capacity=1024):
         if n >= 2 ** 31 - 1:
             raise ValueError("a span of more than 2**31 agents")
         self.frame_end, self.frame_scene, self.ego_x, self.ego_y = frame_end, frame_scene, ego_x, ego_y
@@ -141,7 +141,10 @@ cdef class MaskPass:
         self.nxt = np.empty(n, np.int32)
         self.reason = np.empty(n, np.int8)
         self.valid = np.empty(n, np.uint8)
-        self.cap, self.shift, self.used, self.generation = 1024, 64 - 10, 0, 1
+        # the table starts with ``capacity`` slots (a power of two) and doubles at half full
+        self.cap, self.shift, self.used, self.generation = 2, 63, 0, 1
+        while self.cap < capacity:
+            self.cap, self.shift = self.cap * 2, self.shift - 1
         self.table = <Slot*>calloc(self.cap, sizeof(Slot))
         if self.table == NULL:
             raise MemoryError()
