@@ -156,12 +156,13 @@ def as_stored(records: np.ndarray) -> np.ndarray:
     return out
 
 
-def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: int, hi: int
-              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: int, hi: int,
+              records: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The agents mask of rows ``[lo, hi)`` (inside the span), computed over its whole scenes by
     one compiled pass over the span's agents, a decoded chunk at a time: ``(past, future)`` per
     agent (uint32), the rejections by reason (:data:`REJECTS`) and L5Kit's past/future table
-    (agents with ``past >= TABLE_STEPS[i]`` and ``future >= TABLE_STEPS[j]``) of those rows."""
+    (agents with ``past >= TABLE_STEPS[i]`` and ``future >= TABLE_STEPS[j]``) of those rows.
+    ``records``: the span's agents when the caller has decoded them already."""
     from ._kernels import MaskPass
 
     n = span.a1 - span.a0
@@ -175,15 +176,20 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
     offsets = tuple(dt.fields[f][1] for f in _FIELDS)
     keep = _label_offsets()
     rows = agents.meta.chunk_rows
-    if n:
+    if records is not None:
+        pieces = ((span.a0, records),)
+    elif n:
         first = span.a0 // rows
-        for start, records in agents.iter_chunks(first, (span.a1 - 1) // rows + 1 - first):
-            part = as_stored(records[max(span.a0, start) - start: min(span.a1, start + len(records)) - start])
-            buf, i, forced = part.view(np.uint8), 0, -1
-            while (i := mp.feed(buf, len(part), dt.itemsize, offsets, keep, th.threshold, i,
-                                forced)) < len(part):
-                # a label sum within the band of the threshold: numpy's float32 sum decides it
-                forced = int(label_filter(part["label_probabilities"][i: i + 1].reshape(1, -1), th.threshold)[0])
+        pieces = agents.iter_chunks(first, (span.a1 - 1) // rows + 1 - first)
+    else:
+        pieces = ()
+    for start, chunk in pieces:
+        part = as_stored(chunk[max(span.a0, start) - start: min(span.a1, start + len(chunk)) - start])
+        buf, i, forced = part.view(np.uint8), 0, -1
+        while (i := mp.feed(buf, len(part), dt.itemsize, offsets, keep, th.threshold, i,
+                            forced)) < len(part):
+            # a label sum within the band of the threshold: numpy's float32 sum decides it
+            forced = int(label_filter(part["label_probabilities"][i: i + 1].reshape(1, -1), th.threshold)[0])
     return mp.finish(lo - span.a0, hi - span.a0, np.array(TABLE_STEPS, np.int64))
 
 

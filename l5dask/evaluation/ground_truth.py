@@ -116,11 +116,13 @@ def _gt_task(agents: Any, frames: Any, span: Any, lo: int, hi: int, future_len: 
     """The GT rows of the selected agents among rows ``[lo, hi)``, formatted. Only the agents of
     the frames a selected agent needs (its own and the next ``future_len`` of its scene) are read."""
     fr = span_frames(frames, span)
+    whole = None  # the span's agents, when the mask is computed here (then read once, for both)
     if isinstance(mask_source, np.ndarray) and mask_source.dtype == bool:
         chosen = mask_source
     else:
         if mask_source is None:
-            counts = span_mask(agents, fr, span, th, lo, hi)[0]
+            whole = agents.read_rows(span.a0, span.a1, np.empty(span.a1 - span.a0, agents.dtype))
+            counts = span_mask(agents, fr, span, th, lo, hi, records=whole)[0]
         else:  # the dataset's agents mask array
             counts = mask_source.read_rows(lo, hi, np.empty(hi - lo, mask_source.dtype))["value"]
         chosen = (counts[:, 0] >= history) & (counts[:, 1] >= future)
@@ -137,7 +139,10 @@ def _gt_task(agents: Any, frames: Any, span: Any, lo: int, hi: int, future_len: 
     needed = np.cumsum(mark[:-1]) > 0
     edges = np.diff(np.concatenate([[0], needed.view(np.int8), [0]]))
     f_lo, f_hi = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
-    ag = agents.read_ranges(iv[f_lo, 0], iv[f_hi - 1, 1])
+    if whole is None:
+        ag = agents.read_ranges(iv[f_lo, 0], iv[f_hi - 1, 1])
+    else:
+        ag = np.concatenate([whole[a - span.a0: b - span.a0] for a, b in zip(iv[f_lo, 0], iv[f_hi - 1, 1])])
     counts = iv[needed, 1] - iv[needed, 0]
     frame = np.repeat(np.flatnonzero(needed), counts)
     # positions of the selected rows among the rows read
