@@ -119,11 +119,10 @@ cdef class MaskPass:
     cdef int64_t scene
     cdef float yaw_th, extent_th
     cdef double distance_th
-    # per agent: past count, next agent of its run (then its future count), why rejected, valid
+    # per agent: past count, next agent of its run (then its future count), why rejected
     cdef uint32_t[::1] past
     cdef int32_t[::1] nxt
     cdef int8_t[::1] reason
-    cdef uint8_t[::1] valid
     cdef Slot* table
     cdef Py_ssize_t cap, used
     cdef uint32_t generation
@@ -140,7 +139,6 @@ cdef class MaskPass:
         self.past = np.empty(n, np.uint32)
         self.nxt = np.empty(n, np.int32)
         self.reason = np.empty(n, np.int8)
-        self.valid = np.empty(n, np.uint8)
         # the table starts with ``capacity`` slots (a power of two) and doubles at half full
         self.cap, self.shift, self.used, self.generation = 2, 63, 0, 1
         while self.cap < capacity:
@@ -246,7 +244,7 @@ cdef class MaskPass:
                     self.used += 1
                 slot.row, slot.frame, slot.yaw, slot.area, slot.past, slot.valid = \
                     <int32_t>r, <int32_t>frame, yaw_c, area_c, past, ok
-                self.past[r], self.nxt[r], self.reason[r], self.valid[r] = past, -1, why, ok
+                self.past[r], self.nxt[r], self.reason[r] = past, -1, why
                 if 2 * self.used > self.cap:
                     with gil:
                         self._grow()
