@@ -64,6 +64,9 @@ storage_option = click.option(
 @click.version_option(package_name="l5dask")
 def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
+    from .cluster import tune_malloc
+
+    tune_malloc()
 
 
 @main.command()

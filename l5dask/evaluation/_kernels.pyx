@@ -15,7 +15,7 @@ within a band around the threshold.
 
 import numpy as np
 
-from libc.math cimport copysignf, fabs, fabsf, fmodf
+from libc.math cimport INFINITY, copysignf, exp, fabs, fabsf, fmodf, log, sqrt
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 
@@ -291,3 +291,304 @@ cdef class MaskPass:
                 for b in range(k - 2, -1, -1):
                     table[a, b] += table[a, b + 1]
         return mask_arr, rejects_arr[1:], table_arr
+
+
+# --- L5Kit's CSV rows ---------------------------------------------------------------------------------
+cdef extern from "stdlib.h":
+    double strtod(const char* s, char** end) nogil
+
+cdef double[23] POW10 = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                         1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22]
+cdef uint64_t TWO53 = 9007199254740992ULL
+
+
+cdef inline bint _end_of_cell(const uint8_t* p, const uint8_t* end) noexcept nogil:
+    return p == end or p[0] == 44 or p[0] == 13 or p[0] == 10
+
+
+cdef inline const uint8_t* _parse_int(const uint8_t* p, const uint8_t* end, int64_t* out) noexcept nogil:
+    """A decimal int64 (an optional ``-`` and 1-19 digits) ending at a cell's end; NULL otherwise."""
+    cdef bint neg = False
+    cdef uint64_t v = 0
+    cdef int n = 0
+    if p < end and p[0] == 45:
+        neg = True
+        p += 1
+    while p < end and 48 <= p[0] <= 57 and n < 20:
+        v = v * 10 + (p[0] - 48)
+        n += 1
+        p += 1
+    if n == 0 or n > 19 or not _end_of_cell(p, end) or v > (9223372036854775808ULL if neg else 9223372036854775807ULL):
+        return NULL
+    out[0] = -<int64_t>v if neg else <int64_t>v
+    return p
+
+
+cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, double* out) noexcept nogil:
+    """A decimal number (``-``? digits ``.`` digits, an exponent ``e[+-]digits``), correctly rounded:
+    Clinger's exact case (at most 2**53 and a power of ten up to 1e22: one IEEE operation) or
+    ``strtod`` (glibc's is correctly rounded, as Python's ``float`` and Arrow's parser). NULL for
+    anything else (``nan``, ``inf``, a ``+``, spaces, a bad cell): the general parser decides."""
+    cdef const uint8_t* start = p
+    cdef bint neg = False, exact = True
+    cdef uint64_t m = 0
+    cdef int nd = 0, digits = 0, e = 0, es = 1, ev = 0, ne = 0
+    cdef double v
+    cdef char tmp[64]
+    cdef Py_ssize_t k
+    if p < end and p[0] == 45:
+        neg = True
+        p += 1
+    while p < end and 48 <= p[0] <= 57:
+        digits += 1
+        if m == 0 and p[0] == 48:
+            pass
+        elif nd < 19:
+            m = m * 10 + (p[0] - 48)
+            nd += 1
+        else:
+            e += 1
+            exact = exact and p[0] == 48
+        p += 1
+    if p < end and p[0] == 46:
+        p += 1
+        while p < end and 48 <= p[0] <= 57:
+            digits += 1
+            if m == 0 and p[0] == 48:
+                e -= 1
+            elif nd < 19:
+                m = m * 10 + (p[0] - 48)
+                nd += 1
+                e -= 1
+            else:
+                exact = exact and p[0] == 48
+            p += 1
+    if digits == 0:
+        return NULL
+    if p < end and (p[0] == 101 or p[0] == 69):
+        p += 1
+        if p < end and (p[0] == 45 or p[0] == 43):
+            es = -1 if p[0] == 45 else 1
+            p += 1
+        while p < end and 48 <= p[0] <= 57:
+            if ev < 100000:
+                ev = ev * 10 + (p[0] - 48)
+            ne += 1
+            p += 1
+        if ne == 0:
+            return NULL
+        e += es * ev
+    if not _end_of_cell(p, end):
+        return NULL
+    if m == 0:
+        v = 0.0
+    elif exact and m <= TWO53 and -22 <= e <= 22:
+        v = <double>m / POW10[-e] if e < 0 else <double>m * POW10[e]
+    else:
+        if p - start >= 63:
+            return NULL
+        for k in range(p - start):
+            tmp[k] = <char>start[k]
+        tmp[p - start] = 0
+        v = strtod(tmp, NULL)
+        out[0] = v
+        return p
+    out[0] = -v if neg else v
+    return p
+
+
+cdef Py_ssize_t _parse_rows(const uint8_t* p, const uint8_t* end, int64_t* ts, int64_t* tid, double* values,
+                            Py_ssize_t n, Py_ssize_t nv) noexcept nogil:
+    cdef Py_ssize_t r, c
+    for r in range(n):
+        p = _parse_int(p, end, &ts[r])
+        if p == NULL or p == end or p[0] != 44:
+            return r
+        p = _parse_int(p + 1, end, &tid[r])
+        if p == NULL:
+            return r
+        for c in range(nv):
+            if p == end or p[0] != 44:
+                return r
+            p = _parse_double(p + 1, end, &values[r * nv + c])
+            if p == NULL:
+                return r
+        if p < end and p[0] == 13:
+            p += 1
+        if p < end:
+            if p[0] != 10:
+                return r
+            p += 1
+    if p != end:
+        return n - 1 if n else 0
+    return n
+
+
+def parse_csv_rows(const uint8_t[::1] data, int64_t[::1] ts, int64_t[::1] tid, double[:, ::1] values):
+    """Rows of L5Kit's GT/PRED layout (two int64 keys, then ``values.shape[1]`` numbers a row,
+    comma-separated, ``\r\n`` or ``\n`` line ends) into ``ts``, ``tid`` and ``values``. Returns the
+    number of rows parsed: fewer than ``len(ts)`` where a row is not in that plain form (the caller
+    leaves the range to the general parser, which says what is wrong) or the data holds more."""
+    cdef Py_ssize_t n = ts.shape[0], got
+    if n == 0 or values.shape[1] == 0:
+        return 0 if data.shape[0] else n
+    with nogil:
+        got = _parse_rows(&data[0] if data.shape[0] else NULL, (&data[0] if data.shape[0] else NULL) + data.shape[0],
+                          &ts[0], &tid[0], &values[0, 0], n, values.shape[1])
+    return got
+
+
+def parse_numbers(tokens: list, double[::1] out):
+    """:func:`_parse_double` of each bytes token (for tests); NaN where it declines."""
+    cdef Py_ssize_t i
+    cdef const uint8_t* p
+    cdef bytes t
+    for i in range(len(tokens)):
+        t = tokens[i]
+        p = <const uint8_t*><char*>t
+        if _parse_double(p, p + len(t), &out[i]) == NULL:
+            out[i] = float("nan")
+
+
+cdef extern from "string.h":
+    const void* memchr(const void* s, int c, size_t n) nogil
+
+
+def scan_keys(const uint8_t[::1] buf, Py_ssize_t limit):
+    """The rows starting after a newline in ``buf[:limit]``: their offsets in ``buf`` and their two
+    leading integer keys. Returns ``None`` when any of them is not plainly ``digits,digits,`` (a
+    blank line, a sign, a bad key): the general scan decides those."""
+    cdef Py_ssize_t n = 0, i = 0, size = buf.shape[0]
+    cdef const uint8_t* base = &buf[0] if size else NULL
+    cdef const uint8_t* p
+    cdef const uint8_t* q
+    cdef const uint8_t* end = base + size
+    limit = min(limit, size)
+    with nogil:
+        p = base
+        while p < base + limit:
+            q = <const uint8_t*>memchr(p, 10, limit - (p - base))
+            if q == NULL:
+                break
+            n += 1
+            p = q + 1
+    starts_arr = np.empty(n, np.int64)
+    ts_arr = np.empty(n, np.int64)
+    tid_arr = np.empty(n, np.int64)
+    cdef int64_t[::1] starts = starts_arr, ts = ts_arr, tid = tid_arr
+    cdef bint plain = True
+    with nogil:
+        p = base
+        for i in range(n):
+            q = <const uint8_t*>memchr(p, 10, limit - (p - base)) + 1
+            starts[i] = q - base
+            p = _parse_int(q, end, &ts[i])
+            if p == NULL or p == end or p[0] != 44:
+                plain = False
+                break
+            p = _parse_int(p + 1, end, &tid[i])
+            if p == NULL or p == end or p[0] != 44:
+                plain = False
+                break
+            p = q
+    return (starts_arr, ts_arr, tid_arr) if plain else None
+
+
+# --- L5Kit's metrics, per row -------------------------------------------------------------------------
+
+
+cdef double _pairwise(const double* x, Py_ssize_t n) noexcept nogil:
+    """numpy's pairwise sum of ``n`` contiguous doubles (``pairwise_sum`` in its loops): the same
+    additions in the same order."""
+    cdef double r0, r1, r2, r3, r4, r5, r6, r7, res
+    cdef Py_ssize_t i, half
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += x[i]
+        return res
+    if n <= 128:
+        r0, r1, r2, r3, r4, r5, r6, r7 = x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
+        i = 8
+        while i < n - (n % 8):
+            r0 += x[i]
+            r1 += x[i + 1]
+            r2 += x[i + 2]
+            r3 += x[i + 3]
+            r4 += x[i + 4]
+            r5 += x[i + 5]
+            r6 += x[i + 6]
+            r7 += x[i + 7]
+            i += 8
+        res = ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7))
+        while i < n:
+            res += x[i]
+            i += 1
+        return res
+    half = n // 2
+    half -= half % 8
+    return _pairwise(x, half) + _pairwise(x + half, n - half)
+
+
+cdef inline double _max(double a, double b) noexcept nogil:
+    """``np.maximum``: NaN wins."""
+    return a if (a != a or a >= b) else b
+
+
+cdef inline double _min(double a, double b) noexcept nogil:
+    """``np.minimum``: NaN wins."""
+    return a if (a != a or a <= b) else b
+
+
+def row_metrics(const double[:, :, :] gt, const double[:, :] avail, const double[:, :, :, :] pred,
+                const double[:, :] conf, double[::1] nll, double[::1] rmse, double[:, ::1] prob,
+                double[:, ::1] time_displace, double[::1] ade_oracle, double[::1] ade_mean,
+                double[::1] fde_oracle, double[::1] fde_mean):
+    """L5Kit's eight metrics of each row (its formulas, operation for operation: squared errors
+    masked by availability, numpy's pairwise sums over time, a log-sum-exp over modes)."""
+    cdef Py_ssize_t n = gt.shape[0], nm = pred.shape[1], t = pred.shape[2], i, m, k
+    cdef double dx, dy, a, top, total, sa, sf
+    cdef double* err = <double*>calloc(nm * t, sizeof(double))
+    cdef double* dist = <double*>calloc(nm * t, sizeof(double))
+    cdef double* lc = <double*>calloc(nm, sizeof(double))
+    cdef double* ade = <double*>calloc(nm, sizeof(double))
+    if err == NULL or dist == NULL or lc == NULL or ade == NULL:
+        free(err); free(dist); free(lc); free(ade)
+        raise MemoryError()
+    with nogil:
+        for i in range(n):
+            for m in range(nm):
+                for k in range(t):
+                    a = avail[i, k]
+                    dx = (gt[i, k, 0] - pred[i, m, k, 0]) * a
+                    dy = (gt[i, k, 1] - pred[i, m, k, 1]) * a
+                    err[m * t + k] = dx * dx + dy * dy
+                    dist[m * t + k] = sqrt(err[m * t + k])
+                lc[m] = log(conf[i, m]) - 0.5 * _pairwise(&err[m * t], t)
+                ade[m] = _pairwise(&dist[m * t], t) / t
+            top = lc[0]
+            for m in range(1, nm):
+                top = _max(top, lc[m])
+            total = 0.0
+            for m in range(nm):
+                lc[m] = exp(lc[m] - top)
+                total += lc[m]
+            nll[i] = -log(total) - top
+            rmse[i] = sqrt(_max(2 * nll[i] / t, 0.0))
+            for m in range(nm):
+                prob[i, m] = lc[m] / total
+            for k in range(t):
+                sa = 0.0
+                for m in range(nm):
+                    sa += prob[i, m] * dist[m * t + k]
+                time_displace[i, k] = sa
+            sa, sf = ade[0], dist[t - 1]
+            ade_oracle[i], fde_oracle[i] = sa, sf
+            for m in range(1, nm):
+                sa += ade[m]
+                sf += dist[m * t + t - 1]
+                ade_oracle[i] = _min(ade_oracle[i], ade[m])
+                fde_oracle[i] = _min(fde_oracle[i], dist[m * t + t - 1])
+            ade_mean[i] = sa / nm
+            fde_mean[i] = sf / nm
+    free(err); free(dist); free(lc); free(ade)

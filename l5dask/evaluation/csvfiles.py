@@ -14,7 +14,8 @@ temporary file that replaces the output only when whole (:func:`l5dask.outputs.a
 
 **Reading** is two parallel passes over byte ranges of the file: a *row scan* (every line's start
 and its ``(timestamp, track_id)`` key, by numpy on the raw bytes: no float is parsed) and the
-*parse* of any row range by pyarrow's CSV reader, which a caller runs where the rows are needed
+*parse* of any row range (compiled, for L5Kit's plain layout; pyarrow's CSV reader for anything
+else, and to say what is wrong), which a caller runs where the rows are needed
 (the metrics parse each GT range with the PRED rows joined to it). Neither holds a file in memory.
 """
 
@@ -32,7 +33,7 @@ from ..errors import L5DaskError
 #: L5Kit's ``MAX_MODES``.
 MAX_MODES = 3
 #: Bytes per task of the row scan.
-SCAN_BLOCK = 32 << 20
+SCAN_BLOCK = 8 << 20
 #: Bytes of a line's start where its key must fit (two integers of up to 20 digits and commas).
 KEY_WINDOW = 48
 
@@ -203,6 +204,11 @@ def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
         return empty, empty, empty, -1, ""
     data = f.read_range(lo - 1, min(hi + KEY_WINDOW, f.size))
     buf = np.frombuffer(data, np.uint8)
+    from ._kernels import scan_keys
+
+    plain = scan_keys(buf, hi - lo)  # compiled; None when a row needs the general scan below
+    if plain is not None:
+        return (lo - 1 + plain[0]).astype(np.int64), plain[1], plain[2], -1, ""
     starts = np.flatnonzero(buf[: hi - lo] == 10) + 1  # a row starts after a newline; offsets into buf
     padded = np.concatenate([buf, np.zeros(KEY_WINDOW, np.uint8)])
     window = padded[starts[:, None] + np.arange(KEY_WINDOW)]
@@ -279,16 +285,11 @@ def _locate_bad(f: CSVFile, data: bytes, first_row: int) -> str:
     return f"{f.path}: rows {first_row + 2}..: cannot be parsed"
 
 
-def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
-    """Rows ``[lo, hi)`` of a scanned file, parsed by pyarrow (one ranged read)."""
+def _arrow_rows(f: CSVFile, data: bytes, lo: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``n`` rows parsed by pyarrow's CSV reader: the general parser, which says what is wrong."""
     import pyarrow as pa
     import pyarrow.csv as pcsv
 
-    n = hi - lo
-    t, m = f.future_len, f.modes
-    if n == 0:
-        return _empty_rows(f)
-    data = f.read_range(int(f.starts[lo]), int(f.starts[hi]))
     types = {name: pa.float64() for name in f.names[2:]}
     types.update(timestamp=pa.int64(), track_id=pa.int64())
     try:
@@ -302,17 +303,34 @@ def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         raise CSVError(_locate_bad(f, data, lo)) from None
     if table.num_rows != n:
-        raise CSVError(_locate_bad(f, data, lo) if table.num_rows > n else f"{f.path}: rows {lo}..{hi}: expected {n} rows")
+        raise CSVError(_locate_bad(f, data, lo) if table.num_rows > n else f"{f.path}: rows {lo}..{lo + n}: expected {n} rows")
     cols = [c.to_numpy() for c in table.columns]
     values = np.empty((n, len(cols) - 2), np.float64)
     for j, c in enumerate(cols[2:]):
         values[:, j] = c
+    return cols[0], cols[1], values
+
+
+def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
+    """Rows ``[lo, hi)`` of a scanned file (one ranged read), parsed by a compiled reader of L5Kit's
+    plain layout (numbers correctly rounded, as Python's ``float`` and Arrow's parser round them);
+    a range holding anything else (``nan``, spaces, a bad cell) goes to pyarrow's CSV reader."""
+    from ._kernels import parse_csv_rows
+
+    n = hi - lo
+    t, m = f.future_len, f.modes
+    if n == 0:
+        return _empty_rows(f)
+    data = f.read_range(int(f.starts[lo]), int(f.starts[hi]))
+    ts, tid = np.empty(n, np.int64), np.empty(n, np.int64)
+    values = np.empty((n, len(f.names) - 2), np.float64)
+    if parse_csv_rows(np.frombuffer(data, np.uint8), ts, tid, values) != n:
+        ts, tid, values = _arrow_rows(f, data, lo, n)
     bad = ~np.isfinite(values)
     if bad.any():
         r, c = np.argwhere(bad)[0]
         raise CSVError(f"{f.path}: line {lo + r + 2}, column {c + 3} ({f.names[c + 2]!r}): "
                        f"{values[r, c]} is not a finite number")
-    ts, tid = cols[0], cols[1]
     if f.kind == "gt":
         return Rows(ts, tid, values[:, t:].reshape(n, t, 2), avails=values[:, :t])
     return Rows(ts, tid, values[:, m:].reshape(n, m, t, 2), confs=values[:, :m])
