@@ -130,6 +130,62 @@ def test_readers_parse_what_l5kit_reads(tmp_path, monkeypatch):
     np.testing.assert_array_equal(lf.coords.compute(), g.coords.compute())
 
 
+def test_compiled_reader_rounds_as_python_and_leaves_the_rest_to_pyarrow(tmp_path, monkeypatch):
+    """The compiled CSV reader: every number bit-equal to Python's ``float`` (random decimals of 1-25
+    digits, exponents, signs); rows it does not take (a ``+``, spaces) go to pyarrow, and a range
+    read either way gives the same bits; the compiled row scan equals the numpy one."""
+    import random
+
+    from l5dask.evaluation._kernels import parse_numbers
+
+    rnd = random.Random(5)
+    tokens = []
+    for _ in range(50_000):
+        digits = "".join(rnd.choice("0123456789") for _ in range(rnd.randint(1, 25)))
+        k = rnd.randint(0, len(digits))
+        tok = digits[:k] + ("." if rnd.random() < 0.8 else "") + digits[k:]
+        if rnd.random() < 0.3:
+            tok += rnd.choice("eE") + rnd.choice(["", "-", "+"]) + str(rnd.randint(0, 330))
+        tokens.append((("-" if rnd.random() < 0.5 else "") + tok).encode())
+    tokens += [b"0", b"-0", b"-0.00000", b"9007199254740993", b"0.1", b"1e22", b"1e23", b"4.9e-324", b"1e-400"]
+    got = np.empty(len(tokens))
+    parse_numbers(tokens, got)
+    np.testing.assert_array_equal(got.view(np.int64), np.array([float(t) for t in tokens]).view(np.int64))
+    out = np.empty(3)
+    parse_numbers([b"+1", b" 1", b"nan"], out)
+    assert np.isnan(out).all()  # declined: the general parser's
+
+    rng = np.random.default_rng(3)
+    ts, tid, gt, avail, pred, conf, _ = pair(rng, 300)
+    gt[5, 3] = (-1e-7, 3e15)  # "-0.00000" and a number past 2**53 in hundred-thousandths
+    csvfiles.write_gt_csv(str(tmp_path / "gt.csv"), ts, tid, gt, avail)
+    lines = (tmp_path / "gt.csv").read_bytes().split(b"\r\n")
+    lines[7] = lines[7].replace(b",1.0,", b",+1.0,", 1)
+    lines[9] = lines[9].replace(b",1.0,", b", 1.0,", 1)
+    (tmp_path / "odd.csv").write_bytes(b"\r\n".join(lines))
+    for name in ("gt.csv", "odd.csv"):
+        f = csvfiles.scan(csvfiles.open_csv(str(tmp_path / name), "gt"))
+        for lo, hi in ((0, 300), (0, 5), (6, 300), (100, 101)):
+            rows = csvfiles.parse_rows(f, lo, hi)
+            data = f.read_range(int(f.starts[lo]), int(f.starts[hi]))
+            ts2, tid2, values = csvfiles._arrow_rows(f, data, lo, hi - lo)
+            np.testing.assert_array_equal(rows.timestamps, ts2)
+            np.testing.assert_array_equal(rows.track_ids, tid2)
+            t = f.future_len
+            np.testing.assert_array_equal(rows.avails.view(np.int64), values[:, :t].view(np.int64))
+            np.testing.assert_array_equal(rows.coords.reshape(hi - lo, -1).view(np.int64), values[:, t:].view(np.int64))
+        assert np.signbit(csvfiles.parse_rows(f, 5, 6).coords[0, 3, 0])
+        # the row scan: compiled, and the numpy one for every block
+        data = f.read_range(0, f.size)
+        fast = csvfiles._scan_block(f, 0, f.size)
+        monkeypatch.setattr("l5dask.evaluation._kernels.scan_keys", lambda buf, limit: None)
+        slow = csvfiles._scan_block(f, 0, f.size)
+        monkeypatch.undo()
+        for a, b in zip(fast, slow):
+            np.testing.assert_array_equal(a, b)
+        assert len(fast[0]) == 300 and data
+
+
 # --- metrics --------------------------------------------------------------------------------------
 def l5kit_rows(gt, avail, pred, conf):
     """L5Kit's own metric functions, row by row."""
