@@ -150,7 +150,11 @@ def test_compiled_reader_rounds_as_python_and_leaves_the_rest_to_pyarrow(tmp_pat
     tokens += [b"0", b"-0", b"-0.00000", b"9007199254740993", b"0.1", b"1e22", b"1e23", b"4.9e-324", b"1e-400"]
     got = np.empty(len(tokens))
     parse_numbers(tokens, got)
-    np.testing.assert_array_equal(got.view(np.int64), np.array([float(t) for t in tokens]).view(np.int64))
+    ref = np.array([float(t) for t in tokens])
+    finite = np.isfinite(ref)  # an overflow to inf is declined: the general parser and its error
+    assert (~finite).sum() > 100
+    np.testing.assert_array_equal(np.isnan(got), ~finite)
+    np.testing.assert_array_equal(got[finite].view(np.int64), ref[finite].view(np.int64))
     out = np.empty(3)
     parse_numbers([b"+1", b" 1", b"nan"], out)
     assert np.isnan(out).all()  # declined: the general parser's

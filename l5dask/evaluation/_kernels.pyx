@@ -326,74 +326,76 @@ cdef inline const uint8_t* _parse_int(const uint8_t* p, const uint8_t* end, int6
 
 cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, double* out) noexcept nogil:
     """A decimal number (``-``? digits ``.`` digits, an exponent ``e[+-]digits``), correctly rounded:
-    Clinger's exact case (at most 2**53 and a power of ten up to 1e22: one IEEE operation) or
-    ``strtod`` (glibc's is correctly rounded, as Python's ``float`` and Arrow's parser). NULL for
-    anything else (``nan``, ``inf``, a ``+``, spaces, a bad cell): the general parser decides."""
+    Clinger's exact case (at most 19 digits, a mantissa up to 2**53 and a power of ten up to 1e22:
+    one IEEE operation) or ``strtod`` (glibc's is correctly rounded, as Python's ``float`` and
+    Arrow's parser). NULL for anything else (``nan``, ``inf``, a ``+``, spaces, a bad cell): the
+    general parser decides."""
     cdef const uint8_t* start = p
-    cdef bint neg = False, exact = True
+    cdef const uint8_t* s
+    cdef bint neg = False
     cdef uint64_t m = 0
-    cdef int nd = 0, digits = 0, e = 0, es = 1, ev = 0, ne = 0
+    cdef unsigned int d
+    cdef Py_ssize_t digits, nfrac = 0
+    cdef int e = 0, es = 1, ev = 0
     cdef double v
     cdef char tmp[64]
     cdef Py_ssize_t k
     if p < end and p[0] == 45:
         neg = True
         p += 1
-    while p < end and 48 <= p[0] <= 57:
-        digits += 1
-        if m == 0 and p[0] == 48:
-            pass
-        elif nd < 19:
-            m = m * 10 + (p[0] - 48)
-            nd += 1
-        else:
-            e += 1
-            exact = exact and p[0] == 48
+    s = p
+    while p < end:
+        d = p[0] - 48
+        if d >= 10:
+            break
+        m = m * 10 + d  # wraps past 19 digits: then strtod decides
         p += 1
+    digits = p - s
     if p < end and p[0] == 46:
         p += 1
-        while p < end and 48 <= p[0] <= 57:
-            digits += 1
-            if m == 0 and p[0] == 48:
-                e -= 1
-            elif nd < 19:
-                m = m * 10 + (p[0] - 48)
-                nd += 1
-                e -= 1
-            else:
-                exact = exact and p[0] == 48
+        s = p
+        while p < end:
+            d = p[0] - 48
+            if d >= 10:
+                break
+            m = m * 10 + d
             p += 1
+        nfrac = p - s
+        digits += nfrac
     if digits == 0:
         return NULL
-    if p < end and (p[0] == 101 or p[0] == 69):
+    if p < end and (p[0] | 32) == 101:  # e or E
         p += 1
         if p < end and (p[0] == 45 or p[0] == 43):
             es = -1 if p[0] == 45 else 1
             p += 1
-        while p < end and 48 <= p[0] <= 57:
+        s = p
+        while p < end:
+            d = p[0] - 48
+            if d >= 10:
+                break
             if ev < 100000:
-                ev = ev * 10 + (p[0] - 48)
-            ne += 1
+                ev = ev * 10 + d
             p += 1
-        if ne == 0:
+        if p == s:
             return NULL
-        e += es * ev
+        e = es * ev
     if not _end_of_cell(p, end):
         return NULL
-    if m == 0:
-        v = 0.0
-    elif exact and m <= TWO53 and -22 <= e <= 22:
+    e -= <int>nfrac
+    if digits <= 19 and m <= TWO53 and -22 <= e <= 22:
         v = <double>m / POW10[-e] if e < 0 else <double>m * POW10[e]
-    else:
-        if p - start >= 63:
-            return NULL
-        for k in range(p - start):
-            tmp[k] = <char>start[k]
-        tmp[p - start] = 0
-        v = strtod(tmp, NULL)
-        out[0] = v
+        out[0] = -v if neg else v
         return p
-    out[0] = -v if neg else v
+    if p - start >= 63:
+        return NULL
+    for k in range(p - start):
+        tmp[k] = <char>start[k]
+    tmp[p - start] = 0
+    v = strtod(tmp, NULL)
+    if v - v != 0:  # inf (an overflow) or NaN: the general parser, then the finiteness check, say so
+        return NULL
+    out[0] = v
     return p
 
 
@@ -427,8 +429,9 @@ cdef Py_ssize_t _parse_rows(const uint8_t* p, const uint8_t* end, int64_t* ts, i
 def parse_csv_rows(const uint8_t[::1] data, int64_t[::1] ts, int64_t[::1] tid, double[:, ::1] values):
     """Rows of L5Kit's GT/PRED layout (two int64 keys, then ``values.shape[1]`` numbers a row,
     comma-separated, ``\r\n`` or ``\n`` line ends) into ``ts``, ``tid`` and ``values``. Returns the
-    number of rows parsed: fewer than ``len(ts)`` where a row is not in that plain form (the caller
-    leaves the range to the general parser, which says what is wrong) or the data holds more."""
+    number of rows parsed: fewer than ``len(ts)`` where a row is not in that plain form or holds a
+    number that is not finite (the caller leaves the range to the general parser, which says what
+    is wrong) or the data holds more. All values parsed are finite."""
     cdef Py_ssize_t n = ts.shape[0], got
     if n == 0 or values.shape[1] == 0:
         return 0 if data.shape[0] else n

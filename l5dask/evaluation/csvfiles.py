@@ -324,13 +324,13 @@ def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
     data = f.read_range(int(f.starts[lo]), int(f.starts[hi]))
     ts, tid = np.empty(n, np.int64), np.empty(n, np.int64)
     values = np.empty((n, len(f.names) - 2), np.float64)
-    if parse_csv_rows(np.frombuffer(data, np.uint8), ts, tid, values) != n:
+    if parse_csv_rows(np.frombuffer(data, np.uint8), ts, tid, values) != n:  # (all finite when it takes them)
         ts, tid, values = _arrow_rows(f, data, lo, n)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        r, c = np.argwhere(bad)[0]
-        raise CSVError(f"{f.path}: line {lo + r + 2}, column {c + 3} ({f.names[c + 2]!r}): "
-                       f"{values[r, c]} is not a finite number")
+        bad = ~np.isfinite(values)
+        if bad.any():
+            r, c = np.argwhere(bad)[0]
+            raise CSVError(f"{f.path}: line {lo + r + 2}, column {c + 3} ({f.names[c + 2]!r}): "
+                           f"{values[r, c]} is not a finite number")
     if f.kind == "gt":
         return Rows(ts, tid, values[:, t:].reshape(n, t, 2), avails=values[:, :t])
     return Rows(ts, tid, values[:, m:].reshape(n, m, t, 2), confs=values[:, :m])

@@ -81,12 +81,15 @@ def _pair_task(gt: CSVFile, pred: CSVFile, lo: int, hi: int, pred_rows: np.ndarr
     """Metrics sums of GT rows ``[lo, hi)``, joined to PRED rows ``pred_rows`` (read as ``segments``)."""
     g = parse_rows(gt, lo, hi)
     parts = [parse_rows(pred, a, b) for a, b in segments]
-    firsts = np.array([a for a, _ in segments], np.int64)
-    offset = np.cumsum([0] + [b - a for a, b in segments])
-    seg = np.searchsorted(firsts, pred_rows, side="right") - 1  # each row's segment (they cover every row)
-    pos = pred_rows - firsts[seg] + offset[seg]
-    conf = np.concatenate([p.confs for p in parts])[pos]
-    coords = np.concatenate([p.coords for p in parts])[pos]
+    if len(parts) == 1 and np.array_equal(pred_rows, np.arange(*segments[0])):  # PRED in GT's order
+        conf, coords = parts[0].confs, parts[0].coords
+    else:
+        firsts = np.array([a for a, _ in segments], np.int64)
+        offset = np.cumsum([0] + [b - a for a, b in segments])
+        seg = np.searchsorted(firsts, pred_rows, side="right") - 1  # each row's segment (they cover every row)
+        pos = pred_rows - firsts[seg] + offset[seg]
+        conf = np.concatenate([p.confs for p in parts])[pos]
+        coords = np.concatenate([p.coords for p in parts])[pos]
     _check_confs(conf, pred, pred_rows)
     return _sums(row_metrics(g.coords, g.avails, coords, conf), groups)
 
