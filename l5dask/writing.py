@@ -40,7 +40,15 @@ def encode_chunk(records: np.ndarray, chunk_rows: int, flat: bool = False) -> by
 def put(store: Store, key: str, data: bytes) -> None:
     path = store.path(key)
     if _is_local(store):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        # a plain file write (fsspec's costs as much again per chunk); the folder made when missing
+        try:
+            f = open(path, "wb")
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            f = open(path, "wb")
+        with f:
+            f.write(data)
+        return
     store.fs.pipe_file(path, data)
 
 
