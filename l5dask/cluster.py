@@ -30,8 +30,9 @@ WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(128 * 2**20), "MALLOC_MMAP_THRESHOLD
 def tune_malloc() -> bool:
     """:data:`WORKER_ENV`'s two settings for this process (glibc's ``mallopt``), unless the
     environment sets them: the CLI's embedded default reads multi-MB blocks (CSV ranges, chunk
-    runs) that would otherwise each be a fresh mmap that page-faults (reading 1.3 GB of CSV in
-    32 MB blocks ran at 1-1.6 GB/s, 4-10 GB/s in 8 MB blocks). Returns whether it applied them."""
+    runs), each a fresh mmap that page-faults when above glibc's threshold (1.3 GB of CSV read in
+    32 MB blocks: 1-1.6 GB/s; in 8 MB blocks, from a reused heap: 4-10 GB/s). Returns whether it
+    applied them."""
     import ctypes
     import ctypes.util
     import os

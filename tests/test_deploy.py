@@ -130,3 +130,17 @@ def test_worker_settings_everywhere(dask_cluster):
         configs = client.run(lambda: {k: __import__("dask").config.get(k) for k in WORKER_CONFIG})
     assert all(e == WORKER_ENV for e in envs.values())
     assert all(c == WORKER_CONFIG for c in configs.values())
+
+
+def test_the_cli_sets_the_workers_malloc_thresholds_in_its_own_process():
+    """``tune_malloc`` applies WORKER_ENV through glibc's mallopt (a child process: the setting is
+    process-wide), and leaves an environment that sets them alone."""
+    import os
+
+    code = "from l5dask.cluster import tune_malloc; print(tune_malloc())"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert r.stdout.strip() == "True"
+    env["MALLOC_MMAP_THRESHOLD_"] = "1048576"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert r.stdout.strip() == "False"
