@@ -267,6 +267,8 @@ cdef class MaskPass:
         cdef int64_t[:, ::1] table = table_arr
         cdef int32_t[::1] nxt = self.nxt
         cdef uint32_t pv, fv
+        # an agent with no past and no future counts at (0, 0) only
+        cdef bint zero_first = k > 0 and steps[0] == 0 and (k == 1 or steps[1] > 0)
         with nogil:
             # future counts, backwards: an agent's "next in run" link becomes its future count
             for i in range(self.n - 1, -1, -1):
@@ -275,6 +277,9 @@ cdef class MaskPass:
                 pv, fv = self.past[i], <uint32_t>nxt[i]
                 mask[i - lo, 0], mask[i - lo, 1] = pv, fv
                 rejects[self.reason[i]] += 1
+                if pv == 0 and fv == 0 and zero_first:  # most agents (every rejected one)
+                    table[0, 0] += 1
+                    continue
                 a = 0
                 while a < k and pv >= steps[a]:
                     a += 1
