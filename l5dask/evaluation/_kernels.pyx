@@ -311,19 +311,31 @@ cdef inline bint _end_of_cell(const uint8_t* p, const uint8_t* end) noexcept nog
     return p == end or p[0] == 44 or p[0] == 13 or p[0] == 10
 
 
+cdef inline const uint8_t* _digits(const uint8_t* p, const uint8_t* end, uint64_t* acc) noexcept nogil:
+    """Decimal digits from ``p`` on, accumulated into ``acc`` (wrapping past 19 of them); returns
+    where they end."""
+    cdef unsigned int d
+    while p < end:
+        d = p[0] - 48
+        if d >= 10:
+            break
+        acc[0] = acc[0] * 10 + d
+        p += 1
+    return p
+
+
 cdef inline const uint8_t* _parse_int(const uint8_t* p, const uint8_t* end, int64_t* out) noexcept nogil:
     """A decimal int64 (an optional ``-`` and 1-19 digits) ending at a cell's end; NULL otherwise."""
     cdef bint neg = False
     cdef uint64_t v = 0
-    cdef int n = 0
+    cdef const uint8_t* s
     if p < end and p[0] == 45:
         neg = True
         p += 1
-    while p < end and 48 <= p[0] <= 57 and n < 20:
-        v = v * 10 + (p[0] - 48)
-        n += 1
-        p += 1
-    if n == 0 or n > 19 or not _end_of_cell(p, end) or v > (9223372036854775808ULL if neg else 9223372036854775807ULL):
+    s = p
+    p = _digits(s, end, &v)
+    if p == s or p - s > 19 or not _end_of_cell(p, end) or \
+            v > (9223372036854775808ULL if neg else 9223372036854775807ULL):
         return NULL
     out[0] = -<int64_t>v if neg else <int64_t>v
     return p
@@ -338,10 +350,9 @@ cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, d
     cdef const uint8_t* start = p
     cdef const uint8_t* s
     cdef bint neg = False
-    cdef uint64_t m = 0
-    cdef unsigned int d
+    cdef uint64_t m = 0, ev = 0
     cdef Py_ssize_t digits, nfrac = 0
-    cdef int e = 0, es = 1, ev = 0
+    cdef int e = 0, es = 1
     cdef double v
     cdef char tmp[64]
     cdef Py_ssize_t k
@@ -349,22 +360,11 @@ cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, d
         neg = True
         p += 1
     s = p
-    while p < end:
-        d = p[0] - 48
-        if d >= 10:
-            break
-        m = m * 10 + d  # wraps past 19 digits: then strtod decides
-        p += 1
+    p = _digits(p, end, &m)  # wraps past 19 digits: then strtod decides
     digits = p - s
     if p < end and p[0] == 46:
-        p += 1
-        s = p
-        while p < end:
-            d = p[0] - 48
-            if d >= 10:
-                break
-            m = m * 10 + d
-            p += 1
+        s = p + 1
+        p = _digits(s, end, &m)
         nfrac = p - s
         digits += nfrac
     if digits == 0:
@@ -375,16 +375,10 @@ cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, d
             es = -1 if p[0] == 45 else 1
             p += 1
         s = p
-        while p < end:
-            d = p[0] - 48
-            if d >= 10:
-                break
-            if ev < 100000:
-                ev = ev * 10 + d
-            p += 1
+        p = _digits(s, end, &ev)
         if p == s:
             return NULL
-        e = es * ev
+        e = es * <int>(ev if p - s <= 6 else 10000000)  # past 1e999999: strtod's inf or 0
     if not _end_of_cell(p, end):
         return NULL
     e -= <int>nfrac
