@@ -168,6 +168,9 @@ def test_cli_output_on_a_full_disk_keeps_the_previous_file(small_ds, tmp_path, c
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
 
+    # matplotlib builds its font cache on first use; on a fresh machine that write would hit the
+    # limit too (its own one-line warning): build it first, as any earlier run would have
+    subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True)
     r = subprocess.run([sys.executable, "-m", "l5dask.cli", command, small_ds, "--output", str(out), "--quiet"],
                        capture_output=True, text=True, preexec_fn=limit)
     assert r.returncode == 2, r.stderr
