@@ -71,11 +71,20 @@ def pair_checks(const float[::1] yaw_cur, const float[::1] yaw_prev, const float
 cdef inline int _label(const uint8_t* row, const int64_t* keep, Py_ssize_t nk, double threshold) noexcept nogil:
     """Whether the kept label probabilities (float32, ``keep``: their byte offsets) sum above
     ``threshold``: 1 or 0, or 2 where the float64 sum is within the band of the threshold (or NaN):
-    numpy's float32 sum decides those."""
-    cdef double s = 0
-    cdef Py_ssize_t j
-    for j in range(nk):
-        s += _f4(row + keep[j])
+    numpy's float32 sum decides those. The float64 sum runs in four chains (its order does not
+    matter at the band's scale), not one chain of dependent adds."""
+    cdef double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s
+    cdef Py_ssize_t j = 0
+    while j + 4 <= nk:
+        s0 += _f4(row + keep[j])
+        s1 += _f4(row + keep[j + 1])
+        s2 += _f4(row + keep[j + 2])
+        s3 += _f4(row + keep[j + 3])
+        j += 4
+    while j < nk:
+        s0 += _f4(row + keep[j])
+        j += 1
+    s = (s0 + s1) + (s2 + s3)
     if fabs(s - threshold) > LABEL_BAND:
         return s > threshold
     return 2
@@ -178,7 +187,10 @@ cdef class MaskPass:
         centroid, extent, yaw and track_id; the label filter (:func:`_label`) from the probabilities
         at the byte offsets ``keep``. Stops at a row whose label sum is within the band of ``threshold``
         (numpy's float32 sum decides it) and returns its index, to be called again from there with
-        ``forced`` set to that row's label filter (0 or 1); returns ``n`` when all are fed."""
+        ``forced`` set to that row's label filter (0 or 1); returns ``n`` when all are fed.
+
+        The loop's state lives in locals (stores through the byte-typed arrays would otherwise make
+        the compiler reload every attribute after each one) and goes back to ``self`` at the end."""
         cdef Py_ssize_t o_c = offsets[0], o_e = offsets[1], o_y = offsets[2], o_t = offsets[3]
         cdef Py_ssize_t i, r, s, nk = keep.shape[0]
         cdef int decided
@@ -189,68 +201,86 @@ cdef class MaskPass:
         cdef float yaw_c, area_c
         cdef uint32_t past
         cdef Slot* slot
-        cdef Py_ssize_t nframes = self.frame_end.shape[0], frame = self.frame
+        cdef Py_ssize_t nframes = self.frame_end.shape[0], frame = self.frame, fed = self.fed
         cdef const int64_t* frame_end = &self.frame_end[0] if nframes else NULL
-        cdef double ex = self.ego_x[frame] if frame < nframes else 0, ey = self.ego_y[frame] if frame < nframes else 0
-        if self.fed + n - start > self.n:
-            raise ValueError(f"fed {self.fed + n - start} agents to a pass over {self.n}")
+        cdef const int64_t* frame_scene = &self.frame_scene[0] if nframes else NULL
+        cdef const double* ego_x = &self.ego_x[0] if nframes else NULL
+        cdef const double* ego_y = &self.ego_y[0] if nframes else NULL
+        cdef double ex = ego_x[frame] if frame < nframes else 0, ey = ego_y[frame] if frame < nframes else 0
+        cdef uint32_t* past_p = &self.past[0] if self.n else NULL
+        cdef int32_t* nxt_p = &self.nxt[0] if self.n else NULL
+        cdef int8_t* reason_p = &self.reason[0] if self.n else NULL
+        cdef const int64_t* keep_p = &keep[0] if nk else NULL
+        cdef const uint8_t* base = &buf[0] if n > start else NULL
+        cdef Slot* table = self.table
+        cdef Py_ssize_t used = self.used, cap = self.cap
+        cdef uint32_t gen = self.generation
+        cdef int64_t scene = self.scene
+        cdef int shift = self.shift
+        cdef float yaw_th = self.yaw_th, extent_th = self.extent_th
+        cdef double distance_th = self.distance_th
+        if fed + n - start > self.n:
+            raise ValueError(f"fed {fed + n - start} agents to a pass over {self.n}")
+        i = start
         with nogil:
-            for i in range(start, n):
-                row = &buf[i * stride]
+            while i < n:
+                row = base + i * stride
                 if i == start and forced >= 0:
                     ok = forced == 1
                 else:
-                    decided = _label(row, &keep[0], nk, threshold)
+                    decided = _label(row, keep_p, nk, threshold)
                     if decided == 2:
-                        self.frame = frame
                         break
                     ok = decided == 1
-                r = self.fed
-                self.fed += 1
+                r = fed
+                fed += 1
                 if frame < nframes and frame_end[frame] <= r:
                     while frame < nframes and frame_end[frame] <= r:
                         frame += 1
-                        if frame < nframes and self.frame_scene[frame] != self.scene:
-                            self.scene = self.frame_scene[frame]
-                            self.generation += 1
-                            self.used = 0
+                        if frame < nframes and frame_scene[frame] != scene:
+                            scene = frame_scene[frame]
+                            gen += 1
+                            used = 0
                     if frame < nframes:
-                        ex, ey = self.ego_x[frame], self.ego_y[frame]
+                        ex, ey = ego_x[frame], ego_y[frame]
                 why = 0
                 if not ok:
                     why = R_LABEL
-                elif not (_norm2(ex - _f8(row + o_c), ey - _f8(row + o_c + 8)) < self.distance_th):
+                elif not (_norm2(ex - _f8(row + o_c), ey - _f8(row + o_c + 8)) < distance_th):
                     ok = False
                     why = R_DISTANCE
                 yaw_c = _f4(row + o_y)
                 area_c = _f4(row + o_e) * _f4(row + o_e + 4)
                 track = _u8(row + o_t)
-                s = self._slot(track)
-                slot = &self.table[s]
+                s = <Py_ssize_t>((track * 0x9E3779B97F4A7C15ULL) >> shift)
+                while table[s].gen == gen and table[s].key != track:
+                    s = (s + 1) & (cap - 1)
+                slot = &table[s]
                 past = 0
-                if slot.gen == self.generation:
+                if slot.gen == gen:
                     if ok and slot.valid:
                         if slot.frame + 1 != frame:
                             why = R_HOLE
-                        elif not _yaw_ok(yaw_c, slot.yaw, self.yaw_th):
+                        elif not _yaw_ok(yaw_c, slot.yaw, yaw_th):
                             why = R_YAW
-                        elif not _extent_ok(slot.area, area_c, self.extent_th):
+                        elif not _extent_ok(slot.area, area_c, extent_th):
                             why = R_EXTENT
                         else:
                             past = slot.past + 1
-                            self.nxt[slot.row] = <int32_t>r
+                            nxt_p[slot.row] = <int32_t>r
                 else:
-                    slot.key, slot.gen = track, self.generation
-                    self.used += 1
+                    slot.key, slot.gen = track, gen
+                    used += 1
                 slot.row, slot.frame, slot.yaw, slot.area, slot.past, slot.valid = \
                     <int32_t>r, <int32_t>frame, yaw_c, area_c, past, ok
-                self.past[r], self.nxt[r], self.reason[r] = past, -1, why
-                if 2 * self.used > self.cap:
+                past_p[r], nxt_p[r], reason_p[r] = past, -1, why
+                i += 1
+                if 2 * used > cap:
                     with gil:
+                        self.generation, self.used = gen, used
                         self._grow()
-            else:
-                i = n
-                self.frame = frame
+                        table, cap, shift = self.table, self.cap, self.shift
+        self.frame, self.fed, self.scene, self.generation, self.used = frame, fed, scene, gen, used
         return i
 
     def finish(self, Py_ssize_t lo, Py_ssize_t hi, const int64_t[::1] steps):
