@@ -40,14 +40,22 @@ def encode_chunk(records: np.ndarray, chunk_rows: int, flat: bool = False) -> by
 def put(store: Store, key: str, data: bytes) -> None:
     path = store.path(key)
     if _is_local(store):
-        # a plain file write (fsspec's costs as much again per chunk); the folder made when missing
+        # A plain file write (fsspec's costs as much again per chunk), the folder made when missing.
+        # An existing file is overwritten in place and then cut to length, not truncated first:
+        # truncating frees its blocks only for the write to allocate them again (on this ext4 with
+        # discard, 3,000 mask chunks rewritten took 0.5-0.7 s of kernel time truncated, 0.04 s in place).
         try:
-            f = open(path, "wb")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except FileNotFoundError:
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            f = open(path, "wb")
-        with f:
-            f.write(data)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            view, done = memoryview(data).cast("B"), 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+            os.ftruncate(fd, done)
+        finally:
+            os.close(fd)
         return
     store.fs.pipe_file(path, data)
 

@@ -146,3 +146,17 @@ def test_round_trip_property(tmp_path_factory, case):
         for f in fields[name]:
             assert got[f].tobytes() == expected[f].tobytes()  # bit-exact
         assert read_all(str(out))[name].tobytes() == expected.tobytes()  # and zarr-python 2 agrees
+
+
+def test_local_writes_overwrite_in_place_to_the_new_length(tmp_path):
+    """A rewritten file (a mask recomputed with --overwrite) is written over in place and cut to
+    its new length: shorter, longer and empty contents read back exactly, the folder made when
+    missing."""
+    from l5dask.store import Store
+    from l5dask.writing import put
+
+    store = Store(str(tmp_path / "out.zarr"))
+    path = tmp_path / "out.zarr" / "agents_mask" / "0.5" / "0.0"
+    for data in (b"x" * 5000, b"short", np.arange(3000, dtype=np.uint32).tobytes(), b"", b"y" * 70):
+        put(store, "agents_mask/0.5/0.0", data)
+        assert path.read_bytes() == bytes(data)
