@@ -68,36 +68,36 @@ def pair_checks(const float[::1] yaw_cur, const float[::1] yaw_prev, const float
             extent_out[i] = _extent_ok(area_prev[i], area_cur[i], extent_th)
 
 
-cdef inline int _label(const uint8_t* row, const int64_t* keep, Py_ssize_t nk, double threshold) noexcept nogil:
-    """Whether the kept label probabilities (float32, ``keep``: their byte offsets) sum above
-    ``threshold``: 1 or 0, or 2 where the float64 sum is within the band of the threshold (or NaN):
-    numpy's float32 sum decides those. The float64 sum runs in four chains (its order does not
-    matter at the band's scale), not one chain of dependent adds."""
-    cdef double s0 = 0, s1 = 0, s2 = 0, s3 = 0, s
-    cdef Py_ssize_t j = 0
-    while j + 4 <= nk:
-        s0 += _f4(row + keep[j])
-        s1 += _f4(row + keep[j + 1])
-        s2 += _f4(row + keep[j + 2])
-        s3 += _f4(row + keep[j + 3])
-        j += 4
-    while j < nk:
-        s0 += _f4(row + keep[j])
-        j += 1
-    s = (s0 + s1) + (s2 + s3)
+cdef inline int _label(const uint8_t* p, double threshold) noexcept nogil:
+    """Whether the 13 kept label probabilities (float32, L5Kit's agent-like labels are 13 consecutive
+    ones, the first at ``p``) sum above ``threshold``: 1 or 0, or 2 where the float64 sum is within
+    the band of the threshold (or NaN): numpy's float32 sum decides those. The float64 sum runs in
+    four chains with fixed offsets (its order does not matter at the band's scale; the compiler pairs
+    the loads and adds), not one chain of dependent adds."""
+    cdef double s0 = _f4(p), s1 = _f4(p + 4), s2 = _f4(p + 8), s3 = _f4(p + 12)
+    s0 += _f4(p + 16)
+    s1 += _f4(p + 20)
+    s2 += _f4(p + 24)
+    s3 += _f4(p + 28)
+    s0 += _f4(p + 32)
+    s1 += _f4(p + 36)
+    s2 += _f4(p + 40)
+    s3 += _f4(p + 44)
+    s0 += _f4(p + 48)
+    cdef double s = (s0 + s1) + (s2 + s3)
     if fabs(s - threshold) > LABEL_BAND:
         return s > threshold
     return 2
 
 
-def label_pass(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, const int64_t[::1] keep, double threshold,
+def label_pass(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t keep, double threshold,
                uint8_t[::1] out):
-    """:func:`_label` of each of ``n`` rows (``keep``: byte offsets in a row); returns how many
+    """:func:`_label` of each of ``n`` rows (``keep``: the first kept probability's byte offset in a row); returns how many
     rows are undecided (2)."""
     cdef Py_ssize_t i, undecided = 0
     with nogil:
         for i in range(n):
-            out[i] = _label(&buf[i * stride], &keep[0], keep.shape[0], threshold)
+            out[i] = _label(&buf[i * stride + keep], threshold)
             undecided += out[i] == 2
     return undecided
 
@@ -181,18 +181,18 @@ cdef class MaskPass:
         free(old)
         return 0
 
-    def feed(self, const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, offsets, const int64_t[::1] keep,
+    def feed(self, const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, offsets, Py_ssize_t keep,
              double threshold, Py_ssize_t start=0, int forced=-1):
         """The next agents: rows ``start .. n - 1`` of ``buf``; ``offsets``: the byte offsets of
-        centroid, extent, yaw and track_id; the label filter (:func:`_label`) from the probabilities
-        at the byte offsets ``keep``. Stops at a row whose label sum is within the band of ``threshold``
+        centroid, extent, yaw and track_id; the label filter (:func:`_label`) from the 13 probabilities
+        from the byte offset ``keep`` on. Stops at a row whose label sum is within the band of ``threshold``
         (numpy's float32 sum decides it) and returns its index, to be called again from there with
         ``forced`` set to that row's label filter (0 or 1); returns ``n`` when all are fed.
 
         The loop's state lives in locals (stores through the byte-typed arrays would otherwise make
         the compiler reload every attribute after each one) and goes back to ``self`` at the end."""
         cdef Py_ssize_t o_c = offsets[0], o_e = offsets[1], o_y = offsets[2], o_t = offsets[3]
-        cdef Py_ssize_t i, r, s, nk = keep.shape[0]
+        cdef Py_ssize_t i, r, s
         cdef int decided
         cdef const uint8_t* row
         cdef uint64_t track
@@ -210,7 +210,6 @@ cdef class MaskPass:
         cdef uint32_t* past_p = &self.past[0] if self.n else NULL
         cdef int32_t* nxt_p = &self.nxt[0] if self.n else NULL
         cdef int8_t* reason_p = &self.reason[0] if self.n else NULL
-        cdef const int64_t* keep_p = &keep[0] if nk else NULL
         cdef const uint8_t* base = &buf[0] if n > start else NULL
         cdef Slot* table = self.table
         cdef Py_ssize_t used = self.used, cap = self.cap
@@ -228,7 +227,7 @@ cdef class MaskPass:
                 if i == start and forced >= 0:
                     ok = forced == 1
                 else:
-                    decided = _label(row, keep_p, nk, threshold)
+                    decided = _label(row + keep, threshold)
                     if decided == 2:
                         break
                     ok = decided == 1

@@ -69,9 +69,12 @@ def label_filter(label_probabilities: np.ndarray, threshold: float) -> np.ndarra
     return np.sum(label_probabilities[:, KEEP], axis=1) > threshold
 
 
-def _label_offsets() -> np.ndarray:
-    """The byte offsets in an agent record of the kept label probabilities."""
-    return (fmt.AGENT_DTYPE.fields["label_probabilities"][1] + 4 * KEEP).astype(np.int64)
+def _label_offset() -> int:
+    """The byte offset in an agent record of the first kept label probability (the compiled pass
+    reads the 13 kept ones as consecutive floats)."""
+    if not (np.diff(KEEP) == 1).all() or len(KEEP) != 13:
+        raise AssertionError("L5Kit's kept labels are 13 consecutive ones")
+    return int(fmt.AGENT_DTYPE.fields["label_probabilities"][1] + 4 * KEEP[0])
 
 
 def label_ok(records: np.ndarray, threshold: float) -> np.ndarray:
@@ -81,7 +84,7 @@ def label_ok(records: np.ndarray, threshold: float) -> np.ndarray:
 
     dt = fmt.AGENT_DTYPE
     ok = np.empty(len(records), np.uint8)
-    if label_pass(records.view(np.uint8), len(records), dt.itemsize, _label_offsets(), threshold, ok):
+    if label_pass(records.view(np.uint8), len(records), dt.itemsize, _label_offset(), threshold, ok):
         near = np.flatnonzero(ok == 2)
         ok[near] = label_filter(records["label_probabilities"][near].reshape(len(near), -1), threshold)
     return ok
@@ -174,7 +177,7 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
                   float(th.distance_m))
     dt = fmt.AGENT_DTYPE
     offsets = tuple(dt.fields[f][1] for f in _FIELDS)
-    keep = _label_offsets()
+    keep = _label_offset()
     rows = agents.meta.chunk_rows
     if records is not None:
         pieces = ((span.a0, records),)
