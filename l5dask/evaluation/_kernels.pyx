@@ -294,20 +294,33 @@ cdef class MaskPass:
         cdef uint32_t[:, ::1] mask = mask_arr
         cdef int64_t[::1] rejects = rejects_arr
         cdef int64_t[:, ::1] table = table_arr
-        cdef int32_t[::1] nxt = self.nxt
+        cdef int32_t* nxt = &self.nxt[0] if self.n else NULL
+        cdef const uint32_t* past = &self.past[0] if self.n else NULL
+        cdef const int8_t* reason = &self.reason[0] if self.n else NULL
+        cdef uint32_t* out = &mask[0, 0] if hi > lo else NULL
+        cdef int64_t* rej = &rejects[0]
+        cdef int64_t zeros = 0
+        cdef int64_t[8][8] counts
         cdef uint32_t pv, fv
+        cdef int32_t j
+        if k > 8:
+            raise ValueError("at most 8 steps")
         # an agent with no past and no future counts at (0, 0) only
         cdef bint zero_first = k > 0 and steps[0] == 0 and (k == 1 or steps[1] > 0)
         with nogil:
+            for a in range(8):
+                for b in range(8):
+                    counts[a][b] = 0
             # future counts, backwards: an agent's "next in run" link becomes its future count
             for i in range(self.n - 1, -1, -1):
-                nxt[i] = nxt[nxt[i]] + 1 if nxt[i] >= 0 else 0
+                j = nxt[i]
+                nxt[i] = nxt[j] + 1 if j >= 0 else 0
             for i in range(lo, hi):
-                pv, fv = self.past[i], <uint32_t>nxt[i]
-                mask[i - lo, 0], mask[i - lo, 1] = pv, fv
-                rejects[self.reason[i]] += 1
+                pv, fv = past[i], <uint32_t>nxt[i]
+                out[2 * (i - lo)], out[2 * (i - lo) + 1] = pv, fv
+                rej[reason[i]] += 1
                 if pv == 0 and fv == 0 and zero_first:  # most agents (every rejected one)
-                    table[0, 0] += 1
+                    zeros += 1
                     continue
                 a = 0
                 while a < k and pv >= steps[a]:
@@ -316,7 +329,11 @@ cdef class MaskPass:
                 while b < k and fv >= steps[b]:
                     b += 1
                 if a > 0 and b > 0:  # counted once, at the last steps it reaches: suffix sums below
-                    table[a - 1, b - 1] += 1
+                    counts[a - 1][b - 1] += 1
+            counts[0][0] += zeros
+            for a in range(k):
+                for b in range(k):
+                    table[a, b] = counts[a][b]
             # table[i, j] = agents with past >= steps[i] and future >= steps[j]
             for a in range(k - 2, -1, -1):
                 for b in range(k):
