@@ -27,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import DATA, run  # noqa: E402
+from benchmarks.common import DATA, run, run_output  # noqa: E402
 
 PY = sys.executable
 FLOOR_THREADS = 8  # reads in flight for the lidar floor (from disk, 8 read 1.4x faster than 2 here)
@@ -85,14 +85,9 @@ PARSERS = {
 
 
 def timed(code: str, *args: str) -> tuple[float, float]:
-    """(seconds the code prints, peak GB of its process)."""
-    t = time.perf_counter()
-    proc = subprocess.Popen([PY, "-c", code, *args], stdout=subprocess.PIPE, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status:
-        raise SystemExit(f"failed: {code[:60]}")
-    return float(out.strip().splitlines()[-1]) if out.strip() else time.perf_counter() - t, usage.ru_maxrss / 1e6
+    """(seconds the code prints, peak GB of its process; both from :func:`common.run_output`)."""
+    out, wall, rss = run_output([PY, "-c", code, *args])
+    return float(out.strip().splitlines()[-1]) if out.strip() else wall, rss
 
 
 def tables_part(rounds: int) -> None:
