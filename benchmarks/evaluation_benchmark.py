@@ -214,6 +214,13 @@ def bench_dataset(scenes: int, rounds: int) -> None:
               f"{ratio:.2f}x the decode floor, process to process (per-round median; target <= 2.5x); "
               f"{inner:.2f}x its decoding alone")
     print(f"  gt, default mask (on the fly): {gt_all:.1f} s, {all_rows}")
+    # peak memory at a second size: half the scenes
+    half = dataset(scenes // 2)
+    n_half = len(l5dask.open_dataset(half)["agents"])
+    rss_sel = run(L5DASK + ["select-agents", half, "--output", os.path.join(tmp, "mask-half.zarr"), "--overwrite", "-q"])[1]
+    rss_gt = run(L5DASK + ["gt", half, "-O", os.path.join(tmp, "gt-half.csv"), "--mask", chopped_mask(half), "-q"])[1]
+    print(f"  peak RSS at {n_half:,} agents ({scenes // 2} scenes): select-agents {rss_sel:.2f} GB, gt --mask {rss_gt:.2f} GB "
+          f"(at {n:,}: {max(r for _, r in sel):.2f} GB, {max(r for _, r in gt):.2f} GB)")
     best_sel = min(w for w, _ in sel)
     print(f"  L5Kit get_valid_agents, 20 scenes: {mask_s:.2f} s -> {l5kit_mask:.0f} s scaled to {scenes} scenes "
           f"(one process) = {l5kit_mask / best_sel:.0f}x l5dask select-agents (target >= 20x)")
