@@ -38,10 +38,10 @@ def main(path: str, query: str, api: str, out: str) -> None:
             res = df[df.distance_to_ego < 20].groupby(["host", "hour", "label"], observed=True).size() \
                 .compute().sort_index().reset_index()
         else:
+            from l5dask.dataframe import quantiles
+
             df = ds.to_dask_dataframe("agents", columns=["label", "extent_length"])
-            res = df.groupby("label", observed=True).extent_length.apply(
-                lambda s: s.quantile(QUANTILES), meta=("extent_length", "f8")).compute().unstack().sort_index() \
-                .reset_index()
+            res = quantiles(df, "label", "extent_length", QUANTILES).reset_index()
     else:
         view = ds.joined("agents")
         if query == "q1":

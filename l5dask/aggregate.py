@@ -450,6 +450,26 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
     return out
 
 
+def _combine_all(*parts: GroupPart) -> GroupPart:
+    return functools.reduce(combine_parts, parts)
+
+
+def combine_delayed(parts: list) -> GroupPart:
+    """Delayed partials (neighbours in order) merged in an ordered tree (fan-in from dask's
+    ``split_every``) and computed: for passes over other collections' blocks (xarray's, dask
+    DataFrames'), as the engine's tree combines its own."""
+    import dask
+    from dask import delayed
+
+    from .engine import SPLIT_EVERY
+
+    fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
+    while len(parts) > 1:
+        parts = [delayed(_combine_all)(*parts[i: i + fan_in]) for i in range(0, len(parts), fan_in)]
+    (part,) = dask.compute(parts[0])
+    return part
+
+
 def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     """numpy's linear interpolation of its quantiles (``numpy.lib._function_base_impl._lerp``)."""
     diff = b - a

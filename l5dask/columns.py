@@ -404,6 +404,20 @@ class Selection:
         data = self.source.read(first, n)
         return lo, data, self.arrays(data, lo, parent)
 
+    def columns_of(self, first: int, n: int, rows: Rows | None, blocks: tuple = ()) -> tuple[int, int, dict[str, np.ndarray]]:
+        """The selected columns of stored chunks ``first .. first + n - 1`` (each decoded once, into
+        one reused chunk of scratch: the records of the whole block are never held, which for a
+        100 MB partition saved its allocation, page faults and a second trip through memory):
+        ``(first row, end row, columns)``."""
+        parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
+        lo = self.source.chunk_bounds(first)[0]
+        hi = self.source.chunk_bounds(first + n - 1)[1] if n else lo
+        out = {name: np.empty(hi - lo, self.columns[name].dtype) for name in self.names}
+        for start, data in self.source.iter_chunks(first, n):
+            for name, values in self.arrays(data, start, parent).items():
+                out[name][start - lo: start - lo + len(values)] = values
+        return lo, hi, out
+
     def empty(self) -> dict[str, np.ndarray]:
         return {n: np.zeros(0, self.columns[n].dtype) for n in self.names}
 

@@ -165,23 +165,13 @@ def name_categories(result):
     return result
 
 
-def _combine_all(*parts):
-    import functools
-
-    from .aggregate import combine_parts
-
-    return functools.reduce(combine_parts, parts)
-
-
 def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
                     quantile_bits: int | None = None) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
     pass: the sketch of :mod:`l5dask.aggregate` (its error bound) per chunk, merged in a tree."""
-    import dask
     from dask import delayed
 
-    from .aggregate import QUANTILE_BITS, group_part, sketch_quantiles
-    from .engine import SPLIT_EVERY
+    from .aggregate import QUANTILE_BITS, combine_delayed, group_part, sketch_quantiles
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if obj.ndim != 1:
@@ -194,10 +184,7 @@ def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, n
     blocks = [b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False)
                                                                           for k in keys]]]
     parts = [delayed(group_part)(list(ks), {"v": d}, {"v": {"sketch"}}, bits) for d, *ks in zip(*blocks)]
-    fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
-    while len(parts) > 1:
-        parts = [delayed(_combine_all)(*parts[i: i + fan_in]) for i in range(0, len(parts), fan_in)]
-    (part,) = dask.compute(parts[0])
+    part = combine_delayed(parts)
     qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
     shape = [len(labels[n]) for n in names]
     out = np.full((*shape, len(qs)), np.nan)

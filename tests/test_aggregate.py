@@ -151,6 +151,54 @@ def test_dataframe_bad_columns(edge_ds):
         ds.to_dask_dataframe("agent")
 
 
+def test_dataframe_quantiles_exact_and_within_the_bound_without_a_shuffle(edge_ds, ref, monkeypatch):
+    """``quantiles(df, by, column, q)`` on a filtered dask DataFrame, by a categorical and an
+    integer column (two keys), against numpy per group: exact with 52 bits, within the stated
+    bound with 7; NaN values skipped; each agent chunk decoded once."""
+    from l5dask.dataframe import quantiles
+
+    calls = _decodes(monkeypatch)
+    ds = l5dask.open_dataset(edge_ds)
+    df = ds.to_dask_dataframe("agents", columns=["label", "extent_length", "speed"], joins=["scene_index"])
+    df = df[df.speed > 0.5]
+    qs = [0.0, 0.25, 0.5, 0.99, 1.0]
+    exact = quantiles(df, ["label", "scene_index"], "extent_length", qs, quantile_bits=52)
+    assert sorted(k for n, k in calls if n == fmt.AGENTS) == sorted(str(i) for i in range(ds[fmt.AGENTS].nchunks))
+    bits = 7
+    approx = quantiles(df, ["label", "scene_index"], "extent_length", qs, quantile_bits=bits)
+    a = ref["agents"][ref["agents"].speed > 0.5]
+    groups = [(k, g) for k, g in a.groupby(["label", "scene_index"], observed=True) if g.extent_length.notna().any()]
+    assert len(exact) == len(approx) == len(groups) > 20
+    assert list(exact.index.names) == ["label", "scene_index"] and list(exact.columns) == qs
+    for i, ((label, scene), g) in enumerate(groups):
+        assert exact.index[i] == (label, scene) and approx.index[i] == (label, scene)
+        x = np.sort(g.extent_length.to_numpy(np.float64))
+        x = x[~np.isnan(x)]
+        for q in qs:
+            want = np.quantile(x, q)
+            assert exact[q].iloc[i] == want, (label, scene, q)
+            h = (len(x) - 1) * q
+            bound = 2.0 ** -(bits + 1) * max(abs(x[int(np.floor(h))]), abs(x[min(int(np.floor(h)) + 1, len(x) - 1)]))
+            assert abs(approx[q].iloc[i] - want) <= bound, (label, scene, q)
+    one = quantiles(df, "label", "extent_length", 0.5)
+    assert one.index.name == "label" and isinstance(one.index.dtype, pd.CategoricalDtype)
+
+
+def test_dataframe_quantiles_bad_input(edge_ds):
+    from l5dask.dataframe import quantiles
+
+    df = l5dask.open_dataset(edge_ds).to_dask_dataframe("agents", columns=["label", "extent_length", "speed"])
+    for args, kwargs, message in [
+        (("label", "lenght", 0.5), {}, r"no column 'lenght'; the columns are: label, extent_length, speed"),
+        (("speed", "extent_length", 0.5), {}, r"cannot group by 'speed' \(float64\)"),
+        (("label", "label", 0.5), {}, r"quantiles of 'label' \(category\): a numeric column is needed"),
+        (("label", "speed", [0.5, 1.5]), {}, r"probabilities in \[0, 1\]"),
+        (("label", "speed", 0.5), {"quantile_bits": 60}, "quantile_bits must be an integer from 0 to 52"),
+    ]:
+        with pytest.raises(L5DaskError, match=message):
+            quantiles(df, *args, **kwargs)
+
+
 # --- aggregate ------------------------------------------------------------------------------
 ALL = ["count", "sum", "mean", "min", "max", "var", "std"]
 
