@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
-from .columns import INDEX, Made, Selection, Table
+from .columns import INDEX, Selection, Table
 from .engine import Job, Pass, Reduction
 from .errors import L5DaskError
 
@@ -331,15 +331,9 @@ def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarra
     return g[starts], b[starts], np.diff(np.r_[starts, len(g)])
 
 
-def read_columns(selection: Selection, first: int, n: int, parent) -> Made:
-    """A task's block read as the selected columns only, made chunk by chunk (cache-sized)."""
-    return selection.made(first, n, parent)
-
-
-def chunk_part(spec: Spec, data: np.ndarray | Made, start: int, parent) -> GroupPart:
-    """The partial of one stored chunk (or block) of rows, given as records (its columns made
-    here) or as its columns (:func:`read_columns`), grouped."""
-    c = data if isinstance(data, Made) else spec.selection.chunk(data, start, parent)
+def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
+    """The partial of one stored chunk (or block) of rows: its columns made, then grouped."""
+    c = spec.selection.chunk(data, start, parent)
     keep = None
     if spec.where is not None:
         cats = {n: col.categories for n, col in spec.selection.columns.items() if col.categorical}
@@ -669,8 +663,7 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     from .joins import parent_link
 
     link = parent_link(ds, selection, job)
-    (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True,
-                                  read=functools.partial(read_columns, selection))])
+    (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True)])
     return result
 
 

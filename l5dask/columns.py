@@ -366,22 +366,6 @@ class Table:
         return Selection(self.array, self.source, names, cols, self.parent_start)
 
 
-@dataclass
-class Made:
-    """Columns already made of rows ``start .. start + rows - 1``: read as a :class:`Chunk` is
-    (``made[name]``, ``len(made)``)."""
-
-    start: int
-    rows: int
-    cols: dict[str, np.ndarray]
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.cols[name]
-
-    def __len__(self) -> int:
-        return self.rows
-
-
 @dataclass(frozen=True)
 class Selection:
     """Some columns of one array, ready to be made per chunk (this travels in tasks)."""
@@ -433,11 +417,6 @@ class Selection:
             for name, values in self.arrays(data, start, parent).items():
                 out[name][start - lo: start - lo + len(values)] = values
         return lo, hi, out
-
-    def made(self, first: int, n: int, rows: Rows | None, blocks: tuple = ()) -> Made:
-        """:meth:`columns_of` as a :class:`Made` (what a reduction reads like a :class:`Chunk`)."""
-        lo, hi, cols = self.columns_of(first, n, rows, blocks)
-        return Made(lo, hi - lo, cols)
 
     def empty(self) -> dict[str, np.ndarray]:
         return {n: np.zeros(0, self.columns[n].dtype) for n in self.names}

@@ -170,7 +170,6 @@ class Stage(NamedTuple):
     rows: Callable | None
     intervals: dict[str, int]
     blocks: bool
-    read: Callable | None = None
 
 
 @dataclass
@@ -192,9 +191,6 @@ class Pass:
     blocks : bool
         Hand ``chunk`` the task's chunks as one block (read with ``source.read``) instead of one
         chunk at a time (streamed through one reused buffer).
-    read : callable ``(first, n, parent) -> data``, optional
-        How a block pass reads its chunks (default ``source.read(first, n)``): e.g. only the
-        columns its reduction needs, made chunk by chunk (:meth:`l5dask.columns.Selection.columns_of`).
     priority : int
         Scheduling priority of its tasks (higher first).
     """
@@ -205,7 +201,6 @@ class Pass:
     rows: Callable[[Any, int, Any], Rows] | None = None
     intervals: dict[str, int] = field(default_factory=dict)
     blocks: bool = False
-    read: Callable[[int, int, Any], Any] | None = None
     priority: int = 0
     name: str | None = None
 
@@ -214,7 +209,7 @@ class Pass:
         return self.name or self.source.name
 
     def stage(self) -> Stage:
-        return Stage(self.label, self.source, self.reduction, self.rows, dict(self.intervals), self.blocks, self.read)
+        return Stage(self.label, self.source, self.reduction, self.rows, dict(self.intervals), self.blocks)
 
 
 @dataclass
@@ -263,11 +258,8 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     source, red = spec.source, spec.reduction
     parent = _parent_rows(link_rows, parent_blocks)
     part, rows, bounds = None, [], {f: [] for f in spec.intervals}
-    if spec.blocks:
-        chunks = [(source.chunk_bounds(first)[0],
-                   spec.read(first, n, parent) if spec.read is not None else source.read(first, n))]
-    else:
-        chunks = source.iter_chunks(first, n)
+    chunks = [(source.chunk_bounds(first)[0], source.read(first, n))] if spec.blocks else \
+        source.iter_chunks(first, n)
     try:
         for start, data in chunks:
             if red is not None:
