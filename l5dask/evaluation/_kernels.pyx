@@ -114,6 +114,15 @@ cdef struct Slot:
     uint8_t valid
 
 
+cdef inline Py_ssize_t _slot(const Slot* table, Py_ssize_t cap, int shift, uint32_t gen, uint64_t key) noexcept nogil:
+    """The slot of ``key`` among the slots of generation ``gen`` (the current scene), or the empty
+    slot where it goes (open addressing, Fibonacci hashing into ``cap = 2 ** (64 - shift)`` slots)."""
+    cdef Py_ssize_t s = <Py_ssize_t>((key * 0x9E3779B97F4A7C15ULL) >> shift)
+    while table[s].gen == gen and table[s].key != key:
+        s = (s + 1) & (cap - 1)
+    return s
+
+
 cdef class MaskPass:
     """L5Kit's agents mask of the whole scenes of one span of rows, fed a chunk at a time.
 
@@ -159,13 +168,6 @@ cdef class MaskPass:
     def __dealloc__(self):
         free(self.table)
 
-    cdef inline Py_ssize_t _slot(self, uint64_t key) noexcept nogil:
-        """The slot of ``key`` in the current scene, or the empty slot where it goes."""
-        cdef Py_ssize_t s = <Py_ssize_t>((key * 0x9E3779B97F4A7C15ULL) >> self.shift)
-        while self.table[s].gen == self.generation and self.table[s].key != key:
-            s = (s + 1) & (self.cap - 1)
-        return s
-
     cdef int _grow(self) except -1:
         cdef Py_ssize_t old_cap = self.cap, i
         cdef Slot* old = self.table
@@ -177,7 +179,7 @@ cdef class MaskPass:
         self.shift -= 1
         for i in range(old_cap):
             if old[i].gen == self.generation:
-                self.table[self._slot(old[i].key)] = old[i]
+                self.table[_slot(self.table, self.cap, self.shift, self.generation, old[i].key)] = old[i]
         free(old)
         return 0
 
@@ -192,7 +194,7 @@ cdef class MaskPass:
         The loop's state lives in locals (stores through the byte-typed arrays would otherwise make
         the compiler reload every attribute after each one) and goes back to ``self`` at the end."""
         cdef Py_ssize_t o_c = offsets[0], o_e = offsets[1], o_y = offsets[2], o_t = offsets[3]
-        cdef Py_ssize_t i, r, s
+        cdef Py_ssize_t i, r
         cdef int decided
         cdef const uint8_t* row
         cdef uint64_t track
@@ -251,10 +253,7 @@ cdef class MaskPass:
                 yaw_c = _f4(row + o_y)
                 area_c = _f4(row + o_e) * _f4(row + o_e + 4)
                 track = _u8(row + o_t)
-                s = <Py_ssize_t>((track * 0x9E3779B97F4A7C15ULL) >> shift)
-                while table[s].gen == gen and table[s].key != track:
-                    s = (s + 1) & (cap - 1)
-                slot = &table[s]
+                slot = &table[_slot(table, cap, shift, gen, track)]
                 past = 0
                 if slot.gen == gen:
                     if ok and slot.valid:
