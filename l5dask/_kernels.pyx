@@ -9,7 +9,7 @@ through ``memcpy`` (rows of 116 bytes leave most doubles unaligned).
 import numpy as np
 
 from libc.math cimport sqrt
-from libc.stdint cimport int8_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
@@ -301,6 +301,43 @@ def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1
                 lo[g] = v
             if want_max and not v <= hi[g]:
                 hi[g] = v
+
+
+ctypedef fused int_t:
+    int8_t
+    int16_t
+    int32_t
+    int64_t
+    uint8_t
+    uint16_t
+    uint32_t
+
+
+def int_range(const int_t[::1] k):
+    """``(min, max)`` of a non-empty integer column, in one pass."""
+    cdef Py_ssize_t i, n = k.shape[0]
+    if n == 0:
+        raise ValueError("int_range of no values")
+    cdef int_t lo = k[0], hi = k[0], v
+    with nogil:
+        for i in range(1, n):
+            v = k[i]
+            if v < lo:
+                lo = v
+            elif v > hi:
+                hi = v
+    return int(lo), int(hi)
+
+
+def mix_codes(int64_t[::1] codes, const int_t[::1] k, int64_t lo, int64_t stride):
+    """``codes += (k - lo) * stride`` in one pass, without widening ``k`` first (mixed-radix group
+    codes, a key at a time)."""
+    cdef Py_ssize_t i, n = codes.shape[0]
+    if k.shape[0] != n:
+        raise ValueError("mix_codes: a key per code is needed")
+    with nogil:
+        for i in range(n):
+            codes[i] += (<int64_t>k[i] - lo) * stride
 
 
 def gather_fields(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, const int64_t[::1] offsets,

@@ -251,23 +251,27 @@ def empty_part(spec: Spec) -> GroupPart:
 
 
 def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]:
-    """Group codes of ``n`` rows keyed by ``keys`` (int64 columns): ``(codes, ngroups, key table)``.
+    """Group codes of ``n`` rows keyed by ``keys`` (integer columns of any width): ``(codes,
+    ngroups, key table)`` (the table int64).
 
-    Small key ranges are dense (codes are mixed-radix positions, some groups empty); others are
-    made dense by sorting the distinct keys.
+    Small key ranges are dense (codes are mixed-radix positions, some groups empty, made by a
+    compiled pass per key: no widened copies); others are made dense by sorting the distinct keys.
     """
+    from .kernels import int_range, mix_codes
+
     if not keys:
         return np.zeros(n, np.int64), 1, np.zeros((1, 0), np.int64)
     if n == 0:
         return np.zeros(0, np.int64), 0, np.zeros((0, len(keys)), np.int64)
-    los = [int(k.min()) for k in keys]
-    spans = [int(k.max()) - lo + 1 for k, lo in zip(keys, los)]
+    ranges = [int_range(k) for k in keys]
+    los = [lo for lo, _ in ranges]
+    spans = [hi - lo + 1 for lo, hi in ranges]
     total = math.prod(spans)
     if total < 2**62:
         codes = np.zeros(n, np.int64)
         stride = 1
         for k, lo, span in zip(keys[::-1], los[::-1], spans[::-1]):  # the last key varies fastest
-            codes += (k - lo) * stride if lo else k * stride
+            mix_codes(codes, k, lo, stride)
             stride *= span
         if total <= 2 * n + 4096:
             grid = np.arange(total, dtype=np.int64)
@@ -284,7 +288,8 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
             table[:, j] = (uniq // stride) % spans[j] + los[j]
             stride *= spans[j]
         return codes.astype(np.int64), len(uniq), table
-    table, codes = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
+    table, codes = np.unique(np.stack([k.astype(np.int64, copy=False) for k in keys], axis=1), axis=0,
+                             return_inverse=True)
     return codes.reshape(-1).astype(np.int64), len(table), table
 
 
@@ -349,7 +354,7 @@ def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dic
     n = len(keys[0]) if keys else len(next(iter(values.values())))
     if keep is not None and keep.all():
         keep = None
-    codes, ngroups, table = encode([k.astype(np.int64, copy=False) for k in keys], n)
+    codes, ngroups, table = encode(list(keys), n)
     if keep is not None:  # the rows left out go to one more group, dropped below
         codes[~keep] = ngroups
         table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])

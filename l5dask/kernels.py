@@ -23,10 +23,12 @@ from ._kernels import agent_chunk as _agent_chunk
 from ._kernels import argmax_rows as _argmax_rows
 from ._kernels import gather_fields as _gather_fields
 from ._kernels import group_reduce as _group_reduce
+from ._kernels import int_range as _int_range
+from ._kernels import mix_codes as _mix_codes
 from ._kernels import track_runs as _track_runs
 from ._kernels import union_sorted, uniform_histogram
 
-__all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "group_reduce", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
+__all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "group_reduce", "int_range", "mix_codes", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
 
 #: The field types the compiled loops read (native byte order).
 AGENT_TYPES = {"label_probabilities": np.dtype(np.float32), "velocity": np.dtype(np.float32),
@@ -135,6 +137,25 @@ def group_reduce(codes: np.ndarray, values: np.ndarray, ngroups: int, sums: bool
     hi = np.full(ngroups if maxs else 1, -np.inf)
     _group_reduce(codes, values, count, total, lo, hi, sums, mins, maxs)
     return count, total if sums else None, lo if mins else None, hi if maxs else None
+
+
+#: Integer key types the compiled loops read as they are (others are widened to int64 first).
+_KEY_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32))
+
+
+def _key(k: np.ndarray) -> np.ndarray:
+    return k if k.dtype in _KEY_TYPES and k.dtype.isnative and k.flags.c_contiguous else \
+        np.ascontiguousarray(k, np.int64)
+
+
+def int_range(k: np.ndarray) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer (or bool) column, in one pass."""
+    return _int_range(_key(k))
+
+
+def mix_codes(codes: np.ndarray, k: np.ndarray, lo: int, stride: int) -> None:
+    """``codes += (k - lo) * stride`` (int64 ``codes``, in place) in one pass over any integer ``k``."""
+    _mix_codes(codes, _key(k), int(lo), int(stride))
 
 
 def gather(records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]],

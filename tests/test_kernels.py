@@ -198,3 +198,32 @@ def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
         agent_chunk(rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, **{**out, "frame_pos": np.zeros(3, np.int64)})
     with pytest.raises(ValueError, match="within frame_scene"):
         track_runs(rec["track_id"], np.full(10, 5), np.zeros(3, np.int64))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
+                                   ">i4"])
+def test_group_codes_of_narrow_keys_match_numpy(dtype):
+    """The compiled key range and mixed-radix codes read each key width as it is (others widened
+    first: big-endian, bool, uint64, strided); ``encode`` gives numpy's groups for mixed widths."""
+    from l5dask.aggregate import encode
+    from l5dask.kernels import int_range, mix_codes
+
+    rng = np.random.default_rng(3)
+    info = np.iinfo(np.dtype(dtype)) if dtype != "bool" else None
+    lo, hi = (0, 2) if info is None else (max(int(info.min), -(2**40)), min(int(info.max), 2**40) + 1)
+    k = rng.integers(lo, hi, 5000).astype(dtype)
+    k[[7, 4000]] = [lo, hi - 1] if dtype != "bool" else [False, True]  # both ends reached
+    assert int_range(k) == (int(k.min()), int(k.max()))
+    assert int_range(k[::2]) == (int(k[::2].min()), int(k[::2].max()))
+    codes = np.arange(5000, dtype=np.int64)
+    mix_codes(codes, k, int(k.min()), 7)
+    np.testing.assert_array_equal(codes, np.arange(5000) + (k.astype(np.int64) - int(k.min())) * 7)
+    small = rng.integers(0, 17, 5000).astype(np.int8)
+    for keys in ([k, small], [small, k % 5 if dtype != "bool" else k]):
+        got, ngroups, table = encode(keys, 5000)
+        stacked = np.stack([x.astype(np.int64) for x in keys], axis=1)
+        assert table.dtype == np.int64
+        np.testing.assert_array_equal(table[got], stacked)  # each row's code names its keys
+        uniq = np.unique(stacked, axis=0)
+        present = np.unique(got)
+        np.testing.assert_array_equal(table[present], uniq)  # codes ordered as the keys
