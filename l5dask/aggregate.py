@@ -370,8 +370,11 @@ def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dic
 
     for name, v in values.items():
         need = needs[name]
-        v = v.astype(np.float64, copy=False)
         stats = {}
+        if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: no NaN, its rows
+            part.stats[name] = {"n": (rows[present] if dense else rows).copy()}
+            continue
+        v = v.astype(np.float64, copy=False)
         if need & {"n", "sum", "min", "max", "m2"}:
             count, total, lo, hi = group_reduce(codes, v, ngroups, sums="sum" in need or "m2" in need,
                                                 mins="min" in need, maxs="max" in need)

@@ -232,6 +232,15 @@ def test_aggregate_where_and_three_keys(edge_ds, ref):
         assert list(got[c].astype(str)) == list(exp[c].astype(str))
     np.testing.assert_array_equal(got.hour, exp.hour)
     np.testing.assert_array_equal(got.speed_count, exp.speed)
+    # counting an integer column (the rows kept in each group; no NaN to skip), with an integer
+    # count of a float column beside it that has NaNs
+    both = aggregate(ds, "agents", by=["host", "hour", "label"], values={"agent_index": ["count"], "speed": ["count"]},
+                     where="distance_to_ego < 20 and label != 'PERCEPTION_LABEL_UNKNOWN'")
+    rows = a[(a.distance_to_ego < 20) & (a.label != "PERCEPTION_LABEL_UNKNOWN")] \
+        .groupby(["host", "hour", "label"], observed=True).size().to_numpy()
+    np.testing.assert_array_equal(both.agent_index_count, rows)
+    np.testing.assert_array_equal(both.speed_count, exp.speed)
+    assert (both.agent_index_count > both.speed_count).any()
     inlist = aggregate(ds, "agents", values={"track_id": ["count"]},
                        where="label in ['PERCEPTION_LABEL_CAR', 'PERCEPTION_LABEL_PEDESTRIAN'] or speed > 10")
     assert inlist.track_id_count[0] == ((a.label.isin(["PERCEPTION_LABEL_CAR", "PERCEPTION_LABEL_PEDESTRIAN"]))
