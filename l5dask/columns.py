@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import format as fmt
-from .engine import Rows
+from .engine import Rows, parent_rows
 from .errors import L5DaskError
 
 #: The row index column of each array.
@@ -399,7 +399,7 @@ class Selection:
         """Stored chunks ``first .. first + n - 1`` read as one block (each decoded once) and the
         selected columns made of it, given the parent ``rows`` or the parent pass's ``blocks``:
         ``(first row, records, columns)``."""
-        parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
+        parent = parent_rows(rows, blocks)
         lo = self.source.chunk_bounds(first)[0]
         data = self.source.read(first, n)
         return lo, data, self.arrays(data, lo, parent)
@@ -409,7 +409,7 @@ class Selection:
         one reused chunk of scratch: the records of the whole block are never held, which for a
         100 MB partition saved its allocation, page faults and a second trip through memory):
         ``(first row, end row, columns)``."""
-        parent = rows if rows is not None else (Rows.concat([b.rows for b in blocks]) if blocks else None)
+        parent = parent_rows(rows, blocks)
         lo = self.source.chunk_bounds(first)[0]
         hi = self.source.chunk_bounds(first + n - 1)[1] if n else lo
         out = {name: np.empty(hi - lo, self.columns[name].dtype) for name in self.names}

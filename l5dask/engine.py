@@ -241,7 +241,8 @@ class Persisted:
 
 
 # --- tasks ---------------------------------------------------------------------------------
-def _parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | None:
+def parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | None:
+    """A task's parent rows: those handed to it, else the rows of the parent blocks it was given."""
     if link_rows is not None:
         return link_rows
     return Rows.concat([b.rows for b in blocks]) if blocks else None
@@ -256,7 +257,7 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     """The task of a pass: read chunks ``first .. first + n - 1`` (each decoded once) and reduce
     them, keep their rows and their interval bounds."""
     source, red = spec.source, spec.reduction
-    parent = _parent_rows(link_rows, parent_blocks)
+    parent = parent_rows(link_rows, parent_blocks)
     part, rows, bounds = None, [], {f: [] for f in spec.intervals}
     chunks = [(source.chunk_bounds(first)[0], source.read(first, n))] if spec.blocks else \
         source.iter_chunks(first, n)

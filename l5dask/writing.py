@@ -43,7 +43,7 @@ def put(store: Store, key: str, data: bytes) -> None:
         # A plain file write (fsspec's costs as much again per chunk), the folder made when missing.
         # An existing file is overwritten in place and then cut to length, not truncated first:
         # truncating frees its blocks only for the write to allocate them again (on this ext4 with
-        # discard, 3,000 mask chunks rewritten took 0.5-0.7 s of kernel time truncated, 0.04 s in place).
+        # discard, 3,000 small files rewritten took 0.5-0.7 s of kernel time truncated, 0.04 s in place).
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except FileNotFoundError:
