@@ -12,6 +12,7 @@ frame through the sweep's calibrated_sensor and ego_pose exactly as the SDK's po
 from __future__ import annotations
 
 import posixpath
+import threading
 from typing import Any
 
 import numpy as np
@@ -115,22 +116,33 @@ def box_frames(centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray) -> np.n
     return np.ascontiguousarray(np.concatenate([p1, *edges, sq, lo, hi], 1))
 
 
-def count_in_boxes(points: np.ndarray, centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray,
-                   frames: np.ndarray | None = None) -> np.ndarray:
-    """Per box, how many of the (3, n) float32 ``points`` pass the SDK's ``points_in_box`` test: a
-    compiled pass over the points, boxes tested only where their bounding cube holds the point;
-    the rare points within ``BAND`` of a face are decided by the SDK's own operations."""
+def count_in_boxes(points: np.ndarray, centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray) -> np.ndarray:
+    """Per box, how many of the (3, n) float32 world ``points`` pass the SDK's ``points_in_box``
+    test: a compiled pass over the points, boxes tested only where their bounding cube holds the
+    point; the rare points within ``BAND`` of a face are decided by the SDK's own operations."""
+    points = np.ascontiguousarray(points, np.float32)
+    out = np.zeros(len(centers), np.int64)
+    undecided = count_in_boxes_compiled(points, box_frames(centers, sizes, rots), out)
+    for b, got in _decide(points, undecided, centers, sizes, rots):
+        out[b] += got
+    return out
+
+
+def count_in_boxes_compiled(points: np.ndarray, frames: np.ndarray, out: np.ndarray) -> list:
+    """``_kernels.count_in_boxes``: counts added to ``out``, the undecided (box, point) pairs returned."""
     from ._kernels import count_in_boxes as count
 
-    out = np.zeros(len(centers), np.int64)
-    frames = box_frames(centers, sizes, rots) if frames is None else frames
-    undecided = count(np.ascontiguousarray(points, np.float32), frames, out, BAND)
-    if undecided:
-        pairs = np.array(undecided, np.int64)
-        for b in np.unique(pairs[:, 0]):
-            pts = pairs[pairs[:, 0] == b, 1]
-            out[b] += count_in_boxes_exact(points[:, pts], centers[b:b + 1], sizes[b:b + 1], rots[b:b + 1])[0]
-    return out
+    return count(np.ascontiguousarray(points, np.float32), frames, out, BAND)
+
+
+def _decide(points: np.ndarray, undecided: list, centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray):
+    """(box, count) of the undecided (box, point) pairs, by the SDK's operations."""
+    if not undecided:
+        return
+    pairs = np.array(undecided, np.int64)
+    for b in np.unique(pairs[:, 0]):
+        pts = pairs[pairs[:, 0] == b, 1]
+        yield int(b), int(count_in_boxes_exact(points[:, pts], centers[b:b + 1], sizes[b:b + 1], rots[b:b + 1])[0])
 
 
 def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray) -> np.ndarray:
@@ -165,8 +177,8 @@ def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndar
 
 def _read_ahead(store: Any, names: list[str], depth: int):
     """The bytes of each named file in order (``None``: missing), the next ``depth`` read ahead:
-    on a local disk by the kernel (:meth:`Store.will_need`), on object stores fetched ``depth`` at
-    a time concurrently (:meth:`Store.get_many`). No thread of ours competes with the compute."""
+    on a local disk by the kernel (:meth:`Store.will_need`, hinted from a thread that mostly
+    waits), on object stores fetched ``depth`` at a time concurrently (:meth:`Store.get_many`)."""
     from ..errors import ChunkError
 
     def get(name: str) -> bytes | None:
@@ -176,10 +188,27 @@ def _read_ahead(store: Any, names: list[str], depth: int):
             return None
 
     if store.local:
-        store.will_need(names[:depth])
-        for k, name in enumerate(names):
-            store.will_need(names[k + depth:k + depth + 1])
-            yield get(name)
+        # the hints, from a thread of their own: a hint waits while the kernel queues its reads
+        ahead, stop = threading.Semaphore(depth), threading.Event()
+
+        def hint() -> None:
+            for name in names:
+                ahead.acquire()
+                if stop.is_set():
+                    return
+                store.will_need([name])
+
+        thread = threading.Thread(target=hint, name="l5-read-ahead", daemon=True)
+        thread.start()
+        try:
+            for name in names:
+                raw = get(name)
+                ahead.release()
+                yield raw
+        finally:
+            stop.set()
+            ahead.release()
+            thread.join()
         return
     for k in range(0, len(names), depth):
         batch = names[k:k + depth]
@@ -189,28 +218,48 @@ def _read_ahead(store: Any, names: list[str], depth: int):
             yield from map(get, batch)
 
 
+#: numpy's sum of a float32 array and a float64 number: float64 (numpy 2's promotion) or float32 (numpy 1's)
+WIDE_ADD = (np.zeros(1, np.float32) + np.float64(0.1)).dtype == np.float64
+
+
 def _count_task(store: Any, sweeps: dict[str, np.ndarray], boxes: dict[str, np.ndarray]) -> np.ndarray:
-    """Counts for the boxes of one group of samples from their key-frame sweeps (read ahead)."""
-    counts = np.zeros(len(boxes["sample"]), np.int64)
-    if not len(counts):
-        return counts
-    frames = box_frames(boxes["center"], boxes["size"], boxes["rot"])
+    """Counts for the boxes of one group of samples from their key-frame sweeps (read ahead): a
+    sweep is moved and counted in one compiled call on its sample's boxes (contiguous once the
+    boxes are sorted by sample); the rare sweep or point that call leaves undecided takes the
+    SDK's own operations."""
+    from ._kernels import count_sweep
+
+    n = len(boxes["sample"])
+    if not n:
+        return np.zeros(0, np.int64)
     order = np.argsort(boxes["sample"], kind="stable")
-    lo, hi = np.searchsorted(boxes["sample"][order], sweeps["sample"], side="left"), \
-        np.searchsorted(boxes["sample"][order], sweeps["sample"], side="right")
+    center, size, rot = boxes["center"][order], boxes["size"][order], boxes["rot"][order]
+    frames = box_frames(center, size, rot)
+    counts = np.zeros(n, np.int64)
+    lo = np.searchsorted(boxes["sample"][order], sweeps["sample"], side="left")
+    hi = np.searchsorted(boxes["sample"][order], sweeps["sample"], side="right")
     todo = np.flatnonzero(hi > lo)  # sweeps of samples with boxes
     names = [str(sweeps["filename"][s]) for s in todo]
-    for s, name, raw in zip(todo, names, _read_ahead(store, names, READ_AHEAD)):
+    cs_r, cs_t, pose_r, pose_t = sweeps["cs_r"], sweeps["cs_t"], sweeps["pose_r"], sweeps["pose_t"]
+    for s, name, raw in zip(todo.tolist(), names, _read_ahead(store, names, READ_AHEAD)):
         if raw is None:
             continue  # counted in lidar.missing_files
         if len(raw) % POINT_BYTES:
             raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep of {len(raw)} bytes, not a multiple "
                               f"of {POINT_BYTES} (5 float32 a point)")
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
-        pts = to_world(scan[:, :3].T, sweeps["cs_r"][s], sweeps["cs_t"][s], sweeps["pose_r"][s], sweeps["pose_t"][s])
-        rows = order[lo[s]:hi[s]]
-        counts[rows] += count_in_boxes(pts, boxes["center"][rows], boxes["size"][rows], boxes["rot"][rows], frames[rows])
-    return counts
+        b0, b1 = int(lo[s]), int(hi[s])
+        pts = np.empty((3, len(scan)), np.float32)
+        undecided = count_sweep(scan, cs_r[s], cs_t[s], pose_r[s], pose_t[s], WIDE_ADD, pts, frames[b0:b1],
+                                counts[b0:b1], BAND)
+        if undecided is None:  # a point the compiled move cannot round as numpy does
+            pts = to_world(scan[:, :3].T, cs_r[s], cs_t[s], pose_r[s], pose_t[s])
+            undecided = count_in_boxes_compiled(pts, frames[b0:b1], counts[b0:b1])
+        for b, got in _decide(pts, undecided, center[b0:b1], size[b0:b1], rot[b0:b1]):
+            counts[b0 + b] += got
+    out = np.empty(n, np.int64)
+    out[order] = counts
+    return out
 
 
 def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
