@@ -10,7 +10,7 @@ import numpy as np
 
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.math cimport INFINITY, fabs, ldexp
+from libc.math cimport INFINITY, fabs, ldexp, sqrt
 from libc.string cimport memcmp, memcpy
 
 cdef extern from *:
@@ -215,6 +215,7 @@ cdef enum:
     HI = 18
     FRAME = 21
     GRID = 64
+    BATCH = 256  # points a sweep's pass handles at a time (its loops over them compiled to vector code)
 
 
 def count_in_boxes(const float[:, ::1] points, const double[:, ::1] frames, int64_t[::1] out, double band):
@@ -268,21 +269,29 @@ def count_sweep(const float[:, ::1] scan, const double[:, ::1] r1, const double[
     pairs, or None (nothing counted) when the move of a point near a box is not decided here.
 
     Only points near a box need the move as the SDK rounds it: each point is first moved in one
-    float64 affine map (the two composed), which is within ``2**-20`` of the magnitudes involved
-    (the sensor point's, the translations') of the SDK's float32 result (four float32 roundings of
-    at most ``2**-24`` of them each, and rotations do not grow errors); the boxes are binned with
-    their bounds widened by that much, and a point whose cell is empty is in no box. The others
-    are moved exactly, into ``points`` (3, n) (the rest of it left as it was), and tested."""
+    float64 affine map (the two composed), and the boxes are binned with their bounds widened by
+    ``2**-20 (D + |t1| + |t2|)``, D the farthest a point of the boxes' bounds is from the ego (t2):
+    for a point whose move as the SDK rounds it lands in a box, the vectors of the four roundings
+    (rotation, translation, twice) are at most D + |t1| + |t2| long (rotations keep lengths), so
+    each rounding moves it by at most sqrt(3) 2**-24 of that, and the map lands within the widened
+    bounds. So a point whose cell is empty is in no box. The others are moved as the SDK rounds
+    them, into ``points`` (3, n) (the rest of it left as it was), and tested."""
     cdef Py_ssize_t n = scan.shape[0], m = scan.shape[1], p, k, c, i, j
     cdef Move mv
     cdef Grid g
     cdef double a[9]
     cdef double at[3]
-    cdef double big = 0.0, reach, x, y, z
+    cdef double far = 0.0, reach, x, y, z, lo, hi
     cdef float w[3]
     cdef int r, same = 1
     cdef list undecided = []
     cdef int64_t* got = NULL
+    cdef Py_ssize_t p0, p1, near
+    cdef Py_ssize_t idx[BATCH]
+    cdef Py_ssize_t cells[BATCH]
+    cdef double bx[BATCH]
+    cdef double by[BATCH]
+    cdef double bz[BATCH]
     if m < 3 or points.shape[0] != 3 or points.shape[1] != n or frames.shape[1] != FRAME \
             or out.shape[0] != frames.shape[0]:
         raise ValueError("count_sweep: scan (n, >= 3), points (3, n), frames (boxes, 21), out (boxes,) expected")
@@ -298,10 +307,12 @@ def count_sweep(const float[:, ::1] scan, const double[:, ::1] r1, const double[
     cdef const float* q = &scan[0, 0]
     cdef float* o = &points[0, 0]
     cdef const double* f = &frames[0, 0]
-    with nogil:
-        for p in range(n):  # the sweep's largest |x| + |y| + |z| (NaN: the margin is NaN, all exact)
-            big = max(big, fabs(q[p * m]) + fabs(q[p * m + 1]) + fabs(q[p * m + 2]))
-    reach = ldexp(big + fabs(mv.t1[0]) + fabs(mv.t1[1]) + fabs(mv.t1[2]) + fabs(mv.t2[0]) + fabs(mv.t2[1])
+    for k in range(3):  # the farthest a point in a box can be from the ego (t2), per axis
+        lo, hi = f[LO + k], f[HI + k]
+        for j in range(1, frames.shape[0]):
+            lo, hi = min(lo, f[j * FRAME + LO + k]), max(hi, f[j * FRAME + HI + k])
+        far += max(fabs(lo - mv.t2[k]), fabs(hi - mv.t2[k])) ** 2
+    reach = ldexp(sqrt(far) + fabs(mv.t1[0]) + fabs(mv.t1[1]) + fabs(mv.t1[2]) + fabs(mv.t2[0]) + fabs(mv.t2[1])
                   + fabs(mv.t2[2]), -20)
     if not (reach < 1e9):
         reach = INFINITY
@@ -311,25 +322,39 @@ def count_sweep(const float[:, ::1] scan, const double[:, ::1] r1, const double[
         if got == NULL:
             raise MemoryError()
         with nogil:
-            for p in range(n):
-                x = q[p * m]
-                y = q[p * m + 1]
-                z = q[p * m + 2]
-                c = _cell(&g, a[0] * x + a[1] * y + a[2] * z + at[0], a[3] * x + a[4] * y + a[5] * z + at[1])
-                if c < 0 or g.start[c] == g.start[c + 1]:
-                    continue
-                same &= _move(&mv, x, y, z, w)
+            p0 = 0
+            while p0 < n:
+                p1 = min(p0 + BATCH, n)
+                near = 0
+                for p in range(p0, p1):  # the points near a box (in a cell with boxes)
+                    x = q[p * m]
+                    y = q[p * m + 1]
+                    z = q[p * m + 2]
+                    c = _cell(&g, a[0] * x + a[1] * y + a[2] * z + at[0], a[3] * x + a[4] * y + a[5] * z + at[1])
+                    idx[near] = p
+                    cells[near] = c
+                    near += (c >= 0) & (g.start[c if c >= 0 else 0] != g.start[c + 1 if c >= 0 else 0])
+                for j in range(near):
+                    p = idx[j]
+                    bx[j] = q[p * m]
+                    by[j] = q[p * m + 1]
+                    bz[j] = q[p * m + 2]
+                same &= _move_many(&mv, bx, by, bz, near)
                 if not same:
                     break
-                o[p] = w[0]
-                o[n + p] = w[1]
-                o[2 * n + p] = w[2]
-                for k in range(g.start[c], g.start[c + 1]):
-                    r = _test(&f[g.members[k] * FRAME], w[0], w[1], w[2], band)
-                    got[g.members[k]] += r & 1
-                    if r & 2:
-                        with gil:
-                            undecided.append((g.members[k], p))
+                for j in range(near):
+                    p = idx[j]
+                    c = cells[j]
+                    o[p] = <float>bx[j]
+                    o[n + p] = <float>by[j]
+                    o[2 * n + p] = <float>bz[j]
+                    for k in range(g.start[c], g.start[c + 1]):
+                        r = _test(&f[g.members[k] * FRAME], bx[j], by[j], bz[j], band)
+                        got[g.members[k]] += r & 1
+                        if r & 2:
+                            with gil:
+                                undecided.append((g.members[k], p))
+                p0 = p1
         if not same:  # the caller counts this sweep another way
             return None
         for k in range(frames.shape[0]):
@@ -488,6 +513,44 @@ cdef inline int _move(const Move* mv, double x, double y, double z, float* out) 
     out[0] = <float>(c[0] + mv.t2[0])
     out[1] = <float>(c[1] + mv.t2[1])
     out[2] = <float>(c[2] + mv.t2[2])
+    return same
+
+
+cdef int _move_many(const Move* mv, double* x, double* y, double* z, Py_ssize_t n) noexcept nogil:
+    """``_move`` of n points in place (the float32 results stored as doubles), in loops without
+    branches or calls (vector code): 0 if any is not decided."""
+    cdef Py_ssize_t j
+    cdef int same = 1
+    cdef double p0, p1, p2, a0, a1, a2, e0, e1, e2, u, v, w, t0, t1, t2
+    cdef const double* r
+    cdef int step
+    for step in range(2):
+        r = &mv.r1[0] if step == 0 else &mv.r2[0]
+        t0, t1, t2 = (mv.t1[0], mv.t1[1], mv.t1[2]) if step == 0 else (mv.t2[0], mv.t2[1], mv.t2[2])
+        for j in range(n):
+            u = x[j]
+            v = y[j]
+            w = z[j]
+            p0 = r[0] * u
+            p1 = r[1] * v
+            p2 = r[2] * w
+            a0 = p0 + p1 + p2
+            e0 = (fabs(p0) + fabs(p1) + fabs(p2)) * ULP16
+            p0 = r[3] * u
+            p1 = r[4] * v
+            p2 = r[5] * w
+            a1 = p0 + p1 + p2
+            e1 = (fabs(p0) + fabs(p1) + fabs(p2)) * ULP16
+            p0 = r[6] * u
+            p1 = r[7] * v
+            p2 = r[8] * w
+            a2 = p0 + p1 + p2
+            e2 = (fabs(p0) + fabs(p1) + fabs(p2)) * ULP16
+            same &= ((<float>(a0 - e0)) == (<float>(a0 + e0))) & ((<float>(a1 - e1)) == (<float>(a1 + e1))) \
+                & ((<float>(a2 - e2)) == (<float>(a2 + e2)))
+            x[j] = <float>(<double>(<float>a0) + t0)
+            y[j] = <float>(<double>(<float>a1) + t1)
+            z[j] = <float>(<double>(<float>a2) + t2)
     return same
 
 

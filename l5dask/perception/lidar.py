@@ -12,7 +12,6 @@ frame through the sweep's calibrated_sensor and ego_pose exactly as the SDK's po
 from __future__ import annotations
 
 import posixpath
-import threading
 from typing import Any
 
 import numpy as np
@@ -177,8 +176,8 @@ def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndar
 
 def _read_ahead(store: Any, names: list[str], depth: int):
     """The bytes of each named file in order (``None``: missing), the next ``depth`` read ahead:
-    on a local disk by the kernel (:meth:`Store.will_need`, hinted from a thread that mostly
-    waits), on object stores fetched ``depth`` at a time concurrently (:meth:`Store.get_many`)."""
+    on a local disk by the kernel (:meth:`Store.will_need`), on object stores fetched ``depth`` at
+    a time concurrently (:meth:`Store.get_many`). No thread of ours competes with the compute."""
     from ..errors import ChunkError
 
     def get(name: str) -> bytes | None:
@@ -188,27 +187,10 @@ def _read_ahead(store: Any, names: list[str], depth: int):
             return None
 
     if store.local:
-        # the hints, from a thread of their own: a hint waits while the kernel queues its reads
-        ahead, stop = threading.Semaphore(depth), threading.Event()
-
-        def hint() -> None:
-            for name in names:
-                ahead.acquire()
-                if stop.is_set():
-                    return
-                store.will_need([name])
-
-        thread = threading.Thread(target=hint, name="l5-read-ahead", daemon=True)
-        thread.start()
-        try:
-            for name in names:
-                raw = get(name)
-                ahead.release()
-                yield raw
-        finally:
-            stop.set()
-            ahead.release()
-            thread.join()
+        store.will_need(names[:depth])
+        for k, name in enumerate(names):
+            store.will_need(names[k + depth:k + depth + 1])
+            yield get(name)
         return
     for k in range(0, len(names), depth):
         batch = names[k:k + depth]
