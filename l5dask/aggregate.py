@@ -571,18 +571,6 @@ def reduction(spec: Spec) -> Reduction:
 
 
 # --- the API --------------------------------------------------------------------------------
-def _preload(module: str) -> None:
-    """Import ``module`` in a background thread (Python's import lock makes a later import wait for it)."""
-    import sys
-    import threading
-
-    if module not in sys.modules:
-        import importlib
-
-        threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
-
-
-
 def group_bound(table: Table, by: Sequence[str]) -> int:
     """An upper bound of the number of groups, known before computing."""
     ds, rows = table.ds, len(table.source)
@@ -601,7 +589,8 @@ def group_bound(table: Table, by: Sequence[str]) -> int:
 def aggregate(*args, **kwargs):
     """Group the rows of one array by some columns and reduce others, in one pass: a pandas
     DataFrame (see :func:`aggregate_result` for the parameters)."""
-    _preload("pandas")  # the result's library, imported while the pass runs (0.4 s otherwise, at the end)
+    # (pandas is imported at the end: imported in a thread while the pass runs, it slowed the pass
+    # by more than its 0.25 s, the threads taking turns at the GIL)
     return aggregate_result(*args, **kwargs).to_pandas()
 
 

@@ -81,9 +81,9 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
     """:func:`array_to_dataset` plus lazy coordinates from the interval joins.
 
     frames: ``scene_index``, ``host``; agents and tl_faces: ``frame_index``, ``scene_index``,
-    ``timestamp``, ``hour`` (UTC hour of day), ``host`` of their frame; agents also
-    ``ego_translation`` (of their frame) and ``label`` (the argmax of ``label_probabilities``,
-    whose dimension is then ``label_name``); tl_faces ``status`` (its probabilities' dimension
+    ``timestamp``, ``hour`` (UTC hour of day), ``host`` of their frame; agents also ``label``
+    (the argmax of ``label_probabilities``, whose dimension is then ``label_name``) and the
+    variable ``ego_translation`` (of their frame); tl_faces ``status`` (its probabilities' dimension
     ``status_name``). Coordinates of categories (``label``, ``host``, ``status``) hold codes
     with CF ``flag_values``/``flag_meanings``; index coordinates a CF ``valid_range``: so they
     know their values, and ``.l5.groupby(...)`` groups by them without being computed first.
@@ -122,9 +122,11 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
     if name == fmt.AGENTS:
         # the argmax is the coordinate "label": the probabilities' dimension becomes "label_name"
         out = out.rename({"label": "label_name"})
-        coords["ego_translation"] = ((row, "xyz"), j.column(name, "ego_translation"))
         coords["label"] = (row, da.map_blocks(_argmax_block, records, "label_probabilities", dtype=np.int8),
                            categorical_attrs(ds.labels))
+        # a variable, not a coordinate: a coordinate travels into every result, and where two
+        # operands hold different slices of it (x and y) xarray computes both to compare them
+        out = out.assign(ego_translation=((row, "xyz"), j.column(name, "ego_translation")))
         return out.assign_coords(coords).assign_coords(xyz=["x", "y", "z"])
     out = out.rename({"status": "status_name"})
     coords["status"] = (row, da.map_blocks(_argmax_block, records, "traffic_light_face_status", dtype=np.int8),

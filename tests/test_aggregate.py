@@ -419,6 +419,28 @@ def test_xarray_quantiles_and_categorical_names(edge_ds, ref):
                                   exp.to_numpy())
 
 
+def test_xarray_expressions_over_the_view_compute_nothing(edge_ds, ref):
+    """The distance to the ego from x and y and a groupby of it stay lazy (no scheduler is called
+    until the result is asked for): the operands' coordinates are the same arrays, so xarray has
+    nothing to compare (``ego_translation`` as a coordinate made it compute the column twice)."""
+    import dask
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("computed while building")
+
+    view = l5dask.open_dataset(edge_ds).joined("agents")
+    with dask.config.set(scheduler=refuse):
+        dx = view.centroid.sel(xy="x") - view.ego_translation.sel(xyz="x")
+        dy = view.centroid.sel(xy="y") - view.ego_translation.sel(xyz="y")
+        near = np.sqrt(dx * dx + dy * dy) < 20
+        lazy = near.l5.groupby("host", "hour", "label").sum()
+    a = ref["agents"]
+    exp = (np.hypot(a.centroid_x - a.ego_x, a.centroid_y - a.ego_y) < 20).groupby([a.host, a.hour, a.label], observed=True).sum()
+    got = lazy.to_series()
+    np.testing.assert_array_equal(got.loc[exp.index.map(lambda k: (str(k[0]), k[1], str(k[2])))].to_numpy(), exp.to_numpy())
+    assert got.sum() == exp.sum()
+
+
 def test_xarray_accessor_refuses_coordinates_without_known_values(edge_ds):
     view = l5dask.open_dataset(edge_ds).joined("agents")
     with pytest.raises(ValueError, match=r"'timestamp' does not know its values"):
