@@ -149,6 +149,30 @@ class Store:
                 ) from exc
         raise StoreError(f"{self.url}: reading {key!r} failed after {tried} attempt(s): {_describe(failed)}") from failed
 
+    def get_into(self, key: str, buffer: memoryview, *, what: str | None = None) -> int:
+        """Read one object into ``buffer`` (at most its length; the bytes read are returned): on a
+        local disk straight into it, one copy fewer than :meth:`get`; elsewhere through it."""
+        if not self.local:
+            data = self.get(key, what=what)
+            n = min(len(data), len(buffer))
+            buffer[:n] = data[:n]
+            return n
+        try:
+            with open(self.path(key), "rb", buffering=0) as f:
+                n = 0
+                while n < len(buffer):
+                    got = f.readinto(buffer[n:])
+                    if not got:
+                        break
+                    n += got
+                return n
+        except FileNotFoundError as exc:
+            raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
+        except PermissionError as exc:
+            raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
+        except OSError as exc:
+            raise StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}") from exc
+
     def will_need(self, keys: list[str]) -> None:
         """A hint that these objects are read next: on a local disk the kernel starts reading them
         in the background (``posix_fadvise``, no thread of ours); elsewhere nothing."""

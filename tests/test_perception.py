@@ -94,6 +94,82 @@ def test_points_in_boxes_match_the_sdk(data, sdk):
     # sweep in and around the boxes, the rest on the ground)
 
 
+def test_sweeps_array_matches_the_sdks_point_clouds(data, sdk):
+    """Every lidar sweep through ``sweeps``: as stored (the SDK's ``LidarPointCloud.from_file``
+    keeps x, y, z, intensity) and moved to the world frame, bit for bit the SDK's rotate and
+    translate; missing files left out and named; a chunk per group of sweeps, sizes known before
+    anything is read."""
+    from lyft_dataset_sdk.utils.data_classes import LidarPointCloud
+    from pyquaternion import Quaternion
+
+    from l5dask.perception.lidar import sweeps
+
+    ds = open_perception(data[0])
+    sensor = sweeps(ds, sweeps_per_task=3)
+    world = sweeps(ds, frame="world", sweeps_per_task=5)
+    assert len(sensor.points.chunks[0]) == -(-len(sensor) // 3) and sensor.points.shape == (sensor.offsets[-1], 5)
+    tokens = ds.table("sample_data").tokens.to_pylist()
+    lidar = [r for r in sdk.sample_data if sdk.get("sensor", sdk.get("calibrated_sensor", r["calibrated_sensor_token"])
+                                                   ["sensor_token"])["modality"] == "lidar"]
+    present = [r for r in lidar if sdk.get_sample_data_path(r["token"]).exists()]
+    assert [tokens[i] for i in sensor.rows] == [r["token"] for r in present]
+    assert set(sensor.missing) == {r["filename"] for r in lidar} - {r["filename"] for r in present} != set()
+    got, moved = sensor.points.compute(), world.points.compute()
+    empty = 0
+    for i, r in enumerate(present):
+        pc = LidarPointCloud.from_file(sdk.get_sample_data_path(r["token"]))
+        part = slice(sensor.offsets[i], sensor.offsets[i + 1])
+        np.testing.assert_array_equal(got[part, :4], pc.points.T)
+        cs, pose = sdk.get("calibrated_sensor", r["calibrated_sensor_token"]), sdk.get("ego_pose", r["ego_pose_token"])
+        pc.rotate(Quaternion(cs["rotation"]).rotation_matrix)
+        pc.translate(np.array(cs["translation"]))
+        pc.rotate(Quaternion(pose["rotation"]).rotation_matrix)
+        pc.translate(np.array(pose["translation"]))
+        np.testing.assert_array_equal(moved[part, :3].view(np.uint32), pc.points[:3].T.view(np.uint32))
+        np.testing.assert_array_equal(moved[part, 3:], got[part, 3:])
+        empty += part.start == part.stop
+    assert empty  # the edge data has an empty sweep
+    top = sweeps(ds, channels=["LIDAR_TOP"], key_frames=True)
+    assert len(top) and all(sdk.get("sample_data", tokens[i])["is_key_frame"] for i in top.rows)
+    with pytest.raises(ValueError, match=r"no lidar channel 'CAM_FRONT': the lidars are LIDAR_"):
+        sweeps(ds, channels=["CAM_FRONT"])
+    with pytest.raises(ValueError, match=r"frame 'ego': one of sensor, world"):
+        sweeps(ds, frame="ego")
+
+
+def test_sweeps_from_a_zip_and_files_changed_since_the_listing(data, tmp_path):
+    """The sweeps read from a zip equal those read from the folder; a file that shrank, grew or
+    went away between the listing and the read is an error naming it, never a short array."""
+    from l5dask.perception.lidar import sweeps
+
+    root = tmp_path / "edge"
+    shutil.copytree(data[0], root)
+    base = sweeps(open_perception(str(root)), frame="world")
+    zpath = tmp_path / "p.zip"
+    with zipfile.ZipFile(zpath, "w") as z:
+        for folder, _, files in os.walk(root):
+            for f in files:
+                full = os.path.join(folder, f)
+                z.write(full, os.path.relpath(full, root))
+    zipped = sweeps(open_perception(str(zpath)), frame="world")
+    np.testing.assert_array_equal(zipped.points.compute(), base.points.compute())
+    ds = open_perception(str(root))
+    names = ds.table("sample_data").strings("filename")
+    for change in ("shrink", "grow", "remove"):
+        sw = sweeps(ds, sweeps_per_task=4)
+        for i in (int(np.flatnonzero(np.diff(sw.offsets) > 1)[0]), len(sw) - 1):  # in a task, and the last
+            path = root / names[sw.rows[i]]
+            size = path.stat().st_size
+            now = {"shrink": "has 20 bytes now", "grow": f"has more than {size} bytes now", "remove": "is missing now"}[change]
+            if change == "remove":
+                path.unlink()
+            else:
+                path.write_bytes(path.read_bytes()[:20] if change == "shrink" else path.read_bytes() + b"\0" * 20)
+            with pytest.raises(FormatError, match=rf"{path.name}: a lidar sweep listed with {size} bytes {now}"):
+                sw.points.compute()
+            shutil.copy(os.path.join(data[0], names[sw.rows[i]]), path)
+
+
 def test_velocity_matches_box_velocity(data, sdk):
     ds = open_perception(data[0])
     df = ds.frame("sample_annotation", ["token", "velocity_x", "velocity_y", "velocity_z"])

@@ -192,6 +192,14 @@ class PerceptionDataset:
         return dd.from_pandas(df, npartitions=npartitions or max(1, len(df) // 100_000))
 
 
+    def sweeps(self, channels: list[str] | None = None, key_frames: bool = False, frame: str = "sensor") -> Any:
+        """The lidar sweeps as one lazy dask array of points with L5Kit-style offsets per sweep
+        (see :class:`l5dask.perception.lidar.Sweeps`)."""
+        from .lidar import sweeps
+
+        return sweeps(self, channels, key_frames, frame)
+
+
 @contextlib.contextmanager
 def _maybe_thread(threaded: bool):
     """``run(func)`` -> a callable giving ``func()``'s result: run in a thread of its own when

@@ -12,6 +12,8 @@ frame through the sweep's calibrated_sensor and ego_pose exactly as the SDK's po
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,11 +48,9 @@ def file_sizes(store: Any, names: list[str]) -> dict[str, int]:
     return out
 
 
-def lidar_report(ds, sizes_out: list | None = None) -> dict[str, Any]:
-    """``lidar.sweeps``, ``lidar.points``, ``lidar.points_per_sweep``, ``lidar.missing_files``."""
-    sd = ds.table("sample_data")
-    rows = lidar_rows(ds)
-    names = sd.strings("filename")[rows].tolist()
+def checked_sizes(ds, names: list[str]) -> np.ndarray:
+    """The sizes of these lidar files (-1: missing), from one listing per folder; a size that is
+    not a whole number of points is an error naming the file."""
     sizes = file_sizes(ds.store, names)
     got = np.array([sizes.get(n, -1) for n in names], np.int64)
     bad = np.flatnonzero((got >= 0) & (got % POINT_BYTES != 0))
@@ -58,6 +58,14 @@ def lidar_report(ds, sizes_out: list | None = None) -> dict[str, Any]:
         n = names[int(bad[0])]
         raise FormatError(f"{ds.store.url.rstrip('/')}/{n}: a lidar sweep of {int(got[bad[0]])} bytes, not a "
                           f"multiple of {POINT_BYTES} (5 float32 a point)")
+    return got
+
+
+def lidar_report(ds, sizes_out: list | None = None) -> dict[str, Any]:
+    """``lidar.sweeps``, ``lidar.points``, ``lidar.points_per_sweep``, ``lidar.missing_files``."""
+    sd = ds.table("sample_data")
+    names = sd.strings("filename")[lidar_rows(ds)].tolist()
+    got = checked_sizes(ds, names)
     present = got >= 0
     points = got[present] // POINT_BYTES
     if sizes_out is not None:
@@ -279,3 +287,130 @@ def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
     for b, got in zip(rows_of, job.map(_count_task, calls, name="l5-perception-points")):
         counts[b] = got
     return counts
+
+
+# -- the sweeps as a dask array ----------------------------------------------------------------
+SWEEPS_PER_TASK = 64
+FRAMES = ("sensor", "world")
+
+
+@dataclass(frozen=True)
+class Sweeps:
+    """Lidar sweeps as one lazy array of their points, laid out as L5Kit lays out agents: sweep
+    ``i`` (sample_data row ``rows[i]``) holds ``points[offsets[i]:offsets[i + 1]]``.
+
+    ``points`` is a dask array (n, 5) float32 (x, y, z, intensity, ring), a chunk per group of
+    sweeps (a task reads its files: local, zip, tar or S3), its chunk sizes known from one listing
+    of the files' folders; ``frame``: ``"sensor"`` as stored, or ``"world"`` moved through each
+    sweep's calibrated_sensor and ego_pose as the SDK's point clouds move (see
+    :func:`count_in_boxes`). Files that are missing are left out (``missing``, as in the
+    report's ``lidar.missing_files``)."""
+
+    rows: np.ndarray
+    offsets: np.ndarray
+    points: Any
+    frame: str
+    missing: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, frame: str = "sensor",
+           sweeps_per_task: int = SWEEPS_PER_TASK) -> Sweeps:
+    """The lidar sweeps of ``ds`` (of these ``channels``, every lidar's by default; only key
+    frames if ``key_frames``) as a :class:`Sweeps`: nothing is read until its points are computed."""
+    import dask.array as da
+    from dask._task_spec import Task
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+
+    if frame not in FRAMES:
+        raise ValueError(f"frame {frame!r}: one of {', '.join(FRAMES)}")
+    if sweeps_per_task < 1:
+        raise ValueError(f"sweeps_per_task {sweeps_per_task}: at least 1")
+    sd = ds.table("sample_data")
+    rows = lidar_rows(ds)
+    channel = joins.channel_of_sample_data(ds)
+    if channels is not None:
+        known = sorted(set(channel[rows]))
+        unknown = [c for c in channels if c not in known]
+        if unknown:
+            raise ValueError(f"no lidar channel {unknown[0]!r}: the lidars are {', '.join(known) or 'none'}")
+        rows = rows[np.isin(channel[rows], list(channels))]
+    if key_frames:
+        rows = rows[sd.numbers("is_key_frame", bool)[rows]]
+    names = sd.strings("filename")[rows].tolist()
+    sizes = checked_sizes(ds, names)
+    present = sizes >= 0
+    missing = tuple(sorted({n for n, ok in zip(names, present) if not ok}))
+    rows, sizes = rows[present], sizes[present]
+    names = [n for n, ok in zip(names, present) if ok]
+    counts = sizes // POINT_BYTES
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    moves = None
+    if frame == "world":
+        ep, cs = ds.table("ego_pose"), ds.table("calibrated_sensor")
+        pose, cal = sd.links["ego_pose_token"][rows], sd.links["calibrated_sensor_token"][rows]
+        moves = (quaternion_matrices(cs.vectors("rotation")[cal]) if len(rows) else np.zeros((0, 3, 3)),
+                 cs.vectors("translation")[cal],
+                 quaternion_matrices(ep.vectors("rotation")[pose]) if len(rows) else np.zeros((0, 3, 3)),
+                 ep.vectors("translation")[pose])
+    name = f"l5-lidar-sweeps-{tokenize(ds.store.url, names, sizes, frame, sweeps_per_task)}"
+    graph, chunks = {}, []
+    for i, lo in enumerate(range(0, len(rows), sweeps_per_task)):
+        hi = min(lo + sweeps_per_task, len(rows))
+        key = (name, i, 0)
+        part = None if moves is None else tuple(m[lo:hi] for m in moves)
+        graph[key] = Task(key, _read_sweeps, ds.store, names[lo:hi], sizes[lo:hi], part)
+        chunks.append(int(offsets[hi] - offsets[lo]))
+    if not graph:  # no sweeps: an empty array of one empty chunk
+        key = (name, 0, 0)
+        graph[key] = Task(key, np.zeros, (0, 5), np.float32)
+        chunks = [0]
+    points = da.Array(HighLevelGraph.from_collections(name, graph, dependencies=[]), name,
+                      (tuple(chunks), (5,)), dtype=np.float32)
+    return Sweeps(rows, offsets, points, frame, missing)
+
+
+def _check_size(store: Any, name: str, size: int, got: int, capped: bool = False) -> None:
+    """A file read (``got`` bytes, -1 missing; ``capped``: read at most ``size + 1``) is as listed."""
+    if got != size:
+        now = "is missing" if got < 0 else f"has more than {size} bytes" if capped and got > size else f"has {got} bytes"
+        raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep listed with {size} bytes {now} now")
+
+
+def _read_sweeps(store: Any, names: list[str], sizes: np.ndarray, moves: tuple | None) -> np.ndarray:
+    """The points of these sweeps, one after the other (moved to the world frame with ``moves``)."""
+    from ..errors import ChunkError
+    from ._kernels import sweep_to_world
+
+    total = int(sizes.sum())
+    room = np.empty(total + 1, np.uint8)  # (a byte more: a file that grew since the listing says so)
+    out = room[:total].view(np.float32).reshape((-1, 5))
+    if store.local and moves is None:  # straight into the array, a file at a time, read ahead
+        flat, at = memoryview(room), 0
+        store.will_need(names[:READ_AHEAD])
+        for k, (name, size) in enumerate(zip(names, sizes.tolist())):
+            store.will_need(names[k + READ_AHEAD:k + READ_AHEAD + 1])
+            try:
+                got = store.get_into(name, flat[at:at + size + 1], what="a lidar sweep")
+            except ChunkError:
+                got = -1
+            _check_size(store, name, size, got, capped=True)
+            at += size
+        return out
+    at = 0
+    for name, size, raw, k in zip(names, sizes, _read_ahead(store, names, READ_AHEAD), range(len(names))):
+        _check_size(store, name, size, -1 if raw is None else len(raw))
+        scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
+        part = out[at:at + len(scan)]
+        part[:] = scan
+        if moves is not None and len(scan):
+            cs_r, cs_t, pose_r, pose_t = (m[k] for m in moves)
+            moved = np.empty((3, len(scan)), np.float32)
+            if not sweep_to_world(scan, cs_r, cs_t, pose_r, pose_t, moved, WIDE_ADD):
+                moved = to_world(scan[:, :3].T, cs_r, cs_t, pose_r, pose_t)
+            part[:, :3] = moved.T
+        at += len(scan)
+    return out
