@@ -8,11 +8,14 @@ Tables, at the real train split's sizes (180 scenes, ~685,000 annotations, no li
       fields the report uses) into Arrow, a thread per table on every core, nothing else (reading
       every field is slower: 10.8 s, DuckDB then infers the nested camera intrinsics and the rest);
   and the other parsers, each reading sample_annotation.json in its own process.
-Lidar, on a smaller dataset with sweeps (``--lidar-scenes`` scenes, ``--lidar-points`` a sweep):
-  the points-in-boxes pass against the read floor of the same files (read whole, 8 threads),
-  with the files in the page cache and (as root) with the page cache dropped before each, the
-  case of a dataset larger than memory; and boxes per second against the SDK's per-box loop
-  (``points_in_box`` on its point clouds).
+Lidar, on a smaller dataset with sweeps (``--lidar-scenes`` scenes, ``--lidar-points`` a sweep),
+each pass against the read floor of the same files (read whole, 8 threads), with the files in the
+page cache and (as root) with the page cache dropped before each, the case of a dataset larger
+than memory:
+  - the lidar pass: every sweep through ``ds.sweeps()`` (the dask array of points, a task per group
+    of files), reduced to the largest intensity;
+  - the points-in-boxes pass (key-frame sweeps moved to the world frame, every box tested), and
+    boxes per second against the SDK's per-box loop (``points_in_box`` on its point clouds).
 
     python benchmarks/perception_benchmark.py [--rounds 3] [--part all|tables|lidar]
 """
@@ -135,12 +138,14 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
     sensors = ds.table("sensor")
     lidar_channels = set(sensors.strings("channel")[sensors.strings("modality") == "lidar"])
     key = np.concatenate([key_frame_of_samples(ds, ch) for ch in sorted(lidar_channels)])
-    names = sd.strings("filename")[key[key >= 0]].tolist()
-    nbytes = sum(os.path.getsize(os.path.join(data, n)) for n in names)
+    files = {"sweeps": sd.strings("filename")[ds.sweeps().rows].tolist(),
+             "points in boxes": sd.strings("filename")[key[key >= 0]].tolist()}
+    size = {k: sum(os.path.getsize(os.path.join(data, n)) for n in v) for k, v in files.items()}
     n_boxes = len(ds.table("sample_annotation"))
-    print(f"\n== lidar: {data}: {len(names):,} key-frame sweeps, {nbytes / 1e6:.0f} MB, {n_boxes:,} boxes")
+    print(f"\n== lidar: {data}: {len(files['sweeps']):,} sweeps, {size['sweeps'] / 1e6:.0f} MB "
+          f"({len(files['points in boxes']):,} key frames, {size['points in boxes'] / 1e6:.0f} MB), {n_boxes:,} boxes")
 
-    def floor():
+    def floor(names):
         from concurrent.futures import ThreadPoolExecutor
 
         def read(n):
@@ -149,26 +154,32 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
         with ThreadPoolExecutor(FLOOR_THREADS) as pool:
             return sum(pool.map(read, names, chunksize=16))
 
+    passes = {"sweeps": lambda: ds.sweeps().points[:, 3].max().compute(), "points in boxes": lambda: points_in_boxes(ds)}
     cold_ok = drop_caches()
     if not cold_ok:
         print("(cannot drop the page cache here: not root; warm rounds only)")
-    times: dict[str, list[float]] = {"floor": [], "ours": [], "floor cold": [], "ours cold": []}
+    caches = ("", " cold") if cold_ok else ("",)
+    times: dict[str, list[float]] = {}
     for r in range(rounds):
-        for cache in ("", " cold") if cold_ok else ("",):
-            for what in ("floor", "ours"):
-                if cache:
-                    drop_caches()
-                t = time.perf_counter()
-                counts = points_in_boxes(ds) if what == "ours" else floor()
-                times[what + cache].append(time.perf_counter() - t)
-        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items() if v), flush=True)
-    for cache in ("", " cold") if cold_ok else ("",):
-        ours, floors = times["ours" + cache], times["floor" + cache]
-        label = "page cache dropped before each (the files read from disk)" if cache else "files in the page cache"
-        print(f"{label}: points in boxes {min(ours):.2f} s, {nbytes / min(ours) / 1e6:.0f} MB/s, "
-              f"{n_boxes / min(ours):,.0f} boxes/s; read floor {min(floors):.2f} s ({nbytes / min(floors) / 1e6:.0f} MB/s): "
-              f"{min(floors) / min(ours):.2f}x the floor (target >= 0.8x); per-round medians "
-              f"{np.median(np.array(floors) / np.array(ours)):.2f}x")
+        for cache in caches:
+            for what in passes:
+                for who in ("floor", "ours"):
+                    if cache:
+                        drop_caches()
+                    t = time.perf_counter()
+                    got = passes[what]() if who == "ours" else floor(files[what])
+                    times.setdefault(f"{what} {who}{cache}", []).append(time.perf_counter() - t)
+                    if who == "ours" and what == "points in boxes":
+                        counts = got
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
+    for what in passes:
+        for cache in caches:
+            ours, floors = times[f"{what} ours{cache}"], times[f"{what} floor{cache}"]
+            label = "page cache dropped before each (the files read from disk)" if cache else "files in the page cache"
+            extra = f", {n_boxes / min(ours):,.0f} boxes/s" if what == "points in boxes" else ""
+            print(f"{what}, {label}: {min(ours):.2f} s, {size[what] / min(ours) / 1e6:.0f} MB/s{extra}; read floor "
+                  f"{min(floors):.2f} s ({size[what] / min(floors) / 1e6:.0f} MB/s): {min(floors) / min(ours):.2f}x the "
+                  f"floor (target >= 0.8x); per-round medians {np.median(np.array(floors) / np.array(ours)):.2f}x")
     print(f"{int(counts.sum()):,} points in boxes")
     # the SDK's per-box loop, on the first boxes
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -182,7 +193,8 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
     tokens = ds.table("sample_annotation").tokens.to_pylist()
     same = all(ref[tok] == int(c) for tok, c in zip(tokens, counts) if tok in ref)
     print(f"SDK per-box loop: {len(ref):,} boxes in {dt:.2f} s, {len(ref) / dt:,.0f} boxes/s "
-          f"(point clouds loaded and moved once per sweep, cached); l5dask {n_boxes / min(ours) / (len(ref) / dt):.1f}x; "
+          f"(point clouds loaded and moved once per sweep, cached); l5dask "
+          f"{n_boxes / min(times['points in boxes ours']) / (len(ref) / dt):.1f}x; "
           f"counts equal: {same}")
 
 
