@@ -374,3 +374,17 @@ def norm2_fma(const double[::1] x, const double[::1] y, double[::1] out):
     with nogil:
         for i in range(n):
             out[i] = _norm2(x[i], y[i])
+
+
+def norm2_f32(const float[::1] x, const float[::1] y, double[::1] out):
+    """``sqrt(x * x + y * y)`` in float64 of float32 pairs, as numpy computes it from the arrays
+    cast to float64 (multiply, multiply, add, sqrt: built with ``-ffp-contract=off``), in one pass."""
+    cdef Py_ssize_t i, n = x.shape[0]
+    cdef double a, b
+    if y.shape[0] != n or out.shape[0] != n:
+        raise ValueError("norm2_f32: arrays of one length expected")
+    with nogil:
+        for i in range(n):
+            a = x[i]
+            b = y[i]
+            out[i] = sqrt(a * a + b * b)

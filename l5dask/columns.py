@@ -135,8 +135,9 @@ def _codes(name: str, categories: tuple[str, ...], c: Chunk) -> np.ndarray:
 
 
 def _speed(c: Chunk) -> np.ndarray:
-    vx, vy = c["velocity_x"].astype(np.float64), c["velocity_y"].astype(np.float64)
-    return np.sqrt(vx * vx + vy * vy)
+    from .kernels import norm2
+
+    return norm2(c["velocity_x"], c["velocity_y"])
 
 
 def _length(name: str, c: Chunk) -> np.ndarray:

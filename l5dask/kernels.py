@@ -25,6 +25,7 @@ from ._kernels import gather_fields as _gather_fields
 from ._kernels import group_reduce as _group_reduce
 from ._kernels import int_range as _int_range
 from ._kernels import mix_codes as _mix_codes
+from ._kernels import norm2_f32 as _norm2_f32
 from ._kernels import track_runs as _track_runs
 from ._kernels import union_sorted, uniform_histogram
 
@@ -156,6 +157,17 @@ def int_range(k: np.ndarray) -> tuple[int, int]:
 def mix_codes(codes: np.ndarray, k: np.ndarray, lo: int, stride: int) -> None:
     """``codes += (k - lo) * stride`` (int64 ``codes``, in place) in one pass over any integer ``k``."""
     _mix_codes(codes, _key(k), int(lo), int(stride))
+
+
+def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """``sqrt(x * x + y * y)`` in float64, as numpy computes it from the arrays cast to float64; one
+    compiled pass for float32 arrays (no casts, no temporaries)."""
+    if x.dtype == np.float32 and y.dtype == np.float32 and len(x) == len(y):
+        out = np.empty(len(x), np.float64)
+        _norm2_f32(np.ascontiguousarray(x), np.ascontiguousarray(y), out)
+        return out
+    a, b = x.astype(np.float64), y.astype(np.float64)
+    return np.sqrt(a * a + b * b)
 
 
 def gather(records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]],
