@@ -228,15 +228,13 @@ def _count_task(store: Any, sweeps: dict[str, np.ndarray], boxes: dict[str, np.n
     counts = np.zeros(n, np.int64)
     lo = np.searchsorted(boxes["sample"][order], sweeps["sample"], side="left")
     hi = np.searchsorted(boxes["sample"][order], sweeps["sample"], side="right")
-    todo = np.flatnonzero(hi > lo)  # sweeps of samples with boxes
+    # sweeps of samples with boxes whose file exists (a missing one is in lidar.missing_files)
+    todo = np.flatnonzero((hi > lo) & (sweeps["size"] >= 0))
     names = [str(sweeps["filename"][s]) for s in todo]
     cs_r, cs_t, pose_r, pose_t = sweeps["cs_r"], sweeps["cs_t"], sweeps["pose_r"], sweeps["pose_t"]
-    for s, name, raw in zip(todo.tolist(), names, _read_ahead(store, names, READ_AHEAD)):
-        if raw is None:
-            continue  # counted in lidar.missing_files
-        if len(raw) % POINT_BYTES:
-            raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep of {len(raw)} bytes, not a multiple "
-                              f"of {POINT_BYTES} (5 float32 a point)")
+    room = np.empty(int(sweeps["size"][todo].max(initial=0)) + 1, np.uint8)  # a file at a time, reused
+    for k, raw in _read_each(store, names, sweeps["size"][todo], lambda k, size: memoryview(room)[:size + 1]):
+        s = int(todo[k])
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
         b0, b1 = int(lo[s]), int(hi[s])
         pts = np.empty((3, len(scan)), np.float32)
@@ -267,7 +265,8 @@ def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
     sweep_sample = sd.links["sample_token"][key]
     pose = sd.links["ego_pose_token"][key]
     cal = sd.links["calibrated_sensor_token"][key]
-    sweeps = {"sample": sweep_sample, "filename": sd.strings("filename")[key],
+    names = sd.strings("filename")[key]
+    sweeps = {"sample": sweep_sample, "filename": names, "size": checked_sizes(ds, names.tolist()),
               "cs_r": quaternion_matrices(cs.vectors("rotation")[cal]), "cs_t": cs.vectors("translation")[cal],
               "pose_r": quaternion_matrices(ep.vectors("rotation")[pose]), "pose_t": ep.vectors("translation")[pose]}
     box_sample = ann.links["sample_token"]
@@ -373,44 +372,53 @@ def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, 
     return Sweeps(rows, offsets, points, frame, missing)
 
 
-def _check_size(store: Any, name: str, size: int, got: int, capped: bool = False) -> None:
-    """A file read (``got`` bytes, -1 missing; ``capped``: read at most ``size + 1``) is as listed."""
-    if got != size:
-        now = "is missing" if got < 0 else f"has more than {size} bytes" if capped and got > size else f"has {got} bytes"
-        raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep listed with {size} bytes {now} now")
+def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
+    """``(k, bytes of file k)`` for each file in order, the next ones read ahead (see
+    :func:`_read_ahead`). On a local disk each is read straight into ``into(k, size)`` (a writable
+    buffer of ``size + 1`` bytes; what is yielded is its first ``size``), elsewhere the store's
+    bytes are yielded. A file whose size is not the listed one, or is gone, is an error naming it."""
+    from ..errors import ChunkError
+
+    def check(name: str, size: int, got: int, capped: bool = False) -> None:
+        if got != size:
+            now = "is missing" if got < 0 else f"has more than {size} bytes" if capped and got > size else f"has {got} bytes"
+            raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep listed with {size} bytes {now} now")
+
+    sizes = [int(v) for v in sizes]
+    if not store.local:
+        for k, (name, raw) in enumerate(zip(names, _read_ahead(store, names, READ_AHEAD))):
+            check(name, sizes[k], -1 if raw is None else len(raw))
+            yield k, raw
+        return
+    store.will_need(names[:READ_AHEAD])
+    for k, (name, size) in enumerate(zip(names, sizes)):
+        store.will_need(names[k + READ_AHEAD:k + READ_AHEAD + 1])
+        buf = into(k, size)
+        try:
+            got = store.get_into(name, buf, what="a lidar sweep")
+        except ChunkError:
+            got = -1
+        check(name, size, got, capped=True)
+        yield k, buf[:size]
 
 
 def _read_sweeps(store: Any, names: list[str], sizes: np.ndarray, moves: tuple | None) -> np.ndarray:
     """The points of these sweeps, one after the other (moved to the world frame with ``moves``)."""
-    from ..errors import ChunkError
     from ._kernels import sweep_to_world
 
-    total = int(sizes.sum())
-    room = np.empty(total + 1, np.uint8)  # (a byte more: a file that grew since the listing says so)
-    out = room[:total].view(np.float32).reshape((-1, 5))
-    if store.local and moves is None:  # straight into the array, a file at a time, read ahead
-        flat, at = memoryview(room), 0
-        store.will_need(names[:READ_AHEAD])
-        for k, (name, size) in enumerate(zip(names, sizes.tolist())):
-            store.will_need(names[k + READ_AHEAD:k + READ_AHEAD + 1])
-            try:
-                got = store.get_into(name, flat[at:at + size + 1], what="a lidar sweep")
-            except ChunkError:
-                got = -1
-            _check_size(store, name, size, got, capped=True)
-            at += size
-        return out
-    at = 0
-    for name, size, raw, k in zip(names, sizes, _read_ahead(store, names, READ_AHEAD), range(len(names))):
-        _check_size(store, name, size, -1 if raw is None else len(raw))
+    starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    room = np.empty(int(starts[-1]) + 1, np.uint8)
+    out = room[:-1].view(np.float32).reshape((-1, 5))
+    flat = memoryview(room)
+    for k, raw in _read_each(store, names, sizes, lambda k, size: flat[starts[k]:starts[k] + size + 1]):
+        part = out[starts[k] // POINT_BYTES:starts[k + 1] // POINT_BYTES]
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
-        part = out[at:at + len(scan)]
-        part[:] = scan
+        if not np.shares_memory(scan, part):  # (read elsewhere than into the array)
+            part[:] = scan
         if moves is not None and len(scan):
             cs_r, cs_t, pose_r, pose_t = (m[k] for m in moves)
             moved = np.empty((3, len(scan)), np.float32)
-            if not sweep_to_world(scan, cs_r, cs_t, pose_r, pose_t, moved, WIDE_ADD):
-                moved = to_world(scan[:, :3].T, cs_r, cs_t, pose_r, pose_t)
+            if not sweep_to_world(part, cs_r, cs_t, pose_r, pose_t, moved, WIDE_ADD):
+                moved = to_world(part[:, :3].T, cs_r, cs_t, pose_r, pose_t)
             part[:, :3] = moved.T
-        at += len(scan)
     return out
