@@ -388,3 +388,16 @@ def norm2_f32(const float[::1] x, const float[::1] y, double[::1] out):
             a = x[i]
             b = y[i]
             out[i] = sqrt(a * a + b * b)
+
+
+def range_codes(const int_t[::1] k, int64_t lo, int64_t n, int64_t[::1] out):
+    """``k - lo`` where it is in ``[0, n)``, else -1, as int64, in one pass (a group code of
+    integer labels ``lo .. lo + n - 1``)."""
+    cdef Py_ssize_t i, m = k.shape[0]
+    cdef int64_t v
+    if out.shape[0] != m:
+        raise ValueError("range_codes: a code per value is needed")
+    with nogil:
+        for i in range(m):
+            v = <int64_t>k[i] - lo
+            out[i] = v if 0 <= v < n else -1

@@ -26,6 +26,7 @@ from ._kernels import group_reduce as _group_reduce
 from ._kernels import int_range as _int_range
 from ._kernels import mix_codes as _mix_codes
 from ._kernels import norm2_f32 as _norm2_f32
+from ._kernels import range_codes as _range_codes
 from ._kernels import track_runs as _track_runs
 from ._kernels import union_sorted, uniform_histogram
 
@@ -157,6 +158,19 @@ def int_range(k: np.ndarray) -> tuple[int, int]:
 def mix_codes(codes: np.ndarray, k: np.ndarray, lo: int, stride: int) -> None:
     """``codes += (k - lo) * stride`` (int64 ``codes``, in place) in one pass over any integer ``k``."""
     _mix_codes(codes, _key(k), int(lo), int(stride))
+
+
+def range_codes(k: np.ndarray, lo: int, n: int) -> np.ndarray:
+    """``k - lo`` (int64) where it is in ``[0, n)``, else -1: the group codes of integer labels
+    ``lo .. lo + n - 1``, in one compiled pass for any integer ``k``."""
+    flat = np.ascontiguousarray(k).reshape(-1)
+    out = np.empty(flat.shape, np.int64)
+    if flat.dtype == np.uint64:  # (no fused type: values past int64 are out of any range)
+        wide = flat.astype(np.int64)
+        wide[flat > np.iinfo(np.int64).max] = -1 if lo >= 0 else lo - 1
+        flat = wide
+    _range_codes(_key(flat), int(lo), int(n), out)
+    return out.reshape(np.shape(k))
 
 
 def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
+from xarray.groupers import EncodedGroups, UniqueGrouper
 
 from . import format as fmt
 
@@ -136,8 +137,6 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
 
 def groupers(obj, names: Sequence[str]) -> dict:
     """xarray groupers for coordinates that know their values (see :func:`joined_dataset`)."""
-    from xarray.groupers import UniqueGrouper
-
     out = {}
     for n in names:
         if n not in obj.coords:
@@ -151,8 +150,33 @@ def groupers(obj, names: Sequence[str]) -> dict:
         else:
             raise ValueError(f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
                              f"obj.groupby({n}=UniqueGrouper(labels=...))")
-        out[n] = UniqueGrouper(labels=labels)
+        out[n] = (RangeGrouper if _is_range(labels) else UniqueGrouper)(labels=labels)
     return out
+
+
+def _is_range(labels: np.ndarray) -> bool:
+    return labels.dtype.kind in "iu" and len(labels) > 0 and np.array_equal(labels, np.arange(labels[0], labels[0] + len(labels)))
+
+
+class RangeGrouper(UniqueGrouper):
+    """A ``UniqueGrouper`` whose labels are the integers ``lo .. lo + n - 1`` (the codes of a
+    category, an index's valid range): a value's group code is ``value - lo`` (-1 outside), one
+    compiled pass a block, where ``UniqueGrouper`` sorts and searches the labels for each value
+    (a search, an ``isin`` and masks: most of a groupby's time over 30 M rows)."""
+
+    def factorize(self, group) -> EncodedGroups:
+        import pandas as pd
+
+        from .kernels import range_codes
+
+        if group.dtype.kind not in "iu":
+            return super().factorize(group)
+        self.group = group
+        lo, n = int(self.labels[0]), len(self.labels)
+        codes = xr.apply_ufunc(range_codes, group, kwargs={"lo": lo, "n": n}, dask="parallelized",
+                               output_dtypes=[np.int64], keep_attrs=True)
+        return EncodedGroups(codes=codes, full_index=pd.Index(self.labels),
+                             unique_coord=xr.Variable(dims=codes.name, data=self.labels, attrs=group.attrs))
 
 
 def name_categories(result):

@@ -441,6 +441,29 @@ def test_xarray_expressions_over_the_view_compute_nothing(edge_ds, ref):
     assert got.sum() == exp.sum()
 
 
+def test_range_grouper_groups_as_xarrays_unique_grouper():
+    """The grouper of integer labels (a value's code is itself minus the first label) against
+    xarray's own ``UniqueGrouper`` with the same labels, on dask chunks holding values outside
+    the labels (left out by both) and labels with no values (NaN sums in both)."""
+    import dask.array as da
+    import xarray as xr
+    from xarray.groupers import UniqueGrouper
+
+    from l5dask.xr import RangeGrouper
+
+    rng = np.random.default_rng(8)
+    for dtype in (np.int8, np.int32, np.int64, np.uint16):
+        key = rng.integers(0, 30, 10_000).astype(dtype)
+        key[key == 7] = 0  # a label without values
+        obj = xr.DataArray(da.from_array(rng.normal(size=10_000), chunks=1_500), dims="row",
+                           coords={"k": ("row", da.from_array(key, chunks=1_500))})
+        labels = np.arange(2, 26)
+        want = obj.groupby(k=UniqueGrouper(labels=labels)).sum().compute()
+        got = obj.groupby(k=RangeGrouper(labels=labels)).sum().compute()
+        xr.testing.assert_allclose(got, want)
+        np.testing.assert_allclose(got.sel(k=5).item(), obj.values[key == 5].sum())
+
+
 def test_xarray_accessor_refuses_coordinates_without_known_values(edge_ds):
     view = l5dask.open_dataset(edge_ds).joined("agents")
     with pytest.raises(ValueError, match=r"'timestamp' does not know its values"):

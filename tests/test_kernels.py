@@ -245,3 +245,19 @@ def test_norm2_of_float32_equals_numpys_float64_formula():
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))
     np.testing.assert_array_equal(norm2(x[::2], y[::2]), want[::2])  # strided inputs
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64])
+def test_range_codes_equal_numpys(dtype):
+    """Group codes of integer labels ``lo .. lo + n - 1``: ``k - lo`` inside, -1 outside, for every
+    integer type (the extremes of each, and uint64 past int64)."""
+    from l5dask.kernels import range_codes
+
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(4)
+    k = np.concatenate([rng.integers(max(info.min, -50), min(info.max, 80), 5000), [info.min, info.max]]).astype(dtype)
+    for lo, n in ((0, 17), (3, 24), (-5, 10), (0, 1)):
+        want = k.astype(object) - lo
+        want = np.where((want >= 0) & (want < n), want, -1).astype(np.int64)
+        np.testing.assert_array_equal(range_codes(k, lo, n), want)
+    np.testing.assert_array_equal(range_codes(k.reshape(2, -1), 0, 17).reshape(-1), range_codes(k, 0, 17))
