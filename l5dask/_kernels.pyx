@@ -401,3 +401,23 @@ def range_codes(const int_t[::1] k, int64_t lo, int64_t n, int64_t[::1] out):
         for i in range(m):
             v = <int64_t>k[i] - lo
             out[i] = v if 0 <= v < n else -1
+
+
+def distance_to_parent(const double[::1] x, const double[::1] y, const double[:, ::1] parent_xy,
+                       const int64_t[::1] pos, double[::1] out):
+    """``sqrt(dx * dx + dy * dy)``, ``dx = x[i] - parent_xy[pos[i], 0]`` (``dy`` likewise with column
+    1), in float64 as numpy computes it from the parent's columns taken per row, in one pass."""
+    cdef Py_ssize_t i, n = x.shape[0], m = parent_xy.shape[0]
+    cdef double dx, dy
+    cdef int64_t p
+    if y.shape[0] != n or pos.shape[0] != n or out.shape[0] != n or parent_xy.shape[1] < 2:
+        raise ValueError("distance_to_parent: x, y, pos and out of one length, parent rows (m, >= 2)")
+    for i in range(n):
+        if not 0 <= pos[i] < m:
+            raise IndexError(f"distance_to_parent: row {i} has parent position {pos[i]}, not in [0, {m})")
+    with nogil:
+        for i in range(n):
+            p = pos[i]
+            dx = x[i] - parent_xy[p, 0]
+            dy = y[i] - parent_xy[p, 1]
+            out[i] = sqrt(dx * dx + dy * dy)

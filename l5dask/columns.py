@@ -160,13 +160,11 @@ def _parent_hour(c: Chunk) -> np.ndarray:
 
 
 def _distance(c: Chunk) -> np.ndarray:
-    """``sqrt(dx * dx + dy * dy)`` in float64, as the report (in place: no temporaries)."""
-    dx = np.subtract(c["centroid_x"], c["ego_x"])
-    dy = np.subtract(c["centroid_y"], c["ego_y"])
-    dx *= dx
-    dy *= dy
-    dx += dy
-    return np.sqrt(dx, out=dx)
+    """``sqrt(dx * dx + dy * dy)`` in float64 to the ego of the row's frame, as the report (one
+    compiled pass over the rows and their frames' positions: no per-row copies of the ego)."""
+    from .kernels import distance_to_parent
+
+    return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent["ego_translation"], c.pos)
 
 
 def _parent_index(c: Chunk) -> np.ndarray:
@@ -289,8 +287,8 @@ class Table:
                 self._add(Column(f"ego_{axis}", "join", f8, _partial(_parent_col, "ego_translation", (i,), f8),
                                  parent=("ego_translation",)))
             if "centroid" in names:
-                self._add(Column("distance_to_ego", "derived", f8, _distance,
-                                 needs=("centroid_x", "centroid_y", "ego_x", "ego_y")))
+                self._add(Column("distance_to_ego", "derived", f8, _distance, needs=("centroid_x", "centroid_y"),
+                                 parent=("ego_translation",)))
         if "timestamp" in self.columns:
             if self.columns["timestamp"].kind == "join":
                 self._add(Column("hour", "derived", np.dtype(np.int8), _parent_hour, parent=("timestamp",)))

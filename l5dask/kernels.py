@@ -25,6 +25,7 @@ from ._kernels import gather_fields as _gather_fields
 from ._kernels import group_reduce as _group_reduce
 from ._kernels import int_range as _int_range
 from ._kernels import mix_codes as _mix_codes
+from ._kernels import distance_to_parent as _distance_to_parent
 from ._kernels import norm2_f32 as _norm2_f32
 from ._kernels import range_codes as _range_codes
 from ._kernels import track_runs as _track_runs
@@ -171,6 +172,16 @@ def range_codes(k: np.ndarray, lo: int, n: int) -> np.ndarray:
         flat = wide
     _range_codes(_key(flat), int(lo), int(n), out)
     return out.reshape(np.shape(k))
+
+
+def distance_to_parent(x: np.ndarray, y: np.ndarray, parent_xyz: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Per row, ``sqrt(dx * dx + dy * dy)`` in float64 from ``(x, y)`` to the first two columns of
+    its parent's row ``pos`` in ``parent_xyz`` (an ego translation): numpy's formula on the parent
+    columns taken per row, in one compiled pass without the takes."""
+    out = np.empty(len(x), np.float64)
+    _distance_to_parent(np.ascontiguousarray(x, np.float64), np.ascontiguousarray(y, np.float64),
+                        np.ascontiguousarray(parent_xyz, np.float64), np.ascontiguousarray(pos, np.int64), out)
+    return out
 
 
 def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:

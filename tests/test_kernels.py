@@ -261,3 +261,21 @@ def test_range_codes_equal_numpys(dtype):
         want = np.where((want >= 0) & (want < n), want, -1).astype(np.int64)
         np.testing.assert_array_equal(range_codes(k, lo, n), want)
     np.testing.assert_array_equal(range_codes(k.reshape(2, -1), 0, 17).reshape(-1), range_codes(k, 0, 17))
+
+
+def test_distance_to_parent_equals_numpys_formula_on_taken_columns():
+    from l5dask.kernels import distance_to_parent
+
+    rng = np.random.default_rng(6)
+    parent = rng.normal(size=(50, 3)) * 1000
+    pos = np.sort(rng.integers(0, 50, 20_000))
+    x, y = parent[pos, 0] + rng.normal(size=20_000) * 30, parent[pos, 1] + rng.normal(size=20_000) * 30
+    x[:3] = parent[pos[:3], 0]  # zero distance
+    x[3] = np.nan
+    dx, dy = x - parent[:, 0].take(pos), y - parent[:, 1].take(pos)
+    dx *= dx
+    dy *= dy
+    want = np.sqrt(dx + dy)
+    np.testing.assert_array_equal(distance_to_parent(x, y, parent, pos), want)
+    with pytest.raises(IndexError, match="row 1 has parent position 50, not in"):
+        distance_to_parent(x[:2], y[:2], parent, np.array([0, 50]))
