@@ -283,6 +283,16 @@ def test_archives_s3_and_a_cluster_give_the_same_report(data, tmp_path, s3, dask
     s3.s3fs().put(root, "l5-perception/edge", recursive=True)
     opts = s3.storage_options()
     same(public(perception_report(open_perception("s3://l5-perception/edge", opts), points_in_boxes=True)), base)
+    # the sweeps' array from S3, computed by the cluster's worker processes
+    from distributed import Client
+
+    from l5dask.perception.lidar import sweeps
+
+    local = sweeps(open_perception(root), frame="world", sweeps_per_task=4).points.compute()
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        remote = client.compute(sweeps(open_perception("s3://l5-perception/edge", opts), frame="world",
+                                       sweeps_per_task=4).points).result()
+    np.testing.assert_array_equal(remote, local)
     # a real scheduler and worker processes: the tables' tasks and the lidar tasks run there
     out = tmp_path / "c.json"
     r = cli("perception", "stats", root, "--output", str(out), "--points-in-boxes", "--scheduler",

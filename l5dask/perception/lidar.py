@@ -1,12 +1,14 @@
-"""Lidar sweeps at scale: their sizes for the report, and the points inside each annotation's box.
+"""Lidar sweeps at scale: one lazy array of their points, and the points inside each annotation's box.
 
 A sweep is a file of float32 little-endian points, 5 numbers each (x, y, z, intensity, ring), in
-its sensor's frame. ``lidar.*`` of the report need only the files' sizes (points = size / 20):
-they come from one listing of each folder the files live in (a paginated listing on S3, not a
-request per file). Counting points in boxes reads the sweeps: a task per group of samples reads
-their key-frame sweeps (local, zip, tar or S3, through the store), moves the points to the world
-frame through the sweep's calibrated_sensor and ego_pose exactly as the SDK's point clouds do
-(float32 points, float64 transforms), and applies the SDK's ``points_in_box`` test to every box.
+its sensor's frame. :func:`sweeps` makes every sweep one dask array of points, a task per group of
+files (local, zip, tar or S3, through the store), laid out as L5Kit lays out agents (offsets per
+sweep); its chunk sizes, and the report's ``lidar.*`` keys, come from one listing of each folder the
+files live in (points = size / 20; a paginated listing on S3, not a request per file). Counting
+points in boxes reads each sample's key-frame sweeps in a task per group of samples, moves the
+points to the world frame through the sweep's calibrated_sensor and ego_pose exactly as the SDK's
+point clouds do (float32 points, float64 transforms), and applies the SDK's ``points_in_box`` test
+to every box, in one compiled pass a sweep (``_kernels.count_sweep``).
 """
 
 from __future__ import annotations
