@@ -282,7 +282,6 @@ def count_sweep(const float[:, ::1] scan, const double[:, ::1] r1, const double[
     cdef double a[9]
     cdef double at[3]
     cdef double far = 0.0, reach, x, y, z, lo, hi
-    cdef float w[3]
     cdef int r, same = 1
     cdef list undecided = []
     cdef int64_t* got = NULL
@@ -488,37 +487,11 @@ cdef int _move_of(Move* mv, const double[:, ::1] r1, const double[::1] t1, const
     return 0
 
 
-cdef inline int _rotate(const double* r, double x, double y, double z, float* out) noexcept nogil:
-    """``r @ (x, y, z)`` rounded to float32 into ``out``; 0 when a sum within 16 units of 2**-53
-    of a row's terms' magnitude of ours could round to another float32 (rounding is monotonic:
-    the ends decide)."""
-    cdef double a, e, p0, p1, p2
-    cdef int k, same = 1
-    for k in range(3):
-        p0 = r[3 * k] * x
-        p1 = r[3 * k + 1] * y
-        p2 = r[3 * k + 2] * z
-        a = p0 + p1 + p2
-        e = (fabs(p0) + fabs(p1) + fabs(p2)) * ULP16  # (a power of 2: exact)
-        out[k] = <float>a
-        same &= (<float>(a - e)) == (<float>(a + e))
-    return same
-
-
-cdef inline int _move(const Move* mv, double x, double y, double z, float* out) noexcept nogil:
-    """A sensor point to the world frame as the SDK rounds it (see :func:`sweep_to_world`)."""
-    cdef float c[3]
-    cdef int same = _rotate(mv.r1, x, y, z, c)
-    same &= _rotate(mv.r2, <float>(c[0] + mv.t1[0]), <float>(c[1] + mv.t1[1]), <float>(c[2] + mv.t1[2]), c)
-    out[0] = <float>(c[0] + mv.t2[0])
-    out[1] = <float>(c[1] + mv.t2[1])
-    out[2] = <float>(c[2] + mv.t2[2])
-    return same
-
-
 cdef int _move_many(const Move* mv, double* x, double* y, double* z, Py_ssize_t n) noexcept nogil:
-    """``_move`` of n points in place (the float32 results stored as doubles), in loops without
-    branches or calls (vector code): 0 if any is not decided."""
+    """n sensor points moved to the world frame in place as the SDK rounds them (see
+    :func:`sweep_to_world`; the float32 results stored as doubles), in loops without branches or
+    calls (vector code): 0 if a row's sum within 16 units of 2**-53 of its terms' magnitude of ours
+    could round to another float32 (rounding is monotonic: the ends decide)."""
     cdef Py_ssize_t j
     cdef int same = 1
     cdef double p0, p1, p2, a0, a1, a2, e0, e1, e2, u, v, w, t0, t1, t2
@@ -567,10 +540,12 @@ def sweep_to_world(const float[:, ::1] scan, const double[:, ::1] r1, const doub
     (2**-53) of the row's terms' magnitude ``|r_k0 x| + |r_k1 y| + |r_k2 z|`` from the exact sum. A
     point whose float32 could change within 16 units of that is not decided here: the function
     returns False (the caller moves the sweep with numpy)."""
-    cdef Py_ssize_t n = scan.shape[0], m = scan.shape[1], p
+    cdef Py_ssize_t n = scan.shape[0], m = scan.shape[1], p, p0, p1
     cdef Move mv
-    cdef float w[3]
     cdef int same = 1
+    cdef double bx[BATCH]
+    cdef double by[BATCH]
+    cdef double bz[BATCH]
     if m < 3 or out.shape[0] != 3 or out.shape[1] != n:
         raise ValueError("sweep_to_world: scan (n, >= 3) and out (3, n) expected")
     _move_of(&mv, r1, t1, r2, t2, wide_add)
@@ -579,9 +554,17 @@ def sweep_to_world(const float[:, ::1] scan, const double[:, ::1] r1, const doub
     cdef const float* q = &scan[0, 0]
     cdef float* o = &out[0, 0]
     with nogil:
-        for p in range(n):
-            same &= _move(&mv, q[p * m], q[p * m + 1], q[p * m + 2], w)
-            o[p] = w[0]
-            o[n + p] = w[1]
-            o[2 * n + p] = w[2]
+        p0 = 0
+        while p0 < n and same:
+            p1 = min(p0 + BATCH, n)
+            for p in range(p0, p1):
+                bx[p - p0] = q[p * m]
+                by[p - p0] = q[p * m + 1]
+                bz[p - p0] = q[p * m + 2]
+            same &= _move_many(&mv, bx, by, bz, p1 - p0)
+            for p in range(p0, p1):
+                o[p] = <float>bx[p - p0]
+                o[n + p] = <float>by[p - p0]
+                o[2 * n + p] = <float>bz[p - p0]
+            p0 = p1
     return same != 0

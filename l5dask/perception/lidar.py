@@ -183,9 +183,8 @@ def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndar
 
 
 def _read_ahead(store: Any, names: list[str], depth: int):
-    """The bytes of each named file in order (``None``: missing), the next ``depth`` read ahead:
-    on a local disk by the kernel (:meth:`Store.will_need`), on object stores fetched ``depth`` at
-    a time concurrently (:meth:`Store.get_many`). No thread of ours competes with the compute."""
+    """The bytes of each named file of an object store in order (``None``: missing), fetched
+    ``depth`` at a time concurrently (:meth:`Store.get_many`). (Local disks: :func:`_read_each`.)"""
     from ..errors import ChunkError
 
     def get(name: str) -> bytes | None:
@@ -194,12 +193,6 @@ def _read_ahead(store: Any, names: list[str], depth: int):
         except ChunkError:
             return None
 
-    if store.local:
-        store.will_need(names[:depth])
-        for k, name in enumerate(names):
-            store.will_need(names[k + depth:k + depth + 1])
-            yield get(name)
-        return
     for k in range(0, len(names), depth):
         batch = names[k:k + depth]
         try:
