@@ -5,8 +5,12 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=cythonize(
-        [Extension("l5dask._kernels", ["l5dask/_kernels.pyx"], include_dirs=["l5dask"], depends=["l5dask/_argmax.h", "l5dask/_records.pxd"],
-                   extra_compile_args=["-O3", "-ffp-contract=off"]),  # (sums as numpy's: no fused multiply-adds)
+        [Extension("l5dask._kernels", ["l5dask/_kernels.pyx", "l5dask/_vendor/lz4/lz4.c"],
+                   include_dirs=["l5dask", "l5dask/_vendor/lz4"],
+                   depends=["l5dask/_argmax.h", "l5dask/_blosc.h", "l5dask/_records.pxd", "l5dask/_vendor/lz4/lz4.h"],
+                   # (sums as numpy's: no fused multiply-adds; LZ4's symbols stay inside the module)
+                   define_macros=[("LZ4LIB_VISIBILITY", "")],
+                   extra_compile_args=["-O3", "-ffp-contract=off", "-fvisibility=hidden"]),
          Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], extra_compile_args=["-O3"]),
          Extension("l5dask.evaluation._kernels", ["l5dask/evaluation/_kernels.pyx"], depends=["l5dask/_records.pxd"],
                    extra_compile_args=["-O3"])],

@@ -19,15 +19,13 @@ def main(path: str, query: str, api: str, out: str) -> None:
 
     ds = l5dask.open_dataset(path)
     if api == "aggregate":
-        from l5dask.aggregate import aggregate
-
         if query == "q1":
-            res = aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
+            res = l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
         elif query == "q2":
-            res = aggregate(ds, "agents", by=["host", "hour", "label"], values={"agent_index": ["count"]},
-                            where="distance_to_ego < 20")
+            res = l5dask.aggregate(ds, "agents", by=["host", "hour", "label"], values={"agent_index": ["count"]},
+                                   where="distance_to_ego < 20")
         else:
-            res = aggregate(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
+            res = l5dask.aggregate(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
     elif api == "dataframe":
         if query == "q1":
             df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"])

@@ -7,7 +7,8 @@ from .errors import ChunkError, FormatError, IntervalError, L5DaskError, NotADat
 #: Imported on first use: a command starts faster without the imports it does not need (the
 #: reader's pandas and dask cost 0.3 s; the perception commands need neither).
 _LAZY = {"synthesize": "synth", "write_dataset": "writing", "concat": "surgery", "subset": "surgery",
-         "split": "surgery", "open_dataset": "reading", "L5Dataset": "reading", "L5Array": "reading"}
+         "split": "surgery", "open_dataset": "reading", "L5Dataset": "reading", "L5Array": "reading",
+         "aggregate": "aggregation"}
 
 
 def __getattr__(name: str):
@@ -29,6 +30,7 @@ __all__ = [
     "L5Dataset",
     "NotADatasetError",
     "StoreError",
+    "aggregate",
     "concat",
     "open_dataset",
     "split",

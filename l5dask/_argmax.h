@@ -1,6 +1,8 @@
 /* numpy's argmax of n float32 at p (the first maximum; a NaN counts as the maximum), for _kernels.pyx.
    SSE2 (every x86-64): the maximum four lanes at a time, then the first lane equal to it; rows
    holding a NaN, and other CPUs, take the scalar loop. */
+#ifndef L5_ARGMAX_H
+#define L5_ARGMAX_H
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -55,3 +57,4 @@ static inline ptrdiff_t l5_argmax_f32(const unsigned char* p, ptrdiff_t n) {
 #endif
     return l5_argmax_scalar(p, n);
 }
+#endif

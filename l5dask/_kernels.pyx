@@ -18,6 +18,22 @@ from l5dask._records cimport _f4, _f8, _norm2, _u8
 cdef extern from "_argmax.h":
     Py_ssize_t l5_argmax_f32(const uint8_t* p, Py_ssize_t n) noexcept nogil
 
+cdef extern from "_blosc.h":
+    ctypedef struct l5_columns:
+        Py_ssize_t n
+        const int64_t* offsets
+        const int64_t* sizes
+        const int64_t* dests
+        Py_ssize_t m
+        const int64_t* aoffsets
+        const int64_t* acols
+        const int64_t* adests
+    void l5_gather_records(const uint8_t* buf, Py_ssize_t rows, Py_ssize_t stride, Py_ssize_t row0,
+                           const l5_columns* c) noexcept nogil
+    int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows, int64_t rows,
+                        int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c) noexcept nogil
+    int64_t l5_blosc_blocksize(const uint8_t* src, int64_t srclen) noexcept nogil
+
 cdef enum:
     # ids of a run are marked in a table when they span at most this many slots per row (else sorted)
     DENSE_SPAN = 8
@@ -340,31 +356,59 @@ def mix_codes(int64_t[::1] codes, const int_t[::1] k, int64_t lo, int64_t stride
             codes[i] += (<int64_t>k[i] - lo) * stride
 
 
+cdef l5_columns _columns(const int64_t[::1] offsets, const int64_t[::1] sizes, const int64_t[::1] dests,
+                        const int64_t[::1] argmax_offsets, const int64_t[::1] argmax_ncols,
+                        const int64_t[::1] argmax_dests):
+    cdef l5_columns c
+    if sizes.shape[0] != offsets.shape[0] or dests.shape[0] != offsets.shape[0] or \
+            argmax_ncols.shape[0] != argmax_offsets.shape[0] or argmax_dests.shape[0] != argmax_offsets.shape[0]:
+        raise ValueError("gather: one offset, size and output per column expected")
+    c.n, c.m = offsets.shape[0], argmax_offsets.shape[0]
+    c.offsets = &offsets[0] if c.n else NULL
+    c.sizes = &sizes[0] if c.n else NULL
+    c.dests = &dests[0] if c.n else NULL
+    c.aoffsets = &argmax_offsets[0] if c.m else NULL
+    c.acols = &argmax_ncols[0] if c.m else NULL
+    c.adests = &argmax_dests[0] if c.m else NULL
+    return c
+
+
 def gather_fields(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, const int64_t[::1] offsets,
                   const int64_t[::1] sizes, const int64_t[::1] dests, const int64_t[::1] argmax_offsets,
                   const int64_t[::1] argmax_ncols, const int64_t[::1] argmax_dests):
     """In one pass over the rows: copy the ``sizes[j]`` bytes at ``offsets[j]`` of each row to
     row ``i`` of the contiguous output at address ``dests[j]``, and write the argmax (int8) of the
     ``float32[argmax_ncols[j]]`` at ``argmax_offsets[j]`` to the output at ``argmax_dests[j]``."""
-    cdef Py_ssize_t i, j, k = offsets.shape[0], m = argmax_offsets.shape[0]
-    cdef const uint8_t* row
-    cdef uint8_t* out
+    cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests)
     if n == 0:
         return
+    if buf.shape[0] < n * stride:
+        raise ValueError("gather_fields: the buffer holds fewer rows than asked")
     with nogil:
-        for i in range(n):
-            row = &buf[0] + i * stride
-            for j in range(k):
-                out = <uint8_t*><size_t>dests[j]
-                if sizes[j] == 8:
-                    memcpy(out + i * 8, row + offsets[j], 8)
-                elif sizes[j] == 4:
-                    memcpy(out + i * 4, row + offsets[j], 4)
-                else:
-                    memcpy(out + i * sizes[j], row + offsets[j], sizes[j])
-            for j in range(m):
-                out = <uint8_t*><size_t>argmax_dests[j]
-                out[i] = <uint8_t>l5_argmax_f32(row + argmax_offsets[j], argmax_ncols[j])
+        l5_gather_records(&buf[0], n, stride, 0, &c)
+
+
+def blosc_blocksize(const uint8_t[::1] raw):
+    """The block size in the header of a blosc chunk (0: none)."""
+    return l5_blosc_blocksize(&raw[0], raw.shape[0]) if raw.shape[0] else 0
+
+
+def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_rows, Py_ssize_t rows,
+                 Py_ssize_t row0, uint8_t[::1] scratch, const int64_t[::1] offsets, const int64_t[::1] sizes,
+                 const int64_t[::1] dests, const int64_t[::1] argmax_offsets, const int64_t[::1] argmax_ncols,
+                 const int64_t[::1] argmax_dests):
+    """As :func:`gather_fields` for the first ``rows`` records of one blosc-compressed chunk of
+    ``chunk_rows`` records, into rows ``row0 ..`` of the outputs, straight from the compressed
+    bytes (``_blosc.h``; ``scratch``: a block). 0: done; 1: not a chunk of this kind; -1: corrupt
+    (then nothing is promised of the outputs: the caller decodes the chunk with numcodecs)."""
+    cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests)
+    cdef int status
+    if raw.shape[0] == 0:
+        return -1
+    with nogil:
+        status = l5_blosc_gather(&raw[0], raw.shape[0], itemsize, chunk_rows, rows, row0,
+                                 &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], &c)
+    return status
 
 
 def norm2_fma(const double[::1] x, const double[::1] y, double[::1] out):

@@ -224,7 +224,7 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
     speed, hour, num_agents...) and joins (scene_index, frame_index, timestamp, host, ego_x,
     ego_y, distance_to_ego). Reductions: count, sum, mean, min, max, var, std, median, q<percent>.
     """
-    from . import aggregate as agg_mod
+    from . import aggregation as agg_mod
     from .cluster import connect
     from .outputs import table_format, write_table
 

@@ -18,7 +18,7 @@ import pandas as pd
 from dask.base import tokenize
 
 from . import format as fmt
-from .aggregate import combine_delayed
+from .aggregation import combine_delayed
 from .columns import INDEX, Selection, Table
 from .engine import Block, Job, Pass, Rows, collection_chunks_per_task
 from .errors import L5DaskError
@@ -69,8 +69,8 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
         Join columns to add (``scene_index``, ``frame_index``, ``timestamp``, ``host``,
         ``ego_x``, ``ego_y``...); also accepted in ``columns``.
     chunks_per_task : int, optional
-        Stored chunks per partition (default: :func:`l5dask.engine.collection_chunks_per_task`,
-        about 100 MB).
+        Stored chunks per partition (default: :func:`l5dask.engine.collection_chunks_per_task`:
+        about 100 MB of the partition's columns, at least 4 partitions a thread).
     """
     import dask.dataframe as dd
 
@@ -87,7 +87,9 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     names = [n for n in dict.fromkeys(names) if n != index]
     selection = table.select(names)
     source = selection.source
-    chunks_per_task = chunks_per_task or collection_chunks_per_task(source.nchunks)
+    row_bytes = sum(selection.columns[n].dtype.itemsize for n in selection.names)
+    chunks_per_task = chunks_per_task or collection_chunks_per_task(
+        source.nchunks, row_bytes=row_bytes, chunk_rows=source.chunk_bounds(0)[1] if source.nchunks else None)
     groups = Job(chunks_per_task=chunks_per_task).groups(Pass(source), guided=False)
     meta = pandas_frame(selection, selection.empty(), 0, 0)
     if not groups:
@@ -107,7 +109,7 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
 def _sketch_partition(frame: pd.DataFrame, by: list[str], column: str, bits: int):
     """The quantile sketch of one partition, per group of ``by`` (categorical codes or integers;
     rows with a missing category left out)."""
-    from .aggregate import group_part
+    from .aggregation import group_part
 
     keys, keep = [], None
     for b in by:
@@ -151,7 +153,7 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     """
     from dask import delayed
 
-    from .aggregate import QUANTILE_BITS, sketch_quantiles
+    from .aggregation import QUANTILE_BITS, sketch_quantiles
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:

@@ -13,6 +13,7 @@ where numba (used before) cost 0.75 s per process to import and load its cache.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,6 +22,8 @@ from ._kernels import argmax_counts as _argmax_counts
 from ._kernels import distinct_rows as _distinct_rows
 from ._kernels import agent_chunk as _agent_chunk
 from ._kernels import argmax_rows as _argmax_rows
+from ._kernels import blosc_blocksize as _blosc_blocksize
+from ._kernels import gather_blosc as _gather_blosc
 from ._kernels import gather_fields as _gather_fields
 from ._kernels import group_reduce as _group_reduce
 from ._kernels import int_range as _int_range
@@ -31,7 +34,7 @@ from ._kernels import range_codes as _range_codes
 from ._kernels import track_runs as _track_runs
 from ._kernels import union_sorted, uniform_histogram
 
-__all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "group_reduce", "int_range", "mix_codes", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
+__all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "Gather", "group_reduce", "int_range", "mix_codes", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
 
 #: The field types the compiled loops read (native byte order).
 AGENT_TYPES = {"label_probabilities": np.dtype(np.float32), "velocity": np.dtype(np.float32),
@@ -195,29 +198,71 @@ def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.sqrt(a * a + b * b)
 
 
+class Gather:
+    """A gather's plan for records of one dtype: number elements of fields (``(field, index)``;
+    ``()`` for a scalar field) as contiguous arrays of their base dtype, and the argmax (int8;
+    first maximum, as numpy) of float32 fields; made by the compiled loops when ``native``."""
+
+    def __init__(self, dtype: np.dtype, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()) -> None:
+        fields = dtype.fields
+        self.dtype, self.elements, self.argmax = dtype, list(elements), list(argmax)
+        self.dtypes = [fields[f][0].base for f, _ in self.elements]
+        self.native = all(dt.isnative and dt.kind in "biuf" for dt in self.dtypes) and \
+            all(fields[f][0].base == np.dtype(np.float32) and 0 < fields[f][0].shape[0] <= 127 for f in self.argmax)
+        offsets = []
+        for (f, idx), dt in zip(self.elements, self.dtypes):
+            sub, off = fields[f][:2]
+            offsets.append(off + (int(np.ravel_multi_index(idx, sub.shape)) if idx else 0) * dt.itemsize)
+        self.offsets = np.array(offsets, np.int64)
+        self.sizes = np.array([dt.itemsize for dt in self.dtypes], np.int64)
+        self.argmax_offsets = np.array([fields[f][1] for f in self.argmax], np.int64)
+        self.argmax_ncols = np.array([fields[f][0].shape[0] for f in self.argmax], np.int64)
+
+    def outputs(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return [np.empty(n, dt) for dt in self.dtypes], [np.empty(n, np.int8) for _ in self.argmax]
+
+    def _addresses(self, outs: list[np.ndarray], maxes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        return np.array([o.ctypes.data for o in outs], np.int64), np.array([o.ctypes.data for o in maxes], np.int64)
+
+    def records(self, records: np.ndarray, outs: list[np.ndarray], maxes: list[np.ndarray], row0: int = 0) -> None:
+        """From decoded records, into rows ``row0 ..`` of the outputs."""
+        n = len(records)
+        if not n:
+            return
+        if not self.native or not records.flags.c_contiguous:
+            for out, (f, idx) in zip(outs, self.elements):
+                out[row0: row0 + n] = records[f][(slice(None), *idx)]
+            for out, f in zip(maxes, self.argmax):
+                out[row0: row0 + n] = argmax_rows(records, f)
+            return
+        dests, adests = self._addresses([o[row0:] for o in outs], [o[row0:] for o in maxes])
+        _gather_fields(records.view(np.uint8).reshape(-1), n, records.dtype.itemsize, self.offsets, self.sizes, dests,
+                       self.argmax_offsets, self.argmax_ncols, adests)
+
+    def blosc(self, raw, chunk_rows: int, rows: int, outs: list[np.ndarray], maxes: list[np.ndarray], row0: int,
+              scratch: np.ndarray) -> tuple[bool, np.ndarray]:
+        """Straight from one blosc-compressed chunk of ``chunk_rows`` records: its first ``rows``
+        into rows ``row0 ..`` of the outputs, without decoding the records (``_blosc.h``).
+        ``(done, scratch)``: not done for a chunk of another kind, or corrupt (decode it instead);
+        ``scratch`` (a block of bytes, grown to the chunk's blocks) is handed back for the next."""
+        if not self.native or sys.byteorder != "little":
+            return False, scratch
+        buf = np.frombuffer(raw, np.uint8)
+        size = _blosc_blocksize(buf)
+        if size > len(scratch):
+            scratch = np.empty(size, np.uint8)
+        dests, adests = self._addresses(outs, maxes)
+        status = _gather_blosc(buf, self.dtype.itemsize, chunk_rows, rows, row0, scratch, self.offsets, self.sizes,
+                               dests, self.argmax_offsets, self.argmax_ncols, adests)
+        return status == 0, scratch
+
+
 def gather(records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]],
            argmax: Sequence[str] = ()) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """In one pass over the records: elements of fields of each row (``(field, index)``; ``()``
     for a scalar field) as contiguous arrays of their base dtype, and the argmax (int8; first
-    maximum, as numpy) of each float32 field in ``argmax``."""
-    fields = records.dtype.fields
-    dtypes = [fields[f][0].base for f, _ in elements]
-    outs = [np.empty(len(records), dt) for dt in dtypes]
-    maxes = [np.empty(len(records), np.int8) for _ in argmax]
-    native = records.flags.c_contiguous and all(dt.isnative and dt.kind in "biuf" for dt in dtypes) and \
-        all(fields[f][0].base == np.dtype(np.float32) and 0 < fields[f][0].shape[0] <= 127 for f in argmax)
-    if not native or not len(records):
-        for out, (f, idx) in zip(outs, elements):
-            out[...] = records[f][(slice(None), *idx)]
-        return outs, [argmax_rows(records, f) for f in argmax]
-    offsets, sizes = [], []
-    for (f, idx), dt in zip(elements, dtypes):
-        sub, off = fields[f][:2]
-        flat = int(np.ravel_multi_index(idx, sub.shape)) if idx else 0
-        offsets.append(off + flat * dt.itemsize)
-        sizes.append(dt.itemsize)
-    i64 = lambda v: np.array(v, np.int64)  # noqa: E731
-    _gather_fields(records.view(np.uint8).reshape(-1), len(records), records.dtype.itemsize, i64(offsets), i64(sizes),
-                   i64([o.ctypes.data for o in outs]), i64([fields[f][1] for f in argmax]),
-                   i64([fields[f][0].shape[0] for f in argmax]), i64([o.ctypes.data for o in maxes]))
+    maximum, as numpy) of each float32 field in ``argmax`` (see :class:`Gather`)."""
+    plan = Gather(records.dtype, elements, argmax)
+    outs, maxes = plan.outputs(len(records))
+    plan.records(records, outs, maxes)
     return outs, maxes

@@ -82,6 +82,69 @@ def iter_chunks(store: Store, meta: fmt.ArrayMeta, compressed: bool, first_chunk
         yield start, decode_chunk(raw, meta, compressed, str(index), out=scratch)[: stop - start]
 
 
+class Encoded:
+    """Stored chunks ``first .. first + n - 1`` of one array, fetched but not decoded: what a pass
+    with ``encoded=True`` hands its chunk function (:class:`l5dask.engine.Pass`).
+
+    ``records()`` decodes them (once, as :func:`read_block`); ``gather`` makes number columns and
+    label argmaxes straight from the compressed bytes, one compiled pass per chunk that never
+    makes the records (``l5dask/_blosc.h``: about 1.5x faster than decoding and gathering, and the
+    block's records are never held). A chunk the compiled reader does not take (another codec, a
+    corrupt chunk) is decoded by numcodecs, which says what is wrong with it.
+    """
+
+    def __init__(self, meta: fmt.ArrayMeta, compressed: bool, chunks: list[tuple[int, bytes]]) -> None:
+        self.meta, self.compressed, self.chunks = meta, compressed, chunks
+        self.start = meta.chunk_bounds(chunks[0][0])[0] if chunks else 0
+        self.stop = meta.chunk_bounds(chunks[-1][0])[1] if chunks else 0
+        self._records: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.meta.dtype
+
+    def records(self) -> np.ndarray:
+        """The records (decoded on first use, each chunk once)."""
+        if self._records is None:
+            out = np.empty(len(self), self.meta.dtype)
+            scratch = None
+            for index, raw in self.chunks:
+                lo, hi = self.meta.chunk_bounds(index)
+                if hi - lo == self.meta.chunk_rows:
+                    decode_chunk(raw, self.meta, self.compressed, str(index), out=out[lo - self.start: hi - self.start])
+                    continue
+                if scratch is None:
+                    scratch = np.empty(self.meta.chunk_rows, self.meta.dtype)
+                decode_chunk(raw, self.meta, self.compressed, str(index), out=scratch)
+                out[lo - self.start: hi - self.start].view(np.uint8)[:] = scratch[: hi - lo].view(np.uint8)
+            self._records = out
+        return self._records
+
+    def gather(self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """As :func:`l5dask.kernels.gather` of ``records()``, without making them."""
+        from .kernels import Gather
+
+        plan = Gather(self.meta.dtype, elements, argmax)
+        outs, maxes = plan.outputs(len(self))
+        if self._records is not None or not self.compressed:
+            plan.records(self.records(), outs, maxes)
+            return outs, maxes
+        blocks, scratch = np.empty(0, np.uint8), None
+        for index, raw in self.chunks:
+            lo, hi = self.meta.chunk_bounds(index)
+            done, blocks = plan.blosc(raw, self.meta.chunk_rows, hi - lo, outs, maxes, lo - self.start, blocks)
+            if not done:
+                if scratch is None:
+                    scratch = np.empty(self.meta.chunk_rows, self.meta.dtype)
+                decode_chunk(raw, self.meta, self.compressed, str(index), out=scratch)
+                plan.records(scratch[: hi - lo], outs, maxes, lo - self.start)
+        return outs, maxes
+
+
 def read_block(
     store: Store,
     meta: fmt.ArrayMeta,
@@ -92,20 +155,17 @@ def read_block(
 ) -> np.ndarray:
     """Read ``nchunks`` stored chunks from ``first_chunk`` on, each once, keeping ``fields``.
 
-    Full chunks of all fields are decoded straight into the output (no copy); a
-    padded last chunk, or a projection, goes through one chunk-sized scratch buffer.
+    Full chunks of all fields are decoded straight into the output (no copy, see
+    :meth:`Encoded.records`); a padded last chunk, or a projection, goes through one chunk-sized
+    scratch buffer.
     """
+    if fields is None:
+        return Encoded(meta, compressed, fetch_chunks(store, meta, first_chunk, nchunks)).records()
     start, _ = meta.chunk_bounds(first_chunk)
     _, stop = meta.chunk_bounds(first_chunk + nchunks - 1)
-    dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
-    out = np.empty(stop - start, dtype=dtype)
-    if fields is None and stop - meta.chunk_bounds(first_chunk + nchunks - 1)[0] == meta.chunk_rows:
-        for index, raw in fetch_chunks(store, meta, first_chunk, nchunks):
-            lo = meta.chunk_bounds(index)[0] - start
-            decode_chunk(raw, meta, compressed, str(index), out=out[lo: lo + meta.chunk_rows])
-        return out
+    out = np.empty(stop - start, dtype=project(np.empty(0, meta.dtype), fields).dtype)
     for lo, records in iter_chunks(store, meta, compressed, first_chunk, nchunks):
-        for f in dtype.names:
+        for f in fields:
             out[f][lo - start: lo - start + len(records)] = records[f]
     return out
 
@@ -154,6 +214,10 @@ class L5Array:
         """``(start row, records)`` of stored chunks ``first .. first + n - 1``, each decoded once
         into one reused buffer (valid until the next chunk)."""
         return iter_chunks(self.store, self.meta, self.compressed, first, n)
+
+    def read_encoded(self, first: int, n: int) -> Encoded:
+        """Stored chunks ``first .. first + n - 1`` fetched, not decoded (see :class:`Encoded`)."""
+        return Encoded(self.meta, self.compressed, fetch_chunks(self.store, self.meta, first, n) if n else [])
 
     def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
         """Stored chunks ``first .. first + n - 1`` as one array of records (each decoded once)."""

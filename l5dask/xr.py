@@ -194,10 +194,10 @@ def name_categories(result):
 def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
                     quantile_bits: int | None = None) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
-    pass: the sketch of :mod:`l5dask.aggregate` (its error bound) per chunk, merged in a tree."""
+    pass: the sketch of :mod:`l5dask.aggregation` (its error bound) per chunk, merged in a tree."""
     from dask import delayed
 
-    from .aggregate import QUANTILE_BITS, combine_delayed, group_part, sketch_quantiles
+    from .aggregation import QUANTILE_BITS, combine_delayed, group_part, sketch_quantiles
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if obj.ndim != 1:
@@ -236,7 +236,7 @@ class _Grouped:
 
     def quantile(self, q, quantile_bits: int | None = None, **kwargs):
         """Quantiles per group (numpy's "linear" method) of a dask-backed 1-D DataArray, within
-        the error bound of :mod:`l5dask.aggregate` (``quantile_bits=52``: exact); else xarray's."""
+        the error bound of :mod:`l5dask.aggregation` (``quantile_bits=52``: exact); else xarray's."""
         obj = self._obj
         if isinstance(obj, xr.DataArray) and hasattr(obj.data, "dask") and obj.ndim == 1 and not kwargs:
             return name_categories(sketch_quantile(obj, self._names, self._labels, q, quantile_bits))

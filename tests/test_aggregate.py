@@ -15,7 +15,7 @@ import pytest
 import l5dask
 from l5dask import format as fmt
 from l5dask import reading
-from l5dask.aggregate import aggregate
+from l5dask.aggregation import aggregate
 from l5dask.errors import L5DaskError
 
 from .conftest import SMALL_CHUNKS, read_all
@@ -80,10 +80,25 @@ def ref(edge_ds) -> dict[str, pd.DataFrame]:
     return {"agents": ag, "frames": fr, "tl_faces": tl, "scenes": sc}
 
 
-def _decodes(monkeypatch) -> list:
-    calls = []
-    original = reading.decode_chunk
-    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append((a[1].name, a[3])) or original(*a, **kw))
+def _reads(monkeypatch) -> list:
+    """``(array, chunk key)`` of each stored chunk read: fetched (then decoded, or its columns
+    gathered straight from its bytes); a chunk decoded a second time counts as read again."""
+    calls, decoded = [], set()
+    fetch, decode = reading.fetch_chunks, reading.decode_chunk
+
+    def fetching(store, meta, first, n):
+        calls.extend((meta.name, str(i)) for i in range(first, first + n))
+        return fetch(store, meta, first, n)
+
+    def decoding(*a, **kw):
+        key = (a[1].name, a[3])
+        if key in decoded:
+            calls.append(key)
+        decoded.add(key)
+        return decode(*a, **kw)
+
+    monkeypatch.setattr(reading, "fetch_chunks", fetching)
+    monkeypatch.setattr(reading, "decode_chunk", decoding)
     return calls
 
 
@@ -129,8 +144,8 @@ def test_dataframe_default_columns_and_label_probabilities(edge_ds):
     np.testing.assert_array_equal(part["PERCEPTION_LABEL_CAR"].to_numpy(), raw["label_probabilities"][:, 3])
 
 
-def test_dataframe_is_lazy_and_decodes_each_chunk_once(edge_ds, monkeypatch):
-    calls = _decodes(monkeypatch)
+def test_dataframe_is_lazy_and_reads_each_chunk_once(edge_ds, monkeypatch):
+    calls = _reads(monkeypatch)
     ds = l5dask.open_dataset(edge_ds)
     df = ds.to_dask_dataframe("agents", columns=["speed", "label", "centroid_x"], joins=["scene_index", "ego_x"])
     assert calls == []  # building reads nothing
@@ -139,6 +154,24 @@ def test_dataframe_is_lazy_and_decodes_each_chunk_once(edge_ds, monkeypatch):
     for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):
         got = sorted(k for n, k in calls if n == name)
         assert got == sorted(str(i) for i in range(ds[name].nchunks)), name
+
+
+@pytest.mark.parametrize("nchunks,threads", [(1502, 2), (131_000, 64), (40, 2), (3, 8)])
+def test_dataframe_partitions_are_sized_by_their_columns(nchunks, threads):
+    """About PARTITION_BYTES of columns a partition (a records-sized one would hold 640 k rows
+    whatever the columns), at least PARTITIONS_PER_THREAD partitions a thread, a chunk each at least."""
+    from l5dask.engine import PARTITION_BYTES, PARTITIONS_PER_THREAD, collection_chunks_per_task
+
+    rows = 20_000
+    sizes = {b: collection_chunks_per_task(nchunks, threads, row_bytes=b, chunk_rows=rows) for b in (17, 150, 2000)}
+    for row_bytes, per in sizes.items():
+        assert per >= 1
+        assert per == 1 or per * rows * row_bytes <= PARTITION_BYTES
+        assert per == 1 or -(-nchunks // per) >= PARTITIONS_PER_THREAD * threads
+        if nchunks >= PARTITIONS_PER_THREAD * threads * PARTITION_BYTES // (rows * row_bytes):  # bytes decide
+            assert per == PARTITION_BYTES // (rows * row_bytes)
+    assert sizes[17] >= sizes[150] >= sizes[2000]
+    assert sizes[17] > sizes[150] or nchunks < 1000
 
 
 def test_dataframe_bad_columns(edge_ds):
@@ -154,10 +187,10 @@ def test_dataframe_bad_columns(edge_ds):
 def test_dataframe_quantiles_exact_and_within_the_bound_without_a_shuffle(edge_ds, ref, monkeypatch):
     """``quantiles(df, by, column, q)`` on a filtered dask DataFrame, by a categorical and an
     integer column (two keys), against numpy per group: exact with 52 bits, within the stated
-    bound with 7; NaN values skipped; each agent chunk decoded once."""
+    bound with 7; NaN values skipped; each agent chunk read once."""
     from l5dask.dataframe import quantiles
 
-    calls = _decodes(monkeypatch)
+    calls = _reads(monkeypatch)
     ds = l5dask.open_dataset(edge_ds)
     df = ds.to_dask_dataframe("agents", columns=["label", "extent_length", "speed"], joins=["scene_index"])
     df = df[df.speed > 0.5]
@@ -285,7 +318,7 @@ def test_quantiles_exact_and_within_the_stated_bound(edge_ds, ref):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_quantile_sketch_negative_values_and_zero():
-    from l5dask.aggregate import _sketch, sketch_quantiles
+    from l5dask.aggregation import _sketch, sketch_quantiles
 
     rng = np.random.default_rng(3)
     x = np.r_[rng.normal(0, 5, 5000), 0.0, -0.0, 1e-300, -np.inf][rng.permutation(5004)]
@@ -302,7 +335,7 @@ def test_quantile_sketch_negative_values_and_zero():
 def test_quantile_of_many_zeros_is_zero():
     """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
     the bucket that holds 0 (found by the demo: 2.7e-312)."""
-    from l5dask.aggregate import QUANTILE_BITS, _sketch, sketch_quantiles
+    from l5dask.aggregation import QUANTILE_BITS, _sketch, sketch_quantiles
 
     x = np.r_[np.zeros(700), np.linspace(0.1, 9, 300)]
     for bits in (QUANTILE_BITS, 3, 52):
@@ -313,8 +346,8 @@ def test_quantile_of_many_zeros_is_zero():
         assert abs(sketch_quantiles(sk, 1, 0.9, bits)[0] - np.quantile(x, 0.9)) <= 2.0 ** -(bits + 1) * np.sort(x)[int(h) + 1]
 
 
-def test_aggregate_decodes_each_chunk_once(edge_ds, monkeypatch):
-    calls = _decodes(monkeypatch)
+def test_aggregate_reads_each_chunk_once(edge_ds, monkeypatch):
+    calls = _reads(monkeypatch)
     ds = l5dask.open_dataset(edge_ds)
     aggregate(ds, "agents", by=["scene_index"], values={"speed": ["mean"], "extent_length": ["q50"]})
     for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):
@@ -340,7 +373,7 @@ def test_aggregate_decodes_each_chunk_once(edge_ds, monkeypatch):
 ])
 def test_aggregate_bad_input_is_refused_before_reading(edge_ds, monkeypatch, kwargs, message):
     ds = l5dask.open_dataset(edge_ds)
-    calls = _decodes(monkeypatch)
+    calls = _reads(monkeypatch)
     with pytest.raises(L5DaskError, match=message):
         aggregate(ds, "agents", **kwargs)
     assert calls == []  # said before computing
@@ -392,7 +425,7 @@ def test_xarray_groupby_join_coordinates_without_labels(edge_ds, monkeypatch):
     speed = np.sqrt(v.sel(xy="x") ** 2 + v.sel(xy="y") ** 2)
     with pytest.raises(ValueError, match="labels"):  # xarray alone asks for labels
         speed.groupby("scene_index").mean()
-    calls = _decodes(monkeypatch)
+    calls = _reads(monkeypatch)
     got = speed.l5.groupby("scene_index", "label").mean().to_series().dropna()
     # one decode per chunk: agents (the variable and the label coordinate share them), frames, scenes
     for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):

@@ -225,7 +225,7 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     import numpy as np
     import pandas as pd
 
-    from l5dask.aggregate import aggregate
+    from l5dask.aggregation import aggregate
 
     ds = l5dask.open_dataset(small_ds)
     values = {"speed": ["mean", "max", "count", "std", "q50"]}

@@ -1,10 +1,11 @@
 """Users' own aggregations, declared, in one pass over the stored chunks: :func:`aggregate`.
 
-``aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean", "max"]})``
+``l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean", "max"]})``
 is one :class:`~l5dask.engine.Reduction` (flox's shape: chunk, combine, finalize) run by the
-engine as the report is: each stored chunk decoded once, its columns made from its records and
-the parent rows it overlaps (:mod:`l5dask.columns`), grouped, reduced; partials merged in an
-ordered tree; the result a pandas DataFrame, a row per group that has rows (sorted by the keys).
+engine as the report is: each stored chunk read once, its columns gathered straight from its
+compressed bytes (:class:`~l5dask.reading.Encoded`: the records are never made) and from the
+parent rows it overlaps (:mod:`l5dask.columns`), grouped, reduced; partials merged in an ordered
+tree; the result a pandas DataFrame, a row per group that has rows (sorted by the keys).
 
 Reductions of a value column: ``count`` (values that are not NaN), ``sum``, ``mean``, ``min``,
 ``max``, ``var`` and ``std`` (ddof=1, as pandas; merged with Chan's formula), ``median`` and
@@ -109,7 +110,7 @@ class Spec:
     def __dask_tokenize__(self):
         from dask.base import tokenize
 
-        return ("l5dask.aggregate.Spec", tokenize(self.selection), self.by, self.values, self.where, self.quantile_bits)
+        return ("l5dask.aggregation.Spec", tokenize(self.selection), self.by, self.values, self.where, self.quantile_bits)
 
 
 # --- where ----------------------------------------------------------------------------------
@@ -660,7 +661,7 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     from .joins import parent_link
 
     link = parent_link(ds, selection, job)
-    (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True)])
+    (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)])
     return result
 
 

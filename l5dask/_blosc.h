@@ -1,0 +1,205 @@
+/* Number columns straight out of blosc-compressed chunks of records, for _kernels.pyx.
+
+   A chunk of L5Kit's records is blosc 1.x (format version 2) with LZ4 and byte shuffle by the
+   record size: each block of the chunk is a whole number of records, compressed after its bytes
+   were transposed, so that byte j of every record of the block lies in one stream (stream j,
+   `ne` bytes long, `ne` records in the block). numcodecs decodes a chunk by decompressing each
+   block and transposing it back (the unshuffle), and a reader then copies the fields it needs out
+   of the records: the chunk goes through memory twice, whole, whatever the reader needs.
+
+   Here each block is decompressed (LZ4, the same library blosc bundles) into a block-sized
+   scratch buffer that stays in cache, and the wanted numbers are assembled from their byte
+   streams straight into the output columns: the records are never made, and the streams of the
+   fields nobody asked for are never read. The layout is exactly blosc's (blosc_d in c-blosc's
+   blosc.c): header, per-block starts, per block `nsplits` streams of a 4-byte compressed size
+   and its bytes (stored raw when that size is the stream's), splits only when the type size is
+   at most 16 bytes.
+
+   l5_blosc_gather returns 0 when done, 1 when the chunk is not of this kind (another codec, bit
+   shuffle, a type size that is not the record size, blocks that are not whole records...) and
+   -1 when it is corrupt; on anything but 0 the caller decodes the chunk with numcodecs instead
+   (which then says what is wrong), so every chunk numcodecs reads is read, the same. */
+#ifndef L5_BLOSC_H
+#define L5_BLOSC_H
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_argmax.h"
+#include "lz4.h"
+
+typedef struct {
+    ptrdiff_t n;              /* number columns: */
+    const int64_t* offsets;   /*   byte offset of the number in the record */
+    const int64_t* sizes;     /*   its size in bytes */
+    const int64_t* dests;     /*   the address of its output (row 0) */
+    ptrdiff_t m;              /* argmax columns (numpy's argmax of a float32[k] field, int8): */
+    const int64_t* aoffsets;  /*   byte offset of the field */
+    const int64_t* acols;     /*   k */
+    const int64_t* adests;    /*   the address of its output (row 0) */
+} l5_columns;
+
+#define L5_TILE 256
+
+/* the stream loops built twice, for AVX2 and for any x86-64 (picked once, when loaded) */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define L5_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define L5_CLONES
+#endif
+
+static inline uint32_t l5_rd32(const uint8_t* p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+/* the float32 of record i whose first byte's stream starts at q (streams ne bytes apart) */
+static inline float l5_f32_streams(const uint8_t* q, ptrdiff_t ne, ptrdiff_t i) {
+    uint32_t u = (uint32_t)q[i] | ((uint32_t)q[i + ne] << 8) | ((uint32_t)q[i + 2 * ne] << 16) |
+                 ((uint32_t)q[i + 3 * ne] << 24);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* numpy's argmax (first maximum; the first NaN, if any) of k float32 per record, from streams:
+   a tile of records at a time, one element of all of them per step (vectorized over records) */
+L5_CLONES static void l5_argmax_streams(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t k, int8_t* out) {
+    float best[L5_TILE];
+    int32_t arg[L5_TILE];
+    for (ptrdiff_t t0 = 0; t0 < rows; t0 += L5_TILE) {
+        ptrdiff_t tl = rows - t0 < L5_TILE ? rows - t0 : L5_TILE;
+        const uint8_t* p = base + t0;
+        for (ptrdiff_t i = 0; i < tl; i++) {
+            best[i] = l5_f32_streams(p, ne, i);
+            arg[i] = 0;
+        }
+        for (ptrdiff_t j = 1; j < k; j++) {
+            const uint8_t* q = p + 4 * j * ne;
+            for (ptrdiff_t i = 0; i < tl; i++) {
+                float v = l5_f32_streams(q, ne, i), b = best[i];
+                int take = (v > b) | ((v != v) & (b == b));
+                best[i] = take ? v : b;
+                arg[i] = take ? (int32_t)j : arg[i];
+            }
+        }
+        for (ptrdiff_t i = 0; i < tl; i++) out[t0 + i] = (int8_t)arg[i];
+    }
+}
+
+/* the columns of `rows` shuffled records (streams `ne` bytes long) into rows row0.. of the outputs */
+L5_CLONES static void l5_gather_streams(const uint8_t* __restrict tmp, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t row0, const l5_columns* c) {
+    for (ptrdiff_t j = 0; j < c->n; j++) {
+        const uint8_t* p = tmp + c->offsets[j] * ne;
+        uint8_t* dest = (uint8_t*)(uintptr_t)c->dests[j];
+        ptrdiff_t s = c->sizes[j];
+        if (s == 4) {
+            uint32_t* __restrict o = (uint32_t*)dest + row0;
+            for (ptrdiff_t i = 0; i < rows; i++)
+                o[i] = (uint32_t)p[i] | ((uint32_t)p[i + ne] << 8) | ((uint32_t)p[i + 2 * ne] << 16) |
+                       ((uint32_t)p[i + 3 * ne] << 24);
+        } else if (s == 8) {
+            uint64_t* __restrict o = (uint64_t*)dest + row0;
+            for (ptrdiff_t i = 0; i < rows; i++) {
+                uint64_t lo = (uint32_t)p[i] | ((uint32_t)p[i + ne] << 8) | ((uint32_t)p[i + 2 * ne] << 16) |
+                              ((uint32_t)p[i + 3 * ne] << 24);
+                uint64_t hi = (uint32_t)p[i + 4 * ne] | ((uint32_t)p[i + 5 * ne] << 8) |
+                              ((uint32_t)p[i + 6 * ne] << 16) | ((uint32_t)p[i + 7 * ne] << 24);
+                o[i] = lo | (hi << 32);
+            }
+        } else if (s == 1) {
+            memcpy(dest + row0, p, (size_t)rows);
+        } else {
+            for (ptrdiff_t b = 0; b < s; b++)
+                for (ptrdiff_t i = 0; i < rows; i++) dest[(row0 + i) * s + b] = p[b * ne + i];
+        }
+    }
+    for (ptrdiff_t j = 0; j < c->m; j++)
+        l5_argmax_streams(tmp + c->aoffsets[j] * ne, ne, rows, c->acols[j], (int8_t*)(uintptr_t)c->adests[j] + row0);
+}
+
+/* the columns of `rows` records (`stride` bytes apart) into rows row0.. of the outputs (also
+   kernels.gather's loop over decoded records) */
+static void l5_gather_records(const uint8_t* buf, ptrdiff_t rows, ptrdiff_t stride, ptrdiff_t row0, const l5_columns* c) {
+    for (ptrdiff_t i = 0; i < rows; i++) {
+        const uint8_t* row = buf + i * stride;
+        for (ptrdiff_t j = 0; j < c->n; j++) {
+            uint8_t* out = (uint8_t*)(uintptr_t)c->dests[j];
+            ptrdiff_t s = c->sizes[j];
+            if (s == 8)
+                memcpy(out + (row0 + i) * 8, row + c->offsets[j], 8);
+            else if (s == 4)
+                memcpy(out + (row0 + i) * 4, row + c->offsets[j], 4);
+            else
+                memcpy(out + (row0 + i) * s, row + c->offsets[j], (size_t)s);
+        }
+        for (ptrdiff_t j = 0; j < c->m; j++)
+            ((int8_t*)(uintptr_t)c->adests[j])[row0 + i] = (int8_t)l5_argmax_f32(row + c->aoffsets[j], c->acols[j]);
+    }
+}
+
+/* The columns of the first `rows` records of one chunk of `chunk_rows` records of `itemsize`
+   bytes, compressed in `src` (`srclen` bytes), into rows row0.. of the outputs. `tmp` holds
+   `tmpsize` bytes (a block: see l5_blosc_blocksize). */
+static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows, int64_t rows,
+                           int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c) {
+    if (srclen < 16) return -1;
+    int version = src[0], flags = src[2], typesize = src[3];
+    int64_t nbytes = (int32_t)l5_rd32(src + 4), blocksize = (int32_t)l5_rd32(src + 8);
+    int64_t cbytes = (int32_t)l5_rd32(src + 12);
+    if (version != 2 || (flags & 0x08)) return 1;  /* another format version, flags from the future */
+    if (cbytes > srclen || cbytes < 16) return -1;
+    if (nbytes != chunk_rows * itemsize || rows > chunk_rows) return 1;
+    if (nbytes == 0) return 0;
+    if (flags & 0x02) {  /* stored (memcpyed): the records themselves, after the header */
+        if (cbytes != nbytes + 16) return -1;
+        l5_gather_records(src + 16, rows, itemsize, row0, c);
+        return 0;
+    }
+    if (((flags & 0xe0) >> 5) != 1) return 1;  /* not LZ4 */
+    int doshuffle = (flags & 0x01) && typesize > 1;
+    if ((flags & 0x04) && blocksize >= typesize) return 1;  /* bit shuffle */
+    if (doshuffle && typesize != itemsize) return 1;
+    if (blocksize <= 0 || blocksize > tmpsize || blocksize % itemsize) return 1;
+    int64_t nblocks = nbytes / blocksize, leftover = nbytes % blocksize;
+    if (leftover % itemsize) return 1;
+    nblocks += leftover > 0;
+    if (nblocks > (cbytes - 16) / 4) return -1;
+    int dont_split = (flags & 0x10) >> 4;
+    for (int64_t b = 0; b < nblocks; b++) {
+        int last = b == nblocks - 1 && leftover > 0;
+        int64_t bsize = last ? leftover : blocksize;
+        int64_t first = b * (blocksize / itemsize), ne = bsize / itemsize;
+        if (first >= rows) break;  /* padding rows past the array's end: not decompressed */
+        int64_t want = rows - first < ne ? rows - first : ne;
+        int64_t nsplits = (!dont_split && typesize <= 16 && bsize / typesize >= 128 && !last) ? typesize : 1;
+        int64_t neblock = bsize / nsplits, off = (int32_t)l5_rd32(src + 16 + 4 * b);
+        if (neblock * nsplits != bsize) return 1;
+        uint8_t* dst = tmp;
+        for (int64_t j = 0; j < nsplits; j++) {
+            if (off < 0 || off > cbytes - 4) return -1;
+            int64_t cb = (int32_t)l5_rd32(src + off);
+            off += 4;
+            if (cb < 0 || cb > cbytes - off) return -1;
+            if (cb == neblock) {
+                memcpy(dst, src + off, (size_t)neblock);
+            } else if (LZ4_decompress_safe((const char*)src + off, (char*)dst, (int)cb, (int)neblock) != neblock) {
+                return -1;
+            }
+            off += cb;
+            dst += neblock;
+        }
+        if (doshuffle)
+            l5_gather_streams(tmp, ne, want, row0 + first, c);
+        else
+            l5_gather_records(tmp, want, itemsize, row0 + first, c);
+    }
+    return 0;
+}
+
+/* The block size of a blosc chunk (its header's), 0 if it has none. */
+static int64_t l5_blosc_blocksize(const uint8_t* src, int64_t srclen) {
+    if (srclen < 16) return 0;
+    int64_t bs = (int32_t)l5_rd32(src + 8);
+    return bs > 0 ? bs : 0;
+}
+#endif

@@ -1,0 +1,189 @@
+"""Columns gathered straight from blosc-compressed chunks (``l5dask/_blosc.h``) against numcodecs'
+decode and numpy, on chunks built to reach each branch of blosc's layout: shuffled or not, split
+streams (record sizes up to 16 bytes), many blocks with a shorter last one, stored (incompressible)
+chunks, padded last chunks, other codecs (which go back to numcodecs), and corrupt bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from numcodecs import Blosc
+
+import l5dask
+from l5dask import format as fmt
+from l5dask.errors import ChunkError
+from l5dask.kernels import Gather
+
+AGENT = fmt.DTYPES[fmt.AGENTS]
+#: every number element of an agent, and the label argmax
+ELEMENTS = [("centroid", (0,)), ("centroid", (1,)), ("extent", (0,)), ("extent", (1,)), ("extent", (2,)),
+            ("yaw", ()), ("velocity", (0,)), ("velocity", (1,)), ("track_id", ())]
+SMALL = np.dtype([("a", "<u2"), ("p", "<f4", (2,)), ("b", "u1"), ("c", "i1")])  # 12 bytes: split streams
+
+
+def _agents(n: int, seed: int, noisy: bool) -> np.ndarray:
+    """Agents whose label probabilities hold ties, -0.0, infinities and NaN (numpy's argmax rule)."""
+    rng = np.random.default_rng(seed)
+    rec = np.zeros(n, AGENT)
+    rec["centroid"] = rng.normal(0, 500, (n, 2))
+    rec["extent"] = rng.random((n, 3)) * 5
+    rec["yaw"] = rng.normal(0, 2, n)
+    rec["velocity"] = rng.normal(0, 5, (n, 2))
+    rec["track_id"] = rng.integers(0, 2**63, n, dtype=np.uint64) if noisy else np.arange(n) // 7
+    probs = rng.choice(np.array([0.0, -0.0, 0.25, 0.5, 1.0, np.inf, -np.inf], np.float32), (n, 17))
+    probs[rng.random(probs.shape) < 0.003] = np.nan
+    probs[: n // 10] = 0.5  # all equal: the first wins
+    if noisy:
+        probs = rng.random((n, 17)).astype(np.float32)
+    rec["label_probabilities"] = probs
+    if not noisy:  # compressible: runs of equal rows
+        rec[n // 2:] = np.repeat(rec[n // 2: n // 2 + 10], -(-(n - n // 2) // 10))[: n - n // 2]
+    return rec
+
+
+def _small(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rec = np.zeros(n, SMALL)
+    rec["a"] = rng.integers(0, 50, n)
+    rec["p"] = rng.choice(np.array([0.0, 1.0, 2.0, np.nan], np.float32), (n, 2))
+    rec["b"] = rng.integers(0, 3, n)
+    rec["c"] = rng.integers(-3, 3, n)
+    return rec
+
+
+def _want(records: np.ndarray, elements, argmax) -> list[np.ndarray]:
+    return [np.ascontiguousarray(records[f][(slice(None), *i)]) for f, i in elements] + \
+        [records[f].argmax(1).astype(np.int8) for f in argmax]
+
+
+def _assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g.view(f"u{g.dtype.itemsize}"), w.view(f"u{w.dtype.itemsize}"))  # bit for bit
+
+
+LZ4 = [  # (codec, expected to be read without numcodecs)
+    (Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0), True),  # L5Kit's
+    (Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=1000), True),  # many blocks, a short last one
+    (Blosc(cname="lz4", clevel=1, shuffle=Blosc.NOSHUFFLE, blocksize=0), True),
+    (Blosc(cname="lz4hc", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0), True),  # LZ4's format too
+    (Blosc(cname="zstd", clevel=3, shuffle=Blosc.SHUFFLE, blocksize=0), False),
+    (Blosc(cname="blosclz", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0), False),
+    (Blosc(cname="lz4", clevel=5, shuffle=Blosc.BITSHUFFLE, blocksize=0), False),
+]
+
+
+@pytest.mark.parametrize("codec,direct", LZ4, ids=[f"{c.cname}-{c.shuffle}-{c.blocksize}" for c, _ in LZ4])
+@pytest.mark.parametrize("noisy", [False, True], ids=["compressible", "incompressible"])
+def test_agents_gathered_from_compressed_chunks_equal_numpy(codec, direct, noisy):
+    chunk_rows = 5000
+    rec = _agents(chunk_rows, 3, noisy)
+    raw = codec.encode(rec)
+    stored = bool(raw[2] & 0x02)  # incompressible: stored as it is (memcpyed), whatever the codec
+    if noisy and codec.cname == "lz4" and codec.shuffle == Blosc.NOSHUFFLE:
+        assert stored  # that branch is reached
+    plan = Gather(AGENT, ELEMENTS, ["label_probabilities"])
+    for rows, row0 in [(chunk_rows, 0), (chunk_rows - 1, 3), (1234, 7), (1, 0)]:  # padded last chunks, offsets
+        outs, maxes = plan.outputs(rows + row0)
+        done, _ = plan.blosc(raw, chunk_rows, rows, outs, maxes, row0, np.empty(0, np.uint8))
+        assert done == (direct or stored)
+        if done:
+            _assert_same([o[row0:] for o in outs + maxes], _want(rec[:rows], ELEMENTS, ["label_probabilities"]))
+
+
+@pytest.mark.parametrize("blocksize", [0, 1536, 2000])
+def test_split_streams_of_small_records_equal_numpy(blocksize):
+    """Records of at most 16 bytes: blosc compresses each byte stream of a block on its own."""
+    rec = _small(20000, blocksize)
+    raw = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=blocksize).encode(rec)
+    elements = [("a", ()), ("p", (1,)), ("b", ()), ("c", ())]
+    plan = Gather(SMALL, elements, ["p"])
+    for rows in (20000, 19999, 333):
+        outs, maxes = plan.outputs(rows)
+        done, _ = plan.blosc(raw, 20000, rows, outs, maxes, 0, np.empty(0, np.uint8))
+        assert done
+        _assert_same(outs + maxes, _want(rec[:rows], elements, ["p"]))
+
+
+def test_corrupt_or_foreign_bytes_are_left_to_numcodecs():
+    """Corrupt bytes are never read as data: the chunk goes back to numcodecs (which says what is
+    wrong); a chunk of another size or record size too."""
+    rec = _agents(5000, 4, False)
+    raw = bytearray(Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=2000).encode(rec))
+    plan = Gather(AGENT, ELEMENTS, ["label_probabilities"])
+    outs, maxes = plan.outputs(5000)
+    empty = np.empty(0, np.uint8)
+    assert not plan.blosc(bytes(raw[:100]), 5000, 5000, outs, maxes, 0, empty)[0]  # truncated
+    assert not plan.blosc(bytes(raw[:10]), 5000, 5000, outs, maxes, 0, empty)[0]  # not even a header
+    broken = bytearray(raw)
+    broken[16:24] = b"\xff" * 8  # block starts past the end
+    assert not plan.blosc(bytes(broken), 5000, 5000, outs, maxes, 0, empty)[0]
+    broken = bytearray(raw)
+    broken[len(raw) // 2:] = bytes(len(raw) - len(raw) // 2)  # compressed streams zeroed
+    assert not plan.blosc(bytes(broken), 5000, 5000, outs, maxes, 0, empty)[0]
+    assert not plan.blosc(bytes(raw), 4000, 4000, outs, maxes, 0, empty)[0]  # another chunk size
+    other = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE).encode(rec.view(np.uint8).view("<f4"))  # typesize 4
+    assert not plan.blosc(other, 5000, 5000, outs, maxes, 0, empty)[0]
+
+
+@pytest.fixture
+def copy(tmp_path, small_ds):
+    import shutil
+
+    dst = tmp_path / "copy.zarr"
+    shutil.copytree(small_ds, dst)
+    return dst
+
+
+def test_aggregate_and_dataframe_name_a_corrupt_chunk(copy):
+    """Through the passes that read chunks undecoded: a corrupt chunk is named, as everywhere."""
+    chunk = copy / "agents" / "2"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2:] = bytes(len(data) - len(data) // 2)
+    chunk.write_bytes(bytes(data))
+    ds = l5dask.open_dataset(copy)
+    with pytest.raises(ChunkError, match=r"array 'agents', chunk '2': truncated or corrupt"):
+        l5dask.aggregate(ds, "agents", by=["label"], values={"speed": ["mean"]}, scheduler="sync")
+    with pytest.raises(ChunkError, match=r"array 'agents', chunk '2': truncated or corrupt"):
+        ds.to_dask_dataframe("agents", columns=["label", "speed"]).compute(scheduler="sync")
+
+
+def test_encoded_block_equals_decoded_records(small_ds):
+    """An undecoded block's columns and records are the decoded block's, padded last chunk included."""
+    ds = l5dask.open_dataset(small_ds)
+    agents = ds["agents"]
+    n = agents.nchunks
+    for first, count in [(0, n), (n - 1, 1), (1, 2)]:
+        block = agents.read_encoded(first, count)
+        records = agents.read(first, count)
+        assert len(block) == len(records)
+        outs, maxes = block.gather(ELEMENTS, ["label_probabilities"])
+        _assert_same(outs + maxes, _want(records, ELEMENTS, ["label_probabilities"]))
+        np.testing.assert_array_equal(block.records().view(np.uint8), records.view(np.uint8))
+
+
+def test_an_encoded_pass_takes_no_rows_or_intervals(small_ds):
+    from l5dask.engine import Pass
+
+    ds = l5dask.open_dataset(small_ds)
+    with pytest.raises(ValueError, match="encoded pass"):
+        Pass(ds["frames"], rows=lambda *a: None, blocks=True, encoded=True)
+    with pytest.raises(ValueError, match="encoded pass"):
+        Pass(ds["agents"], encoded=True)
+
+
+def test_aggregate_and_dataframe_gather_agents_without_decoding_them(small_ds, monkeypatch):
+    """The passes that hand chunks over undecoded make the agents' columns without numcodecs (the
+    frames, whose join rows are kept as records, are decoded)."""
+    from l5dask import reading
+
+    decoded, decode = [], reading.decode_chunk
+    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: decoded.append(a[1].name) or decode(*a, **kw))
+    ds = l5dask.open_dataset(small_ds)
+    got = l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]}, scheduler="sync")
+    frame = ds.to_dask_dataframe("agents", columns=["label", "speed", "centroid_x"], joins=["host"]).compute(scheduler="sync")
+    assert fmt.AGENTS not in decoded and fmt.FRAMES in decoded
+    records = ds["agents"].read(0, ds["agents"].nchunks)
+    np.testing.assert_array_equal(frame["centroid_x"].to_numpy(), records["centroid"][:, 0])
+    np.testing.assert_array_equal(frame["label"].cat.codes.to_numpy(), records["label_probabilities"].argmax(1))
+    assert int(got.speed_mean.notna().sum()) == len(got) > 0
