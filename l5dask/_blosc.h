@@ -61,12 +61,51 @@ static inline float l5_f32_streams(const uint8_t* q, ptrdiff_t ne, ptrdiff_t i) 
     return f;
 }
 
+#if defined(__SSE2__)
+/* the float32 of records i .. i + 15 (four vectors), their first bytes' stream at q: the four byte
+   streams interleaved by two rounds of unpacks (as the unshuffle does, for these bytes only) */
+static inline void l5_load16(const uint8_t* q, ptrdiff_t ne, __m128 out[4]) {
+    __m128i b0 = _mm_loadu_si128((const __m128i*)q), b1 = _mm_loadu_si128((const __m128i*)(q + ne));
+    __m128i b2 = _mm_loadu_si128((const __m128i*)(q + 2 * ne)), b3 = _mm_loadu_si128((const __m128i*)(q + 3 * ne));
+    __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1);
+    __m128i lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
+    out[0] = _mm_castsi128_ps(_mm_unpacklo_epi16(lo01, lo23));
+    out[1] = _mm_castsi128_ps(_mm_unpackhi_epi16(lo01, lo23));
+    out[2] = _mm_castsi128_ps(_mm_unpacklo_epi16(hi01, hi23));
+    out[3] = _mm_castsi128_ps(_mm_unpackhi_epi16(hi01, hi23));
+}
+#endif
+
 /* numpy's argmax (first maximum; the first NaN, if any) of k float32 per record, from streams:
-   a tile of records at a time, one element of all of them per step (vectorized over records) */
+   16 records at a time, their k values compared in registers (SSE2: every x86-64); the rest, and
+   other CPUs, a tile of records at a time, one element of all of them per step */
 L5_CLONES static void l5_argmax_streams(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t k, int8_t* out) {
     float best[L5_TILE];
     int32_t arg[L5_TILE];
-    for (ptrdiff_t t0 = 0; t0 < rows; t0 += L5_TILE) {
+    ptrdiff_t start = 0;
+#if defined(__SSE2__)
+    for (; start + 16 <= rows; start += 16) {
+        __m128 b[4], v[4];
+        __m128i a[4];
+        l5_load16(base + start, ne, b);
+        for (int t = 0; t < 4; t++) a[t] = _mm_setzero_si128();
+        for (ptrdiff_t j = 1; j < k; j++) {
+            l5_load16(base + 4 * j * ne + start, ne, v);
+            __m128i jj = _mm_set1_epi32((int)j);
+            for (int t = 0; t < 4; t++) {
+                /* v > b, or v is NaN and b is not */
+                __m128 take = _mm_or_ps(_mm_cmpgt_ps(v[t], b[t]),
+                                        _mm_andnot_ps(_mm_cmpord_ps(v[t], v[t]), _mm_cmpord_ps(b[t], b[t])));
+                __m128i ti = _mm_castps_si128(take);
+                b[t] = _mm_or_ps(_mm_and_ps(take, v[t]), _mm_andnot_ps(take, b[t]));
+                a[t] = _mm_or_si128(_mm_and_si128(ti, jj), _mm_andnot_si128(ti, a[t]));
+            }
+        }
+        _mm_storeu_si128((__m128i*)(out + start),
+                         _mm_packs_epi16(_mm_packs_epi32(a[0], a[1]), _mm_packs_epi32(a[2], a[3])));
+    }
+#endif
+    for (ptrdiff_t t0 = start; t0 < rows; t0 += L5_TILE) {
         ptrdiff_t tl = rows - t0 < L5_TILE ? rows - t0 : L5_TILE;
         const uint8_t* p = base + t0;
         for (ptrdiff_t i = 0; i < tl; i++) {

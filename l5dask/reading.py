@@ -88,9 +88,10 @@ class Encoded:
 
     ``records()`` decodes them (once, as :func:`read_block`); ``gather`` makes number columns and
     label argmaxes straight from the compressed bytes, one compiled pass per chunk that never
-    makes the records (``l5dask/_blosc.h``: about 1.5x faster than decoding and gathering, and the
-    block's records are never held). A chunk the compiled reader does not take (another codec, a
-    corrupt chunk) is decoded by numcodecs, which says what is wrong with it.
+    makes the records (``l5dask/_blosc.h``; 1.2-1.4x faster than decoding and gathering on one
+    thread, ``benchmarks/compressed_gather.py``, and the block's records are never held). A chunk
+    the compiled reader does not take (another codec, a corrupt chunk) is decoded by numcodecs,
+    which says what is wrong with it.
     """
 
     def __init__(self, meta: fmt.ArrayMeta, compressed: bool, chunks: list[tuple[int, bytes]]) -> None:
