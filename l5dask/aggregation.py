@@ -338,21 +338,34 @@ def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarra
 
 
 def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
-    """The partial of one stored chunk (or block) of rows: its columns made, then grouped."""
+    """The partial of one stored chunk (or block) of rows: its columns made, the rows a ``where``
+    keeps taken, then grouped. An integer column only counted is never made (its count is the
+    group's rows)."""
     c = spec.selection.chunk(data, start, parent)
     keep = None
     if spec.where is not None:
         cats = {n: col.categories for n, col in spec.selection.columns.items() if col.categorical}
         keep = evaluate_where(spec.where, c, cats)
-    return group_part([c[b] for b in spec.by], {name: c[name] for name, _ in spec.values},
-                      {name: spec.stats(name) for name, _ in spec.values}, spec.quantile_bits, keep)
+        keep = None if keep.all() else np.flatnonzero(keep)  # (takes of the kept rows: 5x faster than masks)
+    needs = {name: spec.stats(name) for name, _ in spec.values}
+    values = {}
+    for name, _ in spec.values:
+        dtype = spec.selection.columns[name].dtype
+        if needs[name] == {"n"} and dtype.kind in "biu":
+            values[name] = np.zeros(0, dtype)
+        else:
+            values[name] = c[name] if keep is None else c[name].take(keep)
+    n = len(c) if keep is None else len(keep)
+    return group_part([c[b] if keep is None else c[b].take(keep) for b in spec.by], values, needs, spec.quantile_bits, n=n)
 
 
 def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dict[str, set[str]],
-               quantile_bits: int = QUANTILE_BITS, keep: np.ndarray | None = None) -> GroupPart:
-    """The partial of some rows: grouped by ``keys`` (integer columns), each value column reduced
-    to the statistics it ``needs``; rows where ``keep`` is False left out."""
-    n = len(keys[0]) if keys else len(next(iter(values.values())))
+               quantile_bits: int = QUANTILE_BITS, keep: np.ndarray | None = None, n: int | None = None) -> GroupPart:
+    """The partial of ``n`` rows (default: the keys' or the values' length): grouped by ``keys``
+    (integer columns), each value column reduced to the statistics it ``needs`` (an integer column
+    only counted may be left empty); rows where ``keep`` is False left out."""
+    if n is None:
+        n = len(keys[0]) if keys else len(next(iter(values.values())))
     if keep is not None and keep.all():
         keep = None
     codes, ngroups, table = encode(list(keys), n)
