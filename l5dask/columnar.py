@@ -33,7 +33,7 @@ from numcodecs import Blosc, VLenUTF8, Zstd
 from . import format as fmt
 from .columns import INDEX
 from .errors import FormatError, L5DaskError
-from .reading import L5Array, L5Dataset, project
+from .reading import L5Array, L5Dataset, decode_blosc, project
 from .store import Store
 
 LAYOUT = "l5kit-columnar"
@@ -143,8 +143,7 @@ def decode_chunk(raw: bytes, m: FieldMeta, where: str) -> np.ndarray:
         if m.strings:
             return _VLEN.decode(_ZSTD.decode(raw)).astype(m.dtype)
         out = np.empty((m.chunk_rows, *m.tail), dtype=m.dtype)
-        Blosc().decode(raw, out=out)
-        return out
+        return decode_blosc(raw, out)
     except (RuntimeError, ValueError, TypeError) as exc:
         raise FormatError(f"{where}: truncated or corrupt chunk ({exc})") from None
 

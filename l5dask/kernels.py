@@ -221,7 +221,13 @@ class Gather:
     def outputs(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         return [np.empty(n, dt) for dt in self.dtypes], [np.empty(n, np.int8) for _ in self.argmax]
 
-    def _addresses(self, outs: list[np.ndarray], maxes: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    def _addresses(self, outs: list[np.ndarray], maxes: list[np.ndarray], end: int) -> tuple[np.ndarray, np.ndarray]:
+        """The outputs' addresses for the compiled loops, which write rows up to ``end``: checked
+        to be contiguous arrays of the plan's types that hold them."""
+        if len(outs) != len(self.dtypes) or len(maxes) != len(self.argmax) or not all(
+                isinstance(o, np.ndarray) and o.dtype == dt and o.flags.c_contiguous and len(o) >= end
+                for o, dt in zip([*outs, *maxes], [*self.dtypes, *[np.dtype(np.int8)] * len(maxes)])):
+            raise ValueError(f"gather: an output per column, contiguous, of its type and at least {end} rows expected")
         return np.array([o.ctypes.data for o in outs], np.int64), np.array([o.ctypes.data for o in maxes], np.int64)
 
     def records(self, records: np.ndarray, outs: list[np.ndarray], maxes: list[np.ndarray], row0: int = 0) -> None:
@@ -235,7 +241,7 @@ class Gather:
             for out, f in zip(maxes, self.argmax):
                 out[row0: row0 + n] = argmax_rows(records, f)
             return
-        dests, adests = self._addresses([o[row0:] for o in outs], [o[row0:] for o in maxes])
+        dests, adests = self._addresses([o[row0:] for o in outs], [o[row0:] for o in maxes], n)
         _gather_fields(records.view(np.uint8).reshape(-1), n, records.dtype.itemsize, self.offsets, self.sizes, dests,
                        self.argmax_offsets, self.argmax_ncols, adests)
 
@@ -251,7 +257,9 @@ class Gather:
         size = _blosc_blocksize(buf)
         if size > len(scratch):
             scratch = np.empty(size, np.uint8)
-        dests, adests = self._addresses(outs, maxes)
+        if row0 < 0 or not 0 <= rows <= chunk_rows:
+            raise ValueError("gather: rows of the chunk out of range")
+        dests, adests = self._addresses(outs, maxes, row0 + rows)
         status = _gather_blosc(buf, self.dtype.itemsize, chunk_rows, rows, row0, scratch, self.offsets, self.sizes,
                                dests, self.argmax_offsets, self.argmax_ncols, adests)
         return status == 0, scratch

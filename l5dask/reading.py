@@ -39,6 +39,19 @@ def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     return out
 
 
+def decode_blosc(raw, out: np.ndarray) -> np.ndarray:
+    """numcodecs' blosc decode of ``raw`` into ``out``, once ``raw`` is known to hold the bytes its
+    header says: blosc reads as many as the header says, so a truncated chunk would be read past
+    its end (a crash, or another object's bytes taken for data). ``ValueError`` if it does not."""
+    view = raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B")
+    if len(view) < 16:
+        raise ValueError(f"{len(view)} bytes, shorter than a blosc header")
+    cbytes = int.from_bytes(view[12:16], "little")
+    if cbytes > len(view):
+        raise ValueError(f"it holds {len(view)} bytes, its header says {cbytes}")
+    return _BLOSC.decode(raw, out=out)
+
+
 def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, out: np.ndarray | None = None) -> np.ndarray:
     """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if given)."""
     nbytes = meta.chunk_rows * meta.dtype.itemsize
@@ -46,7 +59,7 @@ def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, ou
         out = np.empty(meta.chunk_rows, dtype=meta.dtype)
     if compressed:
         try:
-            _BLOSC.decode(raw, out=out)
+            decode_blosc(raw, out)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ChunkError(
                 f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({exc})"

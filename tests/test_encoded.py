@@ -187,3 +187,36 @@ def test_aggregate_and_dataframe_gather_agents_without_decoding_them(small_ds, m
     np.testing.assert_array_equal(frame["centroid_x"].to_numpy(), records["centroid"][:, 0])
     np.testing.assert_array_equal(frame["label"].cat.codes.to_numpy(), records["label_probabilities"].argmax(1))
     assert int(got.speed_mean.notna().sum()) == len(got) > 0
+
+
+def test_outputs_that_cannot_hold_the_rows_are_refused():
+    """The compiled loops write to the outputs' memory: short, mistyped or strided ones are refused."""
+    rec = _agents(100, 5, False)
+    raw = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE).encode(rec)
+    plan = Gather(AGENT, [("velocity", (0,))], ["label_probabilities"])
+    empty = np.empty(0, np.uint8)
+    for outs, maxes, row0 in [([np.empty(99, np.float32)], [np.empty(100, np.int8)], 0),
+                              ([np.empty(100, np.float32)], [np.empty(100, np.int8)], 1),
+                              ([np.empty(100, np.float64)], [np.empty(100, np.int8)], 0),
+                              ([np.empty(200, np.float32)[::2]], [np.empty(100, np.int8)], 0),
+                              ([], [np.empty(100, np.int8)], 0)]:
+        with pytest.raises(ValueError, match="gather: an output per column"):
+            plan.blosc(raw, 100, 100, outs, maxes, row0, empty)
+        with pytest.raises(ValueError, match="gather: an output per column"):
+            plan.records(rec, outs, maxes, row0)
+    with pytest.raises(ValueError, match="out of range"):
+        plan.blosc(raw, 100, 101, [np.empty(101, np.float32)], [np.empty(101, np.int8)], 0, empty)
+
+
+def test_a_truncated_chunk_is_refused_before_blosc_reads_past_its_end(small_ds):
+    """blosc reads as many bytes as a chunk's header says: a chunk cut short anywhere is refused
+    by its length (it once crashed the process, reading past the end of a 50-byte chunk)."""
+    from l5dask.reading import Encoded, decode_chunk, fetch_chunks
+
+    agents = l5dask.open_dataset(small_ds)["agents"]
+    ((_, raw),) = fetch_chunks(agents.store, agents.meta, 1, 1)
+    for cut in (0, 10, 16, 50, len(raw) // 2, len(raw) - 1):
+        with pytest.raises(ChunkError, match=r"array 'agents', chunk '1': truncated or corrupt"):
+            decode_chunk(raw[:cut], agents.meta, True, "1")
+        with pytest.raises(ChunkError, match=r"truncated or corrupt"):
+            Encoded(agents.meta, True, [(1, raw[:cut])]).gather(ELEMENTS, ["label_probabilities"])
