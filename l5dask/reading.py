@@ -123,19 +123,29 @@ class Encoded:
     def records(self) -> np.ndarray:
         """The records (decoded on first use, each chunk once)."""
         if self._records is None:
-            out = np.empty(len(self), self.meta.dtype)
-            scratch = None
-            for index, raw in self.chunks:
-                lo, hi = self.meta.chunk_bounds(index)
-                if hi - lo == self.meta.chunk_rows:
-                    decode_chunk(raw, self.meta, self.compressed, str(index), out=out[lo - self.start: hi - self.start])
-                    continue
-                if scratch is None:
-                    scratch = np.empty(self.meta.chunk_rows, self.meta.dtype)
-                decode_chunk(raw, self.meta, self.compressed, str(index), out=scratch)
-                out[lo - self.start: hi - self.start].view(np.uint8)[:] = scratch[: hi - lo].view(np.uint8)
-            self._records = out
+            self._records = self.records_into(np.empty(len(self), self.meta.dtype), self.start, self.stop)
         return self._records
+
+    def records_into(self, out: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` (within these chunks) into ``out`` (``hi - lo`` records): each chunk
+        decoded once, straight into ``out`` when all its rows fit there (no copy), else through one
+        chunk of scratch."""
+        meta, rows = self.meta, self.meta.chunk_rows
+        scratch = None
+        for index, raw in self.chunks:
+            start, stop = meta.chunk_bounds(index)
+            if start >= lo and start + rows <= hi:
+                decode_chunk(raw, meta, self.compressed, str(index), out=out[start - lo: start - lo + rows])
+                continue
+            a, b = max(lo, start), min(hi, stop)
+            if a >= b:
+                continue
+            if scratch is None:
+                scratch = np.empty(rows, dtype=meta.dtype)
+            decode_chunk(raw, meta, self.compressed, str(index), out=scratch)
+            # as bytes: a memcpy (a structured copy goes field by field, 3x slower)
+            out[a - lo: b - lo].view(np.uint8)[:] = scratch[a - start: b - start].view(np.uint8)
+        return out
 
     def gather(self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -265,22 +275,10 @@ class L5Array:
         """Rows ``[lo, hi)`` (all fields) into ``out`` (``hi - lo`` records): each stored chunk read
         and decoded once, straight into ``out`` when all its rows fit there (no copy), else
         through one chunk of scratch."""
-        meta, rows = self.meta, self.meta.chunk_rows
         if hi <= lo:
             return out
-        scratch = None
-        for index, raw in fetch_chunks(self.store, meta, lo // rows, (hi - 1) // rows + 1 - lo // rows):
-            start, stop = meta.chunk_bounds(index)
-            if start >= lo and start + rows <= hi:
-                decode_chunk(raw, meta, self.compressed, str(index), out=out[start - lo: start - lo + rows])
-                continue
-            if scratch is None:
-                scratch = np.empty(rows, dtype=meta.dtype)
-            decode_chunk(raw, meta, self.compressed, str(index), out=scratch)
-            a, b = max(lo, start), min(hi, stop)
-            # as bytes: a memcpy (a structured copy goes field by field, 3x slower)
-            out[a - lo: b - lo].view(np.uint8)[:] = scratch[a - start: b - start].view(np.uint8)
-        return out
+        rows = self.meta.chunk_rows
+        return self.read_encoded(lo // rows, (hi - 1) // rows + 1 - lo // rows).records_into(out, lo, hi)
 
     def read_ranges(self, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """The rows of the sorted, disjoint ranges ``[lo[i], hi[i])``, one after the other; each
