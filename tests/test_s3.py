@@ -23,6 +23,23 @@ def test_open_s3_matches_local(s3, s3_small, small_ds):
         np.testing.assert_array_equal(ds[name].to_dask().compute(), ref[name])
 
 
+def test_aggregate_and_dataframe_from_s3_equal_local(s3, s3_small, small_ds):
+    """The passes that fetch chunks undecoded and gather columns from their bytes, through s3fs."""
+    remote = l5dask.open_dataset(s3_small, storage_options=s3.storage_options())
+    local = l5dask.open_dataset(small_ds)
+    kw = dict(by=["host", "label"], values={"speed": ["mean", "max"], "extent_length": ["q50"]},
+              where="distance_to_ego < 40")
+    got, want = l5dask.aggregate(remote, "agents", **kw), l5dask.aggregate(local, "agents", **kw)
+    assert len(got) == len(want) > 0
+    for c in want.columns:
+        np.testing.assert_array_equal(got[c].to_numpy(), want[c].to_numpy(), err_msg=c)
+    cols = dict(columns=["label", "speed", "centroid_x"], joins=["scene_index"])
+    a = remote.to_dask_dataframe("agents", **cols).compute()
+    b = local.to_dask_dataframe("agents", **cols).compute()
+    for c in b.columns:
+        np.testing.assert_array_equal(np.asarray(a[c]), np.asarray(b[c]), err_msg=c)
+
+
 def test_xarray_engine_on_s3(s3, s3_small, small_ds):
     x = xr.open_dataset(s3_small, engine="l5kit", group="frames", storage_options=s3.storage_options())
     np.testing.assert_array_equal(x.timestamp.values, read_all(small_ds)["frames"]["timestamp"])
