@@ -255,6 +255,8 @@ class Gather:
             return False, scratch
         buf = np.frombuffer(raw, np.uint8)
         size = _blosc_blocksize(buf)
+        if not 0 < size <= chunk_rows * self.dtype.itemsize:  # (a corrupt header: no scratch sized by it)
+            return False, scratch
         if size > len(scratch):
             scratch = np.empty(size, np.uint8)
         if row0 < 0 or not 0 <= rows <= chunk_rows:

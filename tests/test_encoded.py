@@ -116,6 +116,9 @@ def test_corrupt_or_foreign_bytes_are_left_to_numcodecs():
     assert not plan.blosc(bytes(raw[:100]), 5000, 5000, outs, maxes, 0, empty)[0]  # truncated
     assert not plan.blosc(bytes(raw[:10]), 5000, 5000, outs, maxes, 0, empty)[0]  # not even a header
     broken = bytearray(raw)
+    broken[8:12] = (2**31 - 1).to_bytes(4, "little")  # a block size past the chunk's (no 2 GB of scratch)
+    assert not plan.blosc(bytes(broken), 5000, 5000, outs, maxes, 0, empty)[0]
+    broken = bytearray(raw)
     broken[16:24] = b"\xff" * 8  # block starts past the end
     assert not plan.blosc(bytes(broken), 5000, 5000, outs, maxes, 0, empty)[0]
     broken = bytearray(raw)
