@@ -7,6 +7,10 @@ threads scale. The numpy formulation of the same maths made many passes over eac
 distinct tracks). Definitions are exactly those of ``docs/statistics-report.md``;
 ``tests/test_kernels.py`` and ``tests/test_stats.py`` check them against numpy.
 
+:class:`Gather` makes the columns of named numbers and argmaxes in one pass, from decoded records
+or straight from a blosc-compressed chunk (``l5dask/_blosc.h``: no records are made;
+``tests/test_encoded.py`` checks it against numcodecs' decode).
+
 Compiled with Cython when the package is installed: the module loads in a millisecond,
 where numba (used before) cost 0.75 s per process to import and load its cache.
 """
