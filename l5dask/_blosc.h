@@ -18,7 +18,11 @@
    l5_blosc_gather returns 0 when done, 1 when the chunk is not of this kind (another codec, bit
    shuffle, a type size that is not the record size, blocks that are not whole records...) and
    -1 when it is corrupt; on anything but 0 the caller decodes the chunk with numcodecs instead
-   (which then says what is wrong), so every chunk numcodecs reads is read, the same. */
+   (which then says what is wrong), so every chunk numcodecs reads is read, the same. Every
+   check c-blosc makes is made here too (its header checks, each block's start and streams'
+   sizes, LZ4's own, and every block decompressed, padding included): 0 only for a chunk c-blosc
+   decodes, -1 only for one it refuses (tests/test_properties.py). The caller first applies
+   l5dask.codec's header rule, which every path shares. */
 #ifndef L5_BLOSC_H
 #define L5_BLOSC_H
 #include <stddef.h>
@@ -40,6 +44,8 @@ typedef struct {
 } l5_columns;
 
 #define L5_TILE 256
+/* blosc.h's BLOSC_MAX_BLOCKSIZE */
+#define L5_BLOSC_MAX_BLOCKSIZE ((INT32_MAX - 255 * 4) / 3)
 
 /* the stream loops built twice, for AVX2 and for any x86-64 (picked once, when loaded) */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
@@ -189,12 +195,16 @@ static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize,
     if (cbytes > srclen || cbytes < 16) return -1;
     if (nbytes != chunk_rows * itemsize || rows > chunk_rows) return 1;
     if (nbytes == 0) return 0;
+    /* c-blosc's checks before any block (blosc_run_decompression_with_context): a chunk it refuses
+       is refused here too, so that both readers agree on every chunk */
+    if (typesize == 0 || blocksize <= 0 || blocksize > nbytes || blocksize > L5_BLOSC_MAX_BLOCKSIZE) return -1;
     if (flags & 0x02) {  /* stored (memcpyed): the records themselves, after the header */
         if (cbytes != nbytes + 16) return -1;
         l5_gather_records(src + 16, rows, itemsize, row0, c);
         return 0;
     }
     if (((flags & 0xe0) >> 5) != 1) return 1;  /* not LZ4 */
+    if (src[1] != 1) return -1;                  /* an LZ4 format version c-blosc refuses */
     int doshuffle = (flags & 0x01) && typesize > 1;
     if ((flags & 0x04) && blocksize >= typesize) return 1;  /* bit shuffle */
     if (doshuffle && typesize != itemsize) return 1;
@@ -208,8 +218,9 @@ static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize,
         int last = b == nblocks - 1 && leftover > 0;
         int64_t bsize = last ? leftover : blocksize;
         int64_t first = b * (blocksize / itemsize), ne = bsize / itemsize;
-        if (first >= rows) break;  /* padding rows past the array's end: not decompressed */
-        int64_t want = rows - first < ne ? rows - first : ne;
+        /* padding rows past the array's end are decompressed too (not gathered): a corrupt
+           padding block is refused here as c-blosc refuses it */
+        int64_t want = first >= rows ? 0 : (rows - first < ne ? rows - first : ne);
         int64_t nsplits = (!dont_split && typesize <= 16 && bsize / typesize >= 128 && !last) ? typesize : 1;
         int64_t neblock = bsize / nsplits, off = (int32_t)l5_rd32(src + 16 + 4 * b);
         if (neblock * nsplits != bsize) return 1;
@@ -227,6 +238,8 @@ static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize,
             off += cb;
             dst += neblock;
         }
+        if (want == 0)
+            continue;
         if (doshuffle)
             l5_gather_streams(tmp, ne, want, row0 + first, c);
         else

@@ -33,7 +33,8 @@ from numcodecs import Blosc, VLenUTF8, Zstd
 from . import format as fmt
 from .columns import INDEX
 from .errors import FormatError, L5DaskError
-from .reading import L5Array, L5Dataset, decode_blosc, project
+from .codec import check_blosc, decode_blosc, typesize_of
+from .reading import L5Array, L5Dataset, project
 from .store import Store
 
 LAYOUT = "l5kit-columnar"
@@ -142,8 +143,11 @@ def decode_chunk(raw: bytes, m: FieldMeta, where: str) -> np.ndarray:
     try:
         if m.strings:
             return _VLEN.decode(_ZSTD.decode(raw)).astype(m.dtype)
-        out = np.empty((m.chunk_rows, *m.tail), dtype=m.dtype)
-        return decode_blosc(raw, out)
+        shape = (m.chunk_rows, *m.tail)
+        why = check_blosc(memoryview(raw).cast("B"), int(np.prod(shape)) * m.dtype.itemsize, typesize_of(m.dtype.itemsize))
+        if why is not None:  # checked before the buffer is sized by the metadata
+            raise ValueError(why)
+        return decode_blosc(raw, np.empty(shape, dtype=m.dtype))
     except (RuntimeError, ValueError, TypeError) as exc:
         raise FormatError(f"{where}: truncated or corrupt chunk ({exc})") from None
 
@@ -235,8 +239,8 @@ def _field_meta(store: Store, key: str, where: str) -> FieldMeta:
     raw = store.get_metadata(f"{key}/zarr.json")
     if raw is None:
         raise FormatError(f"{where}: {key}/zarr.json is missing")
+    meta = fmt.load_json(raw, where, f"{key}/zarr.json")
     try:
-        meta = json.loads(raw)
         shard = meta["codecs"][0]
         if shard["name"] != "sharding_indexed" or meta["zarr_format"] != 3:
             raise KeyError("codecs")
@@ -246,6 +250,13 @@ def _field_meta(store: Store, key: str, where: str) -> FieldMeta:
         chunk = shard["configuration"]["chunk_shape"]
     except (ValueError, KeyError, TypeError, IndexError):
         raise FormatError(f"{where}: {key}/zarr.json is not an array of l5dask's columnar layout") from None
+    if not (isinstance(shape, list) and 1 <= len(shape) <= 8 and all(fmt.is_count(v) for v in shape)
+            and isinstance(outer, list) and isinstance(chunk, list) and len(outer) == len(chunk) == len(shape)
+            and fmt.is_count(chunk[0], 1) and fmt.is_count(outer[0], 1) and outer[0] % chunk[0] == 0
+            and outer[0] // chunk[0] <= fmt.MAX_CHUNKS and list(chunk[1:]) == list(shape[1:])
+            and int(np.prod(chunk, dtype=object)) * 64 <= fmt.MAX_CHUNK_NBYTES):
+        raise FormatError(f"{where}: {key}/zarr.json: shape {shape!r}, shards {outer!r} and chunks {chunk!r} "
+                          "are not whole numbers of rows that l5dask reads")
     if meta["data_type"] == "string":
         if names != ["vlen-utf8", "zstd"]:
             raise FormatError(f"{where}: {key}: unsupported codecs {names}")
@@ -272,14 +283,17 @@ def is_columnar(store: Store) -> bool:
         return False
     try:
         return json.loads(raw).get("attributes", {}).get("l5dask", {}).get("layout") == LAYOUT
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return False
 
 
 def open_columnar(store: Store) -> L5Dataset:
     """The :class:`L5Dataset` of a zarr v3 columnar export (metadata read here, chunks lazily)."""
-    root = json.loads(store.get("zarr.json"))
-    attrs = root.get("attributes", {})
+    root = fmt.load_json(store.get("zarr.json"), store.url, "zarr.json")
+    attrs = root.get("attributes", {}) if isinstance(root, dict) else {}
+    if not isinstance(attrs, dict):
+        raise FormatError(f"{store.url}: zarr.json attributes are not a JSON object")
+    fmt.parse_zattrs(json.dumps({k: v for k, v in attrs.items() if k == "labels"}).encode(), store.url)
     arrays: dict[str, L5Array] = {}
     for name in fmt.ARRAY_NAMES:
         raw = store.get_metadata(f"{name}/zarr.json")
@@ -287,12 +301,15 @@ def open_columnar(store: Store) -> L5Dataset:
             if name == fmt.TL_FACES:
                 continue
             raise FormatError(f"{store.url}: the export has no {name!r} group")
-        g = json.loads(raw).get("attributes", {})
+        g = fmt.load_json(raw, store.url, f"{name}/zarr.json")
+        g = g.get("attributes", {}) if isinstance(g, dict) else {}
         try:
             dtype = fmt.dtype_from_descr(g["l5kit_dtype"], f"{store.url}: {name}")
-            length, rows = int(g["length"]), int(g["chunk_rows"])
-        except (KeyError, TypeError, ValueError):
+            length, rows = g["length"], g["chunk_rows"]
+        except (KeyError, TypeError, AttributeError):
             raise FormatError(f"{store.url}: {name}/zarr.json lacks l5dask's attributes") from None
+        if not (fmt.is_count(length) and fmt.is_count(rows, 1)):
+            raise FormatError(f"{store.url}: {name}/zarr.json: length {length!r} or chunk_rows {rows!r} out of range")
         fields = {f: _field_meta(store, f"{name}/{f}", store.url) for f in dtype.names}
         for f, m in fields.items():
             sub = dtype.fields[f][0]
@@ -301,5 +318,5 @@ def open_columnar(store: Store) -> L5Dataset:
                 raise FormatError(f"{store.url}: {name}/{f} does not match the table's dtype and length")
             if m.strings:
                 object.__setattr__(m, "dtype", sub.base)
-        arrays[name] = ColumnarArray(store, fmt.ArrayMeta(name, dtype, length, rows), fields)
+        arrays[name] = ColumnarArray(store, fmt.check_size(fmt.ArrayMeta(name, dtype, length, rows), f"{store.url}: {name}"), fields)
     return L5Dataset(store, arrays, {k: v for k, v in attrs.items() if k != "l5dask"})

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .codec import MAX_BUFFERSIZE as MAX_CHUNK_NBYTES
 from .errors import FormatError
 
 FORMAT_VERSION = 2
@@ -164,6 +165,18 @@ class ArrayMeta:
     def nchunks(self) -> int:
         return -(-self.length // self.chunk_rows) if self.length else 0
 
+    @property
+    def chunk_nbytes(self) -> int:
+        """The decoded size of every stored chunk (the last one is stored full size, padded)."""
+        return self.chunk_rows * self.dtype.itemsize
+
+    @property
+    def typesize(self) -> int:
+        """The element size blosc stores in a chunk's header: the record's (an N-D array's number
+        type's, for arrays with a ``tail``), 1 past blosc's 255."""
+        size = self.dtype.fields["value"][0].base.itemsize if self.tail else self.dtype.itemsize
+        return size if size <= 255 else 1
+
     def chunk_bounds(self, index: int) -> tuple[int, int]:
         """The row range ``[start, stop)`` of stored chunk ``index`` that holds data."""
         start = index * self.chunk_rows
@@ -175,8 +188,8 @@ def safe_dtype(text: str, kinds: set[str], what: str, why: str) -> np.dtype:
     object dtype: nothing read from a store is unpickled); errors start with ``what``."""
     try:
         dt = np.dtype(text)
-    except TypeError as exc:
-        raise FormatError(f"{what} an unknown dtype {text!r}") from exc
+    except (TypeError, ValueError, OverflowError):
+        raise FormatError(f"{what} an unknown dtype {_short(text)}") from None
     if dt.kind not in kinds:
         raise FormatError(f"{what} dtype {text!r}, {why}")
     return dt
@@ -189,28 +202,32 @@ def dtype_from_descr(descr: Any, where: str) -> np.dtype:
     anything that is not a plain structured dtype of numbers and fixed strings
     are refused: data from a store is never unpickled.
     """
-    if not isinstance(descr, list):
-        raise FormatError(f"{where}: dtype {descr!r} is not a structured dtype (a list of fields)")
+    if not isinstance(descr, list) or not 0 < len(descr) <= 256:
+        raise FormatError(f"{where}: dtype {_short(descr)} is not a structured dtype (a list of 1 to 256 fields)")
     fields = []
     for entry in descr:
         if not (isinstance(entry, list) and len(entry) in (2, 3) and isinstance(entry[0], str)):
-            raise FormatError(f"{where}: malformed dtype field {entry!r}")
+            raise FormatError(f"{where}: malformed dtype field {_short(entry)}")
         name, base = entry[0], entry[1]
         if not isinstance(base, str):
-            raise FormatError(f"{where}: field {name!r} has a nested or unsupported dtype {base!r}")
+            raise FormatError(f"{where}: field {name!r} has a nested or unsupported dtype {_short(base)}")
         base_dt = safe_dtype(base, _ALLOWED_KINDS, f"{where}: field {name!r} has",
                              "which would need object/pickle decoding; refusing to read it")
         if len(entry) == 3:
             shape = entry[2]
-            if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
-                raise FormatError(f"{where}: field {name!r} has a malformed shape {shape!r}")
+            if not (isinstance(shape, list) and len(shape) <= 8 and all(is_count(s, 0, MAX_CHUNK_NBYTES) for s in shape)
+                    and int(np.prod(shape, dtype=object)) * base_dt.itemsize <= MAX_CHUNK_NBYTES):
+                raise FormatError(f"{where}: field {name!r} has a malformed shape {_short(shape)}")
             fields.append((name, base_dt, tuple(shape)))
         else:
             fields.append((name, base_dt))
     try:
-        return np.dtype(fields)
-    except (TypeError, ValueError) as exc:
-        raise FormatError(f"{where}: invalid dtype: {exc}") from exc
+        dtype = np.dtype(fields)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise FormatError(f"{where}: invalid dtype: {exc}") from None
+    if dtype.itemsize > MAX_CHUNK_NBYTES:
+        raise FormatError(f"{where}: records of {dtype.itemsize:,} bytes are larger than a chunk holds")
+    return dtype
 
 
 def descr_from_dtype(dtype: np.dtype) -> list[list[Any]]:
@@ -247,12 +264,49 @@ def check_fields(name: str, dtype: np.dtype, where: str) -> None:
             )
 
 
+#: Bounds on what metadata may say, checked before anything is sized by it: rows of an array
+#: (2**48: far past train_full's 2.6e9 agents), stored chunks of an array (a task graph of 2**24
+#: tasks is already beyond any scheduler), bytes of a metadata document (L5Kit's are under 2 KB).
+MAX_ROWS = 2**48
+MAX_CHUNKS = 2**24
+MAX_METADATA_BYTES = 1 << 20
+
+
+def load_json(raw: bytes | str, where: str, what: str) -> Any:
+    """The JSON document ``raw`` (a metadata object, at most ``MAX_METADATA_BYTES``), or one
+    ``FormatError`` line: not JSON, not UTF-8, too large, or nested too deeply for the parser."""
+    if len(raw) > MAX_METADATA_BYTES:
+        raise FormatError(f"{where}: {what} is {len(raw):,} bytes, more than metadata holds ({MAX_METADATA_BYTES:,})")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise FormatError(f"{where}: {what} is JSON nested too deeply to be metadata") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{where}: {what} is not valid JSON ({exc})") from None
+
+
+def is_count(value: Any, lo: int = 0, hi: int = MAX_ROWS) -> bool:
+    """Whether ``value`` is a JSON integer (not a bool) in ``[lo, hi]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and lo <= value <= hi
+
+
+def check_size(meta: ArrayMeta, where: str) -> ArrayMeta:
+    """``meta``, once its rows, chunks and record size are within what a store holds and a chunk
+    can decode to (blosc's 2 GB); one ``FormatError`` line otherwise."""
+    if meta.dtype.itemsize == 0:
+        raise FormatError(f"{where}: records of 0 bytes")
+    if meta.chunk_nbytes > MAX_CHUNK_NBYTES:
+        raise FormatError(f"{where}: chunks of {meta.chunk_rows:,} rows of {meta.dtype.itemsize:,} bytes "
+                          f"({meta.chunk_nbytes:,} bytes), more than a blosc chunk holds ({MAX_CHUNK_NBYTES:,})")
+    if meta.nchunks > MAX_CHUNKS:
+        raise FormatError(f"{where}: {meta.length:,} rows in {meta.nchunks:,} chunks of {meta.chunk_rows:,}, "
+                          f"more chunks than l5dask reads ({MAX_CHUNKS:,}); rechunk the array")
+    return meta
+
+
 def _load_zarray(raw: bytes, where: str) -> dict:
     """A ``.zarray``'s JSON object, refused unless it is zarr v2 metadata."""
-    try:
-        meta = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{where}: .zarray is not valid JSON ({exc})") from exc
+    meta = load_json(raw, where, ".zarray")
     if not isinstance(meta, dict):
         raise FormatError(f"{where}: .zarray is not a JSON object")
     if meta.get("zarr_format") != 2:
@@ -268,8 +322,9 @@ def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
     shape, chunks = meta.get("shape"), meta.get("chunks")
     if not (isinstance(shape, list) and len(shape) == 1 and isinstance(chunks, list) and len(chunks) == 1):
         raise FormatError(f"{where}: expected a 1-D array, got shape {shape!r} chunks {chunks!r}")
-    if not (isinstance(shape[0], int) and shape[0] >= 0 and isinstance(chunks[0], int) and chunks[0] > 0):
-        raise FormatError(f"{where}: invalid shape {shape!r} or chunks {chunks!r}")
+    if not (is_count(shape[0]) and is_count(chunks[0], 1)):
+        raise FormatError(f"{where}: invalid shape {_short(shape)} or chunks {_short(chunks)} "
+                          f"(whole numbers, rows up to {MAX_ROWS:,}, chunks of at least one row)")
     if meta.get("filters"):
         raise FormatError(f"{where}: filters {meta['filters']!r} are not supported (L5Kit writes none)")
     comp = meta.get("compressor")
@@ -280,7 +335,18 @@ def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
         )
     if meta.get("order", "C") != "C":
         raise FormatError(f"{where}: order {meta.get('order')!r} is not supported")
-    return ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]))
+    return check_size(ArrayMeta(name, dtype, int(shape[0]), int(chunks[0])), where)
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to fit one line of an error."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def is_compressed(raw: bytes) -> bool:
+    """Whether a ``.zarray`` (already parsed and checked) names a compressor."""
+    return json.loads(raw).get("compressor") is not None
 
 
 #: Where L5Kit's ``select_agents`` writes agent masks: ``agents_mask/{threshold}``.
@@ -296,17 +362,23 @@ def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
         raise FormatError(f"{where}: dtype {descr!r} is not a plain number type")
     base = safe_dtype(descr, set("biuf"), f"{where}: it has", "which is not a number type; refusing to read it")
     shape, chunks = meta.get("shape"), meta.get("chunks")
-    ok = (isinstance(shape, list) and isinstance(chunks, list) and len(shape) == len(chunks) >= 1
-          and all(isinstance(v, int) and v >= 0 for v in shape + chunks) and chunks[0] > 0)
+    ok = (isinstance(shape, list) and isinstance(chunks, list) and 1 <= len(shape) == len(chunks) <= 8
+          and all(is_count(v) for v in shape + chunks) and chunks[0] > 0)
     if not ok or list(chunks[1:]) != list(shape[1:]):
-        raise FormatError(f"{where}: expected chunks along the first axis only, got shape {shape!r} chunks {chunks!r}")
+        raise FormatError(f"{where}: expected chunks along the first axis only, got shape {_short(shape)} "
+                          f"chunks {_short(chunks)}")
     comp = meta.get("compressor")
     if meta.get("filters") or meta.get("order", "C") != "C" or (
             comp is not None and (not isinstance(comp, dict) or comp.get("id") != "blosc")):
         raise FormatError(f"{where}: only blosc-compressed C-order arrays without filters are supported")
     tail = tuple(shape[1:])
+    if int(np.prod(tail, dtype=object)) * base.itemsize > MAX_CHUNK_NBYTES:
+        raise FormatError(f"{where}: rows of shape {_short(tail)} are larger than a chunk holds")
+    separator = meta.get("dimension_separator", ".")
+    if separator not in (".", "/"):
+        raise FormatError(f"{where}: dimension_separator {_short(separator)} is neither '.' nor '/'")
     dtype = np.dtype([("value", base, tail)]) if tail else np.dtype([("value", base)])
-    return ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]), tail, meta.get("dimension_separator", "."))
+    return check_size(ArrayMeta(name, dtype, int(shape[0]), int(chunks[0]), tail, separator), where)
 
 
 def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, ...] = ()) -> bytes:
@@ -327,6 +399,26 @@ def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, 
         meta.update(chunks=[chunk_rows, *tail], shape=[length, *tail], dtype=base.str,
                     fill_value=0 if base.kind in "biu" else 0.0)
     return json.dumps(meta, indent=4, sort_keys=True, ensure_ascii=True).encode()
+
+
+def parse_zattrs(raw: bytes | None, where: str) -> dict[str, Any]:
+    """The dataset's ``.zattrs`` (``{}`` when absent), refused unless its ``labels`` (when given)
+    are the names of the 17 label probabilities: 17 distinct non-empty strings."""
+    if raw is None:
+        return {}
+    attrs = load_json(raw, where, ".zattrs")
+    if not isinstance(attrs, dict):
+        raise FormatError(f"{where}: .zattrs is not a JSON object")
+    labels = attrs.get("labels")
+    if labels is not None:
+        if not (isinstance(labels, list) and len(labels) == len(LABELS)
+                and all(isinstance(x, str) and x for x in labels)):
+            raise FormatError(f"{where}: .zattrs labels must be {len(LABELS)} names (strings), one per label "
+                              f"probability; found {_short(labels)}")
+        if len(set(labels)) != len(labels):
+            twice = sorted({x for x in labels if labels.count(x) > 1})
+            raise FormatError(f"{where}: .zattrs labels must be distinct; {_short(twice)} appear more than once")
+    return attrs
 
 
 def zattrs_json(labels: tuple[str, ...] = LABELS) -> bytes:

@@ -8,7 +8,6 @@ one array share a single decode per chunk in a computation.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from collections.abc import Sequence
@@ -17,17 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from dask.base import tokenize
-from numcodecs import Blosc
 
 from . import format as fmt
+from .codec import check_blosc, decode_blosc
 from .errors import ChunkError, FormatError, L5DaskError, NotADatasetError
 from .store import Store, open_store
 
 if TYPE_CHECKING:
     import dask.array as da
-
-_BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
-
 
 def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     """A packed copy of ``records`` with only ``fields`` (all of them when ``None``)."""
@@ -39,36 +35,34 @@ def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     return out
 
 
-def decode_blosc(raw, out: np.ndarray) -> np.ndarray:
-    """numcodecs' blosc decode of ``raw`` into ``out``, once ``raw`` is known to hold the bytes its
-    header says: blosc reads as many as the header says, so a truncated chunk would be read past
-    its end (a crash, or another object's bytes taken for data). ``ValueError`` if it does not."""
-    view = raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B")
-    if len(view) < 16:
-        raise ValueError(f"{len(view)} bytes, shorter than a blosc header")
-    cbytes = int.from_bytes(view[12:16], "little")
-    if cbytes > len(view):
-        raise ValueError(f"it holds {len(view)} bytes, its header says {cbytes}")
-    return _BLOSC.decode(raw, out=out)
+def check_chunk(raw, meta: fmt.ArrayMeta, compressed: bool, key: str) -> None:
+    """The one rule every path applies to a stored chunk before decoding it or sizing anything by
+    it (:mod:`l5dask.codec`): its header agrees with the array's metadata. ``ChunkError`` naming
+    the array, the chunk and what is wrong otherwise."""
+    if compressed:
+        why = check_blosc(raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"),
+                          meta.chunk_nbytes, meta.typesize)
+    else:
+        why = None if len(raw) == meta.chunk_nbytes else f"holds {len(raw)} bytes, expected {meta.chunk_nbytes}"
+    if why is not None:
+        raise ChunkError(f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({why})")
 
 
 def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, out: np.ndarray | None = None) -> np.ndarray:
-    """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if given)."""
-    nbytes = meta.chunk_rows * meta.dtype.itemsize
+    """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if
+    given: all of its rows are written, or ``ChunkError``); the chunk is checked
+    (:func:`check_chunk`) before anything is allocated for it."""
+    check_chunk(raw, meta, compressed, key)
     if out is None:
         out = np.empty(meta.chunk_rows, dtype=meta.dtype)
+    if out.nbytes != meta.chunk_nbytes or not out.flags.c_contiguous:
+        raise ValueError(f"decode_chunk: a contiguous buffer of {meta.chunk_rows} records is needed")
     if compressed:
         try:
-            decode_blosc(raw, out)
+            decode_blosc(raw, out, meta.typesize)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise ChunkError(
-                f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({exc})"
-            ) from None
+            raise ChunkError(f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({exc})") from None
     else:
-        if len(raw) != nbytes:
-            raise ChunkError(
-                f"array {meta.name!r}, chunk {key!r}: holds {len(raw)} bytes, expected {nbytes}"
-            )
         out.view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
     return out
 
@@ -88,11 +82,10 @@ def iter_chunks(store: Store, meta: fmt.ArrayMeta, compressed: bool, first_chunk
     The objects are fetched together (concurrently on object stores); each chunk is decoded
     once into ``scratch`` (one chunk of records, reused: valid until the next chunk).
     """
-    if scratch is None:
-        scratch = np.empty(meta.chunk_rows, dtype=meta.dtype)
     for index, raw in fetch_chunks(store, meta, first_chunk, nchunks):
         start, stop = meta.chunk_bounds(index)
-        yield start, decode_chunk(raw, meta, compressed, str(index), out=scratch)[: stop - start]
+        scratch = decode_chunk(raw, meta, compressed, str(index), out=scratch)
+        yield start, scratch[: stop - start]
 
 
 class Encoded:
@@ -123,8 +116,14 @@ class Encoded:
     def records(self) -> np.ndarray:
         """The records (decoded on first use, each chunk once)."""
         if self._records is None:
+            self.check()  # before sizing anything by the metadata
             self._records = self.records_into(np.empty(len(self), self.meta.dtype), self.start, self.stop)
         return self._records
+
+    def check(self) -> None:
+        """Every chunk's header against the array's metadata (:func:`check_chunk`)."""
+        for index, raw in self.chunks:
+            check_chunk(raw, self.meta, self.compressed, str(index))
 
     def records_into(self, out: np.ndarray, lo: int, hi: int) -> np.ndarray:
         """Rows ``[lo, hi)`` (within these chunks) into ``out`` (``hi - lo`` records): each chunk
@@ -160,6 +159,7 @@ class Encoded:
         blocks, scratch = np.empty(0, np.uint8), None
         for index, raw in self.chunks:
             lo, hi = self.meta.chunk_bounds(index)
+            check_chunk(raw, self.meta, self.compressed, str(index))
             done, blocks = plan.blosc(raw, self.meta.chunk_rows, hi - lo, outs, maxes, lo - self.start, blocks)
             if not done:
                 if scratch is None:
@@ -362,8 +362,8 @@ class L5Dataset:
 
     @property
     def labels(self) -> tuple[str, ...]:
-        labels = self.attrs.get("labels")
-        return tuple(labels) if isinstance(labels, list) and len(labels) == 17 else fmt.LABELS
+        labels = self.attrs.get("labels")  # checked when opened (format.parse_zattrs)
+        return tuple(labels) if labels is not None else fmt.LABELS
 
     def has(self, name: str) -> bool:
         return name in self.arrays
@@ -391,7 +391,8 @@ class L5Dataset:
             if raw is not None:
                 key = f"{fmt.MASKS}/{name}"
                 meta = fmt.parse_nd_zarray(key, raw, f"{self.url}: {key}/.zarray")
-                out[name] = L5Array(self.store, meta, json.loads(raw).get("compressor") is not None)
+                out[name] = L5Array(self.store, meta, fmt.is_compressed(raw))
+                check_last_chunk(self.store, meta)
         return out
 
     def counts(self) -> dict[str, int]:
@@ -478,14 +479,7 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         if is_columnar(store):  # a zarr v3 export of l5dask's (``l5dask export --format zarr3``)
             return open_columnar(store)
         raise
-    raw_attrs = store.get_metadata(".zattrs")
-    attrs: dict[str, Any] = {}
-    if raw_attrs:
-        try:
-            loaded = json.loads(raw_attrs)
-            attrs = loaded if isinstance(loaded, dict) else {}
-        except ValueError:
-            raise FormatError(f"{store.url}: .zattrs is not valid JSON") from None
+    attrs = fmt.parse_zattrs(store.get_metadata(".zattrs"), store.url)
     arrays: dict[str, L5Array] = {}
     for name in fmt.ARRAY_NAMES:
         raw = store.get_metadata(f"{name}/.zarray")
@@ -500,6 +494,15 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
                 continue
             raise FormatError(f"{store.url}: the dataset has no {name!r} array ({name}/.zarray is missing)")
         meta = fmt.parse_zarray(name, raw, f"{store.url}: {name}/.zarray")
-        compressed = json.loads(raw).get("compressor") is not None
-        arrays[name] = L5Array(store, meta, compressed)
+        arrays[name] = L5Array(store, meta, fmt.is_compressed(raw))
+        check_last_chunk(store, meta)
     return L5Dataset(store, arrays, attrs)
+
+
+def check_last_chunk(store: Store, meta: fmt.ArrayMeta) -> None:
+    """That the last chunk the metadata implies is stored (one existence check, before any graph
+    is built): a shape larger than what was written is refused here, in one line."""
+    if meta.nchunks and not store.exists(meta.key(meta.nchunks - 1)):
+        raise FormatError(f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
+                          f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk "
+                          f"({meta.key(meta.nchunks - 1)!r}) is not stored")

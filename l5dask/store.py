@@ -222,6 +222,20 @@ class Store:
         except ChunkError:
             return None
 
+    def exists(self, key: str) -> bool:
+        """Whether object ``key`` is stored (a stat on a local disk, one request elsewhere)."""
+        try:
+            if self.local:
+                return os.path.isfile(self.path(key))
+            if _protocol(self.fs) in ("tar", "zip"):
+                with _ARCHIVE_READS:
+                    return bool(self.fs.isfile(self.path(key)))
+            return bool(self.fs.isfile(self.path(key)))
+        except PermissionError as exc:
+            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+        except OSError as exc:
+            raise StoreError(f"{self.url}: {_describe(exc)}") from exc
+
     def exists_root(self) -> bool:
         try:
             return bool(self.fs.exists(self.root or "/")) if self.root else True
