@@ -36,7 +36,7 @@ import numpy as np
 from . import format as fmt
 from .columns import INDEX, Selection, Table
 from .engine import Job, Pass, Reduction
-from .errors import L5DaskError
+from .errors import UsageError
 
 #: The reductions of a value column (plus ``q<percent>``).
 REDUCTIONS = ("count", "sum", "mean", "min", "max", "var", "std", "median")
@@ -72,23 +72,23 @@ def quantile_of(name: str) -> float | None:
 def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``{column: [reductions]}`` checked: known columns, known reductions, numbers only."""
     if not values:
-        raise L5DaskError("no values to aggregate: give at least one column and its reductions (e.g. speed:mean)")
+        raise UsageError("no values to aggregate: give at least one column and its reductions (e.g. speed:mean)")
     out = []
     for col, reds in values.items():
         reds = (reds,) if isinstance(reds, str) else tuple(reds)
         table.resolve([col], "value column")
         if not reds:
-            raise L5DaskError(f"no reductions for {col!r}; they are: {', '.join(REDUCTIONS)}, q<percent> (q50, q99.9)")
+            raise UsageError(f"no reductions for {col!r}; they are: {', '.join(REDUCTIONS)}, q<percent> (q50, q99.9)")
         for r in reds:
             q = quantile_of(r)
             if r not in REDUCTIONS and q is None:
-                raise L5DaskError(f"unknown reduction {r!r} (for {col}); they are: {', '.join(REDUCTIONS)}, "
+                raise UsageError(f"unknown reduction {r!r} (for {col}); they are: {', '.join(REDUCTIONS)}, "
                                   "q<percent> (q50, q99.9)")
             if q is not None and not 0 <= q <= 1:
-                raise L5DaskError(f"{r!r}: a quantile is between q0 and q100")
+                raise UsageError(f"{r!r}: a quantile is between q0 and q100")
         c = table.columns[col]
         if (c.categorical or c.dtype.kind not in "biuf") and set(reds) - {"count"}:
-            raise L5DaskError(f"{col!r} is {'categorical' if c.categorical else c.dtype.name}: only count applies "
+            raise UsageError(f"{col!r} is {'categorical' if c.categorical else c.dtype.name}: only count applies "
                               "(group by it instead)")
         out.append((col, tuple(dict.fromkeys(reds))))
     return tuple(out)
@@ -126,7 +126,7 @@ def _parse(text: str) -> ast.Expression:
     try:
         return ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise L5DaskError(f"where {text!r} does not parse: {exc.msg} (at column {exc.offset})") from None
+        raise UsageError(f"where {text!r} does not parse: {exc.msg} (at column {exc.offset})") from None
 
 
 def where_columns(text: str, table: Table) -> list[str]:
@@ -139,16 +139,16 @@ def where_columns(text: str, table: Table) -> list[str]:
             names.append(node.id)
         elif isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float, str, bool)):
-                raise L5DaskError(f"where {text!r}: {node.value!r} is not a number or a string")
+                raise UsageError(f"where {text!r}: {node.value!r} is not a number or a string")
         elif isinstance(node, ast.BoolOp) and isinstance(node.op, (ast.And, ast.Or)) or \
                 isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd, ast.Invert)) or \
                 isinstance(node, ast.BinOp) and type(node.op) in _BIN or isinstance(node, (ast.List, ast.Tuple)):
             pass
         elif isinstance(node, ast.Compare):
             if not all(type(op) in _CMP or isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-                raise L5DaskError(f"where {text!r}: only ==, !=, <, <=, >, >=, in and not in compare")
+                raise UsageError(f"where {text!r}: only ==, !=, <, <=, >, >=, in and not in compare")
         elif not isinstance(node, (ast.Expression, ast.Load, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)):
-            raise L5DaskError(f"where {text!r}: {ast.unparse(node)!r} is not allowed (columns, numbers, strings, "
+            raise UsageError(f"where {text!r}: {ast.unparse(node)!r} is not allowed (columns, numbers, strings, "
                               "comparisons, and/or/not, arithmetic)")
         for child in ast.iter_child_nodes(node):
             check(child)
@@ -156,11 +156,11 @@ def where_columns(text: str, table: Table) -> list[str]:
     check(tree)
     unknown = [n for n in dict.fromkeys(names) if n not in table.columns]
     if unknown:
-        raise L5DaskError(f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
+        raise UsageError(f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(map(repr, unknown))}; the columns of {fmt.SHORT_NAMES[table.array]} are: "
                           f"{', '.join(table.columns)}")
     if not names:
-        raise L5DaskError(f"where {text!r} names no column")
+        raise UsageError(f"where {text!r} names no column")
     # categorical columns compare with their category names, and only by (in)equality
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare):
@@ -169,12 +169,12 @@ def where_columns(text: str, table: Table) -> list[str]:
                 for x, y in ((a, b), (b, a)):
                     if isinstance(x, ast.Name) and table.columns[x.id].categorical:
                         if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
-                            raise L5DaskError(f"where {text!r}: {x.id} is categorical: compare it with == or in")
+                            raise UsageError(f"where {text!r}: {x.id} is categorical: compare it with == or in")
                         cats = list(table.categories(x.id) or ())
                         consts = y.elts if isinstance(y, (ast.List, ast.Tuple)) else [y]
                         for c in consts:
                             if not (isinstance(c, ast.Constant) and c.value in cats):
-                                raise L5DaskError(f"where {text!r}: {ast.unparse(c)} is not a {x.id}; they are: "
+                                raise UsageError(f"where {text!r}: {ast.unparse(c)} is not a {x.id}; they are: "
                                                   f"{', '.join(cats)}")
     return list(dict.fromkeys(names))
 
@@ -214,14 +214,14 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
                 r = _CMP[type(op)](left, right)
             out = r if out is None else out & r
         return out
-    raise L5DaskError(f"where: {ast.unparse(node)!r} is not allowed")
+    raise UsageError(f"where: {ast.unparse(node)!r} is not allowed")
 
 
 def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> np.ndarray:
     """The rows of a chunk (:class:`l5dask.columns.Chunk`) that ``text`` keeps."""
     keep = np.asarray(_value(_parse(text), chunk, categories))
     if keep.dtype != bool:
-        raise L5DaskError(f"where {text!r} is not a condition (it gives {keep.dtype} values)")
+        raise UsageError(f"where {text!r} is not a condition (it gives {keep.dtype} values)")
     return np.broadcast_to(keep, (len(chunk),))
 
 
@@ -651,19 +651,19 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     for b in by:
         c = table.columns[b]
         if not (c.categorical or c.dtype.kind in "biu"):
-            raise L5DaskError(f"cannot group by {b!r} ({c.dtype.name}): group by integer or categorical columns "
+            raise UsageError(f"cannot group by {b!r} ({c.dtype.name}): group by integer or categorical columns "
                               "(label, host, scene_index, hour...)")
     if len(set(by)) != len(by):
-        raise L5DaskError(f"a column is named twice in by: {', '.join(by)}")
+        raise UsageError(f"a column is named twice in by: {', '.join(by)}")
     parsed = parse_values(values or {}, table)
     if not isinstance(quantile_bits, (int, np.integer)) or not 0 <= quantile_bits <= 52:
-        raise L5DaskError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
+        raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
     names = list(by) + [c for c, _ in parsed]
     if where is not None:
         names += where_columns(where, table)
     bound = group_bound(table, by)
     if bound > max_groups:
-        raise L5DaskError(f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
+        raise UsageError(f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
                           f"groups, more than the limit of {max_groups:,}; raise max_groups (--max-groups) or "
                           "group by fewer columns")
     selection = table.select(names)
@@ -684,6 +684,6 @@ def parse_value_options(items: Sequence[str]) -> dict[str, list[str]]:
     for item in items:
         col, sep, reds = item.partition(":")
         if not sep or not col.strip() or not reds.strip():
-            raise L5DaskError(f"--value {item!r}: expected COLUMN:REDUCTION[,REDUCTION...] (e.g. speed:mean,max)")
+            raise UsageError(f"--value {item!r}: expected COLUMN:REDUCTION[,REDUCTION...] (e.g. speed:mean,max)")
         out.setdefault(col.strip(), []).extend(r.strip() for r in reds.split(",") if r.strip())
     return out

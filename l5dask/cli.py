@@ -16,7 +16,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from .errors import L5DaskError  # noqa: E402
+from .errors import L5DaskError, UsageError  # noqa: E402
 
 EXIT_USER_ERROR = 2
 
@@ -26,7 +26,7 @@ def _parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
     options: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise L5DaskError(f"--storage-option {pair!r}: expected KEY=VALUE")
+            raise UsageError(f"--storage-option {pair!r}: expected KEY=VALUE")
         key, value = pair.split("=", 1)
         try:
             parsed: Any = json.loads(value)

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 
-from .errors import L5DaskError
+from .errors import ClusterError, L5DaskError
 
 #: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).
 #: dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` switches off glibc's adaptive mmap
@@ -84,14 +84,14 @@ def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
         # DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT)
         client = Client(address, timeout=dask.config.get("distributed.comm.timeouts.connect"), set_as_default=True)
     except (OSError, TimeoutError) as exc:
-        raise L5DaskError(f"cannot connect to the dask scheduler at {address}: {_short(exc)}") from None
+        raise ClusterError(f"cannot connect to the dask scheduler at {address}: {_short(exc)}") from None
     try:
         yield client
     except L5DaskError:
         raise
     except Exception as exc:  # noqa: BLE001 - classify what distributed raised
         if _lost(client, exc):
-            raise L5DaskError(f"lost the connection to the dask scheduler at {address} "
+            raise ClusterError(f"lost the connection to the dask scheduler at {address} "
                               f"({type(exc).__name__}); no output was written") from None
         raise
     finally:

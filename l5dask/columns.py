@@ -33,7 +33,7 @@ import numpy as np
 
 from . import format as fmt
 from .engine import Rows, parent_rows
-from .errors import L5DaskError
+from .errors import FormatError, UsageError
 
 #: Stored chunks fetched together, undecoded, when a partition's columns are made (12 MB of
 #: agents' compressed bytes).
@@ -146,7 +146,7 @@ def _codes(name: str, categories: tuple[str, ...], c: Chunk) -> np.ndarray:
     codes = np.searchsorted(cats, values)
     codes[codes == len(cats)] = 0
     if not np.array_equal(cats[codes], values):
-        raise L5DaskError(f"{name}: values that are not among the {len(cats)} categories found first")
+        raise FormatError(f"{name}: values that are not among the {len(cats)} categories found first")
     return codes.astype(np.int32)
 
 
@@ -238,7 +238,7 @@ class Table:
     def __post_init__(self) -> None:
         self.array = {v: k for k, v in fmt.SHORT_NAMES.items()}.get(self.array, self.array)
         if self.array not in fmt.ARRAY_NAMES:
-            raise L5DaskError(f"unknown array {self.array!r}; the arrays are "
+            raise UsageError(f"unknown array {self.array!r}; the arrays are "
                               f"{', '.join(fmt.SHORT_NAMES[n] for n in fmt.ARRAY_NAMES)}")
         self.source = self.ds[self.array]
         self._build()
@@ -338,7 +338,7 @@ class Table:
         names = list(names)
         unknown = [n for n in names if n not in self.columns]
         if unknown:
-            raise L5DaskError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            raise UsageError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
                               f"for {fmt.SHORT_NAMES[self.array]}; the columns are: {', '.join(self.columns)}")
         return names
 

@@ -21,7 +21,7 @@ from . import format as fmt
 from .aggregation import combine_delayed
 from .columns import INDEX, Selection, Table
 from .engine import Block, Job, Pass, Rows, collection_chunks_per_task
-from .errors import L5DaskError
+from .errors import UsageError
 from .joins import Deferred, chunk_tasks
 
 
@@ -80,7 +80,7 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     not_joins = [j for j in joins if not table.parent_columns([j])]
     if not_joins:
         join_names = [n for n in table.columns if table.parent_columns([n])]
-        raise L5DaskError(f"not a join column of {fmt.SHORT_NAMES[table.array]}: {', '.join(not_joins)}; the join "
+        raise UsageError(f"not a join column of {fmt.SHORT_NAMES[table.array]}: {', '.join(not_joins)}; the join "
                           f"columns are: {', '.join(join_names) or 'none (scenes have no parent)'}")
     names = (list(columns) if columns is not None else default_columns(table)) + joins
     index = INDEX[table.array]
@@ -157,20 +157,20 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:
-        raise L5DaskError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
+        raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by + [column] if c not in df.columns]
     if missing:
-        raise L5DaskError(f"no column {', '.join(map(repr, missing))}; the columns are: {', '.join(map(str, df.columns))}")
+        raise UsageError(f"no column {', '.join(map(repr, missing))}; the columns are: {', '.join(map(str, df.columns))}")
     dtypes = df.dtypes
     for b in by:
         if not (isinstance(dtypes[b], pd.CategoricalDtype) or np.dtype(dtypes[b]).kind in "biu"):
-            raise L5DaskError(f"cannot group by {b!r} ({dtypes[b]}): group by integer or categorical columns")
+            raise UsageError(f"cannot group by {b!r} ({dtypes[b]}): group by integer or categorical columns")
     if isinstance(dtypes[column], pd.CategoricalDtype) or np.dtype(dtypes[column]).kind not in "biuf":
-        raise L5DaskError(f"quantiles of {column!r} ({dtypes[column]}): a numeric column is needed")
+        raise UsageError(f"quantiles of {column!r} ({dtypes[column]}): a numeric column is needed")
     qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
     if ((qs < 0) | (qs > 1) | np.isnan(qs)).any():
-        raise L5DaskError(f"quantiles are probabilities in [0, 1], not {q!r}")
+        raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}")
     parts = [delayed(_sketch_partition)(p, by, column, int(bits)) for p in df[by + [column]].to_delayed()]
     part = combine_delayed(parts)
     data = {qq: sketch_quantiles(part.sketches["v"], len(part), float(qq), int(bits)) for qq in qs}

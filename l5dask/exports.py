@@ -37,7 +37,7 @@ from .cluster import compute
 from .columnar import CHUNKS_PER_SHARD, JOINS, LAYOUT, LAYOUT_VERSION, FieldMeta, array_json, encode_shard, group_json
 from .columns import INDEX, Selection, Table
 from .engine import Job, Pass
-from .errors import L5DaskError
+from .errors import OutputError, UsageError
 from .joins import chunk_tasks
 from .outputs import arrow_array, arrow_strings
 from .reading import L5Dataset, open_dataset
@@ -116,17 +116,17 @@ def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bo
 
     final = Store(url, storage_options)
     if _same_place(final, ds.store):
-        raise L5DaskError(f"{final.url}: the output is the input; write elsewhere")
+        raise OutputError(f"{final.url}: the output is the input; write elsewhere")
     try:
         exists = final.fs.exists(final.root) and (not final.fs.isdir(final.root) or bool(final.fs.ls(final.root)))
     except OSError as exc:
-        raise L5DaskError(f"{final.url}: cannot write there: {exc}") from None
+        raise OutputError(f"{final.url}: cannot write there: {exc}") from None
     if exists and not overwrite:
-        raise L5DaskError(f"{final.url}: already exists (pass overwrite=True / --overwrite)")
+        raise OutputError(f"{final.url}: already exists (pass overwrite=True / --overwrite)")
     if final.local:
         parent = os.path.dirname(os.path.abspath(final.root))
         if not os.path.isdir(parent):
-            raise L5DaskError(f"{final.url}: the folder {parent} does not exist")
+            raise OutputError(f"{final.url}: the folder {parent} does not exist")
         tmp = os.path.join(parent, f".{os.path.basename(final.root)}.partial-{uuid.uuid4().hex[:8]}")
         return Store(tmp), final
     if exists:
@@ -148,7 +148,7 @@ def export(dataset: Any, output: Any, format: str = "parquet", *, storage_option
     """
     fmt_name = str(format).lower()
     if fmt_name not in FORMATS:
-        raise L5DaskError(f"unknown export format {format!r}; the formats are {', '.join(FORMATS)}")
+        raise UsageError(f"unknown export format {format!r}; the formats are {', '.join(FORMATS)}")
     ds = open_dataset(dataset, storage_options)
     out, final = _target(os.fspath(output), ds, storage_options, overwrite)
     job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)

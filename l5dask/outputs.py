@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from .errors import L5DaskError
+from .errors import L5DaskError, OutputError, UsageError
 
 
 def _remote(path: str) -> bool:
@@ -42,23 +42,23 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
             parent = target.rstrip("/").rsplit("/", 1)[0] if "/" in target.rstrip("/") else target
             bucket = target.split("/", 1)[0]
             if not fs.exists(bucket):
-                raise L5DaskError(f"{path}: the bucket {bucket!r} does not exist (or is not visible with these credentials)")
+                raise OutputError(f"{path}: the bucket {bucket!r} does not exist (or is not visible with these credentials)")
             if fs.isfile(parent) and parent != bucket:
-                raise L5DaskError(f"{path}: {parent!r} is a file, not a prefix")
+                raise OutputError(f"{path}: {parent!r} is a file, not a prefix")
         except L5DaskError:
             raise
         except (OSError, ValueError, ImportError) as exc:
-            raise L5DaskError(f"{path}: cannot write there: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}") from None
+            raise OutputError(f"{path}: cannot write there: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}") from None
         return path
     path = os.path.abspath(path.removeprefix("file://"))
     folder = os.path.dirname(path)
     if os.path.isdir(path):
-        raise L5DaskError(f"{path}: is a folder; give a file name")
+        raise OutputError(f"{path}: is a folder; give a file name")
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
-        raise L5DaskError(f"{path}: the folder {folder} {what}")
+        raise OutputError(f"{path}: the folder {folder} {what}")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise L5DaskError(f"{path}: the folder {folder} is not writable")
+        raise OutputError(f"{path}: the folder {folder} is not writable")
     return path
 
 
@@ -88,7 +88,7 @@ def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, L5DaskError):
-            raise L5DaskError(f"{path}: writing failed, the previous file (if any) is kept: "
+            raise OutputError(f"{path}: writing failed, the previous file (if any) is kept: "
                               f"{exc.strerror or exc}") from exc
         raise
     finally:
@@ -162,7 +162,7 @@ def table_format(path: str) -> str:
     """``.parquet`` or ``.csv``, from ``path``'s extension (else a clear error, before any work)."""
     ext = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
     if ext not in TABLE_FORMATS:
-        raise L5DaskError(f"{path}: unknown table format {ext or '(no extension)'!r}; name the file "
+        raise UsageError(f"{path}: unknown table format {ext or '(no extension)'!r}; name the file "
                           f"{' or '.join('*' + e for e in TABLE_FORMATS)}")
     return ext
 

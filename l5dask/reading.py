@@ -19,7 +19,7 @@ from dask.base import tokenize
 
 from . import format as fmt
 from .codec import check_blosc, decode_blosc
-from .errors import ChunkError, FormatError, L5DaskError, NotADatasetError
+from .errors import ChunkError, FormatError, NotADatasetError, UsageError
 from .store import Store, open_store
 
 if TYPE_CHECKING:
@@ -260,7 +260,7 @@ class L5Array:
             fields = (fields,)
         unknown = [f for f in fields if f not in self.dtype.names]
         if unknown:
-            raise L5DaskError(
+            raise UsageError(
                 f"array {self.name!r} has no field(s) {', '.join(unknown)}; it has {', '.join(self.dtype.names)}"
             )
         return tuple(fields)
@@ -324,7 +324,7 @@ class L5Array:
 
         fields = self._fields(fields)
         if chunks_per_task < 1:
-            raise L5DaskError("chunks_per_task must be >= 1")
+            raise UsageError("chunks_per_task must be >= 1")
         meta = self.meta
         dtype = meta.dtype if fields is None else project(np.empty(0, meta.dtype), fields).dtype
         firsts = list(range(0, meta.nchunks, chunks_per_task))
@@ -373,7 +373,7 @@ class L5Dataset:
         try:
             return self.arrays[name]
         except KeyError:
-            raise L5DaskError(f"{self.url}: the dataset has no array {name!r}") from None
+            raise UsageError(f"{self.url}: the dataset has no array {name!r}") from None
 
     @cached_property
     def masks(self) -> dict[str, L5Array]:

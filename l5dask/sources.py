@@ -20,7 +20,7 @@ import posixpath
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import L5DaskError
+from .errors import NotADatasetError
 from .store import Store
 
 
@@ -53,7 +53,7 @@ class ByteRanges:
         try:
             self.size = int(self.store.fs.size(self.store.path(self.key)))
         except FileNotFoundError:
-            raise L5DaskError(f"{self.url}: no such file") from None
+            raise NotADatasetError(f"{self.url}: no such file") from None
         self.name = self.key
 
     @property
@@ -121,7 +121,7 @@ class Files:
         try:
             listed = self.store.fs.find(root or "/", withdirs=False) if root else self.store.fs.find("", withdirs=False)
         except FileNotFoundError:
-            raise L5DaskError(f"{self.url}: no such folder") from None
+            raise NotADatasetError(f"{self.url}: no such folder") from None
         rel = sorted(posixpath.relpath(p, root) if root else p for p in listed)
         self.keys = [k for k in rel if fnmatch.fnmatch(posixpath.basename(k), pattern)]
         self.name = posixpath.basename(self.url.rstrip("/")) or self.url

@@ -32,7 +32,7 @@ from dask.base import tokenize
 
 from . import format as fmt
 from .engine import Job, Pass, Reduction, auto_chunks_per_task
-from .errors import L5DaskError
+from .errors import OutputError, UsageError
 from .intervals import check_intervals
 from .reading import L5Array, L5Dataset, open_dataset
 from .store import Store
@@ -285,9 +285,9 @@ def check_target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | 
     probe = Store(os.fspath(url), storage_options)
     for ds in inputs:
         if _same_place(probe, ds.store):
-            raise L5DaskError(f"{probe.url}: the output is an input ({ds.url}); write elsewhere")
+            raise OutputError(f"{probe.url}: the output is an input ({ds.url}); write elsewhere")
     if not overwrite and probe.fs.exists(probe.path(".zgroup")):
-        raise L5DaskError(f"{probe.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
+        raise OutputError(f"{probe.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
 
 
 def target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> Store:
@@ -310,14 +310,14 @@ def check_compatible(inputs: Sequence[L5Dataset]) -> None:
     first = inputs[0]
     for ds in inputs[1:]:
         if ds.labels != first.labels:
-            raise L5DaskError(f"{ds.url}: its label list differs from {first.url}'s; they cannot be concatenated")
+            raise UsageError(f"{ds.url}: its label list differs from {first.url}'s; they cannot be concatenated")
         for name in fmt.ARRAY_NAMES:
             if ds.has(name) != first.has(name):
                 has, lacks = (ds, first) if ds.has(name) else (first, ds)
-                raise L5DaskError(f"{has.url} has a {name} array and {lacks.url} does not; they cannot be concatenated")
+                raise UsageError(f"{has.url} has a {name} array and {lacks.url} does not; they cannot be concatenated")
         for name in fmt.ARRAY_NAMES:
             if ds.has(name) and ds[name].dtype != first[name].dtype:
-                raise L5DaskError(f"{ds.url}: its {name} dtype {ds[name].dtype.descr} differs from {first.url}'s "
+                raise UsageError(f"{ds.url}: its {name} dtype {ds[name].dtype.descr} differs from {first.url}'s "
                                   f"{first[name].dtype.descr}; they cannot be concatenated")
 
 
@@ -343,7 +343,7 @@ def concat(inputs: Sequence[Any], output: Any, *, storage_options: dict | None =
         Refused if a dataset is there, unless ``overwrite``.
     """
     if not inputs:
-        raise L5DaskError("concat needs at least one input dataset")
+        raise UsageError("concat needs at least one input dataset")
     datasets = [_open(u, storage_options) for u in inputs]
     check_compatible(datasets)
     check_target(output, datasets, storage_options, overwrite)
@@ -362,16 +362,16 @@ def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
     for part in str(text).split(","):
         m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", part)
         if not m:
-            raise L5DaskError(f"scene range {part.strip()!r} is not START:END (e.g. 0:100)")
+            raise UsageError(f"scene range {part.strip()!r} is not START:END (e.g. 0:100)")
         a = int(m.group(1)) if m.group(1) else 0
         b = int(m.group(2)) if m.group(2) else nscenes
         if a < 0 or b > nscenes:
-            raise L5DaskError(f"scene range {part.strip()!r} is out of range: the dataset has {nscenes} scenes (0:{nscenes})")
+            raise UsageError(f"scene range {part.strip()!r} is out of range: the dataset has {nscenes} scenes (0:{nscenes})")
         if b <= a:
-            raise L5DaskError(f"scene range {part.strip()!r} is empty (END must be greater than START)")
+            raise UsageError(f"scene range {part.strip()!r} is empty (END must be greater than START)")
         for c, d in ranges:
             if a < d and c < b:
-                raise L5DaskError(f"scene ranges {c}:{d} and {a}:{b} overlap")
+                raise UsageError(f"scene ranges {c}:{d} and {a}:{b} overlap")
         ranges.append((a, b))
     return ranges
 
@@ -383,7 +383,7 @@ def parse_time(text: Any, what: str) -> int:
     try:
         t = _dt.datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
     except ValueError:
-        raise L5DaskError(f"{what} {text!r} is not an ISO date or time (e.g. 2019-11-01 or 2019-11-01T08:00:00)") from None
+        raise UsageError(f"{what} {text!r} is not an ISO date or time (e.g. 2019-11-01 or 2019-11-01T08:00:00)") from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=_dt.timezone.utc)
     delta = t - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
@@ -407,17 +407,17 @@ def select_scenes(t: SceneTable, scenes: str | Sequence[tuple[int, int]] | None 
         known = sorted(set(t.host.tolist()))
         unknown = [h for h in hosts if h not in known]
         if unknown:
-            raise L5DaskError(f"no scene has host {', '.join(map(repr, unknown))}; the hosts are {', '.join(known)}")
+            raise UsageError(f"no scene has host {', '.join(map(repr, unknown))}; the hosts are {', '.join(known)}")
         keep &= np.isin(t.host, hosts)
     if start is not None or end is not None:
         lo = parse_time(start, "--start") if start is not None else np.iinfo(np.int64).min
         hi = parse_time(end, "--end") if end is not None else np.iinfo(np.int64).max
         if hi <= lo:
-            raise L5DaskError(f"the time range [{start}, {end}) is empty")
+            raise UsageError(f"the time range [{start}, {end}) is empty")
         keep &= (t.timestamp >= lo) & (t.timestamp < hi) & (t.f1 > t.f0)
     selected = order[keep[order]]
     if not len(selected):
-        raise L5DaskError("no scene matches the subset asked for; nothing written")
+        raise UsageError("no scene matches the subset asked for; nothing written")
     return selected
 
 
@@ -429,7 +429,7 @@ def subset(input: Any, output: Any, *, scenes: str | Sequence[tuple[int, int]] |
     ranges ``"START:END,..."``, hosts, and/or a time range ``[start, end)`` of their first frames
     (ISO, UTC unless said); intervals rebased as L5Kit's ``_append_zarr_subset``."""
     if scenes is None and hosts is None and start is None and end is None:
-        raise L5DaskError("say which scenes to keep: scene ranges, hosts, or a time range (start/end)")
+        raise UsageError("say which scenes to keep: scene ranges, hosts, or a time range (start/end)")
     ds = _open(input, storage_options)
     if isinstance(scenes, str):
         parse_ranges(scenes, len(ds[fmt.SCENES]))  # refused now, before any work
@@ -455,11 +455,11 @@ def parse_part(spec: str) -> tuple[str, str]:
     name, sep, size = str(spec).partition("=")
     name, size = name.strip(), size.strip()
     if not sep or not name or not size:
-        raise L5DaskError(f"part {spec!r} is not NAME=N, NAME=SIZE_GB (e.g. 1.5GB) or NAME=rest")
+        raise UsageError(f"part {spec!r} is not NAME=N, NAME=SIZE_GB (e.g. 1.5GB) or NAME=rest")
     if "/" in name or name in (".", ".."):
-        raise L5DaskError(f"part {spec!r}: the name must be a plain folder name")
+        raise UsageError(f"part {spec!r}: the name must be a plain folder name")
     if size != "rest" and not re.fullmatch(r"\d+", size) and not re.fullmatch(r"(\d+(\.\d*)?|\.\d+)\s*[gG][bB]", size):
-        raise L5DaskError(f"part {spec!r}: the size must be a number of scenes (N), of gigabytes (1.5GB) or 'rest'")
+        raise UsageError(f"part {spec!r}: the size must be a number of scenes (N), of gigabytes (1.5GB) or 'rest'")
     return name, size
 
 
@@ -469,10 +469,10 @@ def split_counts(parts: Sequence[tuple[str, str]], nscenes: int, nbytes: int) ->
     names = [n for n, _ in parts]
     dup = {n for n in names if names.count(n) > 1}
     if dup:
-        raise L5DaskError(f"part name(s) {', '.join(sorted(dup))} given twice")
+        raise UsageError(f"part name(s) {', '.join(sorted(dup))} given twice")
     rest = [i for i, (_, s) in enumerate(parts) if s == "rest"]
     if rest and (len(rest) > 1 or rest[0] != len(parts) - 1):
-        raise L5DaskError("only the last part may be 'rest'")
+        raise UsageError("only the last part may be 'rest'")
     counts = []
     for name, size in parts[: len(parts) - len(rest)]:
         if size.lower().endswith("gb"):
@@ -480,16 +480,16 @@ def split_counts(parts: Sequence[tuple[str, str]], nscenes: int, nbytes: int) ->
         else:
             counts.append(int(size))
         if counts[-1] == 0:
-            raise L5DaskError(f"part {name}={size} holds no scene (the dataset has {nscenes} scenes, "
+            raise UsageError(f"part {name}={size} holds no scene (the dataset has {nscenes} scenes, "
                               f"{nbytes / GIGABYTE:.4g} GB)")
     taken = sum(counts)
     if rest:
         if taken >= nscenes:
-            raise L5DaskError(f"the parts take {taken} of the {nscenes} scenes: nothing is left for "
+            raise UsageError(f"the parts take {taken} of the {nscenes} scenes: nothing is left for "
                               f"{parts[-1][0]}=rest")
         counts.append(nscenes - taken)
     elif taken > nscenes:
-        raise L5DaskError(f"the parts take {taken} scenes; the dataset has {nscenes}")
+        raise UsageError(f"the parts take {taken} scenes; the dataset has {nscenes}")
     return counts
 
 
@@ -500,7 +500,7 @@ def split(input: Any, outdir: Any, parts: Sequence[str | tuple[str, str]], *, st
     ``NAME=1.5GB`` (L5Kit's ``zarr_split``) and a last ``NAME=rest``. Returns the parts' datasets."""
     parsed = [parse_part(p) if isinstance(p, str) else (str(p[0]), str(p[1])) for p in parts]
     if not parsed:
-        raise L5DaskError("split needs at least one part (NAME=N, NAME=1.5GB or NAME=rest)")
+        raise UsageError("split needs at least one part (NAME=N, NAME=1.5GB or NAME=rest)")
     ds = _open(input, storage_options)
     nscenes = len(ds[fmt.SCENES])
     counts = split_counts(parsed, nscenes, dataset_bytes(ds) if any(s.lower().endswith("gb") for _, s in parsed) else 0)

@@ -18,7 +18,7 @@ from dask.base import tokenize
 from numcodecs import Blosc
 
 from . import format as fmt
-from .errors import L5DaskError
+from .errors import OutputError, UsageError
 from .store import Store
 
 _BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
@@ -85,9 +85,9 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> S
     try:
         exists = store.fs.exists(store.path(".zgroup"))
     except PermissionError as exc:
-        raise L5DaskError(f"{store.url}: access denied ({exc})") from exc
+        raise OutputError(f"{store.url}: access denied ({exc})") from exc
     if exists and not overwrite:
-        raise L5DaskError(f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
+        raise OutputError(f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
     if overwrite and store.root and store.fs.exists(store.root):
         # Remove the group metadata first: from here on the old dataset no longer looks complete.
         if exists:
@@ -115,10 +115,10 @@ def finish(store: Store, metas: Mapping[str, tuple[np.dtype, int, int] | fmt.Arr
 def _validate(name: str, array: Any) -> np.dtype:
     dtype = np.dtype(array.dtype)
     if getattr(array, "ndim", 1) != 1:
-        raise L5DaskError(f"array {name!r} must be 1-D, got {array.ndim} dimensions")
+        raise UsageError(f"array {name!r} must be 1-D, got {array.ndim} dimensions")
     fmt.check_fields(name, dtype, f"array {name!r}")
     if any(dtype.fields[f][0].base.kind == "O" for f in dtype.names):
-        raise L5DaskError(f"array {name!r} has object fields, which L5Kit's format cannot hold")
+        raise UsageError(f"array {name!r} has object fields, which L5Kit's format cannot hold")
     return dtype
 
 
@@ -150,7 +150,7 @@ def write_dataset(
     arrays = {long.get(k, k): v for k, v in arrays.items()}
     missing = [n for n in (fmt.SCENES, fmt.FRAMES, fmt.AGENTS) if n not in arrays]
     if missing:
-        raise L5DaskError(f"cannot write a dataset without the array(s) {', '.join(missing)}")
+        raise UsageError(f"cannot write a dataset without the array(s) {', '.join(missing)}")
     dtypes = {name: _validate(name, a) for name, a in arrays.items()}
     store = prepare_target(url, storage_options, overwrite)
     rows = {n: (chunk_rows or {}).get(n, fmt.CHUNK_ROWS.get(n, 10_000)) for n in arrays}

@@ -17,6 +17,7 @@ from xarray.core import indexing
 from xarray.groupers import EncodedGroups, UniqueGrouper
 
 from . import format as fmt
+from .errors import UnknownNameError, UsageError
 
 #: The row dimension of each array.
 ROW_DIMS = {fmt.SCENES: "scene", fmt.FRAMES: "frame", fmt.AGENTS: "agent", fmt.TL_FACES: "tl_face"}
@@ -140,7 +141,7 @@ def groupers(obj, names: Sequence[str]) -> dict:
     out = {}
     for n in names:
         if n not in obj.coords:
-            raise KeyError(f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}")
+            raise UnknownNameError(f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}")
         attrs = obj.coords[n].attrs
         if "flag_values" in attrs:
             labels = np.asarray(attrs["flag_values"])
@@ -148,7 +149,7 @@ def groupers(obj, names: Sequence[str]) -> dict:
             lo, hi = (int(v) for v in attrs["valid_range"])
             labels = np.arange(lo, hi + 1)
         else:
-            raise ValueError(f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
+            raise UsageError(f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
                              f"obj.groupby({n}=UniqueGrouper(labels=...))")
         out[n] = (RangeGrouper if _is_range(labels) else UniqueGrouper)(labels=labels)
     return out
@@ -201,7 +202,7 @@ def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, n
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if obj.ndim != 1:
-        raise ValueError(f"quantiles per group of a 1-D variable: select one element first (dims {obj.dims})")
+        raise UsageError(f"quantiles per group of a 1-D variable: select one element first (dims {obj.dims})")
     import dask.array as da
 
     data = obj.data

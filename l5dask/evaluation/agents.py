@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..errors import L5DaskError
+from ..errors import FormatError, OutputError
 
 #: L5Kit's defaults (``select_agents.py``).
 TH_YAW_DEGREE = 30
@@ -110,7 +110,7 @@ def span_frames(frames: Any, span: SceneSpan) -> np.ndarray:
     fr = frames.read_rows(span.f0, span.f1, np.empty(span.f1 - span.f0, frames.dtype))
     iv = fr["agent_index_interval"].reshape(-1, 2)
     if len(iv) and (iv[0, 0] != span.a0 or iv[-1, 1] != span.a1 or (iv[1:, 0] != iv[:-1, 1]).any()):
-        raise L5DaskError(f"{frames.name}: frames {span.f0}..{span.f1} do not cover agents {span.a0}..{span.a1} "
+        raise FormatError(f"{frames.name}: frames {span.f0}..{span.f1} do not cover agents {span.a0}..{span.a1} "
                           "contiguously (broken intervals)")
     return fr
 
@@ -241,7 +241,7 @@ def select_agents(dataset: Any, threshold: float = 0.5, yaw_degrees: float = TH_
         exists = store.fs.exists(store.path(".zarray"))
     if exists and not overwrite:
         where = f"{ds.url}/{name}" if output is None else str(output)
-        raise L5DaskError(f"{where} exists already (L5Kit supports one mask per threshold); pass --overwrite")
+        raise OutputError(f"{where} exists already (L5Kit supports one mask per threshold); pass --overwrite")
     if exists:
         store.fs.rm(store.path(f"{array_name}/.zarray" if array_name else ".zarray"))
     n = len(ds[fmt.AGENTS])

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..errors import L5DaskError
+from ..errors import OutputError, UsageError
 from .agents import Thresholds, rows_per_task, span_frames, span_mask, spans, task_ranges
 
 
@@ -78,7 +78,7 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
     ds = zarr_path if hasattr(zarr_path, "arrays") else open_dataset(zarr_path, storage_options=storage_options)
     n_copy, n_gt = int(num_frames_to_copy), int(num_frames_gt)
     if n_copy < 1:
-        raise L5DaskError(f"--frames must be at least 1, got {n_copy}")
+        raise UsageError(f"--frames must be at least 1, got {n_copy}")
     job = Job(client=client, progress=progress, chunks_per_task=chunks_per_task)
     th = Thresholds(float(th_agent_prob))
     out_dir = str(output).rstrip("/")
@@ -89,17 +89,17 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
     lengths = table.f1 - table.f0
     if len(lengths) and (lengths <= n_copy).any():
         s = int(np.flatnonzero(lengths <= n_copy)[0])
-        raise L5DaskError(f"--frames {n_copy}: scene {s} has {int(lengths[s])} frames; every scene must have more "
+        raise UsageError(f"--frames {n_copy}: scene {s} has {int(lengths[s])} frames; every scene must have more "
                           f"than the frames kept ({int((lengths <= n_copy).sum())} scenes do not)")
     if "://" not in out_dir and not os.path.isdir(out_dir):
         if os.path.exists(out_dir):
-            raise L5DaskError(f"{out_dir}: is not a folder")
+            raise OutputError(f"{out_dir}: is not a folder")
         os.makedirs(out_dir)
     for p in (gt_path, mask_path):
         check_writable(p, storage_options)
         fs, q = filesystem(p, storage_options)
         if fs.exists(q) and not overwrite:
-            raise L5DaskError(f"{p} exists; pass --overwrite")
+            raise OutputError(f"{p} exists; pass --overwrite")
     store = target(data_url, [ds], storage_options, overwrite)
 
     # the last kept frame of each scene, its agents (and the faces' end)

@@ -104,11 +104,11 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
        storage_options) -> None:
     """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
     from ..cluster import connect
-    from ..errors import L5DaskError
+    from ..errors import UsageError
     from .ground_truth import MIN_FRAME_FUTURE, MIN_FRAME_HISTORY, export_zarr_to_csv
 
     if mask and (min_history is not None or min_future is not None):
-        raise L5DaskError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
+        raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
     _outputs(storage_options, output)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:

@@ -645,6 +645,6 @@ def write_pred_csv(csv_path: str, timestamps, track_ids, coords, confs=None, max
         sums = np.sum(confs, axis=-1)
         if not np.allclose(sums, 1.0):
             i = int(np.flatnonzero(~np.isclose(sums, 1.0))[0])
-            raise CSVError(f"confs of row {i} sum to {sums[i]!r}, not 1")
+            raise CSVError(f"confs of row {i} sum to {float(sums[i])!r}, not 1")
     _write_blocks(csv_path, pred_header(t, max_modes), pred_bytes, [timestamps, track_ids, coords, confs],
                   (max_modes,), job, storage_options)

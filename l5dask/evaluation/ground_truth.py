@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from ..errors import L5DaskError
+from ..errors import L5DaskError, UsageError
 from .agents import Thresholds, as_stored, label_ok, rows_per_task, span_frames, span_mask, spans, task_ranges
 from .csvfiles import gt_bytes, gt_header, windows, write_ordered
 
@@ -202,7 +202,7 @@ def export_zarr_to_csv(dataset: Any, csv_file_path: str, future_num_frames: int 
 
     check_writable(csv_file_path, storage_options)
     if int(future_num_frames) < 1:
-        raise L5DaskError(f"future frames must be at least 1, got {future_num_frames}")
+        raise UsageError(f"future frames must be at least 1, got {future_num_frames}")
     job = job or Job(client=client, progress=progress)
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(filter_agents_threshold))

@@ -73,7 +73,7 @@ def _check_confs(conf: np.ndarray, f: CSVFile, rows: np.ndarray) -> None:
     bad = ~np.isclose(sums, 1.0)  # L5Kit: np.allclose(np.sum(confidences), 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise CSVError(f"{f.path}: line {int(rows[i]) + 2}: the confidences sum to {sums[i]!r}, not 1")
+        raise CSVError(f"{f.path}: line {int(rows[i]) + 2}: the confidences sum to {float(sums[i])!r}, not 1")
 
 
 def _pair_task(gt: CSVFile, pred: CSVFile, lo: int, hi: int, pred_rows: np.ndarray, segments: list[tuple[int, int]],

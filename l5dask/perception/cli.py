@@ -119,13 +119,13 @@ def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
     import os
     import shutil
 
-    from ..errors import L5DaskError
+    from ..errors import OutputError
     from .synth import generate
 
     if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:
-        raise L5DaskError(f"{out}: a dataset already exists there (pass --overwrite)")
+        raise OutputError(f"{out}: a dataset already exists there (pass --overwrite)")
     if os.path.exists(out) and not os.path.isdir(out):
-        raise L5DaskError(f"{out}: is a file, not a folder")
+        raise OutputError(f"{out}: is a file, not a folder")
     tmp = out.rstrip("/") + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, NotADatasetError
+from ..errors import FormatError, NotADatasetError, UnknownNameError
 from ..outputs import numpy_array
 from ..store import Store
 from . import links, tables
@@ -108,7 +108,7 @@ class PerceptionDataset:
 
     def raw(self, name: str) -> tables.RawTable:
         if name not in tables.SCHEMA:
-            raise KeyError(f"no table {name!r}; the tables are {', '.join(tables.TABLES)}")
+            raise UnknownNameError(f"no table {name!r}; the tables are {', '.join(tables.TABLES)}")
         self.load([name])
         return self._raw[name]
 

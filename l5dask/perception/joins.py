@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UnknownNameError
 from . import tables
 
 LIDAR_TOP = "LIDAR_TOP"
@@ -238,5 +239,5 @@ def frame(ds, name: str, columns: list[str] | None = None) -> Any:
             data[col] = stored(ds, name, col)
         else:
             offered = sorted(set(tables.SCHEMA[name]) | set(joined))
-            raise KeyError(f"{name} has no column {col!r}; it offers {', '.join(offered)}")
+            raise UnknownNameError(f"{name} has no column {col!r}; it offers {', '.join(offered)}")
     return pd.DataFrame(data, index=pd.RangeIndex(len(table), name="row"))

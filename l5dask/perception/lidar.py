@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import FormatError, UsageError
 from . import joins
 
 POINT_BYTES = 20  # 5 float32
@@ -318,9 +318,9 @@ def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, 
     from dask.highlevelgraph import HighLevelGraph
 
     if frame not in FRAMES:
-        raise ValueError(f"frame {frame!r}: one of {', '.join(FRAMES)}")
+        raise UsageError(f"frame {frame!r}: one of {', '.join(FRAMES)}")
     if sweeps_per_task < 1:
-        raise ValueError(f"sweeps_per_task {sweeps_per_task}: at least 1")
+        raise UsageError(f"sweeps_per_task {sweeps_per_task}: at least 1")
     sd = ds.table("sample_data")
     rows = lidar_rows(ds)
     channel = joins.channel_of_sample_data(ds)
@@ -328,7 +328,7 @@ def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, 
         known = sorted(set(channel[rows]))
         unknown = [c for c in channels if c not in known]
         if unknown:
-            raise ValueError(f"no lidar channel {unknown[0]!r}: the lidars are {', '.join(known) or 'none'}")
+            raise UsageError(f"no lidar channel {unknown[0]!r}: the lidars are {', '.join(known) or 'none'}")
         rows = rows[np.isin(channel[rows], list(channels))]
     if key_frames:
         rows = rows[sd.numbers("is_key_frame", bool)[rows]]
