@@ -12,7 +12,8 @@ setup(
                    define_macros=[("LZ4LIB_VISIBILITY", "")],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fvisibility=hidden"]),
          Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], extra_compile_args=["-O3"]),
-         Extension("l5dask.evaluation._kernels", ["l5dask/evaluation/_kernels.pyx"], depends=["l5dask/_records.pxd"],
+         Extension("l5dask.evaluation._kernels", ["l5dask/evaluation/_kernels.pyx"], include_dirs=["l5dask/evaluation"],
+                   depends=["l5dask/_records.pxd", "l5dask/evaluation/_cnumber.h"],
                    extra_compile_args=["-O3"])],
         compiler_directives={"language_level": 3},
     )

@@ -53,10 +53,11 @@ def typesize_of(itemsize: int) -> int:
     return itemsize if 0 < itemsize <= MAX_TYPESIZE else 1
 
 
-def check_blosc(raw, nbytes: int, typesize: int) -> str | None:
+def check_blosc(raw, nbytes: int, typesize: int, header_only: bool = False) -> str | None:
     """Why the blosc chunk ``raw`` is not one of ``nbytes`` decoded bytes of elements of
     ``typesize`` bytes (as blosc stores it: :func:`typesize_of`), or ``None`` when it may be
-    decoded. Reads the 16-byte header only."""
+    decoded. Reads the 16-byte header only; ``header_only``: ``raw`` is the chunk's first bytes,
+    not all of it (its length is not checked)."""
     size = len(raw)
     if size < MAX_OVERHEAD:
         return f"{size} bytes, shorter than a blosc header (16)"
@@ -69,8 +70,10 @@ def check_blosc(raw, nbytes: int, typesize: int) -> str | None:
         return f"type size {ts} in its header, {typesize} for the array's elements"
     if decoded != nbytes:
         return f"its header says {decoded} bytes decoded, the array's metadata {nbytes}"
-    if cbytes != size:
+    if cbytes != size and not header_only:
         return f"it holds {size} bytes, its header says {cbytes}"
+    if cbytes < MAX_OVERHEAD:
+        return f"compressed size {cbytes} in its header, shorter than the header"
     if not 0 < blocksize <= min(decoded, MAX_BLOCKSIZE):
         return f"block size {blocksize} in its header, outside 1..{min(decoded, MAX_BLOCKSIZE)}"
     if blocksize % typesize:

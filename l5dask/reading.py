@@ -392,7 +392,7 @@ class L5Dataset:
                 key = f"{fmt.MASKS}/{name}"
                 meta = fmt.parse_nd_zarray(key, raw, f"{self.url}: {key}/.zarray")
                 out[name] = L5Array(self.store, meta, fmt.is_compressed(raw))
-                check_last_chunk(self.store, meta)
+                check_last_chunk(self.store, meta, out[name].compressed)
         return out
 
     def counts(self) -> dict[str, int]:
@@ -495,14 +495,31 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
             raise FormatError(f"{store.url}: the dataset has no {name!r} array ({name}/.zarray is missing)")
         meta = fmt.parse_zarray(name, raw, f"{store.url}: {name}/.zarray")
         arrays[name] = L5Array(store, meta, fmt.is_compressed(raw))
-        check_last_chunk(store, meta)
+        check_last_chunk(store, meta, arrays[name].compressed)
     return L5Dataset(store, arrays, attrs)
 
 
-def check_last_chunk(store: Store, meta: fmt.ArrayMeta) -> None:
-    """That the last chunk the metadata implies is stored (one existence check, before any graph
-    is built): a shape larger than what was written is refused here, in one line."""
-    if meta.nchunks and not store.exists(meta.key(meta.nchunks - 1)):
+def check_last_chunk(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> None:
+    """That the last chunk the metadata implies is stored, and that its header agrees with the
+    metadata's record and chunk sizes (one read of its first 16 bytes, before any graph is built):
+    a shape larger than what was written, or a ``.zarray`` whose records or chunks are larger or
+    smaller than what is stored, is refused here, in one line."""
+    if not meta.nchunks:
+        return
+    key = meta.key(meta.nchunks - 1)
+    try:
+        head = store.get(key, start=0, end=16) if compressed else None
+    except ChunkError:
+        head = None
+        if compressed:
+            raise FormatError(f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
+                              f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk "
+                              f"({key!r}) is not stored") from None
+    if head is not None:
+        why = check_blosc(head, meta.chunk_nbytes, meta.typesize, header_only=True)
+        if why is not None:
+            raise FormatError(f"{store.url}: array {meta.name!r}: its last chunk ({key!r}) does not match its "
+                              f".zarray ({meta.chunk_rows:,} rows of {meta.dtype.itemsize:,} bytes): {why}")
+    elif not store.exists(key):
         raise FormatError(f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
-                          f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk "
-                          f"({meta.key(meta.nchunks - 1)!r}) is not stored")
+                          f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk ({key!r}) is not stored")

@@ -39,7 +39,7 @@ def get_log(monkeypatch):
     original = Store.get
 
     def logging_get(self, key, **kw):
-        keys.append(key)
+        keys.append(key if (kw.get("start"), kw.get("end")) == (None, None) else (key, kw.get("start"), kw.get("end")))
         return original(self, key, **kw)
 
     monkeypatch.setattr(Store, "get", logging_get)
@@ -76,9 +76,13 @@ def test_chunks_per_task_groups_whole_chunks(small_ds, decode_log):
 
 
 def test_opening_reads_only_metadata(small_ds, get_log):
+    """Metadata, and the 16-byte header of each array's last chunk (checked against the metadata
+    before any graph is built); no chunk's data."""
     ds = l5dask.open_dataset(small_ds)
     _ = ds.agents, ds.frames, ds.to_datatree()
-    assert get_log and all(k.startswith(".z") or k.endswith("/.zarray") for k in get_log)
+    headers = {(arr.meta.key(arr.meta.nchunks - 1), 0, 16) for arr in ds.arrays.values()}
+    assert get_log and all(k in headers or k.startswith(".z") or k.endswith("/.zarray") for k in get_log)
+    assert headers <= set(get_log)
 
 
 def test_field_projection_decodes_each_chunk_once(small_ds, decode_log):

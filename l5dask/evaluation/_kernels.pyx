@@ -344,8 +344,11 @@ cdef class MaskPass:
 
 
 # --- L5Kit's CSV rows ---------------------------------------------------------------------------------
-cdef extern from "stdlib.h":
-    double strtod(const char* s, char** end) nogil
+cdef extern from "_cnumber.h":
+    int l5_c_numeric_init() nogil
+    int l5_strtod_c(const char* s, char** end, double* out) nogil
+
+l5_c_numeric_init()
 
 cdef double[23] POW10 = [1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
                          1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22]
@@ -389,8 +392,8 @@ cdef inline const uint8_t* _parse_int(const uint8_t* p, const uint8_t* end, int6
 cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, double* out) noexcept nogil:
     """A decimal number (``-``? digits ``.`` digits, an exponent ``e[+-]digits``), correctly rounded:
     Clinger's exact case (at most 19 digits, a mantissa up to 2**53 and a power of ten up to 1e22:
-    one IEEE operation) or ``strtod`` (glibc's is correctly rounded, as Python's ``float`` and
-    Arrow's parser). NULL for anything else (``nan``, ``inf``, a ``+``, spaces, a bad cell): the
+    one IEEE operation) or ``strtod`` in the C locale (glibc's is correctly rounded, as Python's
+    ``float`` and Arrow's parser; the process's ``LC_NUMERIC`` plays no part). NULL for anything else (``nan``, ``inf``, a ``+``, spaces, a bad cell): the
     general parser decides."""
     cdef const uint8_t* start = p
     cdef const uint8_t* s
@@ -400,6 +403,7 @@ cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, d
     cdef int e = 0, es = 1
     cdef double v
     cdef char tmp[64]
+    cdef char* stop
     cdef Py_ssize_t k
     if p < end and p[0] == 45:
         neg = True
@@ -436,7 +440,8 @@ cdef inline const uint8_t* _parse_double(const uint8_t* p, const uint8_t* end, d
     for k in range(p - start):
         tmp[k] = <char>start[k]
     tmp[p - start] = 0
-    v = strtod(tmp, NULL)
+    if not l5_strtod_c(tmp, &stop, &v) or stop != tmp + (p - start):  # (all of it, in the C locale)
+        return NULL
     if v - v != 0:  # inf (an overflow) or NaN: the general parser, then the finiteness check, say so
         return NULL
     out[0] = v
