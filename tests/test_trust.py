@@ -1,0 +1,268 @@
+"""Never a plausible wrong answer: every class of damaged chunk and metadata (``tests/damage.py``)
+is refused in one line by every command and every view that reads it, on a local folder, a zip
+and S3, and nothing is written; the errors are also the builtins callers expect."""
+
+from __future__ import annotations
+
+import locale
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import l5dask
+from l5dask import cli as l5cli
+from l5dask.errors import (ChunkError, FormatError, L5DaskError, NotADatasetError, OutputError, StoreError,
+                           UnknownNameError, UsageError)
+from l5dask.report import compute_report
+
+from . import damage
+from .conftest import SMALL_CHUNKS
+
+ALL = damage.CHUNK + damage.METADATA
+IDS = [name for name, _, _ in ALL]
+
+
+@pytest.fixture(scope="module")
+def damaged(tmp_path_factory) -> dict[str, Path]:
+    """Every damage applied to its own copy of one generated dataset (read-only)."""
+    root = tmp_path_factory.mktemp("damaged")
+    base = root / "base.zarr"
+    l5dask.synthesize(str(base), scenes=5, seed=7, chunk_rows=SMALL_CHUNKS)
+    out = {"base": base}
+    for name, edit, _ in ALL:
+        shutil.copytree(base, root / name)
+        edit(root / name)
+        out[name] = root / name
+    return out
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+def _commands(data: str, out: Path, chunk_damage: bool) -> dict[str, list[str]]:
+    cmds = {
+        "stats": ["stats", data, "-q", "-O", str(out / "report.json"), "--scenes-table", str(out / "scenes.parquet")],
+        "agg": ["agg", data, "-q", "-b", "scene_index,label", "-v", "speed:mean,q50", "-O", str(out / "agg.parquet")],
+        "report": ["report", data, "-q", "-O", str(out / "report.html")],
+        "export": ["export", data, str(out / "export"), "-q"],
+        "subset": ["subset", data, str(out / "subset.zarr"), "--scenes", "0:2", "-q"],
+        "concat": ["concat", data, data, "-O", str(out / "concat.zarr"), "-q"],
+        "select-agents": ["select-agents", data, "-O", str(out / "mask.zarr"), "-q"],
+        "gt": ["gt", data, "-O", str(out / "gt.csv"), "-q"],
+    }
+    if not chunk_damage:
+        cmds["info"] = ["info", data]
+    return cmds
+
+
+def _run(args: list[str]):
+    return CliRunner().invoke(l5cli.main, args)
+
+
+def _assert_one_line(result, pattern: str) -> None:
+    err = result.stderr.strip()
+    assert result.exit_code == 2, (result.exit_code, result.output[-2000:], repr(result.exception))
+    assert "\n" not in err and "Traceback" not in result.output, result.output
+    assert err.startswith("l5dask: error: "), err
+    assert re.search(pattern, err), (pattern, err)
+    assert "np.float" not in err and "np.int" not in err, err
+
+
+@pytest.mark.parametrize("name,edit,pattern", ALL, ids=IDS)
+def test_every_command_refuses_it_in_one_line_and_writes_nothing(damaged, tmp_path, name, edit, pattern):
+    chunk_damage = (name, edit, pattern) in damage.CHUNK
+    for command, args in _commands(str(damaged[name]), tmp_path / "out", chunk_damage).items():
+        (tmp_path / "out").mkdir()
+        result = _run(args)
+        _assert_one_line(result, pattern)
+        assert _files(tmp_path / "out") == [], (command, _files(tmp_path / "out"))
+        shutil.rmtree(tmp_path / "out")
+    assert not (damaged[name] / "agents_mask").exists()
+
+
+@pytest.mark.parametrize("name,edit,pattern", damage.CHUNK, ids=[n for n, _, _ in damage.CHUNK])
+def test_every_view_refuses_a_damaged_chunk(damaged, name, edit, pattern):
+    """The report's decode, the compressed gather (aggregate, dataframe), xarray and dask arrays:
+    each raises the same ChunkError; none answers."""
+    ds = l5dask.open_dataset(damaged[name])
+    paths = {
+        "report": lambda: compute_report(ds),
+        "aggregate": lambda: l5dask.aggregate(ds, "agents", by=["label"], values={"speed": ["mean", "count"]}),
+        "dataframe": lambda: ds.to_dask_dataframe("agents", columns=["speed", "label"]).compute(),
+        "xarray": lambda: ds.agents.velocity.compute(),
+        "joined": lambda: ds.joined("agents").centroid.compute(),
+        "dask": lambda: ds["agents"].to_dask(fields=["track_id"]).compute(),
+        "read_rows": lambda: ds["agents"].read_rows(0, 10, np.empty(10, ds["agents"].dtype)),
+    }
+    for what, run in paths.items():
+        with pytest.raises(ChunkError, match=pattern):
+            run()
+        del what
+
+
+@pytest.mark.parametrize("name,edit,pattern", damage.METADATA, ids=[n for n, _, _ in damage.METADATA])
+def test_damaged_metadata_is_refused_when_opened(damaged, name, edit, pattern):
+    with pytest.raises(FormatError, match=pattern) as info:
+        l5dask.open_dataset(damaged[name])
+    assert isinstance(info.value, ValueError)
+
+
+def test_the_xarray_engine_refuses_damaged_metadata_and_chunks(damaged):
+    import xarray as xr
+
+    with pytest.raises(FormatError, match=dict((n, p) for n, _, p in ALL)["labels-all-equal"]):
+        xr.open_datatree(damaged["labels-all-equal"], engine="l5kit")
+    ds = xr.open_dataset(damaged["type-size-0"], engine="l5kit", group="agents", chunks={})
+    with pytest.raises(ChunkError, match="type size 0"):
+        ds.yaw.compute()
+
+
+def test_a_faces_array_of_2_32_rows_is_refused_before_any_graph(damaged):
+    """It took a minute and 2 GB to say no: the graph of 2 million tasks was built first."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(FormatError, match="is not stored"):
+        l5dask.open_dataset(damaged["faces-4294967296-rows"])
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KB: nothing built
+
+
+# --- the same through a zip and S3 -----------------------------------------------------------------------
+def _zip(folder: Path, dest: Path) -> Path:
+    with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as z:
+        for p in sorted(folder.rglob("*")):
+            if p.is_file():
+                z.write(p, p.relative_to(folder).as_posix())
+    return dest
+
+
+@pytest.mark.parametrize("name,edit,pattern", ALL, ids=IDS)
+def test_zip_and_s3_refuse_it_the_same(damaged, tmp_path, s3, name, edit, pattern):
+    s3.make_bucket("l5-damaged")
+    fs = s3.s3fs()
+    remote = f"l5-damaged/{name}.zarr"
+    if not fs.exists(remote):
+        fs.put(str(damaged[name]), remote, recursive=True)
+    opts = s3.storage_options()
+    flags = ["-o", f"key={opts['key']}", "-o", f"secret={opts['secret']}",
+             "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1"]
+    archive = str(_zip(damaged[name], tmp_path / f"{name}.zip"))
+    for data, extra in ((archive, []), (f"s3://{remote}", flags)):
+        for command in ("stats", "agg"):
+            out = tmp_path / "out"
+            out.mkdir()
+            _assert_one_line(_run(_commands(data, out, True)[command] + extra), pattern)
+            assert _files(out) == []
+            shutil.rmtree(out)
+
+
+# --- the same answer from every reader --------------------------------------------------------------------
+def _padded(tmp_path: Path, corrupt_padding: bool) -> Path:
+    """A dataset whose last agents chunk is mostly padding rows (the array cut short, the frames
+    with it), the padding's last block corrupt or not."""
+    path = tmp_path / ("cut.zarr" if corrupt_padding else "whole.zarr")
+    l5dask.synthesize(str(path), scenes=2, seed=5, chunk_rows={"agents": 60_000})
+    ds = l5dask.open_dataset(path)
+    agents = ds["agents"].read(0, ds["agents"].meta.nchunks)
+    assert len(agents) < 40_000, "the generated scenes must leave a padded last chunk"
+    last = path / "agents" / str(ds["agents"].meta.nchunks - 1)
+    raw = bytearray(last.read_bytes())
+    h = damage.header(bytes(raw))
+    nblocks = -(-h[4] // h[5])
+    assert nblocks >= 2 and (nblocks - 1) * h[5] >= len(agents) * 116, "a block of padding only"
+    if corrupt_padding:
+        start = int.from_bytes(raw[16 + 4 * (nblocks - 1): 20 + 4 * (nblocks - 1)], "little")
+        raw[start + 4:] = bytes(len(raw) - start - 4)  # the last block's LZ4 stream zeroed: offset 0
+        last.write_bytes(bytes(raw))
+    return path
+
+
+def test_a_corrupt_padding_block_is_refused_by_every_reader(tmp_path):
+    """The report (numcodecs' decode) refused it and aggregate (the compressed gather, which
+    skipped padding blocks) answered: now both refuse, as c-blosc does."""
+    ok = l5dask.open_dataset(_padded(tmp_path, False))
+    assert l5dask.aggregate(ok, "agents", by=["label"], values={"speed": ["count"]})["speed_count"].sum() > 0
+    ds = l5dask.open_dataset(_padded(tmp_path, True))
+    with pytest.raises(ChunkError, match="truncated or corrupt"):
+        compute_report(ds)
+    with pytest.raises(ChunkError, match="truncated or corrupt"):
+        l5dask.aggregate(ds, "agents", by=["label"], values={"speed": ["count"]})
+    with pytest.raises(ChunkError, match="truncated or corrupt"):
+        ds.to_dask_dataframe("agents", columns=["speed"]).compute()
+
+
+# --- one error story --------------------------------------------------------------------------------------
+def test_errors_are_also_the_builtins_callers_expect(small_ds, tmp_path):
+    ds = l5dask.open_dataset(small_ds)
+    with pytest.raises(ValueError, match="is out of range: the dataset has 5 scenes"):
+        l5dask.subset(ds, str(tmp_path / "s.zarr"), scenes="3:9")  # L5Kit raises ValueError too
+    with pytest.raises(UsageError):
+        l5dask.subset(ds, str(tmp_path / "s.zarr"), scenes="nonsense")
+    with pytest.raises(FileNotFoundError):
+        l5dask.open_dataset(tmp_path / "nowhere.zarr")
+    for cls, builtin in ((UsageError, ValueError), (FormatError, ValueError), (ChunkError, ValueError),
+                         (NotADatasetError, FileNotFoundError), (StoreError, OSError), (OutputError, OSError),
+                         (UnknownNameError, KeyError)):
+        assert issubclass(cls, L5DaskError) and issubclass(cls, builtin)
+    assert str(UnknownNameError("plain words")) == "plain words"
+
+
+def test_no_bare_l5dask_error_is_raised():
+    """Each raise names the class a caller can catch as a builtin (errors.py's table)."""
+    package = Path(l5dask.__file__).parent
+    bare = [f"{p.relative_to(package)}:{i + 1}" for p in package.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines()) if "raise L5DaskError(" in line]
+    assert bare == []
+
+
+def _comma_locale(tmp_path: Path) -> dict | None:
+    """An environment whose LC_ALL is a comma-decimal locale (compiled here with localedef)."""
+    target = tmp_path / "locales"
+    target.mkdir()
+    made = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", str(target / "de_DE.UTF-8")],
+                          capture_output=True)
+    if made.returncode not in (0, 1) or not (target / "de_DE.UTF-8").exists():
+        return None
+    return dict(os.environ, LOCPATH=str(target), LC_ALL="de_DE.UTF-8")
+
+
+def test_the_csv_number_parser_ignores_the_process_locale(tmp_path):
+    """glibc's strtod follows LC_NUMERIC: under a comma-decimal locale it read "1.2345678901234567"
+    as 1.0. Numbers that take strtod (more than 2**53 in the mantissa, exponents past 22) are
+    parsed in a process whose locale was set from such an environment, and equal ``float()``."""
+    env = _comma_locale(tmp_path)
+    from .conftest import require
+
+    require(env is not None, "localedef and Debian's locales (de_DE)")
+    rng = np.random.default_rng(3)
+    n, T = 40, 2
+    values = [repr(float(v)) for v in rng.normal(0, 1e3, n * T * 2)]
+    values[:6] = ["1.2345678901234567", "-98765.43210987654321", "1e-300", "2.5e+30", "0.1", "123456789012345678901"]
+    from l5dask.evaluation.csvfiles import gt_header
+
+    header = ",".join(gt_header(T))
+    lines = [header] + [f"{i},{i},1.0,1.0," + ",".join(values[i * 4:(i + 1) * 4]) for i in range(n)]
+    (tmp_path / "gt.csv").write_text("\n".join(lines) + "\n")
+    script = (
+        "import locale, sys, numpy as np\n"
+        "locale.setlocale(locale.LC_ALL, '')\n"
+        "assert locale.localeconv()['decimal_point'] == ','\n"
+        "from l5dask.evaluation.csvfiles import read_gt_csv\n"
+        "f = read_gt_csv(sys.argv[1])\n"
+        "np.save(sys.argv[2], np.asarray(f.coords.compute(), dtype=np.float64))\n"
+    )
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "gt.csv"), str(tmp_path / "out.npy")], env=env,
+                   check=True)
+    got = np.load(tmp_path / "out.npy").reshape(-1)
+    want = np.array([float(v) for v in values], np.float64)
+    np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))  # bit for bit
+    assert locale.localeconv()["decimal_point"] == "."  # this process untouched
