@@ -11,7 +11,8 @@ setup(
                    # (sums as numpy's: no fused multiply-adds; LZ4's symbols stay inside the module)
                    define_macros=[("LZ4LIB_VISIBILITY", "")],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fvisibility=hidden"]),
-         Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], extra_compile_args=["-O3"]),
+         Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], include_dirs=["l5dask/perception"],
+                   depends=["l5dask/perception/_jsontypes.h"], extra_compile_args=["-O3"]),
          Extension("l5dask.evaluation._kernels", ["l5dask/evaluation/_kernels.pyx"], include_dirs=["l5dask/evaluation"],
                    depends=["l5dask/_records.pxd", "l5dask/evaluation/_cnumber.h"],
                    extra_compile_args=["-O3"])],

@@ -409,7 +409,58 @@ def _edit_lidar_size(root):
     return sd[3]["filename"]
 
 
+def _edit_modality_list(root):
+    rows = load(root, "sensor")
+    lidar = next(r for r in rows if r["modality"] == "lidar")
+    lidar["modality"] = ["lidar"]  # DuckDB made it the string '["lidar"]': 0 lidar sweeps, exit 0
+    save(root, "sensor", rows)
+    return f"row {rows.index(lidar)} (token {lidar['token']}): modality is a list ([\"lidar\"]), expected a string"
+
+
+def _edit_name_number(root):
+    rows = load(root, "category")
+    rows[2]["name"] = 5
+    save(root, "category", rows)
+    return f"row 2 (token {rows[2]['token']}): name is a number (5), expected a string"
+
+
+def _edit_timestamp_string(root):
+    rows = load(root, "sample")
+    rows[7]["timestamp"] = str(rows[7]["timestamp"])
+    save(root, "sample", rows)
+    return f"row 7 (token {rows[7]['token']}): timestamp is a string"
+
+
+def _edit_translation_element(root):
+    rows = load(root, "sample_annotation")
+    rows[3]["translation"][1] = "1.5"
+    save(root, "sample_annotation", rows)
+    return f"row 3 (token {rows[3]['token']}): translation[1] is a string (\"1.5\"), expected a number"
+
+
+def _edit_escaped_key(root):
+    """A key spelled with an escape: the compiled scan does not vouch for it; json does."""
+    path = os.path.join(root, "data", "sensor.json")
+    text = open(path).read().replace('"modality": "lidar"', '"m\\u006fdality": ["lidar"]', 1)
+    open(path, "w").write(text)
+    return "modality is a list"
+
+
+def _edit_deep(root):
+    path = os.path.join(root, "data", "log.json")
+    rows = load(root, "log")
+    text = json.dumps(rows)
+    open(path, "w").write(text[:-1] + ", " + "[" * 5000 + "]" * 5000 + "]")
+    return "nested too deeply"
+
+
 BAD = [
+    (_edit_modality_list, "sensor.json: row"),
+    (_edit_name_number, "category.json: row 2"),
+    (_edit_timestamp_string, "sample.json: row 7"),
+    (_edit_translation_element, "sample_annotation.json: row 3"),
+    (_edit_escaped_key, "sensor.json: row"),
+    (_edit_deep, "log.json"),
     (_edit_remove_sensor, "the table sensor.json is missing"),
     (_edit_bad_json, "scene.json: not valid JSON at line"),
     (_edit_no_token, "log.json: row 1 has no token"),

@@ -266,3 +266,32 @@ def test_the_csv_number_parser_ignores_the_process_locale(tmp_path):
     want = np.array([float(v) for v in values], np.float64)
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))  # bit for bit
     assert locale.localeconv()["decimal_point"] == "."  # this process untouched
+
+
+# --- perception tables: typed, on a folder, a zip and S3 -------------------------------------------------
+def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
+    """A list where a string belongs: DuckDB cast it to the text '["lidar"]' and the report said 0
+    lidar sweeps, exit 0. Refused in one line, the same from a folder, a zip and S3."""
+    from l5dask.perception.synth import generate
+
+    from .perception_data import load, save
+
+    root = tmp_path / "perception"
+    generate(str(root), scenes=1, seed=3, lidar_points=20)
+    rows = load(str(root), "sensor")
+    i = next(k for k, r in enumerate(rows) if r["modality"] == "lidar")
+    rows[i]["modality"] = ["lidar"]
+    save(str(root), "sensor", rows)
+    pattern = rf"sensor\.json: row {i} \(token {rows[i]['token']}\): modality is a list \(\[\"lidar\"\]\), expected a string"
+    s3.make_bucket("l5-perception")
+    s3.s3fs().put(str(root), "l5-perception/bad", recursive=True)
+    opts = s3.storage_options()
+    flags = ["-o", f"key={opts['key']}", "-o", f"secret={opts['secret']}",
+             "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1"]
+    archive = _zip(root, tmp_path / "perception.zip")
+    for data, extra in ((str(root), []), (str(archive), []), ("s3://l5-perception/bad", flags)):
+        out = tmp_path / "out"
+        out.mkdir()
+        _assert_one_line(_run(["perception", "stats", data, "-O", str(out / "p.json"), "-q", *extra]), pattern)
+        assert _files(out) == []
+        shutil.rmtree(out)

@@ -568,3 +568,37 @@ def sweep_to_world(const float[:, ::1] scan, const double[:, ::1] r1, const doub
                 o[2 * n + p] = <float>bz[p - p0]
             p0 = p1
     return same != 0
+
+
+# --- the JSON types of a table's declared columns (_jsontypes.h) -----------------------------------
+cdef extern from "_jsontypes.h":
+    ctypedef struct l5_json_fault:
+        int64_t row
+        int64_t key
+        int64_t element
+        int64_t found
+        int64_t offset
+    int l5_json_types(const uint8_t* start, const uint8_t* end, const uint8_t* const* keys, const int64_t* lens,
+                      const int64_t* kinds, int64_t nkeys, l5_json_fault* fault) nogil
+
+
+def json_types(const uint8_t[::1] data, list keys, const int64_t[::1] kinds):
+    """Check the JSON type of each declared key's value in every row of the table ``data`` (a JSON
+    array of objects): ``(status, row, key index, element, found type, byte offset)``; status 0
+    (all fit), 1 (a mismatch), 2 (cannot vouch: check another way), 3 (nested too deeply)."""
+    cdef Py_ssize_t n = len(keys), i
+    cdef l5_json_fault fault
+    cdef int status
+    if kinds.shape[0] != n or n > 64:
+        raise ValueError("json_types: a kind per key, at most 64 keys")
+    cdef const uint8_t* ptrs[64]
+    cdef int64_t lens[64]
+    cdef list held = [bytes(k) for k in keys]
+    for i in range(n):
+        ptrs[i] = <const uint8_t*><char*>held[i]
+        lens[i] = len(held[i])
+    if data.shape[0] == 0:
+        return 2, -1, -1, -1, -1, 0
+    with nogil:
+        status = l5_json_types(&data[0], &data[0] + data.shape[0], ptrs, lens, &kinds[0] if n else NULL, n, &fault)
+    return status, fault.row, fault.key, fault.element, fault.found, fault.offset

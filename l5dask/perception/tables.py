@@ -80,8 +80,18 @@ def _arrow_type(t: str) -> Any:
             "VARCHAR[]": pa.list_(pa.string()), "DOUBLE[]": pa.list_(pa.float64())}[t]
 
 
+#: The JSON type each declared column must hold (``null`` is allowed everywhere: the table checks
+#: say where a value is needed), for the compiled type scan (``_jsontypes.h``).
+KINDS = {"VARCHAR": 1, "DOUBLE": 2, "BOOLEAN": 3, "VARCHAR[]": 4, "DOUBLE[]": 5}
+_EXPECTED = {1: "a string", 2: "a number", 3: "true or false", 4: "a list of strings", 5: "a list of numbers"}
+_FOUND = {0: "null", 1: "a string", 2: "a number", 3: "a boolean", 4: "a list", 5: "an object", 6: "not JSON"}
+
+
 def parse(data: bytes | str, name: str, where: str) -> Any:
-    """The declared columns of table ``name`` from JSON ``data`` (bytes, or a local file's path)."""
+    """The declared columns of table ``name`` from JSON ``data`` (bytes, or a local file's path),
+    each value of the JSON type its column declares (DuckDB would cast the others: a list where a
+    string belongs became the string '["lidar"]'): one ``FormatError`` line naming the row, its
+    token, the field and what was found otherwise."""
     import duckdb
 
     con = duckdb.connect(config={"threads": 1})  # tables are parsed in parallel tasks: one thread each
@@ -90,17 +100,111 @@ def parse(data: bytes | str, name: str, where: str) -> Any:
         source = data if isinstance(data, str) else io.BytesIO(data)
         table = con.read_json(source, format="array", columns=dict(SCHEMA[name])).to_arrow_table()
     except duckdb.Error as exc:
-        raise FormatError(_json_error(data, where, exc)) from None
+        raise FormatError(_json_error(data, name, where, exc)) from None
     finally:
         con.close()
+    check_types(data, name, where, table)
     return table
 
 
-def _json_error(data: bytes | str, where: str, exc: Exception) -> str:
-    """Say where a table's JSON is wrong: line and column from ``json``, else DuckDB's message."""
+def _bytes(data: bytes | str) -> Any:
+    """The table's bytes: ``data``, or the local file mapped (not read) into memory."""
+    import numpy as np
+
+    if not isinstance(data, str):
+        return np.frombuffer(data, np.uint8)
+    import os
+
+    return np.memmap(data, np.uint8, mode="r") if os.path.getsize(data) else np.zeros(0, np.uint8)
+
+
+def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> None:
+    """Every declared column's values of their declared JSON type (the compiled scan; JSON it
+    cannot vouch for, such as keys spelled with escapes, is checked by ``json`` instead)."""
+    import numpy as np
+
+    from ._kernels import json_types
+
+    columns = SCHEMA[name]
+    keys = [c.encode() for c in columns]
+    raw = _bytes(data)
+    status, row, key, element, found, offset = json_types(raw, keys, np.array([KINDS[t] for t in columns.values()], np.int64))
+    if status == 0:
+        return
+    if status == 3:
+        raise FormatError(f"{where}: row {row} nests JSON too deeply for a table")
+    if status == 2:
+        why = _python_types(bytes(raw), name)
+        if why is None:
+            return
+        row, key, element, found, value = why
+    else:
+        value = bytes(raw[offset: offset + 40]).decode("utf-8", "replace")
+    field = list(columns)[key]
+    token = ""
+    if table is not None and field != "token" and row < table.num_rows:
+        tok = table.column("token")[row].as_py()
+        token = f" (token {tok})" if tok else ""
+    what = f"{field}[{element}]" if element >= 0 else field
+    expected = _EXPECTED[KINDS[columns[field]]] if element < 0 else {4: "a string", 5: "a number"}[KINDS[columns[field]]]
+    shown = _value_text(value)
+    raise FormatError(f"{where}: row {row}{token}: {what} is {_FOUND[found]} ({shown}), expected {expected}")
+
+
+def _value_text(text: str) -> str:
+    """The JSON value at the start of ``text``, for a message (cut at 30 characters)."""
+    try:
+        text = json.dumps(json.JSONDecoder().raw_decode(text)[0])
+    except (ValueError, RecursionError):  # cut short: as it stands
+        text = " ".join(text.split())
+    return text if len(text) <= 30 else text[:27] + "..."
+
+
+def _python_types(text: bytes, name: str) -> tuple[int, int, int, int, str] | None:
+    """``(row, key index, element, found type, value)`` of the first value of another type than
+    its column's, by ``json`` (the slow path: for JSON the compiled scan does not vouch for)."""
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        return None  # DuckDB parsed it: not ours to judge further
+    if not isinstance(doc, list):
+        return None
+
+    def kind(v: Any) -> int:
+        if v is None:
+            return 0
+        if isinstance(v, bool):
+            return 3
+        if isinstance(v, str):
+            return 1
+        if isinstance(v, (int, float)):
+            return 2
+        return 4 if isinstance(v, list) else 5
+
+    fits = {1: {1}, 2: {2}, 3: {3}, 4: {4}, 5: {4}}
+    for r, row in enumerate(doc):
+        if not isinstance(row, dict):
+            return None
+        for k, (col, t) in enumerate(SCHEMA[name].items()):
+            v = row.get(col)
+            want = KINDS[t]
+            if kind(v) not in fits[want] | {0}:
+                return r, k, -1, kind(v), json.dumps(v)[:30]
+            if want in (4, 5) and isinstance(v, list):
+                for e, x in enumerate(v):
+                    if kind(x) not in ({1} if want == 4 else {2}) | {0}:
+                        return r, k, e, kind(x), json.dumps(x)[:30]
+    return None
+
+
+def _json_error(data: bytes | str, name: str, where: str, exc: Exception) -> str:
+    """Say where a table's JSON is wrong: line and column from ``json``, a value of another type
+    than its column's, else DuckDB's message."""
     try:
         text = open(data, "rb").read() if isinstance(data, str) else data
         doc = json.loads(text)
+    except RecursionError:
+        return f"{where}: JSON nested too deeply for a table"
     except json.JSONDecodeError as err:
         return f"{where}: not valid JSON at line {err.lineno}, column {err.colno} (byte {err.pos}): {err.msg}"
     except (OSError, UnicodeDecodeError) as err:
@@ -110,6 +214,10 @@ def _json_error(data: bytes | str, where: str, exc: Exception) -> str:
     for i, row in enumerate(doc):
         if not isinstance(row, dict):
             return f"{where}: row {i} is not a JSON object ({type(row).__name__})"
+    try:
+        check_types(data, name, where)
+    except FormatError as err:
+        return str(err)
     msg = str(exc).strip().splitlines()[0]
     return f"{where}: cannot be read as a table: {msg[:300]}"
 
