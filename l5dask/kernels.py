@@ -255,12 +255,19 @@ class Gather:
         into rows ``row0 ..`` of the outputs, without decoding the records (``_blosc.h``).
         ``(done, scratch)``: not done for a chunk of another kind, or corrupt (decode it instead);
         ``scratch`` (a block of bytes, grown to the chunk's blocks) is handed back for the next."""
+        status, scratch = self.blosc_status(raw, chunk_rows, rows, outs, maxes, row0, scratch)
+        return status == 0, scratch
+
+    def blosc_status(self, raw, chunk_rows: int, rows: int, outs: list[np.ndarray], maxes: list[np.ndarray],
+                     row0: int, scratch: np.ndarray) -> tuple[int, np.ndarray]:
+        """As :meth:`blosc`, with the compiled reader's status: 0 done, 1 a chunk of another kind,
+        -1 corrupt (one c-blosc refuses too: ``tests/test_properties.py``)."""
         if not self.native or sys.byteorder != "little":
-            return False, scratch
+            return 1, scratch
         buf = np.frombuffer(raw, np.uint8)
         size = _blosc_blocksize(buf)
         if not 0 < size <= chunk_rows * self.dtype.itemsize:  # (a corrupt header: no scratch sized by it)
-            return False, scratch
+            return 1, scratch
         if size > len(scratch):
             scratch = np.empty(size, np.uint8)
         if row0 < 0 or not 0 <= rows <= chunk_rows:
@@ -268,7 +275,7 @@ class Gather:
         dests, adests = self._addresses(outs, maxes, row0 + rows)
         status = _gather_blosc(buf, self.dtype.itemsize, chunk_rows, rows, row0, scratch, self.offsets, self.sizes,
                                dests, self.argmax_offsets, self.argmax_ncols, adests)
-        return status == 0, scratch
+        return status, scratch
 
 
 def gather(records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]],

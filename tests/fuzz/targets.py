@@ -1,0 +1,209 @@
+"""The fuzz targets: each entry point that parses untrusted bytes, with what it may answer.
+
+A target takes one input (bytes) and returns normally when the input was accepted or refused
+the way l5dask promises (one of its errors, with the same verdict as the reference where there is
+one); anything else (another exception, a crash of the process, a differential disagreement)
+is a finding. ``seeds()`` makes each target's starting inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+
+import numpy as np
+from numcodecs import Blosc
+
+from l5dask import format as fmt
+from l5dask.codec import check_blosc, decode_blosc
+from l5dask.errors import L5DaskError
+from l5dask.kernels import Gather
+
+# --- blosc chunks: the compiled gather against numcodecs -----------------------------------------------
+SMALL = np.dtype([("a", "<u2"), ("p", "<f4", (2,)), ("b", "u1"), ("c", "i1")])  # 12 bytes: split streams
+#: (dtype, chunk rows, rows holding data): L5Kit's agents, and small records (split streams, padding)
+CONFIGS = [(fmt.AGENT_DTYPE, 2000, 2000), (fmt.AGENT_DTYPE, 2000, 700), (SMALL, 3000, 3000), (SMALL, 3000, 1000)]
+
+
+def _plan(dtype: np.dtype) -> Gather:
+    if dtype == fmt.AGENT_DTYPE:
+        return Gather(dtype, [("centroid", (0,)), ("velocity", (1,)), ("track_id", ()), ("yaw", ())],
+                      ["label_probabilities"])
+    return Gather(dtype, [("a", ()), ("p", (1,)), ("b", ()), ("c", ())], ["p"])
+
+
+def blosc(data: bytes) -> None:
+    """First byte: the configuration; the rest: one chunk. The compiled gather is run unchecked
+    (it must be safe on its own); numcodecs only on chunks the header rule accepts (c-blosc reads
+    past the end of others). Gather status 0 must mean numcodecs decodes the same numbers, -1
+    that numcodecs refuses; every path through :class:`~l5dask.reading.Encoded` says ChunkError."""
+    if not data:
+        return
+    dtype, chunk_rows, rows = CONFIGS[data[0] % len(CONFIGS)]
+    raw = data[1:]
+    plan = _plan(dtype)
+    outs, maxes = plan.outputs(rows)
+    status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8))
+    why = check_blosc(raw, chunk_rows * dtype.itemsize, dtype.itemsize)
+    if why is not None:
+        return
+    ref = np.empty(chunk_rows, dtype)
+    try:
+        decode_blosc(raw, ref)
+        accepted = True
+    except (RuntimeError, ValueError):
+        accepted = False
+    if status == 0:
+        assert accepted, "the compiled gather read a chunk numcodecs refuses"
+        want, wmax = plan.outputs(rows)
+        plan.records(ref[:rows], want, wmax)
+        for got, exp in zip([*outs, *maxes], [*want, *wmax]):
+            assert got.tobytes() == exp.tobytes(), "the compiled gather and numcodecs disagree"
+    elif status == -1:
+        assert not accepted, "the compiled gather refused a chunk numcodecs reads"
+
+
+def _blosc_seeds() -> list[bytes]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i, (dtype, chunk_rows, rows) in enumerate(CONFIGS):
+        rec = np.zeros(chunk_rows, dtype)
+        for name in dtype.names:
+            sub = dtype.fields[name][0]
+            shape = (chunk_rows, *sub.shape)
+            rec[name] = (rng.normal(0, 3, shape) if sub.base.kind == "f" else rng.integers(0, 5, shape)).astype(sub.base)
+        rec[rows:] = np.zeros(1, dtype)
+        for codec in (Blosc("lz4", 5, Blosc.SHUFFLE, 0), Blosc("lz4", 5, Blosc.SHUFFLE, 4096),
+                      Blosc("lz4", 1, Blosc.NOSHUFFLE, 0), Blosc("zstd", 3, Blosc.SHUFFLE, 0)):
+            out.append(bytes([i]) + codec.encode(rec))
+    return out
+
+
+# --- metadata ------------------------------------------------------------------------------------------
+def zarray(data: bytes) -> None:
+    try:
+        meta = fmt.parse_zarray("agents", data, "fuzz")
+    except L5DaskError:
+        return
+    assert 0 < meta.chunk_nbytes <= fmt.MAX_CHUNK_NBYTES and meta.nchunks <= fmt.MAX_CHUNKS
+
+
+def zarray_nd(data: bytes) -> None:
+    try:
+        meta = fmt.parse_nd_zarray("agents_mask/0.5", data, "fuzz")
+    except L5DaskError:
+        return
+    assert 0 < meta.chunk_nbytes <= fmt.MAX_CHUNK_NBYTES and meta.nchunks <= fmt.MAX_CHUNKS
+
+
+def zattrs(data: bytes) -> None:
+    try:
+        attrs = fmt.parse_zattrs(data, "fuzz")
+    except L5DaskError:
+        return
+    labels = attrs.get("labels")
+    assert labels is None or (len(set(labels)) == 17 and all(isinstance(x, str) for x in labels))
+
+
+def _metadata_seeds() -> list[bytes]:
+    return [fmt.zarray_json(d, 12345, r) for d, r in ((fmt.AGENT_DTYPE, 20000), (fmt.SCENE_DTYPE, 10000),
+                                                       (fmt.TL_FACE_DTYPE, 10000))]
+
+
+# --- L5Kit's CSV files ---------------------------------------------------------------------------------
+def csv(data: bytes) -> None:
+    """A ground-truth CSV (T = 2): read, and its numbers equal Python's ``float`` of each cell."""
+    from l5dask.evaluation.csvfiles import read_gt_csv
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "gt.csv")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            parsed = read_gt_csv(path)
+            coords = np.asarray(parsed.coords.compute(scheduler="sync"), np.float64)
+        except L5DaskError:
+            return
+    rows = [line.split(b",") for line in data.replace(b"\r\n", b"\n").split(b"\n")[1:] if line]
+    if len(rows) == len(coords) and all(len(r) == 8 for r in rows):
+        want = np.array([[float(c) for c in r[4:]] for r in rows], np.float64).reshape(coords.shape)
+        assert want.tobytes() == coords.tobytes(), "a number parsed otherwise than float() parses it"
+
+
+def _csv_seeds() -> list[bytes]:
+    from l5dask.evaluation.csvfiles import gt_header
+
+    rng = np.random.default_rng(1)
+    lines = [",".join(gt_header(2))]
+    for i in range(30):
+        v = rng.normal(0, 100, 4)
+        cells = [repr(float(x)) if i % 3 else f"{x:.5f}" for x in v]
+        lines.append(f"{1000 + i},{i},1.0,{i % 2}.0," + ",".join(cells))
+    return [("\n".join(lines) + "\n").encode()]
+
+
+# --- perception tables ---------------------------------------------------------------------------------
+def perception_table(data: bytes) -> None:
+    """A sample_annotation table: parsed with its types vouched for, or one FormatError; the
+    compiled type scan agrees with ``json`` wherever it claims an answer."""
+    from l5dask.perception import tables
+    from l5dask.perception._kernels import json_types
+
+    columns = tables.SCHEMA["sample_annotation"]
+    kinds = np.array([tables.KINDS[t] for t in columns.values()], np.int64)
+    status, row, key, element, _, _ = json_types(np.frombuffer(data, np.uint8), [c.encode() for c in columns], kinds)
+    if status in (0, 1):
+        try:
+            json.loads(data)
+            valid = True
+        except (ValueError, RecursionError):
+            valid = False
+        if valid:
+            py = tables._python_types(data, "sample_annotation")
+            if status == 0:
+                assert py is None, f"the type scan passed what json finds of another type: {py}"
+            else:
+                assert py is not None and py[:3] == (row, key, element), f"scan {row, key, element}, json {py}"
+    try:
+        tables.parse(data, "sample_annotation", "fuzz")
+    except L5DaskError:
+        return
+
+
+def _perception_seeds() -> list[bytes]:
+    rows = [{"token": f"{i:032x}", "sample_token": "s", "instance_token": "i", "attribute_tokens": ["a", "b"],
+             "visibility_token": "4", "translation": [1.5, -2.0, 3e2], "size": [1, 2, 3], "rotation": [1, 0, 0, 0],
+             "prev": "", "next": "", "num_lidar_pts": 3} for i in range(5)]
+    return [json.dumps(rows).encode(), json.dumps(rows, indent=2).encode()]
+
+
+TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
+    "blosc": (blosc, _blosc_seeds),
+    "zarray": (zarray, _metadata_seeds),
+    "zarray_nd": (zarray_nd, lambda: [fmt.zarray_json(np.dtype([("value", "<u4", (2,))]), 999, 100, (2,))]),
+    "zattrs": (zattrs, lambda: [fmt.zattrs_json()]),
+    "csv": (csv, _csv_seeds),
+    "perception_table": (perception_table, _perception_seeds),
+}
+
+
+def selftest(data: bytes) -> None:
+    """Not fuzzed: proves the harness sees each kind of finding (``tests/test_fuzz.py``)."""
+    if data == b"abort":
+        os.abort()
+    if data == b"fpe":
+        import signal
+
+        os.kill(os.getpid(), signal.SIGFPE)
+    if data == b"raise":
+        raise RecursionError("planted")
+    if data == b"hang":
+        import time
+
+        time.sleep(60)
+
+
+#: targets run only when named
+HIDDEN = {"selftest": (selftest, lambda: [b"fine"])}
