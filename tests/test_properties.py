@@ -1,0 +1,181 @@
+"""Properties of the hand-written parsers and codecs against a reference, over generated inputs
+(``tests/strategies.py``): the compiled blosc gather against numcodecs (records, dtypes, codecs,
+shuffles, block sizes and damaged headers), the CSV number parser against ``float()``, the
+quantile sketch against its stated bound, ``where`` against the same condition in numpy, and
+the token index against a dict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from numcodecs import Blosc
+
+from l5dask import format as fmt
+from l5dask.aggregation import evaluate_where
+from l5dask.codec import check_blosc, decode_blosc, typesize_of
+from l5dask.errors import ChunkError
+from l5dask.kernels import Gather
+from l5dask.reading import Encoded
+
+from . import strategies as s
+
+SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                             HealthCheck.data_too_large])
+
+
+def _plan(dtype: np.dtype) -> tuple[list, list]:
+    elements, argmax = [], []
+    for name in dtype.names:
+        sub = dtype.fields[name][0]
+        if sub.shape:
+            elements += [(name, (0,)), (name, (sub.shape[0] - 1,))]
+            if sub.base == np.dtype("<f4"):
+                argmax.append(name)
+        else:
+            elements.append((name, ()))
+    return elements, argmax
+
+
+@SETTINGS
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_the_compressed_gather_and_numcodecs_agree_on_every_chunk(data, dtype, chunk_rows, params):
+    rows = data.draw(st.integers(0, chunk_rows))
+    rec = data.draw(s.records(dtype, chunk_rows))
+    rec[rows:] = np.zeros(1, dtype)  # the padding, as zarr writes it
+    clean = Blosc(**params).encode(rec)
+    raw = data.draw(s.damaged(clean))
+    elements, argmax = _plan(dtype)
+    plan = Gather(dtype, elements, argmax)
+    outs, maxes = plan.outputs(rows)
+    status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8))
+    why = check_blosc(raw, chunk_rows * dtype.itemsize, typesize_of(dtype.itemsize))
+    event(f"gather status {status}, header rule {'accepts' if why is None else 'refuses'}")
+    if raw == clean:
+        assert why is None and status in (0, 1)
+    if why is None:  # (numcodecs reads past the end of chunks the rule refuses)
+        ref = np.empty(chunk_rows, dtype)
+        try:
+            decode_blosc(raw, ref)
+            accepted = True
+        except (RuntimeError, ValueError):
+            accepted = False
+        if raw == clean:
+            assert accepted and ref.tobytes() == rec.tobytes()
+        if status == 0:
+            assert accepted
+            want, wmax = plan.outputs(rows)
+            plan.records(ref[:rows], want, wmax)
+            for got, exp in zip([*outs, *maxes], [*want, *wmax]):
+                assert got.tobytes() == exp.tobytes()  # bit for bit
+        if status == -1:
+            assert not accepted
+    # every path through the readers: the same verdict, the same numbers
+    meta = fmt.ArrayMeta("t", dtype, max(rows, 1) if rows else 0, chunk_rows)
+    if meta.length == 0:
+        return
+    encoded = Encoded(meta, True, [(0, raw)])
+    try:
+        gathered = encoded.gather(elements, argmax)
+    except ChunkError:
+        gathered = None
+    try:
+        decoded = Encoded(meta, True, [(0, raw)]).records()
+    except ChunkError:
+        decoded = None
+    assert (gathered is None) == (decoded is None)
+    if decoded is not None:
+        want, wmax = plan.outputs(len(decoded))
+        plan.records(decoded, want, wmax)
+        for got, exp in zip([*gathered[0], *gathered[1]], [*want, *wmax]):
+            assert got.tobytes() == exp.tobytes()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cells=st.lists(s.number_cells(), min_size=4, max_size=120).filter(lambda c: len(c) % 4 == 0))
+def test_the_csv_number_parser_equals_float(cells, tmp_path_factory):
+    from l5dask.evaluation.csvfiles import gt_header, read_gt_csv
+
+    path = tmp_path_factory.mktemp("csv") / "gt.csv"
+    lines = [",".join(gt_header(2))] + [f"{i},{i},1.0,0.0," + ",".join(cells[4 * i: 4 * i + 4])
+                                        for i in range(len(cells) // 4)]
+    path.write_text("\n".join(lines) + "\n")
+    got = np.asarray(read_gt_csv(str(path)).coords.compute(scheduler="sync"), np.float64).reshape(-1)
+    want = np.array([float(c) for c in cells], np.float64)
+    assert got.view(np.uint64).tolist() == want.view(np.uint64).tolist()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(values=st.lists(st.one_of(st.floats(-1e12, 1e12).filter(lambda v: v == 0 or abs(v) > 1e-300),
+                                 st.just(np.nan)), min_size=1, max_size=300),
+       groups=st.integers(1, 4), bits=st.sampled_from([0, 3, 12, 20, 52]),
+       qs=st.lists(st.floats(0, 1), min_size=1, max_size=3, unique=True), parts=st.integers(1, 3))
+def test_the_quantile_sketch_is_within_its_stated_bound(values, groups, bits, qs, parts):
+    """numpy's "linear" quantile within 2**-(bits + 1) of the larger of the two order statistics it
+    interpolates (``l5dask.dataframe.quantiles``' contract); NaN skipped."""
+    import dask.dataframe as dd
+
+    from l5dask.dataframe import quantiles
+
+    v = np.array(values, np.float64)
+    g = np.arange(len(v)) % groups
+    df = dd.from_pandas(pd.DataFrame({"g": g, "v": v}), npartitions=min(parts, len(v)))
+    got = quantiles(df, ["g"], "v", qs, quantile_bits=bits)
+    assert list(got.columns) == list(qs)
+    for key in range(groups):
+        x = np.sort(v[(g == key) & ~np.isnan(v)])
+        assert (key in got.index) == bool(len(x))  # a group of NaN only has no row
+        for q in qs if len(x) else ():
+            value = float(got.loc[key, q])
+            want = float(np.quantile(x, q))
+            h = (len(x) - 1) * q
+            lo, hi = x[int(np.floor(h))], x[min(int(np.floor(h)) + 1, len(x) - 1)]
+            bound = 2.0 ** -(bits + 1) * max(abs(lo), abs(hi)) * (1 + 1e-9) + 1e-300
+            assert abs(value - want) <= bound, (q, value, want, bound)
+
+
+class _Chunk(dict):
+    def __len__(self) -> int:
+        return len(self["x"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(expr=s.where_expressions(), data=st.data())
+def test_where_equals_the_same_condition_in_numpy(expr, data):
+    text, fn = expr
+    cols = data.draw(s.where_columns(data.draw(st.integers(1, 40))))
+    got = evaluate_where(text, _Chunk(cols), {})
+    with np.errstate(invalid="ignore"):
+        want = np.broadcast_to(fn(cols), (len(cols["x"]),))
+    assert got.tolist() == want.tolist(), text
+
+
+@settings(max_examples=150, deadline=None)
+@given(table=st.lists(s.TOKENS, max_size=60), queries=st.lists(s.TOKENS, max_size=40),
+       splits=st.lists(st.integers(0, 60), max_size=3))
+def test_the_token_index_equals_a_dict(table, queries, splits):
+    from l5dask.perception.links import EMPTY, lookup, token_index
+
+    cuts = sorted({min(c, len(table)) for c in splits} | {0, len(table)})
+    chunked = pa.chunked_array([pa.array(table[a:b], pa.string()) for a, b in zip(cuts, cuts[1:])] or
+                               [pa.array([], pa.string())], pa.string())
+    first: dict[str, int] = {}
+    for i, t in enumerate(table):
+        first.setdefault(t, i)
+    index = token_index(chunked)
+    queries = queries + table[:5] + [None]
+    got = lookup(pa.array(queries, pa.string()), index, EMPTY)
+    want = [EMPTY if q is None or (q == "" and q not in first) else first.get(q, -1) for q in queries]
+    assert got.tolist() == want
+    dups = [i for i, t in enumerate(table) if first[t] != i]
+    assert (index.dup_row >= 0) == bool(dups)
+    if dups:
+        assert (index.dup_first, index.dup_row) == (first[table[dups[0]]], dups[0])
+
+
+@pytest.mark.parametrize("itemsize,expected", [(1, 1), (116, 116), (255, 255), (256, 1), (0, 1)])
+def test_typesize_as_blosc_stores_it(itemsize, expected):
+    assert typesize_of(itemsize) == expected
