@@ -52,7 +52,8 @@ def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, ou
     """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if
     given: all of its rows are written, or ``ChunkError``); the chunk is checked
     (:func:`check_chunk`) before anything is allocated for it."""
-    check_chunk(raw, meta, compressed, key)
+    if out is None or not compressed:
+        check_chunk(raw, meta, compressed, key)  # (compressed, into ``out``: decode_blosc checks it)
     if out is None:
         out = np.empty(meta.chunk_rows, dtype=meta.dtype)
     if out.nbytes != meta.chunk_nbytes or not out.flags.c_contiguous:
