@@ -1,20 +1,20 @@
-"""Builds the compiled kernels (l5dask/_kernels.pyx); everything else is in pyproject.toml."""
+"""Builds the compiled kernels (l5dask/prediction/_kernels.pyx); everything else is in pyproject.toml."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 setup(
     ext_modules=cythonize(
-        [Extension("l5dask._kernels", ["l5dask/_kernels.pyx", "l5dask/_vendor/lz4/lz4.c"],
-                   include_dirs=["l5dask", "l5dask/_vendor/lz4"],
-                   depends=["l5dask/_argmax.h", "l5dask/_blosc.h", "l5dask/_records.pxd", "l5dask/_vendor/lz4/lz4.h"],
+        [Extension("l5dask.prediction._kernels", ["l5dask/prediction/_kernels.pyx", "l5dask/prediction/_vendor/lz4/lz4.c"],
+                   include_dirs=["l5dask/prediction", "l5dask/prediction/_vendor/lz4"],
+                   depends=["l5dask/prediction/_argmax.h", "l5dask/prediction/_blosc.h", "l5dask/core/_records.pxd", "l5dask/prediction/_vendor/lz4/lz4.h"],
                    # (sums as numpy's: no fused multiply-adds; LZ4's symbols stay inside the module)
                    define_macros=[("LZ4LIB_VISIBILITY", "")],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fvisibility=hidden"]),
          Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], include_dirs=["l5dask/perception"],
                    depends=["l5dask/perception/_jsontypes.h"], extra_compile_args=["-O3"]),
          Extension("l5dask.evaluation._kernels", ["l5dask/evaluation/_kernels.pyx"], include_dirs=["l5dask/evaluation"],
-                   depends=["l5dask/_records.pxd", "l5dask/evaluation/_cnumber.h"],
+                   depends=["l5dask/core/_records.pxd", "l5dask/evaluation/_cnumber.h"],
                    extra_compile_args=["-O3"])],
         compiler_directives={"language_level": 3},
     )

@@ -15,7 +15,7 @@ Rounds are interleaved (these shared machines change speed from one minute to th
 best time of each is printed, with its ratio to the best report, and the median of the per-round
 ratios. Every result is checked against a plain numpy computation of the same definitions on
 the arrays as zarr-python 2 decodes them (quantiles within the sketch's stated bound: the dataframe
-path's q3 is ``l5dask.dataframe.quantiles``, the same sketch, as dask's groupby has no quantile).
+path's q3 is ``l5dask.prediction.dataframe.quantiles``, the same sketch, as dask's groupby has no quantile).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def reference(path: str) -> dict[str, pd.DataFrame]:
     """The three answers with plain numpy on zarr-python 2's arrays (L5Kit's reader stack)."""
     import zarr
 
-    from l5dask.format import LABELS
+    from l5dask.prediction.format import LABELS
 
     root = zarr.open_group(path, mode="r")
     scenes, frames = root["scenes"][:], root["frames"][:]

@@ -35,7 +35,7 @@ def main(path: str, query: str, api: str, out: str) -> None:
             res = df[df.distance_to_ego < 20].groupby(["host", "hour", "label"], observed=True).size() \
                 .compute().sort_index().reset_index()
         else:
-            from l5dask.dataframe import quantiles
+            from l5dask.prediction.dataframe import quantiles
 
             df = ds.to_dask_dataframe("agents", columns=["label", "extent_length"])
             res = quantiles(df, "label", "extent_length", QUANTILES).reset_index()

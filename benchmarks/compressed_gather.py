@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import dataset  # noqa: E402
 
 import l5dask  # noqa: E402
-from l5dask.kernels import Gather  # noqa: E402
-from l5dask.reading import decode_chunk, fetch_chunks  # noqa: E402
+from l5dask.prediction.kernels import Gather  # noqa: E402
+from l5dask.prediction.reading import decode_chunk, fetch_chunks  # noqa: E402
 
 SETS = {
     "q1: velocity x, y + label": [("velocity", (0,)), ("velocity", (1,))],

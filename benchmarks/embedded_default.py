@@ -26,10 +26,10 @@ def main() -> None:
 
     import dask
 
-    from l5dask.cluster import WORKER_CONFIG, WORKER_ENV
-    from l5dask.report import compute_report
+    from l5dask.core.cluster import WORKER_CONFIG, WORKER_ENV
+    from l5dask.prediction.report import compute_report
 
-    os.environ.update(WORKER_ENV)  # the nannies pass it to the worker processes (see l5dask/cluster.py)
+    os.environ.update(WORKER_ENV)  # the nannies pass it to the worker processes (see l5dask/core/cluster.py)
     dask.config.set(WORKER_CONFIG)  # as cluster/dask.yaml sets it on real clusters
 
     cores = os.cpu_count() or 1

@@ -163,11 +163,11 @@ def chopped_mask(path: str, job=None) -> str:
     if os.path.exists(out):
         return out
     import l5dask
-    from l5dask import format as fmt
-    from l5dask.engine import Job
+    from l5dask.prediction import format as fmt
+    from l5dask.core.engine import Job
     from l5dask.evaluation.chop import future_counts
     from l5dask.evaluation.agents import Thresholds
-    from l5dask.surgery import pick_rows, scene_table
+    from l5dask.prediction.surgery import pick_rows, scene_table
 
     ds = l5dask.open_dataset(path)
     job = Job()

@@ -68,8 +68,8 @@ def main() -> None:
 def s3(src: str, v3: str, l5: str, rounds: int) -> None:
     import s3fs
 
-    from l5dask.report import compute_report
-    from l5dask.store import Store
+    from l5dask.prediction.report import compute_report
+    from l5dask.core.store import Store
 
     proc, endpoint = moto_server()
     try:

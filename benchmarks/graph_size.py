@@ -3,7 +3,7 @@
     python benchmarks/graph_size.py [--threads 20 200 1000]
 
 train_full's stored chunks: 133,000 of agents, 3,300 of frames, 32,000 of traffic-light faces,
-14 of scenes. The counts use the functions the engine sizes a job with (l5dask.engine): every
+14 of scenes. The counts use the functions the engine sizes a job with (l5dask.core.engine): every
 pass is sized for the agents; the frames pass (persisted, its rows place the agent tasks) in
 groups of at most 4 tasks a thread; the agents in guided groups (smaller at the end); ordered
 tree combines of fan-in 16; plus the scenes read, the frames' interval bounds (a task per
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from l5dask.engine import PARENT_TASKS_PER_THREAD, SPLIT_EVERY, auto_chunks_per_task, task_groups
+from l5dask.core.engine import PARENT_TASKS_PER_THREAD, SPLIT_EVERY, auto_chunks_per_task, task_groups
 
 AGENTS, FRAMES, FACES = 133_000, 3_300, 32_000
 

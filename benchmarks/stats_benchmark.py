@@ -33,7 +33,7 @@ def l5dask_stats(path: str) -> tuple[float, float]:
 
 def numpy_reference(path: str) -> tuple[float, float]:
     code = (f"import sys; sys.path.insert(0, {HERE!r}); import zarr; from numpy_reference import reference_report; "
-            f"from l5dask.format import LABELS; root = zarr.open_group({path!r}, mode='r'); "
+            f"from l5dask.prediction.format import LABELS; root = zarr.open_group({path!r}, mode='r'); "
             f"reference_report({{n: root[n][:] for n in {ARRAYS!r}}}, LABELS)")
     return run([sys.executable, "-c", code])
 

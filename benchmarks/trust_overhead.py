@@ -5,7 +5,7 @@
 ``--before`` is a checkout of the code to compare with, its kernels built in place
 (``python setup.py build_ext --inplace``); the code of this checkout is "after".
   (1) in one process, over every stored agents chunk (fetched once, in memory): the header rule
-      (:func:`l5dask.reading.check_chunk`) against numcodecs' decode of the chunk (the report's
+      (:func:`l5dask.prediction.reading.check_chunk`) against numcodecs' decode of the chunk (the report's
       path) and against the compressed gather of q1's columns (aggregate's path): its share of
       each, best of --rounds;
   (2) as whole processes, rounds interleaved, before and after: ``l5dask stats`` and ``l5dask agg``
@@ -32,8 +32,8 @@ def in_process(path: str, rounds: int) -> None:
     import numpy as np
 
     import l5dask
-    from l5dask.kernels import Gather
-    from l5dask.reading import check_chunk, decode_chunk
+    from l5dask.prediction.kernels import Gather
+    from l5dask.prediction.reading import check_chunk, decode_chunk
 
     arr = l5dask.open_dataset(path)["agents"]
     meta = arr.meta

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from .errors import ChunkError, FormatError, IntervalError, L5DaskError, NotADatasetError, StoreError
+from l5dask.errors import ChunkError, FormatError, IntervalError, L5DaskError, NotADatasetError, StoreError
 
 #: Imported on first use: a command starts faster without the imports it does not need (the
 #: reader's pandas and dask cost 0.3 s; the perception commands need neither).
-_LAZY = {"synthesize": "synth", "write_dataset": "writing", "concat": "surgery", "subset": "surgery",
-         "split": "surgery", "open_dataset": "reading", "L5Dataset": "reading", "L5Array": "reading",
-         "aggregate": "aggregation"}
+_LAZY = {"synthesize": "prediction.synth", "write_dataset": "prediction.writing", "concat": "prediction.surgery",
+         "subset": "prediction.surgery", "split": "prediction.surgery", "open_dataset": "prediction.reading",
+         "L5Dataset": "prediction.reading", "L5Array": "prediction.reading", "aggregate": "prediction.aggregation"}
 
 
 def __getattr__(name: str):

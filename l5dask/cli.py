@@ -16,7 +16,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from .errors import L5DaskError, UsageError  # noqa: E402
+from l5dask.errors import L5DaskError, UsageError  # noqa: E402
 
 EXIT_USER_ERROR = 2
 
@@ -90,7 +90,7 @@ class _Commands(click.Group):
 @click.version_option(package_name="l5dask")
 def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
-    from .cluster import tune_malloc
+    from l5dask.core.cluster import tune_malloc
 
     tune_malloc()
 
@@ -108,7 +108,7 @@ def main() -> None:
 def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties: float, overwrite: bool,
           storage_options) -> None:
     """Generate a realistic L5Kit dataset at OUT (deterministic for a seed)."""
-    from .synth import synthesize
+    from l5dask.prediction.synth import synthesize
 
     start = time.perf_counter()
     counts = synthesize(out, scenes=scenes, seed=seed, traffic_lights=not no_traffic_lights, label_ties=label_ties,
@@ -123,7 +123,7 @@ def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties:
 @_friendly
 def info(dataset: str, storage_options) -> None:
     """Print the arrays of DATASET (lengths, chunks, fields) without reading any chunk."""
-    from .reading import open_dataset
+    from l5dask.prediction.reading import open_dataset
 
     ds = open_dataset(dataset, storage_options=_parse_storage_options(storage_options))
     click.echo(f"{ds.url}")
@@ -142,7 +142,7 @@ scheduler_option = click.option(
 def _outputs(storage_options, *paths: str | None) -> None:
     """Check every output before any work: a missing folder or bucket fails now, not after the
     computation. Outputs on an object store use the same ``-o`` storage options as the dataset."""
-    from .outputs import check_writable
+    from l5dask.core.outputs import check_writable
 
     for p in paths:
         if p:
@@ -151,8 +151,8 @@ def _outputs(storage_options, *paths: str | None) -> None:
 
 def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
     """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr)."""
-    from .cluster import connect, dashboard_link
-    from .report import compute_report
+    from l5dask.core.cluster import connect, dashboard_link
+    from l5dask.prediction.report import compute_report
 
     with connect(scheduler, quiet=True) as client:
         if client is not None and not quiet:
@@ -178,7 +178,7 @@ chunks_option = click.option(
 @_friendly
 def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
     """Compute the standard statistics report of DATASET in one parallel pass."""
-    from .report import summary_text, write_json, write_scene_table
+    from l5dask.prediction.report import summary_text, write_json, write_scene_table
 
     _outputs(storage_options, output, scenes_table)
     report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
@@ -202,8 +202,8 @@ def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, sche
 @_friendly
 def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
-    from .html import write_html
-    from .report import write_json, write_scene_table
+    from l5dask.prediction.html import write_html
+    from l5dask.prediction.report import write_json, write_scene_table
 
     _outputs(storage_options, output, json_path, scenes_table)
     start = time.perf_counter()
@@ -244,9 +244,9 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
     speed, hour, num_agents...) and joins (scene_index, frame_index, timestamp, host, ego_x,
     ego_y, distance_to_ego). Reductions: count, sum, mean, min, max, var, std, median, q<percent>.
     """
-    from . import aggregation as agg_mod
-    from .cluster import connect
-    from .outputs import table_format, write_table
+    from l5dask.prediction import aggregation as agg_mod
+    from l5dask.core.cluster import connect
+    from l5dask.core.outputs import table_format, write_table
 
     options = _parse_storage_options(storage_options)
     if output:
@@ -280,8 +280,8 @@ def demo(scenes: int, out: str) -> None:
     """The main job on an embedded default: generate a dataset, then its statistics report."""
     import os
 
-    from .report import compute_report, summary_text, write_json, write_scene_table
-    from .synth import synthesize
+    from l5dask.prediction.report import compute_report, summary_text, write_json, write_scene_table
+    from l5dask.prediction.synth import synthesize
 
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"synth-{scenes}.zarr")
@@ -292,7 +292,7 @@ def demo(scenes: int, out: str) -> None:
     start = time.perf_counter()
     report = compute_report(path, progress=True)
     took = time.perf_counter() - start
-    from .html import write_html
+    from l5dask.prediction.html import write_html
 
     write_json(report, os.path.join(out, "report.json"))
     write_scene_table(report, os.path.join(out, "scenes.parquet"))
@@ -309,8 +309,8 @@ def _written(ds, seconds: float) -> None:
 
 
 def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
-    """Run one surgery operation (:mod:`l5dask.surgery`) on the embedded default or a cluster."""
-    from .cluster import connect
+    """Run one surgery operation (:mod:`l5dask.prediction.surgery`) on the embedded default or a cluster."""
+    from l5dask.core.cluster import connect
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
@@ -337,7 +337,7 @@ def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage
     """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
     parallel; agent masks that every input holds are concatenated too. Inputs that cannot be
     opened, or differ in dtypes or labels, are refused."""
-    from .surgery import concat as op
+    from l5dask.prediction.surgery import concat as op
 
     _surgery(op, list(inputs), output, overwrite=overwrite, chunks_per_task=chunks_per_task,
              scheduler=scheduler, storage_options=storage_options, quiet=quiet)
@@ -356,7 +356,7 @@ def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_tas
            storage_options) -> None:
     """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
     intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold."""
-    from .surgery import subset as op
+    from l5dask.prediction.surgery import subset as op
 
     _surgery(op, dataset, output, scenes=scenes, hosts=hosts, start=start, end=end, overwrite=overwrite,
              chunks_per_task=chunks_per_task, scheduler=scheduler, storage_options=storage_options, quiet=quiet)
@@ -372,7 +372,7 @@ def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_tas
 @_friendly
 def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """Split DATASET into consecutive parts of scenes, each a dataset under OUTDIR."""
-    from .surgery import split as op
+    from l5dask.prediction.surgery import split as op
 
     _surgery(op, dataset, outdir, list(parts), overwrite=overwrite, chunks_per_task=chunks_per_task,
              scheduler=scheduler, storage_options=storage_options, quiet=quiet)
@@ -388,8 +388,8 @@ def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, 
 @_friendly
 def export(dataset, output, format_, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """Export every array of DATASET to OUTPUT (a folder or URL) in a columnar format."""
-    from .cluster import connect
-    from .exports import export as op
+    from l5dask.core.cluster import connect
+    from l5dask.prediction.exports import export as op
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
@@ -405,8 +405,8 @@ def export(dataset, output, format_, overwrite, chunks_per_task, quiet, schedule
 @_friendly
 def validate(dataset: str, storage_options) -> None:
     """Check every index interval of DATASET; exit 1 when there are problems."""
-    from .joins import validate as check
-    from .reading import open_dataset
+    from l5dask.prediction.joins import validate as check
+    from l5dask.prediction.reading import open_dataset
 
     problems = check(open_dataset(dataset, storage_options=_parse_storage_options(storage_options)))
     for p in problems:

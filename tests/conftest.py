@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 
 #: Small chunks so that scenes, frames and tracks straddle chunk boundaries.
 SMALL_CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 300, fmt.AGENTS: 5_000, fmt.TL_FACES: 2_000}
@@ -240,7 +240,7 @@ class DaskCluster:
         self.scheduler = subprocess.Popen(
             [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
              "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=self.log)
-        from l5dask.cluster import WORKER_ENV
+        from l5dask.core.cluster import WORKER_ENV
 
         env = dict(os.environ, **WORKER_ENV, DASK_CONFIG=os.path.join(os.path.dirname(__file__), "..", "cluster"))
         self.workers = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 
 from .conftest import read_all
 

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 
 #: field types of records (little-endian, as L5Kit's)
 BASES = ["u1", "i1", "<u2", "<i4", "<u4", "<f4", "<f8", "<u8", "<i8"]

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 import l5dask
-from l5dask import format as fmt
-from l5dask import reading
-from l5dask.aggregation import aggregate
+from l5dask.prediction import format as fmt
+from l5dask.prediction import reading
+from l5dask.prediction.aggregation import aggregate
 from l5dask.errors import L5DaskError
 
 from .conftest import SMALL_CHUNKS, read_all
@@ -160,7 +160,7 @@ def test_dataframe_is_lazy_and_reads_each_chunk_once(edge_ds, monkeypatch):
 def test_dataframe_partitions_are_sized_by_their_columns(nchunks, threads):
     """About PARTITION_BYTES of columns a partition (a records-sized one would hold 640 k rows
     whatever the columns), at least PARTITIONS_PER_THREAD partitions a thread, a chunk each at least."""
-    from l5dask.engine import PARTITION_BYTES, PARTITIONS_PER_THREAD, collection_chunks_per_task
+    from l5dask.core.engine import PARTITION_BYTES, PARTITIONS_PER_THREAD, collection_chunks_per_task
 
     rows = 20_000
     sizes = {b: collection_chunks_per_task(nchunks, threads, row_bytes=b, chunk_rows=rows) for b in (17, 150, 2000)}
@@ -188,7 +188,7 @@ def test_dataframe_quantiles_exact_and_within_the_bound_without_a_shuffle(edge_d
     """``quantiles(df, by, column, q)`` on a filtered dask DataFrame, by a categorical and an
     integer column (two keys), against numpy per group: exact with 52 bits, within the stated
     bound with 7; NaN values skipped; each agent chunk read once."""
-    from l5dask.dataframe import quantiles
+    from l5dask.prediction.dataframe import quantiles
 
     calls = _reads(monkeypatch)
     ds = l5dask.open_dataset(edge_ds)
@@ -218,7 +218,7 @@ def test_dataframe_quantiles_exact_and_within_the_bound_without_a_shuffle(edge_d
 
 
 def test_dataframe_quantiles_bad_input(edge_ds):
-    from l5dask.dataframe import quantiles
+    from l5dask.prediction.dataframe import quantiles
 
     df = l5dask.open_dataset(edge_ds).to_dask_dataframe("agents", columns=["label", "extent_length", "speed"])
     for args, kwargs, message in [
@@ -318,7 +318,7 @@ def test_quantiles_exact_and_within_the_stated_bound(edge_ds, ref):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_quantile_sketch_negative_values_and_zero():
-    from l5dask.aggregation import _sketch, sketch_quantiles
+    from l5dask.prediction.aggregation import _sketch, sketch_quantiles
 
     rng = np.random.default_rng(3)
     x = np.r_[rng.normal(0, 5, 5000), 0.0, -0.0, 1e-300, -np.inf][rng.permutation(5004)]
@@ -335,7 +335,7 @@ def test_quantile_sketch_negative_values_and_zero():
 def test_quantile_of_many_zeros_is_zero():
     """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
     the bucket that holds 0 (found by the demo: 2.7e-312)."""
-    from l5dask.aggregation import QUANTILE_BITS, _sketch, sketch_quantiles
+    from l5dask.prediction.aggregation import QUANTILE_BITS, _sketch, sketch_quantiles
 
     x = np.r_[np.zeros(700), np.linspace(0.1, 9, 300)]
     for bits in (QUANTILE_BITS, 3, 52):
@@ -482,7 +482,7 @@ def test_range_grouper_groups_as_xarrays_unique_grouper():
     import xarray as xr
     from xarray.groupers import UniqueGrouper
 
-    from l5dask.xr import RangeGrouper
+    from l5dask.prediction.views import RangeGrouper
 
     rng = np.random.default_rng(8)
     for dtype in (np.int8, np.int32, np.int64, np.uint16):
@@ -506,7 +506,7 @@ def test_xarray_accessor_refuses_coordinates_without_known_values(edge_ds):
 
 
 def test_columns_kernels_equal_numpy():
-    from l5dask.kernels import argmax_rows, gather, group_reduce
+    from l5dask.prediction.kernels import argmax_rows, gather, group_reduce
 
     rng = np.random.default_rng(5)
     rec = np.zeros(1000, [("a", np.float64, (2,)), ("p", np.float32, (17,)), ("t", np.uint64), ("s", np.int16)])

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from l5dask.cli import main as l5dask_cli
-from l5dask.cluster import scheduler_address
+from l5dask.core.cluster import scheduler_address
 
 CLUSTER = Path(__file__).parent.parent / "cluster"
 ROOT = CLUSTER.parent
@@ -112,7 +112,7 @@ def test_cronjob_writes_where_the_volume_is():
 def test_worker_settings_everywhere(dask_cluster):
     from distributed import Client
 
-    from l5dask.cluster import WORKER_CONFIG, WORKER_ENV
+    from l5dask.core.cluster import WORKER_CONFIG, WORKER_ENV
 
     config = yaml.safe_load((CLUSTER / "dask.yaml").read_text())
     assert {k: str(v) for k, v in config["distributed"]["nanny"]["pre-spawn-environ"].items()} == WORKER_ENV
@@ -137,7 +137,7 @@ def test_the_cli_sets_the_workers_malloc_thresholds_in_its_own_process():
     process-wide), and leaves an environment that sets them alone."""
     import os
 
-    code = "from l5dask.cluster import tune_malloc; print(tune_malloc())"
+    code = "from l5dask.core.cluster import tune_malloc; print(tune_malloc())"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert r.stdout.strip() == "True"

@@ -10,9 +10,9 @@ import pytest
 from numcodecs import Blosc
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 from l5dask.errors import ChunkError
-from l5dask.kernels import Gather
+from l5dask.prediction.kernels import Gather
 
 AGENT = fmt.DTYPES[fmt.AGENTS]
 #: every number element of an agent, and the label argmax
@@ -166,7 +166,7 @@ def test_encoded_block_equals_decoded_records(small_ds):
 
 
 def test_an_encoded_pass_takes_no_rows_or_intervals(small_ds):
-    from l5dask.engine import Pass
+    from l5dask.core.engine import Pass
 
     ds = l5dask.open_dataset(small_ds)
     with pytest.raises(ValueError, match="encoded pass"):
@@ -178,7 +178,7 @@ def test_an_encoded_pass_takes_no_rows_or_intervals(small_ds):
 def test_aggregate_and_dataframe_gather_agents_without_decoding_them(small_ds, monkeypatch):
     """The passes that hand chunks over undecoded make the agents' columns without numcodecs (the
     frames, whose join rows are kept as records, are decoded)."""
-    from l5dask import reading
+    from l5dask.prediction import reading
 
     decoded, decode = [], reading.decode_chunk
     monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: decoded.append(a[1].name) or decode(*a, **kw))
@@ -214,7 +214,7 @@ def test_outputs_that_cannot_hold_the_rows_are_refused():
 def test_a_truncated_chunk_is_refused_before_blosc_reads_past_its_end(small_ds):
     """blosc reads as many bytes as a chunk's header says: a chunk cut short anywhere is refused
     by its length (it once crashed the process, reading past the end of a 50-byte chunk)."""
-    from l5dask.reading import Encoded, decode_chunk, fetch_chunks
+    from l5dask.prediction.reading import Encoded, decode_chunk, fetch_chunks
 
     agents = l5dask.open_dataset(small_ds)["agents"]
     ((_, raw),) = fetch_chunks(agents.store, agents.meta, 1, 1)

@@ -9,10 +9,10 @@ import pytest
 from distributed import Client
 
 import l5dask
-from l5dask import engine
-from l5dask import format as fmt
-from l5dask.engine import Job, Link, Pass, Reduction, Rows
-from l5dask.sources import ByteRanges, Files, TableRows
+from l5dask.core import engine
+from l5dask.prediction import format as fmt
+from l5dask.core.engine import Job, Link, Pass, Reduction, Rows
+from l5dask.core.sources import ByteRanges, Files, TableRows
 
 from .conftest import read_all
 
@@ -51,7 +51,7 @@ def test_ordered_combine_is_in_row_order(small_ds, chunks_per_task, split_every)
 
 
 def _counting(monkeypatch):
-    import l5dask.reading as reading
+    import l5dask.prediction.reading as reading
 
     calls = []
     original = reading.decode_chunk
@@ -228,7 +228,7 @@ def test_files_from_s3(s3, tmp_path):
 def test_task_sizing_by_scheduler():
     """Local threads: many small tasks (scheduling is cheap); dask.distributed: fewer, larger ones;
     always at least one chunk a task, and enough tasks for every thread while chunks last."""
-    from l5dask.engine import auto_chunks_per_task as size
+    from l5dask.core.engine import auto_chunks_per_task as size
 
     assert size(1502, threads=2) == 8 and size(1502, threads=2, scheduler="distributed") == 64
     assert size(133_000, threads=400, scheduler="distributed") == 133_000 // (8 * 400)  # train_full, 400 threads
@@ -241,7 +241,7 @@ def test_task_sizing_by_scheduler():
 
 
 def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():
-    from l5dask.engine import task_groups
+    from l5dask.core.engine import task_groups
 
     for nchunks, per_task, threads in [(0, 8, 2), (1, 64, 2), (10, 3, 2), (1502, 64, 2), (1502, 8, 2), (777, 9, 3)]:
         groups = task_groups(nchunks, per_task, threads)

@@ -139,7 +139,7 @@ def unreadable(small_ds, tmp_path) -> Path:
 
 
 def test_write_that_fails_midway_keeps_the_previous_file(tmp_path):
-    from l5dask.outputs import atomic_write
+    from l5dask.core.outputs import atomic_write
 
     out = tmp_path / "r.json"
     out.write_text("previous")

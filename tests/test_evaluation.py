@@ -17,7 +17,7 @@ import zarr
 
 import l5dask
 from l5dask.evaluation import csvfiles, metrics as M
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 from l5dask.evaluation.agents import KEEP, select_agents
 from l5dask.evaluation.ground_truth import export_zarr_to_csv
 
@@ -277,7 +277,7 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
         ag = a["agents"][iv[f, 0]: iv[f, 1]]
         label[i] = ag["label_probabilities"][np.flatnonzero(ag["track_id"] == tid[i])[0]].argmax()
         scene[i] = int(np.searchsorted(sc[:, 1], f, side="right"))
-    for key, codes, names in (("by_label", label, list(l5dask.format.LABELS)), ("by_scene", scene, None)):
+    for key, codes, names in (("by_label", label, list(l5dask.prediction.format.LABELS)), ("by_scene", scene, None)):
         got = {g["name"]: g for g in out[key]}
         assert sum(g["rows"] for g in out[key]) == n
         for c in np.unique(codes):
@@ -294,7 +294,7 @@ def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     path, ref, counts = edge
     work = str(tmp_path / "ds.zarr")
     shutil.copytree(path, work)
-    from l5dask.engine import Job
+    from l5dask.core.engine import Job
 
     rep = select_agents(work, 0.5, job=Job(chunks_per_task=1))  # 12 tasks: scenes cross task edges
     got = zarr.open(work, mode="r")["agents_mask/0.5"]
@@ -332,7 +332,7 @@ def test_mask_pass_with_a_table_that_grows(edge, tmp_path, monkeypatch):
 def test_mask_and_ground_truth_from_a_columnar_export(edge, tmp_path):
     """The zarr v3 export (a field per array, records rebuilt per chunk) gives L5Kit's mask and the
     same ground truth as the L5Kit layout."""
-    from l5dask.exports import export
+    from l5dask.prediction.exports import export
 
     path, ref, _ = edge
     export(path, tmp_path / "z3", "zarr3")

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 from l5dask.cli import main
 from l5dask.errors import L5DaskError
-from l5dask.exports import export
-from l5dask.report import compute_report
-from l5dask.store import Store
+from l5dask.prediction.exports import export
+from l5dask.prediction.report import compute_report
+from l5dask.core.store import Store
 
 from .conftest import SMALL_CHUNKS, read_all, require
 

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 import l5dask
-import l5dask.reading as reading
-from l5dask import plot
+import l5dask.prediction.reading as reading
+from l5dask.prediction import plots as plot
 from l5dask.cli import main
-from l5dask.report import compute_report
+from l5dask.prediction.report import compute_report
 
 from .conftest import require
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from l5dask import format as fmt
-from l5dask.kernels import distinct_values, layout, track_runs
-from l5dask.engine import Rows
-from l5dask.stats import DISTANCE_EDGES, SPEED_EDGES, AgentStats, TLStats
+from l5dask.prediction import format as fmt
+from l5dask.prediction.kernels import distinct_values, layout, track_runs
+from l5dask.core.engine import Rows
+from l5dask.prediction.stats import DISTANCE_EDGES, SPEED_EDGES, AgentStats, TLStats
 
 
 def _frames(starts, ego_xy, scene) -> Rows:
@@ -148,7 +148,7 @@ def test_agent_partial_with_label_ties_and_many_scenes():
 
 
 def test_short_label_counts_are_refused_not_narrowed():
-    from l5dask.kernels import agent_chunk, argmax_counts
+    from l5dask.prediction.kernels import agent_chunk, argmax_counts
 
     rec = _agents(10, np.random.default_rng(0), np.arange(10, dtype=np.uint64))
     out = dict(speed_hist=np.zeros(101, np.int64), dist_hist=np.zeros(41, np.int64),
@@ -160,7 +160,7 @@ def test_short_label_counts_are_refused_not_narrowed():
 
 
 def test_union_sorted_matches_union1d():
-    from l5dask.kernels import union_sorted
+    from l5dask.prediction.kernels import union_sorted
 
     rng = np.random.default_rng(2)
     for n, m in [(0, 0), (0, 5), (7, 0), (300, 200), (1, 1)]:
@@ -172,7 +172,7 @@ def test_union_sorted_matches_union1d():
 @pytest.mark.parametrize("ncols", [3, 4, 5, 17, 20])
 def test_argmax_is_numpys_with_ties_zeros_and_nan(ncols):
     """The vector path and the scalar loop both give numpy's argmax: first maximum, NaN first of all."""
-    from l5dask.kernels import argmax_counts
+    from l5dask.prediction.kernels import argmax_counts
 
     rng = np.random.default_rng(ncols)
     values = rng.choice(np.array([0.0, -0.0, 0.25, 1.0, -1.0, np.inf, -np.inf], np.float32), (4000, ncols))
@@ -187,7 +187,7 @@ def test_argmax_is_numpys_with_ties_zeros_and_nan(ncols):
 
 
 def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
-    from l5dask.kernels import agent_chunk
+    from l5dask.prediction.kernels import agent_chunk
 
     rec = _agents(10, np.random.default_rng(0), np.arange(10, dtype=np.uint64))
     out = dict(label_counts=np.zeros(17, np.int64), speed_hist=np.zeros(101, np.int64),
@@ -205,8 +205,8 @@ def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
 def test_group_codes_of_narrow_keys_match_numpy(dtype):
     """The compiled key range and mixed-radix codes read each key width as it is (others widened
     first: big-endian, bool, uint64, strided); ``encode`` gives numpy's groups for mixed widths."""
-    from l5dask.aggregation import encode
-    from l5dask.kernels import int_range, mix_codes
+    from l5dask.prediction.aggregation import encode
+    from l5dask.prediction.kernels import int_range, mix_codes
 
     rng = np.random.default_rng(3)
     info = np.iinfo(np.dtype(dtype)) if dtype != "bool" else None
@@ -232,7 +232,7 @@ def test_group_codes_of_narrow_keys_match_numpy(dtype):
 def test_norm2_of_float32_equals_numpys_float64_formula():
     """The compiled speed is numpy's ``sqrt(vx * vx + vy * vy)`` on the arrays cast to float64, bit
     for bit (no fused multiply-add), with NaN, infinities, zeros and extremes."""
-    from l5dask.kernels import norm2
+    from l5dask.prediction.kernels import norm2
 
     rng = np.random.default_rng(3)
     x = (rng.normal(size=100_000) * rng.choice([1e-30, 1, 1e30], 100_000)).astype(np.float32)
@@ -251,7 +251,7 @@ def test_norm2_of_float32_equals_numpys_float64_formula():
 def test_range_codes_equal_numpys(dtype):
     """Group codes of integer labels ``lo .. lo + n - 1``: ``k - lo`` inside, -1 outside, for every
     integer type (the extremes of each, and uint64 past int64)."""
-    from l5dask.kernels import range_codes
+    from l5dask.prediction.kernels import range_codes
 
     info = np.iinfo(dtype)
     rng = np.random.default_rng(4)
@@ -264,7 +264,7 @@ def test_range_codes_equal_numpys(dtype):
 
 
 def test_distance_to_parent_equals_numpys_formula_on_taken_columns():
-    from l5dask.kernels import distance_to_parent
+    from l5dask.prediction.kernels import distance_to_parent
 
     rng = np.random.default_rng(6)
     parent = rng.normal(size=(50, 3)) * 1000

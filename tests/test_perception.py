@@ -256,7 +256,7 @@ def test_cli_stats_and_html_report(data, tmp_path):
     r = cli("perception", "report", root, "--output", str(page), "--points-in-boxes", "--quiet")
     assert r.returncode == 0, r.stderr
     text = page.read_text()
-    from l5dask.plot import PERCEPTION_FIGURES
+    from l5dask.prediction.plots import PERCEPTION_FIGURES
 
     assert text.count("<figure>") == len(PERCEPTION_FIGURES) and "http" not in text.split("<body")[1]
     from .test_html import chromium
@@ -318,7 +318,7 @@ def test_to_l5kit_opens_in_l5kit_and_agrees_with_the_report(data, sdk, tmp_path)
     assert len(z.scenes) == rep["counts"]["scene"] and len(z.frames) == rep["counts"]["sample"]
     assert len(z.agents) == rep["counts"]["sample_annotation"]
     labels = ["PERCEPTION_LABEL_NOT_SET", "PERCEPTION_LABEL_UNKNOWN"]
-    from l5dask import format as fmt
+    from l5dask.prediction import format as fmt
 
     for s_i, scene in enumerate(sdk.scene):
         f0, f1 = z.scenes[s_i]["frame_index_interval"]

@@ -103,7 +103,7 @@ def test_chains_equal_a_plain_walk(loops):
 
 @pytest.mark.parametrize("type_", [pa.int32(), pa.int64(), pa.float64(), pa.bool_()])
 def test_arrow_numbers_without_pandas_equal_to_numpy(type_):
-    from l5dask.outputs import numpy_array, valid_rows
+    from l5dask.core.outputs import numpy_array, valid_rows
 
     rng = np.random.default_rng(11)
     for trial in range(50):

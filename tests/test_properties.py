@@ -14,12 +14,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
-from l5dask import format as fmt
-from l5dask.aggregation import evaluate_where
-from l5dask.codec import check_blosc, decode_blosc, typesize_of
+from l5dask.prediction import format as fmt
+from l5dask.prediction.aggregation import evaluate_where
+from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
 from l5dask.errors import ChunkError
-from l5dask.kernels import Gather
-from l5dask.reading import Encoded
+from l5dask.prediction.kernels import Gather
+from l5dask.prediction.reading import Encoded
 
 from . import strategies as s
 
@@ -115,10 +115,10 @@ def test_the_csv_number_parser_equals_float(cells, tmp_path_factory):
        qs=st.lists(st.floats(0, 1), min_size=1, max_size=3, unique=True), parts=st.integers(1, 3))
 def test_the_quantile_sketch_is_within_its_stated_bound(values, groups, bits, qs, parts):
     """numpy's "linear" quantile within 2**-(bits + 1) of the larger of the two order statistics it
-    interpolates (``l5dask.dataframe.quantiles``' contract); NaN skipped."""
+    interpolates (``l5dask.prediction.dataframe.quantiles``' contract); NaN skipped."""
     import dask.dataframe as dd
 
-    from l5dask.dataframe import quantiles
+    from l5dask.prediction.dataframe import quantiles
 
     v = np.array(values, np.float64)
     g = np.arange(len(v)) % groups

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 import l5dask
-import l5dask.reading as reading
-from l5dask import format as fmt
-from l5dask.store import Store
+import l5dask.prediction.reading as reading
+from l5dask.prediction import format as fmt
+from l5dask.core.store import Store
 
 from .conftest import SMALL_CHUNKS, read_all
 

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 from l5dask.errors import IntervalError
-from l5dask.joins import Joins
-from l5dask.report import compute_report, public
+from l5dask.prediction.joins import Joins
+from l5dask.prediction.report import compute_report, public
 
 from .conftest import read_all
 
@@ -106,7 +106,7 @@ def test_empty_arrays(tmp_path):
 
 
 def test_one_pass_decodes_each_chunk_once(small_ds, monkeypatch):
-    import l5dask.reading as reading
+    import l5dask.prediction.reading as reading
 
     calls = []
     original = reading.decode_chunk
@@ -215,7 +215,7 @@ def test_failed_report_keeps_previous_file(small_ds, tmp_path):
 
 
 def test_binning_is_exact_at_edges_and_overflow():
-    from l5dask.stats import DISTANCE_EDGES, SPEED_EDGES, histogram
+    from l5dask.prediction.stats import DISTANCE_EDGES, SPEED_EDGES, histogram
 
     rng = np.random.default_rng(0)
     for edges in (SPEED_EDGES, DISTANCE_EDGES):

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 import l5dask
-from l5dask import format as fmt
-from l5dask import surgery
+from l5dask.prediction import format as fmt
+from l5dask.prediction import surgery
 from l5dask.cli import main
 from l5dask.errors import L5DaskError
 

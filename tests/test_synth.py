@@ -8,7 +8,7 @@ import sys
 import numpy as np
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 
 from .conftest import read_all
 

@@ -21,7 +21,7 @@ import l5dask
 from l5dask import cli as l5cli
 from l5dask.errors import (ChunkError, FormatError, L5DaskError, NotADatasetError, OutputError, StoreError,
                            UnknownNameError, UsageError)
-from l5dask.report import compute_report
+from l5dask.prediction.report import compute_report
 
 from . import damage
 from .conftest import SMALL_CHUNKS

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import l5dask
-from l5dask import format as fmt
+from l5dask.prediction import format as fmt
 from l5dask.errors import L5DaskError, NotADatasetError
 
 from .conftest import l5kit_data, read_all
@@ -152,8 +152,8 @@ def test_local_writes_overwrite_in_place_to_the_new_length(tmp_path):
     """A rewritten file (a mask recomputed with --overwrite) is written over in place and cut to
     its new length: shorter, longer and empty contents read back exactly, the folder made when
     missing."""
-    from l5dask.store import Store
-    from l5dask.writing import put
+    from l5dask.core.store import Store
+    from l5dask.prediction.writing import put
 
     store = Store(str(tmp_path / "out.zarr"))
     path = tmp_path / "out.zarr" / "agents_mask" / "0.5" / "0.0"

@@ -8,8 +8,8 @@ import pytest
 import xarray as xr
 
 import l5dask
-import l5dask.reading as reading
-from l5dask import format as fmt
+import l5dask.prediction.reading as reading
+from l5dask.prediction import format as fmt
 
 from .conftest import read_all
 
@@ -29,7 +29,7 @@ def test_views_have_named_dims_and_coords(small_ds):
 
 
 def test_engine_matches_dask_view_and_decodes_once(small_ds, monkeypatch):
-    import l5dask.xr as lx
+    import l5dask.prediction.views as lx
 
     monkeypatch.setattr(lx, "_CACHE", lx.ChunkCache())
     calls = []
@@ -97,20 +97,21 @@ def test_joined_views_have_join_coordinates(small_ds):
 
 
 def _unreadable(small_ds, tmp_path, keep=("scenes",)):
-    """A copy whose every chunk raises if it is read (metadata intact), but those of ``keep``."""
+    """A copy whose every chunk raises if it is read (metadata and chunk headers intact), but those
+    of ``keep``."""
     import shutil
 
     dest = tmp_path / "unreadable.zarr"
     shutil.copytree(small_ds, dest)
     for chunk in dest.glob("*/[0-9]*"):
         if chunk.parent.name not in keep:
-            chunk.write_bytes(b"not blosc")
+            chunk.write_bytes(chunk.read_bytes()[:16] + b"not blosc")
     return str(dest)
 
 
 def test_building_joins_and_joined_views_reads_nothing(small_ds, tmp_path):
     from l5dask.errors import ChunkError
-    from l5dask.joins import Joins
+    from l5dask.prediction.joins import Joins
 
     # the joined views read the scenes' host names (the categories of their host coordinate), no more
     ds = l5dask.open_dataset(_unreadable(small_ds, tmp_path))

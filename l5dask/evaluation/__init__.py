@@ -4,5 +4,5 @@ truth and chopped test sets, exact against L5Kit 1.5.0 and chunk-parallel.
 The names mirror ``l5kit.evaluation`` (contract: the spec's ``evaluation.md``).
 """
 
-from .csvfiles import (MAX_MODES, CSVError, open_csv, read_gt_csv, read_pred_csv, scan,  # noqa: F401
+from l5dask.evaluation.csvfiles import (MAX_MODES, CSVError, open_csv, read_gt_csv, read_pred_csv, scan,  # noqa: F401
                        write_gt_csv, write_pred_csv)

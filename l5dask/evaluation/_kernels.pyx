@@ -19,7 +19,7 @@ from libc.math cimport INFINITY, copysignf, exp, fabs, fabsf, fmodf, log, sqrt
 from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free
 
-from l5dask._records cimport _f4, _f8, _norm2, _u8
+from l5dask.core._records cimport _f4, _f8, _norm2, _u8
 
 cdef float PI_F = <float>3.141592653589793
 cdef float TWO_PI_F = <float>6.283185307179586

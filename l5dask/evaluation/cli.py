@@ -8,7 +8,7 @@ import time
 
 import click
 
-from ..cli import _friendly, _outputs, _parse_storage_options, chunks_option, scheduler_option, storage_option
+from l5dask.cli import _friendly, _outputs, _parse_storage_options, chunks_option, scheduler_option, storage_option
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 threshold_option = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0, 1),
@@ -16,7 +16,7 @@ threshold_option = click.option("--threshold", default=0.5, show_default=True, t
 
 
 def _job(client, quiet: bool, chunks_per_task=None):
-    from ..engine import Job
+    from l5dask.core.engine import Job
 
     return Job(client=client, progress=not quiet, chunks_per_task=chunks_per_task)
 
@@ -35,9 +35,9 @@ def _job(client, quiet: bool, chunks_per_task=None):
 def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, storage_options) -> None:
     """L5Kit's eight metrics of the prediction file PRED against the ground truth GT (rows joined
     on (timestamp, track_id)), in one parallel pass over both files."""
-    from ..cluster import connect
-    from ..outputs import write_json
-    from .metrics import METRICS, evaluate as run
+    from l5dask.core.cluster import connect
+    from l5dask.core.outputs import write_json
+    from l5dask.evaluation.metrics import METRICS, evaluate as run
 
     _outputs(storage_options, output, html_path)
     opts = _parse_storage_options(storage_options)
@@ -47,7 +47,7 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
     took = time.perf_counter() - t0
     write_json(result, output, opts)
     if html_path:
-        from ..html import render_evaluation, write_page
+        from l5dask.prediction.html import render_evaluation, write_page
 
         write_page(render_evaluation(result, gt, pred, took), html_path, opts)
     for k in METRICS:
@@ -74,8 +74,8 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
                   quiet, scheduler, storage_options) -> None:
     """Write L5Kit's agents mask agents_mask/THRESHOLD into DATASET (as select_agents) and print
     its report and past/future table."""
-    from ..cluster import connect
-    from .agents import mask_name, select_agents as run, table_text
+    from l5dask.core.cluster import connect
+    from l5dask.evaluation.agents import mask_name, select_agents as run, table_text
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
@@ -103,9 +103,9 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
 def gt(dataset, output, future_frames, threshold, mask, min_history, min_future, chunks_per_task, quiet, scheduler,
        storage_options) -> None:
     """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
-    from ..cluster import connect
-    from ..errors import UsageError
-    from .ground_truth import MIN_FRAME_FUTURE, MIN_FRAME_HISTORY, export_zarr_to_csv
+    from l5dask.core.cluster import connect
+    from l5dask.errors import UsageError
+    from l5dask.evaluation.ground_truth import MIN_FRAME_FUTURE, MIN_FRAME_HISTORY, export_zarr_to_csv
 
     if mask and (min_history is not None or min_future is not None):
         raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
@@ -137,8 +137,8 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
 def chop(dataset, frames, future_frames, min_future, threshold, output, overwrite, chunks_per_task, quiet, scheduler,
          storage_options) -> None:
     """L5Kit's create_chopped_dataset: OUTPUT/<dataset name> chopped at --frames, mask.npz, gt.csv."""
-    from ..cluster import connect
-    from .chop import create_chopped_dataset
+    from l5dask.core.cluster import connect
+    from l5dask.evaluation.chop import create_chopped_dataset
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:

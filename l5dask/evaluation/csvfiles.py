@@ -10,7 +10,7 @@ whatever the spec's prose says): coordinates as ``f"{v:.5f}"``, every other valu
 prints it. Rows are formatted in chunk-parallel tasks, vectorized (a coordinate is rounded as an
 integer of 1e-5 m and printed by Arrow; the few within rounding distance of a tie, and values
 too large for that, are printed by Python itself), and the parts are appended in order to a
-temporary file that replaces the output only when whole (:func:`l5dask.outputs.atomic_write`).
+temporary file that replaces the output only when whole (:func:`l5dask.core.outputs.atomic_write`).
 
 **Reading** is two parallel passes over byte ranges of the file: a *row scan* (every line's start
 and its ``(timestamp, track_id)`` key, by numpy on the raw bytes: no float is parsed) and the
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import L5DaskError
+from l5dask.errors import L5DaskError
 
 #: L5Kit's ``MAX_MODES``.
 MAX_MODES = 3
@@ -92,7 +92,7 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
 
 # --- files -------------------------------------------------------------------------------------
 def _fs(path: str, storage_options: dict | None):
-    from ..outputs import filesystem
+    from l5dask.core.outputs import filesystem
 
     return filesystem(path, storage_options)
 
@@ -204,7 +204,7 @@ def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
         return empty, empty, empty, -1, ""
     data = f.read_range(lo - 1, min(hi + KEY_WINDOW, f.size))
     buf = np.frombuffer(data, np.uint8)
-    from ._kernels import scan_keys
+    from l5dask.evaluation._kernels import scan_keys
 
     plain = scan_keys(buf, hi - lo)  # compiled; None when a row needs the general scan below
     if plain is not None:
@@ -225,7 +225,7 @@ def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
 
 def scan(f: CSVFile, job: Any = None) -> CSVFile:
     """Find every row of ``f`` (its first byte and its key) in parallel byte blocks; return ``f``."""
-    from ..engine import Job
+    from l5dask.core.engine import Job
 
     job = job or Job()
     bounds = list(range(0, f.size, SCAN_BLOCK)) + [f.size]
@@ -315,7 +315,7 @@ def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
     """Rows ``[lo, hi)`` of a scanned file (one ranged read), parsed by a compiled reader of L5Kit's
     plain layout (numbers correctly rounded, as Python's ``float`` and Arrow's parser round them);
     a range holding anything else (``nan``, spaces, a bad cell) goes to pyarrow's CSV reader."""
-    from ._kernels import parse_csv_rows
+    from l5dask.evaluation._kernels import parse_csv_rows
 
     n = hi - lo
     t, m = f.future_len, f.modes
@@ -556,7 +556,7 @@ WRITE_WINDOW = 8
 def write_ordered(path: str, header: list[str], parts, storage_options: dict | None = None) -> None:
     """Write a CSV atomically: ``header``, then the bytes that the iterable ``parts`` yields, in
     order (a caller computes them in windows of parallel tasks, so only a window is in memory)."""
-    from ..outputs import atomic_write
+    from l5dask.core.outputs import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as out:
@@ -577,7 +577,7 @@ def windows(job: Any, func, calls: list[tuple], name: str, window: int | None = 
 def _dask_windows(job: Any, func, arrays: list[Any], extra: tuple, bounds: list[tuple[int, int]]):
     import dask
 
-    from ..cluster import compute
+    from l5dask.core.cluster import compute
 
     for w in range(0, len(bounds), WRITE_WINDOW):
         parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in bounds[w: w + WRITE_WINDOW]]
@@ -589,8 +589,8 @@ def _write_blocks(path: str, header: list[str], func, arrays: list[Any], extra: 
     """Format row blocks of ``arrays`` (numpy or dask) in parallel tasks, appended in order, atomically."""
     import dask.array as da
 
-    from ..engine import Job
-    from ..outputs import check_writable
+    from l5dask.core.engine import Job
+    from l5dask.core.outputs import check_writable
 
     check_writable(path, storage_options)
     job = job or Job()

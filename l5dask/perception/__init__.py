@@ -2,7 +2,7 @@
 tables with tokens as row indices, vectorized joins, a parallel report, lidar at scale and a bridge
 into L5Kit's format. Contract: ``../shared/spec/perception.md``."""
 
-from .dataset import PerceptionDataset, Table, open_perception
-from .report import perception_report
+from l5dask.perception.dataset import PerceptionDataset, Table, open_perception
+from l5dask.perception.report import perception_report
 
 __all__ = ["PerceptionDataset", "Table", "open_perception", "perception_report"]

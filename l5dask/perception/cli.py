@@ -7,7 +7,7 @@ import time
 
 import click
 
-from ..cli import _friendly, _outputs, _parse_storage_options, scheduler_option, storage_option
+from l5dask.cli import _friendly, _outputs, _parse_storage_options, scheduler_option, storage_option
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress on stderr")
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
@@ -28,16 +28,16 @@ def perception() -> None:
 
 
 def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
-    from ..cluster import connect
-    from . import open_perception
-    from .report import perception_report
+    from l5dask.core.cluster import connect
+    from l5dask.perception import open_perception
+    from l5dask.perception.report import perception_report
 
     opts = _parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         job = None  # on this machine without the lidar pass, no dask engine (its imports cost 0.3 s)
         if client or points_in_boxes:
-            from ..engine import Job
+            from l5dask.core.engine import Job
 
             job = Job(client=client, progress=not quiet and points_in_boxes)
         ds = open_perception(data, opts, job=job)
@@ -57,8 +57,8 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
 @_friendly
 def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """The perception report of DATA (a folder, .zip, .tar or URL) from one parallel pass."""
-    from ..outputs import write_json
-    from .report import summary
+    from l5dask.core.outputs import write_json
+    from l5dask.perception.report import summary
 
     _outputs(storage_options, output)
     report, _, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
@@ -75,8 +75,8 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
 @_friendly
 def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""
-    from ..html import render_perception, write_page
-    from ..outputs import write_json
+    from l5dask.prediction.html import render_perception, write_page
+    from l5dask.core.outputs import write_json
 
     _outputs(storage_options, output, json_path)
     rep, took, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
@@ -95,8 +95,8 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
 @_friendly
 def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
     """Write DATA as an L5Kit dataset at OUT (scenes, frames = samples, agents = annotations)."""
-    from . import open_perception
-    from .to_l5kit import to_l5kit as convert
+    from l5dask.perception import open_perception
+    from l5dask.perception.to_l5kit import to_l5kit as convert
 
     opts = _parse_storage_options(storage_options)
     t0 = time.perf_counter()
@@ -119,8 +119,8 @@ def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
     import os
     import shutil
 
-    from ..errors import OutputError
-    from .synth import generate
+    from l5dask.errors import OutputError
+    from l5dask.perception.synth import generate
 
     if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:
         raise OutputError(f"{out}: a dataset already exists there (pass --overwrite)")

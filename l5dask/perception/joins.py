@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnknownNameError
-from . import tables
+from l5dask.errors import UnknownNameError
+from l5dask.perception import tables
 
 LIDAR_TOP = "LIDAR_TOP"
 

@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FormatError
+from l5dask.errors import FormatError
 
 #: Column types of what l5dask reads of each table (DuckDB types); other fields are skipped.
 VEC = "DOUBLE[]"
@@ -99,7 +99,7 @@ def parse(data: bytes | str, name: str, where: str) -> Any:
         con.execute("SET enable_progress_bar = false")
         source = data if isinstance(data, str) else io.BytesIO(data)
         table = con.read_json(source, format="array", columns=dict(SCHEMA[name])).to_arrow_table()
-    except duckdb.Error as exc:
+    except (duckdb.Error, UnicodeDecodeError) as exc:  # (DuckDB hands invalid UTF-8 on to Python's decoder)
         raise FormatError(_json_error(data, name, where, exc)) from None
     finally:
         con.close()
@@ -123,7 +123,7 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
     cannot vouch for, such as keys spelled with escapes, is checked by ``json`` instead)."""
     import numpy as np
 
-    from ._kernels import json_types
+    from l5dask.perception._kernels import json_types
 
     columns = SCHEMA[name]
     keys = [c.encode() for c in columns]
@@ -218,7 +218,9 @@ def _json_error(data: bytes | str, name: str, where: str, exc: Exception) -> str
         check_types(data, name, where)
     except FormatError as err:
         return str(err)
-    msg = str(exc).strip().splitlines()[0]
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{where}: a string is not valid UTF-8 ({exc.reason})"
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"{where}: cannot be read as a table: {msg[:300]}"
 
 
@@ -227,7 +229,7 @@ def check(table: Any, name: str, where: str) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
-    from ..outputs import valid_rows
+    from l5dask.core.outputs import valid_rows
 
     tokens = table.column("token")
     if tokens.null_count:
@@ -237,7 +239,7 @@ def check(table: Any, name: str, where: str) -> None:
         if col not in table.column_names:
             continue
         values = table.column(col)
-        from .links import indices
+        from l5dask.perception.links import indices
 
         lengths = indices(pc.list_value_length(values))
         bad = np.flatnonzero(lengths != n)
@@ -254,7 +256,7 @@ def check(table: Any, name: str, where: str) -> None:
 
 def read(store: Any, name: str) -> RawTable:
     """Read and check table ``name`` of a store (an absent optional table is empty)."""
-    from ..errors import ChunkError
+    from l5dask.errors import ChunkError
 
     where = f"{store.url.rstrip('/')}/{key(name)}" if store.url else key(name)
     if store.local:

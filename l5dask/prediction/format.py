@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .codec import MAX_BUFFERSIZE as MAX_CHUNK_NBYTES
-from .errors import FormatError
+from l5dask.core.codec import MAX_BUFFERSIZE as MAX_CHUNK_NBYTES
+from l5dask.errors import FormatError
 
 FORMAT_VERSION = 2
 

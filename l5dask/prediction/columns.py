@@ -2,11 +2,11 @@
 
 One catalogue (:class:`Table`) per array of a dataset, shared by the dataframe view
 (:func:`l5dask.frame.to_dask_dataframe`), the declarative aggregations
-(:func:`l5dask.aggregation.aggregate`) and the CLI. A column is computed per stored chunk from
+(:func:`l5dask.prediction.aggregation.aggregate`) and the CLI. A column is computed per stored chunk from
 the chunk's records (decoded once; numbers and argmaxes gathered in one compiled pass, straight
 from the compressed bytes when the chunk is handed over undecoded) and, for join columns, from
 the rows of the parent array that overlap the chunk (the engine's
-:class:`~l5dask.engine.Rows`):
+:class:`~l5dask.core.engine.Rows`):
 
 - **stored**: one column per field, subarray fields one column per element: ``centroid_x``,
   ``extent_length``, ``velocity_y``, ``frame_index_start``/``_end`` for intervals, ``ego_x``,
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .engine import Rows, parent_rows
-from .errors import FormatError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.core.engine import Rows, parent_rows
+from l5dask.errors import FormatError, UsageError
 
 #: Stored chunks fetched together, undecoded, when a partition's columns are made (12 MB of
 #: agents' compressed bytes).
@@ -76,7 +76,7 @@ class Chunk:
     """The columns of one chunk of rows ``start .. start + len(data) - 1``, computed on demand
     (each once) from its records and the parent rows that overlap it.
 
-    ``data`` is the records, or stored chunks not yet decoded (:class:`l5dask.reading.Encoded`):
+    ``data`` is the records, or stored chunks not yet decoded (:class:`l5dask.prediction.reading.Encoded`):
     numbers and argmaxes are then gathered straight from the compressed bytes, and the records
     are decoded only if a column needs them as records."""
 
@@ -103,13 +103,13 @@ class Chunk:
 
     def gathered(self, name: str) -> np.ndarray:
         """A stored number or an argmax: made with every other one the columns use, in one pass
-        over the records (:func:`l5dask.kernels.gather`)."""
+        over the records (:func:`l5dask.prediction.kernels.gather`)."""
         if name not in self._cols:
             self._gather()
         return self._cols[name]
 
     def _gather(self) -> None:
-        from .kernels import gather
+        from l5dask.prediction.kernels import gather
 
         wanted = [c for c in self.columns.values() if c.element is not None and c.name not in self._cols]
         maxed = [c for c in self.columns.values() if c.argmax is not None and c.name not in self._cols]
@@ -151,7 +151,7 @@ def _codes(name: str, categories: tuple[str, ...], c: Chunk) -> np.ndarray:
 
 
 def _speed(c: Chunk) -> np.ndarray:
-    from .kernels import norm2
+    from l5dask.prediction.kernels import norm2
 
     return norm2(c["velocity_x"], c["velocity_y"])
 
@@ -178,7 +178,7 @@ def _parent_hour(c: Chunk) -> np.ndarray:
 def _distance(c: Chunk) -> np.ndarray:
     """``sqrt(dx * dx + dy * dy)`` in float64 to the ego of the row's frame, as the report (one
     compiled pass over the rows and their frames' positions: no per-row copies of the ego)."""
-    from .kernels import distance_to_parent
+    from l5dask.prediction.kernels import distance_to_parent
 
     return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent["ego_translation"], c.pos)
 
@@ -322,7 +322,7 @@ class Table:
     def host_names(self) -> tuple[str, ...]:
         """The distinct hosts of the dataset's scenes, sorted (read once, in one task)."""
         if self.hosts is None:
-            from .engine import Job
+            from l5dask.core.engine import Job
 
             scenes = Job().read(self.ds[fmt.SCENES])
             self.hosts = tuple(np.unique(scenes["host"]).tolist())

@@ -1,4 +1,4 @@
-"""Chunk sources other than L5Kit arrays, for the engine (:mod:`l5dask.engine`).
+"""Chunk sources other than L5Kit arrays, for the engine (:mod:`l5dask.core.engine`).
 
 - :class:`ByteRanges`: a text file (a CSV) in blocks of about ``block_bytes``, each starting
   after a line end and ending on one, so that every line is in exactly one chunk (as
@@ -8,7 +8,7 @@
 - :class:`TableRows`: the rows of a table held in memory (a pyarrow Table, a pandas DataFrame,
   a numpy array: anything with ``len`` and row slices), in chunks of ``chunk_rows`` rows.
 
-Both read through :class:`l5dask.store.Store`: local folders, zips, S3 and any fsspec URL,
+Both read through :class:`l5dask.core.store.Store`: local folders, zips, S3 and any fsspec URL,
 with its retries and its errors.
 """
 
@@ -20,8 +20,8 @@ import posixpath
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import NotADatasetError
-from .store import Store
+from l5dask.errors import NotADatasetError
+from l5dask.core.store import Store
 
 
 def _split(url: str) -> tuple[str, str]:

@@ -3,8 +3,8 @@
 A computation is declared, not assembled (after flox and ``dask.array.reduction``):
 
 - a :class:`ChunkSource` is anything read in numbered chunks of rows (or bytes): an L5Kit
-  array (:class:`l5dask.reading.L5Array`), byte ranges of a file, the files of a folder
-  (:mod:`l5dask.sources`);
+  array (:class:`l5dask.prediction.reading.L5Array`), byte ranges of a file, the files of a folder
+  (:mod:`l5dask.core.sources`);
 - a :class:`Reduction` is one declared object: ``chunk`` (one chunk -> a partial), an ordered,
   associative ``combine``, its ``identity`` and a ``finalize``;
 - a :class:`Pass` runs a reduction over a source in tasks of whole chunks (each decoded once),
@@ -36,9 +36,9 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
-from .cluster import compute, persist
-from .errors import L5DaskError
-from .intervals import block_bounds, check_bounds, raise_first
+from l5dask.core.cluster import compute, persist
+from l5dask.errors import L5DaskError
+from l5dask.core.intervals import block_bounds, check_bounds, raise_first
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
 SPLIT_EVERY = 16
@@ -194,7 +194,7 @@ class Pass:
         chunk at a time (streamed through one reused buffer).
     encoded : bool
         With ``blocks``: hand ``chunk`` the block fetched but not decoded
-        (``source.read_encoded``: a :class:`~l5dask.reading.Encoded`, decoded as ``chunk`` asks),
+        (``source.read_encoded``: a :class:`~l5dask.prediction.reading.Encoded`, decoded as ``chunk`` asks),
         from sources that have it; ``chunk`` then takes either.
     priority : int
         Scheduling priority of its tasks (higher first).

@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
-from .plot import REPORT_FIGURES, _short, png
-from .outputs import atomic_write
-from .report import summary_rows
+from l5dask import __version__
+from l5dask.prediction.plots import REPORT_FIGURES, _short, png
+from l5dask.core.outputs import atomic_write
+from l5dask.prediction.report import summary_rows
 
 MAX_TABLE_ROWS = 500
 
@@ -134,8 +134,8 @@ def write_html(report: dict[str, Any], path: str, elapsed_s: float | None = None
 
 def render_evaluation(result: dict[str, Any], gt: str, pred: str, elapsed_s: float | None = None) -> str:
     """The page of an evaluation (as returned by :func:`l5dask.evaluation.evaluate`)."""
-    from .evaluation.metrics import METRICS
-    from .plot import EVALUATION_FIGURES
+    from l5dask.evaluation.metrics import METRICS
+    from l5dask.prediction.plots import EVALUATION_FIGURES
 
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""
@@ -160,7 +160,7 @@ def render_evaluation(result: dict[str, Any], gt: str, pred: str, elapsed_s: flo
 
 def render_perception(report: dict[str, Any], data: str, elapsed_s: float | None = None) -> str:
     """The page of a perception report (as returned by :func:`l5dask.perception.perception_report`)."""
-    from .plot import PERCEPTION_FIGURES
+    from l5dask.prediction.plots import PERCEPTION_FIGURES
 
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""

@@ -16,8 +16,8 @@ from xarray.backends import BackendArray, BackendEntrypoint
 from xarray.core import indexing
 from xarray.groupers import EncodedGroups, UniqueGrouper
 
-from . import format as fmt
-from .errors import UnknownNameError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.errors import UnknownNameError, UsageError
 
 #: The row dimension of each array.
 ROW_DIMS = {fmt.SCENES: "scene", fmt.FRAMES: "frame", fmt.AGENTS: "agent", fmt.TL_FACES: "tl_face"}
@@ -58,13 +58,13 @@ def array_to_dataset(
 
 
 def _argmax_block(records: np.ndarray, field: str) -> np.ndarray:
-    from .kernels import argmax_rows
+    from l5dask.prediction.kernels import argmax_rows
 
     return argmax_rows(records, field)
 
 
 def _hour_block(timestamp: np.ndarray) -> np.ndarray:
-    from .columns import hour_of_day
+    from l5dask.prediction.columns import hour_of_day
 
     return hour_of_day(timestamp)
 
@@ -91,15 +91,15 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
     know their values, and ``.l5.groupby(...)`` groups by them without being computed first.
 
     Building the view reads only the scenes' host names (one small chunk); computing its
-    coordinates together decodes each scene and frame chunk once (see :mod:`l5dask.joins`), and
+    coordinates together decodes each scene and frame chunk once (see :mod:`l5dask.prediction.joins`), and
     ``label`` comes from the same decoded agent chunks as the variables.
     """
     import dask.array as da
 
-    from .columns import Table
-    from .joins import Joins
+    from l5dask.prediction.columns import Table
+    from l5dask.prediction.joins import Joins
 
-    from .engine import collection_chunks_per_task
+    from l5dask.core.engine import collection_chunks_per_task
 
     per_task = chunks_per_task or collection_chunks_per_task(ds[name].nchunks)
     j = Joins(ds, chunks_per_task=per_task)
@@ -168,7 +168,7 @@ class RangeGrouper(UniqueGrouper):
     def factorize(self, group) -> EncodedGroups:
         import pandas as pd
 
-        from .kernels import range_codes
+        from l5dask.prediction.kernels import range_codes
 
         if group.dtype.kind not in "iu":
             return super().factorize(group)
@@ -195,10 +195,10 @@ def name_categories(result):
 def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
                     quantile_bits: int | None = None) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
-    pass: the sketch of :mod:`l5dask.aggregation` (its error bound) per chunk, merged in a tree."""
+    pass: the sketch of :mod:`l5dask.prediction.aggregation` (its error bound) per chunk, merged in a tree."""
     from dask import delayed
 
-    from .aggregation import QUANTILE_BITS, combine_delayed, group_part, sketch_quantiles
+    from l5dask.prediction.aggregation import QUANTILE_BITS, combine_delayed, group_part, sketch_quantiles
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if obj.ndim != 1:
@@ -237,7 +237,7 @@ class _Grouped:
 
     def quantile(self, q, quantile_bits: int | None = None, **kwargs):
         """Quantiles per group (numpy's "linear" method) of a dask-backed 1-D DataArray, within
-        the error bound of :mod:`l5dask.aggregation` (``quantile_bits=52``: exact); else xarray's."""
+        the error bound of :mod:`l5dask.prediction.aggregation` (``quantile_bits=52``: exact); else xarray's."""
         obj = self._obj
         if isinstance(obj, xr.DataArray) and hasattr(obj.data, "dask") and obj.ndim == 1 and not kwargs:
             return name_categories(sketch_quantile(obj, self._names, self._labels, q, quantile_bits))
@@ -396,7 +396,7 @@ class L5KitBackendEntrypoint(BackendEntrypoint):
         group: str | None = None,
         storage_options: dict | None = None,
     ) -> xr.Dataset:
-        from .reading import open_dataset
+        from l5dask.prediction.reading import open_dataset
 
         ds = open_dataset(filename_or_obj, storage_options=storage_options)
         name = _group_name(group or "agents")
@@ -407,7 +407,7 @@ class L5KitBackendEntrypoint(BackendEntrypoint):
         return _lazy_dataset(ds, name, fields)
 
     def open_groups_as_dict(self, filename_or_obj, *, storage_options: dict | None = None, **kwargs):
-        from .reading import open_dataset
+        from l5dask.prediction.reading import open_dataset
 
         ds = open_dataset(filename_or_obj, storage_options=storage_options)
         root = xr.Dataset(attrs=_root_attrs(ds))

@@ -1,4 +1,4 @@
-"""The report's per-chunk kernels: compiled loops (``l5dask/_kernels.pyx``) over records in place.
+"""The report's per-chunk kernels: compiled loops (``l5dask/prediction/_kernels.pyx``) over records in place.
 
 Each kernel makes one pass over a decoded chunk's rows, reading the fields it needs at
 their byte offsets, so nothing is copied out of the chunk; the loops release the GIL, so
@@ -22,21 +22,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._kernels import argmax_counts as _argmax_counts
-from ._kernels import distinct_rows as _distinct_rows
-from ._kernels import agent_chunk as _agent_chunk
-from ._kernels import argmax_rows as _argmax_rows
-from ._kernels import blosc_blocksize as _blosc_blocksize
-from ._kernels import gather_blosc as _gather_blosc
-from ._kernels import gather_fields as _gather_fields
-from ._kernels import group_reduce as _group_reduce
-from ._kernels import int_range as _int_range
-from ._kernels import mix_codes as _mix_codes
-from ._kernels import distance_to_parent as _distance_to_parent
-from ._kernels import norm2_f32 as _norm2_f32
-from ._kernels import range_codes as _range_codes
-from ._kernels import track_runs as _track_runs
-from ._kernels import union_sorted, uniform_histogram
+from l5dask.prediction._kernels import argmax_counts as _argmax_counts
+from l5dask.prediction._kernels import distinct_rows as _distinct_rows
+from l5dask.prediction._kernels import agent_chunk as _agent_chunk
+from l5dask.prediction._kernels import argmax_rows as _argmax_rows
+from l5dask.prediction._kernels import blosc_blocksize as _blosc_blocksize
+from l5dask.prediction._kernels import gather_blosc as _gather_blosc
+from l5dask.prediction._kernels import gather_fields as _gather_fields
+from l5dask.prediction._kernels import group_reduce as _group_reduce
+from l5dask.prediction._kernels import int_range as _int_range
+from l5dask.prediction._kernels import mix_codes as _mix_codes
+from l5dask.prediction._kernels import distance_to_parent as _distance_to_parent
+from l5dask.prediction._kernels import norm2_f32 as _norm2_f32
+from l5dask.prediction._kernels import range_codes as _range_codes
+from l5dask.prediction._kernels import track_runs as _track_runs
+from l5dask.prediction._kernels import union_sorted, uniform_histogram
 
 __all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "Gather", "group_reduce", "int_range", "mix_codes", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
 

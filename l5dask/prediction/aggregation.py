@@ -1,10 +1,10 @@
 """Users' own aggregations, declared, in one pass over the stored chunks: :func:`aggregate`.
 
 ``l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean", "max"]})``
-is one :class:`~l5dask.engine.Reduction` (flox's shape: chunk, combine, finalize) run by the
+is one :class:`~l5dask.core.engine.Reduction` (flox's shape: chunk, combine, finalize) run by the
 engine as the report is: each stored chunk read once, its columns gathered straight from its
-compressed bytes (:class:`~l5dask.reading.Encoded`: the records are never made) and from the
-parent rows it overlaps (:mod:`l5dask.columns`), grouped, reduced; partials merged in an ordered
+compressed bytes (:class:`~l5dask.prediction.reading.Encoded`: the records are never made) and from the
+parent rows it overlaps (:mod:`l5dask.prediction.columns`), grouped, reduced; partials merged in an ordered
 tree; the result a pandas DataFrame, a row per group that has rows (sorted by the keys).
 
 Reductions of a value column: ``count`` (values that are not NaN), ``sum``, ``mean``, ``min``,
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .columns import INDEX, Selection, Table
-from .engine import Job, Pass, Reduction
-from .errors import UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.columns import INDEX, Selection, Table
+from l5dask.core.engine import Job, Pass, Reduction
+from l5dask.errors import UsageError
 
 #: The reductions of a value column (plus ``q<percent>``).
 REDUCTIONS = ("count", "sum", "mean", "min", "max", "var", "std", "median")
@@ -110,7 +110,7 @@ class Spec:
     def __dask_tokenize__(self):
         from dask.base import tokenize
 
-        return ("l5dask.aggregation.Spec", tokenize(self.selection), self.by, self.values, self.where, self.quantile_bits)
+        return ("l5dask.prediction.aggregation.Spec", tokenize(self.selection), self.by, self.values, self.where, self.quantile_bits)
 
 
 # --- where ----------------------------------------------------------------------------------
@@ -218,7 +218,7 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
 
 
 def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> np.ndarray:
-    """The rows of a chunk (:class:`l5dask.columns.Chunk`) that ``text`` keeps."""
+    """The rows of a chunk (:class:`l5dask.prediction.columns.Chunk`) that ``text`` keeps."""
     keep = np.asarray(_value(_parse(text), chunk, categories))
     if keep.dtype != bool:
         raise UsageError(f"where {text!r} is not a condition (it gives {keep.dtype} values)")
@@ -258,7 +258,7 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
     Small key ranges are dense (codes are mixed-radix positions, some groups empty, made by a
     compiled pass per key: no widened copies); others are made dense by sorting the distinct keys.
     """
-    from .kernels import int_range, mix_codes
+    from l5dask.prediction.kernels import int_range, mix_codes
 
     if not keys:
         return np.zeros(n, np.int64), 1, np.zeros((1, 0), np.int64)
@@ -380,7 +380,7 @@ def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dic
     dense = not present.all()
     remap = np.cumsum(present) - 1 if dense else None
     part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
-    from .kernels import group_reduce
+    from l5dask.prediction.kernels import group_reduce
 
     for name, v in values.items():
         need = needs[name]
@@ -483,7 +483,7 @@ def combine_delayed(parts: list) -> GroupPart:
     import dask
     from dask import delayed
 
-    from .engine import SPLIT_EVERY
+    from l5dask.core.engine import SPLIT_EVERY
 
     fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
     while len(parts) > 1:
@@ -538,7 +538,7 @@ class Result:
     def to_arrow(self):
         import pyarrow as pa
 
-        from .outputs import arrow_array, arrow_strings
+        from l5dask.core.outputs import arrow_array, arrow_strings
 
         return pa.Table.from_arrays(
             [pa.DictionaryArray.from_arrays(arrow_array(v.astype(np.int32)), arrow_strings(self.categories[n]))
@@ -620,7 +620,7 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     array : str
         ``agents``, ``frames``, ``scenes`` or ``tl_faces``.
     by : sequence of str
-        Integer or categorical columns (:mod:`l5dask.columns`): ``scene_index``, ``label``,
+        Integer or categorical columns (:mod:`l5dask.prediction.columns`): ``scene_index``, ``label``,
         ``host``, ``hour``... Empty: one group, the whole array.
     values : mapping
         ``{column: [reductions]}``, e.g. ``{"speed": ["mean", "max", "count"]}``.
@@ -633,7 +633,7 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     quantile_bits : int
         Mantissa bits of the quantile sketch (see the module's docstring; 52: exact).
     client, scheduler, chunks_per_task, progress
-        As :class:`l5dask.engine.Job`.
+        As :class:`l5dask.core.engine.Job`.
 
     Returns
     -------
@@ -642,7 +642,7 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
         has rows, sorted by the keys (:func:`aggregate` gives it as a pandas DataFrame, with
         categoricals by name).
     """
-    from .reading import L5Dataset, open_dataset
+    from l5dask.prediction.reading import L5Dataset, open_dataset
 
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
     table = Table(ds, array)
@@ -671,7 +671,7 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     source = selection.source
     job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress,
               size_for=source.nchunks)
-    from .joins import parent_link
+    from l5dask.prediction.joins import parent_link
 
     link = parent_link(ds, selection, job)
     (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)])

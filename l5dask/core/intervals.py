@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import IntervalError
+from l5dask.errors import IntervalError
 
 
 def interval_problems(iv: np.ndarray, offset: int, child_len: int) -> tuple[int, int, str]:

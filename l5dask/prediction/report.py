@@ -1,5 +1,5 @@
-"""The standard statistics report, declared over the engine (:mod:`l5dask.engine`): which
-reductions (:mod:`l5dask.stats`) run over which arrays, and what each needs of its parent."""
+"""The standard statistics report, declared over the engine (:mod:`l5dask.core.engine`): which
+reductions (:mod:`l5dask.prediction.stats`) run over which arrays, and what each needs of its parent."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .cluster import scheduler_address
-from .engine import Job, Link, Pass
-from .intervals import check_intervals
-from .outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
-from .reading import L5Dataset, open_dataset
-from .joins import scene_rows
-from .stats import AGENT_FIELDS, FRAME_FIELDS, TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
+from l5dask.prediction import format as fmt
+from l5dask.core.cluster import scheduler_address
+from l5dask.core.engine import Job, Link, Pass
+from l5dask.core.intervals import check_intervals
+from l5dask.core.outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
+from l5dask.prediction.reading import L5Dataset, open_dataset
+from l5dask.prediction.joins import scene_rows
+from l5dask.prediction.stats import AGENT_FIELDS, FRAME_FIELDS, TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
 
 #: Scenes whose agents-per-frame series the report keeps for its plots.
 SAMPLE_SCENES = 4
@@ -36,7 +36,7 @@ def compute_report(
     dataset : str, path or L5Dataset
     chunks_per_task : int, optional
         Stored chunks per task. By default sized for the scheduler by the engine
-        (:func:`l5dask.engine.auto_chunks_per_task`): each task still decodes each chunk once.
+        (:func:`l5dask.core.engine.auto_chunks_per_task`): each task still decodes each chunk once.
     progress : bool
         Show a progress bar on stderr.
     scheduler : optional
@@ -46,8 +46,8 @@ def compute_report(
         Run on this cluster.
     """
     if client is None and scheduler is None and scheduler_address():
-        from .cluster import connect
-        from .engine import default_client
+        from l5dask.core.cluster import connect
+        from l5dask.core.engine import default_client
 
         if default_client() is None:
             with connect() as own:  # DASK_SCHEDULER_ADDRESS: the API runs there too, as the CLI does

@@ -1,7 +1,7 @@
 """Each stored array as a dask DataFrame, with join columns: ``ds.to_dask_dataframe(...)``.
 
 One partition per task of stored chunks (sized as the engine sizes a pass), known divisions
-(the row index), the columns of :mod:`l5dask.columns`. Building the DataFrame reads nothing
+(the row index), the columns of :mod:`l5dask.prediction.columns`. Building the DataFrame reads nothing
 (except the scenes' host names when a ``host`` column is asked for: they are its categories).
 Its graph is made when it is computed: join columns come from the parent's rows, one pass over
 the frames (persisted, each chunk decoded once) whose blocks go to only the partitions they
@@ -17,12 +17,12 @@ import numpy as np
 import pandas as pd
 from dask.base import tokenize
 
-from . import format as fmt
-from .aggregation import combine_delayed
-from .columns import INDEX, Selection, Table
-from .engine import Block, Job, Pass, Rows, collection_chunks_per_task
-from .errors import UsageError
-from .joins import Deferred, chunk_tasks
+from l5dask.prediction import format as fmt
+from l5dask.prediction.aggregation import combine_delayed
+from l5dask.prediction.columns import INDEX, Selection, Table
+from l5dask.core.engine import Block, Job, Pass, Rows, collection_chunks_per_task
+from l5dask.errors import UsageError
+from l5dask.prediction.joins import Deferred, chunk_tasks
 
 
 def category_dtype(names) -> pd.CategoricalDtype:
@@ -64,12 +64,12 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     array : str
         ``agents``, ``frames``, ``scenes`` or ``tl_faces``.
     columns : sequence of str, optional
-        Any columns of :mod:`l5dask.columns` (stored, derived, join); default: the stored fields'.
+        Any columns of :mod:`l5dask.prediction.columns` (stored, derived, join); default: the stored fields'.
     joins : sequence of str
         Join columns to add (``scene_index``, ``frame_index``, ``timestamp``, ``host``,
         ``ego_x``, ``ego_y``...); also accepted in ``columns``.
     chunks_per_task : int, optional
-        Stored chunks per partition (default: :func:`l5dask.engine.collection_chunks_per_task`:
+        Stored chunks per partition (default: :func:`l5dask.core.engine.collection_chunks_per_task`:
         about 100 MB of the partition's columns, at least 4 partitions a thread).
     """
     import dask.dataframe as dd
@@ -109,7 +109,7 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
 def _sketch_partition(frame: pd.DataFrame, by: list[str], column: str, bits: int):
     """The quantile sketch of one partition, per group of ``by`` (categorical codes or integers;
     rows with a missing category left out)."""
-    from .aggregation import group_part
+    from l5dask.prediction.aggregation import group_part
 
     keys, keep = [], None
     for b in by:
@@ -153,7 +153,7 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     """
     from dask import delayed
 
-    from .aggregation import QUANTILE_BITS, sketch_quantiles
+    from l5dask.prediction.aggregation import QUANTILE_BITS, sketch_quantiles
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:

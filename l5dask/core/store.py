@@ -16,7 +16,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
-from .errors import ChunkError, NotADatasetError, StoreError
+from l5dask.errors import ChunkError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried.
 _RETRIES = 4

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from dask.base import tokenize
 
-from . import format as fmt
-from .codec import check_blosc, decode_blosc
-from .errors import ChunkError, FormatError, NotADatasetError, UsageError
-from .store import Store, open_store
+from l5dask.prediction import format as fmt
+from l5dask.core.codec import check_blosc, decode_blosc
+from l5dask.errors import ChunkError, FormatError, NotADatasetError, UsageError
+from l5dask.core.store import Store, open_store
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -37,7 +37,7 @@ def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
 
 def check_chunk(raw, meta: fmt.ArrayMeta, compressed: bool, key: str) -> None:
     """The one rule every path applies to a stored chunk before decoding it or sizing anything by
-    it (:mod:`l5dask.codec`): its header agrees with the array's metadata. ``ChunkError`` naming
+    it (:mod:`l5dask.core.codec`): its header agrees with the array's metadata. ``ChunkError`` naming
     the array, the chunk and what is wrong otherwise."""
     if compressed:
         why = check_blosc(raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"),
@@ -91,7 +91,7 @@ def iter_chunks(store: Store, meta: fmt.ArrayMeta, compressed: bool, first_chunk
 
 class Encoded:
     """Stored chunks ``first .. first + n - 1`` of one array, fetched but not decoded: what a pass
-    with ``encoded=True`` hands its chunk function (:class:`l5dask.engine.Pass`).
+    with ``encoded=True`` hands its chunk function (:class:`l5dask.core.engine.Pass`).
 
     ``records()`` decodes them (once, as :func:`read_block`); ``gather`` makes number columns and
     label argmaxes straight from the compressed bytes, one compiled pass per chunk that never
@@ -149,8 +149,8 @@ class Encoded:
 
     def gather(self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """As :func:`l5dask.kernels.gather` of ``records()``, without making them."""
-        from .kernels import Gather
+        """As :func:`l5dask.prediction.kernels.gather` of ``records()``, without making them."""
+        from l5dask.prediction.kernels import Gather
 
         plan = Gather(self.meta.dtype, elements, argmax)
         outs, maxes = plan.outputs(len(self))
@@ -402,48 +402,48 @@ class L5Dataset:
     # xarray views ------------------------------------------------------------------
     @cached_property
     def scenes(self):
-        from .xr import array_to_dataset
+        from l5dask.prediction.views import array_to_dataset
 
         return array_to_dataset(self, fmt.SCENES)
 
     @cached_property
     def frames(self):
-        from .xr import array_to_dataset
+        from l5dask.prediction.views import array_to_dataset
 
         return array_to_dataset(self, fmt.FRAMES)
 
     @cached_property
     def agents(self):
-        from .xr import array_to_dataset
+        from l5dask.prediction.views import array_to_dataset
 
         return array_to_dataset(self, fmt.AGENTS)
 
     @cached_property
     def tl_faces(self):
-        from .xr import array_to_dataset
+        from l5dask.prediction.views import array_to_dataset
 
         return array_to_dataset(self, fmt.TL_FACES)
 
     def joined(self, name: str, chunks_per_task: int | None = None):
         """The xarray view of ``name`` with lazy join coordinates (``scene_index``, ``frame_index``,
         ``timestamp``, ``hour``, ``host``, ``ego_translation``, ``label``...) that know their
-        values (``.l5.groupby(...)``); see :func:`l5dask.xr.joined_dataset`. ``chunks_per_task``:
-        stored chunks per dask chunk (default: about 100 MB, :func:`l5dask.engine.collection_chunks_per_task`)."""
-        from .xr import joined_dataset
+        values (``.l5.groupby(...)``); see :func:`l5dask.prediction.views.joined_dataset`. ``chunks_per_task``:
+        stored chunks per dask chunk (default: about 100 MB, :func:`l5dask.core.engine.collection_chunks_per_task`)."""
+        from l5dask.prediction.views import joined_dataset
 
         return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name), chunks_per_task)
 
     def to_dask_dataframe(self, array: str = "agents", columns: Sequence[str] | None = None,
                           joins: Sequence[str] = (), chunks_per_task: int | None = None):
         """One array as a dask DataFrame with named (and join) columns; see
-        :func:`l5dask.dataframe.to_dask_dataframe`."""
-        from .dataframe import to_dask_dataframe
+        :func:`l5dask.prediction.dataframe.to_dask_dataframe`."""
+        from l5dask.prediction.dataframe import to_dask_dataframe
 
         return to_dask_dataframe(self, array, columns=columns, joins=joins, chunks_per_task=chunks_per_task)
 
     def to_datatree(self):
         """The whole dataset as one :class:`xarray.DataTree`, a node per array."""
-        from .xr import dataset_to_datatree
+        from l5dask.prediction.views import dataset_to_datatree
 
         return dataset_to_datatree(self)
 
@@ -474,7 +474,7 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
     try:
         store = open_store(url, storage_options)
     except NotADatasetError:
-        from .columnar import is_columnar, open_columnar
+        from l5dask.prediction.columnar import is_columnar, open_columnar
 
         store = Store(os.fspath(url), storage_options)
         if is_columnar(store):  # a zarr v3 export of l5dask's (``l5dask export --format zarr3``)

@@ -1,6 +1,6 @@
 """The figures of a dataset's statistics, for notebooks and the HTML report alike.
 
-Report figures take the dict of :func:`l5dask.report.compute_report` (no second pass over
+Report figures take the dict of :func:`l5dask.prediction.report.compute_report` (no second pass over
 the data); scene figures read one scene's slice of a dataset.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
+from l5dask.prediction import format as fmt
 
 
 def _ax(ax, size=(7, 3.6)):

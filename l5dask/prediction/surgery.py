@@ -11,7 +11,7 @@ that also checks their intervals: a dataset whose intervals are broken is refuse
 Writing: each output array is cut into tasks of whole output chunks; a task reads only the input
 chunks its rows come from (after a shift, output and input chunks do not line up), adds the
 shifts to the interval fields, and encodes and stores its chunks through the one writer
-(:mod:`l5dask.writing`). Nothing holds a whole array. The group metadata (``.zgroup``) of every
+(:mod:`l5dask.prediction.writing`). Nothing holds a whole array. The group metadata (``.zgroup``) of every
 output is written last, once all chunks of all outputs are stored; a failed run removes what it
 wrote, so that nothing is left that opens as a dataset.
 """
@@ -30,13 +30,13 @@ from typing import Any
 import numpy as np
 from dask.base import tokenize
 
-from . import format as fmt
-from .engine import Job, Pass, Reduction, auto_chunks_per_task
-from .errors import OutputError, UsageError
-from .intervals import check_intervals
-from .reading import L5Array, L5Dataset, open_dataset
-from .store import Store
-from .writing import finish, prepare_target, write_chunks
+from l5dask.prediction import format as fmt
+from l5dask.core.engine import Job, Pass, Reduction, auto_chunks_per_task
+from l5dask.errors import OutputError, UsageError
+from l5dask.core.intervals import check_intervals
+from l5dask.prediction.reading import L5Array, L5Dataset, open_dataset
+from l5dask.core.store import Store
+from l5dask.prediction.writing import finish, prepare_target, write_chunks
 
 #: L5Kit's gigabyte (``zarr_utils.GIGABYTE``): 1024 ** 3 bytes.
 GIGABYTE = 1024 ** 3

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The report's per-chunk loops, compiled to C (GIL released): see :mod:`l5dask.kernels`.
+"""The report's per-chunk loops, compiled to C (GIL released): see :mod:`l5dask.prediction.kernels`.
 
 Records are read in place from their bytes (``buf``), a row every ``stride`` bytes with
 each field at a byte offset, so no field is copied out of a decoded chunk. Loads go
@@ -13,7 +13,7 @@ from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, u
 from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcmp, memcpy
 
-from l5dask._records cimport _f4, _f8, _norm2, _u8
+from l5dask.core._records cimport _f4, _f8, _norm2, _u8
 
 cdef extern from "_argmax.h":
     Py_ssize_t l5_argmax_f32(const uint8_t* p, Py_ssize_t n) noexcept nogil

@@ -24,9 +24,9 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 
-from . import format as fmt
-from .engine import Block, Job, Link, Pass, Rows
-from .intervals import check_intervals
+from l5dask.prediction import format as fmt
+from l5dask.core.engine import Block, Job, Link, Pass, Rows
+from l5dask.core.intervals import check_intervals
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -255,7 +255,7 @@ def validate(ds) -> list[str]:
 
 
 def parent_frames(ds, selection, job: Job | None = None) -> FramesPass | None:
-    """The parent rows the columns of ``selection`` (:class:`l5dask.columns.Selection`) need,
+    """The parent rows the columns of ``selection`` (:class:`l5dask.prediction.columns.Selection`) need,
     declared: ``None`` when they need none; else a :class:`FramesPass` (for frames: only its
     scene rows, in memory)."""
     need = selection.parent

@@ -1,6 +1,6 @@
 """A realistic generator of L5Kit datasets, for tests, benchmarks and demos.
 
-Its shape follows the real Lyft Level 5 data (L5Kit's format: ``l5dask/format.py``):
+Its shape follows the real Lyft Level 5 data (L5Kit's format: ``l5dask/prediction/format.py``):
 10 Hz frames, 248-249 frames per scene, about 71 agents per frame that persist as
 tracks and move smoothly, the real label mix, traffic-light faces whose status follows
 a light cycle, an ego that drives. Every scene is generated from ``(seed, scene index)``,
@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .writing import ArrayWriter, finish, prepare_target
+from l5dask.prediction import format as fmt
+from l5dask.prediction.writing import ArrayWriter, finish, prepare_target
 
 HOSTS = ("host-a004", "host-a007", "host-a011", "host-a013", "host-a101", "host-a102")
 BASE_TIME_NS = 1_546_300_800 * 10**9  # 2019-01-01, about when the real data was logged

@@ -1,5 +1,5 @@
 """The zarr v3 columnar layout of an L5Kit dataset: written by ``l5dask export --format zarr3``,
-read back by :func:`l5dask.open_dataset` with the same :class:`~l5dask.reading.L5Dataset` API.
+read back by :func:`l5dask.open_dataset` with the same :class:`~l5dask.prediction.reading.L5Dataset` API.
 
 Layout (zarr v3, opened natively by zarr-python 3 and ``xr.open_datatree(..., engine="zarr")``)::
 
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 from numcodecs import Blosc, VLenUTF8, Zstd
 
-from . import format as fmt
-from .columns import INDEX
-from .errors import FormatError, L5DaskError
-from .codec import check_blosc, decode_blosc, typesize_of
-from .reading import L5Array, L5Dataset, project
-from .store import Store
+from l5dask.prediction import format as fmt
+from l5dask.prediction.columns import INDEX
+from l5dask.errors import FormatError, L5DaskError
+from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
+from l5dask.prediction.reading import L5Array, L5Dataset, project
+from l5dask.core.store import Store
 
 LAYOUT = "l5kit-columnar"
 LAYOUT_VERSION = 1
@@ -189,7 +189,7 @@ def read_field(store: Store, m: FieldMeta, first: int, n: int) -> np.ndarray:
 
 
 class ColumnarArray(L5Array):
-    """One table of the zarr v3 layout, with :class:`~l5dask.reading.L5Array`'s API: chunks of
+    """One table of the zarr v3 layout, with :class:`~l5dask.prediction.reading.L5Array`'s API: chunks of
     L5Kit records, of only the fields :meth:`select`-ed (the others are never read)."""
 
     def __init__(self, store: Store, meta: fmt.ArrayMeta, fields: dict[str, FieldMeta],

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 
-from .errors import ClusterError, L5DaskError
+from l5dask.errors import ClusterError, L5DaskError
 
 #: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).
 #: dask's default ``MALLOC_TRIM_THRESHOLD_=65536`` switches off glibc's adaptive mmap

@@ -1,15 +1,15 @@
 """Columnar exports of an L5Kit dataset: Parquet (for DuckDB, Polars, Spark, pandas...) and the
-zarr v3 layout of :mod:`l5dask.columnar` (for zarr-python 3 and xarray's own zarr engine).
+zarr v3 layout of :mod:`l5dask.prediction.columnar` (for zarr-python 3 and xarray's own zarr engine).
 
 Both are one pass per array, a task per group of stored chunks (each decoded once), the join
-columns made from the frames pass as the dataframes make them (:func:`l5dask.joins.chunk_tasks`).
+columns made from the frames pass as the dataframes make them (:func:`l5dask.prediction.joins.chunk_tasks`).
 
 **Parquet**: ``OUT/{scenes,frames,agents,traffic_light_faces}/part-NNNNNN.parquet`` (L5Kit's names). Every table has its own
 row index (``agent_index``, ``frame_index``, ``scene_index``, ``tl_face_index``) and the join
 columns (``scene_index``, ``frame_index``, ``timestamp`` on agents and faces; ``scene_index`` on
 frames), so that SQL engines join the tables on them. One row group per stored chunk, with
 statistics (engines prune row groups by ``scene_index`` or ``timestamp``); zstd. Subarray fields
-are **flat columns**, named as :mod:`l5dask.columns` names them (``centroid_x``, ``extent_length``,
+are **flat columns**, named as :mod:`l5dask.prediction.columns` names them (``centroid_x``, ``extent_length``,
 ``ego_rotation_xy``, one ``float32`` column per label name, ``agent_index_start``/``_end``): every
 engine reads, filters and keeps statistics on plain columns, while list columns have no per-element
 statistics and each engine spells their elements differently. ``host`` is a dictionary-encoded
@@ -32,17 +32,17 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from . import format as fmt
-from .cluster import compute
-from .columnar import CHUNKS_PER_SHARD, JOINS, LAYOUT, LAYOUT_VERSION, FieldMeta, array_json, encode_shard, group_json
-from .columns import INDEX, Selection, Table
-from .engine import Job, Pass
-from .errors import OutputError, UsageError
-from .joins import chunk_tasks
-from .outputs import arrow_array, arrow_strings
-from .reading import L5Dataset, open_dataset
-from .store import Store
-from .writing import put
+from l5dask.prediction import format as fmt
+from l5dask.core.cluster import compute
+from l5dask.prediction.columnar import CHUNKS_PER_SHARD, JOINS, LAYOUT, LAYOUT_VERSION, FieldMeta, array_json, encode_shard, group_json
+from l5dask.prediction.columns import INDEX, Selection, Table
+from l5dask.core.engine import Job, Pass
+from l5dask.errors import OutputError, UsageError
+from l5dask.prediction.joins import chunk_tasks
+from l5dask.core.outputs import arrow_array, arrow_strings
+from l5dask.prediction.reading import L5Dataset, open_dataset
+from l5dask.core.store import Store
+from l5dask.prediction.writing import put
 
 FORMATS = ("parquet", "zarr3")
 
@@ -112,7 +112,7 @@ def _field_metas(ds: L5Dataset, name: str) -> dict[str, FieldMeta]:
 
 def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> tuple[Store, Store | None]:
     """(where tasks write, the final location when that is a local rename away)."""
-    from .surgery import _same_place
+    from l5dask.prediction.surgery import _same_place
 
     final = Store(url, storage_options)
     if _same_place(final, ds.store):
@@ -138,7 +138,7 @@ def export(dataset: Any, output: Any, format: str = "parquet", *, storage_option
            overwrite: bool = False, client: Any = None, chunks_per_task: int | None = None,
            progress: bool = False) -> dict[str, int]:
     """Export every array of a dataset as Parquet (``format="parquet"``) or as the zarr v3
-    columnar layout (``"zarr3"``, see :mod:`l5dask.columnar`); returns the rows written by array.
+    columnar layout (``"zarr3"``, see :mod:`l5dask.prediction.columnar`); returns the rows written by array.
 
     Parameters
     ----------

@@ -1,10 +1,10 @@
 """The standard statistics report (``docs/statistics-report.md``): its maths, in one pass.
 
-Shape (after flox): each level is one declared :class:`~l5dask.engine.Reduction` with
+Shape (after flox): each level is one declared :class:`~l5dask.core.engine.Reduction` with
 ``chunk`` (one stored chunk, or block, and the parent rows that overlap it -> a partial),
 an ordered ``combine`` and an ``identity``; :func:`finalize` assembles the report. What the
-passes read, and in which order, is declared in :mod:`l5dask.report`; the engine
-(:mod:`l5dask.engine`) runs them. Every stored chunk is decoded once:
+passes read, and in which order, is declared in :mod:`l5dask.prediction.report`; the engine
+(:mod:`l5dask.core.engine`) runs them. Every stored chunk is decoded once:
 
 1. scenes are read whole (the report itself holds a row per scene);
 2. the frames pass (a task per group of frame chunks, given the scenes they overlap) yields
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from .engine import Reduction, Rows
+from l5dask.prediction import format as fmt
+from l5dask.core.engine import Reduction, Rows
 
 SPEED_EDGES = np.linspace(0.0, 50.0, 101)
 DISTANCE_EDGES = np.linspace(0.0, 200.0, 41)
@@ -33,9 +33,9 @@ I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]`` (and NaN).
 
-    ``edges`` are uniform from 0; binning is exact at the edges (see :func:`l5dask.kernels.uniform_bin`).
+    ``edges`` are uniform from 0; binning is exact at the edges (see :func:`l5dask.prediction.kernels.uniform_bin`).
     """
-    from .kernels import uniform_histogram
+    from l5dask.prediction.kernels import uniform_histogram
 
     out = np.zeros(len(edges), np.int64)
     uniform_histogram(np.ascontiguousarray(values, dtype=np.float64), float(edges[1] - edges[0]), out)
@@ -274,7 +274,7 @@ class AgentStats:
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
-        from .kernels import agent_chunk, track_runs
+        from l5dask.prediction.kernels import agent_chunk, track_runs
 
         pos, ids = np.empty(len(agents), np.int64), np.empty(len(agents), np.uint64)
         part.speed_sum = agent_chunk(
@@ -293,7 +293,7 @@ class AgentStats:
     @staticmethod
     @empty_is_identity
     def combine(a: AgentPart, b: AgentPart) -> AgentPart:
-        from .kernels import union_sorted
+        from l5dask.prediction.kernels import union_sorted
 
         opens: list = []
         for scene, ids in a.open + b.open:
@@ -325,7 +325,7 @@ class TLStats:
     def chunk(faces: np.ndarray, start: int = 0, parent: None = None) -> TLPart:
         if not len(faces):
             return TLPart()
-        from .kernels import argmax_counts, distinct_values
+        from l5dask.prediction.kernels import argmax_counts, distinct_values
 
         status = np.zeros(3, np.int64)
         argmax_counts(faces, "traffic_light_face_status", status)
