@@ -8,7 +8,8 @@ import time
 
 import click
 
-from l5dask.cli import _friendly, _outputs, _parse_storage_options, chunks_option, scheduler_option, storage_option
+from l5dask.core.commands import (check_outputs, chunks_option, friendly, parse_storage_options, scheduler_option,
+                                  storage_option)
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 threshold_option = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0, 1),
@@ -31,7 +32,7 @@ def _job(client, quiet: bool, chunks_per_task=None):
 @quiet_option
 @scheduler_option
 @storage_option
-@_friendly
+@friendly
 def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, storage_options) -> None:
     """L5Kit's eight metrics of the prediction file PRED against the ground truth GT (rows joined
     on (timestamp, track_id)), in one parallel pass over both files."""
@@ -39,8 +40,8 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
     from l5dask.core.outputs import write_json
     from l5dask.evaluation.metrics import METRICS, evaluate as run
 
-    _outputs(storage_options, output, html_path)
-    opts = _parse_storage_options(storage_options)
+    check_outputs(storage_options, output, html_path)
+    opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         result = run(gt, pred, max_modes, dataset=dataset, storage_options=opts, job=_job(client, quiet))
@@ -69,7 +70,7 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
 @quiet_option
 @scheduler_option
 @storage_option
-@_friendly
+@friendly
 def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, output, overwrite, chunks_per_task,
                   quiet, scheduler, storage_options) -> None:
     """Write L5Kit's agents mask agents_mask/THRESHOLD into DATASET (as select_agents) and print
@@ -80,7 +81,7 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rep = run(dataset, threshold, yaw_degrees, extent_ratio, distance_m, output=output, overwrite=overwrite,
-                  storage_options=_parse_storage_options(storage_options), job=_job(client, quiet, chunks_per_task))
+                  storage_options=parse_storage_options(storage_options), job=_job(client, quiet, chunks_per_task))
     click.echo(json.dumps({k: v for k, v in rep.items() if k != "past_future"}, indent=1))
     click.echo(table_text(rep))
     where = output or f"{dataset}/{mask_name(threshold)}"
@@ -99,7 +100,7 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
 @quiet_option
 @scheduler_option
 @storage_option
-@_friendly
+@friendly
 def gt(dataset, output, future_frames, threshold, mask, min_history, min_future, chunks_per_task, quiet, scheduler,
        storage_options) -> None:
     """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
@@ -109,13 +110,13 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
 
     if mask and (min_history is not None or min_future is not None):
         raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
-    _outputs(storage_options, output)
+    check_outputs(storage_options, output)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rows = export_zarr_to_csv(dataset, output, future_frames, threshold, mask,
                                   min_frame_history=MIN_FRAME_HISTORY if min_history is None else min_history,
                                   min_frame_future=MIN_FRAME_FUTURE if min_future is None else min_future,
-                                  storage_options=_parse_storage_options(storage_options),
+                                  storage_options=parse_storage_options(storage_options),
                                   job=_job(client, quiet, chunks_per_task))
     click.echo(f"wrote {output}: {rows:,} rows in {time.perf_counter() - t0:.1f} s")
 
@@ -133,7 +134,7 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
 @quiet_option
 @scheduler_option
 @storage_option
-@_friendly
+@friendly
 def chop(dataset, frames, future_frames, min_future, threshold, output, overwrite, chunks_per_task, quiet, scheduler,
          storage_options) -> None:
     """L5Kit's create_chopped_dataset: OUTPUT/<dataset name> chopped at --frames, mask.npz, gt.csv."""
@@ -143,7 +144,7 @@ def chop(dataset, frames, future_frames, min_future, threshold, output, overwrit
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         out = create_chopped_dataset(dataset, threshold, frames, future_frames, min_future, output=output,
-                                     overwrite=overwrite, storage_options=_parse_storage_options(storage_options),
+                                     overwrite=overwrite, storage_options=parse_storage_options(storage_options),
                                      client=client, progress=not quiet, chunks_per_task=chunks_per_task)
     click.echo(f"wrote {out}: the chopped dataset, mask.npz, gt.csv in {time.perf_counter() - t0:.1f} s")
 

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from l5dask.cli import _friendly, _outputs, _parse_storage_options, scheduler_option, storage_option
+from l5dask.core.commands import check_outputs, friendly, parse_storage_options, scheduler_option, storage_option
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress on stderr")
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
@@ -32,7 +32,7 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
     from l5dask.perception import open_perception
     from l5dask.perception.report import perception_report
 
-    opts = _parse_storage_options(storage_options)
+    opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         job = None  # on this machine without the lidar pass, no dask engine (its imports cost 0.3 s)
@@ -54,13 +54,13 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
 @click.argument("data")
 @click.option("--output", "-O", "output", help="write the report (JSON) here: a path or a URL")
 @pass_options
-@_friendly
+@friendly
 def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """The perception report of DATA (a folder, .zip, .tar or URL) from one parallel pass."""
     from l5dask.core.outputs import write_json
     from l5dask.perception.report import summary
 
-    _outputs(storage_options, output)
+    check_outputs(storage_options, output)
     report, _, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
     if output:
         write_json(report, output, opts)
@@ -72,13 +72,13 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
 @click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
 @click.option("--json", "json_path", help="also write the report (JSON) here")
 @pass_options
-@_friendly
+@friendly
 def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""
     from l5dask.prediction.html import render_perception, write_page
     from l5dask.core.outputs import write_json
 
-    _outputs(storage_options, output, json_path)
+    check_outputs(storage_options, output, json_path)
     rep, took, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
     write_page(render_perception(rep, data, took), output, opts)
     if json_path:
@@ -92,13 +92,13 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
 @click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
 @quiet_option
 @storage_option
-@_friendly
+@friendly
 def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
     """Write DATA as an L5Kit dataset at OUT (scenes, frames = samples, agents = annotations)."""
     from l5dask.perception import open_perception
     from l5dask.perception.to_l5kit import to_l5kit as convert
 
-    opts = _parse_storage_options(storage_options)
+    opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     rows = convert(open_perception(data, opts), out, opts, overwrite=overwrite)
     click.echo(f"{rows['scenes']:,} scenes, {rows['frames']:,} frames, {rows['agents']:,} agents in "
@@ -113,7 +113,7 @@ def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
               help="points of each sweep (0: no lidar files)")
 @click.option("--no-images", is_flag=True, help="write no camera files")
 @click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
-@_friendly
+@friendly
 def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
     """Generate a realistic perception dataset at OUT (a local folder) that the Lyft SDK loads."""
     import os

@@ -1,0 +1,315 @@
+"""The prediction data's commands (``stats``, ``report``, ``agg``, ``info``, ``synth``, ``demo``,
+``concat``, ``subset``, ``split``, ``export``, ``validate``), added to ``l5dask``'s command line with
+its one error path (:mod:`l5dask.core.commands`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import click
+
+from l5dask.core.commands import (chunks_option, check_outputs, friendly, parse_storage_options, scheduler_option,
+                                  storage_option)
+
+@click.command()
+@click.argument("out")
+@click.option("--scenes", default=10, show_default=True, type=click.IntRange(0), help="number of scenes")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--no-traffic-lights", is_flag=True, help="write the older format, without traffic_light_faces")
+@click.option("--label-ties", default=0.0, type=click.FloatRange(0, 1),
+              help="fraction of tracks whose label probabilities tie (for testing numpy's tie rule)")
+@click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
+@storage_option
+@friendly
+def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties: float, overwrite: bool,
+          storage_options) -> None:
+    """Generate a realistic L5Kit dataset at OUT (deterministic for a seed)."""
+    from l5dask.prediction.synth import synthesize
+
+    start = time.perf_counter()
+    counts = synthesize(out, scenes=scenes, seed=seed, traffic_lights=not no_traffic_lights, label_ties=label_ties,
+                        overwrite=overwrite, storage_options=parse_storage_options(storage_options))
+    took = time.perf_counter() - start
+    click.echo(f"wrote {out}: " + ", ".join(f"{k}={v:,}" for k, v in counts.items()) + f" in {took:.1f} s")
+
+
+@click.command()
+@click.argument("dataset")
+@storage_option
+@friendly
+def info(dataset: str, storage_options) -> None:
+    """Print the arrays of DATASET (lengths, chunks, fields) without reading any chunk."""
+    from l5dask.prediction.reading import open_dataset
+
+    ds = open_dataset(dataset, storage_options=parse_storage_options(storage_options))
+    click.echo(f"{ds.url}")
+    for name, arr in ds.arrays.items():
+        click.echo(f"  {name:<20} {len(arr):>14,} rows  {arr.meta.nchunks:>7,} chunks of {arr.meta.chunk_rows:,}"
+                   f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names)}")
+
+
+def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
+    """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr)."""
+    from l5dask.core.cluster import connect, dashboard_link
+    from l5dask.prediction.report import compute_report
+
+    with connect(scheduler, quiet=True) as client:
+        if client is not None and not quiet:
+            link = dashboard_link(client) or "unknown (the scheduler names none)"
+            click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {link}", err=True)
+        return compute_report(dataset, storage_options=parse_storage_options(storage_options),
+                              chunks_per_task=chunks_per_task, progress=not quiet, client=client)
+
+
+@click.command()
+@click.argument("dataset")
+@click.option("--output", "-O", "output", help="write the report (JSON) here: a path or an s3:// (fsspec) URL")
+@click.option("--scenes-table", help="write the per-scene table (Parquet) here: a path or a URL")
+@chunks_option
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
+@storage_option
+@friendly
+def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
+    """Compute the standard statistics report of DATASET in one parallel pass."""
+    from l5dask.prediction.report import summary_text, write_json, write_scene_table
+
+    check_outputs(storage_options, output, scenes_table)
+    report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
+    options = parse_storage_options(storage_options)
+    if output:
+        write_json(report, output, options)
+    if scenes_table:
+        write_scene_table(report, scenes_table, options)
+    click.echo(summary_text(report))
+
+
+@click.command()
+@click.argument("dataset")
+@click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
+@click.option("--json", "json_path", help="also write the report (JSON) here")
+@click.option("--scenes-table", help="also write the per-scene table (Parquet)")
+@chunks_option
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
+@storage_option
+@friendly
+def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
+    from l5dask.prediction.html import write_html
+    from l5dask.prediction.report import write_json, write_scene_table
+
+    check_outputs(storage_options, output, json_path, scenes_table)
+    start = time.perf_counter()
+    rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
+    options = parse_storage_options(storage_options)
+    write_html(rep, output, elapsed_s=time.perf_counter() - start, storage_options=options)
+    if json_path:
+        write_json(rep, json_path, options)
+    if scenes_table:
+        write_scene_table(rep, scenes_table, options)
+    click.echo(f"wrote {output}")
+
+
+@click.command()
+@click.argument("dataset")
+@click.option("--array", "-a", default="agents", show_default=True, help="agents, frames, scenes or tl_faces")
+@click.option("--by", "-b", default="", help="columns to group by, comma-separated (e.g. scene_index,label)")
+@click.option("--value", "-v", "values", multiple=True, required=True, metavar="COLUMN:REDUCTIONS",
+              help="a column and its reductions (repeatable), e.g. speed:mean,max,count or extent_length:q50,q99")
+@click.option("--where", "-w", default=None, help='keep rows where this holds, e.g. "distance_to_ego < 20"')
+@click.option("--output", "-O", "output", help="write the result here (.parquet or .csv; a path or an s3:// URL); "
+                                                "default: print it")
+@click.option("--max-groups", default=None, type=click.IntRange(1), help="refuse groupings that may make more groups "
+              "[default: 10,000,000]")
+@click.option("--quantile-bits", default=None, type=click.IntRange(0, 52),
+              help="mantissa bits of the quantile sketch (52: exact) [default: 12, relative error <= 1.2e-4]")
+@chunks_option
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
+@storage_option
+@friendly
+def agg(dataset: str, array: str, by: str, values, where, output, max_groups, quantile_bits,
+        chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
+    """Group the rows of one array of DATASET and reduce columns, in one parallel pass.
+
+    Columns (an unknown one is refused with the list of those that exist): stored fields
+    (centroid_x, extent_length, velocity_y, track_id, one per label name...), derived (label,
+    speed, hour, num_agents...) and joins (scene_index, frame_index, timestamp, host, ego_x,
+    ego_y, distance_to_ego). Reductions: count, sum, mean, min, max, var, std, median, q<percent>.
+    """
+    from l5dask.prediction import aggregation as agg_mod
+    from l5dask.core.cluster import connect
+    from l5dask.core.outputs import table_format, write_table
+
+    options = parse_storage_options(storage_options)
+    if output:
+        table_format(output)
+    check_outputs(storage_options, output)
+    values_map = agg_mod.parse_value_options(values)
+    kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
+    with connect(scheduler, quiet=True) as client:
+        result = agg_mod.aggregate_result(dataset, array, by=[b.strip() for b in by.split(",") if b.strip()],
+                                   values=values_map, where=where, storage_options=options,
+                                   chunks_per_task=chunks_per_task, client=client, progress=not quiet, **kw)
+    if output:
+        table = result.to_arrow()
+        write_table(table, output, options)
+        click.echo(f"wrote {output}: {table.num_rows:,} groups")
+    else:
+        import pandas as pd
+
+        frame = result.to_pandas()
+        with pd.option_context("display.max_rows", 60, "display.width", 200):
+            click.echo(frame.to_string(index=False) if len(frame) <= 60 else frame)
+
+
+@click.command()
+@click.option("--scenes", default=200, show_default=True, type=click.IntRange(1),
+              help="scenes to generate (200 is about 3.6 M agents)")
+@click.option("--out", default="l5dask-demo", show_default=True, type=click.Path(file_okay=False),
+              help="folder for the generated dataset and the report")
+@friendly
+def demo(scenes: int, out: str) -> None:
+    """The main job on an embedded default: generate a dataset, then its statistics report."""
+
+    from l5dask.prediction.report import compute_report, summary_text, write_json, write_scene_table
+    from l5dask.prediction.synth import synthesize
+
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, f"synth-{scenes}.zarr")
+    if not os.path.exists(os.path.join(path, ".zgroup")):
+        start = time.perf_counter()
+        counts = synthesize(path, scenes=scenes, seed=0, overwrite=True)
+        click.echo(f"generated {path}: {counts['agents']:,} agents in {time.perf_counter() - start:.1f} s", err=True)
+    start = time.perf_counter()
+    report = compute_report(path, progress=True)
+    took = time.perf_counter() - start
+    from l5dask.prediction.html import write_html
+
+    write_json(report, os.path.join(out, "report.json"))
+    write_scene_table(report, os.path.join(out, "scenes.parquet"))
+    write_html(report, os.path.join(out, "report.html"), elapsed_s=took)
+    click.echo(summary_text(report))
+    click.echo(f"report of {report['counts']['agents']:,} agents in {took:.1f} s: "
+               f"{os.path.join(out, 'report.json')}, scenes.parquet, report.html")
+
+
+def _written(ds, seconds: float) -> None:
+    counts = ", ".join(f"{n:,} {k}" for k, n in ds.counts().items())
+    masks = f"; agent masks {', '.join(ds.masks)}" if ds.masks else ""
+    click.echo(f"wrote {ds.url}: {counts}{masks} ({seconds:.1f} s)")
+
+
+def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
+    """Run one surgery operation (:mod:`l5dask.prediction.surgery`) on the embedded default or a cluster."""
+    from l5dask.core.cluster import connect
+
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        out = op(*args, storage_options=parse_storage_options(storage_options), client=client,
+                 progress=not quiet, **kw)
+    for ds in (out.values() if isinstance(out, dict) else [out]):
+        _written(ds, time.perf_counter() - t0)
+
+
+def writer_options(func):
+    """The options of the commands that write a dataset or an export (and the one error path)."""
+    for option in (storage_option, scheduler_option, click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
+                   chunks_option, click.option("--overwrite", is_flag=True, help="replace what exists at the output")):
+        func = option(func)
+    return func
+
+
+@click.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--output", "-O", "output", required=True, help="the concatenated dataset: a folder or a URL")
+@writer_options
+@friendly
+def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
+    parallel; agent masks that every input holds are concatenated too. Inputs that cannot be
+    opened, or differ in dtypes or labels, are refused."""
+    from l5dask.prediction.surgery import concat as op
+
+    _surgery(op, list(inputs), output, overwrite=overwrite, chunks_per_task=chunks_per_task,
+             scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("output")
+@click.option("--scenes", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
+@click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
+@click.option("--start", default=None, metavar="ISO", help="keep scenes whose first frame is at or after this time (UTC unless said)")
+@click.option("--end", default=None, metavar="ISO", help="... and before this time")
+@writer_options
+@friendly
+def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_task, quiet, scheduler,
+           storage_options) -> None:
+    """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
+    intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold."""
+    from l5dask.prediction.surgery import subset as op
+
+    _surgery(op, dataset, output, scenes=scenes, hosts=hosts, start=start, end=end, overwrite=overwrite,
+             chunks_per_task=chunks_per_task, scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("outdir")
+@click.option("--part", "parts", multiple=True, required=True, metavar="NAME=N|NAME=1.5GB|NAME=rest",
+              help="a part written to OUTDIR/NAME: N scenes, a size as L5Kit's zarr_split counts it "
+                   "(GB of 1024^3 bytes), or the rest (last); repeatable, in order")
+@writer_options
+@friendly
+def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """Split DATASET into consecutive parts of scenes, each a dataset under OUTDIR."""
+    from l5dask.prediction.surgery import split as op
+
+    _surgery(op, dataset, outdir, list(parts), overwrite=overwrite, chunks_per_task=chunks_per_task,
+             scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+
+
+@click.command()
+@click.argument("dataset")
+@click.argument("output")
+@click.option("--format", "-f", "format_", default="parquet", show_default=True, metavar="parquet|zarr3",
+              help="parquet: a Parquet dataset per array, with join columns (DuckDB, Polars, Spark...); zarr3: "
+                   "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)")
+@writer_options
+@friendly
+def export(dataset, output, format_, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+    """Export every array of DATASET to OUTPUT (a folder or URL) in a columnar format."""
+    from l5dask.core.cluster import connect
+    from l5dask.prediction.exports import export as op
+
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        rows = op(dataset, output, format_, storage_options=parse_storage_options(storage_options),
+                  overwrite=overwrite, chunks_per_task=chunks_per_task, client=client, progress=not quiet)
+    click.echo(f"wrote {output} ({format_}): " + ", ".join(f"{n:,} {k}" for k, n in rows.items())
+               + f" ({time.perf_counter() - t0:.1f} s)")
+
+
+@click.command()
+@click.argument("dataset")
+@storage_option
+@friendly
+def validate(dataset: str, storage_options) -> None:
+    """Check every index interval of DATASET; exit 1 when there are problems."""
+    from l5dask.prediction.joins import validate as check
+    from l5dask.prediction.reading import open_dataset
+
+    problems = check(open_dataset(dataset, storage_options=parse_storage_options(storage_options)))
+    for p in problems:
+        click.echo(p)
+    if problems:
+        click.echo(f"{len(problems)} problem(s)", err=True)
+        sys.exit(1)
+    click.echo(f"{dataset}: no problems")
+
+
+COMMANDS = [synth, info, stats, report, agg, demo, concat, subset, split, export, validate]

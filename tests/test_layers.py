@@ -1,0 +1,140 @@
+"""The house's rules, checked over the package's own imports (as import-linter's layers and
+independence contracts would): the core knows no system; prediction knows no other system;
+evaluation and perception use the core and prediction's public modules, never each other; no
+import cycle; no private name crosses a package line; the package's own modules are imported at
+the top of each module."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import l5dask
+
+PACKAGE = Path(l5dask.__file__).parent
+SYSTEMS = ("prediction", "evaluation", "perception")
+#: what each part may import of the package (besides itself, l5dask.errors and l5dask's version)
+ALLOWED = {"core": set(), "prediction": {"core"}, "evaluation": {"core", "prediction"},
+           "perception": {"core", "prediction"}, "top": {"core", *SYSTEMS}}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, list[str], int, bool]]:
+    """``(module, names, line, at top level)`` of each import of the package's own modules."""
+    tree = ast.parse(path.read_text())
+    top = set(id(n) for n in tree.body)
+    for node in tree.body:  # imports under ``if TYPE_CHECKING:`` count as top level
+        if isinstance(node, ast.If):
+            top |= {id(n) for n in node.body}
+    pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[: len(base) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            if mod == "l5dask" or mod.startswith("l5dask."):
+                out.append((mod, [a.name for a in node.names], node.lineno, id(node) in top))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("l5dask"):
+                    out.append((a.name, [], node.lineno, id(node) in top))
+    return out
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in ("core", *SYSTEMS):
+        return parts[1]
+    return "top"
+
+
+def _target(module: str, names: list[str], modules: dict) -> list[str]:
+    """The modules an import statement reaches (``from pkg import submodule`` reaches it)."""
+    got = [f"{module}.{n}" for n in names if f"{module}.{n}" in modules]
+    return got or [module]
+
+
+def test_the_layers_hold():
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        src = _part(name)
+        for mod, names, line, _ in _imports(name, path):
+            for target in _target(mod, names, modules):
+                dst = _part(target)
+                if target in ("l5dask", "l5dask.errors") or dst == src:
+                    continue
+                if dst not in ALLOWED[src]:
+                    bad.append(f"{name}:{line} imports {target} ({src} may not import {dst})")
+    assert bad == []
+
+
+def test_no_private_name_crosses_a_package_line():
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for mod, names, line, _ in _imports(name, path):
+            for n in names:
+                private = n.startswith("_") and not n.startswith("__")
+                owner = mod if f"{mod}.{n}" not in modules else f"{mod}.{n}".rpartition(".")[0]
+                if private and owner != here and not mod.endswith("._kernels"):
+                    bad.append(f"{name}:{line} imports {mod}.{n}")
+                if private and mod.endswith("._kernels") and mod.rpartition(".")[0] != here:
+                    bad.append(f"{name}:{line} imports {mod}.{n}")
+            parts = mod.split(".")
+            if any(p.startswith("_") and not p.startswith("__") for p in parts[1:]) and \
+                    ".".join(parts[:-1]) != here:
+                bad.append(f"{name}:{line} imports the private module {mod}")
+    assert bad == []
+
+
+def test_no_import_cycle():
+    modules = _modules()
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        for mod, names, _, _ in _imports(name, path):
+            for target in _target(mod, names, modules):
+                if target in modules and target != name:
+                    graph[name].add(target)
+    # a package's __init__ importing its own modules is the package's face, not a cycle
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + ".") :
+                continue
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(modules):
+        if node not in state:
+            visit(node, [node])
+    assert cycles == []
+
+
+def test_the_package_imports_its_own_modules_at_the_top():
+    """Only the command line's lazy table of systems (start-up: ``l5dask --help``) and the
+    package's lazy public names import the package's modules inside functions."""
+    modules = _modules()
+    lazy = {"l5dask", "l5dask.cli"}
+    inner = [f"{name}:{line} {mod}" for name, path in modules.items() if name not in lazy
+             for mod, _, line, top in _imports(name, path) if not top]
+    assert inner == []
