@@ -14,7 +14,6 @@ import click  # noqa: E402
 
 from l5dask.core.commands import EXIT_USER_ERROR  # noqa: E402
 
-
 #: Each system's commands live in its subpackage (they share this module's error path), imported
 #: only when one of them runs or is listed (``l5dask info`` took 0.32 s instead of 0.36 s here).
 SYSTEMS = {**{c: "prediction" for c in ("agg", "concat", "demo", "export", "info", "report", "split", "stats", "subset",

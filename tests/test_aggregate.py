@@ -318,7 +318,7 @@ def test_quantiles_exact_and_within_the_stated_bound(edge_ds, ref):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
 def test_quantile_sketch_negative_values_and_zero():
-    from l5dask.prediction.aggregation import _sketch, sketch_quantiles
+    from l5dask.prediction.groupby import _sketch, sketch_quantiles
 
     rng = np.random.default_rng(3)
     x = np.r_[rng.normal(0, 5, 5000), 0.0, -0.0, 1e-300, -np.inf][rng.permutation(5004)]
@@ -335,7 +335,7 @@ def test_quantile_sketch_negative_values_and_zero():
 def test_quantile_of_many_zeros_is_zero():
     """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
     the bucket that holds 0 (found by the demo: 2.7e-312)."""
-    from l5dask.prediction.aggregation import QUANTILE_BITS, _sketch, sketch_quantiles
+    from l5dask.prediction.groupby import QUANTILE_BITS, _sketch, sketch_quantiles
 
     x = np.r_[np.zeros(700), np.linspace(0.1, 9, 300)]
     for bits in (QUANTILE_BITS, 3, 52):
@@ -482,7 +482,7 @@ def test_range_grouper_groups_as_xarrays_unique_grouper():
     import xarray as xr
     from xarray.groupers import UniqueGrouper
 
-    from l5dask.prediction.views import RangeGrouper
+    from l5dask.prediction.accessor import RangeGrouper
 
     rng = np.random.default_rng(8)
     for dtype in (np.int8, np.int32, np.int64, np.uint16):

@@ -88,7 +88,7 @@ def test_speed_histogram_shows_more_than_the_parked_agents(page, small_ds):
     src = re.search(r'<img alt="speed histogram" src="data:image/png;base64,([^"]+)"', page.read_text())
     shown = bar_columns(base64.b64decode(src.group(1)))
     hist = compute_report(small_ds)["agents"]["speed_mps"]["histogram"]
-    linear = bar_columns(plot.png(lambda r, ax: plot._histogram(ax, hist, "speed", "linear", "#4c9a5d"), {}))
+    linear = bar_columns(plot.png(lambda r, ax: plot.histogram(ax, hist, "speed", "linear", "#4c9a5d"), {}))
     assert shown > 0.15 and shown > 3 * linear, (shown, linear)
 
 

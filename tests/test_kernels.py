@@ -205,7 +205,7 @@ def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
 def test_group_codes_of_narrow_keys_match_numpy(dtype):
     """The compiled key range and mixed-radix codes read each key width as it is (others widened
     first: big-endian, bool, uint64, strided); ``encode`` gives numpy's groups for mixed widths."""
-    from l5dask.prediction.aggregation import encode
+    from l5dask.prediction.groupby import encode
     from l5dask.prediction.kernels import int_range, mix_codes
 
     rng = np.random.default_rng(3)

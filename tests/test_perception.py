@@ -256,7 +256,7 @@ def test_cli_stats_and_html_report(data, tmp_path):
     r = cli("perception", "report", root, "--output", str(page), "--points-in-boxes", "--quiet")
     assert r.returncode == 0, r.stderr
     text = page.read_text()
-    from l5dask.prediction.plots import PERCEPTION_FIGURES
+    from l5dask.perception.plots import PERCEPTION_FIGURES
 
     assert text.count("<figure>") == len(PERCEPTION_FIGURES) and "http" not in text.split("<body")[1]
     from .test_html import chromium

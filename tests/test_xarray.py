@@ -29,15 +29,11 @@ def test_views_have_named_dims_and_coords(small_ds):
 
 
 def test_engine_matches_dask_view_and_decodes_once(small_ds, monkeypatch):
-    import l5dask.prediction.views as lx
-
-    monkeypatch.setattr(lx, "_CACHE", lx.ChunkCache())
     calls = []
     original = reading.decode_chunk
     monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append(a[3]) or original(*a, **kw))
     for chunks in (None, {}):
-        lx._CACHE = lx.ChunkCache()
-        calls.clear()
+        calls.clear()  # (each opened dataset has its own cache of decoded chunks)
         x = xr.open_dataset(small_ds, engine="l5kit", group="agents", chunks=chunks)
         assert not calls  # lazy
         loaded = x.compute()
@@ -144,3 +140,32 @@ def test_join_coordinates_decode_each_parent_chunk_once(small_ds, monkeypatch):
     np.testing.assert_array_equal(got[1], frame_of_agent)
     np.testing.assert_array_equal(got[2], ref["frames"]["timestamp"][frame_of_agent])
     np.testing.assert_array_equal(got[3], ref["frames"]["ego_translation"][frame_of_agent])
+
+
+def test_the_backend_array_follows_xarrays_idiom(small_ds):
+    """``_array`` in ``__slots__`` (callers evaluate anything with an ``array`` attribute), groups
+    declared, and a cheap ``guess_can_open`` that reads nothing."""
+    from l5dask.prediction.backend import L5BackendArray, L5KitBackendEntrypoint
+
+    x = xr.open_dataset(small_ds, engine="l5kit", group="agents")
+    backend = x.yaw.variable._data
+    while not isinstance(backend, L5BackendArray):  # xarray's wrappers: memory cache, copy on write, lazy
+        backend = backend.array
+    assert isinstance(backend, L5BackendArray) and not hasattr(backend, "array") and not hasattr(backend, "__dict__")
+    assert "_array" in L5BackendArray.__slots__
+    entry = L5KitBackendEntrypoint()
+    assert entry.supports_groups and entry.guess_can_open(small_ds)
+    assert not entry.guess_can_open("s3://bucket/x.zarr") and not entry.guess_can_open(small_ds + "/agents")
+
+
+def test_a_dataset_rewritten_in_place_reads_back_new_in_the_same_process(tmp_path):
+    """The decoded-chunk cache belongs to the opened dataset: opening again after a rewrite in
+    place reads the new chunks (a process-wide cache keyed by path returned the old ones)."""
+    path = str(tmp_path / "d.zarr")
+    l5dask.synthesize(path, scenes=2, seed=1)
+    first = xr.open_dataset(path, engine="l5kit", group="agents").yaw.values.copy()
+    l5dask.synthesize(path, scenes=2, seed=2, overwrite=True)
+    again = xr.open_dataset(path, engine="l5kit", group="agents").yaw.values
+    want = read_all(path)["agents"]["yaw"]
+    np.testing.assert_array_equal(again, want)
+    assert len(first) != len(want) or not np.array_equal(first, want)

@@ -15,7 +15,6 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-
 from l5dask.errors import ClusterError, L5DaskError
 
 #: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).

@@ -37,8 +37,8 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
 from l5dask.core.cluster import compute, persist
-from l5dask.errors import L5DaskError
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
+from l5dask.errors import L5DaskError
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
 SPLIT_EVERY = 16

@@ -20,8 +20,8 @@ import posixpath
 from collections.abc import Iterator
 from typing import Any
 
-from l5dask.errors import NotADatasetError
 from l5dask.core.store import Store
+from l5dask.errors import NotADatasetError
 
 
 def _split(url: str) -> tuple[str, str]:

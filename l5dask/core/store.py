@@ -222,6 +222,10 @@ class Store:
         except ChunkError:
             return None
 
+    def with_root(self, root: str) -> Store:
+        """This store's filesystem (and URL) at another root path: a folder inside it."""
+        return _rebuild_store(self.url, self.fs, root)
+
     def exists(self, key: str) -> bool:
         """Whether object ``key`` is stored (a stat on a local disk, one request elsewhere)."""
         try:
@@ -265,6 +269,15 @@ def archive_kind(url: str) -> str | None:
     if name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
         return "tar"
     return None
+
+
+def same_place(a: Store, b: Store) -> bool:
+    """Whether two stores are the same location (an output that is an input is refused)."""
+    def where(s: Store) -> tuple:
+        root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
+        return (type(s.fs).__name__, root)
+
+    return where(a) == where(b)
 
 
 def _rebuild_store(url: str, fs: Any, root: str) -> Store:

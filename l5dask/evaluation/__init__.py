@@ -1,8 +1,30 @@
 """Evaluation at scale: L5Kit's ground-truth and prediction CSVs, metrics, agent masks, ground
 truth and chopped test sets, exact against L5Kit 1.5.0 and chunk-parallel.
 
-The names mirror ``l5kit.evaluation`` (contract: the spec's ``evaluation.md``).
+The names mirror ``l5kit.evaluation``: ``read_gt_csv``, ``write_pred_csv``, ``select_agents``,
+``export_zarr_to_csv``, ``create_chopped_dataset``, ``evaluate``... Each is imported on first use
+(the command line lists the evaluation commands without importing dask).
 """
 
-from l5dask.evaluation.csvfiles import (MAX_MODES, CSVError, open_csv, read_gt_csv, read_pred_csv, scan,  # noqa: F401
-                       write_gt_csv, write_pred_csv)
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name -> its module
+_PUBLIC = {**dict.fromkeys(("MAX_MODES", "CSVError", "open_csv", "read_gt_csv", "read_pred_csv", "scan",
+                            "write_gt_csv", "write_pred_csv"), "csvfiles"),
+           "select_agents": "agents", "create_chopped_dataset": "chop", "export_zarr_to_csv": "ground_truth",
+           "evaluate": "metrics"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(f"l5dask.evaluation.{_PUBLIC[name]}"), name)
+    raise AttributeError(f"module 'l5dask.evaluation' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_PUBLIC})

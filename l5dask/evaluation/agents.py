@@ -29,8 +29,14 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
+from l5dask.core.engine import Job, auto_chunks_per_task
+from l5dask.core.store import Store
 from l5dask.errors import FormatError, OutputError
+from l5dask.evaluation._kernels import MaskPass, label_pass
+from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import open_dataset
+from l5dask.prediction.surgery import scene_table
+from l5dask.prediction.writing import put, write_chunks
 
 #: L5Kit's defaults (``select_agents.py``).
 TH_YAW_DEGREE = 30
@@ -80,7 +86,6 @@ def _label_offset() -> int:
 def label_ok(records: np.ndarray, threshold: float) -> np.ndarray:
     """:func:`label_filter` of agent records in L5Kit's layout (uint8 0/1), read in place by the
     compiled pass; only rows whose sum is within a band of the threshold go through numpy's sum."""
-    from l5dask.evaluation._kernels import label_pass
 
     dt = fmt.AGENT_DTYPE
     ok = np.empty(len(records), np.uint8)
@@ -135,7 +140,6 @@ def rows_per_task(agents: Any, job: Any, table: Any = None) -> int:
     """Agent rows per task: whole stored chunks, as many per task as the engine would read, and
     (given the scene table) at least 40 scenes' worth, so that the partial scenes a task reads
     past each end of its rows cost at most a few percent more decoding."""
-    from l5dask.core.engine import auto_chunks_per_task
 
     per = job.chunks_per_task or auto_chunks_per_task(agents.meta.nchunks, job.threads, job.scheduler_kind)
     rows = max(1, per) * agents.meta.chunk_rows
@@ -166,7 +170,6 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
     agent (uint32), the rejections by reason (:data:`REJECTS`) and L5Kit's past/future table
     (agents with ``past >= TABLE_STEPS[i]`` and ``future >= TABLE_STEPS[j]``) of those rows.
     ``records``: the span's agents when the caller has decoded them already."""
-    from l5dask.evaluation._kernels import MaskPass
 
     n = span.a1 - span.a0
     iv = fr["agent_index_interval"].reshape(-1, 2).astype(np.int64)
@@ -199,7 +202,6 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
 def _mask_task(agents: Any, frames: Any, span: SceneSpan, lo: int, hi: int, th: Thresholds,
                store: Any = None, meta: Any = None) -> dict[str, np.ndarray]:
     """Compute the mask of agent rows ``[lo, hi)`` (whole scenes read) and write its chunks."""
-    from l5dask.prediction.writing import write_chunks
 
     mask, rejects, table = span_mask(agents, span_frames(frames, span), span, th, lo, hi)
     if store is not None:
@@ -223,11 +225,6 @@ def select_agents(dataset: Any, threshold: float = 0.5, yaw_degrees: float = TH_
     The mask's chunks are written first and its metadata last: an interrupted run leaves nothing
     that opens as a mask. An existing mask is refused unless ``overwrite``.
     """
-    from l5dask.core.engine import Job
-    from l5dask.prediction.reading import open_dataset
-    from l5dask.core.store import Store
-    from l5dask.prediction.surgery import scene_table
-    from l5dask.prediction.writing import put
 
     job = job or Job(client=client, progress=progress)
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)

@@ -13,11 +13,14 @@ from typing import Any
 import numpy as np
 from dask.base import tokenize
 
-from l5dask.prediction import format as fmt
 from l5dask.core.engine import Pass, Reduction
-from l5dask.prediction.surgery import pick_rows
 from l5dask.evaluation.csvfiles import CSVError
-from l5dask.evaluation.metrics import SHOW_KEYS
+from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import open_dataset
+from l5dask.prediction.surgery import pick_rows
+
+#: Keys shown when rows do not join (the rest counted).
+SHOW_KEYS = 5
 
 
 def _frames_chunk(wanted: np.ndarray, data: np.ndarray, start: int, parent: Any) -> tuple:
@@ -47,7 +50,6 @@ def frames_at(ds: Any, timestamps: np.ndarray, job: Any) -> tuple[np.ndarray, np
 def agent_groups(dataset: Any, timestamps: np.ndarray, track_ids: np.ndarray, job: Any,
                  storage_options: dict | None = None) -> tuple[dict, dict]:
     """Per GT row, its agent's label (argmax of label probabilities) and scene, as group codes."""
-    from l5dask.prediction.reading import open_dataset
 
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     frame_rows, frame_ts, iv = frames_at(ds, timestamps, job)

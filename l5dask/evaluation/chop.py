@@ -23,9 +23,30 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
+from l5dask.core.engine import Job
+from l5dask.core.outputs import atomic_write, check_writable, filesystem
 from l5dask.errors import OutputError, UsageError
-from l5dask.evaluation.agents import Thresholds, rows_per_task, span_frames, span_mask, spans, task_ranges
+from l5dask.evaluation.agents import (
+    Thresholds,
+    rows_per_task,
+    span_frames,
+    span_mask,
+    spans,
+    task_ranges,
+)
+from l5dask.evaluation.ground_truth import export_zarr_to_csv
+from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import open_dataset
+from l5dask.prediction.surgery import (
+    Output,
+    Piece,
+    pick_rows,
+    remove,
+    scene_table,
+    target,
+    tl_field,
+    write_outputs,
+)
 
 
 @dataclass(frozen=True)
@@ -47,7 +68,6 @@ def _mask_at(agents: Any, frames: Any, span: Any, lo: int, hi: int, th: Threshol
 def future_counts(ds: Any, rows: np.ndarray, th: Thresholds, job: Any) -> np.ndarray:
     """The agents mask's ``(past, future)`` of agent ``rows`` (sorted): from the dataset's mask
     array, else computed over the scenes that hold them."""
-    from l5dask.prediction.surgery import pick_rows, scene_table
 
     name = str(th.threshold)
     if name in ds.masks:
@@ -69,11 +89,6 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
                            chunks_per_task: int | None = None) -> str:
     """Write L5Kit's chopped test set of ``zarr_path`` into the folder ``output``: the chopped
     dataset under the input's own name, ``mask.npz`` and ``gt.csv``; returns ``output``."""
-    from l5dask.core.engine import Job
-    from l5dask.core.outputs import atomic_write, check_writable, filesystem
-    from l5dask.prediction.reading import open_dataset
-    from l5dask.prediction.surgery import Output, Piece, pick_rows, remove, scene_table, target, tl_field, write_outputs
-    from l5dask.evaluation.ground_truth import export_zarr_to_csv
 
     ds = zarr_path if hasattr(zarr_path, "arrays") else open_dataset(zarr_path, storage_options=storage_options)
     n_copy, n_gt = int(num_frames_to_copy), int(num_frames_gt)

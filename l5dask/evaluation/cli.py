@@ -8,8 +8,14 @@ import time
 
 import click
 
-from l5dask.core.commands import (check_outputs, chunks_option, friendly, parse_storage_options, scheduler_option,
-                                  storage_option)
+from l5dask.core.commands import (
+    check_outputs,
+    chunks_option,
+    friendly,
+    parse_storage_options,
+    scheduler_option,
+    storage_option,
+)
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 threshold_option = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0, 1),
@@ -38,7 +44,8 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
     on (timestamp, track_id)), in one parallel pass over both files."""
     from l5dask.core.cluster import connect
     from l5dask.core.outputs import write_json
-    from l5dask.evaluation.metrics import METRICS, evaluate as run
+    from l5dask.evaluation.metrics import METRICS
+    from l5dask.evaluation.metrics import evaluate as run
 
     check_outputs(storage_options, output, html_path)
     opts = parse_storage_options(storage_options)
@@ -48,7 +55,8 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
     took = time.perf_counter() - t0
     write_json(result, output, opts)
     if html_path:
-        from l5dask.prediction.html import render_evaluation, write_page
+        from l5dask.core.page import write_page
+        from l5dask.evaluation.html import render_evaluation
 
         write_page(render_evaluation(result, gt, pred, took), html_path, opts)
     for k in METRICS:
@@ -76,7 +84,8 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
     """Write L5Kit's agents mask agents_mask/THRESHOLD into DATASET (as select_agents) and print
     its report and past/future table."""
     from l5dask.core.cluster import connect
-    from l5dask.evaluation.agents import mask_name, select_agents as run, table_text
+    from l5dask.evaluation.agents import mask_name, table_text
+    from l5dask.evaluation.agents import select_agents as run
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
@@ -106,7 +115,11 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
     """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
     from l5dask.core.cluster import connect
     from l5dask.errors import UsageError
-    from l5dask.evaluation.ground_truth import MIN_FRAME_FUTURE, MIN_FRAME_HISTORY, export_zarr_to_csv
+    from l5dask.evaluation.ground_truth import (
+        MIN_FRAME_FUTURE,
+        MIN_FRAME_HISTORY,
+        export_zarr_to_csv,
+    )
 
     if mask and (min_history is not None or min_future is not None):
         raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")

@@ -28,7 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.cluster import compute
+from l5dask.core.engine import Job
+from l5dask.core.outputs import atomic_write, check_writable, filesystem
 from l5dask.errors import L5DaskError
+from l5dask.evaluation._kernels import parse_csv_rows, scan_keys
 
 #: L5Kit's ``MAX_MODES``.
 MAX_MODES = 3
@@ -92,7 +96,6 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
 
 # --- files -------------------------------------------------------------------------------------
 def _fs(path: str, storage_options: dict | None):
-    from l5dask.core.outputs import filesystem
 
     return filesystem(path, storage_options)
 
@@ -204,7 +207,6 @@ def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
         return empty, empty, empty, -1, ""
     data = f.read_range(lo - 1, min(hi + KEY_WINDOW, f.size))
     buf = np.frombuffer(data, np.uint8)
-    from l5dask.evaluation._kernels import scan_keys
 
     plain = scan_keys(buf, hi - lo)  # compiled; None when a row needs the general scan below
     if plain is not None:
@@ -225,7 +227,6 @@ def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
 
 def scan(f: CSVFile, job: Any = None) -> CSVFile:
     """Find every row of ``f`` (its first byte and its key) in parallel byte blocks; return ``f``."""
-    from l5dask.core.engine import Job
 
     job = job or Job()
     bounds = list(range(0, f.size, SCAN_BLOCK)) + [f.size]
@@ -315,7 +316,6 @@ def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
     """Rows ``[lo, hi)`` of a scanned file (one ranged read), parsed by a compiled reader of L5Kit's
     plain layout (numbers correctly rounded, as Python's ``float`` and Arrow's parser round them);
     a range holding anything else (``nan``, spaces, a bad cell) goes to pyarrow's CSV reader."""
-    from l5dask.evaluation._kernels import parse_csv_rows
 
     n = hi - lo
     t, m = f.future_len, f.modes
@@ -556,7 +556,6 @@ WRITE_WINDOW = 8
 def write_ordered(path: str, header: list[str], parts, storage_options: dict | None = None) -> None:
     """Write a CSV atomically: ``header``, then the bytes that the iterable ``parts`` yields, in
     order (a caller computes them in windows of parallel tasks, so only a window is in memory)."""
-    from l5dask.core.outputs import atomic_write
 
     def write(tmp: str) -> None:
         with open(tmp, "wb") as out:
@@ -577,7 +576,6 @@ def windows(job: Any, func, calls: list[tuple], name: str, window: int | None = 
 def _dask_windows(job: Any, func, arrays: list[Any], extra: tuple, bounds: list[tuple[int, int]]):
     import dask
 
-    from l5dask.core.cluster import compute
 
     for w in range(0, len(bounds), WRITE_WINDOW):
         parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in bounds[w: w + WRITE_WINDOW]]
@@ -589,8 +587,6 @@ def _write_blocks(path: str, header: list[str], func, arrays: list[Any], extra: 
     """Format row blocks of ``arrays`` (numpy or dask) in parallel tasks, appended in order, atomically."""
     import dask.array as da
 
-    from l5dask.core.engine import Job
-    from l5dask.core.outputs import check_writable
 
     check_writable(path, storage_options)
     job = job or Job()

@@ -21,10 +21,23 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
+from l5dask.core.engine import Job
+from l5dask.core.outputs import check_writable, filesystem
 from l5dask.errors import L5DaskError, UsageError
-from l5dask.evaluation.agents import Thresholds, as_stored, label_ok, rows_per_task, span_frames, span_mask, spans, task_ranges
+from l5dask.evaluation.agents import (
+    Thresholds,
+    as_stored,
+    label_ok,
+    rows_per_task,
+    span_frames,
+    span_mask,
+    spans,
+    task_ranges,
+)
 from l5dask.evaluation.csvfiles import gt_bytes, gt_header, windows, write_ordered
+from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import open_dataset
+from l5dask.prediction.surgery import scene_table
 
 #: ``AgentDataset``'s defaults.
 MIN_FRAME_HISTORY = 10
@@ -158,7 +171,6 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
     """A boolean agents mask: an array, or L5Kit's ``mask.npz`` (key ``arr_0``); its length must be
     the number of agents."""
     if isinstance(mask, (str, bytes)) or hasattr(mask, "__fspath__"):
-        from l5dask.core.outputs import filesystem
 
         path = str(mask)
         try:
@@ -195,10 +207,6 @@ def export_zarr_to_csv(dataset: Any, csv_file_path: str, future_num_frames: int 
     dataset's ``agents_mask/{threshold}`` with ``min_frame_history`` / ``min_frame_future`` (as
     ``AgentDataset``), computed on the fly when the dataset has none. Returns the rows written.
     """
-    from l5dask.core.engine import Job
-    from l5dask.core.outputs import check_writable
-    from l5dask.prediction.reading import open_dataset
-    from l5dask.prediction.surgery import scene_table
 
     check_writable(csv_file_path, storage_options)
     if int(future_num_frames) < 1:

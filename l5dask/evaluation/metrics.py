@@ -20,7 +20,18 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.evaluation.csvfiles import MAX_MODES, CSVError, CSVFile, open_csv, parse_rows, row_groups
+from l5dask.core.engine import Job
+from l5dask.evaluation import csvfiles
+from l5dask.evaluation._kernels import row_metrics as compiled
+from l5dask.evaluation.breakdown import SHOW_KEYS, agent_groups
+from l5dask.evaluation.csvfiles import (
+    MAX_MODES,
+    CSVError,
+    CSVFile,
+    open_csv,
+    parse_rows,
+    row_groups,
+)
 
 #: L5Kit's metric functions, in the order of the JSON.
 METRICS = (
@@ -31,13 +42,11 @@ METRICS = (
 #: Bins of the NLL histogram (log-spaced; the first bin holds everything below 1e-3).
 NLL_BINS = np.concatenate([[0.0], np.logspace(-3, 6, 91)])
 #: Keys printed when a pair does not match.
-SHOW_KEYS = 5
 
 
 def row_metrics(gt: np.ndarray, avail: np.ndarray, pred: np.ndarray, conf: np.ndarray) -> dict[str, np.ndarray]:
     """Every row's metrics: ``gt`` (n, T, 2), ``avail`` (n, T), ``pred`` (n, M, T, 2), ``conf`` (n, M),
     with L5Kit's definitions, element for element (one compiled loop over the rows)."""
-    from l5dask.evaluation._kernels import row_metrics as compiled
 
     n, m, t = pred.shape[0], pred.shape[1], pred.shape[2]
     out = {k: np.empty(n) for k in METRICS if k not in ("prob_true_mode", "time_displace")}
@@ -155,7 +164,6 @@ def join(gt: CSVFile, pred: CSVFile) -> np.ndarray:
 
 def _scan_both(gt: CSVFile, pred: CSVFile, job: Any) -> None:
     """The row scans of both files, as one set of parallel tasks."""
-    from l5dask.evaluation import csvfiles
 
     calls, owner = [], []
     for f in (gt, pred):
@@ -173,11 +181,10 @@ def evaluate(gt_path: str, pred_path: str, max_modes: int = MAX_MODES, dataset: 
     """L5Kit's metrics of a GT/PRED pair (``compute_metrics_csv`` with its eight functions).
 
     Returns ``rows`` and each metric's mean over the rows (lists for ``prob_true_mode`` and
-    ``time_displace``). With ``dataset`` (a path, URL or :class:`~l5dask.prediction.reading.L5Dataset`),
+    ``time_displace``). With ``dataset`` (a path, URL or :class:`~l5dask.prediction.dataset.L5Dataset`),
     also ``by_label`` (the agent's most probable label at its current frame) and ``by_scene``:
     every metric's mean per group.
     """
-    from l5dask.core.engine import Job
 
     job = job or Job(client=client)
     gt = open_csv(gt_path, "gt", storage_options=storage_options)
@@ -189,7 +196,6 @@ def evaluate(gt_path: str, pred_path: str, max_modes: int = MAX_MODES, dataset: 
     groups: dict[str, tuple[np.ndarray, int]] = {}
     names: dict[str, list] = {}
     if dataset is not None:
-        from l5dask.evaluation.breakdown import agent_groups
 
         groups, names = agent_groups(dataset, gt.timestamps, gt.track_ids, job, storage_options)
     calls = []

@@ -7,7 +7,13 @@ import time
 
 import click
 
-from l5dask.core.commands import check_outputs, friendly, parse_storage_options, scheduler_option, storage_option
+from l5dask.core.commands import (
+    check_outputs,
+    friendly,
+    parse_storage_options,
+    scheduler_option,
+    storage_option,
+)
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress on stderr")
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
@@ -75,8 +81,9 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
 @friendly
 def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""
-    from l5dask.prediction.html import render_perception, write_page
     from l5dask.core.outputs import write_json
+    from l5dask.core.page import write_page
+    from l5dask.perception.html import render_perception
 
     check_outputs(storage_options, output, json_path)
     rep, took, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)

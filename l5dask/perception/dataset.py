@@ -9,10 +9,12 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.core.outputs import numpy_array
 from l5dask.core.store import Store
+from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.perception import links, tables
+from l5dask.perception.joins import frame
+from l5dask.perception.lidar import sweeps
 
 
 class Table:
@@ -180,7 +182,6 @@ class PerceptionDataset:
     def frame(self, name: str, columns: list[str] | None = None) -> Any:
         """Table ``name`` as a pandas DataFrame of the named columns (stored or joined; default: the
         stored columns with links as row indices)."""
-        from l5dask.perception.joins import frame
 
         return frame(self, name, columns)
 
@@ -195,7 +196,6 @@ class PerceptionDataset:
     def sweeps(self, channels: list[str] | None = None, key_frames: bool = False, frame: str = "sensor") -> Any:
         """The lidar sweeps as one lazy dask array of points with L5Kit-style offsets per sweep
         (see :class:`l5dask.perception.lidar.Sweeps`)."""
-        from l5dask.perception.lidar import sweeps
 
         return sweeps(self, channels, key_frames, frame)
 
@@ -249,7 +249,6 @@ def _has(store: Store, key: str) -> bool:
 
 
 def _find_root(store: Store) -> Store | None:
-    from l5dask.core.store import _rebuild_store
 
     try:
         subs = store.fs.ls(store.root or "", detail=False)
@@ -258,5 +257,5 @@ def _find_root(store: Store) -> Store | None:
     for sub in subs[:64]:
         sub = sub.rstrip("/")
         if store.fs.exists(f"{sub}/data/scene.json"):
-            return _rebuild_store(store.url, store.fs, sub)
+            return store.with_root(sub)
     return None

@@ -20,8 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.errors import FormatError, UsageError
+from l5dask.core.engine import Job
+from l5dask.errors import ChunkError, FormatError, UsageError
 from l5dask.perception import joins
+from l5dask.perception._kernels import count_in_boxes as count
+from l5dask.perception._kernels import count_sweep, sweep_to_world
 
 POINT_BYTES = 20  # 5 float32
 SAMPLES_PER_TASK = 64
@@ -137,7 +140,6 @@ def count_in_boxes(points: np.ndarray, centers: np.ndarray, sizes: np.ndarray, r
 
 def count_in_boxes_compiled(points: np.ndarray, frames: np.ndarray, out: np.ndarray) -> list:
     """``_kernels.count_in_boxes``: counts added to ``out``, the undecided (box, point) pairs returned."""
-    from l5dask.perception._kernels import count_in_boxes as count
 
     return count(np.ascontiguousarray(points, np.float32), frames, out, BAND)
 
@@ -185,7 +187,6 @@ def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndar
 def _read_ahead(store: Any, names: list[str], depth: int):
     """The bytes of each named file of an object store in order (``None``: missing), fetched
     ``depth`` at a time concurrently (:meth:`Store.get_many`). (Local disks: :func:`_read_each`.)"""
-    from l5dask.errors import ChunkError
 
     def get(name: str) -> bytes | None:
         try:
@@ -210,7 +211,6 @@ def _count_task(store: Any, sweeps: dict[str, np.ndarray], boxes: dict[str, np.n
     sweep is moved and counted in one compiled call on its sample's boxes (contiguous once the
     boxes are sorted by sample); the rare sweep or point that call leaves undecided takes the
     SDK's own operations."""
-    from l5dask.perception._kernels import count_sweep
 
     n = len(boxes["sample"])
     if not n:
@@ -246,7 +246,6 @@ def _count_task(store: Any, sweeps: dict[str, np.ndarray], boxes: dict[str, np.n
 def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
     """Lidar points inside each annotation's box, from its sample's key-frame sweeps of every lidar
     channel (the SDK's ``sample["data"]``), in parallel tasks over groups of samples."""
-    from l5dask.core.engine import Job
 
     sd, ann, ep, cs = ds.table("sample_data"), ds.table("sample_annotation"), ds.table("ego_pose"), \
         ds.table("calibrated_sensor")
@@ -370,7 +369,6 @@ def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
     :func:`_read_ahead`). On a local disk each is read straight into ``into(k, size)`` (a writable
     buffer of ``size + 1`` bytes; what is yielded is its first ``size``), elsewhere the store's
     bytes are yielded. A file whose size is not the listed one, or is gone, is an error naming it."""
-    from l5dask.errors import ChunkError
 
     def check(name: str, size: int, got: int, capped: bool = False) -> None:
         if got != size:
@@ -397,7 +395,6 @@ def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
 
 def _read_sweeps(store: Any, names: list[str], sizes: np.ndarray, moves: tuple | None) -> np.ndarray:
     """The points of these sweeps, one after the other (moved to the world frame with ``moves``)."""
-    from l5dask.perception._kernels import sweep_to_world
 
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     room = np.empty(int(starts[-1]) + 1, np.uint8)

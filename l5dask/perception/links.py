@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.errors import FormatError
 from l5dask.core.outputs import numpy_array, valid_rows
+from l5dask.errors import FormatError
+from l5dask.perception._kernels import StringIndex, walk_chains
 
 #: Per table, the link fields: field -> (target table, required). A required link may not be "".
 LINKS: dict[str, dict[str, tuple[str, bool]]] = {
@@ -64,7 +65,6 @@ def token_index(tokens: Any) -> Any:
     """A hash table of a table's tokens -> row (the first row holding each)."""
     import pyarrow as pa
 
-    from l5dask.perception._kernels import StringIndex
 
     chunks = tokens.chunks if isinstance(tokens, pa.ChunkedArray) else [tokens]
     return StringIndex([_buffers(c)[:2] for c in chunks])
@@ -153,7 +153,6 @@ def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: st
             a = int(cross[0])
             raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
                               f"(row {int(nxt[a])}) belongs to another {what or 'group'}")
-    from l5dask.perception._kernels import walk_chains
 
     head, position = np.empty(n, np.int64), np.zeros(n, np.int64)
     walk_chains(np.ascontiguousarray(prev, np.int64), np.ascontiguousarray(nxt, np.int64), head, position)

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 
 from l5dask.perception import joins, tables
+from l5dask.perception.lidar import lidar_report
+from l5dask.perception.lidar import points_in_boxes as count_points
 
 #: Distance to the ego: edges 0, 5, ..., 200 m; the 41st count holds 200 m and beyond.
 DISTANCE_EDGES = np.arange(0.0, 201.0, 5.0)
@@ -136,7 +138,6 @@ def perception_report(ds, lidar: bool = True, points_in_boxes: bool = False) -> 
     over their files, and (``points_in_boxes``) lidar points in each annotation's box per category."""
     report = tables_report(ds)
     if lidar or points_in_boxes:
-        from l5dask.perception.lidar import lidar_report, points_in_boxes as count_points
 
         points: list = []
         report["lidar"] = lidar_report(ds, points)

@@ -16,7 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from l5dask.errors import FormatError
+from l5dask.core.outputs import valid_rows
+from l5dask.errors import ChunkError, FormatError
+from l5dask.perception._kernels import json_types
+from l5dask.perception.links import indices
 
 #: Column types of what l5dask reads of each table (DuckDB types); other fields are skipped.
 VEC = "DOUBLE[]"
@@ -123,7 +126,6 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
     cannot vouch for, such as keys spelled with escapes, is checked by ``json`` instead)."""
     import numpy as np
 
-    from l5dask.perception._kernels import json_types
 
     columns = SCHEMA[name]
     keys = [c.encode() for c in columns]
@@ -229,7 +231,6 @@ def check(table: Any, name: str, where: str) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
-    from l5dask.core.outputs import valid_rows
 
     tokens = table.column("token")
     if tokens.null_count:
@@ -239,7 +240,6 @@ def check(table: Any, name: str, where: str) -> None:
         if col not in table.column_names:
             continue
         values = table.column(col)
-        from l5dask.perception.links import indices
 
         lengths = indices(pc.list_value_length(values))
         bad = np.flatnonzero(lengths != n)
@@ -256,7 +256,6 @@ def check(table: Any, name: str, where: str) -> None:
 
 def read(store: Any, name: str) -> RawTable:
     """Read and check table ``name`` of a store (an absent optional table is empty)."""
-    from l5dask.errors import ChunkError
 
     where = f"{store.url.rstrip('/')}/{key(name)}" if store.url else key(name)
     if store.local:

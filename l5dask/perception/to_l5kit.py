@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
 from l5dask.perception import joins
 from l5dask.perception.lidar import quaternion_matrices
+from l5dask.prediction import format as fmt
+from l5dask.prediction.writing import write_dataset
 
 #: Perception category -> L5Kit label; any other category is PERCEPTION_LABEL_UNKNOWN.
 CATEGORY_LABELS = {
@@ -121,7 +122,6 @@ def _track_ids(ds) -> np.ndarray:
 
 def to_l5kit(ds, out: str, storage_options: dict | None = None, overwrite: bool = False) -> dict[str, int]:
     """Write ``ds`` as an L5Kit dataset at ``out``; return the rows written per array."""
-    from l5dask.prediction.writing import write_dataset
 
     data = arrays(ds)
     write_dataset(out, data, storage_options=storage_options, overwrite=overwrite)

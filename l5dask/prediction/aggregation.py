@@ -25,27 +25,33 @@ from __future__ import annotations
 
 import ast
 import functools
-import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from l5dask.core.engine import Job, Pass, Reduction
+from l5dask.core.outputs import arrow_array, arrow_strings
+from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
-from l5dask.core.engine import Job, Pass, Reduction
-from l5dask.errors import UsageError
+from l5dask.prediction.dataset import L5Dataset, open_dataset
+from l5dask.prediction.groupby import (
+    QUANTILE_BITS,
+    GroupPart,
+    combine_parts,
+    group_part,
+    sketch_quantiles,
+)
+from l5dask.prediction.joins import parent_link
 
 #: The reductions of a value column (plus ``q<percent>``).
 REDUCTIONS = ("count", "sum", "mean", "min", "max", "var", "std", "median")
 #: Groups allowed unless the caller says otherwise (checked before computing).
 MAX_GROUPS = 10_000_000
-#: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
-QUANTILE_BITS = 12
 _Q = re.compile(r"^q(\d+(?:\.\d*)?)$")
-_SIGN = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 
 # --- the declaration ------------------------------------------------------------------------
@@ -226,20 +232,6 @@ def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> 
 
 
 # --- the partial ----------------------------------------------------------------------------
-@dataclass
-class GroupPart:
-    """Per group (a row of ``keys``, sorted): rows, and per value column its statistics."""
-
-    keys: np.ndarray  # (groups, len(by)) int64
-    rows: np.ndarray  # rows per group (after where)
-    stats: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
-    # per quantiled column: (group, bucket, count), sorted by (group, bucket)
-    sketches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-
 def empty_part(spec: Spec) -> GroupPart:
     nby = len(spec.by)
     part = GroupPart(np.zeros((0, nby), np.int64), np.zeros(0, np.int64))
@@ -249,92 +241,6 @@ def empty_part(spec: Spec) -> GroupPart:
         if "sketch" in need:
             part.sketches[col] = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     return part
-
-
-def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]:
-    """Group codes of ``n`` rows keyed by ``keys`` (integer columns of any width): ``(codes,
-    ngroups, key table)`` (the table int64).
-
-    Small key ranges are dense (codes are mixed-radix positions, some groups empty, made by a
-    compiled pass per key: no widened copies); others are made dense by sorting the distinct keys.
-    """
-    from l5dask.prediction.kernels import int_range, mix_codes
-
-    if not keys:
-        return np.zeros(n, np.int64), 1, np.zeros((1, 0), np.int64)
-    if n == 0:
-        return np.zeros(0, np.int64), 0, np.zeros((0, len(keys)), np.int64)
-    ranges = [int_range(k) for k in keys]
-    los = [lo for lo, _ in ranges]
-    spans = [hi - lo + 1 for lo, hi in ranges]
-    total = math.prod(spans)
-    if total < 2**62:
-        codes = np.zeros(n, np.int64)
-        stride = 1
-        for k, lo, span in zip(keys[::-1], los[::-1], spans[::-1]):  # the last key varies fastest
-            mix_codes(codes, k, lo, stride)
-            stride *= span
-        if total <= 2 * n + 4096:
-            grid = np.arange(total, dtype=np.int64)
-            table = np.empty((total, len(keys)), np.int64)
-            stride = 1
-            for j in range(len(keys) - 1, -1, -1):
-                table[:, j] = (grid // stride) % spans[j] + los[j]
-                stride *= spans[j]
-            return codes, total, table
-        uniq, codes = np.unique(codes, return_inverse=True)
-        table = np.empty((len(uniq), len(keys)), np.int64)
-        stride = 1
-        for j in range(len(keys) - 1, -1, -1):
-            table[:, j] = (uniq // stride) % spans[j] + los[j]
-            stride *= spans[j]
-        return codes.astype(np.int64), len(uniq), table
-    table, codes = np.unique(np.stack([k.astype(np.int64, copy=False) for k in keys], axis=1), axis=0,
-                             return_inverse=True)
-    return codes.reshape(-1).astype(np.int64), len(table), table
-
-
-def buckets(values: np.ndarray, bits: int) -> np.ndarray:
-    """Each value's sketch bucket: its float64 bits ordered as the values, all but ``bits`` of
-    the mantissa dropped (values must not be NaN)."""
-    raw = (values + 0.0).view(np.int64)  # + 0.0: -0.0 is 0.0
-    ordered = raw ^ ((raw >> 63) & _SIGN)
-    return ordered >> (52 - bits)
-
-
-def bucket_values(b: np.ndarray, bits: int) -> np.ndarray:
-    """The midpoint of each bucket (the value itself when a bucket holds one value)."""
-    shift = 52 - bits
-    lo_ord = b << shift
-    hi_ord = lo_ord + ((1 << shift) - 1)
-    lo = (lo_ord ^ ((lo_ord >> 63) & _SIGN)).view(np.float64)
-    hi = (hi_ord ^ ((hi_ord >> 63) & _SIGN)).view(np.float64)
-    mid = lo + (hi - lo) / 2
-    # the bucket that starts at 0.0 holds 0 (exactly) and the smallest subnormals: it stands for 0
-    return np.where(lo == 0.0, 0.0, np.where(np.isfinite(lo) & np.isfinite(hi), mid, lo))
-
-
-def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(group, bucket, count) of the rows, sorted by group then bucket."""
-    if not len(values):
-        z = np.zeros(0, np.int64)
-        return z, z, z
-    b = buckets(values, bits)
-    blo = int(b.min())
-    span = int(b.max()) - blo + 1
-    g_hi = int(codes.max()) + 1
-    if span * g_hi <= 4 * len(values) + 4096:
-        counts = np.bincount(codes * span + (b - blo), minlength=span * g_hi)
-        nz = np.flatnonzero(counts)
-        return nz // span, nz % span + blo, counts[nz]
-    if span < 2**62 // max(g_hi, 1):
-        uniq, counts = np.unique(codes * span + (b - blo), return_counts=True)
-        return uniq // span, uniq % span + blo, counts.astype(np.int64)
-    order = np.lexsort((b, codes))
-    g, b = codes[order], b[order]
-    new = np.r_[True, (g[1:] != g[:-1]) | (b[1:] != b[:-1])]
-    starts = np.flatnonzero(new)
-    return g[starts], b[starts], np.diff(np.r_[starts, len(g)])
 
 
 def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
@@ -359,167 +265,6 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
     return group_part([c[b] if keep is None else c[b].take(keep) for b in spec.by], values, needs, spec.quantile_bits, n=n)
 
 
-def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dict[str, set[str]],
-               quantile_bits: int = QUANTILE_BITS, keep: np.ndarray | None = None, n: int | None = None) -> GroupPart:
-    """The partial of ``n`` rows (default: the keys' or the values' length): grouped by ``keys``
-    (integer columns), each value column reduced to the statistics it ``needs`` (an integer column
-    only counted may be left empty); rows where ``keep`` is False left out."""
-    if n is None:
-        n = len(keys[0]) if keys else len(next(iter(values.values())))
-    if keep is not None and keep.all():
-        keep = None
-    codes, ngroups, table = encode(list(keys), n)
-    if keep is not None:  # the rows left out go to one more group, dropped below
-        codes[~keep] = ngroups
-        table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])
-        ngroups += 1
-    rows = np.bincount(codes, minlength=ngroups)
-    present = rows > 0
-    if keep is not None:
-        present[-1] = False
-    dense = not present.all()
-    remap = np.cumsum(present) - 1 if dense else None
-    part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
-    from l5dask.prediction.kernels import group_reduce
-
-    for name, v in values.items():
-        need = needs[name]
-        stats = {}
-        if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: no NaN, its rows
-            part.stats[name] = {"n": (rows[present] if dense else rows).copy()}
-            continue
-        v = v.astype(np.float64, copy=False)
-        if need & {"n", "sum", "min", "max", "m2"}:
-            count, total, lo, hi = group_reduce(codes, v, ngroups, sums="sum" in need or "m2" in need,
-                                                mins="min" in need, maxs="max" in need)
-            stats["n"] = count
-            if "sum" in need or "m2" in need:
-                stats["sum"] = total
-            if "min" in need:
-                stats["min"] = lo
-            if "max" in need:
-                stats["max"] = hi
-            if "m2" in need:
-                mean = np.divide(total, count, out=np.zeros(ngroups), where=count > 0)
-                dev = v - mean[codes]
-                dev[np.isnan(dev)] = 0.0
-                stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
-        part.stats[name] = {k: (a[present] if dense else a) for k, a in stats.items()}
-        if "sketch" in need:
-            ok = ~np.isnan(v) if keep is None else ~np.isnan(v) & keep
-            g = codes if ok.all() else codes[ok]
-            part.sketches[name] = _sketch(remap[g] if dense else g, v if ok.all() else v[ok], quantile_bits)
-    return part
-
-
-def _scatter(size: int, index: np.ndarray, values: np.ndarray, fill: float | int) -> np.ndarray:
-    out = np.full(size, fill, dtype=values.dtype)
-    out[index] = values
-    return out
-
-
-def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
-    """Two neighbouring partials merged (associative; the keys stay sorted)."""
-    if not len(a):
-        return b
-    if not len(b):
-        return a
-    keys = np.concatenate([a.keys, b.keys])
-    if keys.shape[1] == 0:
-        uniq, inv = keys[:1], np.zeros(len(keys), np.int64)
-    elif keys.shape[1] == 1:
-        u, inv = np.unique(keys[:, 0], return_inverse=True)
-        uniq = u[:, None]
-    else:
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    ia, ib, size = inv[: len(a)], inv[len(a):], len(uniq)
-    rows = _scatter(size, ia, a.rows, 0)
-    rows[ib] += b.rows
-    out = GroupPart(uniq, rows)
-    for name, sa in a.stats.items():
-        sb = b.stats[name]
-        if not sa:  # quantiles only: the sketch holds everything
-            out.stats[name] = {}
-            continue
-        na, nb = _scatter(size, ia, sa["n"], 0), _scatter(size, ib, sb["n"], 0)
-        n = na + nb
-        s = {"n": n}
-        if "sum" in sa:
-            ta, tb = _scatter(size, ia, sa["sum"], 0.0), _scatter(size, ib, sb["sum"], 0.0)
-            s["sum"] = ta + tb
-            if "m2" in sa:
-                ma = np.divide(ta, na, out=np.zeros(size), where=na > 0)
-                mb = np.divide(tb, nb, out=np.zeros(size), where=nb > 0)
-                delta = mb - ma
-                s["m2"] = _scatter(size, ia, sa["m2"], 0.0) + _scatter(size, ib, sb["m2"], 0.0) + \
-                    np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=n > 0)
-        if "min" in sa:
-            s["min"] = np.minimum(_scatter(size, ia, sa["min"], np.inf), _scatter(size, ib, sb["min"], np.inf))
-        if "max" in sa:
-            s["max"] = np.maximum(_scatter(size, ia, sa["max"], -np.inf), _scatter(size, ib, sb["max"], -np.inf))
-        out.stats[name] = s
-    for name, (ga, ba, ca) in a.sketches.items():
-        gb, bb, cb = b.sketches[name]
-        g, bk, cnt = np.concatenate([ia[ga], ib[gb]]), np.concatenate([ba, bb]), np.concatenate([ca, cb])
-        order = np.lexsort((bk, g))
-        g, bk, cnt = g[order], bk[order], cnt[order]
-        if len(g):
-            new = np.r_[True, (g[1:] != g[:-1]) | (bk[1:] != bk[:-1])]
-            starts = np.flatnonzero(new)
-            g, bk, cnt = g[starts], bk[starts], np.add.reduceat(cnt, starts)
-        out.sketches[name] = (g, bk, cnt)
-    return out
-
-
-def _combine_all(*parts: GroupPart) -> GroupPart:
-    return functools.reduce(combine_parts, parts)
-
-
-def combine_delayed(parts: list) -> GroupPart:
-    """Delayed partials (neighbours in order) merged in an ordered tree (fan-in from dask's
-    ``split_every``) and computed: for passes over other collections' blocks (xarray's, dask
-    DataFrames'), as the engine's tree combines its own."""
-    import dask
-    from dask import delayed
-
-    from l5dask.core.engine import SPLIT_EVERY
-
-    fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
-    while len(parts) > 1:
-        parts = [delayed(_combine_all)(*parts[i: i + fan_in]) for i in range(0, len(parts), fan_in)]
-    (part,) = dask.compute(parts[0])
-    return part
-
-
-def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """numpy's linear interpolation of its quantiles (``numpy.lib._function_base_impl._lerp``)."""
-    diff = b - a
-    out = a + diff * t
-    return np.where(t >= 0.5, b - diff * (1 - t), out)
-
-
-def sketch_quantiles(sketch: tuple[np.ndarray, np.ndarray, np.ndarray], ngroups: int, q: float,
-                     bits: int) -> np.ndarray:
-    """Quantile ``q`` of each group (NaN for a group without values), numpy's "linear" method."""
-    g, b, cnt = sketch
-    n = np.bincount(g, weights=cnt, minlength=ngroups).astype(np.int64)
-    out = np.full(ngroups, np.nan)
-    has = n > 0
-    if not has.any():
-        return out
-    cum = np.cumsum(cnt)
-    base = np.r_[0, np.cumsum(n)[:-1]]  # rows before each group, in the sketch order
-    h = (n[has] - 1) * q
-    lo_rank = np.floor(h).astype(np.int64)
-    hi_rank = np.minimum(lo_rank + 1, n[has] - 1)
-    vals = bucket_values(b, bits)
-    x_lo = vals[np.searchsorted(cum, base[has] + lo_rank, side="right")]
-    x_hi = vals[np.searchsorted(cum, base[has] + hi_rank, side="right")]
-    out[has] = _lerp(x_lo, x_hi, h - lo_rank)
-    return out
-
-
 @dataclass
 class Result:
     """An aggregation's result as columns: a row per group, the keys first; a categorical key
@@ -538,7 +283,6 @@ class Result:
     def to_arrow(self):
         import pyarrow as pa
 
-        from l5dask.core.outputs import arrow_array, arrow_strings
 
         return pa.Table.from_arrays(
             [pa.DictionaryArray.from_arrays(arrow_array(v.astype(np.int32)), arrow_strings(self.categories[n]))
@@ -642,7 +386,6 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
         has rows, sorted by the keys (:func:`aggregate` gives it as a pandas DataFrame, with
         categoricals by name).
     """
-    from l5dask.prediction.reading import L5Dataset, open_dataset
 
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
     table = Table(ds, array)
@@ -671,7 +414,6 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     source = selection.source
     job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress,
               size_for=source.nchunks)
-    from l5dask.prediction.joins import parent_link
 
     link = parent_link(ds, selection, job)
     (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)])

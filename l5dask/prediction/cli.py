@@ -10,8 +10,15 @@ import time
 
 import click
 
-from l5dask.core.commands import (chunks_option, check_outputs, friendly, parse_storage_options, scheduler_option,
-                                  storage_option)
+from l5dask.core.commands import (
+    check_outputs,
+    chunks_option,
+    friendly,
+    parse_storage_options,
+    scheduler_option,
+    storage_option,
+)
+
 
 @click.command()
 @click.argument("out")
@@ -41,7 +48,7 @@ def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties:
 @friendly
 def info(dataset: str, storage_options) -> None:
     """Print the arrays of DATASET (lengths, chunks, fields) without reading any chunk."""
-    from l5dask.prediction.reading import open_dataset
+    from l5dask.prediction.dataset import open_dataset
 
     ds = open_dataset(dataset, storage_options=parse_storage_options(storage_options))
     click.echo(f"{ds.url}")
@@ -140,9 +147,9 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
     speed, hour, num_agents...) and joins (scene_index, frame_index, timestamp, host, ego_x,
     ego_y, distance_to_ego). Reductions: count, sum, mean, min, max, var, std, median, q<percent>.
     """
-    from l5dask.prediction import aggregation as agg_mod
     from l5dask.core.cluster import connect
     from l5dask.core.outputs import table_format, write_table
+    from l5dask.prediction import aggregation as agg_mod
 
     options = parse_storage_options(storage_options)
     if output:
@@ -175,7 +182,12 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
 def demo(scenes: int, out: str) -> None:
     """The main job on an embedded default: generate a dataset, then its statistics report."""
 
-    from l5dask.prediction.report import compute_report, summary_text, write_json, write_scene_table
+    from l5dask.prediction.report import (
+        compute_report,
+        summary_text,
+        write_json,
+        write_scene_table,
+    )
     from l5dask.prediction.synth import synthesize
 
     os.makedirs(out, exist_ok=True)
@@ -300,8 +312,8 @@ def export(dataset, output, format_, overwrite, chunks_per_task, quiet, schedule
 @friendly
 def validate(dataset: str, storage_options) -> None:
     """Check every index interval of DATASET; exit 1 when there are problems."""
+    from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.joins import validate as check
-    from l5dask.prediction.reading import open_dataset
 
     problems = check(open_dataset(dataset, storage_options=parse_storage_options(storage_options)))
     for p in problems:

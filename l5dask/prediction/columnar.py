@@ -1,5 +1,5 @@
 """The zarr v3 columnar layout of an L5Kit dataset: written by ``l5dask export --format zarr3``,
-read back by :func:`l5dask.open_dataset` with the same :class:`~l5dask.prediction.reading.L5Dataset` API.
+read back by :func:`l5dask.open_dataset` with the same :class:`~l5dask.prediction.dataset.L5Dataset` API.
 
 Layout (zarr v3, opened natively by zarr-python 3 and ``xr.open_datatree(..., engine="zarr")``)::
 
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 from numcodecs import Blosc, VLenUTF8, Zstd
 
+from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
+from l5dask.core.store import Store
+from l5dask.errors import FormatError, L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX
-from l5dask.errors import FormatError, L5DaskError
-from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
-from l5dask.prediction.reading import L5Array, L5Dataset, project
-from l5dask.core.store import Store
+from l5dask.prediction.reading import L5Array, project
 
 LAYOUT = "l5kit-columnar"
 LAYOUT_VERSION = 1
@@ -287,8 +287,9 @@ def is_columnar(store: Store) -> bool:
         return False
 
 
-def open_columnar(store: Store) -> L5Dataset:
-    """The :class:`L5Dataset` of a zarr v3 columnar export (metadata read here, chunks lazily)."""
+def columnar_arrays(store: Store) -> tuple[dict[str, L5Array], dict]:
+    """The arrays and attributes of a zarr v3 columnar export (metadata read here, chunks lazily),
+    for :class:`~l5dask.prediction.dataset.L5Dataset`."""
     root = fmt.load_json(store.get("zarr.json"), store.url, "zarr.json")
     attrs = root.get("attributes", {}) if isinstance(root, dict) else {}
     if not isinstance(attrs, dict):
@@ -319,4 +320,4 @@ def open_columnar(store: Store) -> L5Dataset:
             if m.strings:
                 object.__setattr__(m, "dtype", sub.base)
         arrays[name] = ColumnarArray(store, fmt.check_size(fmt.ArrayMeta(name, dtype, length, rows), f"{store.url}: {name}"), fields)
-    return L5Dataset(store, arrays, {k: v for k, v in attrs.items() if k != "l5dask"})
+    return arrays, {k: v for k, v in attrs.items() if k != "l5dask"}

@@ -31,9 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
-from l5dask.core.engine import Rows, parent_rows
+from l5dask.core.engine import Job, Rows, parent_rows
 from l5dask.errors import FormatError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.kernels import distance_to_parent, gather, norm2
 
 #: Stored chunks fetched together, undecoded, when a partition's columns are made (12 MB of
 #: agents' compressed bytes).
@@ -109,7 +110,6 @@ class Chunk:
         return self._cols[name]
 
     def _gather(self) -> None:
-        from l5dask.prediction.kernels import gather
 
         wanted = [c for c in self.columns.values() if c.element is not None and c.name not in self._cols]
         maxed = [c for c in self.columns.values() if c.argmax is not None and c.name not in self._cols]
@@ -151,7 +151,6 @@ def _codes(name: str, categories: tuple[str, ...], c: Chunk) -> np.ndarray:
 
 
 def _speed(c: Chunk) -> np.ndarray:
-    from l5dask.prediction.kernels import norm2
 
     return norm2(c["velocity_x"], c["velocity_y"])
 
@@ -178,7 +177,6 @@ def _parent_hour(c: Chunk) -> np.ndarray:
 def _distance(c: Chunk) -> np.ndarray:
     """``sqrt(dx * dx + dy * dy)`` in float64 to the ego of the row's frame, as the report (one
     compiled pass over the rows and their frames' positions: no per-row copies of the ego)."""
-    from l5dask.prediction.kernels import distance_to_parent
 
     return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent["ego_translation"], c.pos)
 
@@ -322,7 +320,6 @@ class Table:
     def host_names(self) -> tuple[str, ...]:
         """The distinct hosts of the dataset's scenes, sorted (read once, in one task)."""
         if self.hosts is None:
-            from l5dask.core.engine import Job
 
             scenes = Job().read(self.ds[fmt.SCENES])
             self.hosts = tuple(np.unique(scenes["host"]).tolist())

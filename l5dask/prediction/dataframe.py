@@ -17,11 +17,16 @@ import numpy as np
 import pandas as pd
 from dask.base import tokenize
 
-from l5dask.prediction import format as fmt
-from l5dask.prediction.aggregation import combine_delayed
-from l5dask.prediction.columns import INDEX, Selection, Table
 from l5dask.core.engine import Block, Job, Pass, Rows, collection_chunks_per_task
 from l5dask.errors import UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.columns import INDEX, Selection, Table
+from l5dask.prediction.groupby import (
+    QUANTILE_BITS,
+    combine_delayed,
+    group_part,
+    sketch_quantiles,
+)
 from l5dask.prediction.joins import Deferred, chunk_tasks
 
 
@@ -109,7 +114,6 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
 def _sketch_partition(frame: pd.DataFrame, by: list[str], column: str, bits: int):
     """The quantile sketch of one partition, per group of ``by`` (categorical codes or integers;
     rows with a missing category left out)."""
-    from l5dask.prediction.aggregation import group_part
 
     keys, keep = [], None
     for b in by:
@@ -153,7 +157,6 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     """
     from dask import delayed
 
-    from l5dask.prediction.aggregation import QUANTILE_BITS, sketch_quantiles
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:

@@ -32,16 +32,25 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from l5dask.prediction import format as fmt
 from l5dask.core.cluster import compute
-from l5dask.prediction.columnar import CHUNKS_PER_SHARD, JOINS, LAYOUT, LAYOUT_VERSION, FieldMeta, array_json, encode_shard, group_json
-from l5dask.prediction.columns import INDEX, Selection, Table
 from l5dask.core.engine import Job, Pass
-from l5dask.errors import OutputError, UsageError
-from l5dask.prediction.joins import chunk_tasks
 from l5dask.core.outputs import arrow_array, arrow_strings
-from l5dask.prediction.reading import L5Dataset, open_dataset
-from l5dask.core.store import Store
+from l5dask.core.store import Store, same_place
+from l5dask.errors import OutputError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.columnar import (
+    CHUNKS_PER_SHARD,
+    JOINS,
+    LAYOUT,
+    LAYOUT_VERSION,
+    FieldMeta,
+    array_json,
+    encode_shard,
+    group_json,
+)
+from l5dask.prediction.columns import INDEX, Selection, Table
+from l5dask.prediction.dataset import L5Dataset, open_dataset
+from l5dask.prediction.joins import chunk_tasks
 from l5dask.prediction.writing import put
 
 FORMATS = ("parquet", "zarr3")
@@ -112,10 +121,9 @@ def _field_metas(ds: L5Dataset, name: str) -> dict[str, FieldMeta]:
 
 def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> tuple[Store, Store | None]:
     """(where tasks write, the final location when that is a local rename away)."""
-    from l5dask.prediction.surgery import _same_place
 
     final = Store(url, storage_options)
-    if _same_place(final, ds.store):
+    if same_place(final, ds.store):
         raise OutputError(f"{final.url}: the output is the input; write elsewhere")
     try:
         exists = final.fs.exists(final.root) and (not final.fs.isdir(final.root) or bool(final.fs.ls(final.root)))

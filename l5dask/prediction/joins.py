@@ -24,9 +24,9 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 
-from l5dask.prediction import format as fmt
 from l5dask.core.engine import Block, Job, Link, Pass, Rows
 from l5dask.core.intervals import check_intervals
+from l5dask.prediction import format as fmt
 
 if TYPE_CHECKING:
     import dask.array as da

@@ -22,21 +22,21 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from l5dask.prediction._kernels import argmax_counts as _argmax_counts
-from l5dask.prediction._kernels import distinct_rows as _distinct_rows
 from l5dask.prediction._kernels import agent_chunk as _agent_chunk
+from l5dask.prediction._kernels import argmax_counts as _argmax_counts
 from l5dask.prediction._kernels import argmax_rows as _argmax_rows
 from l5dask.prediction._kernels import blosc_blocksize as _blosc_blocksize
+from l5dask.prediction._kernels import distance_to_parent as _distance_to_parent
+from l5dask.prediction._kernels import distinct_rows as _distinct_rows
 from l5dask.prediction._kernels import gather_blosc as _gather_blosc
 from l5dask.prediction._kernels import gather_fields as _gather_fields
 from l5dask.prediction._kernels import group_reduce as _group_reduce
 from l5dask.prediction._kernels import int_range as _int_range
 from l5dask.prediction._kernels import mix_codes as _mix_codes
-from l5dask.prediction._kernels import distance_to_parent as _distance_to_parent
 from l5dask.prediction._kernels import norm2_f32 as _norm2_f32
 from l5dask.prediction._kernels import range_codes as _range_codes
 from l5dask.prediction._kernels import track_runs as _track_runs
-from l5dask.prediction._kernels import union_sorted, uniform_histogram
+from l5dask.prediction._kernels import uniform_histogram, union_sorted
 
 __all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "Gather", "group_reduce", "int_range", "mix_codes", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
 

@@ -8,19 +8,17 @@ one array share a single decode per chunk in a computation.
 
 from __future__ import annotations
 
-import os
-import warnings
 from collections.abc import Sequence
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from dask.base import tokenize
 
-from l5dask.prediction import format as fmt
 from l5dask.core.codec import check_blosc, decode_blosc
-from l5dask.errors import ChunkError, FormatError, NotADatasetError, UsageError
-from l5dask.core.store import Store, open_store
+from l5dask.core.store import Store
+from l5dask.errors import ChunkError, FormatError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.kernels import Gather
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -150,7 +148,6 @@ class Encoded:
     def gather(self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
                ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """As :func:`l5dask.prediction.kernels.gather` of ``records()``, without making them."""
-        from l5dask.prediction.kernels import Gather
 
         plan = Gather(self.meta.dtype, elements, argmax)
         outs, maxes = plan.outputs(len(self))
@@ -346,158 +343,6 @@ class L5Array:
 
     def __repr__(self) -> str:
         return f"<L5Array {self.name} len={len(self)} chunks={self.meta.nchunks}x{self.meta.chunk_rows}>"
-
-
-class L5Dataset:
-    """An opened L5Kit dataset: metadata read once, data read lazily.
-
-    Use :func:`open_dataset` to make one.
-    """
-
-    def __init__(self, store: Store, arrays: dict[str, L5Array], attrs: dict[str, Any]) -> None:
-        self.store, self.arrays, self.attrs = store, arrays, attrs
-
-    @property
-    def url(self) -> str:
-        return self.store.url
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        labels = self.attrs.get("labels")  # checked when opened (format.parse_zattrs)
-        return tuple(labels) if labels is not None else fmt.LABELS
-
-    def has(self, name: str) -> bool:
-        return name in self.arrays
-
-    def __getitem__(self, name: str) -> L5Array:
-        name = {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name)
-        try:
-            return self.arrays[name]
-        except KeyError:
-            raise UsageError(f"{self.url}: the dataset has no array {name!r}") from None
-
-    @cached_property
-    def masks(self) -> dict[str, L5Array]:
-        """L5Kit's agent masks (``agents_mask/{threshold}``, written by ``select_agents``), by name
-        (the threshold, e.g. ``"0.5"``): arrays of records of one field ``value``, ``uint32 (2,)``
-        (past and future frames), one per agent. Empty when the dataset has none."""
-        fs, root = self.store.fs, self.store.path(fmt.MASKS)
-        try:
-            names = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
-        except (FileNotFoundError, NotADirectoryError):
-            return {}
-        out = {}
-        for name in (n for n in names if not n.startswith(".")):  # .zgroup, .zattrs
-            raw = self.store.get_metadata(f"{fmt.MASKS}/{name}/.zarray")
-            if raw is not None:
-                key = f"{fmt.MASKS}/{name}"
-                meta = fmt.parse_nd_zarray(key, raw, f"{self.url}: {key}/.zarray")
-                out[name] = L5Array(self.store, meta, fmt.is_compressed(raw))
-                check_last_chunk(self.store, meta, out[name].compressed)
-        return out
-
-    def counts(self) -> dict[str, int]:
-        return {fmt.SHORT_NAMES[n]: (len(self.arrays[n]) if n in self.arrays else 0) for n in fmt.ARRAY_NAMES}
-
-    # xarray views ------------------------------------------------------------------
-    @cached_property
-    def scenes(self):
-        from l5dask.prediction.views import array_to_dataset
-
-        return array_to_dataset(self, fmt.SCENES)
-
-    @cached_property
-    def frames(self):
-        from l5dask.prediction.views import array_to_dataset
-
-        return array_to_dataset(self, fmt.FRAMES)
-
-    @cached_property
-    def agents(self):
-        from l5dask.prediction.views import array_to_dataset
-
-        return array_to_dataset(self, fmt.AGENTS)
-
-    @cached_property
-    def tl_faces(self):
-        from l5dask.prediction.views import array_to_dataset
-
-        return array_to_dataset(self, fmt.TL_FACES)
-
-    def joined(self, name: str, chunks_per_task: int | None = None):
-        """The xarray view of ``name`` with lazy join coordinates (``scene_index``, ``frame_index``,
-        ``timestamp``, ``hour``, ``host``, ``ego_translation``, ``label``...) that know their
-        values (``.l5.groupby(...)``); see :func:`l5dask.prediction.views.joined_dataset`. ``chunks_per_task``:
-        stored chunks per dask chunk (default: about 100 MB, :func:`l5dask.core.engine.collection_chunks_per_task`)."""
-        from l5dask.prediction.views import joined_dataset
-
-        return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name), chunks_per_task)
-
-    def to_dask_dataframe(self, array: str = "agents", columns: Sequence[str] | None = None,
-                          joins: Sequence[str] = (), chunks_per_task: int | None = None):
-        """One array as a dask DataFrame with named (and join) columns; see
-        :func:`l5dask.prediction.dataframe.to_dask_dataframe`."""
-        from l5dask.prediction.dataframe import to_dask_dataframe
-
-        return to_dask_dataframe(self, array, columns=columns, joins=joins, chunks_per_task=chunks_per_task)
-
-    def to_datatree(self):
-        """The whole dataset as one :class:`xarray.DataTree`, a node per array."""
-        from l5dask.prediction.views import dataset_to_datatree
-
-        return dataset_to_datatree(self)
-
-    def __repr__(self) -> str:
-        parts = ", ".join(f"{k}={v}" for k, v in self.counts().items())
-        return f"<L5Dataset {self.url!r} {parts}>"
-
-
-def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5Dataset:
-    """Open an L5Kit zarr dataset lazily.
-
-    Parameters
-    ----------
-    url : str or path
-        A local folder, ``file://`` URL, a ``.zip`` of the folder, ``s3://bucket/prefix``
-        or any fsspec URL.
-    storage_options : dict, optional
-        Options of the fsspec filesystem (S3 credentials, ``client_kwargs`` with an
-        ``endpoint_url``...). Without them s3fs uses the usual AWS environment.
-
-    Returns
-    -------
-    L5Dataset
-        Metadata is read here, once; chunks are read only when computed.
-    """
-    if isinstance(url, L5Dataset):
-        return url
-    try:
-        store = open_store(url, storage_options)
-    except NotADatasetError:
-        from l5dask.prediction.columnar import is_columnar, open_columnar
-
-        store = Store(os.fspath(url), storage_options)
-        if is_columnar(store):  # a zarr v3 export of l5dask's (``l5dask export --format zarr3``)
-            return open_columnar(store)
-        raise
-    attrs = fmt.parse_zattrs(store.get_metadata(".zattrs"), store.url)
-    arrays: dict[str, L5Array] = {}
-    for name in fmt.ARRAY_NAMES:
-        raw = store.get_metadata(f"{name}/.zarray")
-        if raw is None:
-            if name == fmt.TL_FACES:
-                warnings.warn(
-                    f"{store.url}: no traffic_light_faces array; this is an older dataset format "
-                    "without traffic lights",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                continue
-            raise FormatError(f"{store.url}: the dataset has no {name!r} array ({name}/.zarray is missing)")
-        meta = fmt.parse_zarray(name, raw, f"{store.url}: {name}/.zarray")
-        arrays[name] = L5Array(store, meta, fmt.is_compressed(raw))
-        check_last_chunk(store, meta, arrays[name].compressed)
-    return L5Dataset(store, arrays, attrs)
 
 
 def check_last_chunk(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> None:

@@ -7,14 +7,22 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
-from l5dask.core.cluster import scheduler_address
-from l5dask.core.engine import Job, Link, Pass
+from l5dask.core.cluster import connect, scheduler_address
+from l5dask.core.engine import Job, Link, Pass, default_client
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
-from l5dask.prediction.reading import L5Dataset, open_dataset
+from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
-from l5dask.prediction.stats import AGENT_FIELDS, FRAME_FIELDS, TL_FACES, agents_reduction, finalize, frame_rows, frames_reduction
+from l5dask.prediction.stats import (
+    AGENT_FIELDS,
+    FRAME_FIELDS,
+    TL_FACES,
+    agents_reduction,
+    finalize,
+    frame_rows,
+    frames_reduction,
+)
 
 #: Scenes whose agents-per-frame series the report keeps for its plots.
 SAMPLE_SCENES = 4
@@ -46,8 +54,6 @@ def compute_report(
         Run on this cluster.
     """
     if client is None and scheduler is None and scheduler_address():
-        from l5dask.core.cluster import connect
-        from l5dask.core.engine import default_client
 
         if default_client() is None:
             with connect() as own:  # DASK_SCHEDULER_ADDRESS: the API runs there too, as the CLI does

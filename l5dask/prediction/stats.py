@@ -22,8 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.prediction import format as fmt
 from l5dask.core.engine import Reduction, Rows
+from l5dask.prediction import format as fmt
+from l5dask.prediction.kernels import (
+    agent_chunk,
+    argmax_counts,
+    distinct_values,
+    track_runs,
+    uniform_histogram,
+    union_sorted,
+)
 
 SPEED_EDGES = np.linspace(0.0, 50.0, 101)
 DISTANCE_EDGES = np.linspace(0.0, 200.0, 41)
@@ -35,7 +43,6 @@ def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
 
     ``edges`` are uniform from 0; binning is exact at the edges (see :func:`l5dask.prediction.kernels.uniform_bin`).
     """
-    from l5dask.prediction.kernels import uniform_histogram
 
     out = np.zeros(len(edges), np.int64)
     uniform_histogram(np.ascontiguousarray(values, dtype=np.float64), float(edges[1] - edges[0]), out)
@@ -274,7 +281,6 @@ class AgentStats:
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
-        from l5dask.prediction.kernels import agent_chunk, track_runs
 
         pos, ids = np.empty(len(agents), np.int64), np.empty(len(agents), np.uint64)
         part.speed_sum = agent_chunk(
@@ -293,7 +299,6 @@ class AgentStats:
     @staticmethod
     @empty_is_identity
     def combine(a: AgentPart, b: AgentPart) -> AgentPart:
-        from l5dask.prediction.kernels import union_sorted
 
         opens: list = []
         for scene, ids in a.open + b.open:
@@ -325,7 +330,6 @@ class TLStats:
     def chunk(faces: np.ndarray, start: int = 0, parent: None = None) -> TLPart:
         if not len(faces):
             return TLPart()
-        from l5dask.prediction.kernels import argmax_counts, distinct_values
 
         status = np.zeros(3, np.int64)
         argmax_counts(faces, "traffic_light_face_status", status)

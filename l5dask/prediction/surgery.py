@@ -30,12 +30,13 @@ from typing import Any
 import numpy as np
 from dask.base import tokenize
 
-from l5dask.prediction import format as fmt
 from l5dask.core.engine import Job, Pass, Reduction, auto_chunks_per_task
-from l5dask.errors import OutputError, UsageError
 from l5dask.core.intervals import check_intervals
-from l5dask.prediction.reading import L5Array, L5Dataset, open_dataset
-from l5dask.core.store import Store
+from l5dask.core.store import Store, same_place
+from l5dask.errors import OutputError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import L5Dataset, open_dataset
+from l5dask.prediction.reading import L5Array
 from l5dask.prediction.writing import finish, prepare_target, write_chunks
 
 #: L5Kit's gigabyte (``zarr_utils.GIGABYTE``): 1024 ** 3 bytes.
@@ -271,20 +272,12 @@ def remove(store: Store) -> None:
 
 
 # --- inputs and targets -------------------------------------------------------------------------
-def _same_place(a: Store, b: Store) -> bool:
-    def where(s: Store) -> tuple:
-        root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
-        return (type(s.fs).__name__, root)
-
-    return where(a) == where(b)
-
-
 def check_target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> None:
     """Refuse (before any work) an output that is one of the inputs, or holds a dataset (unless
     ``overwrite``)."""
     probe = Store(os.fspath(url), storage_options)
     for ds in inputs:
-        if _same_place(probe, ds.store):
+        if same_place(probe, ds.store):
             raise OutputError(f"{probe.url}: the output is an input ({ds.url}); write elsewhere")
     if not overwrite and probe.fs.exists(probe.path(".zgroup")):
         raise OutputError(f"{probe.url}: a dataset already exists there (pass overwrite=True / --overwrite)")

@@ -17,9 +17,9 @@ import numpy as np
 from dask.base import tokenize
 from numcodecs import Blosc
 
-from l5dask.prediction import format as fmt
-from l5dask.errors import OutputError, UsageError
 from l5dask.core.store import Store
+from l5dask.errors import OutputError, UsageError
+from l5dask.prediction import format as fmt
 
 _BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
 

@@ -1,0 +1,164 @@
+"""The ``.l5`` accessor of xarray objects: grouping by the join coordinates of
+:meth:`L5Dataset.joined <l5dask.prediction.dataset.L5Dataset.joined>` without ceremony
+(coordinates that know their values: no ``labels`` to pass), quantiles by the sketch of
+:mod:`l5dask.prediction.groupby`. Registered when l5dask's prediction data is opened."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xarray as xr
+from xarray.groupers import EncodedGroups, UniqueGrouper
+
+from l5dask.errors import UnknownNameError, UsageError
+from l5dask.prediction.groupby import (
+    QUANTILE_BITS,
+    combine_delayed,
+    group_part,
+    sketch_quantiles,
+)
+from l5dask.prediction.kernels import range_codes
+
+
+def groupers(obj, names: Sequence[str]) -> dict:
+    """xarray groupers for coordinates that know their values (see :func:`joined_dataset`)."""
+    out = {}
+    for n in names:
+        if n not in obj.coords:
+            raise UnknownNameError(f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}")
+        attrs = obj.coords[n].attrs
+        if "flag_values" in attrs:
+            labels = np.asarray(attrs["flag_values"])
+        elif "valid_range" in attrs:
+            lo, hi = (int(v) for v in attrs["valid_range"])
+            labels = np.arange(lo, hi + 1)
+        else:
+            raise UsageError(f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
+                             f"obj.groupby({n}=UniqueGrouper(labels=...))")
+        out[n] = (RangeGrouper if _is_range(labels) else UniqueGrouper)(labels=labels)
+    return out
+
+
+def _is_range(labels: np.ndarray) -> bool:
+    return labels.dtype.kind in "iu" and len(labels) > 0 and np.array_equal(labels, np.arange(labels[0], labels[0] + len(labels)))
+
+
+class RangeGrouper(UniqueGrouper):
+    """A ``UniqueGrouper`` whose labels are the integers ``lo .. lo + n - 1`` (the codes of a
+    category, an index's valid range): a value's group code is ``value - lo`` (-1 outside), one
+    compiled pass a block, where ``UniqueGrouper`` sorts and searches the labels for each value
+    (a search, an ``isin`` and masks: most of a groupby's time over 30 M rows)."""
+
+    def factorize(self, group) -> EncodedGroups:
+        import pandas as pd
+
+
+        if group.dtype.kind not in "iu":
+            return super().factorize(group)
+        self.group = group
+        lo, n = int(self.labels[0]), len(self.labels)
+        codes = xr.apply_ufunc(range_codes, group, kwargs={"lo": lo, "n": n}, dask="parallelized",
+                               output_dtypes=[np.int64], keep_attrs=True)
+        return EncodedGroups(codes=codes, full_index=pd.Index(self.labels),
+                             unique_coord=xr.Variable(dims=codes.name, data=self.labels, attrs=group.attrs))
+
+
+def name_categories(result):
+    """Replace the codes of categorical coordinates (CF ``flag_meanings``) by their names."""
+    if not hasattr(result, "coords"):
+        return result
+    for n, coord in list(result.coords.items()):
+        meanings = coord.attrs.get("flag_meanings")
+        if meanings and coord.ndim == 1 and n in result.dims:
+            names = np.asarray(meanings.split(" "))
+            result = result.assign_coords({n: (n, names[np.asarray(coord.values, dtype=np.int64)])})
+    return result
+
+
+def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
+                    quantile_bits: int | None = None) -> xr.DataArray:
+    """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
+    pass: the sketch of :mod:`l5dask.prediction.groupby` (its error bound) per chunk, merged in a tree."""
+    from dask import delayed
+
+
+    bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
+    if obj.ndim != 1:
+        raise UsageError(f"quantiles per group of a 1-D variable: select one element first (dims {obj.dims})")
+    import dask.array as da
+
+    data = obj.data
+    keys = [k.rechunk(data.chunks) if isinstance(k, da.Array) else da.from_array(np.asarray(k), chunks=data.chunks)
+            for k in (obj.coords[n].data for n in names)]
+    blocks = [b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False)
+                                                                          for k in keys]]]
+    parts = [delayed(group_part)(list(ks), {"v": d}, {"v": {"sketch"}}, bits) for d, *ks in zip(*blocks)]
+    part = combine_delayed(parts)
+    qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    shape = [len(labels[n]) for n in names]
+    out = np.full((*shape, len(qs)), np.nan)
+    pos = tuple(np.searchsorted(labels[n], part.keys[:, j]) for j, n in enumerate(names))
+    for i, qq in enumerate(qs):
+        out[(*pos, i)] = sketch_quantiles(part.sketches["v"], len(part), float(qq), bits)
+    coords = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
+    result = xr.DataArray(out, dims=(*names, "quantile"), coords={**coords, "quantile": qs}, name=obj.name,
+                          attrs={"l5dask_quantile_bits": bits})
+    return result if np.ndim(q) else result.squeeze("quantile", drop=False)
+
+
+class _Grouped:
+    """An xarray GroupBy whose results name their categories (``label`` names, not codes);
+    ``quantile`` is computed in one pass with a sketch (flox's needs a group in one chunk)."""
+
+    def __init__(self, grouped, obj=None, names: Sequence[str] = (), labels: dict | None = None) -> None:
+        self._grouped, self._obj, self._names, self._labels = grouped, obj, tuple(names), labels or {}
+
+    def __getitem__(self, key):
+        return _Grouped(self._grouped[key], self._obj[key] if self._obj is not None else None, self._names,
+                        self._labels)
+
+    def quantile(self, q, quantile_bits: int | None = None, **kwargs):
+        """Quantiles per group (numpy's "linear" method) of a dask-backed 1-D DataArray, within
+        the error bound of :mod:`l5dask.prediction.groupby` (``quantile_bits=52``: exact); else xarray's."""
+        obj = self._obj
+        if isinstance(obj, xr.DataArray) and hasattr(obj.data, "dask") and obj.ndim == 1 and not kwargs:
+            return name_categories(sketch_quantile(obj, self._names, self._labels, q, quantile_bits))
+        return name_categories(self._grouped.quantile(q, **kwargs))
+
+    def __getattr__(self, attr):
+        value = getattr(self._grouped, attr)
+        if not callable(value):
+            return value
+
+        def call(*args, **kwargs):
+            return name_categories(value(*args, **kwargs))
+
+        return call
+
+    def __repr__(self) -> str:
+        return repr(self._grouped)
+
+
+class L5Accessor:
+    """``obj.l5``: grouping by join coordinates without ceremony.
+
+    ``speed.l5.groupby("scene_index", "label").mean()`` groups a dask-backed variable by lazy
+    coordinates that know their values (no ``labels`` to pass, no codes computed first), with
+    flox: one pass, each chunk decoded once. Results name their categories.
+    """
+
+    def __init__(self, obj) -> None:
+        self._obj = obj
+
+    def groupers(self, *names: str) -> dict:
+        return groupers(self._obj, names)
+
+    def groupby(self, *names: str, **kwargs):
+        found = groupers(self._obj, names)
+        return _Grouped(self._obj.groupby(found, **kwargs), self._obj, names,
+                        {n: np.asarray(g.labels) for n, g in found.items()})
+
+
+xr.register_dataset_accessor("l5")(L5Accessor)
+xr.register_dataarray_accessor("l5")(L5Accessor)
