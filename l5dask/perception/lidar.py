@@ -312,7 +312,7 @@ def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, 
     """The lidar sweeps of ``ds`` (of these ``channels``, every lidar's by default; only key
     frames if ``key_frames``) as a :class:`Sweeps`: nothing is read until its points are computed."""
     import dask.array as da
-    from dask._task_spec import Task
+    from dask.task_spec import Task
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 

@@ -76,6 +76,16 @@ def name_categories(result):
     return result
 
 
+def _finalize_quantiles(part, labels: list[np.ndarray], qs: np.ndarray, bits: int) -> np.ndarray:
+    """The quantiles of each group of a merged partial, on the grid of the groups' labels (NaN for
+    a group without values)."""
+    out = np.full((*[len(x) for x in labels], len(qs)), np.nan)
+    pos = tuple(np.searchsorted(x, part.keys[:, j]) for j, x in enumerate(labels))
+    for i, qq in enumerate(qs):
+        out[(*pos, i)] = sketch_quantiles(part.sketches["v"], len(part), float(qq), bits)
+    return out
+
+
 def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
                     quantile_bits: int | None = None) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
@@ -94,13 +104,11 @@ def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, n
     blocks = [b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False)
                                                                           for k in keys]]]
     parts = [delayed(group_part)(list(ks), {"v": d}, {"v": {"sketch"}}, bits) for d, *ks in zip(*blocks)]
-    part = combine_delayed(parts)
     qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
     shape = [len(labels[n]) for n in names]
-    out = np.full((*shape, len(qs)), np.nan)
-    pos = tuple(np.searchsorted(labels[n], part.keys[:, j]) for j, n in enumerate(names))
-    for i, qq in enumerate(qs):
-        out[(*pos, i)] = sketch_quantiles(part.sketches["v"], len(part), float(qq), bits)
+    # lazy, as .sum() is: the quantiles are a dask array of one block, the tree's root finalized
+    result_block = delayed(_finalize_quantiles)(combine_delayed(parts), [labels[n] for n in names], qs, bits)
+    out = da.from_delayed(result_block, shape=(*shape, len(qs)), dtype=np.float64)
     coords = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
     result = xr.DataArray(out, dims=(*names, "quantile"), coords={**coords, "quantile": qs}, name=obj.name,
                           attrs={"l5dask_quantile_bits": bits})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import dask
 import numpy as np
 import pandas as pd
 from dask.base import tokenize
@@ -175,7 +176,7 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     if ((qs < 0) | (qs > 1) | np.isnan(qs)).any():
         raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}")
     parts = [delayed(_sketch_partition)(p, by, column, int(bits)) for p in df[by + [column]].to_delayed()]
-    part = combine_delayed(parts)
+    (part,) = dask.compute(combine_delayed(parts))  # (the result is a pandas DataFrame: computed here)
     data = {qq: sketch_quantiles(part.sketches["v"], len(part), float(qq), int(bits)) for qq in qs}
     levels = []
     for j, b in enumerate(by):

@@ -74,25 +74,33 @@ class L5Dataset:
     # xarray views ------------------------------------------------------------------
     @cached_property
     def scenes(self):
-        from l5dask.prediction.views import array_to_dataset  # (xarray: imported when a view is made)
+        from l5dask.prediction.views import (
+            array_to_dataset,  # (xarray: imported when a view is made)
+        )
 
         return array_to_dataset(self, fmt.SCENES)
 
     @cached_property
     def frames(self):
-        from l5dask.prediction.views import array_to_dataset  # (xarray: imported when a view is made)
+        from l5dask.prediction.views import (
+            array_to_dataset,  # (xarray: imported when a view is made)
+        )
 
         return array_to_dataset(self, fmt.FRAMES)
 
     @cached_property
     def agents(self):
-        from l5dask.prediction.views import array_to_dataset  # (xarray: imported when a view is made)
+        from l5dask.prediction.views import (
+            array_to_dataset,  # (xarray: imported when a view is made)
+        )
 
         return array_to_dataset(self, fmt.AGENTS)
 
     @cached_property
     def tl_faces(self):
-        from l5dask.prediction.views import array_to_dataset  # (xarray: imported when a view is made)
+        from l5dask.prediction.views import (
+            array_to_dataset,  # (xarray: imported when a view is made)
+        )
 
         return array_to_dataset(self, fmt.TL_FACES)
 
@@ -109,7 +117,9 @@ class L5Dataset:
                           joins: Sequence[str] = (), chunks_per_task: int | None = None):
         """One array as a dask DataFrame with named (and join) columns; see
         :func:`l5dask.prediction.dataframe.to_dask_dataframe`."""
-        from l5dask.prediction.dataframe import to_dask_dataframe  # (pandas: imported when one is made)
+        from l5dask.prediction.dataframe import (
+            to_dask_dataframe,  # (pandas: imported when one is made)
+        )
 
         return to_dask_dataframe(self, array, columns=columns, joins=joins, chunks_per_task=chunks_per_task)
 

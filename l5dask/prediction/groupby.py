@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -239,19 +240,17 @@ def _combine_all(*parts: GroupPart) -> GroupPart:
     return functools.reduce(combine_parts, parts)
 
 
-def combine_delayed(parts: list) -> GroupPart:
+def combine_delayed(parts: list) -> Any:
     """Delayed partials (neighbours in order) merged in an ordered tree (fan-in from dask's
-    ``split_every``) and computed: for passes over other collections' blocks (xarray's, dask
-    DataFrames'), as the engine's tree combines its own."""
+    ``split_every``), as the engine's tree combines its own: the root, a ``Delayed`` of the whole
+    :class:`GroupPart`, computed by the caller (nothing is computed here)."""
     import dask
-    from dask import delayed
-
+    from dask.delayed import Delayed, delayed
 
     fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
     while len(parts) > 1:
         parts = [delayed(_combine_all)(*parts[i: i + fan_in]) for i in range(0, len(parts), fan_in)]
-    (part,) = dask.compute(parts[0])
-    return part
+    return parts[0] if isinstance(parts[0], Delayed) else delayed(parts[0])
 
 
 def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
