@@ -47,8 +47,9 @@ def reference(path: str) -> dict[str, pd.DataFrame]:
 
     root = zarr.open_group(path, mode="r")
     scenes, frames = root["scenes"][:], root["frames"][:]
-    agents = root["agents"].get_basic_selection(slice(None), fields=["centroid", "velocity", "extent",
-                                                                      "label_probabilities"])
+    agents = root["agents"].get_basic_selection(
+        slice(None), fields=["centroid", "velocity", "extent", "label_probabilities"]
+    )
     siv, fiv = scenes["frame_index_interval"], frames["agent_index_interval"]
     frame = np.repeat(np.arange(len(fiv)), fiv[:, 1] - fiv[:, 0])
     scene = np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0])[frame]
@@ -69,16 +70,29 @@ def reference(path: str) -> dict[str, pd.DataFrame]:
     k2 = (host[scene][near] * 24 + hour[near]) * nl + label[near]
     c2 = np.bincount(k2, minlength=len(hosts) * 24 * nl)
     has = np.flatnonzero(c2)
-    q2 = pd.DataFrame({"host": hosts[has // (24 * nl)], "hour": has // nl % 24, "label": np.asarray(LABELS)[has % nl],
-                       "value": c2[has]})
+    q2 = pd.DataFrame(
+        {
+            "host": hosts[has // (24 * nl)],
+            "hour": has // nl % 24,
+            "label": np.asarray(LABELS)[has % nl],
+            "value": c2[has],
+        }
+    )
     length = agents["extent"][:, 0].astype(np.float64)
     rows = []
     for k in np.unique(label):
         x = np.sort(length[label == k])
-        rows.append({"label": LABELS[k], **{q: np.quantile(x, q) for q in QUANTILES},
-                     **{f"bound{q}": 2.0 ** -13 * np.abs(x[[int((len(x) - 1) * q), min(int((len(x) - 1) * q) + 1,
-                                                                                        len(x) - 1)]]).max()
-                        for q in QUANTILES}})
+        rows.append(
+            {
+                "label": LABELS[k],
+                **{q: np.quantile(x, q) for q in QUANTILES},
+                **{
+                    f"bound{q}": 2.0**-13
+                    * np.abs(x[[int((len(x) - 1) * q), min(int((len(x) - 1) * q) + 1, len(x) - 1)]]).max()
+                    for q in QUANTILES
+                },
+            }
+        )
     return {"q1": q1, "q2": q2, "q3": pd.DataFrame(rows)}
 
 
@@ -88,7 +102,9 @@ def check(query: str, api: str, got: pd.DataFrame, ref: pd.DataFrame) -> str:
         keys = list(ref.columns[:-1])
         assert len(got) == len(ref), (query, api, len(got), len(ref))
         for k in keys:
-            np.testing.assert_array_equal(got[k].astype(ref[k].dtype).to_numpy(), ref[k].to_numpy(), err_msg=f"{query} {api} {k}")
+            np.testing.assert_array_equal(
+                got[k].astype(ref[k].dtype).to_numpy(), ref[k].to_numpy(), err_msg=f"{query} {api} {k}"
+            )
         value = got[got.columns[len(keys)]].to_numpy()
         if query == "q1":
             np.testing.assert_allclose(value, ref.value.to_numpy(), rtol=1e-9, err_msg=f"{query} {api}")
@@ -106,7 +122,9 @@ def check(query: str, api: str, got: pd.DataFrame, ref: pd.DataFrame) -> str:
 
 def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     """Categorical columns as strings (as the query script saves them)."""
-    return frame.assign(**{c: frame[c].astype(str) for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)})
+    return frame.assign(
+        **{c: frame[c].astype(str) for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)}
+    )
 
 
 def main() -> None:
@@ -140,8 +158,11 @@ def main() -> None:
             print("  ".join(line), flush=True)
         print("checking every result against numpy ...", flush=True)
         ref = reference(path)
-        checked = {(q, api): check(q, api, _plain(pd.read_parquet(f"{tmp}/{q}-{api.replace(' ', '-')}.parquet")), ref[q])
-                   for q in QUERIES for api in APIS}
+        checked = {
+            (q, api): check(q, api, _plain(pd.read_parquet(f"{tmp}/{q}-{api.replace(' ', '-')}.parquet")), ref[q])
+            for q in QUERIES
+            for api in APIS
+        }
     best_stats = min(stats)
     print(f"\nl5dask stats (the report, whole process): best {best_stats:.2f} s\n")
     print("| query | path | best (s) | / report | per-round median | target | peak RSS (GB) | result vs numpy |")
@@ -151,8 +172,10 @@ def main() -> None:
             ts = times[(q, api)]
             ratios = [t / s for t, s in zip(ts, stats)]
             target = "(none)" if q == "q3" and TARGETS[api] == 1.0 else f"<= {TARGETS[api]:g}x"
-            print(f"| {q} | {api} | {min(ts):.2f} | {min(ts) / best_stats:.2f}x | {np.median(ratios):.2f}x | {target} "
-                  f"| {mem[(q, api)]:.2f} | {checked[(q, api)]} |")
+            print(
+                f"| {q} | {api} | {min(ts):.2f} | {min(ts) / best_stats:.2f}x | {np.median(ratios):.2f}x | {target} "
+                f"| {mem[(q, api)]:.2f} | {checked[(q, api)]} |"
+            )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,13 @@ def main(path: str, query: str, api: str, out: str) -> None:
         if query == "q1":
             res = l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
         elif query == "q2":
-            res = l5dask.aggregate(ds, "agents", by=["host", "hour", "label"], values={"agent_index": ["count"]},
-                                   where="distance_to_ego < 20")
+            res = l5dask.aggregate(
+                ds,
+                "agents",
+                by=["host", "hour", "label"],
+                values={"agent_index": ["count"]},
+                where="distance_to_ego < 20",
+            )
         else:
             res = l5dask.aggregate(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
     elif api == "dataframe":
@@ -32,8 +37,14 @@ def main(path: str, query: str, api: str, out: str) -> None:
             res = df.groupby(["scene_index", "label"], observed=True).speed.mean().compute().sort_index().reset_index()
         elif query == "q2":
             df = ds.to_dask_dataframe("agents", columns=["label", "distance_to_ego"], joins=["host", "hour"])
-            res = df[df.distance_to_ego < 20].groupby(["host", "hour", "label"], observed=True).size() \
-                .compute().sort_index().reset_index()
+            res = (
+                df[df.distance_to_ego < 20]
+                .groupby(["host", "hour", "label"], observed=True)
+                .size()
+                .compute()
+                .sort_index()
+                .reset_index()
+            )
         else:
             from l5dask.prediction.dataframe import quantiles
 
@@ -59,9 +70,11 @@ def main(path: str, query: str, api: str, out: str) -> None:
 
 
 #: The same queries as batch jobs: ``l5dask agg`` (the aggregate API without pandas: Arrow out).
-CLI = {"q1": ["--by", "scene_index,label", "--value", "speed:mean"],
-       "q2": ["--by", "host,hour,label", "--value", "agent_index:count", "--where", "distance_to_ego < 20"],
-       "q3": ["--by", "label", "--value", "extent_length:q50,q90,q99"]}
+CLI = {
+    "q1": ["--by", "scene_index,label", "--value", "speed:mean"],
+    "q2": ["--by", "host,hour,label", "--value", "agent_index:count", "--where", "distance_to_ego < 20"],
+    "q3": ["--by", "label", "--value", "extent_length:q50,q90,q99"],
+}
 
 
 if __name__ == "__main__":

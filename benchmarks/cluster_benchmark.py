@@ -35,9 +35,8 @@ def main() -> None:
     parser.add_argument("--s3-scenes", type=int, default=None, help="default: --scenes; 0 skips the S3 part")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    from distributed import Client, LocalCluster
-
     import dask
+    from distributed import Client, LocalCluster
 
     from l5dask.core.cluster import WORKER_CONFIG, WORKER_ENV
     from l5dask.prediction.report import compute_report
@@ -47,12 +46,15 @@ def main() -> None:
 
     path = dataset(args.scenes)
     a = min(timed(lambda: compute_report(path, scheduler="threads")) for _ in range(args.repeat))
+
     # rounds alternate a fresh 1-worker and a fresh 2-worker cluster, so that both see the same
     # machine (a shared machine's speed changes from one minute to the next), and only one cluster
     # is up at a time; in each, the best of two runs after a warm-up; best of the rounds, and per round
     def on_cluster(n: int) -> float:
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
-                Client(lc) as client:
+        with (
+            LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc,
+            Client(lc) as client,
+        ):
             compute_report(path, client=client)  # warm the workers' imports
             return min(timed(lambda: compute_report(path, client=client)) for _ in range(2))
 
@@ -73,8 +75,10 @@ def main() -> None:
     print(f"(c) 2 worker processes, disk:          {c:6.2f} s")
     print(f"parallel efficiency (b)/(2 x c) = {b / (2 * c):.2f}   (target >= 0.8)")
     print(f"per round: {', '.join(f'{e:.2f}' for e in effs)}   median {statistics.median(effs):.2f}")
-    print(f"the machine's own scaling: 1 local thread {t1:.2f} s, 2 threads {t2:.2f} s: "
-          f"{t1 / (2 * t2):.2f}; per round {', '.join(f'{e:.2f}' for e in ceilings)}")
+    print(
+        f"the machine's own scaling: 1 local thread {t1:.2f} s, 2 threads {t2:.2f} s: "
+        f"{t1 / (2 * t2):.2f}; per round {', '.join(f'{e:.2f}' for e in ceilings)}"
+    )
 
     if args.s3_scenes == 0:
         return
@@ -92,8 +96,10 @@ def main() -> None:
             s3fs.S3FileSystem(**opts).cat(keys)
 
         e = min(timed(floor) for _ in range(2))
-        d = min(timed(lambda: compute_report("s3://bench/d.zarr", storage_options=opts, scheduler="threads"))
-                for _ in range(2))
+        d = min(
+            timed(lambda: compute_report("s3://bench/d.zarr", storage_options=opts, scheduler="threads"))
+            for _ in range(2)
+        )
         mb = sum(fs.size(k) for k in keys) / 1e6
         print(f"S3 dataset {small}: {len(keys)} objects, {mb:.0f} MB")
         print(f"(d) embedded default, from S3:         {d:6.2f} s")

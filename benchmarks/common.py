@@ -96,8 +96,11 @@ def moto_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     for _ in range(100):
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/moto-api/", timeout=1)
@@ -111,7 +114,12 @@ def moto_bucket(endpoint: str, bucket: str = "bench") -> dict:
     """Make ``bucket`` on the moto server at ``endpoint``; the storage options that reach it."""
     import boto3
 
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x",
-                 aws_secret_access_key="x").create_bucket(Bucket=bucket)
-    return {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-            "skip_instance_cache": True}
+    boto3.client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x"
+    ).create_bucket(Bucket=bucket)
+    return {
+        "key": "x",
+        "secret": "x",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        "skip_instance_cache": True,
+    }

@@ -33,8 +33,17 @@ SETS = {
     "q1: velocity x, y + label": [("velocity", (0,)), ("velocity", (1,))],
     "q2: centroid x, y + label": [("centroid", (0,)), ("centroid", (1,))],
     "q3: extent length + label": [("extent", (0,))],
-    "every number + label": [("centroid", (0,)), ("centroid", (1,)), ("extent", (0,)), ("extent", (1,)),
-                             ("extent", (2,)), ("yaw", ()), ("velocity", (0,)), ("velocity", (1,)), ("track_id", ())],
+    "every number + label": [
+        ("centroid", (0,)),
+        ("centroid", (1,)),
+        ("extent", (0,)),
+        ("extent", (1,)),
+        ("extent", (2,)),
+        ("yaw", ()),
+        ("velocity", (0,)),
+        ("velocity", (1,)),
+        ("track_id", ()),
+    ],
 }
 
 
@@ -49,8 +58,10 @@ def main() -> None:
     meta, rows = agents.meta, agents.meta.chunk_rows
     n = min(args.chunks, meta.nchunks - 1)  # full chunks only
     raws = [raw for _, raw in fetch_chunks(agents.store, meta, 0, n)]
-    print(f"{n} agents chunks of {rows:,} rows ({n * rows * meta.dtype.itemsize / 1e9:.2f} GB decoded), one thread, "
-          f"{args.rounds} interleaved rounds; ms per chunk: best (median)")
+    print(
+        f"{n} agents chunks of {rows:,} rows ({n * rows * meta.dtype.itemsize / 1e9:.2f} GB decoded), one thread, "
+        f"{args.rounds} interleaved rounds; ms per chunk: best (median)"
+    )
     records = np.empty(rows, meta.dtype)
     times: dict[tuple[str, str], list[float]] = {}
 
@@ -88,8 +99,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name in SETS:
         d, c = times[(name, "decode + gather")], times[(name, "from compressed")]
-        print(f"| {name} | {min(d):.3f} ({statistics.median(d):.3f}) | {min(c):.3f} ({statistics.median(c):.3f}) "
-              f"| {min(d) / min(c):.2f}x | {min(c) / min(floor):.2f}x |")
+        print(
+            f"| {name} | {min(d):.3f} ({statistics.median(d):.3f}) | {min(c):.3f} ({statistics.median(c):.3f}) "
+            f"| {min(d) / min(c):.2f}x | {min(c) / min(floor):.2f}x |"
+        )
 
 
 if __name__ == "__main__":

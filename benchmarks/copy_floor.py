@@ -27,8 +27,11 @@ def chunks(src: str) -> list[tuple[str, str, int, int]]:
             continue
         meta = json.load(open(os.path.join(folder, ".zarray")))
         descr = meta["dtype"]
-        dtype = np.dtype([tuple(f[:2]) + ((tuple(f[2]),) if len(f) == 3 else ()) for f in descr]) \
-            if isinstance(descr, list) else np.dtype(descr)
+        dtype = (
+            np.dtype([tuple(f[:2]) + ((tuple(f[2]),) if len(f) == 3 else ()) for f in descr])
+            if isinstance(descr, list)
+            else np.dtype(descr)
+        )
         nbytes = int(np.prod(meta["chunks"])) * dtype.itemsize
         out += [(os.path.relpath(folder, src), k, nbytes, dtype.itemsize) for k in files if not k.startswith(".")]
     return out

@@ -22,9 +22,8 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=1700)
     args = parser.parse_args()
     path = dataset(args.scenes)
-    from distributed import Client, LocalCluster
-
     import dask
+    from distributed import Client, LocalCluster
 
     from l5dask.core.cluster import WORKER_CONFIG, WORKER_ENV
     from l5dask.prediction.report import compute_report
@@ -38,8 +37,10 @@ def main() -> None:
         compute_report(path, scheduler="threads")
         threads = time.perf_counter() - t
         t = time.perf_counter()
-        with LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None) as lc, \
-                Client(lc) as client:
+        with (
+            LocalCluster(n_workers=cores, threads_per_worker=1, processes=True, dashboard_address=None) as lc,
+            Client(lc) as client,
+        ):
             started = time.perf_counter() - t
             compute_report(path, client=client)
         procs = time.perf_counter() - t

@@ -100,19 +100,27 @@ def bench_evaluate(rows: int, rounds: int) -> None:
         floor.append(run([sys.executable, "-c", PARSE_FLOOR, gt, pred]))
     rss_half = run(L5DASK + ["evaluate", *half, "-O", out, "-q"])[1]
     g20, p20 = prefix(gt, 20_000), prefix(pred, 20_000)
-    r = subprocess.run([sys.executable, "-c", L5KIT_METRICS.format(tests=os.path.join(os.path.dirname(HERE), "tests")),
-                        g20, p20], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-c", L5KIT_METRICS.format(tests=os.path.join(os.path.dirname(HERE), "tests")), g20, p20],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     l5kit_s = float(r.stdout.strip().splitlines()[-1])
     best, fbest = min(w for w, _ in ours), min(w for w, _ in floor)
     ratio = statistics.median(o[0] / f[0] for o, f in zip(ours, floor))
     mb = (os.path.getsize(gt) + os.path.getsize(pred)) / 1e6
     print(f"\nevaluate: {rows:,} rows (T={T}, M={M}), {mb:,.0f} MB of CSV, {rounds} interleaved rounds")
-    print(f"  l5dask evaluate        best {best:6.2f} s  {rows / best:12,.0f} rows/s  peak RSS {ours[0][1]:.2f} GB "
-          f"({rss_half:.2f} GB at {rows // 2:,} rows)")
+    print(
+        f"  l5dask evaluate        best {best:6.2f} s  {rows / best:12,.0f} rows/s  peak RSS {ours[0][1]:.2f} GB "
+        f"({rss_half:.2f} GB at {rows // 2:,} rows)"
+    )
     print(f"  parse floor (pyarrow)  best {fbest:6.2f} s  peak RSS {floor[0][1]:.2f} GB")
     print(f"  L5Kit compute_metrics_csv, 20,000 rows: {l5kit_s:.2f} s = {20_000 / l5kit_s:,.0f} rows/s")
-    print(f"  => {rows / best / (20_000 / l5kit_s):,.0f}x L5Kit's rows/s (target >= 100x); "
-          f"{ratio:.2f}x the parse floor, per-round median (target <= 1.3x)")
+    print(
+        f"  => {rows / best / (20_000 / l5kit_s):,.0f}x L5Kit's rows/s (target >= 100x); "
+        f"{ratio:.2f}x the parse floor, per-round median (target <= 1.3x)"
+    )
 
 
 DECODE_FLOOR = """
@@ -163,10 +171,10 @@ def chopped_mask(path: str, job=None) -> str:
     if os.path.exists(out):
         return out
     import l5dask
-    from l5dask.prediction import format as fmt
     from l5dask.core.engine import Job
-    from l5dask.evaluation.chop import future_counts
     from l5dask.evaluation.agents import Thresholds
+    from l5dask.evaluation.chop import future_counts
+    from l5dask.prediction import format as fmt
     from l5dask.prediction.surgery import pick_rows, scene_table
 
     ds = l5dask.open_dataset(path)
@@ -194,36 +202,50 @@ def bench_dataset(scenes: int, rounds: int) -> None:
     sel, gt, floor = [], [], []
     for _ in range(rounds):
         floor.append(decode_floor(path, ("frames", "agents")))
-        sel.append(run(L5DASK + ["select-agents", path, "--output", os.path.join(tmp, "mask.zarr"), "--overwrite", "-q"]))
+        sel.append(
+            run(L5DASK + ["select-agents", path, "--output", os.path.join(tmp, "mask.zarr"), "--overwrite", "-q"])
+        )
         gt.append(run(L5DASK + ["gt", path, "-O", os.path.join(tmp, "gt.csv"), "--mask", mask, "-q"]))
     t = time.perf_counter()
-    r = subprocess.run(L5DASK + ["gt", path, "-O", os.path.join(tmp, "gt-all.csv"), "-q"], capture_output=True, text=True)
+    r = subprocess.run(
+        L5DASK + ["gt", path, "-O", os.path.join(tmp, "gt-all.csv"), "-q"], capture_output=True, text=True
+    )
     gt_all = time.perf_counter() - t
     all_rows = r.stdout.strip()
     mask_s = l5kit_scenes(path)
     l5kit_mask = mask_s * scenes / 20
     fb, fin = min(w for w, _ in floor), min(d for _, d in floor)
-    print(f"\nselect-agents / gt: {n:,} agents ({scenes} scenes), {rounds} interleaved rounds; "
-          f"decode floor (frames + agents, {os.cpu_count()} threads) best {fb:.2f} s as a whole process "
-          f"({fin:.2f} s of decoding in it)")
+    print(
+        f"\nselect-agents / gt: {n:,} agents ({scenes} scenes), {rounds} interleaved rounds; "
+        f"decode floor (frames + agents, {os.cpu_count()} threads) best {fb:.2f} s as a whole process "
+        f"({fin:.2f} s of decoding in it)"
+    )
     for name, runs in (("select-agents", sel), (f"gt --mask ({gt_rows:,} rows)", gt)):
         best = min(w for w, _ in runs)
         ratio = statistics.median(w / f for (w, _), (f, _) in zip(runs, floor))
         inner = statistics.median(w / d for (w, _), (_, d) in zip(runs, floor))
-        print(f"  {name:<28} best {best:6.2f} s  peak RSS {max(r for _, r in runs):.2f} GB  "
-              f"{ratio:.2f}x the decode floor, process to process (per-round median; target <= 2.5x); "
-              f"{inner:.2f}x its decoding alone")
+        print(
+            f"  {name:<28} best {best:6.2f} s  peak RSS {max(r for _, r in runs):.2f} GB  "
+            f"{ratio:.2f}x the decode floor, process to process (per-round median; target <= 2.5x); "
+            f"{inner:.2f}x its decoding alone"
+        )
     print(f"  gt, default mask (on the fly): {gt_all:.1f} s, {all_rows}")
     # peak memory at a second size: half the scenes
     half = dataset(scenes // 2)
     n_half = len(l5dask.open_dataset(half)["agents"])
-    rss_sel = run(L5DASK + ["select-agents", half, "--output", os.path.join(tmp, "mask-half.zarr"), "--overwrite", "-q"])[1]
+    rss_sel = run(
+        L5DASK + ["select-agents", half, "--output", os.path.join(tmp, "mask-half.zarr"), "--overwrite", "-q"]
+    )[1]
     rss_gt = run(L5DASK + ["gt", half, "-O", os.path.join(tmp, "gt-half.csv"), "--mask", chopped_mask(half), "-q"])[1]
-    print(f"  peak RSS at {n_half:,} agents ({scenes // 2} scenes): select-agents {rss_sel:.2f} GB, gt --mask {rss_gt:.2f} GB "
-          f"(at {n:,}: {max(r for _, r in sel):.2f} GB, {max(r for _, r in gt):.2f} GB)")
+    print(
+        f"  peak RSS at {n_half:,} agents ({scenes // 2} scenes): select-agents {rss_sel:.2f} GB, gt --mask {rss_gt:.2f} GB "
+        f"(at {n:,}: {max(r for _, r in sel):.2f} GB, {max(r for _, r in gt):.2f} GB)"
+    )
     best_sel = min(w for w, _ in sel)
-    print(f"  L5Kit get_valid_agents, 20 scenes: {mask_s:.2f} s -> {l5kit_mask:.0f} s scaled to {scenes} scenes "
-          f"(one process) = {l5kit_mask / best_sel:.0f}x l5dask select-agents (target >= 20x)")
+    print(
+        f"  L5Kit get_valid_agents, 20 scenes: {mask_s:.2f} s -> {l5kit_mask:.0f} s scaled to {scenes} scenes "
+        f"(one process) = {l5kit_mask / best_sel:.0f}x l5dask select-agents (target >= 20x)"
+    )
 
 
 def main() -> None:

@@ -45,20 +45,31 @@ def main() -> None:
             for kind in ("parquet", "zarr3", "floor"):
                 out = os.path.join(tmp, kind)
                 shutil.rmtree(out, ignore_errors=True)
-                cmd = [sys.executable, os.path.join(HERE, "copy_floor.py"), src, out] if kind == "floor" else \
-                    [l5, "export", src, out, "--format", kind, "-q"]
+                cmd = (
+                    [sys.executable, os.path.join(HERE, "copy_floor.py"), src, out]
+                    if kind == "floor"
+                    else [l5, "export", src, out, "--format", kind, "-q"]
+                )
                 t, _ = run(cmd)
                 times[kind].append(t)
                 print(f"round {rnd + 1}: {kind:<8} {t:6.2f} s", flush=True)
-        sizes = {k: sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.join(tmp, k)) for f in fs)
-                 for k in times}
-        print(f"\n{rows:,} rows ({args.scenes} scenes), {os.cpu_count()} cores, best of {args.rounds} interleaved rounds")
+        sizes = {
+            k: sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(os.path.join(tmp, k)) for f in fs)
+            for k in times
+        }
+        print(
+            f"\n{rows:,} rows ({args.scenes} scenes), {os.cpu_count()} cores, best of {args.rounds} interleaved rounds"
+        )
         for kind in ("parquet", "zarr3"):
             ratios = [t / f for t, f in zip(times[kind], times["floor"])]
-            print(f"  export {kind:<8} {min(times[kind]):6.2f} s  {rows / min(times[kind]) / 1e6:5.1f} M rows/s  "
-                  f"{sizes[kind] / 1e9:5.2f} GB   median time / floor {statistics.median(ratios):4.2f}x")
-        print(f"  copy floor      {min(times['floor']):6.2f} s  {rows / min(times['floor']) / 1e6:5.1f} M rows/s  "
-              f"{sizes['floor'] / 1e9:5.2f} GB (L5Kit's layout)")
+            print(
+                f"  export {kind:<8} {min(times[kind]):6.2f} s  {rows / min(times[kind]) / 1e6:5.1f} M rows/s  "
+                f"{sizes[kind] / 1e9:5.2f} GB   median time / floor {statistics.median(ratios):4.2f}x"
+            )
+        print(
+            f"  copy floor      {min(times['floor']):6.2f} s  {rows / min(times['floor']) / 1e6:5.1f} M rows/s  "
+            f"{sizes['floor'] / 1e9:5.2f} GB (L5Kit's layout)"
+        )
         if not args.no_s3:
             s3(src, os.path.join(tmp, "zarr3"), l5, args.rounds)
     finally:
@@ -68,8 +79,8 @@ def main() -> None:
 def s3(src: str, v3: str, l5: str, rounds: int) -> None:
     import s3fs
 
-    from l5dask.prediction.report import compute_report
     from l5dask.core.store import Store
+    from l5dask.prediction.report import compute_report
 
     proc, endpoint = moto_server()
     try:
@@ -103,8 +114,13 @@ def s3(src: str, v3: str, l5: str, rounds: int) -> None:
         Store.get, Store.get_many = get, get_many
         a, b = (reports[u] for u in urls.values())
         assert a["agents"] == b["agents"] and a["counts"] == b["counts"] and a["tracks"] == b["tracks"]
-        env = dict(os.environ, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_ENDPOINT_URL=endpoint,
-                   AWS_DEFAULT_REGION="us-east-1")
+        env = dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID="x",
+            AWS_SECRET_ACCESS_KEY="x",
+            AWS_ENDPOINT_URL=endpoint,
+            AWS_DEFAULT_REGION="us-east-1",
+        )
         os.environ.update(env)
         t = {k: [] for k in urls}
         for _ in range(rounds):
@@ -115,8 +131,10 @@ def s3(src: str, v3: str, l5: str, rounds: int) -> None:
         for name, url in urls.items():
             total = sum(got[url].values())
             parts = ", ".join(f"{k} {v / 1e6:.0f}" for k, v in sorted(got[url].items()))
-            print(f"  {name:<15} {min(t[name]):6.2f} s   {total / 1e6:7.1f} MB read ({parts})   "
-                  f"{total / base:4.2f}x the bytes (target <= 0.6x)")
+            print(
+                f"  {name:<15} {min(t[name]):6.2f} s   {total / 1e6:7.1f} MB read ({parts})   "
+                f"{total / base:4.2f}x the bytes (target <= 0.6x)"
+            )
     finally:
         proc.terminate()
 

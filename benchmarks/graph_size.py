@@ -33,13 +33,20 @@ def main() -> None:
     args = parser.parse_args()
     print("| stage | 1 chunk per task | " + " | ".join(f"{t:,} threads (auto)" for t in args.threads) + " |")
     print("|---|---|" + "---|" * len(args.threads))
-    rows = {"frames pass (persisted)": [FRAMES], "agents (read and reduce, fused)": [AGENTS],
-            "traffic-light faces (read and reduce, fused)": [FACES], "ordered tree combines": [tree(AGENTS) + tree(FRAMES) + tree(FACES)],
-            "scenes, bounds, finalizes, report": [8]}
+    rows = {
+        "frames pass (persisted)": [FRAMES],
+        "agents (read and reduce, fused)": [AGENTS],
+        "traffic-light faces (read and reduce, fused)": [FACES],
+        "ordered tree combines": [tree(AGENTS) + tree(FRAMES) + tree(FACES)],
+        "scenes, bounds, finalizes, report": [8],
+    }
     for t in args.threads:
         cpt = auto_chunks_per_task(AGENTS, t, "distributed")
         agents = len(task_groups(AGENTS, cpt, t))
-        frames = -(-FRAMES // min(cpt, auto_chunks_per_task(FRAMES, t, "distributed", tasks_per_thread=PARENT_TASKS_PER_THREAD)))
+        frames = -(
+            -FRAMES
+            // min(cpt, auto_chunks_per_task(FRAMES, t, "distributed", tasks_per_thread=PARENT_TASKS_PER_THREAD))
+        )
         faces = -(-FACES // cpt)
         rows["frames pass (persisted)"].append(frames)
         rows["agents (read and reduce, fused)"].append(agents)

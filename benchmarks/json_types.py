@@ -23,12 +23,27 @@ import time
 def table(path: str, rows: int) -> None:
     rng = random.Random(0)
     with open(path, "w") as f:
-        json.dump([{"token": f"{i:064x}", "sample_token": f"{i // 50:064x}", "instance_token": f"{i % 997:064x}",
-                    "attribute_tokens": [f"{i % 7:064x}"], "visibility_token": str(1 + i % 4),
+        json.dump(
+            [
+                {
+                    "token": f"{i:064x}",
+                    "sample_token": f"{i // 50:064x}",
+                    "instance_token": f"{i % 997:064x}",
+                    "attribute_tokens": [f"{i % 7:064x}"],
+                    "visibility_token": str(1 + i % 4),
                     "translation": [rng.uniform(-500, 500), rng.uniform(-500, 500), rng.uniform(-2, 2)],
                     "size": [rng.uniform(1, 3), rng.uniform(2, 6), rng.uniform(1, 3)],
-                    "rotation": [rng.random(), 0.0, 0.0, rng.random()], "prev": "", "next": "",
-                    "num_lidar_pts": i % 50, "num_radar_pts": 0} for i in range(rows)], f, indent=1)
+                    "rotation": [rng.random(), 0.0, 0.0, rng.random()],
+                    "prev": "",
+                    "next": "",
+                    "num_lidar_pts": i % 50,
+                    "num_radar_pts": 0,
+                }
+                for i in range(rows)
+            ],
+            f,
+            indent=1,
+        )
 
 
 def main() -> None:
@@ -61,13 +76,17 @@ def main() -> None:
             for c, t in schema.items():
                 if t.endswith("[]"):
                     allowed = "'VARCHAR', 'NULL'" if t == "VARCHAR[]" else num
-                    conds.append(f"(\"{c}\" IS NULL OR json_type(\"{c}\") = 'NULL' OR (json_type(\"{c}\") = 'ARRAY' "
-                                 f"AND list_has_all([{allowed}], json_type(\"{c}\", '$[*]'))))")
+                    conds.append(
+                        f'("{c}" IS NULL OR json_type("{c}") = \'NULL\' OR (json_type("{c}") = \'ARRAY\' '
+                        f"AND list_has_all([{allowed}], json_type(\"{c}\", '$[*]'))))"
+                    )
                 else:
                     allowed = {"VARCHAR": "'VARCHAR'", "DOUBLE": num, "BOOLEAN": "'BOOLEAN'"}[t]
-                    conds.append(f"(\"{c}\" IS NULL OR json_type(\"{c}\") IN ('NULL', {allowed}))")
-            con.sql(f"SELECT count(*) FROM read_json('{path}', format='array', columns={{{cols}}}) "
-                    f"WHERE NOT ({' AND '.join(conds)})").fetchall()
+                    conds.append(f'("{c}" IS NULL OR json_type("{c}") IN (\'NULL\', {allowed}))')
+            con.sql(
+                f"SELECT count(*) FROM read_json('{path}', format='array', columns={{{cols}}}) "
+                f"WHERE NOT ({' AND '.join(conds)})"
+            ).fetchall()
 
         best: dict[str, float] = {}
         for _ in range(args.rounds):
@@ -77,8 +96,12 @@ def main() -> None:
                 best[name] = min(best.get(name, 1e9), time.perf_counter() - t)
     print(f"sample_annotation.json: {args.rows:,} rows, {size / 1e6:.0f} MB; best of {args.rounds}")
     print(f"(a) DuckDB parse of the declared columns   {best['parse']:6.3f} s")
-    print(f"(b) the compiled type scan                 {best['scan']:6.3f} s   ({100 * best['scan'] / best['parse']:.0f}% of (a))")
-    print(f"(c) DuckDB checking json_type per value    {best['duckdb']:6.3f} s   ((c)/(b) = {best['duckdb'] / best['scan']:.1f}x)")
+    print(
+        f"(b) the compiled type scan                 {best['scan']:6.3f} s   ({100 * best['scan'] / best['parse']:.0f}% of (a))"
+    )
+    print(
+        f"(c) DuckDB checking json_type per value    {best['duckdb']:6.3f} s   ((c)/(b) = {best['duckdb'] / best['scan']:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -45,25 +45,44 @@ def reference_report(arrays: dict[str, np.ndarray], labels) -> dict:
     mean = lambda x: float(np.mean(x)) if len(x) else 0.0  # noqa: E731
     return {
         "counts": {"scenes": S, "frames": F, "agents": A, "tl_faces": T},
-        "summary": {"frame_frequency_hz": hz, "total_time_hours": F / hz / 3600,
-                    "avg_frames_per_scene": F / S if S else 0.0, "avg_agents_per_frame": A / F if F else 0.0,
-                    "avg_scene_time_s": (F / S if S else 0.0) / hz},
+        "summary": {
+            "frame_frequency_hz": hz,
+            "total_time_hours": F / hz / 3600,
+            "avg_frames_per_scene": F / S if S else 0.0,
+            "avg_agents_per_frame": A / F if F else 0.0,
+            "avg_scene_time_s": (F / S if S else 0.0) / hz,
+        },
         "agents": {
-            "label_counts": dict(zip(labels, np.bincount(agents["label_probabilities"].argmax(1), minlength=17).tolist()))
-            if A else {name: 0 for name in labels},
-            "per_frame": {"min": int(per_frame.min()) if F else 0, "max": int(per_frame.max()) if F else 0,
-                          "mean": mean(per_frame)},
-            "speed_mps": {"mean": mean(speed),
-                          "histogram": {"edges": np.linspace(0, 50, 101).tolist(),
-                                        "counts": _hist(speed, np.linspace(0, 50, 101))}},
-            "distance_to_ego_m": {"histogram": {"edges": np.linspace(0, 200, 41).tolist(),
-                                                "counts": _hist(dist, np.linspace(0, 200, 41))}},
+            "label_counts": dict(
+                zip(labels, np.bincount(agents["label_probabilities"].argmax(1), minlength=17).tolist())
+            )
+            if A
+            else {name: 0 for name in labels},
+            "per_frame": {
+                "min": int(per_frame.min()) if F else 0,
+                "max": int(per_frame.max()) if F else 0,
+                "mean": mean(per_frame),
+            },
+            "speed_mps": {
+                "mean": mean(speed),
+                "histogram": {
+                    "edges": np.linspace(0, 50, 101).tolist(),
+                    "counts": _hist(speed, np.linspace(0, 50, 101)),
+                },
+            },
+            "distance_to_ego_m": {
+                "histogram": {"edges": np.linspace(0, 200, 41).tolist(), "counts": _hist(dist, np.linspace(0, 200, 41))}
+            },
         },
         "tracks": {"count": int(sum(num_tracks))},
-        "tl_faces": {"status_counts": dict(zip(STATUSES, np.bincount(status, minlength=3).tolist())),
-                     "unique_faces": int(len(np.unique(tl["face_id"]))) if T else 0},
+        "tl_faces": {
+            "status_counts": dict(zip(STATUSES, np.bincount(status, minlength=3).tolist())),
+            "unique_faces": int(len(np.unique(tl["face_id"]))) if T else 0,
+        },
         "ego": {"mean_speed_mps": mean(step / (dts / 1e9)), "total_distance_km": float(step.sum()) / 1000},
-        "per_scene": {"num_agents": num_agents, "num_tracks": num_tracks,
-                      "ego_distance_m": np.bincount(scene_of_frame[1:][same], weights=step, minlength=S).tolist()
-                      if S else []},
+        "per_scene": {
+            "num_agents": num_agents,
+            "num_tracks": num_tracks,
+            "ego_distance_m": np.bincount(scene_of_frame[1:][same], weights=step, minlength=S).tolist() if S else [],
+        },
     }

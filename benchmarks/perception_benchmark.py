@@ -82,8 +82,7 @@ PARSERS = {
     "json (the SDK's)": "import json; json.loads(data)",
     "orjson": "import orjson; orjson.loads(data)",
     "msgspec": "import msgspec; msgspec.json.decode(data)",
-    "duckdb, declared columns": (
-        "from l5dask.perception.tables import parse; parse(path, 'sample_annotation', path)"),
+    "duckdb, declared columns": ("from l5dask.perception.tables import parse; parse(path, 'sample_annotation', path)"),
 }
 
 
@@ -107,19 +106,26 @@ def tables_part(rounds: int) -> None:
         b.append((construct, peak_b))
         bw.append(time.perf_counter() - t0)
         c.append(timed(FLOOR, data)[0])
-        print(f"round {r + 1}: (a) {wall:.2f} s {peak_a:.2f} GB   (b) {construct:.2f} s (whole process "
-              f"{bw[-1]:.2f} s) {peak_b:.2f} GB   (c) {c[-1]:.2f} s", flush=True)
+        print(
+            f"round {r + 1}: (a) {wall:.2f} s {peak_a:.2f} GB   (b) {construct:.2f} s (whole process "
+            f"{bw[-1]:.2f} s) {peak_b:.2f} GB   (c) {c[-1]:.2f} s",
+            flush=True,
+        )
     ta, tb, tc = min(x for x, _ in a), min(x for x, _ in b), min(c)
     print(f"(a) l5dask perception stats --no-lidar, whole process: {ta:.2f} s, peak {min(p for _, p in a):.2f} GB")
-    print(f"(b) LyftDataset construction alone: {tb:.2f} s (whole process {min(bw):.2f} s), "
-          f"peak {min(p for _, p in b):.2f} GB")
+    print(
+        f"(b) LyftDataset construction alone: {tb:.2f} s (whole process {min(bw):.2f} s), "
+        f"peak {min(p for _, p in b):.2f} GB"
+    )
     print(f"(c) JSON parse floor (DuckDB, the 13 tables' declared fields, all cores): {tc:.2f} s")
     print(f"(a)/(b) = {ta / tb:.3f} (target <= 0.2); (a)/(c) = {ta / tc:.2f} (target <= 2)")
     path = os.path.join(data, "data", "sample_annotation.json")
     print(f"\nparsers on sample_annotation.json ({os.path.getsize(path) / 1e6:.0f} MB), best of {rounds}, one thread:")
     for name, code in PARSERS.items():
-        prog = ("import sys, time; path = sys.argv[1]; data = open(path, 'rb').read(); t = time.perf_counter(); "
-                f"{code}; print(time.perf_counter() - t)")
+        prog = (
+            "import sys, time; path = sys.argv[1]; data = open(path, 'rb').read(); t = time.perf_counter(); "
+            f"{code}; print(time.perf_counter() - t)"
+        )
         got = [timed(prog, path) for _ in range(rounds)]
         print(f"  {name:<26} {min(s for s, _ in got):6.2f} s  peak {min(p for _, p in got):.2f} GB")
 
@@ -138,12 +144,16 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
     sensors = ds.table("sensor")
     lidar_channels = set(sensors.strings("channel")[sensors.strings("modality") == "lidar"])
     key = np.concatenate([key_frame_of_samples(ds, ch) for ch in sorted(lidar_channels)])
-    files = {"sweeps": sd.strings("filename")[ds.sweeps().rows].tolist(),
-             "points in boxes": sd.strings("filename")[key[key >= 0]].tolist()}
+    files = {
+        "sweeps": sd.strings("filename")[ds.sweeps().rows].tolist(),
+        "points in boxes": sd.strings("filename")[key[key >= 0]].tolist(),
+    }
     size = {k: sum(os.path.getsize(os.path.join(data, n)) for n in v) for k, v in files.items()}
     n_boxes = len(ds.table("sample_annotation"))
-    print(f"\n== lidar: {data}: {len(files['sweeps']):,} sweeps, {size['sweeps'] / 1e6:.0f} MB "
-          f"({len(files['points in boxes']):,} key frames, {size['points in boxes'] / 1e6:.0f} MB), {n_boxes:,} boxes")
+    print(
+        f"\n== lidar: {data}: {len(files['sweeps']):,} sweeps, {size['sweeps'] / 1e6:.0f} MB "
+        f"({len(files['points in boxes']):,} key frames, {size['points in boxes'] / 1e6:.0f} MB), {n_boxes:,} boxes"
+    )
 
     def floor(names):
         from concurrent.futures import ThreadPoolExecutor
@@ -151,10 +161,14 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
         def read(n):
             with open(os.path.join(data, n), "rb") as f:
                 return len(f.read())
+
         with ThreadPoolExecutor(FLOOR_THREADS) as pool:
             return sum(pool.map(read, names, chunksize=16))
 
-    passes = {"sweeps": lambda: ds.sweeps().points[:, 3].max().compute(), "points in boxes": lambda: points_in_boxes(ds)}
+    passes = {
+        "sweeps": lambda: ds.sweeps().points[:, 3].max().compute(),
+        "points in boxes": lambda: points_in_boxes(ds),
+    }
     cold_ok = drop_caches()
     if not cold_ok:
         print("(cannot drop the page cache here: not root; warm rounds only)")
@@ -177,9 +191,11 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
             ours, floors = times[f"{what} ours{cache}"], times[f"{what} floor{cache}"]
             label = "page cache dropped before each (the files read from disk)" if cache else "files in the page cache"
             extra = f", {n_boxes / min(ours):,.0f} boxes/s" if what == "points in boxes" else ""
-            print(f"{what}, {label}: {min(ours):.2f} s, {size[what] / min(ours) / 1e6:.0f} MB/s{extra}; read floor "
-                  f"{min(floors):.2f} s ({size[what] / min(floors) / 1e6:.0f} MB/s): {min(floors) / min(ours):.2f}x the "
-                  f"floor (target >= 0.8x); per-round medians {np.median(np.array(floors) / np.array(ours)):.2f}x")
+            print(
+                f"{what}, {label}: {min(ours):.2f} s, {size[what] / min(ours) / 1e6:.0f} MB/s{extra}; read floor "
+                f"{min(floors):.2f} s ({size[what] / min(floors) / 1e6:.0f} MB/s): {min(floors) / min(ours):.2f}x the "
+                f"floor (target >= 0.8x); per-round medians {np.median(np.array(floors) / np.array(ours)):.2f}x"
+            )
     print(f"{int(counts.sum()):,} points in boxes")
     # the SDK's per-box loop, on the first boxes
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
@@ -192,10 +208,12 @@ def lidar_part(rounds: int, scenes: int, points: int) -> None:
     dt = time.perf_counter() - t
     tokens = ds.table("sample_annotation").tokens.to_pylist()
     same = all(ref[tok] == int(c) for tok, c in zip(tokens, counts) if tok in ref)
-    print(f"SDK per-box loop: {len(ref):,} boxes in {dt:.2f} s, {len(ref) / dt:,.0f} boxes/s "
-          f"(point clouds loaded and moved once per sweep, cached); l5dask "
-          f"{n_boxes / min(times['points in boxes ours']) / (len(ref) / dt):.1f}x; "
-          f"counts equal: {same}")
+    print(
+        f"SDK per-box loop: {len(ref):,} boxes in {dt:.2f} s, {len(ref) / dt:,.0f} boxes/s "
+        f"(point clouds loaded and moved once per sweep, cached); l5dask "
+        f"{n_boxes / min(times['points in boxes ours']) / (len(ref) / dt):.1f}x; "
+        f"counts equal: {same}"
+    )
 
 
 def main() -> None:

@@ -44,8 +44,10 @@ def main() -> None:
     for per_task in (1, 8):
         for label, fields in (("whole array", None), ("one field (centroid)", ["centroid"])):
             s, _ = best_of(args.repeat, lambda: nbytes(agents.to_dask(fields=fields, chunks_per_task=per_task)))
-            print(f"l5dask {label:<21} {per_task} chunk/task: {s:6.2f} s  {gbps(s):5.2f} GB/s"
-                  f"  ratio to floor {floor_s / s:.2f}")
+            print(
+                f"l5dask {label:<21} {per_task} chunk/task: {s:6.2f} s  {gbps(s):5.2f} GB/s"
+                f"  ratio to floor {floor_s / s:.2f}"
+            )
 
 
 if __name__ == "__main__":

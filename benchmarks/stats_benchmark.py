@@ -32,15 +32,19 @@ def l5dask_stats(path: str) -> tuple[float, float]:
 
 
 def numpy_reference(path: str) -> tuple[float, float]:
-    code = (f"import sys; sys.path.insert(0, {HERE!r}); import zarr; from numpy_reference import reference_report; "
-            f"from l5dask.prediction.format import LABELS; root = zarr.open_group({path!r}, mode='r'); "
-            f"reference_report({{n: root[n][:] for n in {ARRAYS!r}}}, LABELS)")
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); import zarr; from numpy_reference import reference_report; "
+        f"from l5dask.prediction.format import LABELS; root = zarr.open_group({path!r}, mode='r'); "
+        f"reference_report({{n: root[n][:] for n in {ARRAYS!r}}}, LABELS)"
+    )
     return run([sys.executable, "-c", code])
 
 
 def floor_process(path: str) -> float:
     """The decode floor as a whole process too: interpreter start-up and imports included, like (a)."""
-    code = f"import sys; sys.path.insert(0, {HERE!r}); from common import decode_floor; decode_floor({path!r}, {ARRAYS!r})"
+    code = (
+        f"import sys; sys.path.insert(0, {HERE!r}); from common import decode_floor; decode_floor({path!r}, {ARRAYS!r})"
+    )
     return run([sys.executable, "-c", code])[0]
 
 

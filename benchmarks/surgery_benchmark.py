@@ -84,8 +84,10 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="l5dask-surgery-", dir=os.path.join(HERE, "data"))
     out = os.path.join(tmp, "out.zarr")
     ops = {
-        "concat": ([l5, "concat", big, small, "--output", out, "-q"],
-                   [(big, 0, n_agents), (small, 0, len(l5dask.open_dataset(small)["agents"]))]),
+        "concat": (
+            [l5, "concat", big, small, "--output", out, "-q"],
+            [(big, 0, n_agents), (small, 0, len(l5dask.open_dataset(small)["agents"]))],
+        ),
         "subset": ([l5, "subset", big, out, "--scenes", f"{lo_s}:{hi_s}", "-q"], [(big, *sub_rows)]),
     }
     times: dict[str, list[float]] = {k: [] for k in ops}
@@ -115,15 +117,21 @@ def main() -> None:
                 check(out, ops["concat"][1])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\n{n_agents:,} agents ({args.scenes} scenes) + 30 scenes; {os.cpu_count()} cores; "
-          f"best of {args.rounds} interleaved rounds, whole processes")
+    print(
+        f"\n{n_agents:,} agents ({args.scenes} scenes) + 30 scenes; {os.cpu_count()} cores; "
+        f"best of {args.rounds} interleaved rounds, whole processes"
+    )
     for name in ops:
         ratios = [t / f for t, f in zip(times[name], floors[name])]
-        print(f"  l5dask {name:<7} {min(times[name]):6.2f} s   floor {min(floors[name]):6.2f} s   "
-              f"median ratio {statistics.median(ratios):4.2f}x (target <= 1.5x)")
+        print(
+            f"  l5dask {name:<7} {min(times[name]):6.2f} s   floor {min(floors[name]):6.2f} s   "
+            f"median ratio {statistics.median(ratios):4.2f}x (target <= 1.5x)"
+        )
     if l5kit_t is not None:
-        print(f"  L5Kit zarr_concat {l5kit_t:6.2f} s: l5dask concat is {l5kit_t / min(times['concat']):.1f}x "
-              f"faster (target >= 10x)")
+        print(
+            f"  L5Kit zarr_concat {l5kit_t:6.2f} s: l5dask concat is {l5kit_t / min(times['concat']):.1f}x "
+            f"faster (target >= 10x)"
+        )
 
 
 if __name__ == "__main__":

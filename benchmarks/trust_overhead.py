@@ -39,8 +39,11 @@ def in_process(path: str, rounds: int) -> None:
     meta = arr.meta
     raws = [raw for _, raw in arr.read_encoded(0, meta.nchunks).chunks]
     scratch = np.empty(meta.chunk_rows, meta.dtype)
-    plan = Gather(meta.dtype, [("centroid", (0,)), ("centroid", (1,)), ("velocity", (0,)), ("velocity", (1,))],
-                  ["label_probabilities"])
+    plan = Gather(
+        meta.dtype,
+        [("centroid", (0,)), ("centroid", (1,)), ("velocity", (0,)), ("velocity", (1,))],
+        ["label_probabilities"],
+    )
     outs, maxes = plan.outputs(meta.chunk_rows)
     blocks = np.empty(0, np.uint8)
 
@@ -68,16 +71,22 @@ def in_process(path: str, rounds: int) -> None:
     n = len(raws)
     print(f"(1) {n:,} agents chunks of {meta.chunk_rows:,} rows, one thread, best of {rounds}:")
     print(f"    header rule      {best['check'] / n * 1e6:8.2f} us a chunk")
-    print(f"    numcodecs decode {best['decode'] / n * 1e6:8.2f} us a chunk   (the rule: "
-          f"{100 * best['check'] / (best['decode'] - best['check']):.2f}% of the decode without it)")
-    print(f"    compressed gather {best['gather'] / n * 1e6:7.2f} us a chunk   (the rule: "
-          f"{100 * best['check'] / best['gather']:.2f}% of the gather)")
+    print(
+        f"    numcodecs decode {best['decode'] / n * 1e6:8.2f} us a chunk   (the rule: "
+        f"{100 * best['check'] / (best['decode'] - best['check']):.2f}% of the decode without it)"
+    )
+    print(
+        f"    compressed gather {best['gather'] / n * 1e6:7.2f} us a chunk   (the rule: "
+        f"{100 * best['check'] / best['gather']:.2f}% of the gather)"
+    )
 
 
 def processes(path: str, before: str, rounds: int) -> None:
-    jobs = {"stats": ["stats", path, "--quiet", "--output", "{tmp}/r.json"],
-            "agg q1": ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"],
-            "agg q2": ["agg", path, *CLI["q2"], "-q", "--output", "{tmp}/q2.parquet"]}
+    jobs = {
+        "stats": ["stats", path, "--quiet", "--output", "{tmp}/r.json"],
+        "agg q1": ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"],
+        "agg q2": ["agg", path, *CLI["q2"], "-q", "--output", "{tmp}/q2.parquet"],
+    }
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         for job, args in jobs.items():
@@ -85,15 +94,25 @@ def processes(path: str, before: str, rounds: int) -> None:
                 with tempfile.TemporaryDirectory() as tmp:
                     env_path = tree[1] + os.pathsep + os.environ.get("PYTHONPATH", "")
                     # (run from the temporary folder: the current one would come first on sys.path)
-                    cmd = ["env", "-C", tmp, f"PYTHONPATH={env_path}", sys.executable, "-m", "l5dask.cli",
-                           *[a.format(tmp=tmp) for a in args]]
+                    cmd = [
+                        "env",
+                        "-C",
+                        tmp,
+                        f"PYTHONPATH={env_path}",
+                        sys.executable,
+                        "-m",
+                        "l5dask.cli",
+                        *[a.format(tmp=tmp) for a in args],
+                    ]
                     times.setdefault((job, tree[0]), []).append(run(cmd)[0])
     print(f"(2) whole processes, {rounds} interleaved rounds (best; median of per-round after/before):")
     for job in jobs:
         b, a = times[(job, "before")], times[(job, "after")]
         ratios = [x / y for x, y in zip(a, b)]
-        print(f"    {job:<8} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
-              f"   median {statistics.median(ratios):.3f}")
+        print(
+            f"    {job:<8} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
+            f"   median {statistics.median(ratios):.3f}"
+        )
 
 
 def main() -> None:

@@ -13,9 +13,17 @@ from l5dask.errors import (
 
 #: Imported on first use: a command starts faster without the imports it does not need (the
 #: reader's pandas and dask cost 0.3 s; the perception commands need neither).
-_LAZY = {"synthesize": "prediction.synth", "write_dataset": "prediction.writing", "concat": "prediction.surgery",
-         "subset": "prediction.surgery", "split": "prediction.surgery", "open_dataset": "prediction.dataset",
-         "L5Dataset": "prediction.dataset", "L5Array": "prediction.reading", "aggregate": "prediction.aggregation"}
+_LAZY = {
+    "synthesize": "prediction.synth",
+    "write_dataset": "prediction.writing",
+    "concat": "prediction.surgery",
+    "subset": "prediction.surgery",
+    "split": "prediction.surgery",
+    "open_dataset": "prediction.dataset",
+    "L5Dataset": "prediction.dataset",
+    "L5Array": "prediction.reading",
+    "aggregate": "prediction.aggregation",
+}
 
 
 def __getattr__(name: str):

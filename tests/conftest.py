@@ -45,7 +45,9 @@ def l5kit_data() -> None:
     if done is not None and getattr(done, "__file__", None) is None:
         return
     spec = importlib.util.find_spec("l5kit")
-    require(spec is not None and bool(spec.submodule_search_locations), "l5kit 1.5.0 (pip install --no-deps l5kit==1.5.0)")
+    require(
+        spec is not None and bool(spec.submodule_search_locations), "l5kit 1.5.0 (pip install --no-deps l5kit==1.5.0)"
+    )
     root = Path(list(spec.submodule_search_locations)[0])
     for pkg, path in (("l5kit", root), ("l5kit.data", root / "data")):
         if pkg not in sys.modules or getattr(sys.modules[pkg], "__file__", None) is not None:
@@ -64,8 +66,11 @@ def l5kit_evaluation():
 
     l5kit_data()
     if "l5kit.evaluation.extract_metrics" in sys.modules:
-        return sys.modules["l5kit.evaluation.csv_utils"], sys.modules["l5kit.evaluation.metrics"], \
-            sys.modules["l5kit.evaluation.extract_metrics"]
+        return (
+            sys.modules["l5kit.evaluation.csv_utils"],
+            sys.modules["l5kit.evaluation.metrics"],
+            sys.modules["l5kit.evaluation.extract_metrics"],
+        )
     root = list(sys.modules["l5kit"].__path__)[0]
     ev = types.ModuleType("l5kit.evaluation")
     ev.__path__ = [os.path.join(root, "evaluation")]
@@ -78,8 +83,9 @@ def l5kit_evaluation():
     try:
         mods = []
         for name in ("csv_utils", "metrics", "extract_metrics"):
-            spec = importlib.util.spec_from_file_location(f"l5kit.evaluation.{name}",
-                                                          os.path.join(root, "evaluation", f"{name}.py"))
+            spec = importlib.util.spec_from_file_location(
+                f"l5kit.evaluation.{name}", os.path.join(root, "evaluation", f"{name}.py")
+            )
             mod = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = mod
             spec.loader.exec_module(mod)
@@ -165,7 +171,9 @@ class S3Server:
         env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", AWS_DEFAULT_REGION="us-east-1")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.time() + 30
         while True:
@@ -174,28 +182,46 @@ class S3Server:
                 break
             except Exception:
                 if time.time() > deadline or self.proc.poll() is not None:
-                    raise RuntimeError("moto server did not start")
+                    raise RuntimeError("moto server did not start") from None
                 time.sleep(0.2)
         import boto3
 
-        iam = boto3.client("iam", endpoint_url=self.endpoint, region_name="us-east-1",
-                           aws_access_key_id="bootstrap", aws_secret_access_key="bootstrap")
+        iam = boto3.client(
+            "iam",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="bootstrap",
+            aws_secret_access_key="bootstrap",
+        )
         iam.create_user(UserName="l5dask")
-        iam.put_user_policy(UserName="l5dask", PolicyName="s3", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        iam.put_user_policy(
+            UserName="l5dask",
+            PolicyName="s3",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+            ),
+        )
         key = iam.create_access_key(UserName="l5dask")["AccessKey"]
         self.key, self.secret = key["AccessKeyId"], key["SecretAccessKey"]
 
     def storage_options(self, key: str | None = None, secret: str | None = None) -> dict:
-        return {"key": key or self.key, "secret": secret or self.secret,
-                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
-                "skip_instance_cache": True}
+        return {
+            "key": key or self.key,
+            "secret": secret or self.secret,
+            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+            "skip_instance_cache": True,
+        }
 
     def make_bucket(self, name: str) -> None:
         import boto3
 
-        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                              aws_access_key_id=self.key, aws_secret_access_key=self.secret)
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=self.key,
+            aws_secret_access_key=self.secret,
+        )
         try:
             client.create_bucket(Bucket=name)
         except client.exceptions.BucketAlreadyOwnedByYou:
@@ -238,15 +264,43 @@ class DaskCluster:
         # logs go to a file: a pipe nobody reads could fill up and block a chatty worker
         self.log = tempfile.TemporaryFile()
         self.scheduler = subprocess.Popen(
-            [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(self.port),
-             "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=self.log)
+            [
+                sys.executable,
+                "-m",
+                "dask",
+                "scheduler",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-dashboard",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
         from l5dask.core.cluster import WORKER_ENV
 
         env = dict(os.environ, **WORKER_ENV, DASK_CONFIG=os.path.join(os.path.dirname(__file__), "..", "cluster"))
         self.workers = [
-            subprocess.Popen([sys.executable, "-m", "dask", "worker", self.address, "--nthreads", str(threads),
-                              "--host", "127.0.0.1", "--no-dashboard", "--memory-limit", "2GB"],
-                             stdout=subprocess.DEVNULL, stderr=self.log, env=env)
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dask",
+                    "worker",
+                    self.address,
+                    "--nthreads",
+                    str(threads),
+                    "--host",
+                    "127.0.0.1",
+                    "--no-dashboard",
+                    "--memory-limit",
+                    "2GB",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=self.log,
+                env=env,
+            )
             for _ in range(n_workers)
         ]
         from distributed import Client

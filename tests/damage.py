@@ -33,6 +33,7 @@ def _chunk(edit: Callable[[bytes], bytes], array: str = "agents", chunk: str = "
     def damage(root: Path) -> None:
         path = root / array / chunk
         path.write_bytes(edit(path.read_bytes()))
+
     return damage
 
 
@@ -42,12 +43,14 @@ def _zarray(edit: Callable[[dict], None], array: str = "agents") -> Callable[[Pa
         meta = json.loads(path.read_text())
         edit(meta)
         path.write_text(json.dumps(meta))
+
     return damage
 
 
 def _raw(name: str, text: str) -> Callable[[Path], None]:
     def damage(root: Path) -> None:
         (root / name).write_text(text)
+
     return damage
 
 
@@ -57,6 +60,7 @@ def _zattrs(labels) -> Callable[[Path], None]:
         attrs = json.loads(path.read_text()) if path.exists() else {}
         attrs["labels"] = labels
         path.write_text(json.dumps(attrs))
+
     return damage
 
 
@@ -72,6 +76,7 @@ def _set_dtype(name: str, base: str) -> Callable[[dict], None]:
         for field in meta["dtype"]:
             if field[0] == name:
                 field[1] = base
+
     return edit
 
 
@@ -80,10 +85,21 @@ CHUNK_MESSAGE = r"array 'agents', chunk '0': truncated or corrupt chunk \({}"
 
 #: (name, damage, message pattern) of chunks, refused when read
 CHUNK: list[tuple[str, Callable[[Path], None], str]] = [
-    ("header-says-fewer-bytes", _chunk(_fewer_bytes), CHUNK_MESSAGE.format(r"its header says \d+ bytes decoded, the array's metadata \d+")),
-    ("type-size-0", _chunk(lambda r: with_header(r, typesize=0)), CHUNK_MESSAGE.format("type size 0 in its header, 116")),
-    ("type-size-0-split-flag-clear", _chunk(lambda r: with_header(r, typesize=0, flags=header(r)[2] & ~0x10)),
-     CHUNK_MESSAGE.format("type size 0 in its header")),
+    (
+        "header-says-fewer-bytes",
+        _chunk(_fewer_bytes),
+        CHUNK_MESSAGE.format(r"its header says \d+ bytes decoded, the array's metadata \d+"),
+    ),
+    (
+        "type-size-0",
+        _chunk(lambda r: with_header(r, typesize=0)),
+        CHUNK_MESSAGE.format("type size 0 in its header, 116"),
+    ),
+    (
+        "type-size-0-split-flag-clear",
+        _chunk(lambda r: with_header(r, typesize=0, flags=header(r)[2] & ~0x10)),
+        CHUNK_MESSAGE.format("type size 0 in its header"),
+    ),
     ("lz4-version-2", _chunk(lambda r: with_header(r, versionlz=2)), CHUNK_MESSAGE.format("lz4 format version 2")),
     ("blosc-version-3", _chunk(lambda r: with_header(r, version=3)), CHUNK_MESSAGE.format("blosc format version 3")),
     ("future-flag", _chunk(lambda r: with_header(r, flags=header(r)[2] | 0x08)), CHUNK_MESSAGE.format("header flags")),
@@ -96,11 +112,17 @@ CHUNK: list[tuple[str, Callable[[Path], None], str]] = [
 
 #: (name, damage, message pattern) of metadata, refused when the dataset is opened
 METADATA: list[tuple[str, Callable[[Path], None], str]] = [
-    ("extra-field", _zarray(lambda m: m["dtype"].append(["extra", "<f4"])),
-     r"array 'agents': its last chunk \('agents/\d+'\) does not match its \.zarray \(5,000 rows of 120 bytes\): type size 116"),
+    (
+        "extra-field",
+        _zarray(lambda m: m["dtype"].append(["extra", "<f4"])),
+        r"array 'agents': its last chunk \('agents/\d+'\) does not match its \.zarray \(5,000 rows of 120 bytes\): type size 116",
+    ),
     ("wider-type", _zarray(_set_dtype("yaw", "<f8")), r"does not match its \.zarray \(5,000 rows of 120 bytes\)"),
-    ("chunks-doubled", _zarray(lambda m: m.update(chunks=[m["chunks"][0] * 2])),
-     r"does not match its \.zarray \(10,000 rows of 116 bytes\): its header says 580000 bytes decoded, the array's metadata 1160000"),
+    (
+        "chunks-doubled",
+        _zarray(lambda m: m.update(chunks=[m["chunks"][0] * 2])),
+        r"does not match its \.zarray \(10,000 rows of 116 bytes\): its header says 580000 bytes decoded, the array's metadata 1160000",
+    ),
     ("labels-all-equal", _zattrs(["x"] * 17), r"\.zattrs labels must be distinct; \['x'\] appear more than once"),
     ("labels-not-strings", _zattrs(list(range(17))), r"\.zattrs labels must be 17 names \(strings\)"),
     ("labels-16", _zattrs([f"L{i}" for i in range(16)]), r"\.zattrs labels must be 17 names"),
@@ -110,10 +132,16 @@ METADATA: list[tuple[str, Callable[[Path], None], str]] = [
     ("shape-1e30", _zarray(lambda m: m.update(shape=[10**30])), r"invalid shape \[1000000000000000000000000000000\]"),
     ("shape-negative", _zarray(lambda m: m.update(shape=[-5])), r"invalid shape \[-5\]"),
     ("shape-bool", _zarray(lambda m: m.update(shape=[True])), r"invalid shape \[True\]"),
-    ("chunks-huge", _zarray(lambda m: m.update(chunks=[10**12])),
-     r"chunks of 1,000,000,000,000 rows of 116 bytes .* more than a blosc chunk holds"),
+    (
+        "chunks-huge",
+        _zarray(lambda m: m.update(chunks=[10**12])),
+        r"chunks of 1,000,000,000,000 rows of 116 bytes .* more than a blosc chunk holds",
+    ),
     ("field-huge", _zarray(lambda m: m["dtype"].append(["big", "<f4", [10**9]])), r"field 'big' has a malformed shape"),
-    ("faces-4294967296-rows", _zarray(lambda m: m.update(shape=[2**32]), "traffic_light_faces"),
-     r"array 'traffic_light_faces': its \.zarray says 4,294,967,296 rows in 2,147,484 chunks of 2,000, but the last chunk"),
+    (
+        "faces-4294967296-rows",
+        _zarray(lambda m: m.update(shape=[2**32]), "traffic_light_faces"),
+        r"array 'traffic_light_faces': its \.zarray says 4,294,967,296 rows in 2,147,484 chunks of 2,000, but the last chunk",
+    ),
     ("object-dtype", _zarray(_set_dtype("yaw", "|O")), r"field 'yaw' has dtype '\|O', which would need object/pickle"),
 ]

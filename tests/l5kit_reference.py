@@ -38,22 +38,30 @@ def ground_truth(path: str, csv_path: str, future_len: int, threshold: float, ma
         cur_agents = agents[slice(*cur["agent_index_interval"])]
         agent = flt.filter_agents_by_track_id(flt.filter_agents_by_labels(cur_agents, threshold), track_id)[0]
         centroid, yaw = agent["centroid"], float(agent["yaw"])
-        world_from_agent = np.array([[np.cos(yaw), -np.sin(yaw), centroid[0]],
-                                     [np.sin(yaw), np.cos(yaw), centroid[1]], [0, 0, 1]])
+        world_from_agent = np.array(
+            [[np.cos(yaw), -np.sin(yaw), centroid[0]], [np.sin(yaw), np.cos(yaw), centroid[1]], [0, 0, 1]]
+        )
         agent_from_world = np.linalg.inv(world_from_agent)
         positions = np.zeros((future_len, 2))
         avail = np.zeros(future_len, np.float32)
-        for i, fr in enumerate(frames[frame_index + 1: min(frame_index + 1 + future_len, f_end)]):
+        for i, fr in enumerate(frames[frame_index + 1 : min(frame_index + 1 + future_len, f_end)]):
             found = flt.filter_agents_by_track_id(agents[slice(*fr["agent_index_interval"])], track_id)
             if len(found) == 0:
                 continue
             positions[i] = found[0]["centroid"]
             avail[i] = 1.0
-        target = ((positions @ agent_from_world[:2, :2].T + agent_from_world[:2, 2]) * avail[:, None]).astype(np.float32)
+        target = ((positions @ agent_from_world[:2, :2].T + agent_from_world[:2, 2]) * avail[:, None]).astype(
+            np.float32
+        )
         offsets = target @ world_from_agent[:2, :2].T + world_from_agent[:2, 2] - centroid[:2]
         out["timestamps"].append(cur["timestamp"])
         out["track_ids"].append(np.int64(track_id))
         out["coords"].append(offsets)
         out["avails"].append(avail)
-    cu.write_gt_csv(csv_path, np.asarray(out["timestamps"]), np.asarray(out["track_ids"]),
-                    np.asarray(out["coords"]).reshape(-1, future_len, 2), np.asarray(out["avails"]).reshape(-1, future_len))
+    cu.write_gt_csv(
+        csv_path,
+        np.asarray(out["timestamps"]),
+        np.asarray(out["track_ids"]),
+        np.asarray(out["coords"]).reshape(-1, future_len, 2),
+        np.asarray(out["avails"]).reshape(-1, future_len),
+    )

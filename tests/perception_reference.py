@@ -33,13 +33,29 @@ def _hist(values, edges):
 
 
 def _stats(values):
-    return {"min": min(values), "max": max(values), "mean": sum(values) / len(values)} if values else \
-        {"min": 0, "max": 0, "mean": 0.0}
+    return (
+        {"min": min(values), "max": max(values), "mean": sum(values) / len(values)}
+        if values
+        else {"min": 0, "max": 0, "mean": 0.0}
+    )
 
 
 def reference_report(l, root: str) -> dict:
-    tables = ["attribute", "calibrated_sensor", "category", "ego_pose", "instance", "log", "map", "sample",
-              "sample_annotation", "sample_data", "scene", "sensor", "visibility"]
+    tables = [
+        "attribute",
+        "calibrated_sensor",
+        "category",
+        "ego_pose",
+        "instance",
+        "log",
+        "map",
+        "sample",
+        "sample_annotation",
+        "sample_data",
+        "scene",
+        "sensor",
+        "visibility",
+    ]
     r = {"counts": {t: len(getattr(l, t)) for t in tables}}
     per_cat = {c["name"]: 0 for c in l.category}
     for ann in l.sample_annotation:
@@ -87,9 +103,13 @@ def reference_report(l, root: str) -> dict:
     per_channel = {s["channel"]: 0 for s in l.sensor}
     for sd in l.sample_data:
         per_channel[sd["channel"]] += 1
-    r["annotations"] = {"per_category": per_cat, "per_attribute": per_att, "size_m": {"mean": size_mean},
-                        "per_sample": _stats(per_sample),
-                        "distance_to_ego_m": {"histogram": {"edges": EDGES, "counts": _hist(dists, EDGES)}}}
+    r["annotations"] = {
+        "per_category": per_cat,
+        "per_attribute": per_att,
+        "size_m": {"mean": size_mean},
+        "per_sample": _stats(per_sample),
+        "distance_to_ego_m": {"histogram": {"edges": EDGES, "counts": _hist(dists, EDGES)}},
+    }
     r["instances"] = {"per_category": inst_cat, "length": _stats(inst_len)}
     r["scenes"] = {"num_samples": num_samples, "num_annotations": num_anns}
     r["sample_data"] = {"per_channel": per_channel, "key_frames": sum(bool(sd["is_key_frame"]) for sd in l.sample_data)}
@@ -103,8 +123,12 @@ def reference_report(l, root: str) -> dict:
             missing.add(sd["filename"])
             continue
         points.append(os.path.getsize(path) // 20)
-    r["lidar"] = {"sweeps": len(points), "points": sum(points), "points_per_sweep": _stats(points),
-                  "missing_files": sorted(missing)}
+    r["lidar"] = {
+        "sweeps": len(points),
+        "points": sum(points),
+        "points_per_sweep": _stats(points),
+        "missing_files": sorted(missing),
+    }
     return r
 
 
@@ -141,7 +165,7 @@ def reference_points_in_boxes(l, tokens=None) -> dict:
         sample = l.get("sample", ann["sample_token"])
         box = l.get_box(ann["token"])
         n = 0
-        for channel, sd_token in sample["data"].items():
+        for _channel, sd_token in sample["data"].items():
             if l.get("sample_data", sd_token)["sensor_modality"] != "lidar":
                 continue
             pts = world(sd_token)

@@ -46,16 +46,25 @@ def records(draw, dtype: np.dtype, n: int) -> np.ndarray:
     return out
 
 
-BLOSC = st.fixed_dictionaries({
-    "cname": st.sampled_from(["lz4", "lz4", "lz4hc", "zstd", "blosclz", "zlib"]),
-    "clevel": st.integers(0, 9),
-    "shuffle": st.sampled_from([0, 1, 1, 2]),
-    "blocksize": st.sampled_from([0, 0, 256, 1000, 4096, 65536]),
-})
+BLOSC = st.fixed_dictionaries(
+    {
+        "cname": st.sampled_from(["lz4", "lz4", "lz4hc", "zstd", "blosclz", "zlib"]),
+        "clevel": st.integers(0, 9),
+        "shuffle": st.sampled_from([0, 1, 1, 2]),
+        "blocksize": st.sampled_from([0, 0, 256, 1000, 4096, 65536]),
+    }
+)
 
 #: header fields a damage may set: (offset, struct format)
-FIELDS = {"version": (0, "B"), "versionlz": (1, "B"), "flags": (2, "B"), "typesize": (3, "B"),
-          "nbytes": (4, "<i"), "blocksize": (8, "<i"), "cbytes": (12, "<i")}
+FIELDS = {
+    "version": (0, "B"),
+    "versionlz": (1, "B"),
+    "flags": (2, "B"),
+    "typesize": (3, "B"),
+    "nbytes": (4, "<i"),
+    "blocksize": (8, "<i"),
+    "cbytes": (12, "<i"),
+}
 
 
 @st.composite
@@ -71,7 +80,7 @@ def damaged(draw, raw: bytes) -> bytes:
             b = draw(st.integers(0, nblocks - 1))
             (start,) = struct.unpack_from("<i", buf, 16 + 4 * b)
             if 16 <= start < len(buf) - 4:
-                buf[start + 4: start + 4 + draw(st.integers(1, 24))] = bytes(24)[: len(buf) - start - 4]
+                buf[start + 4 : start + 4 + draw(st.integers(1, 24))] = bytes(24)[: len(buf) - start - 4]
         return bytes(buf[: len(raw)])
     if kind == "field":
         name = draw(st.sampled_from(sorted(FIELDS)))
@@ -118,31 +127,54 @@ COLUMNS = ("x", "y", "k")
 def _leaf() -> st.SearchStrategy:
     col = st.sampled_from(COLUMNS)
     const = st.one_of(st.integers(-3, 3), st.sampled_from([0.5, -1.25, 2.0]))
-    op = st.sampled_from([("<", np.less), ("<=", np.less_equal), (">", np.greater), (">=", np.greater_equal),
-                          ("==", np.equal), ("!=", np.not_equal)])
+    op = st.sampled_from(
+        [
+            ("<", np.less),
+            ("<=", np.less_equal),
+            (">", np.greater),
+            (">=", np.greater_equal),
+            ("==", np.equal),
+            ("!=", np.not_equal),
+        ]
+    )
 
     def make(c, o, v, scale):
         text, fn = o
         if scale:
             return f"({c} * 2 - {v}) {text} 1", (lambda d, c=c, fn=fn, v=v: fn(d[c] * 2 - v, 1))
         return f"{c} {text} {v}", (lambda d, c=c, fn=fn, v=v: fn(d[c], v))
-    in_leaf = st.builds(lambda vs, neg: (f"k {'not in' if neg else 'in'} {list(vs)}",
-                                         lambda d, vs=vs, neg=neg: np.isin(d["k"], vs) ^ neg),
-                        st.lists(st.integers(-3, 3), min_size=1, max_size=3), st.booleans())
+
+    in_leaf = st.builds(
+        lambda vs, neg: (
+            f"k {'not in' if neg else 'in'} {list(vs)}",
+            lambda d, vs=vs, neg=neg: np.isin(d["k"], vs) ^ neg,
+        ),
+        st.lists(st.integers(-3, 3), min_size=1, max_size=3),
+        st.booleans(),
+    )
     return st.one_of(st.builds(make, col, op, const, st.booleans()), in_leaf)
 
 
 def where_expressions() -> st.SearchStrategy:
     """``(text, fn)``: a ``where`` and the same condition written with numpy on a dict of columns."""
+
     def extend(inner):
         both = st.tuples(inner, inner)
         return st.one_of(
-            st.builds(lambda ab: (f"({ab[0][0]}) and ({ab[1][0]})",
-                                  lambda d, ab=ab: np.logical_and(ab[0][1](d), ab[1][1](d))), both),
-            st.builds(lambda ab: (f"({ab[0][0]}) or ({ab[1][0]})",
-                                  lambda d, ab=ab: np.logical_or(ab[0][1](d), ab[1][1](d))), both),
+            st.builds(
+                lambda ab: (
+                    f"({ab[0][0]}) and ({ab[1][0]})",
+                    lambda d, ab=ab: np.logical_and(ab[0][1](d), ab[1][1](d)),
+                ),
+                both,
+            ),
+            st.builds(
+                lambda ab: (f"({ab[0][0]}) or ({ab[1][0]})", lambda d, ab=ab: np.logical_or(ab[0][1](d), ab[1][1](d))),
+                both,
+            ),
             st.builds(lambda a: (f"not ({a[0]})", lambda d, a=a: np.logical_not(a[1](d))), inner),
         )
+
     return st.recursive(_leaf(), extend, max_leaves=6)
 
 
@@ -150,9 +182,11 @@ def where_expressions() -> st.SearchStrategy:
 def where_columns(draw, n: int) -> dict[str, np.ndarray]:
     """Columns x, y (float64 with NaN and infinities) and k (int64) of ``n`` rows."""
     floats = st.one_of(st.floats(-4, 4), st.sampled_from([np.nan, np.inf, -np.inf, 0.5, -0.0]))
-    return {"x": np.array(draw(st.lists(floats, min_size=n, max_size=n)), np.float64),
-            "y": np.array(draw(st.lists(floats, min_size=n, max_size=n)), np.float64),
-            "k": np.array(draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n)), np.int64)}
+    return {
+        "x": np.array(draw(st.lists(floats, min_size=n, max_size=n)), np.float64),
+        "y": np.array(draw(st.lists(floats, min_size=n, max_size=n)), np.float64),
+        "k": np.array(draw(st.lists(st.integers(-3, 3), min_size=n, max_size=n)), np.int64),
+    }
 
 
 # --- string columns ---------------------------------------------------------------------------------------

@@ -14,16 +14,15 @@ import pytest
 from distributed import Client
 
 import l5dask
+from l5dask.core.store import Store
 from l5dask.prediction import format as fmt
 from l5dask.prediction.report import compute_report, public
-from l5dask.core.store import Store
 
 from .conftest import DaskCluster
 
 
 def cli(*args, env=None, **kw):
-    return subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True,
-                          env=env, **kw)
+    return subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True, env=env, **kw)
 
 
 def without_source(report: dict) -> dict:
@@ -37,9 +36,23 @@ def local_report(small_ds):
 
 def test_cli_s3_on_cluster_equals_local(dask_cluster, s3, s3_small, local_report, tmp_path):
     out = tmp_path / "r.json"
-    r = cli("stats", s3_small, "--scheduler", dask_cluster.address, "--output", str(out), "--quiet",
-            "-o", f"key={s3.key}", "-o", f"secret={s3.secret}",
-            "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1")
+    r = cli(
+        "stats",
+        s3_small,
+        "--scheduler",
+        dask_cluster.address,
+        "--output",
+        str(out),
+        "--quiet",
+        "-o",
+        f"key={s3.key}",
+        "-o",
+        f"secret={s3.secret}",
+        "-o",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+        "-o",
+        "client_kwargs.region_name=us-east-1",
+    )
     assert r.returncode == 0, r.stderr
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
     assert s3.secret not in r.stdout + r.stderr + dask_cluster.logs()  # nor in the workers' logs
@@ -58,8 +71,11 @@ def test_workers_read_the_chunks_not_the_client(dask_cluster, s3, s3_small, loca
     monkeypatch.setattr(Store, "get", guarded)
     with Client(dask_cluster.address, set_as_default=False) as client:
         rep = compute_report(s3_small, storage_options=s3.storage_options(), client=client)
-        ran = client.run_on_scheduler(lambda dask_scheduler: sorted(
-            {ts.prefix.name for ts in dask_scheduler.tasks.values()} | set(dask_scheduler.task_prefixes)))
+        ran = client.run_on_scheduler(
+            lambda dask_scheduler: sorted(
+                {ts.prefix.name for ts in dask_scheduler.tasks.values()} | set(dask_scheduler.task_prefixes)
+            )
+        )
     assert without_source(rep) == local_report
     # the chunks were read by tasks on the workers: scenes, the frames pass, the fused agent/face tasks
     assert all(any(p.startswith(layer) for p in ran) for layer in ("l5-scenes", "l5-frames-pass", "l5-report"))
@@ -71,17 +87,21 @@ def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report
     with Client(dask_cluster.address, set_as_default=False) as client:
         r = cli("stats", small_ds, "--output", str(out), "--quiet", env=env)
         assert r.returncode == 0, r.stderr
-        seen = client.run_on_scheduler(lambda dask_scheduler: any(p.startswith("l5-frames-pass") for p in dask_scheduler.task_prefixes))
+        seen = client.run_on_scheduler(
+            lambda dask_scheduler: any(p.startswith("l5-frames-pass") for p in dask_scheduler.task_prefixes)
+        )
     assert seen
     assert without_source(json.loads(out.read_text())) == json.loads(json.dumps(local_report))
     # the Python API too: compute_report connects to DASK_SCHEDULER_ADDRESS
     # (and closes the client it opened: no client is left behind)
-    code = ("import distributed; from distributed.client import _global_clients; seen = []\n"
-            "class Seen(distributed.Client):\n"
-            "    def __init__(self, address, **kw): seen.append(address); super().__init__(address, **kw)\n"
-            "distributed.Client = Seen\n"
-            f"from l5dask.prediction.report import compute_report; r = compute_report({small_ds!r})\n"
-            "print(seen[0], r['counts']['agents'], len(_global_clients))")
+    code = (
+        "import distributed; from distributed.client import _global_clients; seen = []\n"
+        "class Seen(distributed.Client):\n"
+        "    def __init__(self, address, **kw): seen.append(address); super().__init__(address, **kw)\n"
+        "distributed.Client = Seen\n"
+        f"from l5dask.prediction.report import compute_report; r = compute_report({small_ds!r})\n"
+        "print(seen[0], r['counts']['agents'], len(_global_clients))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     address, agents, open_clients = r.stdout.split()
@@ -91,8 +111,16 @@ def test_scheduler_address_from_environment(dask_cluster, small_ds, local_report
 
 def test_cannot_connect_is_one_line(tmp_path, small_ds):
     out = tmp_path / "r.json"
-    r = cli("stats", small_ds, "--scheduler", "tcp://127.0.0.1:9", "--output", str(out), "--quiet",
-            env=dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="2s"))
+    r = cli(
+        "stats",
+        small_ds,
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+        "--output",
+        str(out),
+        "--quiet",
+        env=dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="2s"),
+    )
     assert r.returncode == 2 and "cannot connect to the dask scheduler" in r.stderr
     assert r.stderr.count("\n") == 1 and not out.exists()
 
@@ -105,9 +133,13 @@ def many_chunks(tmp_path_factory) -> str:
 
 
 def _done(client, prefix="l5-agents"):
-    return client.run_on_scheduler(lambda dask_scheduler, p=prefix: sum(
-        tp.states.get("memory", 0) + tp.states.get("released", 0) + tp.states.get("forgotten", 0)
-        for name, tp in dask_scheduler.task_prefixes.items() if name.startswith(p)))
+    return client.run_on_scheduler(
+        lambda dask_scheduler, p=prefix: sum(
+            tp.states.get("memory", 0) + tp.states.get("released", 0) + tp.states.get("forgotten", 0)
+            for name, tp in dask_scheduler.task_prefixes.items()
+            if name.startswith(p)
+        )
+    )
 
 
 def test_worker_killed_mid_report_same_report(many_chunks, tmp_path):
@@ -140,10 +172,26 @@ def test_scheduler_lost_mid_job_one_line_no_output(many_chunks, tmp_path):
     cluster = DaskCluster(n_workers=1)
     out = tmp_path / "report.json"
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "l5dask.cli", "stats", many_chunks, "--scheduler",
-                                 cluster.address, "--output", str(out), "--quiet", "--chunks-per-task", "1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s"))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "l5dask.cli",
+                "stats",
+                many_chunks,
+                "--scheduler",
+                cluster.address,
+                "--output",
+                str(out),
+                "--quiet",
+                "--chunks-per-task",
+                "1",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT="3s"),
+        )
         with Client(cluster.address, set_as_default=False) as client:
             deadline = time.time() + 60
             while _done(client) < 20 and time.time() < deadline:
@@ -159,8 +207,13 @@ def test_scheduler_lost_mid_job_one_line_no_output(many_chunks, tmp_path):
 
 def test_environment_credentials_reach_the_workers(dask_cluster, s3, s3_small, local_report, tmp_path):
     """The workers have no AWS environment: the client's credentials travel inside the tasks."""
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.key, AWS_SECRET_ACCESS_KEY=s3.secret, AWS_ENDPOINT_URL=s3.endpoint,
-               AWS_DEFAULT_REGION="us-east-1")
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=s3.key,
+        AWS_SECRET_ACCESS_KEY=s3.secret,
+        AWS_ENDPOINT_URL=s3.endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     with Client(dask_cluster.address, set_as_default=False) as client:
         assert not any(client.run(lambda: bool(__import__("os").environ.get("AWS_SECRET_ACCESS_KEY"))).values())
     out = tmp_path / "r.json"
@@ -178,11 +231,27 @@ def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
 
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    scheduler = subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                                  "--dashboard-address", "127.0.0.1:0"], stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
-    worker = subprocess.Popen([sys.executable, "-m", "dask", "worker", address, "--nthreads", "1", "--no-dashboard"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    scheduler = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dask",
+            "scheduler",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--dashboard-address",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "dask", "worker", address, "--nthreads", "1", "--no-dashboard"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         with Client(address, timeout="30s", set_as_default=False) as client:
             client.wait_for_workers(1, timeout=60)
@@ -231,10 +300,13 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     ds = l5dask.open_dataset(small_ds)
     values = {"speed": ["mean", "max", "count", "std", "q50"]}
     local = aggregate(ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30")
-    local_df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"]).compute(scheduler="threads")
+    local_df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"]).compute(
+        scheduler="threads"
+    )
     with Client(dask_cluster.address, set_as_default=True) as client:
-        remote = aggregate(ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30",
-                           client=client)
+        remote = aggregate(
+            ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30", client=client
+        )
         df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"]).compute()
         view = ds.joined("agents")
         v = view.velocity.astype(np.float64)
@@ -243,4 +315,6 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     pd.testing.assert_frame_equal(remote, local)
     pd.testing.assert_frame_equal(df, local_df)
     np.testing.assert_allclose(mean, local_df.groupby("scene_index").speed.mean().to_numpy(), rtol=1e-12)
-    assert {"l5-agents", "l5-combine-agents", "l5-df-agents", "l5-frames-join-pass", "groupby_nanmean-chunk"} <= set(ran)
+    assert {"l5-agents", "l5-combine-agents", "l5-df-agents", "l5-frames-join-pass", "groupby_nanmean-chunk"} <= set(
+        ran
+    )

@@ -20,8 +20,10 @@ IMAGE = "l5dask:0.1.0"
 
 
 def yaml_docs():
-    return {p.relative_to(CLUSTER).as_posix(): list(yaml.safe_load_all(p.read_text()))
-            for p in sorted(CLUSTER.rglob("*.y*ml"))}
+    return {
+        p.relative_to(CLUSTER).as_posix(): list(yaml.safe_load_all(p.read_text()))
+        for p in sorted(CLUSTER.rglob("*.y*ml"))
+    }
 
 
 def commands():
@@ -65,8 +67,12 @@ def test_every_image_is_ours_and_built_by_the_dockerfile():
     docker = (CLUSTER / "Dockerfile").read_text()
     assert "pip install" in docker and "COPY l5dask" in docker
     # the kernels are compiled: every file the build needs is copied into the build stage
-    copied = {w for line in docker.splitlines() if line.startswith("COPY ") and "--from" not in line
-              for w in line.split()[1:-1]}
+    copied = {
+        w
+        for line in docker.splitlines()
+        if line.startswith("COPY ") and "--from" not in line
+        for w in line.split()[1:-1]
+    }
     assert {"pyproject.toml", "setup.py", "MANIFEST.in", "l5dask"} <= copied
     assert all((ROOT / f).exists() for f in copied)
     assert "cluster/Dockerfile" in (CLUSTER / "README.md").read_text() and IMAGE in (CLUSTER / "README.md").read_text()
@@ -75,8 +81,11 @@ def test_every_image_is_ours_and_built_by_the_dockerfile():
             assert image == IMAGE or (image is None and where.startswith("compose")), where
 
 
-@pytest.mark.parametrize("where,argv,image", [c for c in commands() if c[1] and c[1][0] == "l5dask"],
-                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "where,argv,image",
+    [c for c in commands() if c[1] and c[1][0] == "l5dask"],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_l5dask_commands_parse_with_our_cli(where, argv, image):
     ctx = l5dask_cli.make_context("l5dask", list(argv[1:2]))
     command = l5dask_cli.get_command(ctx, argv[1])
@@ -84,11 +93,13 @@ def test_l5dask_commands_parse_with_our_cli(where, argv, image):
     command.make_context(argv[1], list(argv[2:]))  # raises click.UsageError on an unknown flag
 
 
-@pytest.mark.parametrize("where,argv,image", [c for c in commands() if c[1] and c[1][0] == "dask"],
-                         ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "where,argv,image",
+    [c for c in commands() if c[1] and c[1][0] == "dask"],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_dask_commands_use_flags_dask_has(where, argv, image):
-    help_text = subprocess.run([sys.executable, "-m", "dask", argv[1], "--help"], capture_output=True,
-                               text=True).stdout
+    help_text = subprocess.run([sys.executable, "-m", "dask", argv[1], "--help"], capture_output=True, text=True).stdout
     for flag in [a for a in argv[2:] if a.startswith("--")]:
         assert re.search(rf"(^|\s|/){re.escape(flag)}\b", help_text), f"{where}: dask {argv[1]} has no {flag}"
 

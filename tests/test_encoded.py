@@ -10,14 +10,23 @@ import pytest
 from numcodecs import Blosc
 
 import l5dask
-from l5dask.prediction import format as fmt
 from l5dask.errors import ChunkError
+from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import Gather
 
 AGENT = fmt.DTYPES[fmt.AGENTS]
 #: every number element of an agent, and the label argmax
-ELEMENTS = [("centroid", (0,)), ("centroid", (1,)), ("extent", (0,)), ("extent", (1,)), ("extent", (2,)),
-            ("yaw", ()), ("velocity", (0,)), ("velocity", (1,)), ("track_id", ())]
+ELEMENTS = [
+    ("centroid", (0,)),
+    ("centroid", (1,)),
+    ("extent", (0,)),
+    ("extent", (1,)),
+    ("extent", (2,)),
+    ("yaw", ()),
+    ("velocity", (0,)),
+    ("velocity", (1,)),
+    ("track_id", ()),
+]
 SMALL = np.dtype([("a", "<u2"), ("p", "<f4", (2,)), ("b", "u1"), ("c", "i1")])  # 12 bytes: split streams
 
 
@@ -37,7 +46,7 @@ def _agents(n: int, seed: int, noisy: bool) -> np.ndarray:
         probs = rng.random((n, 17)).astype(np.float32)
     rec["label_probabilities"] = probs
     if not noisy:  # compressible: runs of equal rows
-        rec[n // 2:] = np.repeat(rec[n // 2: n // 2 + 10], -(-(n - n // 2) // 10))[: n - n // 2]
+        rec[n // 2 :] = np.repeat(rec[n // 2 : n // 2 + 10], -(-(n - n // 2) // 10))[: n - n // 2]
     return rec
 
 
@@ -52,8 +61,9 @@ def _small(n: int, seed: int) -> np.ndarray:
 
 
 def _want(records: np.ndarray, elements, argmax) -> list[np.ndarray]:
-    return [np.ascontiguousarray(records[f][(slice(None), *i)]) for f, i in elements] + \
-        [records[f].argmax(1).astype(np.int8) for f in argmax]
+    return [np.ascontiguousarray(records[f][(slice(None), *i)]) for f, i in elements] + [
+        records[f].argmax(1).astype(np.int8) for f in argmax
+    ]
 
 
 def _assert_same(got: list[np.ndarray], want: list[np.ndarray]) -> None:
@@ -122,7 +132,7 @@ def test_corrupt_or_foreign_bytes_are_left_to_numcodecs():
     broken[16:24] = b"\xff" * 8  # block starts past the end
     assert not plan.blosc(bytes(broken), 5000, 5000, outs, maxes, 0, empty)[0]
     broken = bytearray(raw)
-    broken[len(raw) // 2:] = bytes(len(raw) - len(raw) // 2)  # compressed streams zeroed
+    broken[len(raw) // 2 :] = bytes(len(raw) - len(raw) // 2)  # compressed streams zeroed
     assert not plan.blosc(bytes(broken), 5000, 5000, outs, maxes, 0, empty)[0]
     assert not plan.blosc(bytes(raw), 4000, 4000, outs, maxes, 0, empty)[0]  # another chunk size
     other = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE).encode(rec.view(np.uint8).view("<f4"))  # typesize 4
@@ -142,7 +152,7 @@ def test_aggregate_and_dataframe_name_a_corrupt_chunk(copy):
     """Through the passes that read chunks undecoded: a corrupt chunk is named, as everywhere."""
     chunk = copy / "agents" / "2"
     data = bytearray(chunk.read_bytes())
-    data[len(data) // 2:] = bytes(len(data) - len(data) // 2)
+    data[len(data) // 2 :] = bytes(len(data) - len(data) // 2)
     chunk.write_bytes(bytes(data))
     ds = l5dask.open_dataset(copy)
     with pytest.raises(ChunkError, match=r"array 'agents', chunk '2': truncated or corrupt"):
@@ -184,7 +194,9 @@ def test_aggregate_and_dataframe_gather_agents_without_decoding_them(small_ds, m
     monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: decoded.append(a[1].name) or decode(*a, **kw))
     ds = l5dask.open_dataset(small_ds)
     got = l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]}, scheduler="sync")
-    frame = ds.to_dask_dataframe("agents", columns=["label", "speed", "centroid_x"], joins=["host"]).compute(scheduler="sync")
+    frame = ds.to_dask_dataframe("agents", columns=["label", "speed", "centroid_x"], joins=["host"]).compute(
+        scheduler="sync"
+    )
     assert fmt.AGENTS not in decoded and fmt.FRAMES in decoded
     records = ds["agents"].read(0, ds["agents"].nchunks)
     np.testing.assert_array_equal(frame["centroid_x"].to_numpy(), records["centroid"][:, 0])
@@ -198,11 +210,13 @@ def test_outputs_that_cannot_hold_the_rows_are_refused():
     raw = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE).encode(rec)
     plan = Gather(AGENT, [("velocity", (0,))], ["label_probabilities"])
     empty = np.empty(0, np.uint8)
-    for outs, maxes, row0 in [([np.empty(99, np.float32)], [np.empty(100, np.int8)], 0),
-                              ([np.empty(100, np.float32)], [np.empty(100, np.int8)], 1),
-                              ([np.empty(100, np.float64)], [np.empty(100, np.int8)], 0),
-                              ([np.empty(200, np.float32)[::2]], [np.empty(100, np.int8)], 0),
-                              ([], [np.empty(100, np.int8)], 0)]:
+    for outs, maxes, row0 in [
+        ([np.empty(99, np.float32)], [np.empty(100, np.int8)], 0),
+        ([np.empty(100, np.float32)], [np.empty(100, np.int8)], 1),
+        ([np.empty(100, np.float64)], [np.empty(100, np.int8)], 0),
+        ([np.empty(200, np.float32)[::2]], [np.empty(100, np.int8)], 0),
+        ([], [np.empty(100, np.int8)], 0),
+    ]:
         with pytest.raises(ValueError, match="gather: an output per column"):
             plan.blosc(raw, 100, 100, outs, maxes, row0, empty)
         with pytest.raises(ValueError, match="gather: an output per column"):

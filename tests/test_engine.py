@@ -10,9 +10,9 @@ from distributed import Client
 
 import l5dask
 from l5dask.core import engine
-from l5dask.prediction import format as fmt
 from l5dask.core.engine import Job, Link, Pass, Reduction, Rows
 from l5dask.core.sources import ByteRanges, Files, TableRows
+from l5dask.prediction import format as fmt
 
 from .conftest import read_all
 
@@ -26,8 +26,10 @@ STARTS = Reduction("starts", lambda data, start, parent: [(start, len(data))], _
 
 
 def _frame_rows(frames, offset, parent):
-    return Rows(offset, {"start": np.ascontiguousarray(frames["agent_index_interval"][:, 0]),
-                         "timestamp": frames["timestamp"].copy()})
+    return Rows(
+        offset,
+        {"start": np.ascontiguousarray(frames["agent_index_interval"][:, 0]), "timestamp": frames["timestamp"].copy()},
+    )
 
 
 def _agent_ts(agents, lo, frames: Rows):
@@ -87,10 +89,9 @@ def test_child_tasks_depend_on_exactly_the_overlapping_parent_blocks(small_ds):
     child = Pass(ds[fmt.AGENTS], AGENT_TS, parent=done.link("agent_index_interval", "start"))
     graph, _, groups = job.leaves(child, "child")
     block_rows = [ds[fmt.FRAMES].chunk_bounds(f) for f, _ in done.groups]
-    for (key, task), (first, n) in zip(graph.items(), groups):
+    for (_key, task), (first, n) in zip(graph.items(), groups):
         lo, hi = ds[fmt.AGENTS].chunk_bounds(first)[0], ds[fmt.AGENTS].chunk_bounds(first + n - 1)[1]
-        want = {done.keys[k] for k, (a, b) in enumerate(block_rows)
-                if b > a and fiv[a, 0] < hi and fiv[b - 1, 1] > lo}
+        want = {done.keys[k] for k, (a, b) in enumerate(block_rows) if b > a and fiv[a, 0] < hi and fiv[b - 1, 1] > lo}
         assert set(task.dependencies) == want and len(want) < len(done.keys)
     reduce_graph: dict = {}
     root = engine.tree_reduce(reduce_graph, "r", list(graph), AGENT_TS, split_every=4)
@@ -136,8 +137,9 @@ def test_same_result_on_threads_and_a_real_cluster(small_ds, dask_cluster):
     ds = l5dask.open_dataset(small_ds)
 
     def run(job):
-        (done,) = job.persist(Pass(ds[fmt.FRAMES], STARTS, rows=_frame_rows,
-                                   intervals={"agent_index_interval": len(ds[fmt.AGENTS])}))
+        (done,) = job.persist(
+            Pass(ds[fmt.FRAMES], STARTS, rows=_frame_rows, intervals={"agent_index_interval": len(ds[fmt.AGENTS])})
+        )
         child = Pass(ds[fmt.AGENTS], AGENT_TS, parent=done.link("agent_index_interval", "start"))
         return job.compute([done, child, Pass(ds[fmt.AGENTS], STARTS)])
 
@@ -157,18 +159,24 @@ LINES = Reduction("lines", lambda data, start, parent: data.splitlines(), _cat, 
 @pytest.mark.parametrize("block_bytes", [1, 7, 100, 10**6])
 def test_byte_ranges_give_every_line_once_in_order(tmp_path, block_bytes):
     rng = np.random.default_rng(block_bytes)
-    lines = [b"a,b,c"] + [b",".join(str(x).encode() for x in rng.integers(0, 10**rng.integers(1, 9), 3))
-                          for _ in range(500)]
+    lines = [b"a,b,c"] + [
+        b",".join(str(x).encode() for x in rng.integers(0, 10 ** rng.integers(1, 9), 3)) for _ in range(500)
+    ]
     path = tmp_path / "t.csv"
     path.write_bytes(b"\n".join(lines) + b"\n")
     src = ByteRanges(str(path), block_bytes=block_bytes, header=True)
     assert src.header_line == b"a,b,c" and src.nchunks == -(-path.stat().st_size // block_bytes)
     got = Job().compute([Pass(src, LINES)])[0]
     assert got == lines[1:]
-    total = Reduction("sum", lambda d, s, p: int(np.loadtxt(d.splitlines(), delimiter=",", dtype=np.int64,
-                                                            ndmin=2).sum()) if d else 0, _cat, int)
+    total = Reduction(
+        "sum",
+        lambda d, s, p: int(np.loadtxt(d.splitlines(), delimiter=",", dtype=np.int64, ndmin=2).sum()) if d else 0,
+        _cat,
+        int,
+    )
     assert Job(chunks_per_task=3).compute([Pass(src, total)])[0] == sum(
-        int(x) for line in lines[1:] for x in line.split(b","))
+        int(x) for line in lines[1:] for x in line.split(b",")
+    )
 
 
 def test_byte_ranges_without_a_last_line_end(tmp_path):
@@ -185,11 +193,14 @@ def test_files_of_a_folder_in_groups(tmp_path):
     (tmp_path / "notes.txt").write_text("not a sweep")
     src = Files(str(tmp_path), pattern="*.bin")
     assert src.nchunks == 23
-    per_file = Reduction("sizes", lambda data, start, parent: [(start, len(data), int(np.frombuffer(data, np.uint8).sum()))],
-                         _cat, list)
+    per_file = Reduction(
+        "sizes", lambda data, start, parent: [(start, len(data), int(np.frombuffer(data, np.uint8).sum()))], _cat, list
+    )
     got = Job(chunks_per_task=4).compute([Pass(src, per_file)])[0]
-    want = [(i, int(n), int(np.frombuffer((tmp_path / f"sweep_{i:03d}.bin").read_bytes(), np.uint8).sum()))
-            for i, n in enumerate(sizes)]
+    want = [
+        (i, int(n), int(np.frombuffer((tmp_path / f"sweep_{i:03d}.bin").read_bytes(), np.uint8).sum()))
+        for i, n in enumerate(sizes)
+    ]
     assert got == want
 
 
@@ -201,8 +212,11 @@ def test_rows_of_a_table(kind):
 
     rng = np.random.default_rng(1)
     cat, val = rng.integers(0, 5, 1003), rng.random(1003)
-    table = {"pyarrow": pa.table({"cat": cat, "val": val}), "pandas": pd.DataFrame({"cat": cat, "val": val}),
-             "numpy": np.rec.fromarrays([cat, val], names="cat,val")}[kind]
+    table = {
+        "pyarrow": pa.table({"cat": cat, "val": val}),
+        "pandas": pd.DataFrame({"cat": cat, "val": val}),
+        "numpy": np.rec.fromarrays([cat, val], names="cat,val"),
+    }[kind]
 
     def sums(rows, start, parent):
         c, v = np.asarray(rows["cat"]), np.asarray(rows["val"])

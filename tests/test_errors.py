@@ -60,8 +60,7 @@ def test_dtype_not_structured(copy):
 
 def test_field_of_wrong_shape(copy):
     meta = json.loads((copy / "frames" / ".zarray").read_text())
-    _edit_zarray(copy, "frames", dtype=[["timestamp", "<i8"] if f[0] == "timestamp" else f for f in meta["dtype"]]
-                 + [])
+    _edit_zarray(copy, "frames", dtype=[["timestamp", "<i8"] if f[0] == "timestamp" else f for f in meta["dtype"]] + [])
     meta = json.loads((copy / "frames" / ".zarray").read_text())
     meta["dtype"] = [[f[0], f[1], [4]] if f[0] == "agent_index_interval" else f for f in meta["dtype"]]
     (copy / "frames" / ".zarray").write_text(json.dumps(meta))
@@ -81,8 +80,12 @@ def test_pickle_codec_refused(copy):
     _edit_zarray(copy, "agents", compressor={"id": "pickle", "protocol": 5})
     with pytest.raises(FormatError, match="compressor.*pickle.*not supported"):
         l5dask.open_dataset(copy)
-    _edit_zarray(copy, "agents", compressor={"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1},
-                 filters=[{"id": "pickle"}])
+    _edit_zarray(
+        copy,
+        "agents",
+        compressor={"id": "blosc", "cname": "lz4", "clevel": 5, "shuffle": 1},
+        filters=[{"id": "pickle"}],
+    )
     with pytest.raises(FormatError, match="filters.*not supported"):
         l5dask.open_dataset(copy)
 
@@ -171,20 +174,27 @@ def test_cli_output_on_a_full_disk_keeps_the_previous_file(small_ds, tmp_path, c
     # matplotlib builds its font cache on first use; on a fresh machine that write would hit the
     # limit too (its own one-line warning): build it first, as any earlier run would have
     subprocess.run([sys.executable, "-c", "import matplotlib.font_manager"], check=True)
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", command, small_ds, "--output", str(out), "--quiet"],
-                       capture_output=True, text=True, preexec_fn=limit)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", command, small_ds, "--output", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+        preexec_fn=limit,
+    )
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and f"{out}: writing failed" in r.stderr and "Traceback" not in r.stderr
     assert out.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == [out.name]
 
 
-@pytest.mark.parametrize("args", [
-    ["stats", "{ds}", "--output", "{tmp}/missing/r.json"],
-    ["stats", "{ds}", "--output", "{tmp}/ok.json", "--scenes-table", "{tmp}/missing/s.parquet"],
-    ["report", "{ds}", "--output", "{tmp}/missing/r.html"],
-    ["report", "{ds}", "--output", "{tmp}/r.html", "--json", "{tmp}/missing/r.json"],
-    ["stats", "{ds}", "--output", "{tmp}"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats", "{ds}", "--output", "{tmp}/missing/r.json"],
+        ["stats", "{ds}", "--output", "{tmp}/ok.json", "--scenes-table", "{tmp}/missing/s.parquet"],
+        ["report", "{ds}", "--output", "{tmp}/missing/r.html"],
+        ["report", "{ds}", "--output", "{tmp}/r.html", "--json", "{tmp}/missing/r.json"],
+        ["stats", "{ds}", "--output", "{tmp}"],
+    ],
+)
 def test_outputs_are_checked_before_any_chunk_is_read(unreadable, tmp_path, args):
     r = cli(*[a.format(ds=unreadable, tmp=tmp_path) for a in args], "--quiet")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -208,8 +218,12 @@ def test_what_a_location_is_when_it_is_not_a_dataset(tmp_path):
         (tmp_path / "perception" / "train_data" / t).write_text("[]")
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "a.csv").write_text("x")
-    for where, says in [("file.txt", "it is a file"), ("v3", "a zarr v3 store"),
-                        ("perception", "a Lyft perception dataset"), ("other", "it holds a.csv")]:
+    for where, says in [
+        ("file.txt", "it is a file"),
+        ("v3", "a zarr v3 store"),
+        ("perception", "a Lyft perception dataset"),
+        ("other", "it holds a.csv"),
+    ]:
         with pytest.raises(NotADatasetError, match=f"not an L5Kit dataset: {says}|not an L5Kit dataset .*{says}"):
             l5dask.open_dataset(tmp_path / where)
         r = cli("stats", str(tmp_path / where), "--quiet")
@@ -227,8 +241,9 @@ def test_every_system_command_is_listed_and_runs_from_its_subpackage():
 
     from l5dask import cli
 
-    declared = {c.name: m for m in set(cli.SYSTEMS.values())
-                for c in importlib.import_module(f"l5dask.{m}.cli").COMMANDS}
+    declared = {
+        c.name: m for m in set(cli.SYSTEMS.values()) for c in importlib.import_module(f"l5dask.{m}.cli").COMMANDS
+    }
     assert declared == cli.SYSTEMS
     ctx = click.Context(cli.main)
     assert set(cli.SYSTEMS) <= set(cli.main.list_commands(ctx))

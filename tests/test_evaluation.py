@@ -16,10 +16,11 @@ import pytest
 import zarr
 
 import l5dask
-from l5dask.evaluation import csvfiles, metrics as M
-from l5dask.prediction import format as fmt
+from l5dask.evaluation import csvfiles
+from l5dask.evaluation import metrics as M
 from l5dask.evaluation.agents import KEEP, select_agents
 from l5dask.evaluation.ground_truth import export_zarr_to_csv
+from l5dask.prediction import format as fmt
 
 from .conftest import l5kit_data, l5kit_evaluation, l5kit_select_agents, read_all
 from .evaluation_data import edge_dataset
@@ -100,8 +101,12 @@ def test_writers_write_l5kits_bytes(tmp_path):
     cu.write_pred_csv(str(tmp_path / "ref_1.csv"), ts[:99], tid[:99], pred[:99, 0])  # single mode
     import dask.array as da
 
-    l5dask.evaluation.write_pred_csv(str(tmp_path / "one.csv"), da.from_array(ts[:99], 40), da.from_array(tid[:99], 40),
-                                     da.from_array(pred[:99, 0], (30, T, 2)))  # dask arrays
+    l5dask.evaluation.write_pred_csv(
+        str(tmp_path / "one.csv"),
+        da.from_array(ts[:99], 40),
+        da.from_array(tid[:99], 40),
+        da.from_array(pred[:99, 0], (30, T, 2)),
+    )  # dask arrays
     assert (tmp_path / "one.csv").read_bytes() == (tmp_path / "ref_1.csv").read_bytes()
 
 
@@ -220,8 +225,12 @@ def test_metrics_equal_l5kits(tmp_path, monkeypatch, modes):
     g = {(int(r["timestamp"]), int(r["track_id"])): r for r in cu.read_gt_csv(gt_path)}
     p = {(int(r["timestamp"]), int(r["track_id"])): r for r in cu.read_pred_csv(pred_path)}
     keys = list(g)
-    per = l5kit_rows(np.stack([g[k]["coord"] for k in keys]), np.stack([g[k]["avail"] for k in keys]),
-                     np.stack([p[k]["coords"] for k in keys]), np.stack([p[k]["conf"] for k in keys]))
+    per = l5kit_rows(
+        np.stack([g[k]["coord"] for k in keys]),
+        np.stack([g[k]["avail"] for k in keys]),
+        np.stack([p[k]["coords"] for k in keys]),
+        np.stack([p[k]["conf"] for k in keys]),
+    )
     nan_rows = np.isnan(per["rmse"])
     if modes == 3:
         assert nan_rows.any()  # the rows without steps and >= 2 non-zero confidences: L5Kit's NaN
@@ -260,8 +269,18 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
     pred = gt[:, None] + rng.normal(0, 1, (n, 3, T, 2))
     conf = rng.dirichlet(np.ones(3), n)
     cu.write_pred_csv(str(tmp_path / "p.csv"), ts, tid, pred, conf)
-    r = cli("evaluate", gt_path, tmp_path / "p.csv", "-O", tmp_path / "m.json", "--dataset", path,
-            "--html", tmp_path / "m.html", "-q")
+    r = cli(
+        "evaluate",
+        gt_path,
+        tmp_path / "p.csv",
+        "-O",
+        tmp_path / "m.json",
+        "--dataset",
+        path,
+        "--html",
+        tmp_path / "m.html",
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "m.json").read_text())
     assert set(M.METRICS) | {"rows"} <= set(out) and out["rows"] == n
@@ -274,7 +293,7 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
     label, scene = np.empty(n, int), np.empty(n, int)
     for i in range(n):
         f = int(np.flatnonzero(a["frames"]["timestamp"] == ts[i])[0])
-        ag = a["agents"][iv[f, 0]: iv[f, 1]]
+        ag = a["agents"][iv[f, 0] : iv[f, 1]]
         label[i] = ag["label_probabilities"][np.flatnonzero(ag["track_id"] == tid[i])[0]].argmax()
         scene[i] = int(np.searchsorted(sc[:, 1], f, side="right"))
     for key, codes, names in (("by_label", label, list(l5dask.prediction.format.LABELS)), ("by_scene", scene, None)):
@@ -348,6 +367,7 @@ def test_mask_pass_checks_equal_l5kits_on_their_edges():
     """The compiled pass's float32 yaw and extent checks and its label filter (float64 with a band
     left to numpy's float32 sum) against L5Kit's own functions, on values built at their edges."""
     from l5dask.evaluation._kernels import pair_checks
+
     from l5dask.evaluation.agents import label_ok
 
     sa = l5kit_select_agents()
@@ -356,8 +376,16 @@ def test_mask_pass_checks_equal_l5kits_on_their_edges():
     # yaws: changes at +-30 degrees (and 1-4 float32 steps around), near +-pi and +-2pi (the wrap),
     # from yaws far from 0; both orders
     prev = rng.uniform(-8, 8, 6000).astype(f32)
-    delta = np.concatenate([np.full(1000, np.pi / 6), np.full(1000, -np.pi / 6), np.full(1000, np.pi),
-                            np.full(1000, -np.pi), np.full(1000, 2 * np.pi - np.pi / 6), rng.uniform(-7, 7, 1000)])
+    delta = np.concatenate(
+        [
+            np.full(1000, np.pi / 6),
+            np.full(1000, -np.pi / 6),
+            np.full(1000, np.pi),
+            np.full(1000, -np.pi),
+            np.full(1000, 2 * np.pi - np.pi / 6),
+            rng.uniform(-7, 7, 1000),
+        ]
+    )
     cur = (prev + delta).astype(f32)
     k = rng.integers(-4, 5, len(cur))  # up to 4 float32 steps either way
     for _ in range(4):
@@ -386,8 +414,10 @@ def test_mask_pass_checks_equal_l5kits_on_their_edges():
         yo, eo = np.empty(len(cur), np.uint8), np.empty(len(cur), np.uint8)
         pair_checks(cur, prev, area_prev, area_cur, f32(yaw_th), f32(ext_th), yo, eo)
         ref_yaw = [sa.in_angular_distance(p, c, yaw_th) for p, c in zip(prev, cur)]
-        ref_ext = [sa.in_extent_ratio(np.array([a, b, 1], f32), np.array([c, d, 1], f32), ext_th)
-                   for a, b, c, d in zip(e0, e1, g0, g1)]
+        ref_ext = [
+            sa.in_extent_ratio(np.array([a, b, 1], f32), np.array([c, d, 1], f32), ext_th)
+            for a, b, c, d in zip(e0, e1, g0, g1)
+        ]
         np.testing.assert_array_equal(yo.astype(bool), ref_yaw)
         np.testing.assert_array_equal(eo.astype(bool), ref_ext)
         assert 0 < sum(ref_yaw) < len(cur) and 0 < sum(ref_ext) < len(cur)
@@ -418,9 +448,11 @@ def test_mask_pass_checks_equal_l5kits_on_their_edges():
 def gt_values(path):
     cu = l5kit_evaluation()[0]
     rows = list(cu.read_gt_csv(str(path)))
-    return (np.array([(int(r["timestamp"]), int(r["track_id"])) for r in rows]).reshape(-1, 2),
-            np.stack([r["avail"] for r in rows]) if rows else np.zeros((0,)),
-            np.stack([r["coord"] for r in rows]) if rows else np.zeros((0,)))
+    return (
+        np.array([(int(r["timestamp"]), int(r["track_id"])) for r in rows]).reshape(-1, 2),
+        np.stack([r["avail"] for r in rows]) if rows else np.zeros((0,)),
+        np.stack([r["coord"] for r in rows]) if rows else np.zeros((0,)),
+    )
 
 
 def same_gt(ours, ref):
@@ -482,8 +514,9 @@ def test_chop_equals_l5kits(edge, tmp_path):
         m = ref_mask[so][:, 1] >= min_future
         orig_b[so], chop_b[sc] = m, m
     ground_truth(path, str(ref_dir / "gt.csv"), t, 0.5, orig_b)
-    r = cli("chop", path, "--frames", n_copy, "--future-frames", t, "--min-future", min_future,
-            "-O", tmp_path / "out", "-q")
+    r = cli(
+        "chop", path, "--frames", n_copy, "--future-frames", t, "--min-future", min_future, "-O", tmp_path / "out", "-q"
+    )
     assert r.returncode == 0, r.stderr
     a, b = read_all(str(ref_dir / "edge.zarr")), read_all(str(tmp_path / "out" / "edge.zarr"))
     assert set(a) == set(b)
@@ -529,16 +562,28 @@ def test_bad_headers(good_pair, tmp_path):
     g = lines_of(good_pair / "gt.csv")
     names = g[0].split(b",")
     swapped = b",".join([names[1], names[0]] + names[2:])
-    evaluate_error(tmp_path, write_lines(tmp_path / "a.csv", [swapped] + g[1:]), good_pair / "p.csv",
-                   "not L5Kit's GT header", "column 1 is 'track_id'")
+    evaluate_error(
+        tmp_path,
+        write_lines(tmp_path / "a.csv", [swapped] + g[1:]),
+        good_pair / "p.csv",
+        "not L5Kit's GT header",
+        "column 1 is 'track_id'",
+    )
     renamed = g[0].replace(b"avail_3", b"avail_x")
     evaluate_error(tmp_path, write_lines(tmp_path / "b.csv", [renamed] + g[1:]), good_pair / "p.csv", "'avail_x'")
     short = b",".join(names[:-1])
-    evaluate_error(tmp_path, write_lines(tmp_path / "c.csv", [short] + g[1:]), good_pair / "p.csv",
-                   "no integer future length")
+    evaluate_error(
+        tmp_path, write_lines(tmp_path / "c.csv", [short] + g[1:]), good_pair / "p.csv", "no integer future length"
+    )
     evaluate_error(tmp_path, good_pair / "gt.csv", good_pair / "p.csv", "4 modes", extra=("--max-modes", 4))
-    evaluate_error(tmp_path, good_pair / "gt.csv", good_pair / "p.csv", "3 modes", "more than --max-modes 2",
-                   extra=("--max-modes", 2))
+    evaluate_error(
+        tmp_path,
+        good_pair / "gt.csv",
+        good_pair / "p.csv",
+        "3 modes",
+        "more than --max-modes 2",
+        extra=("--max-modes", 2),
+    )
 
 
 def test_bad_rows(good_pair, tmp_path):
@@ -550,8 +595,15 @@ def test_bad_rows(good_pair, tmp_path):
     cells = word[7].split(b",")
     cells[9] = b"abc"
     word[7] = b",".join(cells)
-    evaluate_error(tmp_path, write_lines(tmp_path / "b.csv", word), good_pair / "p.csv", "line 8", "column 10",
-                   "'avail_7'", "not a number")
+    evaluate_error(
+        tmp_path,
+        write_lines(tmp_path / "b.csv", word),
+        good_pair / "p.csv",
+        "line 8",
+        "column 10",
+        "'avail_7'",
+        "not a number",
+    )
     key = list(g)
     key[4] = b"x" + key[4]
     evaluate_error(tmp_path, write_lines(tmp_path / "k.csv", key), good_pair / "p.csv", "line 5", "'timestamp'")
@@ -569,8 +621,9 @@ def test_bad_rows(good_pair, tmp_path):
     cells = confs[9].split(b",")
     cells[2] = b"0.9"
     confs[9] = b",".join(cells)
-    evaluate_error(tmp_path, good_pair / "gt.csv", write_lines(tmp_path / "e.csv", confs), "line 10",
-                   "confidences sum to")
+    evaluate_error(
+        tmp_path, good_pair / "gt.csv", write_lines(tmp_path / "e.csv", confs), "line 10", "confidences sum to"
+    )
 
 
 def test_rows_that_do_not_pair(good_pair, tmp_path):
@@ -578,11 +631,21 @@ def test_rows_that_do_not_pair(good_pair, tmp_path):
     dup = g[:4] + [g[3]] + g[4:]
     evaluate_error(tmp_path, write_lines(tmp_path / "a.csv", dup), good_pair / "p.csv", "1 duplicate", "lines 4 and 5")
     missing = p[:3] + p[5:]
-    evaluate_error(tmp_path, good_pair / "gt.csv", write_lines(tmp_path / "b.csv", missing),
-                   "2 GT rows have no prediction", "track")
+    evaluate_error(
+        tmp_path,
+        good_pair / "gt.csv",
+        write_lines(tmp_path / "b.csv", missing),
+        "2 GT rows have no prediction",
+        "track",
+    )
     unknown = list(p[:-1]) + [b"99," + p[3].split(b",", 1)[1], b""]
-    evaluate_error(tmp_path, good_pair / "gt.csv", write_lines(tmp_path / "c.csv", unknown),
-                   "1 PRED rows are unknown to the GT", "(timestamp 99,")
+    evaluate_error(
+        tmp_path,
+        good_pair / "gt.csv",
+        write_lines(tmp_path / "c.csv", unknown),
+        "1 PRED rows are unknown to the GT",
+        "(timestamp 99,",
+    )
 
 
 def test_bad_masks_and_frames(edge, tmp_path):
@@ -618,21 +681,45 @@ def test_evaluate_and_gt_on_s3_and_a_cluster(edge, s3, dask_cluster, tmp_path):
     fs = s3.s3fs()
     opts = s3.storage_options()
     export_zarr_to_csv(path, str(tmp_path / "gt.csv"), T, 0.5)
-    args = ["-o", f"key={s3.key}", "-o", f"secret={s3.secret}", "-o", f"client_kwargs.endpoint_url={s3.endpoint}",
-            "-o", "client_kwargs.region_name=us-east-1"]
-    r = cli("gt", path, "-O", "s3://l5-eval/gt.csv", "--future-frames", T, "-q", "--scheduler", dask_cluster.address, *args)
+    args = [
+        "-o",
+        f"key={s3.key}",
+        "-o",
+        f"secret={s3.secret}",
+        "-o",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+        "-o",
+        "client_kwargs.region_name=us-east-1",
+    ]
+    r = cli(
+        "gt", path, "-O", "s3://l5-eval/gt.csv", "--future-frames", T, "-q", "--scheduler", dask_cluster.address, *args
+    )
     assert r.returncode == 0, r.stderr
     assert fs.cat("l5-eval/gt.csv") == (tmp_path / "gt.csv").read_bytes()
     fs.put(str(tmp_path / "gt.csv"), "l5-eval/pred-src.csv")
     cu = l5kit_evaluation()[0]
     k, av, c = gt_values(tmp_path / "gt.csv")
     rng = np.random.default_rng(3)
-    cu.write_pred_csv(str(tmp_path / "p.csv"), k[:, 0], k[:, 1], c[:, None] + rng.normal(0, 1, (len(c), 2, T, 2)),
-                      rng.dirichlet([1, 1], len(c)))
+    cu.write_pred_csv(
+        str(tmp_path / "p.csv"),
+        k[:, 0],
+        k[:, 1],
+        c[:, None] + rng.normal(0, 1, (len(c), 2, T, 2)),
+        rng.dirichlet([1, 1], len(c)),
+    )
     fs.put(str(tmp_path / "p.csv"), "l5-eval/p.csv")
     local = M.evaluate(str(tmp_path / "gt.csv"), str(tmp_path / "p.csv"))
-    r = cli("evaluate", "s3://l5-eval/gt.csv", "s3://l5-eval/p.csv", "-O", "s3://l5-eval/m.json", "-q",
-            "--scheduler", dask_cluster.address, *args)
+    r = cli(
+        "evaluate",
+        "s3://l5-eval/gt.csv",
+        "s3://l5-eval/p.csv",
+        "-O",
+        "s3://l5-eval/m.json",
+        "-q",
+        "--scheduler",
+        dask_cluster.address,
+        *args,
+    )
     assert r.returncode == 0, r.stderr
     remote = json.loads(fs.cat("l5-eval/m.json"))
     for key in M.METRICS:

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 import l5dask
-from l5dask.prediction import format as fmt
 from l5dask.cli import main
+from l5dask.core.store import Store
 from l5dask.errors import L5DaskError
+from l5dask.prediction import format as fmt
 from l5dask.prediction.exports import export
 from l5dask.prediction.report import compute_report
-from l5dask.core.store import Store
 
 from .conftest import SMALL_CHUNKS, read_all, require
 
@@ -32,7 +32,10 @@ def joins_of(d: dict) -> dict[str, dict[str, np.ndarray]]:
     siv, fr = d["scenes"]["frame_index_interval"], d["frames"]
     frame_scene = np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0])
     out = {"frames": {"scene_index": frame_scene}}
-    for child, field in (("agents", "agent_index_interval"), ("traffic_light_faces", "traffic_light_faces_index_interval")):
+    for child, field in (
+        ("agents", "agent_index_interval"),
+        ("traffic_light_faces", "traffic_light_faces_index_interval"),
+    ):
         iv = fr[field]
         frame = np.repeat(np.arange(len(iv)), iv[:, 1] - iv[:, 0])
         out[child] = {"frame_index": frame, "scene_index": frame_scene[frame], "timestamp": fr["timestamp"][frame]}
@@ -86,10 +89,12 @@ def test_parquet_read_by_pyarrow_and_duckdb(source, tmp_path, chunks_per_task):
         md = pq.ParquetFile(f).metadata
         col = md.schema.names.index("scene_index")
         groups += [(md.row_group(g).num_rows, md.row_group(g).column(col).statistics) for g in range(md.num_row_groups)]
-    assert [n for n, _ in groups] == [min(SMALL_CHUNKS[fmt.AGENTS], len(a) - i) for i in range(0, len(a), SMALL_CHUNKS[fmt.AGENTS])]
+    assert [n for n, _ in groups] == [
+        min(SMALL_CHUNKS[fmt.AGENTS], len(a) - i) for i in range(0, len(a), SMALL_CHUNKS[fmt.AGENTS])
+    ]
     pos = 0
     for n, st in groups:
-        sc = joins["agents"]["scene_index"][pos: pos + n]
+        sc = joins["agents"]["scene_index"][pos : pos + n]
         assert st.has_min_max and (st.min, st.max) == (sc.min(), sc.max())
         pos += n
 
@@ -102,8 +107,10 @@ def test_parquet_read_by_pyarrow_and_duckdb(source, tmp_path, chunks_per_task):
         JOIN read_parquet('{out}/scenes/*.parquet') s ON f.scene_index = s.scene_index
         GROUP BY s.host ORDER BY s.host""").fetchall()
     host = d["scenes"]["host"][joins["agents"]["scene_index"]]
-    want = [(h, int((host == h).sum()), float(a["velocity"][host == h, 0].astype(np.float64).mean()))
-            for h in sorted(set(host.tolist()))]
+    want = [
+        (h, int((host == h).sum()), float(a["velocity"][host == h, 0].astype(np.float64).mean()))
+        for h in sorted(set(host.tolist()))
+    ]
     assert [(h, n) for h, n, _ in got] == [(h, n) for h, n, _ in want]
     np.testing.assert_allclose([v for *_, v in got], [v for *_, v in want], rtol=1e-12)
 
@@ -172,10 +179,14 @@ print(json.dumps(res))
     assert res["labels"] == list(fmt.LABELS)
     np.testing.assert_array_equal(np.array(res["centroid"]), d["agents"]["centroid"])
     assert res["dims"] == ["agent_index", "xy"]
-    assert res["host"] == d["scenes"]["host"].tolist() and res["face_id"] == d["traffic_light_faces"]["face_id"].tolist()
+    assert (
+        res["host"] == d["scenes"]["host"].tolist() and res["face_id"] == d["traffic_light_faces"]["face_id"].tolist()
+    )
     assert res["tree"] == sorted(fmt.ARRAY_NAMES)
     assert res["xr_sizes"] == {"agent_index": len(d["agents"]), "label": 17, "xy": 2, "lwh": 3}
-    np.testing.assert_allclose(res["xr_labels_sum"], d["agents"]["label_probabilities"].sum(0, dtype=np.float64), rtol=1e-12)
+    np.testing.assert_allclose(
+        res["xr_labels_sum"], d["agents"]["label_probabilities"].sum(0, dtype=np.float64), rtol=1e-12
+    )
     assert res["xr_scene_count"] == np.bincount(joins_of(d)["agents"]["scene_index"]).tolist()
     np.testing.assert_array_equal(np.array(res["rot"]), d["frames"]["ego_rotation"][-1])
 

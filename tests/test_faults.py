@@ -14,11 +14,15 @@ from l5dask.prediction.report import compute_report, public
 
 from .conftest import free_port
 
-ERROR_503 = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
-             b"<Message>Please reduce your request rate.</Message></Error>")
+ERROR_503 = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 #: A 503 that s3fs does not retry (it retries only "reduce your request rate" and "SlowDown").
-ERROR_503_PLAIN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
-                   b"<Message>The service is unavailable.</Message></Error>")
+ERROR_503_PLAIN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
+    b"<Message>The service is unavailable.</Message></Error>"
+)
 
 
 class FlakyProxy:
@@ -26,9 +30,9 @@ class FlakyProxy:
 
     def __init__(self, upstream: str) -> None:
         self.upstream = urlparse(upstream)
-        self.every = 0          # fail every n-th chunk GET (0: never)
-        self.always = None      # fail every GET whose path ends with this
-        self.drops = True       # fail half of the time by dropping the connection (else always a 503)
+        self.every = 0  # fail every n-th chunk GET (0: never)
+        self.always = None  # fail every GET whose path ends with this
+        self.drops = True  # fail half of the time by dropping the connection (else always a 503)
         self.body = ERROR_503
         self.count = 0
         self.failures = 0
@@ -43,13 +47,18 @@ class FlakyProxy:
 
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                chunk = self.command == "GET" and not self.path.split("?")[0].rsplit("/", 1)[-1].startswith(".") \
-                    and self.headers.get("Range") != "bytes=0-15"  # (opening reads each last chunk's header)
+                chunk = (
+                    self.command == "GET"
+                    and not self.path.split("?")[0].rsplit("/", 1)[-1].startswith(".")
+                    and self.headers.get("Range") != "bytes=0-15"
+                )  # (opening reads each last chunk's header)
                 with proxy.lock:
                     proxy.count += chunk
                     n = proxy.count
-                fail = chunk and ((proxy.always and self.path.split("?")[0].endswith(proxy.always))
-                                  or (proxy.every and n % proxy.every == 0))
+                fail = chunk and (
+                    (proxy.always and self.path.split("?")[0].endswith(proxy.always))
+                    or (proxy.every and n % proxy.every == 0)
+                )
                 if fail:
                     with proxy.lock:
                         proxy.failures += 1

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_corpus_replays_without_a_finding():
     assert all((CORPUS / t).is_dir() and any((CORPUS / t).iterdir()) for t in TARGETS)
-    r = subprocess.run([sys.executable, "-m", "tests.fuzz", "replay"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz", "replay"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(f"{t}: " in r.stdout for t in TARGETS)
 
@@ -40,7 +41,12 @@ def test_the_harness_sees_crashes_hangs_and_unpromised_errors():
 
 
 def test_a_short_run_of_every_target(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "tests.fuzz", "run", "--seconds", "6", "--seed", "7"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz", "run", "--seconds", "6", "--seed", "7"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert all(f"{t}: " in r.stdout for t in TARGETS)

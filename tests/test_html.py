@@ -13,31 +13,48 @@ from click.testing import CliRunner
 
 import l5dask
 import l5dask.prediction.reading as reading
-from l5dask.prediction import plots as plot
 from l5dask.cli import main
+from l5dask.prediction import plots as plot
 from l5dask.prediction.report import compute_report
 
 from .conftest import require
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=5000",
+]
 
 
 @pytest.fixture(scope="module")
 def page(small_ds, tmp_path_factory):
     out = tmp_path_factory.mktemp("html") / "report.html"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "report", small_ds, "--output", str(out), "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "report", small_ds, "--output", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
 
 def chromium(args, tmp_path):
     require(CHROMIUM is not None, "chromium (Debian's package)")
-    return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_page_is_self_contained(page, small_ds):
@@ -82,7 +99,7 @@ def test_speed_histogram_shows_more_than_the_parked_agents(page, small_ds):
     def bar_columns(png: bytes) -> float:
         """The share of the image's columns where a bar stands at least 5 pixels tall."""
         img = imread(io.BytesIO(png))[..., :3]
-        green = np.all(np.abs(img - np.array([0x4c, 0x9a, 0x5d]) / 255) < 0.08, axis=2)
+        green = np.all(np.abs(img - np.array([0x4C, 0x9A, 0x5D]) / 255) < 0.08, axis=2)
         return float((green.sum(axis=0) >= 5).mean())
 
     src = re.search(r'<img alt="speed histogram" src="data:image/png;base64,([^"]+)"', page.read_text())
@@ -103,8 +120,9 @@ def test_report_is_one_pass(small_ds, tmp_path, monkeypatch):
     calls = []
     original = reading.decode_chunk
     monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: calls.append((a[1].name, a[3])) or original(*a, **kw))
-    result = CliRunner().invoke(main, ["report", small_ds, "--output", str(tmp_path / "r.html"), "--quiet",
-                                       "--json", str(tmp_path / "r.json")])
+    result = CliRunner().invoke(
+        main, ["report", small_ds, "--output", str(tmp_path / "r.html"), "--quiet", "--json", str(tmp_path / "r.json")]
+    )
     assert result.exit_code == 0, result.output
     ds = l5dask.open_dataset(small_ds)
     assert sorted(calls) == sorted((n, str(i)) for n, a in ds.arrays.items() for i in range(a.meta.nchunks))
@@ -115,8 +133,11 @@ def test_failed_report_leaves_no_page(small_ds, tmp_path):
     shutil.copytree(small_ds, dest)
     (dest / "agents" / "0").write_bytes(b"junk")
     out = tmp_path / "report.html"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "report", str(dest), "--output", str(out), "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "report", str(dest), "--output", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "chunk '0'" in r.stderr and not out.exists()
 
 

@@ -5,15 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from l5dask.core.engine import Rows
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import distinct_values, layout, track_runs
-from l5dask.core.engine import Rows
 from l5dask.prediction.stats import DISTANCE_EDGES, SPEED_EDGES, AgentStats, TLStats
 
 
 def _frames(starts, ego_xy, scene) -> Rows:
-    return Rows(0, {"agent_start": np.asarray(starts, np.int64), "ego_xy": np.asarray(ego_xy, np.float64),
-                    "scene": np.asarray(scene, np.int64)})
+    return Rows(
+        0,
+        {
+            "agent_start": np.asarray(starts, np.int64),
+            "ego_xy": np.asarray(ego_xy, np.float64),
+            "scene": np.asarray(scene, np.int64),
+        },
+    )
 
 
 def _numpy_agent_partial(rec: np.ndarray, frames: Rows) -> dict:
@@ -25,9 +31,13 @@ def _numpy_agent_partial(rec: np.ndarray, frames: Rows) -> dict:
     dist = np.sqrt(d[:, 0] ** 2 + d[:, 1] ** 2)
     hist = lambda x, e: np.bincount(np.digitize(x, e) - 1, minlength=len(e))[: len(e)]  # noqa: E731
     scene = frames["scene"][frame]
-    return {"labels": np.bincount(rec["label_probabilities"].argmax(1), minlength=17),
-            "speed_sum": speed.sum(), "speed_hist": hist(speed, SPEED_EDGES), "dist_hist": hist(dist, DISTANCE_EDGES),
-            "ids": {int(s): np.unique(rec["track_id"][scene == s]).astype(np.uint64) for s in np.unique(scene)}}
+    return {
+        "labels": np.bincount(rec["label_probabilities"].argmax(1), minlength=17),
+        "speed_sum": speed.sum(),
+        "speed_hist": hist(speed, SPEED_EDGES),
+        "dist_hist": hist(dist, DISTANCE_EDGES),
+        "ids": {int(s): np.unique(rec["track_id"][scene == s]).astype(np.uint64) for s in np.unique(scene)},
+    }
 
 
 def _assert_partial(part, want) -> None:
@@ -39,8 +49,9 @@ def _assert_partial(part, want) -> None:
     for s in (scenes[0], scenes[-1]):  # the edge scenes stay open, with their distinct ids
         np.testing.assert_array_equal(opened[s], want["ids"][s])
     inner = {s: len(want["ids"][s]) for s in scenes[1:-1]}
-    assert {part.tracks.lo + i: int(n) for i, n in enumerate(part.tracks.cols["n"]) if n} == \
-        {s: n for s, n in inner.items() if n}
+    assert {part.tracks.lo + i: int(n) for i, n in enumerate(part.tracks.cols["n"]) if n} == {
+        s: n for s, n in inner.items() if n
+    }
 
 
 def _assert_both_equal_numpy(rec: np.ndarray, converted: np.ndarray, frames: Rows) -> None:
@@ -64,10 +75,15 @@ def test_track_runs_match_numpy(id_kind):
     rng = np.random.default_rng(7)
     n = 5_000
     top = np.uint64(2**64 - 1)
-    ids = {"dense": lambda: rng.integers(1, 300, n).astype(np.uint64),
-           "sparse": lambda: rng.integers(0, 10**12, n).astype(np.uint64) * np.uint64(1000),  # a sort, not marks
-           "huge": lambda: np.where(rng.random(n) < 0.5, np.uint64(1),  # a span that overflows int64
-                                    top - rng.integers(0, 5, n).astype(np.uint64))}[id_kind]()
+    ids = {
+        "dense": lambda: rng.integers(1, 300, n).astype(np.uint64),
+        "sparse": lambda: rng.integers(0, 10**12, n).astype(np.uint64) * np.uint64(1000),  # a sort, not marks
+        "huge": lambda: np.where(
+            rng.random(n) < 0.5,
+            np.uint64(1),  # a span that overflows int64
+            top - rng.integers(0, 5, n).astype(np.uint64),
+        ),
+    }[id_kind]()
     rec = _agents(n, rng, ids)
     pos = np.sort(rng.integers(0, 40, n))  # frames in order
     frame_scene = np.repeat(np.arange(8), 5) + 3
@@ -101,14 +117,17 @@ def test_tl_faces_unique_matches_numpy():
     names = np.array([f"/f{i:03d}" for i in range(200)] + ["", "é-face-ünïcode"])
     faces["face_id"] = names[rng.integers(0, len(names), len(faces))]
     faces["traffic_light_face_status"][np.arange(len(faces)), rng.integers(0, 3, len(faces))] = 1
-    packed = np.zeros(len(faces), np.dtype([("pad", "u1")] + [(f, faces.dtype.fields[f][0]) for f in faces.dtype.names]))
+    packed = np.zeros(
+        len(faces), np.dtype([("pad", "u1")] + [(f, faces.dtype.fields[f][0]) for f in faces.dtype.names])
+    )
     for f in faces.dtype.names:
         packed[f] = faces[f]
     for records in (faces, packed, faces[::2]):  # in place; ids at an odd offset; a strided view
         part = TLStats.chunk(records)
         assert part.faces == set(np.unique(records["face_id"]).tolist())
-        np.testing.assert_array_equal(part.status, np.bincount(records["traffic_light_face_status"].argmax(1),
-                                                               minlength=3))
+        np.testing.assert_array_equal(
+            part.status, np.bincount(records["traffic_light_face_status"].argmax(1), minlength=3)
+        )
 
 
 def test_big_endian_records_give_the_same_partial():
@@ -125,8 +144,15 @@ def test_agents_with_other_field_types_give_the_same_partial():
     rng = np.random.default_rng(13)
     rec = _agents(3000, rng, rng.integers(1, 100, 3000).astype(np.uint64))
     rec["centroid"] = rec["centroid"].astype(np.float32)  # exactly representable either way
-    other = np.zeros(len(rec), [("track_id", "<u4"), ("label_probabilities", "<f8", (17,)), ("velocity", "<f8", (2,)),
-                                ("centroid", "<f4", (2,))])
+    other = np.zeros(
+        len(rec),
+        [
+            ("track_id", "<u4"),
+            ("label_probabilities", "<f8", (17,)),
+            ("velocity", "<f8", (2,)),
+            ("centroid", "<f4", (2,)),
+        ],
+    )
     for f in other.dtype.names:
         other[f] = rec[f]
     _assert_both_equal_numpy(rec, other, _frames([0, 1000, 2200], rng.normal(0, 10, (3, 2)), [4, 5, 5]))
@@ -151,10 +177,16 @@ def test_short_label_counts_are_refused_not_narrowed():
     from l5dask.prediction.kernels import agent_chunk, argmax_counts
 
     rec = _agents(10, np.random.default_rng(0), np.arange(10, dtype=np.uint64))
-    out = dict(speed_hist=np.zeros(101, np.int64), dist_hist=np.zeros(41, np.int64),
-               frame_pos=np.zeros(10, np.int64), track_ids=np.zeros(10, np.uint64))
+    out = dict(
+        speed_hist=np.zeros(101, np.int64),
+        dist_hist=np.zeros(41, np.int64),
+        frame_pos=np.zeros(10, np.int64),
+        track_ids=np.zeros(10, np.uint64),
+    )
     with pytest.raises(ValueError, match="17 label probabilities a row, but 16 label counts"):
-        agent_chunk(rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, label_counts=np.zeros(16, np.int64), **out)
+        agent_chunk(
+            rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, label_counts=np.zeros(16, np.int64), **out
+        )
     with pytest.raises(ValueError, match="label_probabilities has 17 columns, but there are 3 counts"):
         argmax_counts(rec, "label_probabilities", np.zeros(3, np.int64))
 
@@ -190,18 +222,26 @@ def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
     from l5dask.prediction.kernels import agent_chunk
 
     rec = _agents(10, np.random.default_rng(0), np.arange(10, dtype=np.uint64))
-    out = dict(label_counts=np.zeros(17, np.int64), speed_hist=np.zeros(101, np.int64),
-               dist_hist=np.zeros(41, np.int64), frame_pos=np.zeros(10, np.int64), track_ids=np.zeros(10, np.uint64))
+    out = dict(
+        label_counts=np.zeros(17, np.int64),
+        speed_hist=np.zeros(101, np.int64),
+        dist_hist=np.zeros(41, np.int64),
+        frame_pos=np.zeros(10, np.int64),
+        track_ids=np.zeros(10, np.uint64),
+    )
     with pytest.raises(ValueError, match="frames of the rows"):
         agent_chunk(rec, np.zeros(0, np.int64), np.zeros((0, 2)), 0, 0.5, 5.0, **out)
     with pytest.raises(ValueError, match="output slot per row"):
-        agent_chunk(rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, **{**out, "frame_pos": np.zeros(3, np.int64)})
+        agent_chunk(
+            rec, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, **{**out, "frame_pos": np.zeros(3, np.int64)}
+        )
     with pytest.raises(ValueError, match="within frame_scene"):
         track_runs(rec["track_id"], np.full(10, 5), np.zeros(3, np.int64))
 
 
-@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool",
-                                   ">i4"])
+@pytest.mark.parametrize(
+    "dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "bool", ">i4"]
+)
 def test_group_codes_of_narrow_keys_match_numpy(dtype):
     """The compiled key range and mixed-radix codes read each key width as it is (others widened
     first: big-endian, bool, uint64, strided); ``encode`` gives numpy's groups for mixed widths."""

@@ -15,8 +15,13 @@ import l5dask
 PACKAGE = Path(l5dask.__file__).parent
 SYSTEMS = ("prediction", "evaluation", "perception")
 #: what each part may import of the package (besides itself, l5dask.errors and l5dask's version)
-ALLOWED = {"core": set(), "prediction": {"core"}, "evaluation": {"core", "prediction"},
-           "perception": {"core", "prediction"}, "top": {"core", *SYSTEMS}}
+ALLOWED = {
+    "core": set(),
+    "prediction": {"core"},
+    "evaluation": {"core", "prediction"},
+    "perception": {"core", "prediction"},
+    "top": {"core", *SYSTEMS},
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -96,8 +101,7 @@ def test_no_private_name_crosses_a_package_line():
                 if private and mod.endswith("._kernels") and mod.rpartition(".")[0] != here:
                     bad.append(f"{name}:{line} imports {mod}.{n}")
             parts = mod.split(".")
-            if any(p.startswith("_") and not p.startswith("__") for p in parts[1:]) and \
-                    ".".join(parts[:-1]) != here:
+            if any(p.startswith("_") and not p.startswith("__") for p in parts[1:]) and ".".join(parts[:-1]) != here:
                 bad.append(f"{name}:{line} imports the private module {mod}")
     assert bad == []
 
@@ -116,10 +120,10 @@ def test_no_import_cycle():
     def visit(node: str, stack: list[str]) -> None:
         state[node] = 1
         for nxt in sorted(graph[node]):
-            if nxt.startswith(node + ".") :
+            if nxt.startswith(node + "."):
                 continue
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt] if nxt in stack else [node, nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt] if nxt in stack else [node, nxt])
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
@@ -138,8 +142,15 @@ def test_the_package_imports_its_own_modules_at_the_top():
     modules = _modules()
     lazy = {"l5dask", "l5dask.cli", *(f"l5dask.{s}.cli" for s in SYSTEMS)}
     # the dataset facade's xarray views and dataframes bring xarray and pandas: made on demand
-    heavy = {("l5dask.prediction.dataset", "l5dask.prediction.views"),
-             ("l5dask.prediction.dataset", "l5dask.prediction.dataframe")}
-    inner = [f"{name}:{line} {mod}" for name, path in modules.items() if name not in lazy
-             for mod, _, line, top in _imports(name, path) if not top and (name, mod) not in heavy]
+    heavy = {
+        ("l5dask.prediction.dataset", "l5dask.prediction.views"),
+        ("l5dask.prediction.dataset", "l5dask.prediction.dataframe"),
+    }
+    inner = [
+        f"{name}:{line} {mod}"
+        for name, path in modules.items()
+        if name not in lazy
+        for mod, _, line, top in _imports(name, path)
+        if not top and (name, mod) not in heavy
+    ]
     assert inner == []

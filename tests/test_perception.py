@@ -109,8 +109,12 @@ def test_sweeps_array_matches_the_sdks_point_clouds(data, sdk):
     world = sweeps(ds, frame="world", sweeps_per_task=5)
     assert len(sensor.points.chunks[0]) == -(-len(sensor) // 3) and sensor.points.shape == (sensor.offsets[-1], 5)
     tokens = ds.table("sample_data").tokens.to_pylist()
-    lidar = [r for r in sdk.sample_data if sdk.get("sensor", sdk.get("calibrated_sensor", r["calibrated_sensor_token"])
-                                                   ["sensor_token"])["modality"] == "lidar"]
+    lidar = [
+        r
+        for r in sdk.sample_data
+        if sdk.get("sensor", sdk.get("calibrated_sensor", r["calibrated_sensor_token"])["sensor_token"])["modality"]
+        == "lidar"
+    ]
     present = [r for r in lidar if sdk.get_sample_data_path(r["token"]).exists()]
     assert [tokens[i] for i in sensor.rows] == [r["token"] for r in present]
     assert set(sensor.missing) == {r["filename"] for r in lidar} - {r["filename"] for r in present} != set()
@@ -160,7 +164,9 @@ def test_sweeps_from_a_zip_and_files_changed_since_the_listing(data, tmp_path):
         for i in (int(np.flatnonzero(np.diff(sw.offsets) > 1)[0]), len(sw) - 1):  # in a task, and the last
             path = root / names[sw.rows[i]]
             size = path.stat().st_size
-            now = {"shrink": "has 20 bytes now", "grow": f"has more than {size} bytes now", "remove": "is missing now"}[change]
+            now = {"shrink": "has 20 bytes now", "grow": f"has more than {size} bytes now", "remove": "is missing now"}[
+                change
+            ]
             if change == "remove":
                 path.unlink()
             else:
@@ -180,8 +186,19 @@ def test_velocity_matches_box_velocity(data, sdk):
 
 def test_joins_match_the_sdk(data, sdk):
     ds = open_perception(data[0])
-    cols = ["token", "category_name", "scene", "scene_name", "position", "sample_position", "distance_to_ego",
-            "visibility", "attributes", "timestamp", "vehicle"]
+    cols = [
+        "token",
+        "category_name",
+        "scene",
+        "scene_name",
+        "position",
+        "sample_position",
+        "distance_to_ego",
+        "visibility",
+        "attributes",
+        "timestamp",
+        "vehicle",
+    ]
     df = ds.frame("sample_annotation", cols)
     scene_row = {s["token"]: i for i, s in enumerate(sdk.scene)}
     pos_in_scene = {}
@@ -211,8 +228,11 @@ def test_joins_match_the_sdk(data, sdk):
             assert np.isnan(row.distance_to_ego)
         else:
             ego = sdk.get("ego_pose", sdk.get("sample_data", lidar)["ego_pose_token"])["translation"]
-            assert math.isclose(row.distance_to_ego, math.hypot(ann["translation"][0] - ego[0],
-                                                                ann["translation"][1] - ego[1]), rel_tol=1e-14)
+            assert math.isclose(
+                row.distance_to_ego,
+                math.hypot(ann["translation"][0] - ego[0], ann["translation"][1] - ego[1]),
+                rel_tol=1e-14,
+            )
     sd = ds.frame("sample_data", ["token", "channel", "modality"])
     assert sd["channel"].tolist() == [r["channel"] for r in sdk.sample_data]
     assert sd["modality"].tolist() == [r["sensor_modality"] for r in sdk.sample_data]
@@ -290,13 +310,23 @@ def test_archives_s3_and_a_cluster_give_the_same_report(data, tmp_path, s3, dask
 
     local = sweeps(open_perception(root), frame="world", sweeps_per_task=4).points.compute()
     with Client(dask_cluster.address, set_as_default=False) as client:
-        remote = client.compute(sweeps(open_perception("s3://l5-perception/edge", opts), frame="world",
-                                       sweeps_per_task=4).points).result()
+        remote = client.compute(
+            sweeps(open_perception("s3://l5-perception/edge", opts), frame="world", sweeps_per_task=4).points
+        ).result()
     np.testing.assert_array_equal(remote, local)
     # a real scheduler and worker processes: the tables' tasks and the lidar tasks run there
     out = tmp_path / "c.json"
-    r = cli("perception", "stats", root, "--output", str(out), "--points-in-boxes", "--scheduler",
-            dask_cluster.address, "--quiet")
+    r = cli(
+        "perception",
+        "stats",
+        root,
+        "--output",
+        str(out),
+        "--points-in-boxes",
+        "--scheduler",
+        dask_cluster.address,
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
     same(got, json.loads(json.dumps(base)))
@@ -344,9 +374,16 @@ def test_to_l5kit_opens_in_l5kit_and_agrees_with_the_report(data, sdk, tmp_path)
                 assert a["yaw"] == np.float32(math.atan2(2 * (w * zq + x * y), 1 - 2 * (y * y + zq * zq)))
             tok, f = sample["next"], f + 1
         assert f == f1
-    ids = [(s, int(a["track_id"])) for s in range(len(z.scenes))
-           for a in z.agents[slice(*z.frames[z.scenes[s]["frame_index_interval"][0]]["agent_index_interval"][:1],
-                                   z.frames[z.scenes[s]["frame_index_interval"][1] - 1]["agent_index_interval"][1])]]
+    ids = [
+        (s, int(a["track_id"]))
+        for s in range(len(z.scenes))
+        for a in z.agents[
+            slice(
+                *z.frames[z.scenes[s]["frame_index_interval"][0]]["agent_index_interval"][:1],
+                z.frames[z.scenes[s]["frame_index_interval"][1] - 1]["agent_index_interval"][1],
+            )
+        ]
+    ]
     assert min(i for _, i in ids) == 1
     counts = open_dataset(out).counts()
     assert counts["scenes"] == rep["counts"]["scene"] and counts["agents"] == rep["counts"]["sample_annotation"]
@@ -414,7 +451,7 @@ def _edit_modality_list(root):
     lidar = next(r for r in rows if r["modality"] == "lidar")
     lidar["modality"] = ["lidar"]  # DuckDB made it the string '["lidar"]': 0 lidar sweeps, exit 0
     save(root, "sensor", rows)
-    return f"row {rows.index(lidar)} (token {lidar['token']}): modality is a list ([\"lidar\"]), expected a string"
+    return f'row {rows.index(lidar)} (token {lidar["token"]}): modality is a list (["lidar"]), expected a string'
 
 
 def _edit_name_number(root):
@@ -435,7 +472,7 @@ def _edit_translation_element(root):
     rows = load(root, "sample_annotation")
     rows[3]["translation"][1] = "1.5"
     save(root, "sample_annotation", rows)
-    return f"row 3 (token {rows[3]['token']}): translation[1] is a string (\"1.5\"), expected a number"
+    return f'row 3 (token {rows[3]["token"]}): translation[1] is a string ("1.5"), expected a number'
 
 
 def _edit_escaped_key(root):
@@ -507,10 +544,22 @@ def test_synth_cli_writes_a_dataset_the_sdk_loads(tmp_path):
     l = lyft(out)
     assert len(l.scene) == 1 and len(l.sample) == 126
     names = {c["name"] for c in l.category}
-    assert names == {"car", "pedestrian", "animal", "other_vehicle", "bus", "motorcycle", "truck",
-                     "emergency_vehicle", "bicycle"}
-    assert {s["channel"] for s in l.sensor if s["modality"] == "lidar"} == {"LIDAR_TOP", "LIDAR_FRONT_LEFT",
-                                                                            "LIDAR_FRONT_RIGHT"}
+    assert names == {
+        "car",
+        "pedestrian",
+        "animal",
+        "other_vehicle",
+        "bus",
+        "motorcycle",
+        "truck",
+        "emergency_vehicle",
+        "bicycle",
+    }
+    assert {s["channel"] for s in l.sensor if s["modality"] == "lidar"} == {
+        "LIDAR_TOP",
+        "LIDAR_FRONT_LEFT",
+        "LIDAR_FRONT_RIGHT",
+    }
     assert all(len(r["token"]) == 64 for r in l.sample_annotation)
     r = cli("perception", "synth", out, "--scenes", "1")
     assert r.returncode == 2 and "already exists" in r.stderr

@@ -77,11 +77,14 @@ def _walk(prev, nxt):
 @pytest.mark.parametrize("loops", [False, True])
 def test_chains_equal_a_plain_walk(loops):
     rng = np.random.default_rng(3)
-    for trial in range(40):
+    for _trial in range(40):
         n = int(rng.integers(1, 3000))
         order = rng.permutation(n)
-        cuts = np.sort(rng.choice(np.arange(1, n), size=min(n - 1, int(rng.integers(0, 200))), replace=False)) \
-            if n > 1 else np.zeros(0, int)
+        cuts = (
+            np.sort(rng.choice(np.arange(1, n), size=min(n - 1, int(rng.integers(0, 200))), replace=False))
+            if n > 1
+            else np.zeros(0, int)
+        )
         prev, nxt, group = np.full(n, -1), np.full(n, -1), np.zeros(n, np.int64)
         chains = np.split(order, cuts)
         for g, rows in enumerate(chains):  # more chains than the kernel walks together
@@ -106,7 +109,7 @@ def test_arrow_numbers_without_pandas_equal_to_numpy(type_):
     from l5dask.core.outputs import numpy_array, valid_rows
 
     rng = np.random.default_rng(11)
-    for trial in range(50):
+    for _trial in range(50):
         n = int(rng.integers(0, 40))
         raw = rng.integers(-5, 5, n)
         values = [None if rng.random() < 0.2 else (bool(v > 0) if type_ == pa.bool_() else v.item()) for v in raw]
@@ -135,7 +138,7 @@ def test_compiled_points_in_boxes_equal_the_sdks_operations():
     from l5dask.perception.lidar import _SIGN, count_in_boxes, count_in_boxes_exact, quaternion_matrices
 
     rng = np.random.default_rng(5)
-    for trial in range(30):
+    for _trial in range(30):
         nb = int(rng.integers(1, 40))
         centers = rng.uniform(-2000, 2000, (1, 3)) + rng.uniform(-20, 20, (nb, 3))
         sizes = rng.uniform(0.05, 6, (nb, 3))
@@ -150,8 +153,9 @@ def test_compiled_points_in_boxes_equal_the_sdks_operations():
             on = np.concatenate([corners, corners @ mix, (corners[:, :4] @ rng.dirichlet(np.ones(4), 30).T)], 1)
             pts.append(on[None])
         points = np.concatenate([p.transpose(1, 0, 2).reshape(3, -1) for p in pts], 1).astype(np.float32)
-        points = np.concatenate([points, np.nextafter(points, np.float32(np.inf)),
-                                 np.nextafter(points, np.float32(-np.inf))], 1)
+        points = np.concatenate(
+            [points, np.nextafter(points, np.float32(np.inf)), np.nextafter(points, np.float32(-np.inf))], 1
+        )
         got = count_in_boxes(points, centers, sizes, rots)
         np.testing.assert_array_equal(got, count_in_boxes_exact(points, centers, sizes, rots))
         assert got.sum() > 0
@@ -162,6 +166,7 @@ def test_compiled_move_rounds_as_numpy():
     bit, on sweeps with cancellations to zero (ground points at the sensor's height, points on the
     axes), far translations and NaN; a sweep it cannot decide says so instead of guessing."""
     from l5dask.perception._kernels import sweep_to_world
+
     from l5dask.perception.lidar import WIDE_ADD, quaternion_matrices, to_world
 
     rng = np.random.default_rng(11)
@@ -175,7 +180,7 @@ def test_compiled_move_rounds_as_numpy():
         r = quaternion_matrices(q)
         t1, t2 = rng.normal(size=3) * 2, rng.normal(size=3) * rng.choice([10, 3000])
         scan[: n // 4, 2] = -np.float32(t1[2])  # on the ground: z cancels to about 0
-        scan[n // 4: n // 3, :2] = 0.0
+        scan[n // 4 : n // 3, :2] = 0.0
         if trial % 7 == 0:
             scan[0, 1] = np.nan
         out = np.full((3, n), -1.0, np.float32)
@@ -193,8 +198,17 @@ def test_one_pass_sweep_count_equals_the_numpy_path():
     points sit on the boxes' faces, edges and corners in the world frame (moved back into the
     sensor's frame), with flat boxes; and a sweep it leaves to numpy counts nothing."""
     from l5dask.perception._kernels import count_sweep
-    from l5dask.perception.lidar import (BAND, WIDE_ADD, _SIGN, _decide, box_frames, count_in_boxes_compiled,
-                                         quaternion_matrices, to_world)
+
+    from l5dask.perception.lidar import (
+        _SIGN,
+        BAND,
+        WIDE_ADD,
+        _decide,
+        box_frames,
+        count_in_boxes_compiled,
+        quaternion_matrices,
+        to_world,
+    )
 
     rng = np.random.default_rng(12)
     left = 0
@@ -216,8 +230,12 @@ def test_one_pass_sweep_count_equals_the_numpy_path():
             for axis in range(3):  # 50 points on each face
                 faces[axis, 2 * axis] = -[ln, w, h][axis] / 2
                 faces[axis, 2 * axis + 1] = [ln, w, h][axis] / 2
-            world += [corners, corners @ rng.dirichlet(np.ones(8), 60).T, centers[b][:, None] + rng.normal(size=(3, 40)),
-                      rots[b] @ faces.reshape(3, -1) + centers[b][:, None]]
+            world += [
+                corners,
+                corners @ rng.dirichlet(np.ones(8), 60).T,
+                centers[b][:, None] + rng.normal(size=(3, 40)),
+                rots[b] @ faces.reshape(3, -1) + centers[b][:, None],
+            ]
         world = np.concatenate(world, 1)
         sensor = r[0].T @ (r[1].T @ (world - t2[:, None]) - t1[:, None])  # back into the sensor's frame
         scan = np.zeros((sensor.shape[1], 5), np.float32)

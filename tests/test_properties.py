@@ -14,17 +14,18 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
-from l5dask.prediction import format as fmt
-from l5dask.prediction.aggregation import evaluate_where
 from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
 from l5dask.errors import ChunkError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.aggregation import evaluate_where
 from l5dask.prediction.kernels import Gather
 from l5dask.prediction.reading import Encoded
 
 from . import strategies as s
 
-SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                             HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 def _plan(dtype: np.dtype) -> tuple[list, list]:
@@ -100,8 +101,9 @@ def test_the_csv_number_parser_equals_float(cells, tmp_path_factory):
     from l5dask.evaluation.csvfiles import gt_header, read_gt_csv
 
     path = tmp_path_factory.mktemp("csv") / "gt.csv"
-    lines = [",".join(gt_header(2))] + [f"{i},{i},1.0,0.0," + ",".join(cells[4 * i: 4 * i + 4])
-                                        for i in range(len(cells) // 4)]
+    lines = [",".join(gt_header(2))] + [
+        f"{i},{i},1.0,0.0," + ",".join(cells[4 * i : 4 * i + 4]) for i in range(len(cells) // 4)
+    ]
     path.write_text("\n".join(lines) + "\n")
     got = np.asarray(read_gt_csv(str(path)).coords.compute(scheduler="sync"), np.float64).reshape(-1)
     want = np.array([float(c) for c in cells], np.float64)
@@ -109,10 +111,17 @@ def test_the_csv_number_parser_equals_float(cells, tmp_path_factory):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(values=st.lists(st.one_of(st.floats(-1e12, 1e12).filter(lambda v: v == 0 or abs(v) > 1e-300),
-                                 st.just(np.nan)), min_size=1, max_size=300),
-       groups=st.integers(1, 4), bits=st.sampled_from([0, 3, 12, 20, 52]),
-       qs=st.lists(st.floats(0, 1), min_size=1, max_size=3, unique=True), parts=st.integers(1, 3))
+@given(
+    values=st.lists(
+        st.one_of(st.floats(-1e12, 1e12).filter(lambda v: v == 0 or abs(v) > 1e-300), st.just(np.nan)),
+        min_size=1,
+        max_size=300,
+    ),
+    groups=st.integers(1, 4),
+    bits=st.sampled_from([0, 3, 12, 20, 52]),
+    qs=st.lists(st.floats(0, 1), min_size=1, max_size=3, unique=True),
+    parts=st.integers(1, 3),
+)
 def test_the_quantile_sketch_is_within_its_stated_bound(values, groups, bits, qs, parts):
     """numpy's "linear" quantile within 2**-(bits + 1) of the larger of the two order statistics it
     interpolates (``l5dask.prediction.dataframe.quantiles``' contract); NaN skipped."""
@@ -154,14 +163,18 @@ def test_where_equals_the_same_condition_in_numpy(expr, data):
 
 
 @settings(max_examples=150, deadline=None)
-@given(table=st.lists(s.TOKENS, max_size=60), queries=st.lists(s.TOKENS, max_size=40),
-       splits=st.lists(st.integers(0, 60), max_size=3))
+@given(
+    table=st.lists(s.TOKENS, max_size=60),
+    queries=st.lists(s.TOKENS, max_size=40),
+    splits=st.lists(st.integers(0, 60), max_size=3),
+)
 def test_the_token_index_equals_a_dict(table, queries, splits):
     from l5dask.perception.links import EMPTY, lookup, token_index
 
     cuts = sorted({min(c, len(table)) for c in splits} | {0, len(table)})
-    chunked = pa.chunked_array([pa.array(table[a:b], pa.string()) for a, b in zip(cuts, cuts[1:])] or
-                               [pa.array([], pa.string())], pa.string())
+    chunked = pa.chunked_array(
+        [pa.array(table[a:b], pa.string()) for a, b in zip(cuts, cuts[1:])] or [pa.array([], pa.string())], pa.string()
+    )
     first: dict[str, int] = {}
     for i, t in enumerate(table):
         first.setdefault(t, i)

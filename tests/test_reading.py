@@ -12,8 +12,8 @@ import pytest
 
 import l5dask
 import l5dask.prediction.reading as reading
-from l5dask.prediction import format as fmt
 from l5dask.core.store import Store
+from l5dask.prediction import format as fmt
 
 from .conftest import SMALL_CHUNKS, read_all
 

@@ -27,8 +27,9 @@ def test_aggregate_and_dataframe_from_s3_equal_local(s3, s3_small, small_ds):
     """The passes that fetch chunks undecoded and gather columns from their bytes, through s3fs."""
     remote = l5dask.open_dataset(s3_small, storage_options=s3.storage_options())
     local = l5dask.open_dataset(small_ds)
-    kw = dict(by=["host", "label"], values={"speed": ["mean", "max"], "extent_length": ["q50"]},
-              where="distance_to_ego < 40")
+    kw = dict(
+        by=["host", "label"], values={"speed": ["mean", "max"], "extent_length": ["q50"]}, where="distance_to_ego < 40"
+    )
     got, want = l5dask.aggregate(remote, "agents", **kw), l5dask.aggregate(local, "agents", **kw)
     assert len(got) == len(want) > 0
     for c in want.columns:
@@ -48,8 +49,13 @@ def test_xarray_engine_on_s3(s3, s3_small, small_ds):
 
 
 def test_credentials_and_endpoint_from_aws_environment(s3, s3_small, small_ds):
-    env = dict(os.environ, AWS_ACCESS_KEY_ID=s3.key, AWS_SECRET_ACCESS_KEY=s3.secret,
-               AWS_ENDPOINT_URL=s3.endpoint, AWS_DEFAULT_REGION="us-east-1")
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=s3.key,
+        AWS_SECRET_ACCESS_KEY=s3.secret,
+        AWS_ENDPOINT_URL=s3.endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
     r = subprocess.run([sys.executable, "-m", "l5dask.cli", "info", s3_small], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert f"{len(read_all(small_ds)['agents']):,} rows" in r.stdout
@@ -66,9 +72,23 @@ def test_missing_bucket(s3):
 
 
 def test_cli_wrong_credentials_one_line(s3, s3_small):
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "info", s3_small,
-                        "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "key=AKIAWRONG", "-o", "secret=x"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "l5dask.cli",
+            "info",
+            s3_small,
+            "-o",
+            f"client_kwargs.endpoint_url={s3.endpoint}",
+            "-o",
+            "key=AKIAWRONG",
+            "-o",
+            "secret=x",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
 
 
@@ -89,8 +109,16 @@ def test_synth_and_write_to_s3(s3, tmp_path):
 
 
 def _s3_options(s3) -> list[str]:
-    return ["-o", f"key={s3.key}", "-o", f"secret={s3.secret}", "-o", f"client_kwargs.endpoint_url={s3.endpoint}",
-            "-o", "client_kwargs.region_name=us-east-1"]
+    return [
+        "-o",
+        f"key={s3.key}",
+        "-o",
+        f"secret={s3.secret}",
+        "-o",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+        "-o",
+        "client_kwargs.region_name=us-east-1",
+    ]
 
 
 def test_outputs_to_s3_are_whole_objects(s3, s3_small, small_ds, tmp_path):
@@ -100,13 +128,30 @@ def test_outputs_to_s3_are_whole_objects(s3, s3_small, small_ds, tmp_path):
     import pyarrow.parquet as pq
 
     s3.make_bucket("l5-out")
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", s3_small, "--quiet",
-                        "--output", "s3://l5-out/nightly/r.json", "--scenes-table", "s3://l5-out/nightly/s.parquet",
-                        *_s3_options(s3)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "l5dask.cli",
+            "stats",
+            s3_small,
+            "--quiet",
+            "--output",
+            "s3://l5-out/nightly/r.json",
+            "--scenes-table",
+            "s3://l5-out/nightly/s.parquet",
+            *_s3_options(s3),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     local = tmp_path / "r.json"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", small_ds, "--quiet", "--output", str(local)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", small_ds, "--quiet", "--output", str(local)],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     fs = s3.s3fs()
     got, want = json.loads(fs.cat("l5-out/nightly/r.json")), json.loads(local.read_text())
@@ -123,7 +168,20 @@ def test_output_bucket_that_does_not_exist_fails_before_any_read(s3, small_ds, t
     shutil.copytree(small_ds, dest)
     for chunk in dest.glob("*/[0-9]*"):
         chunk.write_bytes(b"not blosc")
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", str(dest), "--quiet",
-                        "--output", "s3://no-such-bucket/r.json", *_s3_options(s3)], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "l5dask.cli",
+            "stats",
+            str(dest),
+            "--quiet",
+            "--output",
+            "s3://no-such-bucket/r.json",
+            *_s3_options(s3),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "the bucket 'no-such-bucket' does not exist" in r.stderr and "chunk" not in r.stderr

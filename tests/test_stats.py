@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import l5dask
-from l5dask.prediction import format as fmt
 from l5dask.errors import IntervalError
+from l5dask.prediction import format as fmt
 from l5dask.prediction.joins import Joins
 from l5dask.prediction.report import compute_report, public
 
@@ -38,7 +38,9 @@ def assert_report_equal(got, want, path="report"):
     elif isinstance(want, float):
         assert math.isclose(got, want, rel_tol=1e-9, abs_tol=1e-12), f"{path}: {got} != {want}"
     else:
-        assert got == want and type(got) is type(want) or (isinstance(got, int) and got == want), f"{path}: {got!r} != {want!r}"
+        assert got == want and type(got) is type(want) or (isinstance(got, int) and got == want), (
+            f"{path}: {got!r} != {want!r}"
+        )
 
 
 def check(path: str, **kw):
@@ -93,7 +95,11 @@ def test_no_traffic_lights(tmp_path):
         rep = compute_report(path)
     want = reference_report(read_all(path), fmt.LABELS)
     assert_report_equal(public(rep), want)
-    assert rep["counts"]["tl_faces"] == 0 and rep["tl_faces"]["status_counts"] == {"ACTIVE": 0, "INACTIVE": 0, "UNKNOWN": 0}
+    assert rep["counts"]["tl_faces"] == 0 and rep["tl_faces"]["status_counts"] == {
+        "ACTIVE": 0,
+        "INACTIVE": 0,
+        "UNKNOWN": 0,
+    }
 
 
 def test_empty_arrays(tmp_path):
@@ -119,8 +125,22 @@ def test_one_pass_decodes_each_chunk_once(small_ds, monkeypatch):
 
 def test_scene_table(small_ds, tmp_path):
     out = tmp_path / "scenes.parquet"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", small_ds, "--output", str(tmp_path / "r.json"),
-                        "--scenes-table", str(out), "--quiet"], capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "l5dask.cli",
+            "stats",
+            small_ds,
+            "--output",
+            str(tmp_path / "r.json"),
+            "--scenes-table",
+            str(out),
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert "Num Scenes" in r.stdout and "PERCEPTION_LABEL_CAR" in r.stdout
     t = pq.read_table(out).to_pandas()
@@ -151,7 +171,9 @@ def test_joins_match_numpy(small_ds):
     assert len(frame_of_face) == len(tl)
     np.testing.assert_array_equal(j.tl_face_frame().compute(), frame_of_face)
     np.testing.assert_array_equal(j.tl_face_scene().compute(), scene_of_frame[frame_of_face])
-    np.testing.assert_array_equal(j.agent_frame_field("ego_translation").compute(), fr["ego_translation"][frame_of_agent])
+    np.testing.assert_array_equal(
+        j.agent_frame_field("ego_translation").compute(), fr["ego_translation"][frame_of_agent]
+    )
     x = j.agent_frame()
     assert x.chunks == l5dask.open_dataset(small_ds)["agents"].to_dask().chunks
 
@@ -174,11 +196,14 @@ def _break_intervals(src, dest, array, field, row, value):
     l5dask.write_dataset(dest, arrays, overwrite=True, chunk_rows={n: a.meta.chunk_rows for n, a in ds.arrays.items()})
 
 
-@pytest.mark.parametrize("row,value,why", [
-    (700, [0, 0], "not contiguous"),       # a frame that jumps back
-    (400, [50_000, 49_000], "not increasing"),
-    (-1, [10**9, 10**9 + 5], "outside the child array"),
-])
+@pytest.mark.parametrize(
+    "row,value,why",
+    [
+        (700, [0, 0], "not contiguous"),  # a frame that jumps back
+        (400, [50_000, 49_000], "not increasing"),
+        (-1, [10**9, 10**9 + 5], "outside the child array"),
+    ],
+)
 def test_bad_intervals_name_array_and_first_row(small_ds, tmp_path, row, value, why):
     dest = str(tmp_path / "bad.zarr")
     _break_intervals(small_ds, dest, fmt.FRAMES, "agent_index_interval", row, value)
@@ -190,8 +215,11 @@ def test_bad_intervals_name_array_and_first_row(small_ds, tmp_path, row, value, 
     r = subprocess.run([sys.executable, "-m", "l5dask.cli", "validate", dest], capture_output=True, text=True)
     assert r.returncode == 1 and f"row {row % n}" in r.stdout
     out = tmp_path / "report.json"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", dest, "--output", str(out), "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", dest, "--output", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "agent_index_interval" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".report")]
 
@@ -207,8 +235,11 @@ def test_failed_report_keeps_previous_file(small_ds, tmp_path):
     (dest / "agents" / "1").write_bytes(b"\x00" * 40)
     out = tmp_path / "report.json"
     out.write_text('{"previous": true}')
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "stats", str(dest), "--output", str(out), "--quiet"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", str(dest), "--output", str(out), "--quiet"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 2 and "chunk '1'" in r.stderr
     assert json.loads(out.read_text()) == {"previous": True}
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
@@ -220,19 +251,30 @@ def test_binning_is_exact_at_edges_and_overflow():
     rng = np.random.default_rng(0)
     for edges in (SPEED_EDGES, DISTANCE_EDGES):
         e = np.repeat(edges, 3)
-        v = np.concatenate([np.nextafter(e, -np.inf), e, np.nextafter(e, np.inf), rng.uniform(0, edges[-1] * 1.3, 5000),
-                            [np.inf, 1e300, 0.0]])
+        v = np.concatenate(
+            [
+                np.nextafter(e, -np.inf),
+                e,
+                np.nextafter(e, np.inf),
+                rng.uniform(0, edges[-1] * 1.3, 5000),
+                [np.inf, 1e300, 0.0],
+            ]
+        )
         v = v[v >= 0]
-        want = [int(((v >= lo) & (v < hi)).sum()) for lo, hi in zip(edges[:-1], edges[1:])] + [int((v >= edges[-1]).sum())]
+        want = [int(((v >= lo) & (v < hi)).sum()) for lo, hi in zip(edges[:-1], edges[1:])] + [
+            int((v >= edges[-1]).sum())
+        ]
         assert histogram(v, edges).tolist() == want
 
 
 def test_stats_imports_only_what_it_uses(small_ds, tmp_path):
     """The embedded default runs without distributed, xarray, dask.array or pandas: importing them
     cost more than half a second of a report's process (figures in the closing notes of issue 3)."""
-    code = ("import sys; from l5dask.cli import main; "
-            f"main(['stats', {str(small_ds)!r}, '-q', '--output', {str(tmp_path / 'r.json')!r}], standalone_mode=False); "
-            "print(sorted(m for m in ('distributed', 'xarray', 'dask.array', 'pandas', 'numba') if m in sys.modules))")
+    code = (
+        "import sys; from l5dask.cli import main; "
+        f"main(['stats', {str(small_ds)!r}, '-q', '--output', {str(tmp_path / 'r.json')!r}], standalone_mode=False); "
+        "print(sorted(m for m in ('distributed', 'xarray', 'dask.array', 'pandas', 'numba') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]"

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 import l5dask
-from l5dask.prediction import format as fmt
-from l5dask.prediction import surgery
 from l5dask.cli import main
 from l5dask.errors import L5DaskError
+from l5dask.prediction import format as fmt
+from l5dask.prediction import surgery
 
 from .conftest import SMALL_CHUNKS, l5kit_data, read_all
 
@@ -34,8 +34,9 @@ def write_mask(path: str, name: str, values: np.ndarray) -> None:
     root = zarr.open_group(path, mode="a")
     if "agents_mask" not in root:
         root.create_group("agents_mask")
-    arr = zarr.open_array(os.path.join(path, "agents_mask", name), mode="w", dtype=np.uint32,
-                          shape=values.shape, chunks=(10000,))
+    arr = zarr.open_array(
+        os.path.join(path, "agents_mask", name), mode="w", dtype=np.uint32, shape=values.shape, chunks=(10000,)
+    )
     arr[:] = values
 
 
@@ -148,7 +149,9 @@ def test_subset_by_hosts_and_time_equal_l5kit(inputs, tmp_path):
     t = np.datetime64(lo, "ns").astype("datetime64[us]").item()
     import datetime as dt
 
-    local = (t.replace(tzinfo=dt.timezone.utc) + dt.timedelta(hours=2)).replace(tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    local = (t.replace(tzinfo=dt.timezone.utc) + dt.timedelta(hours=2)).replace(
+        tzinfo=dt.timezone(dt.timedelta(hours=2))
+    )
     assert surgery.parse_time(local.isoformat(), "--start") == lo // 1000 * 1000
 
 
@@ -156,11 +159,15 @@ def test_split_equals_l5kit_zarr_split(inputs, tmp_path):
     zu, _ = _zarr_utils()
     a, _ = inputs
     size_gb = zu._compute_path_size(a) / zu.GIGABYTE
-    infos = [{"name": "train", "split_size_GB": size_gb * 0.45}, {"name": "val", "split_size_GB": size_gb * 0.2},
-             {"name": "rest", "split_size_GB": -1}]
+    infos = [
+        {"name": "train", "split_size_GB": size_gb * 0.45},
+        {"name": "val", "split_size_GB": size_gb * 0.2},
+        {"name": "rest", "split_size_GB": -1},
+    ]
     cuts = zu.zarr_split(a, str(tmp_path / "ref"), infos)
-    parts = l5dask.split(a, str(tmp_path / "ours"), [f"train={size_gb * 0.45!r}GB", f"val={size_gb * 0.2!r}GB",
-                                                     "rest=rest"])
+    parts = l5dask.split(
+        a, str(tmp_path / "ours"), [f"train={size_gb * 0.45!r}GB", f"val={size_gb * 0.2!r}GB", "rest=rest"]
+    )
     assert list(parts) == ["train", "val", "rest"]
     for (s0, s1), name in zip(cuts, parts):
         assert len(parts[name]["scenes"]) == s1 - s0
@@ -200,12 +207,15 @@ def test_empty_scenes_and_frames_are_carried(tmp_path):
     frames = d["frames"].copy()
     f = int(d["scenes"]["frame_index_interval"][1][0])  # the first frame of scene 2 loses its agents
     drop = frames["agent_index_interval"][f].copy()
-    agents = np.concatenate([d["agents"][: drop[0]], d["agents"][drop[1]:]])
+    agents = np.concatenate([d["agents"][: drop[0]], d["agents"][drop[1] :]])
     frames["agent_index_interval"][f, 1] = drop[0]
-    frames["agent_index_interval"][f + 1:] -= drop[1] - drop[0]
+    frames["agent_index_interval"][f + 1 :] -= drop[1] - drop[0]
     edge = str(tmp_path / "edge.zarr")
-    l5dask.write_dataset(edge, {"scenes": scenes, "frames": frames, "agents": agents,
-                                "traffic_light_faces": d["traffic_light_faces"]}, chunk_rows=SMALL_CHUNKS)
+    l5dask.write_dataset(
+        edge,
+        {"scenes": scenes, "frames": frames, "agents": agents, "traffic_light_faces": d["traffic_light_faces"]},
+        chunk_rows=SMALL_CHUNKS,
+    )
     out = read_all(l5dask.subset(edge, str(tmp_path / "o.zarr"), scenes="1:3").url)
     f0, f1 = scenes["frame_index_interval"][1][0], scenes["frame_index_interval"][2][1]
     a0, a1 = frames["agent_index_interval"][f0][0], frames["agent_index_interval"][f1 - 1][1]
@@ -236,14 +246,17 @@ def test_s3_to_s3(inputs, s3, tmp_path):
 
 
 # --- bad input: clear errors, nothing written ---------------------------------------------------
-@pytest.mark.parametrize("ranges, message", [
-    ("3:3", "is empty"),
-    ("5:2", "is empty"),
-    ("0:4,2:6", "overlap"),
-    ("0:8", "out of range: the dataset has 7 scenes"),
-    ("-1:3", "out of range"),
-    ("a:b", "is not START:END"),
-])
+@pytest.mark.parametrize(
+    "ranges, message",
+    [
+        ("3:3", "is empty"),
+        ("5:2", "is empty"),
+        ("0:4,2:6", "overlap"),
+        ("0:8", "out of range: the dataset has 7 scenes"),
+        ("-1:3", "out of range"),
+        ("a:b", "is not START:END"),
+    ],
+)
 def test_bad_scene_ranges(inputs, tmp_path, ranges, message):
     out = tmp_path / "out.zarr"
     with pytest.raises(L5DaskError, match=message):
@@ -353,14 +366,17 @@ def test_cli_surgery(inputs, tmp_path):
     assert len(l5dask.open_dataset(str(tmp_path / "parts" / "b"))["scenes"]) == 5
 
 
-@pytest.mark.parametrize("args, message", [
-    (["subset", "{a}", "{out}", "--scenes", "0:0"], "is empty"),
-    (["subset", "{a}", "{out}", "--scenes", "2:20"], "out of range"),
-    (["subset", "{a}", "{a}", "--scenes", "0:2"], "the output is an input"),
-    (["subset", "{a}", "{out}"], "say which scenes"),
-    (["concat", "{a}", "{a}", "--output", "{b}"], "a dataset already exists there"),
-    (["split", "{a}", "{out}", "--part", "x=rest", "--part", "y=1"], "only the last part"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["subset", "{a}", "{out}", "--scenes", "0:0"], "is empty"),
+        (["subset", "{a}", "{out}", "--scenes", "2:20"], "out of range"),
+        (["subset", "{a}", "{a}", "--scenes", "0:2"], "the output is an input"),
+        (["subset", "{a}", "{out}"], "say which scenes"),
+        (["concat", "{a}", "{a}", "--output", "{b}"], "a dataset already exists there"),
+        (["split", "{a}", "{out}", "--part", "x=rest", "--part", "y=1"], "only the last part"),
+    ],
+)
 def test_cli_surgery_errors_are_one_line(inputs, tmp_path, args, message):
     a, b = inputs
     args = [x.format(a=a, b=b, out=str(tmp_path / "out")) for x in args]

@@ -30,8 +30,11 @@ def test_shape_follows_the_real_data(small_ds):
     fpi = np.diff(scenes["frame_index_interval"], axis=1).ravel()
     assert set(fpi) <= {248, 249}
     # intervals are contiguous and cover the arrays
-    for parent, field, child in ((scenes, "frame_index_interval", frames), (frames, "agent_index_interval", agents),
-                                 (frames, "traffic_light_faces_index_interval", tl)):
+    for parent, field, child in (
+        (scenes, "frame_index_interval", frames),
+        (frames, "agent_index_interval", agents),
+        (frames, "traffic_light_faces_index_interval", tl),
+    ):
         iv = parent[field]
         assert iv[0, 0] == 0 and iv[-1, 1] == len(child) and (iv[1:, 0] == iv[:-1, 1]).all()
     # 10 Hz
@@ -72,19 +75,26 @@ def test_traffic_lights_change_and_compression_is_realistic(default_ds):
     assert 5 < per_frame < 25
     import os
 
-    stored = sum(os.path.getsize(os.path.join(default_ds, "agents", f))
-                 for f in os.listdir(os.path.join(default_ds, "agents")) if not f.startswith("."))
+    stored = sum(
+        os.path.getsize(os.path.join(default_ds, "agents", f))
+        for f in os.listdir(os.path.join(default_ds, "agents"))
+        if not f.startswith(".")
+    )
     ratio = len(d["agents"]) * fmt.AGENT_DTYPE.itemsize / stored
     assert 3 <= ratio <= 5.5
 
 
 def test_cli_synth(tmp_path):
     out = tmp_path / "cli.zarr"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "synth", str(out), "--scenes", "2", "--seed", "4"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "synth", str(out), "--scenes", "2", "--seed", "4"],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     assert len(read_all(str(out))["scenes"]) == 2
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "synth", str(out), "--scenes", "1"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "synth", str(out), "--scenes", "1"], capture_output=True, text=True
+    )
     assert r.returncode == 2 and "already exists" in r.stderr
     assert len(read_all(str(out))["scenes"]) == 2  # nothing lost

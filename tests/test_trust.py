@@ -19,8 +19,16 @@ from click.testing import CliRunner
 
 import l5dask
 from l5dask import cli as l5cli
-from l5dask.errors import (ChunkError, FormatError, L5DaskError, NotADatasetError, OutputError, StoreError,
-                           UnknownNameError, UsageError)
+from l5dask.errors import (
+    ChunkError,
+    FormatError,
+    L5DaskError,
+    NotADatasetError,
+    OutputError,
+    StoreError,
+    UnknownNameError,
+    UsageError,
+)
 from l5dask.prediction.report import compute_report
 
 from . import damage
@@ -153,8 +161,16 @@ def test_zip_and_s3_refuse_it_the_same(damaged, tmp_path, s3, name, edit, patter
     if not fs.exists(remote):
         fs.put(str(damaged[name]), remote, recursive=True)
     opts = s3.storage_options()
-    flags = ["-o", f"key={opts['key']}", "-o", f"secret={opts['secret']}",
-             "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1"]
+    flags = [
+        "-o",
+        f"key={opts['key']}",
+        "-o",
+        f"secret={opts['secret']}",
+        "-o",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+        "-o",
+        "client_kwargs.region_name=us-east-1",
+    ]
     archive = str(_zip(damaged[name], tmp_path / f"{name}.zip"))
     for data, extra in ((archive, []), (f"s3://{remote}", flags)):
         for command in ("stats", "agg"):
@@ -180,8 +196,8 @@ def _padded(tmp_path: Path, corrupt_padding: bool) -> Path:
     nblocks = -(-h[4] // h[5])
     assert nblocks >= 2 and (nblocks - 1) * h[5] >= len(agents) * 116, "a block of padding only"
     if corrupt_padding:
-        start = int.from_bytes(raw[16 + 4 * (nblocks - 1): 20 + 4 * (nblocks - 1)], "little")
-        raw[start + 4:] = bytes(len(raw) - start - 4)  # the last block's LZ4 stream zeroed: offset 0
+        start = int.from_bytes(raw[16 + 4 * (nblocks - 1) : 20 + 4 * (nblocks - 1)], "little")
+        raw[start + 4 :] = bytes(len(raw) - start - 4)  # the last block's LZ4 stream zeroed: offset 0
         last.write_bytes(bytes(raw))
     return path
 
@@ -209,9 +225,15 @@ def test_errors_are_also_the_builtins_callers_expect(small_ds, tmp_path):
         l5dask.subset(ds, str(tmp_path / "s.zarr"), scenes="nonsense")
     with pytest.raises(FileNotFoundError):
         l5dask.open_dataset(tmp_path / "nowhere.zarr")
-    for cls, builtin in ((UsageError, ValueError), (FormatError, ValueError), (ChunkError, ValueError),
-                         (NotADatasetError, FileNotFoundError), (StoreError, OSError), (OutputError, OSError),
-                         (UnknownNameError, KeyError)):
+    for cls, builtin in (
+        (UsageError, ValueError),
+        (FormatError, ValueError),
+        (ChunkError, ValueError),
+        (NotADatasetError, FileNotFoundError),
+        (StoreError, OSError),
+        (OutputError, OSError),
+        (UnknownNameError, KeyError),
+    ):
         assert issubclass(cls, L5DaskError) and issubclass(cls, builtin)
     assert str(UnknownNameError("plain words")) == "plain words"
 
@@ -219,8 +241,12 @@ def test_errors_are_also_the_builtins_callers_expect(small_ds, tmp_path):
 def test_no_bare_l5dask_error_is_raised():
     """Each raise names the class a caller can catch as a builtin (errors.py's table)."""
     package = Path(l5dask.__file__).parent
-    bare = [f"{p.relative_to(package)}:{i + 1}" for p in package.rglob("*.py")
-            for i, line in enumerate(p.read_text().splitlines()) if "raise L5DaskError(" in line]
+    bare = [
+        f"{p.relative_to(package)}:{i + 1}"
+        for p in package.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines())
+        if "raise L5DaskError(" in line
+    ]
     assert bare == []
 
 
@@ -228,8 +254,7 @@ def _comma_locale(tmp_path: Path) -> dict | None:
     """An environment whose LC_ALL is a comma-decimal locale (compiled here with localedef)."""
     target = tmp_path / "locales"
     target.mkdir()
-    made = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", str(target / "de_DE.UTF-8")],
-                          capture_output=True)
+    made = subprocess.run(["localedef", "-i", "de_DE", "-f", "UTF-8", str(target / "de_DE.UTF-8")], capture_output=True)
     if made.returncode not in (0, 1) or not (target / "de_DE.UTF-8").exists():
         return None
     return dict(os.environ, LOCPATH=str(target), LC_ALL="de_DE.UTF-8")
@@ -250,7 +275,7 @@ def test_the_csv_number_parser_ignores_the_process_locale(tmp_path):
     from l5dask.evaluation.csvfiles import gt_header
 
     header = ",".join(gt_header(T))
-    lines = [header] + [f"{i},{i},1.0,1.0," + ",".join(values[i * 4:(i + 1) * 4]) for i in range(n)]
+    lines = [header] + [f"{i},{i},1.0,1.0," + ",".join(values[i * 4 : (i + 1) * 4]) for i in range(n)]
     (tmp_path / "gt.csv").write_text("\n".join(lines) + "\n")
     script = (
         "import locale, sys, numpy as np\n"
@@ -260,8 +285,9 @@ def test_the_csv_number_parser_ignores_the_process_locale(tmp_path):
         "f = read_gt_csv(sys.argv[1])\n"
         "np.save(sys.argv[2], np.asarray(f.coords.compute(), dtype=np.float64))\n"
     )
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "gt.csv"), str(tmp_path / "out.npy")], env=env,
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "gt.csv"), str(tmp_path / "out.npy")], env=env, check=True
+    )
     got = np.load(tmp_path / "out.npy").reshape(-1)
     want = np.array([float(v) for v in values], np.float64)
     np.testing.assert_array_equal(got.view(np.uint64), want.view(np.uint64))  # bit for bit
@@ -282,12 +308,22 @@ def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
     i = next(k for k, r in enumerate(rows) if r["modality"] == "lidar")
     rows[i]["modality"] = ["lidar"]
     save(str(root), "sensor", rows)
-    pattern = rf"sensor\.json: row {i} \(token {rows[i]['token']}\): modality is a list \(\[\"lidar\"\]\), expected a string"
+    pattern = (
+        rf"sensor\.json: row {i} \(token {rows[i]['token']}\): modality is a list \(\[\"lidar\"\]\), expected a string"
+    )
     s3.make_bucket("l5-perception")
     s3.s3fs().put(str(root), "l5-perception/bad", recursive=True)
     opts = s3.storage_options()
-    flags = ["-o", f"key={opts['key']}", "-o", f"secret={opts['secret']}",
-             "-o", f"client_kwargs.endpoint_url={s3.endpoint}", "-o", "client_kwargs.region_name=us-east-1"]
+    flags = [
+        "-o",
+        f"key={opts['key']}",
+        "-o",
+        f"secret={opts['secret']}",
+        "-o",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+        "-o",
+        "client_kwargs.region_name=us-east-1",
+    ]
     archive = _zip(root, tmp_path / "perception.zip")
     for data, extra in ((str(root), []), (str(archive), []), ("s3://l5-perception/bad", flags)):
         out = tmp_path / "out"

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import l5dask
-from l5dask.prediction import format as fmt
 from l5dask.errors import L5DaskError, NotADatasetError
+from l5dask.prediction import format as fmt
 
 from .conftest import l5kit_data, read_all
 
@@ -101,8 +101,10 @@ def test_refuses_to_overwrite_unless_asked(small_ds, tmp_path):
 def test_writer_rejects_wrong_dtype(tmp_path):
     bad = np.zeros(3, dtype=[("timestamp", "<i8")])
     with pytest.raises(L5DaskError, match="lacks the field"):
-        l5dask.write_dataset(tmp_path / "bad.zarr", {"scenes": np.zeros(1, fmt.SCENE_DTYPE), "frames": bad,
-                                                      "agents": np.zeros(0, fmt.AGENT_DTYPE)})
+        l5dask.write_dataset(
+            tmp_path / "bad.zarr",
+            {"scenes": np.zeros(1, fmt.SCENE_DTYPE), "frames": bad, "agents": np.zeros(0, fmt.AGENT_DTYPE)},
+        )
     assert not (tmp_path / "bad.zarr").exists()
 
 
@@ -125,8 +127,10 @@ def datasets(draw):
     sizes = {name: draw(st.integers(0, 60)) for name in fmt.ARRAY_NAMES}
     rows = {name: draw(st.integers(1, 25)) for name in fmt.ARRAY_NAMES}
     arrays = {name: _random_records(draw, fmt.DTYPES[name], sizes[name]) for name in fmt.ARRAY_NAMES}
-    fields = {name: draw(st.lists(st.sampled_from(fmt.DTYPES[name].names), min_size=1, unique=True))
-              for name in fmt.ARRAY_NAMES}
+    fields = {
+        name: draw(st.lists(st.sampled_from(fmt.DTYPES[name].names), min_size=1, unique=True))
+        for name in fmt.ARRAY_NAMES
+    }
     per_task = draw(st.integers(1, 4))
     dask_input = draw(st.booleans())
     return arrays, rows, fields, per_task, dask_input

@@ -25,7 +25,6 @@ from l5dask.errors import ClusterError, L5DaskError
 WORKER_ENV = {"MALLOC_TRIM_THRESHOLD_": str(128 * 2**20), "MALLOC_MMAP_THRESHOLD_": str(64 * 2**20)}
 
 
-
 def tune_malloc() -> bool:
     """:data:`WORKER_ENV`'s two settings for this process (glibc's ``mallopt``), unless the
     environment sets them: the CLI's embedded default reads multi-MB blocks (CSV ranges, chunk
@@ -44,8 +43,10 @@ def tune_malloc() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3  # glibc's <malloc.h>
-    return bool(mallopt(m_mmap_threshold, int(WORKER_ENV["MALLOC_MMAP_THRESHOLD_"]))
-                and mallopt(m_trim_threshold, int(WORKER_ENV["MALLOC_TRIM_THRESHOLD_"])))
+    return bool(
+        mallopt(m_mmap_threshold, int(WORKER_ENV["MALLOC_MMAP_THRESHOLD_"]))
+        and mallopt(m_trim_threshold, int(WORKER_ENV["MALLOC_TRIM_THRESHOLD_"]))
+    )
 
 
 #: dask configuration for the workers (also in ``cluster/dask.yaml``): their statistical profiler
@@ -90,8 +91,9 @@ def connect(address: str | None = None, quiet: bool = False) -> Iterator[Any]:
         raise
     except Exception as exc:  # noqa: BLE001 - classify what distributed raised
         if _lost(client, exc):
-            raise ClusterError(f"lost the connection to the dask scheduler at {address} "
-                              f"({type(exc).__name__}); no output was written") from None
+            raise ClusterError(
+                f"lost the connection to the dask scheduler at {address} ({type(exc).__name__}); no output was written"
+            ) from None
         raise
     finally:
         with contextlib.suppress(Exception):

@@ -57,21 +57,31 @@ def friendly(func):
 
 
 storage_option = click.option(
-    "--storage-option", "-o", "storage_options", multiple=True, metavar="KEY=VALUE",
+    "--storage-option",
+    "-o",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="fsspec storage option (repeatable), e.g. -o client_kwargs.endpoint_url=http://127.0.0.1:5000",
 )
 
 
 scheduler_option = click.option(
-    "--scheduler", "scheduler", metavar="ADDRESS", default=None,
+    "--scheduler",
+    "scheduler",
+    metavar="ADDRESS",
+    default=None,
     help="run on this dask.distributed scheduler (tcp://host:8786); default: DASK_SCHEDULER_ADDRESS, "
-         "else the embedded default (local threads)",
+    "else the embedded default (local threads)",
 )
 
 
 chunks_option = click.option(
-    "--chunks-per-task", default=None, type=click.IntRange(1),
-    help="stored chunks per task [default: sized for the scheduler: up to 8 on local threads, 64 on a cluster]")
+    "--chunks-per-task",
+    default=None,
+    type=click.IntRange(1),
+    help="stored chunks per task [default: sized for the scheduler: up to 8 on local threads, 64 on a cluster]",
+)
 
 
 def check_outputs(storage_options, *paths: str | None) -> None:

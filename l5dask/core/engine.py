@@ -212,16 +212,18 @@ class Pass:
 
     def __post_init__(self) -> None:
         if self.encoded and (not self.blocks or self.rows is not None or self.intervals):
-            raise ValueError("an encoded pass hands whole blocks to its reduction only (blocks=True, no rows "
-                             "or intervals)")
+            raise ValueError(
+                "an encoded pass hands whole blocks to its reduction only (blocks=True, no rows or intervals)"
+            )
 
     @property
     def label(self) -> str:
         return self.name or self.source.name
 
     def stage(self) -> Stage:
-        return Stage(self.label, self.source, self.reduction, self.rows, dict(self.intervals), self.blocks,
-                     self.encoded)
+        return Stage(
+            self.label, self.source, self.reduction, self.rows, dict(self.intervals), self.blocks, self.encoded
+        )
 
 
 @dataclass
@@ -277,8 +279,11 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     source, red = spec.source, spec.reduction
     parent = parent_rows(link_rows, parent_blocks)
     part, rows, bounds = None, [], {f: [] for f in spec.intervals}
-    chunks = [(source.chunk_bounds(first)[0], read_block_of(source, first, n, spec.encoded))] if spec.blocks else \
-        source.iter_chunks(first, n)
+    chunks = (
+        [(source.chunk_bounds(first)[0], read_block_of(source, first, n, spec.encoded))]
+        if spec.blocks
+        else source.iter_chunks(first, n)
+    )
     try:
         for start, data in chunks:
             if red is not None:
@@ -292,8 +297,11 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
         if not isinstance(exc, L5DaskError):
             _note(exc, spec.label, source, first, n, red.name if red is not None else "rows")
         raise
-    return Block(part if red is not None else None, Rows.concat(rows) if rows else None,
-                 {f: np.concatenate(b) for f, b in bounds.items()} if spec.intervals else None)
+    return Block(
+        part if red is not None else None,
+        Rows.concat(rows) if rows else None,
+        {f: np.concatenate(b) for f, b in bounds.items()} if spec.intervals else None,
+    )
 
 
 def _partial(x: Any) -> Any:
@@ -347,8 +355,9 @@ def worker_threads(client: Any = None) -> int:
     return os.cpu_count() or 1
 
 
-def auto_chunks_per_task(nchunks: int, threads: int | None = None, scheduler: str = "threads",
-                         tasks_per_thread: int | None = None) -> int:
+def auto_chunks_per_task(
+    nchunks: int, threads: int | None = None, scheduler: str = "threads", tasks_per_thread: int | None = None
+) -> int:
     """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
     the scheduling cost small against the work (each task still decodes each chunk once).
 
@@ -372,8 +381,9 @@ PARTITION_BYTES = 100_000_000
 PARTITIONS_PER_THREAD = 4
 
 
-def collection_chunks_per_task(nchunks: int, threads: int | None = None, row_bytes: int | None = None,
-                               chunk_rows: int | None = None) -> int:
+def collection_chunks_per_task(
+    nchunks: int, threads: int | None = None, row_bytes: int | None = None, chunk_rows: int | None = None
+) -> int:
     """Stored chunks per chunk of a user-facing dask collection: :data:`COLLECTION_CHUNKS`, fewer
     on small arrays so that every thread has a chunk.
 
@@ -386,8 +396,10 @@ def collection_chunks_per_task(nchunks: int, threads: int | None = None, row_byt
     threads = threads or worker_threads(default_client())
     most = COLLECTION_CHUNKS
     if row_bytes is not None and chunk_rows:
-        most = min(max(1, int(PARTITION_BYTES // (max(row_bytes, 1) * chunk_rows))),
-                   max(1, nchunks // (PARTITIONS_PER_THREAD * threads)))
+        most = min(
+            max(1, int(PARTITION_BYTES // (max(row_bytes, 1) * chunk_rows))),
+            max(1, nchunks // (PARTITIONS_PER_THREAD * threads)),
+        )
     return max(1, min(most, -(-nchunks // threads)))
 
 
@@ -404,8 +416,9 @@ def task_groups(nchunks: int, per_task: int, threads: int) -> list[tuple[int, in
     return groups
 
 
-def tree_reduce(graph: dict, name: str, leaves: Sequence[Any], reduction: Reduction,
-                split_every: int | None = None) -> Any:
+def tree_reduce(
+    graph: dict, name: str, leaves: Sequence[Any], reduction: Reduction, split_every: int | None = None
+) -> Any:
     """Add an ordered tree combine of ``leaves`` (keys) to ``graph``, one key name per level
     (``name-0``, ``name-1``...); returns the root key. Fan-in: ``split_every``, else dask's
     ``split_every`` config, else :data:`SPLIT_EVERY`."""
@@ -421,7 +434,7 @@ def tree_reduce(graph: dict, name: str, leaves: Sequence[Any], reduction: Reduct
         nxt = []
         for j in range(0, len(keys), fan_in):
             key = (name, level, j // fan_in)
-            graph[key] = Task(key, combine_many, reduction, *[TaskRef(k) for k in keys[j: j + fan_in]])
+            graph[key] = Task(key, combine_many, reduction, *[TaskRef(k) for k in keys[j : j + fan_in]])
             nxt.append(key)
         keys, level = nxt, level + 1
     return keys[0]
@@ -446,8 +459,14 @@ class Job:
         A progress bar on stderr.
     """
 
-    def __init__(self, client: Any = None, scheduler: Any = None, chunks_per_task: int | None = None,
-                 progress: bool = False, size_for: int | None = None) -> None:
+    def __init__(
+        self,
+        client: Any = None,
+        scheduler: Any = None,
+        chunks_per_task: int | None = None,
+        progress: bool = False,
+        size_for: int | None = None,
+    ) -> None:
         self.client = default_client(client) if scheduler is None else None
         if self.client is None and scheduler is None and dask.config.get("scheduler", None) is None:
             # the embedded default: local threads, named by the function itself, since dask imports
@@ -472,15 +491,24 @@ class Job:
         per_task = self.chunks_per_task or auto_chunks_per_task(n, self.threads, self.scheduler_kind)
         if spec.rows is not None:
             # a parent's rows place its child tasks: spread them over the workers
-            per_task = min(per_task, auto_chunks_per_task(n, self.threads, self.scheduler_kind,
-                                                          tasks_per_thread=PARENT_TASKS_PER_THREAD))
+            per_task = min(
+                per_task,
+                auto_chunks_per_task(n, self.threads, self.scheduler_kind, tasks_per_thread=PARENT_TASKS_PER_THREAD),
+            )
         if spec.rows is not None or not guided:
             return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
         return task_groups(n, per_task, self.threads)
 
     def token(self, spec: Pass) -> str:
-        return tokenize(spec.source, spec.reduction, spec.label, self.chunks_per_task, self.threads,
-                        self.scheduler_kind, sorted(spec.intervals.items()))
+        return tokenize(
+            spec.source,
+            spec.reduction,
+            spec.label,
+            self.chunks_per_task,
+            self.threads,
+            self.scheduler_kind,
+            sorted(spec.intervals.items()),
+        )
 
     def leaves(self, spec: Pass, name: str, guided: bool = True) -> tuple[dict, list, list[tuple[int, int]]]:
         """The tasks of a pass (a dict), the collections they depend on, and their groups."""
@@ -509,8 +537,9 @@ class Job:
         """A whole (small) source in one task, computed now (on the workers on a cluster)."""
         key = name or f"l5-{source.name}-{tokenize(source)}"
         graph = {key: Task(key, _read_whole, source)}
-        return compute(Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
-                       client=self.client, **self.kw)
+        return compute(
+            Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])), client=self.client, **self.kw
+        )
 
     def persist(self, *specs: Pass, check: bool = True, problems: list | None = None) -> list[Persisted]:
         """Run these passes' tasks together and keep their blocks; then fetch the interval bounds
@@ -527,7 +556,7 @@ class Job:
         done = persist(collections, client=self.client, progress=self.progress, **self.kw)
         out, i = [], 0
         for spec, parts, groups in built:
-            held = done[i: i + len(parts)]
+            held = done[i : i + len(parts)]
             i += len(parts)
             out.append(Persisted(spec, [p.key for p in held], held, groups))
         found = self._bounds(out)
@@ -553,8 +582,13 @@ class Job:
                 refs.append(key)
             deps += p.collections
         graph[name] = Task(name, list, List(*[TaskRef(k) for k in refs]))
-        got = iter(compute(Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
-                           client=self.client, **self.kw))
+        got = iter(
+            compute(
+                Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
+                client=self.client,
+                **self.kw,
+            )
+        )
         problems = []
         for p in passes:
             blocks = [next(got) for _ in p.keys]
@@ -569,11 +603,20 @@ class Job:
         key = f"{name}-{tokenize(func, calls)}"
         graph = {(key, i): Task((key, i), func, *args) for i, args in enumerate(calls)}
         graph[key] = Task(key, list, List(*[TaskRef(k) for k in list(graph)]))
-        return compute(Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
-                       client=self.client, progress=self.progress, **self.kw)
+        return compute(
+            Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
+            client=self.client,
+            progress=self.progress,
+            **self.kw,
+        )
 
-    def compute(self, specs: Sequence[Pass | Persisted], final: Callable | None = None, name: str = "l5-result",
-                args: Sequence[Any] = ()) -> Any:
+    def compute(
+        self,
+        specs: Sequence[Pass | Persisted],
+        final: Callable | None = None,
+        name: str = "l5-result",
+        args: Sequence[Any] = (),
+    ) -> Any:
         """Reduce each pass (running those not yet persisted), in one compute.
 
         Returns each pass's finalized result, or ``final(*args, *results)`` computed as one task
@@ -597,7 +640,10 @@ class Job:
             graph[fin] = Task(fin, _finalize, red, TaskRef(root))
             roots.append(fin)
         key = f"{name}-{tokenize(roots)}"
-        graph[key] = Task(key, final, *args, *[TaskRef(r) for r in roots]) if final is not None else \
-            Task(key, tuple, List(*[TaskRef(r) for r in roots]))
+        graph[key] = (
+            Task(key, final, *args, *[TaskRef(r) for r in roots])
+            if final is not None
+            else Task(key, tuple, List(*[TaskRef(r) for r in roots]))
+        )
         hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
         return compute(Delayed(key, hlg, layer=key), client=self.client, progress=self.progress, **self.kw)

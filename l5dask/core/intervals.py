@@ -49,25 +49,32 @@ def block_bounds(records: np.ndarray, field: str, offset: int, child_len: int) -
 
 
 def _reason(code: int, child_len: int) -> str:
-    return ("", "end < start (not increasing)", "start != previous end (not contiguous)",
-            f"points outside the child array of length {child_len}")[code]
+    return (
+        "",
+        "end < start (not increasing)",
+        "start != previous end (not contiguous)",
+        f"points outside the child array of length {child_len}",
+    )[code]
 
 
 def check_bounds(table: np.ndarray, parent: str, field: str, child_len: int) -> list[str]:
     """All interval problems of a parent array, from its per-block bounds table."""
     problems = []
     offsets = np.r_[0, np.cumsum(table[:, 2])[:-1]] if len(table) else np.zeros(0, np.int64)
-    for (_start, _end, _rows, n_bad, first_bad, code) in table:
+    for _start, _end, _rows, n_bad, first_bad, code in table:
         if n_bad:
-            problems.append(f"{parent}.{field}: row {first_bad}: {_reason(code, child_len)} "
-                            f"({n_bad} bad row(s) in its chunk)")
+            problems.append(
+                f"{parent}.{field}: row {first_bad}: {_reason(code, child_len)} ({n_bad} bad row(s) in its chunk)"
+            )
     expected = 0
     for off, (start, end, rows, *_r) in zip(offsets, table):
         if rows == 0:
             continue
         if start != expected:
-            problems.append(f"{parent}.{field}: row {off}: starts at {start}, expected {expected} "
-                            "(not contiguous with the previous row)")
+            problems.append(
+                f"{parent}.{field}: row {off}: starts at {start}, expected {expected} "
+                "(not contiguous with the previous row)"
+            )
         expected = end
     if len(table) and table[:, 2].sum() and expected != child_len:
         problems.append(f"{parent}.{field}: the last row ends at {expected}, but the child array has {child_len} rows")
@@ -86,8 +93,6 @@ def first_problem_row(problem: str) -> int:
 def raise_first(problems: list[str]) -> None:
     if problems:
         raise IntervalError(min(problems, key=first_problem_row))
-
-
 
 
 def check_intervals(iv: np.ndarray, parent: str, field: str, child_len: int) -> None:

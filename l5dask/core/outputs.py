@@ -26,7 +26,6 @@ def filesystem(path: str, storage_options: dict[str, Any] | None):
     """The fsspec filesystem of a file's URL and its path there (S3 options resolved as the store's)."""
     from fsspec.core import url_to_fs
 
-
     options = dict(storage_options or {})
     if path.startswith(("s3://", "s3a://")):
         options = resolve_s3_options(options)
@@ -42,13 +41,17 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
             parent = target.rstrip("/").rsplit("/", 1)[0] if "/" in target.rstrip("/") else target
             bucket = target.split("/", 1)[0]
             if not fs.exists(bucket):
-                raise OutputError(f"{path}: the bucket {bucket!r} does not exist (or is not visible with these credentials)")
+                raise OutputError(
+                    f"{path}: the bucket {bucket!r} does not exist (or is not visible with these credentials)"
+                )
             if fs.isfile(parent) and parent != bucket:
                 raise OutputError(f"{path}: {parent!r} is a file, not a prefix")
         except L5DaskError:
             raise
         except (OSError, ValueError, ImportError) as exc:
-            raise OutputError(f"{path}: cannot write there: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}") from None
+            raise OutputError(
+                f"{path}: cannot write there: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__}"
+            ) from None
         return path
     path = os.path.abspath(path.removeprefix("file://"))
     folder = os.path.dirname(path)
@@ -88,8 +91,9 @@ def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[
         if os.path.exists(tmp):
             os.unlink(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, L5DaskError):
-            raise OutputError(f"{path}: writing failed, the previous file (if any) is kept: "
-                              f"{exc.strerror or exc}") from exc
+            raise OutputError(
+                f"{path}: writing failed, the previous file (if any) is kept: {exc.strerror or exc}"
+            ) from exc
         raise
     finally:
         if remote and os.path.exists(tmp):
@@ -119,7 +123,7 @@ def valid_rows(values) -> Any:
     if values.null_count == 0:
         return np.ones(n, bool)
     bits = np.frombuffer(values.buffers()[0], np.uint8)
-    return np.unpackbits(bits, count=values.offset + n, bitorder="little")[values.offset:].astype(bool)
+    return np.unpackbits(bits, count=values.offset + n, bitorder="little")[values.offset :].astype(bool)
 
 
 def numpy_array(values, missing=0) -> Any:
@@ -135,12 +139,20 @@ def numpy_array(values, missing=0) -> Any:
         return np.zeros(0, bool if pa.types.is_boolean(values.type) else values.type.to_pandas_dtype())
     n = len(values)
     if pa.types.is_boolean(values.type):
-        out = np.unpackbits(np.frombuffer(values.buffers()[1], np.uint8), count=values.offset + n,
-                            bitorder="little")[values.offset:].astype(bool) if n else np.zeros(0, bool)
+        out = (
+            np.unpackbits(np.frombuffer(values.buffers()[1], np.uint8), count=values.offset + n, bitorder="little")[
+                values.offset :
+            ].astype(bool)
+            if n
+            else np.zeros(0, bool)
+        )
     else:
         dtype = np.dtype(values.type.to_pandas_dtype())
-        out = np.frombuffer(values.buffers()[1], dtype, count=n, offset=values.offset * dtype.itemsize) if n \
+        out = (
+            np.frombuffer(values.buffers()[1], dtype, count=n, offset=values.offset * dtype.itemsize)
+            if n
             else np.zeros(0, dtype)
+        )
     return np.where(valid_rows(values), out, missing) if values.null_count else out
 
 
@@ -162,8 +174,10 @@ def table_format(path: str) -> str:
     """``.parquet`` or ``.csv``, from ``path``'s extension (else a clear error, before any work)."""
     ext = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
     if ext not in TABLE_FORMATS:
-        raise UsageError(f"{path}: unknown table format {ext or '(no extension)'!r}; name the file "
-                          f"{' or '.join('*' + e for e in TABLE_FORMATS)}")
+        raise UsageError(
+            f"{path}: unknown table format {ext or '(no extension)'!r}; name the file "
+            f"{' or '.join('*' + e for e in TABLE_FORMATS)}"
+        )
     return ext
 
 
@@ -174,8 +188,11 @@ def write_table(table: Any, path: str, storage_options: dict[str, Any] | None = 
 
     ext = ext or table_format(path)
     if not isinstance(table, pa.Table):
-        table = pa.Table.from_pandas(table, preserve_index=False) if hasattr(table, "to_numpy") else \
-            pa.Table.from_arrays([arrow_array(v) for v in table.values()], names=list(table))
+        table = (
+            pa.Table.from_pandas(table, preserve_index=False)
+            if hasattr(table, "to_numpy")
+            else pa.Table.from_arrays([arrow_array(v) for v in table.values()], names=list(table))
+        )
 
     def write(tmp: str) -> None:
         if ext == ".parquet":

@@ -45,8 +45,10 @@ def figures_html(figures, data: dict[str, Any]) -> str:
     out = []
     for caption, draw in figures:
         img = base64.b64encode(png(draw, data)).decode()
-        out.append(f'<figure><img alt="{caption}" src="data:image/png;base64,{img}">'
-                   f"<figcaption>{caption}</figcaption></figure>")
+        out.append(
+            f'<figure><img alt="{caption}" src="data:image/png;base64,{img}">'
+            f"<figcaption>{caption}</figcaption></figure>"
+        )
     return "".join(out)
 
 
@@ -66,9 +68,13 @@ def page(title: str, identity: str, body: str) -> str:
 
 
 def table_html(head: list[str], rows: list[list[str]]) -> str:
-    return ("<div class=\"scroll\"><table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-            + "</tr></thead><tbody>" + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                                               for r in rows) + "</tbody></table></div>")
+    return (
+        '<div class="scroll"><table><thead><tr>'
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr></thead><tbody>"
+        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+        + "</tbody></table></div>"
+    )
 
 
 def write_page(text: str, path: str, storage_options: dict | None = None) -> None:

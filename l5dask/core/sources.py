@@ -43,13 +43,22 @@ class ByteRanges:
         The first line is a header: chunk 0 starts after it (see :attr:`header_line`).
     """
 
-    def __init__(self, url: str, block_bytes: int = 64 * 2**20, header: bool = False,
-                 storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        block_bytes: int = 64 * 2**20,
+        header: bool = False,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         if block_bytes < 1:
             raise ValueError("block_bytes must be at least 1")
         folder, self.key = _split(url)
-        self.url, self.store, self.block_bytes, self.header = os.fspath(url), Store(folder, storage_options), \
-            int(block_bytes), header
+        self.url, self.store, self.block_bytes, self.header = (
+            os.fspath(url),
+            Store(folder, storage_options),
+            int(block_bytes),
+            header,
+        )
         try:
             self.size = int(self.store.fs.size(self.store.path(self.key)))
         except FileNotFoundError:
@@ -100,8 +109,7 @@ class ByteRanges:
             return f.readline().rstrip(b"\r\n")
 
     def __dask_tokenize__(self):
-        return ("l5dask.ByteRanges", self.store.__dask_tokenize__(), self.key, self.size, self.block_bytes,
-                self.header)
+        return ("l5dask.ByteRanges", self.store.__dask_tokenize__(), self.key, self.size, self.block_bytes, self.header)
 
 
 class Files:
@@ -134,7 +142,7 @@ class Files:
         return index, index + 1
 
     def iter_chunks(self, first: int, n: int) -> Iterator[tuple[int, bytes]]:
-        keys = self.keys[first: first + n]
+        keys = self.keys[first : first + n]
         raws = self.store.get_many(keys, what={k: f"file {k!r}" for k in keys})
         yield from zip(range(first, first + n), raws)
 

@@ -27,8 +27,14 @@ _ARCHIVE_READS = threading.Lock()
 
 #: errno values of store errors that may pass: s3fs maps 503 ServiceUnavailable and SlowDown to
 #: EBUSY and 500 InternalError to EREMOTEIO (their messages need not say the status code).
-_TRANSIENT_ERRNOS = {errno.EBUSY, errno.EAGAIN, errno.ETIMEDOUT, errno.ECONNRESET, errno.ECONNABORTED,
-                     getattr(errno, "EREMOTEIO", 121)}
+_TRANSIENT_ERRNOS = {
+    errno.EBUSY,
+    errno.EAGAIN,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    getattr(errno, "EREMOTEIO", 121),
+}
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -40,11 +46,15 @@ def _is_transient(exc: BaseException) -> bool:
         return True
     name = type(exc).__name__
     text = str(exc)
-    return (
-        name in {"ServerDisconnectedError", "ClientOSError", "ClientPayloadError", "ReadTimeoutError",
-                 "EndpointConnectionError", "ConnectTimeoutError", "ResponseStreamingError"}
-        or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError"))
-    )
+    return name in {
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "ClientPayloadError",
+        "ReadTimeoutError",
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ResponseStreamingError",
+    } or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError"))
 
 
 def _describe(exc: BaseException) -> str:
@@ -78,8 +88,9 @@ class Store:
                 if not target_fs.exists(zpath):
                     raise NotADatasetError(f"{self.url}: no such file")
                 # (fsspec's tar infers gzip, bz2, xz from the name)
-                self.fs = fsspec.filesystem(kind, fo=zpath, target_protocol=_protocol(target_fs),
-                                            target_options=options)
+                self.fs = fsspec.filesystem(
+                    kind, fo=zpath, target_protocol=_protocol(target_fs), target_options=options
+                )
                 self.root = self._archive_root()
             else:
                 self.fs, root = url_to_fs(self.url, **options)
@@ -114,8 +125,16 @@ class Store:
     def path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
 
-    def get(self, key: str, *, what: str | None = None, start: int | None = None, end: int | None = None,
-            tried: int = 0, failed: BaseException | None = None) -> bytes:
+    def get(
+        self,
+        key: str,
+        *,
+        what: str | None = None,
+        start: int | None = None,
+        end: int | None = None,
+        tried: int = 0,
+        failed: BaseException | None = None,
+    ) -> bytes:
         """Read one object (or its bytes ``[start, end)``; a negative ``start`` counts from the
         end), retrying transient store errors; map failures to clear errors. ``tried``: attempts
         already made elsewhere (a batch fetch whose error was ``failed``): they count."""
@@ -147,7 +166,9 @@ class Store:
                 raise StoreError(
                     f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
                 ) from exc
-        raise StoreError(f"{self.url}: reading {key!r} failed after {tried} attempt(s): {_describe(failed)}") from failed
+        raise StoreError(
+            f"{self.url}: reading {key!r} failed after {tried} attempt(s): {_describe(failed)}"
+        ) from failed
 
     def get_into(self, key: str, buffer: memoryview, *, what: str | None = None) -> int:
         """Read one object into ``buffer`` (at most its length; the bytes read are returned): on a
@@ -208,8 +229,11 @@ class Store:
             v = got.get(p)
             if isinstance(v, bytes):
                 out.append(v)
-            elif isinstance(v, Exception) and not isinstance(v, (FileNotFoundError, PermissionError)) \
-                    and _is_transient(v):
+            elif (
+                isinstance(v, Exception)
+                and not isinstance(v, (FileNotFoundError, PermissionError))
+                and _is_transient(v)
+            ):
                 out.append(self.get(k, what=what.get(k), tried=1, failed=v))
             else:
                 out.append(self.get(k, what=what.get(k)))
@@ -273,6 +297,7 @@ def archive_kind(url: str) -> str | None:
 
 def same_place(a: Store, b: Store) -> bool:
     """Whether two stores are the same location (an output that is an input is refused)."""
+
     def where(s: Store) -> tuple:
         root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
         return (type(s.fs).__name__, root)
@@ -337,14 +362,19 @@ def what_is_there(store: Store) -> str:
     if not names:
         return "not an L5Kit dataset: the folder is empty"
     if "zarr.json" in names:
-        return ("not an L5Kit dataset: a zarr v3 store (L5Kit writes zarr v2: .zgroup and .zarray files); "
-                "read it with zarr-python 3 or xarray's zarr engine")
+        return (
+            "not an L5Kit dataset: a zarr v3 store (L5Kit writes zarr v2: .zgroup and .zarray files); "
+            "read it with zarr-python 3 or xarray's zarr engine"
+        )
     sub = [n for n in names if fs.isdir(posixpath.join(root, n) if root else n)]
     nested = any(t in names for t in PERCEPTION_TABLES) or any(
-        fs.exists(posixpath.join(root, d, "scene.json") if root else posixpath.join(d, "scene.json")) for d in sub[:8])
+        fs.exists(posixpath.join(root, d, "scene.json") if root else posixpath.join(d, "scene.json")) for d in sub[:8]
+    )
     if nested:
-        return ("not an L5Kit dataset: a Lyft perception dataset (nuScenes-style JSON tables such as "
-                "scene.json); these commands read L5Kit prediction datasets (zarr)")
+        return (
+            "not an L5Kit dataset: a Lyft perception dataset (nuScenes-style JSON tables such as "
+            "scene.json); these commands read L5Kit prediction datasets (zarr)"
+        )
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     return f"not an L5Kit dataset (no zarr group metadata .zgroup); it holds {shown}"
 

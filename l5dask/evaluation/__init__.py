@@ -12,10 +12,16 @@ import importlib
 from typing import Any
 
 #: public name -> its module
-_PUBLIC = {**dict.fromkeys(("MAX_MODES", "CSVError", "open_csv", "read_gt_csv", "read_pred_csv", "scan",
-                            "write_gt_csv", "write_pred_csv"), "csvfiles"),
-           "select_agents": "agents", "create_chopped_dataset": "chop", "export_zarr_to_csv": "ground_truth",
-           "evaluate": "metrics"}
+_PUBLIC = {
+    **dict.fromkeys(
+        ("MAX_MODES", "CSVError", "open_csv", "read_gt_csv", "read_pred_csv", "scan", "write_gt_csv", "write_pred_csv"),
+        "csvfiles",
+    ),
+    "select_agents": "agents",
+    "create_chopped_dataset": "chop",
+    "export_zarr_to_csv": "ground_truth",
+    "evaluate": "metrics",
+}
 
 __all__ = sorted(_PUBLIC)
 

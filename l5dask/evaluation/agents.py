@@ -44,15 +44,29 @@ TH_EXTENT_RATIO = 1.1
 TH_DISTANCE_AV = 50
 #: L5Kit's ``PERCEPTION_LABELS_TO_KEEP`` (``l5kit/data/filter.py``): the agent-like labels.
 LABELS_TO_KEEP = (
-    "PERCEPTION_LABEL_CAR", "PERCEPTION_LABEL_VAN", "PERCEPTION_LABEL_TRAM", "PERCEPTION_LABEL_BUS",
-    "PERCEPTION_LABEL_TRUCK", "PERCEPTION_LABEL_EMERGENCY_VEHICLE", "PERCEPTION_LABEL_OTHER_VEHICLE",
-    "PERCEPTION_LABEL_BICYCLE", "PERCEPTION_LABEL_MOTORCYCLE", "PERCEPTION_LABEL_CYCLIST",
-    "PERCEPTION_LABEL_MOTORCYCLIST", "PERCEPTION_LABEL_PEDESTRIAN", "PERCEPTION_LABEL_ANIMAL",
+    "PERCEPTION_LABEL_CAR",
+    "PERCEPTION_LABEL_VAN",
+    "PERCEPTION_LABEL_TRAM",
+    "PERCEPTION_LABEL_BUS",
+    "PERCEPTION_LABEL_TRUCK",
+    "PERCEPTION_LABEL_EMERGENCY_VEHICLE",
+    "PERCEPTION_LABEL_OTHER_VEHICLE",
+    "PERCEPTION_LABEL_BICYCLE",
+    "PERCEPTION_LABEL_MOTORCYCLE",
+    "PERCEPTION_LABEL_CYCLIST",
+    "PERCEPTION_LABEL_MOTORCYCLIST",
+    "PERCEPTION_LABEL_PEDESTRIAN",
+    "PERCEPTION_LABEL_ANIMAL",
 )
 KEEP = np.array([fmt.LABELS.index(name) for name in LABELS_TO_KEEP])
 #: Why an agent was rejected (L5Kit's report keys), by code 1..5.
-REJECTS = ("reject_th_agent_filter_probability_threshold", "reject_th_AV_distance", "reject_th_hole",
-           "reject_th_yaw", "reject_th_extent")
+REJECTS = (
+    "reject_th_agent_filter_probability_threshold",
+    "reject_th_AV_distance",
+    "reject_th_hole",
+    "reject_th_yaw",
+    "reject_th_extent",
+)
 #: The rows and columns of L5Kit's past/future table.
 TABLE_STEPS = (0, 10, 30, 50)
 #: Rows per chunk of an agents mask (L5Kit's).
@@ -115,8 +129,10 @@ def span_frames(frames: Any, span: SceneSpan) -> np.ndarray:
     fr = frames.read_rows(span.f0, span.f1, np.empty(span.f1 - span.f0, frames.dtype))
     iv = fr["agent_index_interval"].reshape(-1, 2)
     if len(iv) and (iv[0, 0] != span.a0 or iv[-1, 1] != span.a1 or (iv[1:, 0] != iv[:-1, 1]).any()):
-        raise FormatError(f"{frames.name}: frames {span.f0}..{span.f1} do not cover agents {span.a0}..{span.a1} "
-                          "contiguously (broken intervals)")
+        raise FormatError(
+            f"{frames.name}: frames {span.f0}..{span.f1} do not cover agents {span.a0}..{span.a1} "
+            "contiguously (broken intervals)"
+        )
     return fr
 
 
@@ -126,8 +142,15 @@ def spans(table: Any, lo: int, hi: int) -> SceneSpan:
     idx = np.flatnonzero(has)
     s0 = int(idx[np.searchsorted(table.a1[idx], lo, side="right")])
     s1 = int(idx[np.searchsorted(table.a0[idx], hi, side="left") - 1]) + 1
-    return SceneSpan(s0, s1, int(table.f0[s0]), int(table.f1[s1 - 1]), int(table.a0[s0]), int(table.a1[s1 - 1]),
-                     (table.f1[s0:s1] - table.f0[s0:s1]).astype(np.int64))
+    return SceneSpan(
+        s0,
+        s1,
+        int(table.f0[s0]),
+        int(table.f1[s1 - 1]),
+        int(table.a0[s0]),
+        int(table.a1[s1 - 1]),
+        (table.f1[s0:s1] - table.f0[s0:s1]).astype(np.int64),
+    )
 
 
 def task_ranges(n: int, rows_per_task: int, align: int = MASK_CHUNK_ROWS) -> list[tuple[int, int]]:
@@ -163,8 +186,9 @@ def as_stored(records: np.ndarray) -> np.ndarray:
     return out
 
 
-def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: int, hi: int,
-              records: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def span_mask(
+    agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: int, hi: int, records: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The agents mask of rows ``[lo, hi)`` (inside the span), computed over its whole scenes by
     one compiled pass over the span's agents, a decoded chunk at a time: ``(past, future)`` per
     agent (uint32), the rejections by reason (:data:`REJECTS`) and L5Kit's past/future table
@@ -175,9 +199,16 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
     iv = fr["agent_index_interval"].reshape(-1, 2).astype(np.int64)
     frame_scene = np.repeat(np.arange(span.s0, span.s1, dtype=np.int64), span.frames_per_scene)
     ego = fr["ego_translation"].reshape(len(fr), -1).astype(np.float64)
-    mp = MaskPass(np.ascontiguousarray(iv[:, 1] - span.a0), frame_scene, np.ascontiguousarray(ego[:, 0]),
-                  np.ascontiguousarray(ego[:, 1]), n, np.float32(th.yaw_degrees), np.float32(th.extent_ratio),
-                  float(th.distance_m))
+    mp = MaskPass(
+        np.ascontiguousarray(iv[:, 1] - span.a0),
+        frame_scene,
+        np.ascontiguousarray(ego[:, 0]),
+        np.ascontiguousarray(ego[:, 1]),
+        n,
+        np.float32(th.yaw_degrees),
+        np.float32(th.extent_ratio),
+        float(th.distance_m),
+    )
     dt = fmt.AGENT_DTYPE
     offsets = tuple(dt.fields[f][1] for f in _FIELDS)
     keep = _label_offset()
@@ -190,17 +221,17 @@ def span_mask(agents: Any, fr: np.ndarray, span: SceneSpan, th: Thresholds, lo: 
     else:
         pieces = ()
     for start, chunk in pieces:
-        part = as_stored(chunk[max(span.a0, start) - start: min(span.a1, start + len(chunk)) - start])
+        part = as_stored(chunk[max(span.a0, start) - start : min(span.a1, start + len(chunk)) - start])
         buf, i, forced = part.view(np.uint8), 0, -1
-        while (i := mp.feed(buf, len(part), dt.itemsize, offsets, keep, th.threshold, i,
-                            forced)) < len(part):
+        while (i := mp.feed(buf, len(part), dt.itemsize, offsets, keep, th.threshold, i, forced)) < len(part):
             # a label sum within the band of the threshold: numpy's float32 sum decides it
-            forced = int(label_filter(part["label_probabilities"][i: i + 1].reshape(1, -1), th.threshold)[0])
+            forced = int(label_filter(part["label_probabilities"][i : i + 1].reshape(1, -1), th.threshold)[0])
     return mp.finish(lo - span.a0, hi - span.a0, np.array(TABLE_STEPS, np.int64))
 
 
-def _mask_task(agents: Any, frames: Any, span: SceneSpan, lo: int, hi: int, th: Thresholds,
-               store: Any = None, meta: Any = None) -> dict[str, np.ndarray]:
+def _mask_task(
+    agents: Any, frames: Any, span: SceneSpan, lo: int, hi: int, th: Thresholds, store: Any = None, meta: Any = None
+) -> dict[str, np.ndarray]:
     """Compute the mask of agent rows ``[lo, hi)`` (whole scenes read) and write its chunks."""
 
     mask, rejects, table = span_mask(agents, span_frames(frames, span), span, th, lo, hi)
@@ -214,10 +245,20 @@ def mask_name(threshold: float) -> str:
     return f"{fmt.MASKS}/{float(threshold)}"
 
 
-def select_agents(dataset: Any, threshold: float = 0.5, yaw_degrees: float = TH_YAW_DEGREE,
-                  extent_ratio: float = TH_EXTENT_RATIO, distance_m: float = TH_DISTANCE_AV, *,
-                  output: Any = None, overwrite: bool = False, storage_options: dict | None = None,
-                  job: Any = None, client: Any = None, progress: bool = False) -> dict[str, Any]:
+def select_agents(
+    dataset: Any,
+    threshold: float = 0.5,
+    yaw_degrees: float = TH_YAW_DEGREE,
+    extent_ratio: float = TH_EXTENT_RATIO,
+    distance_m: float = TH_DISTANCE_AV,
+    *,
+    output: Any = None,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+    job: Any = None,
+    client: Any = None,
+    progress: bool = False,
+) -> dict[str, Any]:
     """Write L5Kit's agents mask ``agents_mask/{threshold}`` into ``dataset`` (as ``select_agents``
     does), or as a zarr v2 array at ``output``; return L5Kit's report (its counters, and the
     past/future table as ``{past: {future: agents}}``).
@@ -244,10 +285,16 @@ def select_agents(dataset: Any, threshold: float = 0.5, yaw_degrees: float = TH_
     n = len(ds[fmt.AGENTS])
     meta = fmt.ArrayMeta(array_name, MASK_DTYPE, n, MASK_CHUNK_ROWS, (2,))
     table = scene_table(ds, job)
-    calls = [(ds[fmt.AGENTS], ds[fmt.FRAMES], spans(table, lo, hi), lo, hi, th, store, meta)
-             for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job, table))]
+    calls = [
+        (ds[fmt.AGENTS], ds[fmt.FRAMES], spans(table, lo, hi), lo, hi, th, store, meta)
+        for lo, hi in task_ranges(n, rows_per_task(ds[fmt.AGENTS], job, table))
+    ]
     parts = job.map(_mask_task, calls, name="l5-agents-mask") if calls else []
-    put(store, f"{array_name}/.zarray" if array_name else ".zarray", fmt.zarray_json(MASK_DTYPE, n, MASK_CHUNK_ROWS, (2,)))
+    put(
+        store,
+        f"{array_name}/.zarray" if array_name else ".zarray",
+        fmt.zarray_json(MASK_DTYPE, n, MASK_CHUNK_ROWS, (2,)),
+    )
     if array_name:
         put(store, f"{fmt.MASKS}/.zgroup", fmt.ZGROUP_JSON)
     return report(parts, th, n)
@@ -256,13 +303,18 @@ def select_agents(dataset: Any, threshold: float = 0.5, yaw_degrees: float = TH_
 def report(parts: list[dict[str, np.ndarray]], th: Thresholds, n: int) -> dict[str, Any]:
     rejects = sum(p["rejects"] for p in parts) if parts else np.zeros(len(REJECTS), np.int64)
     table = sum(p["table"] for p in parts) if parts else np.zeros((4, 4), np.int64)
-    out: dict[str, Any] = {"th_agent_filter_probability_threshold": th.threshold, "th_yaw_degree": th.yaw_degrees,
-                           "th_extent_ratio": th.extent_ratio, "th_distance_av": th.distance_m}
+    out: dict[str, Any] = {
+        "th_agent_filter_probability_threshold": th.threshold,
+        "th_yaw_degree": th.yaw_degrees,
+        "th_extent_ratio": th.extent_ratio,
+        "th_distance_av": th.distance_m,
+    }
     out.update({k: int(v) for k, v in zip(REJECTS, rejects)})
     out["total_reject"] = int(rejects.sum())
     out["total_agent_frames"] = int(n)
-    out["past_future"] = {str(p): {str(f): int(table[i, j]) for j, f in enumerate(TABLE_STEPS)}
-                          for i, p in enumerate(TABLE_STEPS)}
+    out["past_future"] = {
+        str(p): {str(f): int(table[i, j]) for j, f in enumerate(TABLE_STEPS)} for i, p in enumerate(TABLE_STEPS)
+    }
     return out
 
 

@@ -25,8 +25,11 @@ SHOW_KEYS = 5
 
 def _frames_chunk(wanted: np.ndarray, data: np.ndarray, start: int, parent: Any) -> tuple:
     hit = np.flatnonzero(np.isin(data["timestamp"], wanted))
-    return (start + hit).astype(np.int64), data["timestamp"][hit].astype(np.int64), \
-        data["agent_index_interval"][hit].reshape(-1, 2).astype(np.int64)
+    return (
+        (start + hit).astype(np.int64),
+        data["timestamp"][hit].astype(np.int64),
+        data["agent_index_interval"][hit].reshape(-1, 2).astype(np.int64),
+    )
 
 
 def _concat3(a: tuple, b: tuple) -> tuple:
@@ -45,10 +48,9 @@ def frames_at(ds: Any, timestamps: np.ndarray, job: Any) -> tuple[np.ndarray, np
     return job.compute([Pass(frames, red, blocks=True, name="frames-at")])[0]
 
 
-
-
-def agent_groups(dataset: Any, timestamps: np.ndarray, track_ids: np.ndarray, job: Any,
-                 storage_options: dict | None = None) -> tuple[dict, dict]:
+def agent_groups(
+    dataset: Any, timestamps: np.ndarray, track_ids: np.ndarray, job: Any, storage_options: dict | None = None
+) -> tuple[dict, dict]:
     """Per GT row, its agent's label (argmax of label probabilities) and scene, as group codes."""
 
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
@@ -60,8 +62,11 @@ def agent_groups(dataset: Any, timestamps: np.ndarray, track_ids: np.ndarray, jo
     wanted = agents[order]
     if len(wanted) and (np.diff(wanted) == 0).any():
         raise CSVError("frames share agents: the dataset's intervals are broken")
-    got = pick_rows(ds[fmt.AGENTS], wanted, ("track_id", "label_probabilities"), job) if len(wanted) else \
-        {"track_id": np.zeros(0, np.int64), "label_probabilities": np.zeros((0, len(ds.labels)), np.float32)}
+    got = (
+        pick_rows(ds[fmt.AGENTS], wanted, ("track_id", "label_probabilities"), job)
+        if len(wanted)
+        else {"track_id": np.zeros(0, np.int64), "label_probabilities": np.zeros((0, len(ds.labels)), np.float32)}
+    )
     tid = np.empty(len(agents), np.int64)
     tid[order] = got["track_id"].astype(np.int64)
     probs = np.asarray(got["label_probabilities"]).reshape(len(wanted), -1)
@@ -90,5 +95,7 @@ def agent_groups(dataset: Any, timestamps: np.ndarray, track_ids: np.ndarray, jo
     ends = job.read(scenes.select(("frame_index_interval",)))["frame_index_interval"].reshape(-1, 2)[:, 1]
     scene = np.searchsorted(ends, frame_rows[agent_frame[agent]], side="right")
     labels = list(ds.labels)
-    return ({"by_label": (label[agent], len(labels)), "by_scene": (scene.astype(np.int64), len(ends))},
-            {"by_label": labels, "by_scene": list(range(len(ends)))})
+    return (
+        {"by_label": (label[agent], len(labels)), "by_scene": (scene.astype(np.int64), len(ends))},
+        {"by_label": labels, "by_scene": list(range(len(ends)))},
+    )

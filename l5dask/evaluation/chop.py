@@ -71,8 +71,11 @@ def future_counts(ds: Any, rows: np.ndarray, th: Thresholds, job: Any) -> np.nda
 
     name = str(th.threshold)
     if name in ds.masks:
-        return pick_rows(ds.masks[name], rows, ("value",), job)["value"].reshape(-1, 2) if len(rows) else \
-            np.zeros((0, 2), np.uint32)
+        return (
+            pick_rows(ds.masks[name], rows, ("value",), job)["value"].reshape(-1, 2)
+            if len(rows)
+            else np.zeros((0, 2), np.uint32)
+        )
     table = scene_table(ds, job)
     calls = []
     for lo, hi in task_ranges(len(ds[fmt.AGENTS]), rows_per_task(ds[fmt.AGENTS], job, table), align=1):
@@ -83,10 +86,20 @@ def future_counts(ds: Any, rows: np.ndarray, th: Thresholds, job: Any) -> np.nda
     return np.concatenate(parts) if parts else np.zeros((0, 2), np.uint32)
 
 
-def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_copy: int, num_frames_gt: int,
-                           min_frame_future: int, *, output: Any, overwrite: bool = False,
-                           storage_options: dict | None = None, client: Any = None, progress: bool = False,
-                           chunks_per_task: int | None = None) -> str:
+def create_chopped_dataset(
+    zarr_path: Any,
+    th_agent_prob: float,
+    num_frames_to_copy: int,
+    num_frames_gt: int,
+    min_frame_future: int,
+    *,
+    output: Any,
+    overwrite: bool = False,
+    storage_options: dict | None = None,
+    client: Any = None,
+    progress: bool = False,
+    chunks_per_task: int | None = None,
+) -> str:
     """Write L5Kit's chopped test set of ``zarr_path`` into the folder ``output``: the chopped
     dataset under the input's own name, ``mask.npz`` and ``gt.csv``; returns ``output``."""
 
@@ -104,8 +117,10 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
     lengths = table.f1 - table.f0
     if len(lengths) and (lengths <= n_copy).any():
         s = int(np.flatnonzero(lengths <= n_copy)[0])
-        raise UsageError(f"--frames {n_copy}: scene {s} has {int(lengths[s])} frames; every scene must have more "
-                          f"than the frames kept ({int((lengths <= n_copy).sum())} scenes do not)")
+        raise UsageError(
+            f"--frames {n_copy}: scene {s} has {int(lengths[s])} frames; every scene must have more "
+            f"than the frames kept ({int((lengths <= n_copy).sum())} scenes do not)"
+        )
     if "://" not in out_dir and not os.path.isdir(out_dir):
         if os.path.exists(out_dir):
             raise OutputError(f"{out_dir}: is not a folder")
@@ -133,8 +148,11 @@ def create_chopped_dataset(zarr_path: Any, th_agent_prob: float, num_frames_to_c
     kept_agents = a_end - table.a0
     out_a0 = np.r_[0, np.cumsum(kept_agents)[:-1]].astype(np.int64)
     chopped = np.zeros(int(kept_agents.sum()), bool)
-    chopped_rows = np.concatenate([o + np.arange(a - a0, b - a0) for o, a0, (a, b) in zip(out_a0, table.a0, last_iv)]) \
-        if len(last_iv) else np.zeros(0, np.int64)
+    chopped_rows = (
+        np.concatenate([o + np.arange(a - a0, b - a0) for o, a0, (a, b) in zip(out_a0, table.a0, last_iv)])
+        if len(last_iv)
+        else np.zeros(0, np.int64)
+    )
     chopped[chopped_rows[keep]] = True
 
     def write_mask(tmp: str) -> None:

@@ -18,8 +18,13 @@ from l5dask.core.commands import (
 )
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-threshold_option = click.option("--threshold", default=0.5, show_default=True, type=click.FloatRange(0, 1),
-                                help="label filter: summed agent-like label probability must be above it")
+threshold_option = click.option(
+    "--threshold",
+    default=0.5,
+    show_default=True,
+    type=click.FloatRange(0, 1),
+    help="label filter: summed agent-like label probability must be above it",
+)
 
 
 def _job(client, quiet: bool, chunks_per_task=None):
@@ -32,7 +37,9 @@ def _job(client, quiet: bool, chunks_per_task=None):
 @click.argument("gt")
 @click.argument("pred")
 @click.option("--output", "-O", "output", required=True, help="the metrics (JSON): a path or a URL")
-@click.option("--max-modes", default=3, show_default=True, type=click.IntRange(1), help="modes of the PRED file (L5Kit's M)")
+@click.option(
+    "--max-modes", default=3, show_default=True, type=click.IntRange(1), help="modes of the PRED file (L5Kit's M)"
+)
 @click.option("--dataset", help="the dataset the GT comes from: adds breakdowns by label and by scene")
 @click.option("--html", "html_path", help="also write a self-contained HTML page with plots")
 @quiet_option
@@ -61,8 +68,16 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
         write_page(render_evaluation(result, gt, pred, took), html_path, opts)
     for k in METRICS:
         v = result[k]
-        click.echo(f"{k:<36} " + (f"{v:.6g}" if isinstance(v, float) else
-                                  "none" if v is None else f"[{len(v)} values, mean {sum(v) / len(v):.4g}]"))
+        click.echo(
+            f"{k:<36} "
+            + (
+                f"{v:.6g}"
+                if isinstance(v, float)
+                else "none"
+                if v is None
+                else f"[{len(v)} values, mean {sum(v) / len(v):.4g}]"
+            )
+        )
     click.echo(f"{result['rows']:,} rows in {took:.1f} s: {output}" + (f", {html_path}" if html_path else ""))
 
 
@@ -79,8 +94,19 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
 @scheduler_option
 @storage_option
 @friendly
-def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, output, overwrite, chunks_per_task,
-                  quiet, scheduler, storage_options) -> None:
+def select_agents(
+    dataset,
+    threshold,
+    yaw_degrees,
+    extent_ratio,
+    distance_m,
+    output,
+    overwrite,
+    chunks_per_task,
+    quiet,
+    scheduler,
+    storage_options,
+) -> None:
     """Write L5Kit's agents mask agents_mask/THRESHOLD into DATASET (as select_agents) and print
     its report and past/future table."""
     from l5dask.core.cluster import connect
@@ -89,8 +115,17 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        rep = run(dataset, threshold, yaw_degrees, extent_ratio, distance_m, output=output, overwrite=overwrite,
-                  storage_options=parse_storage_options(storage_options), job=_job(client, quiet, chunks_per_task))
+        rep = run(
+            dataset,
+            threshold,
+            yaw_degrees,
+            extent_ratio,
+            distance_m,
+            output=output,
+            overwrite=overwrite,
+            storage_options=parse_storage_options(storage_options),
+            job=_job(client, quiet, chunks_per_task),
+        )
     click.echo(json.dumps({k: v for k, v in rep.items() if k != "past_future"}, indent=1))
     click.echo(table_text(rep))
     where = output or f"{dataset}/{mask_name(threshold)}"
@@ -110,8 +145,19 @@ def select_agents(dataset, threshold, yaw_degrees, extent_ratio, distance_m, out
 @scheduler_option
 @storage_option
 @friendly
-def gt(dataset, output, future_frames, threshold, mask, min_history, min_future, chunks_per_task, quiet, scheduler,
-       storage_options) -> None:
+def gt(
+    dataset,
+    output,
+    future_frames,
+    threshold,
+    mask,
+    min_history,
+    min_future,
+    chunks_per_task,
+    quiet,
+    scheduler,
+    storage_options,
+) -> None:
     """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
     from l5dask.core.cluster import connect
     from l5dask.errors import UsageError
@@ -126,11 +172,17 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
     check_outputs(storage_options, output)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        rows = export_zarr_to_csv(dataset, output, future_frames, threshold, mask,
-                                  min_frame_history=MIN_FRAME_HISTORY if min_history is None else min_history,
-                                  min_frame_future=MIN_FRAME_FUTURE if min_future is None else min_future,
-                                  storage_options=parse_storage_options(storage_options),
-                                  job=_job(client, quiet, chunks_per_task))
+        rows = export_zarr_to_csv(
+            dataset,
+            output,
+            future_frames,
+            threshold,
+            mask,
+            min_frame_history=MIN_FRAME_HISTORY if min_history is None else min_history,
+            min_frame_future=MIN_FRAME_FUTURE if min_future is None else min_future,
+            storage_options=parse_storage_options(storage_options),
+            job=_job(client, quiet, chunks_per_task),
+        )
     click.echo(f"wrote {output}: {rows:,} rows in {time.perf_counter() - t0:.1f} s")
 
 
@@ -138,8 +190,13 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
 @click.argument("dataset")
 @click.option("--frames", "frames", required=True, type=click.IntRange(1), help="frames kept per scene (N)")
 @click.option("--future-frames", default=50, show_default=True, type=click.IntRange(1), help="T of gt.csv")
-@click.option("--min-future", default=10, show_default=True, type=click.IntRange(0),
-              help="future frames an agent needs in the agents mask")
+@click.option(
+    "--min-future",
+    default=10,
+    show_default=True,
+    type=click.IntRange(0),
+    help="future frames an agent needs in the agents mask",
+)
 @threshold_option
 @click.option("--output", "-O", "output", required=True, help="the folder to write the trio into")
 @click.option("--overwrite", is_flag=True, help="replace what exists there")
@@ -148,17 +205,38 @@ def gt(dataset, output, future_frames, threshold, mask, min_history, min_future,
 @scheduler_option
 @storage_option
 @friendly
-def chop(dataset, frames, future_frames, min_future, threshold, output, overwrite, chunks_per_task, quiet, scheduler,
-         storage_options) -> None:
+def chop(
+    dataset,
+    frames,
+    future_frames,
+    min_future,
+    threshold,
+    output,
+    overwrite,
+    chunks_per_task,
+    quiet,
+    scheduler,
+    storage_options,
+) -> None:
     """L5Kit's create_chopped_dataset: OUTPUT/<dataset name> chopped at --frames, mask.npz, gt.csv."""
     from l5dask.core.cluster import connect
     from l5dask.evaluation.chop import create_chopped_dataset
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        out = create_chopped_dataset(dataset, threshold, frames, future_frames, min_future, output=output,
-                                     overwrite=overwrite, storage_options=parse_storage_options(storage_options),
-                                     client=client, progress=not quiet, chunks_per_task=chunks_per_task)
+        out = create_chopped_dataset(
+            dataset,
+            threshold,
+            frames,
+            future_frames,
+            min_future,
+            output=output,
+            overwrite=overwrite,
+            storage_options=parse_storage_options(storage_options),
+            client=client,
+            progress=not quiet,
+            chunks_per_task=chunks_per_task,
+        )
     click.echo(f"wrote {out}: the chopped dataset, mask.npz, gt.csv in {time.perf_counter() - t0:.1f} s")
 
 

@@ -77,8 +77,7 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
     if kind == "gt":
         t = (n - 2) / 3
         if n < 5 or t != int(t):
-            raise CSVError(f"{where}: not a GT file: {n} columns give no integer future length "
-                           f"T = (columns - 2) / 3")
+            raise CSVError(f"{where}: not a GT file: {n} columns give no integer future length T = (columns - 2) / 3")
         want = gt_header(int(t))
     else:
         modes = sum(1 for x in names if x.startswith("conf_"))
@@ -86,8 +85,10 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
             raise CSVError(f"{where}: {modes} modes (conf_0..conf_{modes - 1}), more than --max-modes {max_modes}")
         t = (n - 2 - max_modes) / (2 * max_modes)
         if n < 2 + 3 * max_modes or t != int(t):
-            raise CSVError(f"{where}: not a PRED file with {max_modes} modes: {n} columns give no integer future "
-                           f"length T = (columns - 2 - M) / (2 M)")
+            raise CSVError(
+                f"{where}: not a PRED file with {max_modes} modes: {n} columns give no integer future "
+                f"length T = (columns - 2 - M) / (2 M)"
+            )
         want = pred_header(int(t), max_modes)
     if names != want:
         raise CSVError(f"{where}: not L5Kit's {kind.upper()} header: {_first_difference(names, want)}")
@@ -180,18 +181,18 @@ def _parse_keys(window: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, str]:
             ndig += isdig
             done |= ~isdig
         sep = window[rows, np.minimum(pos + ndig, w - 1)]
-        bad = (ndig == 0) | (ndig > 19) | (sep != 44) | (acc > np.uint64(2 ** 63 - 1))
+        bad = (ndig == 0) | (ndig > 19) | (sep != 44) | (acc > np.uint64(2**63 - 1))
         if bad.any():
             # anything odd (a sign, a long number) goes to Python's int, which says what is wrong
             for i in np.flatnonzero(bad):
                 cells = bytes(window[i]).split(b",")
                 try:
                     value = int(cells[0 if column == "timestamp" else 1])
-                    if len(cells) < 3 or not -2 ** 63 <= value < 2 ** 63:
+                    if len(cells) < 3 or not -(2**63) <= value < 2**63:
                         raise ValueError
                 except ValueError:
                     return acc, acc, int(i), column
-                acc[i] = np.uint64(value % 2 ** 64)
+                acc[i] = np.uint64(value % 2**64)
                 ndig[i] = len(cells[0 if column == "timestamp" else 1])
         out.append(acc.view(np.int64))
         pos = pos + ndig + 1
@@ -238,7 +239,7 @@ def scan(f: CSVFile, job: Any = None) -> CSVFile:
 def collect_scan(f: CSVFile, parts: list[tuple]) -> CSVFile:
     """Put the row scan's blocks (in file order) into ``f``; the first bad key is an error."""
     before = 0
-    for starts, ts, tid, bad, column in parts:
+    for starts, _ts, _tid, bad, column in parts:
         if bad >= 0:
             line = before + bad + 2
             if column == "(an empty line)":
@@ -296,15 +297,20 @@ def _arrow_rows(f: CSVFile, data: bytes, lo: int, n: int) -> tuple[np.ndarray, n
     try:
         table = pcsv.read_csv(
             io.BytesIO(data),
-            read_options=pcsv.ReadOptions(column_names=f.names, use_threads=False, block_size=max(len(data) + 1, 1 << 20)),
+            read_options=pcsv.ReadOptions(
+                column_names=f.names, use_threads=False, block_size=max(len(data) + 1, 1 << 20)
+            ),
             parse_options=pcsv.ParseOptions(newlines_in_values=False),
-            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
-                                                 quoted_strings_can_be_null=False, null_values=[]),
+            convert_options=pcsv.ConvertOptions(
+                column_types=types, strings_can_be_null=False, quoted_strings_can_be_null=False, null_values=[]
+            ),
         )
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         raise CSVError(_locate_bad(f, data, lo)) from None
     if table.num_rows != n:
-        raise CSVError(_locate_bad(f, data, lo) if table.num_rows > n else f"{f.path}: rows {lo}..{lo + n}: expected {n} rows")
+        raise CSVError(
+            _locate_bad(f, data, lo) if table.num_rows > n else f"{f.path}: rows {lo}..{lo + n}: expected {n} rows"
+        )
     cols = [c.to_numpy() for c in table.columns]
     values = np.empty((n, len(cols) - 2), np.float64)
     for j, c in enumerate(cols[2:]):
@@ -329,8 +335,10 @@ def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
         bad = ~np.isfinite(values)
         if bad.any():
             r, c = np.argwhere(bad)[0]
-            raise CSVError(f"{f.path}: line {lo + r + 2}, column {c + 3} ({f.names[c + 2]!r}): "
-                           f"{values[r, c]} is not a finite number")
+            raise CSVError(
+                f"{f.path}: line {lo + r + 2}, column {c + 3} ({f.names[c + 2]!r}): "
+                f"{values[r, c]} is not a finite number"
+            )
     if f.kind == "gt":
         return Rows(ts, tid, values[:, t:].reshape(n, t, 2), avails=values[:, :t])
     return Rows(ts, tid, values[:, m:].reshape(n, m, t, 2), confs=values[:, :m])
@@ -378,15 +386,27 @@ def _to_dask(f: CSVFile, groups: list[tuple[int, int]]) -> ParsedFile:
     t, m = f.future_len, f.modes
 
     def col(name: str, shape: tuple, dtype) -> Any:
-        blocks = [da.from_delayed(getattr_delayed(p, name), shape=(hi - lo,) + shape, dtype=dtype)
-                  for p, (lo, hi) in zip(parts, groups)]
+        blocks = [
+            da.from_delayed(getattr_delayed(p, name), shape=(hi - lo,) + shape, dtype=dtype)
+            for p, (lo, hi) in zip(parts, groups)
+        ]
         return da.concatenate(blocks) if blocks else da.zeros((0,) + shape, dtype=dtype)
 
     if f.kind == "gt":
-        return ParsedFile(f, col("timestamps", (), np.int64), col("track_ids", (), np.int64),
-                          col("coords", (t, 2), np.float64), avails=col("avails", (t,), np.float64))
-    return ParsedFile(f, col("timestamps", (), np.int64), col("track_ids", (), np.int64),
-                      col("coords", (m, t, 2), np.float64), confs=col("confs", (m,), np.float64))
+        return ParsedFile(
+            f,
+            col("timestamps", (), np.int64),
+            col("track_ids", (), np.int64),
+            col("coords", (t, 2), np.float64),
+            avails=col("avails", (t,), np.float64),
+        )
+    return ParsedFile(
+        f,
+        col("timestamps", (), np.int64),
+        col("track_ids", (), np.int64),
+        col("coords", (m, t, 2), np.float64),
+        confs=col("confs", (m,), np.float64),
+    )
 
 
 def getattr_delayed(obj: Any, name: str) -> Any:
@@ -403,8 +423,9 @@ def read_gt_csv(csv_path: str, storage_options: dict | None = None, job: Any = N
     return _to_dask(f, row_groups(f))
 
 
-def read_pred_csv(csv_path: str, max_modes: int = MAX_MODES, storage_options: dict | None = None,
-                  job: Any = None) -> ParsedFile:
+def read_pred_csv(
+    csv_path: str, max_modes: int = MAX_MODES, storage_options: dict | None = None, job: Any = None
+) -> ParsedFile:
     """A PRED file as dask arrays (``confs`` (N, M), ``coords`` (N, M, T, 2)); see :func:`read_gt_csv`."""
     f = scan(open_csv(csv_path, "pred", max_modes, storage_options), job)
     return _to_dask(f, row_groups(f))
@@ -525,8 +546,9 @@ def gt_bytes(timestamps, track_ids, coords, avails) -> bytes:
     try:
         return _lines([_str_cells(ts[:, None]), _str_cells(tid[:, None]), _str_cells(av), _f5_cells(xy)])
     except _TooWide:
-        return _python_lines([str(a), str(b)] + [str(x) for x in c] + [f"{x:.5f}" for x in d]
-                             for a, b, c, d in zip(ts, tid, av, xy))
+        return _python_lines(
+            [str(a), str(b)] + [str(x) for x in c] + [f"{x:.5f}" for x in d] for a, b, c, d in zip(ts, tid, av, xy)
+        )
 
 
 def pred_bytes(timestamps, track_ids, coords, confs, max_modes: int = MAX_MODES) -> bytes:
@@ -543,8 +565,9 @@ def pred_bytes(timestamps, track_ids, coords, confs, max_modes: int = MAX_MODES)
     try:
         return _lines([_str_cells(ts[:, None]), _str_cells(tid[:, None]), _str_cells(confs_p), _f5_cells(xy)])
     except _TooWide:
-        return _python_lines([str(a), str(b)] + [str(x) for x in c] + [f"{x:.5f}" for x in d]
-                             for a, b, c, d in zip(ts, tid, confs_p, xy))
+        return _python_lines(
+            [str(a), str(b)] + [str(x) for x in c] + [f"{x:.5f}" for x in d] for a, b, c, d in zip(ts, tid, confs_p, xy)
+        )
 
 
 #: Rows per formatting task of the writers.
@@ -570,23 +593,22 @@ def windows(job: Any, func, calls: list[tuple], name: str, window: int | None = 
     """``func(*call)`` of each call, yielded in order, computed ``window`` tasks at a time."""
     window = window or max(WRITE_WINDOW, 2 * job.threads)
     for w in range(0, len(calls), window):
-        yield from job.map(func, calls[w: w + window], name=name)
+        yield from job.map(func, calls[w : w + window], name=name)
 
 
 def _dask_windows(job: Any, func, arrays: list[Any], extra: tuple, bounds: list[tuple[int, int]]):
     import dask
 
-
     for w in range(0, len(bounds), WRITE_WINDOW):
-        parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in bounds[w: w + WRITE_WINDOW]]
+        parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in bounds[w : w + WRITE_WINDOW]]
         yield from compute(parts, client=job.client, **job.kw)
 
 
-def _write_blocks(path: str, header: list[str], func, arrays: list[Any], extra: tuple, job: Any,
-                  storage_options: dict | None) -> None:
+def _write_blocks(
+    path: str, header: list[str], func, arrays: list[Any], extra: tuple, job: Any, storage_options: dict | None
+) -> None:
     """Format row blocks of ``arrays`` (numpy or dask) in parallel tasks, appended in order, atomically."""
     import dask.array as da
-
 
     check_writable(path, storage_options)
     job = job or Job()
@@ -604,8 +626,9 @@ def _check_rows(timestamps, track_ids, n: int) -> None:
         raise CSVError(f"timestamps {timestamps.shape} and track_ids {track_ids.shape} must both be ({n},)")
 
 
-def write_gt_csv(csv_path: str, timestamps, track_ids, coords, avails, storage_options: dict | None = None,
-                 job: Any = None) -> None:
+def write_gt_csv(
+    csv_path: str, timestamps, track_ids, coords, avails, storage_options: dict | None = None, job: Any = None
+) -> None:
     """Write a GT file with exactly L5Kit's bytes (``write_gt_csv``), from numpy or dask arrays,
     in parallel, atomically. ``coords`` (N, T, 2), ``avails`` (N, T)."""
     if len(coords.shape) != 3 or coords.shape[2] != 2:
@@ -617,8 +640,16 @@ def write_gt_csv(csv_path: str, timestamps, track_ids, coords, avails, storage_o
     _write_blocks(csv_path, gt_header(t), gt_bytes, [timestamps, track_ids, coords, avails], (), job, storage_options)
 
 
-def write_pred_csv(csv_path: str, timestamps, track_ids, coords, confs=None, max_modes: int = MAX_MODES,
-                   storage_options: dict | None = None, job: Any = None) -> None:
+def write_pred_csv(
+    csv_path: str,
+    timestamps,
+    track_ids,
+    coords,
+    confs=None,
+    max_modes: int = MAX_MODES,
+    storage_options: dict | None = None,
+    job: Any = None,
+) -> None:
     """Write a PRED file with exactly L5Kit's bytes (``write_pred_csv``): ``coords`` (N, modes, T, 2)
     with ``confs`` (N, modes) summing to 1 per row, or single-mode ``coords`` (N, T, 2) and no confs."""
     import dask.array as da
@@ -627,8 +658,11 @@ def write_pred_csv(csv_path: str, timestamps, track_ids, coords, confs=None, max
         if confs is not None:
             raise CSVError("single-mode coords (N, T, 2) take no confs (L5Kit writes confidence 1)")
         coords = coords[:, None] if isinstance(coords, da.Array) else np.expand_dims(coords, 1)
-        confs = da.ones((coords.shape[0], 1), chunks=(coords.chunks[0], 1)) if isinstance(coords, da.Array) \
+        confs = (
+            da.ones((coords.shape[0], 1), chunks=(coords.chunks[0], 1))
+            if isinstance(coords, da.Array)
             else np.ones((len(coords), 1))
+        )
     if len(coords.shape) != 4 or coords.shape[3] != 2:
         raise CSVError(f"coords must be (examples, modes, future_len, 2), got {coords.shape}")
     n, modes, t, _ = coords.shape
@@ -642,5 +676,12 @@ def write_pred_csv(csv_path: str, timestamps, track_ids, coords, confs=None, max
         if not np.allclose(sums, 1.0):
             i = int(np.flatnonzero(~np.isclose(sums, 1.0))[0])
             raise CSVError(f"confs of row {i} sum to {float(sums[i])!r}, not 1")
-    _write_blocks(csv_path, pred_header(t, max_modes), pred_bytes, [timestamps, track_ids, coords, confs],
-                  (max_modes,), job, storage_options)
+    _write_blocks(
+        csv_path,
+        pred_header(t, max_modes),
+        pred_bytes,
+        [timestamps, track_ids, coords, confs],
+        (max_modes,),
+        job,
+        storage_options,
+    )

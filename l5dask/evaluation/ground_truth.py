@@ -62,7 +62,7 @@ def _keys(frame: np.ndarray, track: np.ndarray, codes: np.ndarray | None) -> tup
 def _first_lookups(frame: np.ndarray, track: np.ndarray, passing: np.ndarray) -> tuple[tuple, tuple]:
     """Sorted keys ``(frame, track)`` and the first row of each: among all rows, and among the rows
     ``passing`` (one stable sort for both)."""
-    small = not len(track) or (int(track.max()) < 2 ** 31 and int(frame.max()) < 2 ** 31)
+    small = not len(track) or (int(track.max()) < 2**31 and int(frame.max()) < 2**31)
     codes = None if small else np.unique(track)
     key = _keys(frame, track, codes)[0]
     order = np.argsort(key, kind="stable")  # rows in order within a key
@@ -85,8 +85,16 @@ def _find(table: tuple, frame: np.ndarray, track: np.ndarray) -> tuple[np.ndarra
     return rows[pos] if len(rows) else np.zeros(len(q), np.int64), found
 
 
-def gt_rows(ag: np.ndarray, frame: np.ndarray, timestamps: np.ndarray, selected: np.ndarray, future_len: int,
-            threshold: float, scene_end: np.ndarray, name: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def gt_rows(
+    ag: np.ndarray,
+    frame: np.ndarray,
+    timestamps: np.ndarray,
+    selected: np.ndarray,
+    future_len: int,
+    threshold: float,
+    scene_end: np.ndarray,
+    name: Any,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """GT of the agents ``selected`` (positions in ``ag``, whose rows are in frames ``frame``:
     every agent of each frame from a selected agent's to ``future_len`` frames later, or its
     scene's end): timestamps, track ids, coords (n, T, 2), avails (n, T) as
@@ -99,8 +107,10 @@ def gt_rows(ag: np.ndarray, frame: np.ndarray, timestamps: np.ndarray, selected:
     if not ok.all():
         i = int(selected[np.flatnonzero(~ok)[0]])
         row, at = name(i)
-        raise MaskError(f"the mask selects agent {row} (track {int(track[i])}, frame {at}), which "
-                        f"fails the label filter > {threshold}: L5Kit's ground truth raises there")
+        raise MaskError(
+            f"the mask selects agent {row} (track {int(track[i])}, frame {at}), which "
+            f"fails the label filter > {threshold}: L5Kit's ground truth raises there"
+        )
     steps = np.arange(1, future_len + 1)
     fut_frame = frame[selected][:, None] + steps
     in_scene = fut_frame < scene_end[:, None]
@@ -124,8 +134,19 @@ def gt_rows(ag: np.ndarray, frame: np.ndarray, timestamps: np.ndarray, selected:
     return timestamps[frame[selected]].astype(np.int64), track[selected].astype(np.int64), coords, avail
 
 
-def _gt_task(agents: Any, frames: Any, span: Any, lo: int, hi: int, future_len: int, th: Thresholds,
-             mask_source: Any, history: int, future: int, scene_f1: np.ndarray) -> bytes:
+def _gt_task(
+    agents: Any,
+    frames: Any,
+    span: Any,
+    lo: int,
+    hi: int,
+    future_len: int,
+    th: Thresholds,
+    mask_source: Any,
+    history: int,
+    future: int,
+    scene_f1: np.ndarray,
+) -> bytes:
     """The GT rows of the selected agents among rows ``[lo, hi)``, formatted. Only the agents of
     the frames a selected agent needs (its own and the next ``future_len`` of its scene) are read."""
     fr = span_frames(frames, span)
@@ -155,15 +176,23 @@ def _gt_task(agents: Any, frames: Any, span: Any, lo: int, hi: int, future_len: 
     if whole is None:
         ag = agents.read_ranges(iv[f_lo, 0], iv[f_hi - 1, 1])
     else:
-        ag = np.concatenate([whole[a - span.a0: b - span.a0] for a, b in zip(iv[f_lo, 0], iv[f_hi - 1, 1])])
+        ag = np.concatenate([whole[a - span.a0 : b - span.a0] for a, b in zip(iv[f_lo, 0], iv[f_hi - 1, 1])])
     counts = iv[needed, 1] - iv[needed, 0]
     frame = np.repeat(np.flatnonzero(needed), counts)
     # positions of the selected rows among the rows read
     start = np.concatenate([[0], np.cumsum(iv[f_hi - 1, 1] - iv[f_lo, 0])[:-1]])
     piece = np.searchsorted(iv[f_lo, 0], rows, side="right") - 1
     selected = start[piece] + rows - iv[f_lo, 0][piece]
-    ts, tid, coords, avail = gt_rows(ag, frame, fr["timestamp"], selected, future_len, th.threshold, scene_end,
-                                     lambda i: (int(rows[np.searchsorted(selected, i)]), int(frame[i]) + span.f0))
+    ts, tid, coords, avail = gt_rows(
+        ag,
+        frame,
+        fr["timestamp"],
+        selected,
+        future_len,
+        th.threshold,
+        scene_end,
+        lambda i: (int(rows[np.searchsorted(selected, i)]), int(frame[i]) + span.f0),
+    )
     return gt_bytes(ts, tid, coords, avail)
 
 
@@ -171,7 +200,6 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
     """A boolean agents mask: an array, or L5Kit's ``mask.npz`` (key ``arr_0``); its length must be
     the number of agents."""
     if isinstance(mask, (str, bytes)) or hasattr(mask, "__fspath__"):
-
         path = str(mask)
         try:
             fs, p = filesystem(path, storage_options)
@@ -196,11 +224,20 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
     return mask
 
 
-def export_zarr_to_csv(dataset: Any, csv_file_path: str, future_num_frames: int = 50,
-                       filter_agents_threshold: float = 0.5, agents_mask: Any = None, *,
-                       min_frame_history: int = MIN_FRAME_HISTORY, min_frame_future: int = MIN_FRAME_FUTURE,
-                       storage_options: dict | None = None, job: Any = None, client: Any = None,
-                       progress: bool = False) -> int:
+def export_zarr_to_csv(
+    dataset: Any,
+    csv_file_path: str,
+    future_num_frames: int = 50,
+    filter_agents_threshold: float = 0.5,
+    agents_mask: Any = None,
+    *,
+    min_frame_history: int = MIN_FRAME_HISTORY,
+    min_frame_future: int = MIN_FRAME_FUTURE,
+    storage_options: dict | None = None,
+    job: Any = None,
+    client: Any = None,
+    progress: bool = False,
+) -> int:
     """The GT CSV that L5Kit's ``export_zarr_to_csv`` writes (same rows, order and header).
 
     ``agents_mask``: a boolean array (or a ``mask.npz`` path) of the agents to export; else the
@@ -227,8 +264,21 @@ def export_zarr_to_csv(dataset: Any, csv_file_path: str, future_num_frames: int 
         src = mask[lo:hi] if isinstance(mask, np.ndarray) else mask
         if isinstance(src, np.ndarray) and not src.any():
             continue
-        calls.append((ds[fmt.AGENTS], ds[fmt.FRAMES], span, lo, hi, int(future_num_frames), th, src,
-                      int(min_frame_history), int(min_frame_future), table.f1[span.s0: span.s1]))
+        calls.append(
+            (
+                ds[fmt.AGENTS],
+                ds[fmt.FRAMES],
+                span,
+                lo,
+                hi,
+                int(future_num_frames),
+                th,
+                src,
+                int(min_frame_history),
+                int(min_frame_future),
+                table.f1[span.s0 : span.s1],
+            )
+        )
     written = [0]
 
     def counted():

@@ -35,9 +35,14 @@ from l5dask.evaluation.csvfiles import (
 
 #: L5Kit's metric functions, in the order of the JSON.
 METRICS = (
-    "neg_multi_log_likelihood", "rmse", "prob_true_mode", "time_displace",
-    "average_displacement_error_oracle", "average_displacement_error_mean",
-    "final_displacement_error_oracle", "final_displacement_error_mean",
+    "neg_multi_log_likelihood",
+    "rmse",
+    "prob_true_mode",
+    "time_displace",
+    "average_displacement_error_oracle",
+    "average_displacement_error_mean",
+    "final_displacement_error_oracle",
+    "final_displacement_error_mean",
 )
 #: Bins of the NLL histogram (log-spaced; the first bin holds everything below 1e-3).
 NLL_BINS = np.concatenate([[0.0], np.logspace(-3, 6, 91)])
@@ -59,9 +64,11 @@ def row_metrics(gt: np.ndarray, avail: np.ndarray, pred: np.ndarray, conf: np.nd
 
 def _sums(values: dict[str, np.ndarray], groups: dict[str, tuple[np.ndarray, int]]) -> dict[str, Any]:
     """Sums of each metric over the rows, and per group of each breakdown."""
-    out: dict[str, Any] = {"rows": len(values["rmse"]), "sum": {k: v.sum(axis=0) for k, v in values.items()},
-                           "nll_hist": np.histogram(np.minimum(values["neg_multi_log_likelihood"], NLL_BINS[-1]),
-                                                    NLL_BINS)[0]}
+    out: dict[str, Any] = {
+        "rows": len(values["rmse"]),
+        "sum": {k: v.sum(axis=0) for k, v in values.items()},
+        "nll_hist": np.histogram(np.minimum(values["neg_multi_log_likelihood"], NLL_BINS[-1]), NLL_BINS)[0],
+    }
     for name, (codes, n) in groups.items():
         g = {"rows": np.bincount(codes, minlength=n)}
         for k, v in values.items():
@@ -85,8 +92,15 @@ def _check_confs(conf: np.ndarray, f: CSVFile, rows: np.ndarray) -> None:
         raise CSVError(f"{f.path}: line {int(rows[i]) + 2}: the confidences sum to {float(sums[i])!r}, not 1")
 
 
-def _pair_task(gt: CSVFile, pred: CSVFile, lo: int, hi: int, pred_rows: np.ndarray, segments: list[tuple[int, int]],
-               groups: dict[str, tuple[np.ndarray, int]]) -> dict[str, Any]:
+def _pair_task(
+    gt: CSVFile,
+    pred: CSVFile,
+    lo: int,
+    hi: int,
+    pred_rows: np.ndarray,
+    segments: list[tuple[int, int]],
+    groups: dict[str, tuple[np.ndarray, int]],
+) -> dict[str, Any]:
     """Metrics sums of GT rows ``[lo, hi)``, joined to PRED rows ``pred_rows`` (read as ``segments``)."""
     g = parse_rows(gt, lo, hi)
     parts = [parse_rows(pred, a, b) for a, b in segments]
@@ -127,8 +141,10 @@ def _duplicates(f: CSVFile) -> None:
         i = np.flatnonzero(same)
         rows = np.sort(np.stack([order[i], order[i + 1]], axis=1), axis=1)
         first = rows[np.argmin(rows[:, 1])]
-        raise CSVError(f"{f.path}: {len(i)} duplicate (timestamp, track_id) rows, first: lines {first[0] + 2} and "
-                       f"{first[1] + 2} ({_keys_text(f.timestamps, f.track_ids, first[:1])})")
+        raise CSVError(
+            f"{f.path}: {len(i)} duplicate (timestamp, track_id) rows, first: lines {first[0] + 2} and "
+            f"{first[1] + 2} ({_keys_text(f.timestamps, f.track_ids, first[:1])})"
+        )
 
 
 def join(gt: CSVFile, pred: CSVFile) -> np.ndarray:
@@ -152,10 +168,14 @@ def join(gt: CSVFile, pred: CSVFile) -> np.ndarray:
     if len(missing) or len(unknown):
         parts = []
         if len(missing):
-            parts.append(f"{len(missing)} GT rows have no prediction: {_keys_text(gt.timestamps, gt.track_ids, np.sort(missing))}")
+            parts.append(
+                f"{len(missing)} GT rows have no prediction: {_keys_text(gt.timestamps, gt.track_ids, np.sort(missing))}"
+            )
         if len(unknown):
-            parts.append(f"{len(unknown)} PRED rows are unknown to the GT: "
-                         f"{_keys_text(pred.timestamps, pred.track_ids, np.sort(unknown))}")
+            parts.append(
+                f"{len(unknown)} PRED rows are unknown to the GT: "
+                f"{_keys_text(pred.timestamps, pred.track_ids, np.sort(unknown))}"
+            )
         raise CSVError(f"{pred.path} does not match {gt.path}: " + "; ".join(parts))
     match = np.empty(n, np.int64)
     match[order[first]] = order[np.flatnonzero(first) + 1] - n
@@ -175,9 +195,16 @@ def _scan_both(gt: CSVFile, pred: CSVFile, job: Any) -> None:
         csvfiles.collect_scan(f, [p for p, o in zip(parts, owner) if o is f])
 
 
-def evaluate(gt_path: str, pred_path: str, max_modes: int = MAX_MODES, dataset: Any = None,
-             storage_options: dict | None = None, job: Any = None, client: Any = None,
-             task_bytes: int = 8 << 20) -> dict[str, Any]:
+def evaluate(
+    gt_path: str,
+    pred_path: str,
+    max_modes: int = MAX_MODES,
+    dataset: Any = None,
+    storage_options: dict | None = None,
+    job: Any = None,
+    client: Any = None,
+    task_bytes: int = 8 << 20,
+) -> dict[str, Any]:
     """L5Kit's metrics of a GT/PRED pair (``compute_metrics_csv`` with its eight functions).
 
     Returns ``rows`` and each metric's mean over the rows (lists for ``prob_true_mode`` and
@@ -196,23 +223,35 @@ def evaluate(gt_path: str, pred_path: str, max_modes: int = MAX_MODES, dataset: 
     groups: dict[str, tuple[np.ndarray, int]] = {}
     names: dict[str, list] = {}
     if dataset is not None:
-
         groups, names = agent_groups(dataset, gt.timestamps, gt.track_ids, job, storage_options)
     calls = []
     for lo, hi in row_groups(gt, task_bytes):
         rows = match[lo:hi]
         calls.append((gt, pred, lo, hi, rows, _segments(rows), {k: (c[lo:hi], n) for k, (c, n) in groups.items()}))
     parts = job.map(_pair_task, calls, name="l5-metrics") if calls else []
-    total = functools.reduce(_add, parts) if parts else _sums(row_metrics(
-        np.zeros((0, gt.future_len, 2)), np.zeros((0, gt.future_len)), np.zeros((0, max_modes, gt.future_len, 2)),
-        np.zeros((0, max_modes))), {k: (c, n) for k, (c, n) in groups.items()})
+    total = (
+        functools.reduce(_add, parts)
+        if parts
+        else _sums(
+            row_metrics(
+                np.zeros((0, gt.future_len, 2)),
+                np.zeros((0, gt.future_len)),
+                np.zeros((0, max_modes, gt.future_len, 2)),
+                np.zeros((0, max_modes)),
+            ),
+            {k: (c, n) for k, (c, n) in groups.items()},
+        )
+    )
     return result(total, names, gt.future_len, max_modes)
 
 
 def _means(sums: dict[str, Any], rows) -> dict[str, Any]:
     with np.errstate(invalid="ignore", divide="ignore"):
-        return {k: np.asarray(sums[k]) / (np.asarray(rows).reshape(-1, *[1] * (np.ndim(sums[k]) - np.ndim(rows)))
-                                         if np.ndim(rows) else rows) for k in METRICS}
+        return {
+            k: np.asarray(sums[k])
+            / (np.asarray(rows).reshape(-1, *[1] * (np.ndim(sums[k]) - np.ndim(rows))) if np.ndim(rows) else rows)
+            for k in METRICS
+        }
 
 
 def _json(v: Any) -> Any:
@@ -231,8 +270,11 @@ def result(total: dict[str, Any], names: dict[str, list], future_len: int, max_m
     for name, labels in names.items():
         g = total[name]
         per = _means(g, g["rows"])
-        out[name] = [{"name": lab, "rows": int(r), **{k: _json(per[k][i]) for k in METRICS}}
-                     for i, (lab, r) in enumerate(zip(labels, g["rows"])) if r > 0]
+        out[name] = [
+            {"name": lab, "rows": int(r), **{k: _json(per[k][i]) for k in METRICS}}
+            for i, (lab, r) in enumerate(zip(labels, g["rows"]))
+            if r > 0
+        ]
     out["nll_histogram"] = {"edges": NLL_BINS.tolist(), "counts": total["nll_hist"].astype(int).tolist()}
     out["future_len"], out["max_modes"] = future_len, max_modes
     return out

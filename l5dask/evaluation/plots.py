@@ -41,10 +41,16 @@ def metrics_by_label(result: dict[str, Any], ax=None):
     rows = result.get("by_label") or []
     names = [f"{short_label(r['name'])}\n({r['rows']:,})" for r in rows]
     x = np.arange(len(rows))
-    for k, (key, colour) in enumerate((("average_displacement_error_oracle", "#27ae60"),
-                                       ("final_displacement_error_oracle", "#c0392b"))):
-        ax.bar(x + (k - 0.5) * 0.4, [r[key] or 0 for r in rows], width=0.4, color=colour,
-               label=key.replace("_displacement_error_", " ").replace("average", "ADE").replace("final", "FDE"))
+    for k, (key, colour) in enumerate(
+        (("average_displacement_error_oracle", "#27ae60"), ("final_displacement_error_oracle", "#c0392b"))
+    ):
+        ax.bar(
+            x + (k - 0.5) * 0.4,
+            [r[key] or 0 for r in rows],
+            width=0.4,
+            color=colour,
+            label=key.replace("_displacement_error_", " ").replace("average", "ADE").replace("final", "FDE"),
+        )
     ax.set_xticks(x, names, fontsize=7)
     ax.set_ylabel("m")
     ax.set_title("by label (rows)" if rows else "by label: give --dataset", fontsize=9)

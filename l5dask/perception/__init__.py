@@ -9,8 +9,12 @@ import importlib
 from typing import Any
 
 #: public name -> its module
-_PUBLIC = {"PerceptionDataset": "dataset", "Table": "dataset", "open_perception": "dataset",
-           "perception_report": "report"}
+_PUBLIC = {
+    "PerceptionDataset": "dataset",
+    "Table": "dataset",
+    "open_perception": "dataset",
+    "perception_report": "report",
+}
 
 __all__ = sorted(_PUBLIC)
 

@@ -17,8 +17,9 @@ from l5dask.core.commands import (
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress on stderr")
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
-boxes_option = click.option("--points-in-boxes", is_flag=True,
-                            help="also count lidar points in every box (reads the key-frame sweeps)")
+boxes_option = click.option(
+    "--points-in-boxes", is_flag=True, help="also count lidar points in every box (reads the key-frame sweeps)"
+)
 
 
 def pass_options(func):
@@ -108,16 +109,23 @@ def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     rows = convert(open_perception(data, opts), out, opts, overwrite=overwrite)
-    click.echo(f"{rows['scenes']:,} scenes, {rows['frames']:,} frames, {rows['agents']:,} agents in "
-               f"{time.perf_counter() - t0:.1f} s: {out}")
+    click.echo(
+        f"{rows['scenes']:,} scenes, {rows['frames']:,} frames, {rows['agents']:,} agents in "
+        f"{time.perf_counter() - t0:.1f} s: {out}"
+    )
 
 
 @perception.command()
 @click.argument("out")
 @click.option("--scenes", default=2, show_default=True, type=click.IntRange(0), help="number of scenes")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--lidar-points", default=2000, show_default=True, type=click.IntRange(0),
-              help="points of each sweep (0: no lidar files)")
+@click.option(
+    "--lidar-points",
+    default=2000,
+    show_default=True,
+    type=click.IntRange(0),
+    help="points of each sweep (0: no lidar files)",
+)
 @click.option("--no-images", is_flag=True, help="write no camera files")
 @click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
 @friendly
@@ -144,8 +152,10 @@ def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
     if os.path.exists(out):
         shutil.rmtree(out)
     os.replace(tmp, out)
-    click.echo(f"{rows['scene']:,} scenes, {rows['sample']:,} samples, {rows['sample_annotation']:,} annotations "
-               f"in {time.perf_counter() - t0:.1f} s: {out}")
+    click.echo(
+        f"{rows['scene']:,} scenes, {rows['sample']:,} samples, {rows['sample_annotation']:,} annotations "
+        f"in {time.perf_counter() - t0:.1f} s: {out}"
+    )
 
 
 COMMANDS = [perception]

@@ -124,8 +124,14 @@ class PerceptionDataset:
         if name in self._tables:
             return self._tables[name]
         targets = {t for t, _ in links.LINKS.get(name, {}).values()}
-        self.load([name, *sorted(targets), *(["scene"] if name == "sample" else []),
-                   *(["instance"] if name == "sample_annotation" else [])])
+        self.load(
+            [
+                name,
+                *sorted(targets),
+                *(["scene"] if name == "sample" else []),
+                *(["instance"] if name == "sample_annotation" else []),
+            ]
+        )
         t = Table(self._raw[name])
         spec = links.LINKS.get(name, {})
         own = [f for f, (target, _) in spec.items() if target == name]
@@ -152,10 +158,18 @@ class PerceptionDataset:
             if name == "sample":
                 self._rank_samples(t)
             elif name == "sample_annotation":
-                t.head, t.position = links.chain(t.links["prev"], t.links["next"], t.links["instance_token"],
-                                                 t.where, t.tokens, "instance")
-                links.group_starts(t.links["instance_token"], len(self._raw["instance"]), t.head, t.where, t.tokens,
-                                   "instance", self._raw["instance"].arrow.column("token"))
+                t.head, t.position = links.chain(
+                    t.links["prev"], t.links["next"], t.links["instance_token"], t.where, t.tokens, "instance"
+                )
+                links.group_starts(
+                    t.links["instance_token"],
+                    len(self._raw["instance"]),
+                    t.head,
+                    t.where,
+                    t.tokens,
+                    "instance",
+                    self._raw["instance"].arrow.column("token"),
+                )
         except BaseException:
             del self._tables[name]
             raise
@@ -170,14 +184,18 @@ class PerceptionDataset:
         sc = self.table("scene")
         first, last = sc.links["first_sample_token"], sc.links["last_sample_token"]
         rows = np.arange(len(sc))
-        for field, ends, bad_end in (("first_sample_token", first, t.links["prev"]),
-                                     ("last_sample_token", last, t.links["next"])):
+        for field, ends, bad_end in (
+            ("first_sample_token", first, t.links["prev"]),
+            ("last_sample_token", last, t.links["next"]),
+        ):
             wrong = rows[(group[ends] != rows) | (bad_end[ends] >= 0)]
             if len(wrong):
                 r = int(wrong[0])
-                raise FormatError(f"{sc.where}: row {r} (token {sc.tokens[r].as_py()}): {field} is not the "
-                                  f"{'start' if field.startswith('first') else 'end'} of the scene's sample chain "
-                                  "(the prev/next chain breaks)")
+                raise FormatError(
+                    f"{sc.where}: row {r} (token {sc.tokens[r].as_py()}): {field} is not the "
+                    f"{'start' if field.startswith('first') else 'end'} of the scene's sample chain "
+                    "(the prev/next chain breaks)"
+                )
 
     def frame(self, name: str, columns: list[str] | None = None) -> Any:
         """Table ``name`` as a pandas DataFrame of the named columns (stored or joined; default: the
@@ -192,7 +210,6 @@ class PerceptionDataset:
         df = self.frame(name, columns)
         return dd.from_pandas(df, npartitions=npartitions or max(1, len(df) // 100_000))
 
-
     def sweeps(self, channels: list[str] | None = None, key_frames: bool = False, frame: str = "sensor") -> Any:
         """The lidar sweeps as one lazy dask array of points with L5Kit-style offsets per sweep
         (see :class:`l5dask.perception.lidar.Sweeps`)."""
@@ -205,6 +222,7 @@ def _maybe_thread(threaded: bool):
     """``run(func)`` -> a callable giving ``func()``'s result: run in a thread of its own when
     ``threaded``, else at once."""
     if not threaded:
+
         def now(func):
             result = func()
             return lambda: result
@@ -221,7 +239,9 @@ def _weight(name: str) -> int:
     return {"sample_annotation": 4, "sample_data": 3, "ego_pose": 2}.get(name, 0)
 
 
-def open_perception(url: str | os.PathLike, storage_options: dict[str, Any] | None = None, job: Any = None) -> PerceptionDataset:
+def open_perception(
+    url: str | os.PathLike, storage_options: dict[str, Any] | None = None, job: Any = None
+) -> PerceptionDataset:
     """Open a Lyft perception dataset: a folder holding ``data/*.json`` (or one level above it), a
     ``.zip`` or ``.tar`` of it, ``s3://`` or any fsspec URL. Nothing is parsed yet."""
     store = Store(os.fspath(url), storage_options)
@@ -231,11 +251,15 @@ def open_perception(url: str | os.PathLike, storage_options: dict[str, Any] | No
             if not store.exists_root():
                 raise NotADatasetError(f"{store.url}: no such file, folder or bucket")
             if _has(store, "scene.json"):
-                raise NotADatasetError(f"{store.url}: a folder of tables; give the folder above it (the dataset "
-                                       "holds data/*.json, lidar/, images/, maps/)")
+                raise NotADatasetError(
+                    f"{store.url}: a folder of tables; give the folder above it (the dataset "
+                    "holds data/*.json, lidar/, images/, maps/)"
+                )
             if _has(store, ".zgroup"):
-                raise NotADatasetError(f"{store.url}: an L5Kit prediction dataset (zarr), not a perception dataset; "
-                                       "use l5dask stats / l5dask report")
+                raise NotADatasetError(
+                    f"{store.url}: an L5Kit prediction dataset (zarr), not a perception dataset; "
+                    "use l5dask stats / l5dask report"
+                )
             raise NotADatasetError(f"{store.url}: not a Lyft perception dataset (no data/scene.json)")
         store = sub
     return PerceptionDataset(store, job)

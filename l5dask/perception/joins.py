@@ -51,13 +51,19 @@ def sensor_of_sample_data(ds) -> np.ndarray:
 
 
 def channel_of_sample_data(ds) -> np.ndarray:
-    return ds.table("sensor").strings("channel")[sensor_of_sample_data(ds)] if len(ds.table("sample_data")) \
+    return (
+        ds.table("sensor").strings("channel")[sensor_of_sample_data(ds)]
+        if len(ds.table("sample_data"))
         else np.zeros(0, object)
+    )
 
 
 def modality_of_sample_data(ds) -> np.ndarray:
-    return ds.table("sensor").strings("modality")[sensor_of_sample_data(ds)] if len(ds.table("sample_data")) \
+    return (
+        ds.table("sensor").strings("modality")[sensor_of_sample_data(ds)]
+        if len(ds.table("sample_data"))
         else np.zeros(0, object)
+    )
 
 
 @_memo
@@ -156,9 +162,11 @@ ANNOTATION: dict[str, Callable] = {
     "category_name": lambda ds: _names(ds, "category", "name", category_of_annotations(ds)),
     "visibility": lambda ds: _names(ds, "visibility", "level", _ann(ds).links["visibility_token"]),
     "attributes": _attributes,
-    "x": lambda ds: _ann(ds).vectors("translation")[:, 0], "y": lambda ds: _ann(ds).vectors("translation")[:, 1],
+    "x": lambda ds: _ann(ds).vectors("translation")[:, 0],
+    "y": lambda ds: _ann(ds).vectors("translation")[:, 1],
     "z": lambda ds: _ann(ds).vectors("translation")[:, 2],
-    "width": lambda ds: _ann(ds).vectors("size")[:, 0], "length": lambda ds: _ann(ds).vectors("size")[:, 1],
+    "width": lambda ds: _ann(ds).vectors("size")[:, 0],
+    "length": lambda ds: _ann(ds).vectors("size")[:, 1],
     "height": lambda ds: _ann(ds).vectors("size")[:, 2],
     "yaw": lambda ds: yaw_of(_ann(ds).vectors("rotation")),
     "scene": scene_of_annotations,
@@ -166,12 +174,16 @@ ANNOTATION: dict[str, Callable] = {
     "timestamp": lambda ds: ds.table("sample").numbers("timestamp")[_ann(ds).links["sample_token"]],
     "position": lambda ds: _ann(ds).position,
     "sample_position": lambda ds: ds.table("sample").position[_ann(ds).links["sample_token"]],
-    "ego_x": lambda ds: _ann_ego(ds)[:, 0], "ego_y": lambda ds: _ann_ego(ds)[:, 1],
+    "ego_x": lambda ds: _ann_ego(ds)[:, 0],
+    "ego_y": lambda ds: _ann_ego(ds)[:, 1],
     "distance_to_ego": lambda ds: np.hypot(*(_ann(ds).vectors("translation")[:, :2] - _ann_ego(ds)[:, :2]).T),
-    "velocity_x": lambda ds: box_velocity(ds)[:, 0], "velocity_y": lambda ds: box_velocity(ds)[:, 1],
+    "velocity_x": lambda ds: box_velocity(ds)[:, 0],
+    "velocity_y": lambda ds: box_velocity(ds)[:, 1],
     "velocity_z": lambda ds: box_velocity(ds)[:, 2],
     "log": lambda ds: ds.table("scene").links["log_token"][scene_of_annotations(ds)],
-    "vehicle": lambda ds: ds.table("log").strings("vehicle")[ds.table("scene").links["log_token"][scene_of_annotations(ds)]],
+    "vehicle": lambda ds: ds.table("log").strings("vehicle")[
+        ds.table("scene").links["log_token"][scene_of_annotations(ds)]
+    ],
 }
 
 SAMPLE: dict[str, Callable] = {
@@ -179,7 +191,8 @@ SAMPLE: dict[str, Callable] = {
     "scene_name": lambda ds: ds.table("scene").strings("name")[ds.table("sample").links["scene_token"]],
     "position": lambda ds: ds.table("sample").position,
     "ego_pose": lambda ds: ego_of_samples(ds)[0],
-    "ego_x": lambda ds: ego_of_samples(ds)[1][:, 0], "ego_y": lambda ds: ego_of_samples(ds)[1][:, 1],
+    "ego_x": lambda ds: ego_of_samples(ds)[1][:, 0],
+    "ego_y": lambda ds: ego_of_samples(ds)[1][:, 1],
     "ego_z": lambda ds: ego_of_samples(ds)[1][:, 2],
     "num_annotations": lambda ds: np.bincount(_ann(ds).links["sample_token"], minlength=len(ds.table("sample"))),
 }
@@ -190,7 +203,9 @@ SAMPLE_DATA: dict[str, Callable] = {
     "channel": channel_of_sample_data,
     "modality": modality_of_sample_data,
     "scene": lambda ds: ds.table("sample").links["scene_token"][ds.table("sample_data").links["sample_token"]],
-    "ego_x": lambda ds: _sd_ego(ds)[:, 0], "ego_y": lambda ds: _sd_ego(ds)[:, 1], "ego_z": lambda ds: _sd_ego(ds)[:, 2],
+    "ego_x": lambda ds: _sd_ego(ds)[:, 0],
+    "ego_y": lambda ds: _sd_ego(ds)[:, 1],
+    "ego_z": lambda ds: _sd_ego(ds)[:, 2],
 }
 
 INSTANCE: dict[str, Callable] = {
@@ -206,8 +221,13 @@ SCENE: dict[str, Callable] = {
 }
 
 #: Joined columns per table (stored columns are always available by name; links give row indices).
-COLUMNS = {"sample_annotation": ANNOTATION, "sample": SAMPLE, "sample_data": SAMPLE_DATA, "instance": INSTANCE,
-           "scene": SCENE}
+COLUMNS = {
+    "sample_annotation": ANNOTATION,
+    "sample": SAMPLE,
+    "sample_data": SAMPLE_DATA,
+    "instance": INSTANCE,
+    "scene": SCENE,
+}
 
 
 def stored(ds, name: str, col: str) -> np.ndarray:

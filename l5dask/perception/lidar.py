@@ -48,7 +48,7 @@ def file_sizes(store: Any, names: list[str]) -> dict[str, int]:
         for e in entries:
             if e.get("type") == "file":
                 name = e["name"].rstrip("/")
-                rel = name[len(base) + 1:] if base and name.startswith(base + "/") else posixpath.basename(name)
+                rel = name[len(base) + 1 :] if base and name.startswith(base + "/") else posixpath.basename(name)
                 out[posixpath.join(folder, rel) if folder else rel] = int(e["size"])
     return out
 
@@ -61,8 +61,10 @@ def checked_sizes(ds, names: list[str]) -> np.ndarray:
     bad = np.flatnonzero((got >= 0) & (got % POINT_BYTES != 0))
     if len(bad):
         n = names[int(bad[0])]
-        raise FormatError(f"{ds.store.url.rstrip('/')}/{n}: a lidar sweep of {int(got[bad[0]])} bytes, not a "
-                          f"multiple of {POINT_BYTES} (5 float32 a point)")
+        raise FormatError(
+            f"{ds.store.url.rstrip('/')}/{n}: a lidar sweep of {int(got[bad[0]])} bytes, not a "
+            f"multiple of {POINT_BYTES} (5 float32 a point)"
+        )
     return got
 
 
@@ -74,8 +76,11 @@ def lidar_report(ds, sizes_out: list | None = None) -> dict[str, Any]:
     points = np.diff(sw.offsets)
     if sizes_out is not None:
         sizes_out.append(points)
-    per = ({"min": int(points.min()), "max": int(points.max()), "mean": float(points.mean())} if len(points)
-           else {"min": 0, "max": 0, "mean": 0.0})
+    per = (
+        {"min": int(points.min()), "max": int(points.max()), "mean": float(points.mean())}
+        if len(points)
+        else {"min": 0, "max": 0, "mean": 0.0}
+    )
     return {"sweeps": len(sw), "points": int(points.sum()), "points_per_sweep": per, "missing_files": list(sw.missing)}
 
 
@@ -84,15 +89,19 @@ def quaternion_matrices(q: np.ndarray) -> np.ndarray:
     """Rotation matrices (n, 3, 3) of quaternions (w, x, y, z), normalised first (as pyquaternion)."""
     q = q / np.sqrt((q * q).sum(1))[:, None]
     w, x, y, z = q[:, 0], q[:, 1], q[:, 2], q[:, 3]
-    return np.stack([
-        np.stack([w * w + x * x - y * y - z * z, 2 * (x * y - w * z), 2 * (w * y + x * z)], -1),
-        np.stack([2 * (x * y + w * z), w * w - x * x + y * y - z * z, 2 * (y * z - w * x)], -1),
-        np.stack([2 * (x * z - w * y), 2 * (w * x + y * z), w * w - x * x - y * y + z * z], -1),
-    ], 1)
+    return np.stack(
+        [
+            np.stack([w * w + x * x - y * y - z * z, 2 * (x * y - w * z), 2 * (w * y + x * z)], -1),
+            np.stack([2 * (x * y + w * z), w * w - x * x + y * y - z * z, 2 * (y * z - w * x)], -1),
+            np.stack([2 * (x * z - w * y), 2 * (w * x + y * z), w * w - x * x - y * y + z * z], -1),
+        ],
+        1,
+    )
 
 
-def to_world(points: np.ndarray, cs_r: np.ndarray, cs_t: np.ndarray, pose_r: np.ndarray,
-             pose_t: np.ndarray) -> np.ndarray:
+def to_world(
+    points: np.ndarray, cs_r: np.ndarray, cs_t: np.ndarray, pose_r: np.ndarray, pose_t: np.ndarray
+) -> np.ndarray:
     """(3, n) float32 sensor points to the world frame, as the SDK's ``rotate``/``translate`` do
     (each step computed in float64, stored back into the float32 points)."""
     p = np.array(points, dtype=np.float32, order="C")  # a copy: the input may be a read-only buffer
@@ -113,8 +122,9 @@ def box_frames(centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray) -> np.n
     """Per box, what the compiled test reads (``_kernels.count_in_boxes``): the SDK's first corner
     ``p1``, edges ``i, j, k`` (corners 4, 1, 3 minus p1), their squared lengths and the box's
     axis-aligned bounds."""
-    local = np.stack([sizes[:, 1, None] / 2 * _SIGN[0], sizes[:, 0, None] / 2 * _SIGN[1],
-                      sizes[:, 2, None] / 2 * _SIGN[2]], 1)  # (n, 3, 8): length, width, height
+    local = np.stack(
+        [sizes[:, 1, None] / 2 * _SIGN[0], sizes[:, 0, None] / 2 * _SIGN[1], sizes[:, 2, None] / 2 * _SIGN[2]], 1
+    )  # (n, 3, 8): length, width, height
     corners = np.einsum("nij,njk->nik", rots, local) + centers[:, :, None]
     p1 = corners[:, :, 0]
     edges = [corners[:, :, c] - p1 for c in (4, 1, 3)]
@@ -151,7 +161,10 @@ def _decide(points: np.ndarray, undecided: list, centers: np.ndarray, sizes: np.
     pairs = np.array(undecided, np.int64)
     for b in np.unique(pairs[:, 0]):
         pts = pairs[pairs[:, 0] == b, 1]
-        yield int(b), int(count_in_boxes_exact(points[:, pts], centers[b:b + 1], sizes[b:b + 1], rots[b:b + 1])[0])
+        yield (
+            int(b),
+            int(count_in_boxes_exact(points[:, pts], centers[b : b + 1], sizes[b : b + 1], rots[b : b + 1])[0]),
+        )
 
 
 def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray) -> np.ndarray:
@@ -172,14 +185,16 @@ def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndar
         # only points within the box's bounding sphere can pass (the test itself decides)
         reach = np.sqrt(np.dot(i, i) + np.dot(j, j) + np.dot(k, k)) / 2 + 1e-6
         mid = (corners[:, 0] + corners[:, 6]) / 2
-        near = np.flatnonzero((np.abs(points[0] - mid[0]) <= reach) & (np.abs(points[1] - mid[1]) <= reach)
-                              & (np.abs(points[2] - mid[2]) <= reach))
+        near = np.flatnonzero(
+            (np.abs(points[0] - mid[0]) <= reach)
+            & (np.abs(points[1] - mid[1]) <= reach)
+            & (np.abs(points[2] - mid[2]) <= reach)
+        )
         if not len(near):
             continue
         v = points[:, near] - p1.reshape((-1, 1))
         iv, jv, kv = np.dot(i, v), np.dot(j, v), np.dot(k, v)
-        inside = ((0 <= iv) & (iv <= np.dot(i, i)) & (0 <= jv) & (jv <= np.dot(j, j))
-                  & (0 <= kv) & (kv <= np.dot(k, k)))
+        inside = (0 <= iv) & (iv <= np.dot(i, i)) & (0 <= jv) & (jv <= np.dot(j, j)) & (0 <= kv) & (kv <= np.dot(k, k))
         out[b] = int(inside.sum())
     return out
 
@@ -195,7 +210,7 @@ def _read_ahead(store: Any, names: list[str], depth: int):
             return None
 
     for k in range(0, len(names), depth):
-        batch = names[k:k + depth]
+        batch = names[k : k + depth]
         try:
             yield from store.get_many(batch)
         except ChunkError:  # one is missing: one by one
@@ -226,13 +241,14 @@ def _count_task(store: Any, sweeps: dict[str, np.ndarray], boxes: dict[str, np.n
     names = [str(sweeps["filename"][s]) for s in todo]
     cs_r, cs_t, pose_r, pose_t = sweeps["cs_r"], sweeps["cs_t"], sweeps["pose_r"], sweeps["pose_t"]
     room = np.empty(int(sweeps["size"][todo].max(initial=0)) + 1, np.uint8)  # a file at a time, reused
-    for k, raw in _read_each(store, names, sweeps["size"][todo], lambda k, size: memoryview(room)[:size + 1]):
+    for k, raw in _read_each(store, names, sweeps["size"][todo], lambda k, size: memoryview(room)[: size + 1]):
         s = int(todo[k])
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
         b0, b1 = int(lo[s]), int(hi[s])
         pts = np.empty((3, len(scan)), np.float32)
-        undecided = count_sweep(scan, cs_r[s], cs_t[s], pose_r[s], pose_t[s], WIDE_ADD, pts, frames[b0:b1],
-                                counts[b0:b1], BAND)
+        undecided = count_sweep(
+            scan, cs_r[s], cs_t[s], pose_r[s], pose_t[s], WIDE_ADD, pts, frames[b0:b1], counts[b0:b1], BAND
+        )
         if undecided is None:  # a point the compiled move cannot round as numpy does
             pts = to_world(scan[:, :3].T, cs_r[s], cs_t[s], pose_r[s], pose_t[s])
             undecided = count_in_boxes_compiled(pts, frames[b0:b1], counts[b0:b1])
@@ -247,8 +263,12 @@ def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
     """Lidar points inside each annotation's box, from its sample's key-frame sweeps of every lidar
     channel (the SDK's ``sample["data"]``), in parallel tasks over groups of samples."""
 
-    sd, ann, ep, cs = ds.table("sample_data"), ds.table("sample_annotation"), ds.table("ego_pose"), \
-        ds.table("calibrated_sensor")
+    sd, ann, ep, cs = (
+        ds.table("sample_data"),
+        ds.table("sample_annotation"),
+        ds.table("ego_pose"),
+        ds.table("calibrated_sensor"),
+    )
     n_samples = len(ds.table("sample"))
     channels = sorted(set(ds.table("sensor").strings("channel")[ds.table("sensor").strings("modality") == "lidar"]))
     key = np.concatenate([joins.key_frame_of_samples(ds, ch) for ch in channels]) if channels else np.zeros(0, np.int64)
@@ -258,12 +278,22 @@ def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
     pose = sd.links["ego_pose_token"][key]
     cal = sd.links["calibrated_sensor_token"][key]
     names = sd.strings("filename")[key]
-    sweeps = {"sample": sweep_sample, "filename": names, "size": checked_sizes(ds, names.tolist()),
-              "cs_r": quaternion_matrices(cs.vectors("rotation")[cal]), "cs_t": cs.vectors("translation")[cal],
-              "pose_r": quaternion_matrices(ep.vectors("rotation")[pose]), "pose_t": ep.vectors("translation")[pose]}
+    sweeps = {
+        "sample": sweep_sample,
+        "filename": names,
+        "size": checked_sizes(ds, names.tolist()),
+        "cs_r": quaternion_matrices(cs.vectors("rotation")[cal]),
+        "cs_t": cs.vectors("translation")[cal],
+        "pose_r": quaternion_matrices(ep.vectors("rotation")[pose]),
+        "pose_t": ep.vectors("translation")[pose],
+    }
     box_sample = ann.links["sample_token"]
-    boxes = {"sample": box_sample, "center": ann.vectors("translation"), "size": ann.vectors("size"),
-             "rot": quaternion_matrices(ann.vectors("rotation")) if len(ann) else np.zeros((0, 3, 3))}
+    boxes = {
+        "sample": box_sample,
+        "center": ann.vectors("translation"),
+        "size": ann.vectors("size"),
+        "rot": quaternion_matrices(ann.vectors("rotation")) if len(ann) else np.zeros((0, 3, 3)),
+    }
     calls, rows_of = [], []
     for lo in range(0, n_samples, samples_per_task):
         hi = min(lo + samples_per_task, n_samples)
@@ -307,14 +337,19 @@ class Sweeps:
         return len(self.rows)
 
 
-def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, frame: str = "sensor",
-           sweeps_per_task: int = SWEEPS_PER_TASK) -> Sweeps:
+def sweeps(
+    ds,
+    channels: Sequence[str] | None = None,
+    key_frames: bool = False,
+    frame: str = "sensor",
+    sweeps_per_task: int = SWEEPS_PER_TASK,
+) -> Sweeps:
     """The lidar sweeps of ``ds`` (of these ``channels``, every lidar's by default; only key
     frames if ``key_frames``) as a :class:`Sweeps`: nothing is read until its points are computed."""
     import dask.array as da
-    from dask.task_spec import Task
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
+    from dask.task_spec import Task
 
     if frame not in FRAMES:
         raise UsageError(f"frame {frame!r}: one of {', '.join(FRAMES)}")
@@ -343,10 +378,12 @@ def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, 
     if frame == "world":
         ep, cs = ds.table("ego_pose"), ds.table("calibrated_sensor")
         pose, cal = sd.links["ego_pose_token"][rows], sd.links["calibrated_sensor_token"][rows]
-        moves = (quaternion_matrices(cs.vectors("rotation")[cal]) if len(rows) else np.zeros((0, 3, 3)),
-                 cs.vectors("translation")[cal],
-                 quaternion_matrices(ep.vectors("rotation")[pose]) if len(rows) else np.zeros((0, 3, 3)),
-                 ep.vectors("translation")[pose])
+        moves = (
+            quaternion_matrices(cs.vectors("rotation")[cal]) if len(rows) else np.zeros((0, 3, 3)),
+            cs.vectors("translation")[cal],
+            quaternion_matrices(ep.vectors("rotation")[pose]) if len(rows) else np.zeros((0, 3, 3)),
+            ep.vectors("translation")[pose],
+        )
     name = f"l5-lidar-sweeps-{tokenize(ds.store.url, names, sizes, frame, sweeps_per_task)}"
     graph, chunks = {}, []
     for i, lo in enumerate(range(0, len(rows), sweeps_per_task)):
@@ -359,8 +396,9 @@ def sweeps(ds, channels: Sequence[str] | None = None, key_frames: bool = False, 
         key = (name, 0, 0)
         graph[key] = Task(key, np.zeros, (0, 5), np.float32)
         chunks = [0]
-    points = da.Array(HighLevelGraph.from_collections(name, graph, dependencies=[]), name,
-                      (tuple(chunks), (5,)), dtype=np.float32)
+    points = da.Array(
+        HighLevelGraph.from_collections(name, graph, dependencies=[]), name, (tuple(chunks), (5,)), dtype=np.float32
+    )
     return Sweeps(rows, offsets, points, frame, missing)
 
 
@@ -372,7 +410,13 @@ def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
 
     def check(name: str, size: int, got: int, capped: bool = False) -> None:
         if got != size:
-            now = "is missing" if got < 0 else f"has more than {size} bytes" if capped and got > size else f"has {got} bytes"
+            now = (
+                "is missing"
+                if got < 0
+                else f"has more than {size} bytes"
+                if capped and got > size
+                else f"has {got} bytes"
+            )
             raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep listed with {size} bytes {now} now")
 
     sizes = [int(v) for v in sizes]
@@ -383,7 +427,7 @@ def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
         return
     store.will_need(names[:READ_AHEAD])
     for k, (name, size) in enumerate(zip(names, sizes)):
-        store.will_need(names[k + READ_AHEAD:k + READ_AHEAD + 1])
+        store.will_need(names[k + READ_AHEAD : k + READ_AHEAD + 1])
         buf = into(k, size)
         try:
             got = store.get_into(name, buf, what="a lidar sweep")
@@ -400,8 +444,8 @@ def _read_sweeps(store: Any, names: list[str], sizes: np.ndarray, moves: tuple |
     room = np.empty(int(starts[-1]) + 1, np.uint8)
     out = room[:-1].view(np.float32).reshape((-1, 5))
     flat = memoryview(room)
-    for k, raw in _read_each(store, names, sizes, lambda k, size: flat[starts[k]:starts[k] + size + 1]):
-        part = out[starts[k] // POINT_BYTES:starts[k + 1] // POINT_BYTES]
+    for k, raw in _read_each(store, names, sizes, lambda k, size: flat[starts[k] : starts[k] + size + 1]):
+        part = out[starts[k] // POINT_BYTES : starts[k + 1] // POINT_BYTES]
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
         if not np.shares_memory(scan, part):  # (read elsewhere than into the array)
             part[:] = scan

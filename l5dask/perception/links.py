@@ -19,14 +19,26 @@ LINKS: dict[str, dict[str, tuple[str, bool]]] = {
     "instance": {"category_token": ("category", True)},
     "map": {"log_tokens": ("log", True)},
     "sample": {"scene_token": ("scene", True), "prev": ("sample", False), "next": ("sample", False)},
-    "sample_annotation": {"sample_token": ("sample", True), "instance_token": ("instance", True),
-                          "attribute_tokens": ("attribute", True), "visibility_token": ("visibility", False),
-                          "prev": ("sample_annotation", False), "next": ("sample_annotation", False)},
-    "sample_data": {"sample_token": ("sample", True), "ego_pose_token": ("ego_pose", True),
-                    "calibrated_sensor_token": ("calibrated_sensor", True),
-                    "prev": ("sample_data", False), "next": ("sample_data", False)},
-    "scene": {"log_token": ("log", True), "first_sample_token": ("sample", True),
-              "last_sample_token": ("sample", True)},
+    "sample_annotation": {
+        "sample_token": ("sample", True),
+        "instance_token": ("instance", True),
+        "attribute_tokens": ("attribute", True),
+        "visibility_token": ("visibility", False),
+        "prev": ("sample_annotation", False),
+        "next": ("sample_annotation", False),
+    },
+    "sample_data": {
+        "sample_token": ("sample", True),
+        "ego_pose_token": ("ego_pose", True),
+        "calibrated_sensor_token": ("calibrated_sensor", True),
+        "prev": ("sample_data", False),
+        "next": ("sample_data", False),
+    },
+    "scene": {
+        "log_token": ("log", True),
+        "first_sample_token": ("sample", True),
+        "last_sample_token": ("sample", True),
+    },
 }
 LIST_LINKS = {"attribute_tokens", "log_tokens"}
 EMPTY = -2  # a lookup's mark for a null or "" link, before it becomes -1
@@ -65,7 +77,6 @@ def token_index(tokens: Any) -> Any:
     """A hash table of a table's tokens -> row (the first row holding each)."""
     import pyarrow as pa
 
-
     chunks = tokens.chunks if isinstance(tokens, pa.ChunkedArray) else [tokens]
     return StringIndex([_buffers(c)[:2] for c in chunks])
 
@@ -87,13 +98,20 @@ def self_index(tokens: Any, where: str, *links: Any) -> list[np.ndarray]:
     index = token_index(tokens)
     if index.dup_row >= 0:
         row = int(index.dup_row)
-        raise FormatError(f"{where}: duplicate token {tokens[row].as_py()!r} (rows {int(index.dup_first)} "
-                          f"and {row})")
+        raise FormatError(f"{where}: duplicate token {tokens[row].as_py()!r} (rows {int(index.dup_first)} and {row})")
     return [lookup(v, index, EMPTY) for v in links]
 
 
-def resolve(values: Any, tokens: Any, where: str, field: str, target: str, required: bool,
-            row_tokens: Any = None, found: Any = None) -> np.ndarray:
+def resolve(
+    values: Any,
+    tokens: Any,
+    where: str,
+    field: str,
+    target: str,
+    required: bool,
+    row_tokens: Any = None,
+    found: Any = None,
+) -> np.ndarray:
     """Row indices in the target table of ``values`` (strings): -1 for ``""``; a required empty
     link or a token the target lacks raises, naming the table, row, field and token. ``found``:
     the lookup, when already made (:func:`self_index`)."""
@@ -107,13 +125,15 @@ def resolve(values: Any, tokens: Any, where: str, field: str, target: str, requi
         who = f" (token {row_tokens[row].as_py()})" if row_tokens is not None else ""
         if value in (None, ""):
             raise FormatError(f"{where}: row {row}{who}: {field} is empty (every row needs a {target})")
-        raise FormatError(f"{where}: row {row}{who}: {field} {value!r} is not a token of {target}.json "
-                          "(a dangling link)")
+        raise FormatError(
+            f"{where}: row {row}{who}: {field} {value!r} is not a token of {target}.json (a dangling link)"
+        )
     return out
 
 
-def resolve_list(values: Any, tokens: Any, where: str, field: str, target: str,
-                 row_tokens: Any = None) -> tuple[np.ndarray, np.ndarray]:
+def resolve_list(
+    values: Any, tokens: Any, where: str, field: str, target: str, row_tokens: Any = None
+) -> tuple[np.ndarray, np.ndarray]:
     """A list-of-tokens column as CSR: (offsets, target row indices)."""
     import pyarrow.compute as pc
 
@@ -126,13 +146,16 @@ def resolve_list(values: Any, tokens: Any, where: str, field: str, target: str,
     if len(bad):
         row = int(np.searchsorted(offsets, bad[0], side="right") - 1)
         who = f" (token {row_tokens[row].as_py()})" if row_tokens is not None else ""
-        raise FormatError(f"{where}: row {row}{who}: {field} lists {flat[int(bad[0])].as_py()!r}, "
-                          f"not a token of {target}.json (a dangling link)")
+        raise FormatError(
+            f"{where}: row {row}{who}: {field} lists {flat[int(bad[0])].as_py()!r}, "
+            f"not a token of {target}.json (a dangling link)"
+        )
     return offsets, idx
 
 
-def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: str, tokens: Any,
-          what: str = "") -> tuple[np.ndarray, np.ndarray]:
+def chain(
+    prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: str, tokens: Any, what: str = ""
+) -> tuple[np.ndarray, np.ndarray]:
     """Head row and position of every row along its ``prev``/``next`` chain (one compiled walk from
     each head). A chain must be consistent (``next`` of ``a`` is ``b`` exactly
     when ``prev`` of ``b`` is ``a``), stay in one ``group`` (scene, instance) and not loop."""
@@ -145,14 +168,18 @@ def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: st
         if len(bad):
             a = int(bad[0])
             other = "prev" if field == "next" else "next"
-            raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its "
-                              f"{field} is row {int(link[a])}, whose {other} is not row {a}")
+            raise FormatError(
+                f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its "
+                f"{field} is row {int(link[a])}, whose {other} is not row {a}"
+            )
     if group is not None:
         cross = rows[has_next][group[nxt[has_next]] != group[rows[has_next]]]
         if len(cross):
             a = int(cross[0])
-            raise FormatError(f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
-                              f"(row {int(nxt[a])}) belongs to another {what or 'group'}")
+            raise FormatError(
+                f"{where}: the prev/next chain breaks at row {a} (token {tokens[a].as_py()}): its next "
+                f"(row {int(nxt[a])}) belongs to another {what or 'group'}"
+            )
 
     head, position = np.empty(n, np.int64), np.zeros(n, np.int64)
     walk_chains(np.ascontiguousarray(prev, np.int64), np.ascontiguousarray(nxt, np.int64), head, position)
@@ -163,8 +190,9 @@ def chain(prev: np.ndarray, nxt: np.ndarray, group: np.ndarray | None, where: st
     return head, position
 
 
-def group_starts(group: np.ndarray, ngroups: int, head: np.ndarray, where: str, tokens: Any, what: str,
-                 group_tokens: Any = None) -> None:
+def group_starts(
+    group: np.ndarray, ngroups: int, head: np.ndarray, where: str, tokens: Any, what: str, group_tokens: Any = None
+) -> None:
     """Each group (scene, instance) with rows holds one chain: one head."""
     heads = np.flatnonzero(head == np.arange(len(head)))
     counts = np.bincount(group[heads], minlength=ngroups)
@@ -173,5 +201,7 @@ def group_starts(group: np.ndarray, ngroups: int, head: np.ndarray, where: str, 
         g = int(many[0])
         rows = heads[group[heads] == g][:2]
         name = f" {group_tokens[g].as_py()}" if group_tokens is not None else f" {g}"
-        raise FormatError(f"{where}: the prev/next chain of {what}{name} breaks: rows {int(rows[0])} and "
-                          f"{int(rows[1])} both start it (no prev)")
+        raise FormatError(
+            f"{where}: the prev/next chain of {what}{name} breaks: rows {int(rows[0])} and "
+            f"{int(rows[1])} both start it (no prev)"
+        )

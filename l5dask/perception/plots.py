@@ -43,8 +43,13 @@ def box_sizes(report: dict[str, Any], ax=None):
 
 
 def annotation_distance(report: dict[str, Any], ax=None):
-    ax = histogram(axes(ax), report["annotations"]["distance_to_ego_m"]["histogram"], "distance to ego (m)",
-                    "Annotations by distance to the ego (LIDAR_TOP pose)", "#16a085")
+    ax = histogram(
+        axes(ax),
+        report["annotations"]["distance_to_ego_m"]["histogram"],
+        "distance to ego (m)",
+        "Annotations by distance to the ego (LIDAR_TOP pose)",
+        "#16a085",
+    )
     ax.set_ylabel("annotations")
     return ax
 

@@ -65,8 +65,9 @@ def _sample_keys(ds) -> dict[str, Any]:
     smp, inst, cat = t["sample"], t["instance"], t["category"]
     cat_names = cat.strings("name")
     report: dict[str, Any] = {}
-    report["instances"] = {"per_category": _by_name(cat_names, np.bincount(inst.links["category_token"],
-                                                                             minlength=len(cat)))}
+    report["instances"] = {
+        "per_category": _by_name(cat_names, np.bincount(inst.links["category_token"], minlength=len(cat)))
+    }
     scene_of_sample = smp.links["scene_token"]
     report["scenes"] = {"num_samples": np.bincount(scene_of_sample, minlength=len(t["scene"])).astype(int).tolist()}
     sensors = t["sensor"]
@@ -125,10 +126,15 @@ def _annotation_keys(ds, part: dict[str, Any]) -> dict[str, Any]:
     d = np.hypot(*(ann.vectors("translation")[has, :2] - ego_of_ann[has, :2]).T)
     a["distance_to_ego_m"] = {"histogram": {"edges": DISTANCE_EDGES.tolist(), "counts": histogram(d)}}
 
-    report["instances"] = dict(part["instances"], length=_stats(np.bincount(ann.links["instance_token"],
-                                                                            minlength=len(inst))))
-    report["scenes"] = dict(part["scenes"], num_annotations=np.bincount(
-        smp.links["scene_token"][ann.links["sample_token"]], minlength=len(t["scene"])).astype(int).tolist())
+    report["instances"] = dict(
+        part["instances"], length=_stats(np.bincount(ann.links["instance_token"], minlength=len(inst)))
+    )
+    report["scenes"] = dict(
+        part["scenes"],
+        num_annotations=np.bincount(smp.links["scene_token"][ann.links["sample_token"]], minlength=len(t["scene"]))
+        .astype(int)
+        .tolist(),
+    )
     report["_per_sample"] = per_sample  # for the figures (private: not in the JSON)
     return report
 
@@ -138,7 +144,6 @@ def perception_report(ds, lidar: bool = True, points_in_boxes: bool = False) -> 
     over their files, and (``points_in_boxes``) lidar points in each annotation's box per category."""
     report = tables_report(ds)
     if lidar or points_in_boxes:
-
         points: list = []
         report["lidar"] = lidar_report(ds, points)
         report["_points_per_sweep"] = points[0]
@@ -168,14 +173,18 @@ def summary(report: dict[str, Any]) -> str:
     """A short human summary (the CLI prints it)."""
     c = report["counts"]
     a = report["annotations"]
-    lines = [f"{c['scene']:,} scenes, {c['sample']:,} samples, {c['sample_annotation']:,} annotations of "
-             f"{c['instance']:,} instances, {c['sample_data']:,} sample_data "
-             f"({report['sample_data']['key_frames']:,} key frames)",
-             "categories: " + ", ".join(f"{k} {v:,}" for k, v in sorted(a["per_category"].items(), key=lambda kv: -kv[1])),
-             f"annotations per sample: {a['per_sample']['mean']:.1f} (max {a['per_sample']['max']}); "
-             f"ego drove {report['ego']['total_distance_km']:.2f} km"]
+    lines = [
+        f"{c['scene']:,} scenes, {c['sample']:,} samples, {c['sample_annotation']:,} annotations of "
+        f"{c['instance']:,} instances, {c['sample_data']:,} sample_data "
+        f"({report['sample_data']['key_frames']:,} key frames)",
+        "categories: " + ", ".join(f"{k} {v:,}" for k, v in sorted(a["per_category"].items(), key=lambda kv: -kv[1])),
+        f"annotations per sample: {a['per_sample']['mean']:.1f} (max {a['per_sample']['max']}); "
+        f"ego drove {report['ego']['total_distance_km']:.2f} km",
+    ]
     if "lidar" in report:
         lid = report["lidar"]
-        lines.append(f"lidar: {lid['sweeps']:,} sweeps, {lid['points']:,} points "
-                     f"({lid['points_per_sweep']['mean']:.0f} a sweep), {len(lid['missing_files'])} files missing")
+        lines.append(
+            f"lidar: {lid['sweeps']:,} sweeps, {lid['points']:,} points "
+            f"({lid['points_per_sweep']['mean']:.0f} a sweep), {len(lid['missing_files'])} files missing"
+        )
     return "\n".join(lines)

@@ -21,32 +21,62 @@ import numpy as np
 
 #: Real train split: annotations per category (the generator draws instances in this mix).
 CATEGORY_MIX = {
-    "car": 534_911, "pedestrian": 24_935, "animal": 186, "other_vehicle": 33_376, "bus": 8_729,
-    "motorcycle": 818, "truck": 14_164, "emergency_vehicle": 132, "bicycle": 20_928,
+    "car": 534_911,
+    "pedestrian": 24_935,
+    "animal": 186,
+    "other_vehicle": 33_376,
+    "bus": 8_729,
+    "motorcycle": 818,
+    "truck": 14_164,
+    "emergency_vehicle": 132,
+    "bicycle": 20_928,
 }
 #: Per category: (mean speed m/s, width, length, height).
 _SHAPES = {
-    "car": (6.0, 1.9, 4.7, 1.7), "pedestrian": (1.3, 0.7, 0.8, 1.75), "animal": (1.0, 0.4, 0.9, 0.6),
-    "other_vehicle": (4.0, 2.4, 7.0, 2.6), "bus": (6.0, 2.9, 12.5, 3.3), "motorcycle": (7.0, 0.9, 2.2, 1.5),
-    "truck": (6.0, 2.7, 9.0, 3.4), "emergency_vehicle": (7.0, 2.2, 6.0, 2.5), "bicycle": (4.0, 0.7, 1.8, 1.7),
+    "car": (6.0, 1.9, 4.7, 1.7),
+    "pedestrian": (1.3, 0.7, 0.8, 1.75),
+    "animal": (1.0, 0.4, 0.9, 0.6),
+    "other_vehicle": (4.0, 2.4, 7.0, 2.6),
+    "bus": (6.0, 2.9, 12.5, 3.3),
+    "motorcycle": (7.0, 0.9, 2.2, 1.5),
+    "truck": (6.0, 2.7, 9.0, 3.4),
+    "emergency_vehicle": (7.0, 2.2, 6.0, 2.5),
+    "bicycle": (4.0, 0.7, 1.8, 1.7),
 }
 ATTRIBUTES = (
-    "object_action_driving_straight_forward", "object_action_stopped", "object_action_parked",
-    "object_action_lane_change_left", "object_action_lane_change_right", "object_action_left_turn",
-    "object_action_right_turn", "object_action_gliding_on_wheels", "object_action_walking",
-    "object_action_running", "object_action_standing", "object_action_sitting", "object_action_reversing",
-    "object_action_u_turn", "object_action_abnormal_or_traffic_violation", "object_action_loss_of_control",
-    "object_action_other_motion", "is_stationary",
+    "object_action_driving_straight_forward",
+    "object_action_stopped",
+    "object_action_parked",
+    "object_action_lane_change_left",
+    "object_action_lane_change_right",
+    "object_action_left_turn",
+    "object_action_right_turn",
+    "object_action_gliding_on_wheels",
+    "object_action_walking",
+    "object_action_running",
+    "object_action_standing",
+    "object_action_sitting",
+    "object_action_reversing",
+    "object_action_u_turn",
+    "object_action_abnormal_or_traffic_violation",
+    "object_action_loss_of_control",
+    "object_action_other_motion",
+    "is_stationary",
 )
-VISIBILITY = (("3", "v60-80", "visibility of whole object is between 60 and 80%"),
-              ("1", "v0-40", "visibility of whole object is between 0 and 40%"),
-              ("2", "v40-60", "visibility of whole object is between 40 and 60%"),
-              ("4", "v80-100", "visibility of whole object is between 80 and 100%"))
+VISIBILITY = (
+    ("3", "v60-80", "visibility of whole object is between 60 and 80%"),
+    ("1", "v0-40", "visibility of whole object is between 0 and 40%"),
+    ("2", "v40-60", "visibility of whole object is between 40 and 60%"),
+    ("4", "v80-100", "visibility of whole object is between 80 and 100%"),
+)
 #: (channel, modality, file-name sensor, mount translation in the car, yaw of the mount in degrees)
 SENSORS = (
-    ("CAM_FRONT", "camera", "cam0", (1.6, 0.0, 1.6), 0), ("CAM_FRONT_RIGHT", "camera", "cam1", (1.5, -0.5, 1.6), -55),
-    ("CAM_BACK_RIGHT", "camera", "cam2", (0.0, -0.8, 1.6), -110), ("CAM_BACK", "camera", "cam3", (-1.0, 0.0, 1.6), 180),
-    ("CAM_BACK_LEFT", "camera", "cam4", (0.0, 0.8, 1.6), 110), ("CAM_FRONT_LEFT", "camera", "cam5", (1.5, 0.5, 1.6), 55),
+    ("CAM_FRONT", "camera", "cam0", (1.6, 0.0, 1.6), 0),
+    ("CAM_FRONT_RIGHT", "camera", "cam1", (1.5, -0.5, 1.6), -55),
+    ("CAM_BACK_RIGHT", "camera", "cam2", (0.0, -0.8, 1.6), -110),
+    ("CAM_BACK", "camera", "cam3", (-1.0, 0.0, 1.6), 180),
+    ("CAM_BACK_LEFT", "camera", "cam4", (0.0, 0.8, 1.6), 110),
+    ("CAM_FRONT_LEFT", "camera", "cam5", (1.5, 0.5, 1.6), 55),
     ("CAM_FRONT_ZOOMED", "camera", "cam6", (1.6, 0.0, 1.7), 0),
     ("LIDAR_TOP", "lidar", "lidar0", (1.0, 0.0, 1.85), 0),
     ("LIDAR_FRONT_RIGHT", "lidar", "lidar1", (2.1, -0.7, 0.8), -45),
@@ -59,7 +89,7 @@ BASE_US = 1_557_858_039_302_414.8
 
 def _tokens(rng: np.random.Generator, n: int) -> list[str]:
     raw = rng.bytes(32 * n).hex()
-    return [raw[64 * i: 64 * (i + 1)] for i in range(n)]
+    return [raw[64 * i : 64 * (i + 1)] for i in range(n)]
 
 
 def _quat_z(yaw: np.ndarray) -> np.ndarray:
@@ -115,9 +145,24 @@ def generate(
     rng = np.random.default_rng(seed)
     for sub in ("data", "lidar", "images", "maps"):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
-    t: dict[str, list[dict[str, Any]]] = {name: [] for name in (
-        "attribute", "calibrated_sensor", "category", "ego_pose", "instance", "log", "map", "sample",
-        "sample_annotation", "sample_data", "scene", "sensor", "visibility")}
+    t: dict[str, list[dict[str, Any]]] = {
+        name: []
+        for name in (
+            "attribute",
+            "calibrated_sensor",
+            "category",
+            "ego_pose",
+            "instance",
+            "log",
+            "map",
+            "sample",
+            "sample_annotation",
+            "sample_data",
+            "scene",
+            "sensor",
+            "visibility",
+        )
+    }
 
     cat_names = list(CATEGORY_MIX)
     cat_tokens = _tokens(rng, len(cat_names))
@@ -128,7 +173,7 @@ def generate(
     t["attribute"] = [{"description": "", "token": tok, "name": n} for tok, n in zip(att_tokens, ATTRIBUTES)]
     t["visibility"] = [{"level": lv, "description": d, "token": tok} for tok, lv, d in VISIBILITY]
     sensor_tokens = _tokens(rng, len(SENSORS))
-    t["sensor"] = [{"modality": m, "channel": c, "token": tok} for tok, (c, m, *_ ) in zip(sensor_tokens, SENSORS)]
+    t["sensor"] = [{"modality": m, "channel": c, "token": tok} for tok, (c, m, *_) in zip(sensor_tokens, SENSORS)]
     map_token = rng.bytes(16).hex()
     jpeg = _jpeg() if images else b""
     with open(os.path.join(out, "maps", "map_raster_palo_alto.png"), "wb") as f:
@@ -141,19 +186,32 @@ def generate(
         host = f"host-{vehicle}"
         log_token = log_tokens[s]
         t0_us = BASE_US + s * 3_600_000_000.0 + float(srng.integers(0, 10**6))
-        t["log"].append({"date_captured": "2019-05-14", "location": "Palo Alto", "token": log_token,
-                         "vehicle": vehicle, "logfile": "", "map_token": map_token})
+        t["log"].append(
+            {
+                "date_captured": "2019-05-14",
+                "location": "Palo Alto",
+                "token": log_token,
+                "vehicle": vehicle,
+                "logfile": "",
+                "map_token": map_token,
+            }
+        )
         # calibrations of this log's car
         cal_tokens = _tokens(srng, len(SENSORS))
         cal_r, cal_t = [], []
-        for k, (channel, modality, _, mount, yaw_deg) in enumerate(SENSORS):
+        for k, (_channel, modality, _, mount, yaw_deg) in enumerate(SENSORS):
             jitter = srng.normal(0, 0.01, 3)
             trans = np.array(mount) + jitter
             q = _quat_z(np.radians(yaw_deg + srng.normal(0, 0.3)))
-            rec = {"sensor_token": sensor_tokens[k], "rotation": q.tolist(), "translation": trans.tolist(),
-                   "token": cal_tokens[k]}
-            rec["camera_intrinsic"] = ([[1112.8, 0, 958.5], [0, 1112.8, 539.5], [0, 0, 1]]
-                                       if modality == "camera" else [])
+            rec = {
+                "sensor_token": sensor_tokens[k],
+                "rotation": q.tolist(),
+                "translation": trans.tolist(),
+                "token": cal_tokens[k],
+            }
+            rec["camera_intrinsic"] = (
+                [[1112.8, 0, 958.5], [0, 1112.8, 539.5], [0, 0, 1]] if modality == "camera" else []
+            )
             t["calibrated_sensor"].append(rec)
             cal_r.append(_quat_rot(q))
             cal_t.append(trans)
@@ -182,13 +240,26 @@ def generate(
         sample_tokens = _tokens(srng, n)
         scene_token = rng.bytes(32).hex()
         for i in range(n):
-            t["sample"].append({"next": sample_tokens[i + 1] if i + 1 < n else "",
-                                "prev": sample_tokens[i - 1] if i else "", "token": sample_tokens[i],
-                                "timestamp": float(sample_us[i]), "scene_token": scene_token})
-        t["scene"].append({"log_token": log_token, "first_sample_token": sample_tokens[0],
-                           "name": f"{host}-lidar0-{int(t0_us * 1000)}-{int(sample_us[-1] * 1000)}",
-                           "description": "", "last_sample_token": sample_tokens[-1], "nbr_samples": n,
-                           "token": scene_token})
+            t["sample"].append(
+                {
+                    "next": sample_tokens[i + 1] if i + 1 < n else "",
+                    "prev": sample_tokens[i - 1] if i else "",
+                    "token": sample_tokens[i],
+                    "timestamp": float(sample_us[i]),
+                    "scene_token": scene_token,
+                }
+            )
+        t["scene"].append(
+            {
+                "log_token": log_token,
+                "first_sample_token": sample_tokens[0],
+                "name": f"{host}-lidar0-{int(t0_us * 1000)}-{int(sample_us[-1] * 1000)}",
+                "description": "",
+                "last_sample_token": sample_tokens[-1],
+                "nbr_samples": n,
+                "token": scene_token,
+            }
+        )
 
         # instances: runs of samples, smooth motion near the ego's path
         k = instances_per_scene
@@ -210,26 +281,44 @@ def generate(
             idx = np.arange(start[j], start[j] + length[j])
             ts = (sample_us[idx] - sample_us[start[j]]) / 1e6
             yaw = heading[j] + turn * ts
-            xy = base_xy[j, :2] + offset[j] + np.cumsum(
-                np.stack([v * np.cos(yaw), v * np.sin(yaw)], -1) * np.diff(ts, prepend=ts[0])[:, None], 0)
+            xy = (
+                base_xy[j, :2]
+                + offset[j]
+                + np.cumsum(np.stack([v * np.cos(yaw), v * np.sin(yaw)], -1) * np.diff(ts, prepend=ts[0])[:, None], 0)
+            )
             z = -24.5 + h / 2 + srng.normal(0, 0.02, len(idx))
             q = _quat_z(yaw)
             ann_tokens = _tokens(srng, len(idx))
             for m, i in enumerate(idx):
                 n_att = int(srng.integers(0, 3))
                 translation = [float(xy[m, 0]), float(xy[m, 1]), float(z[m])]
-                t["sample_annotation"].append({
-                    "token": ann_tokens[m], "num_lidar_pts": -1, "size": size.tolist(),
-                    "sample_token": sample_tokens[i], "rotation": q[m].tolist(),
-                    "prev": ann_tokens[m - 1] if m else "", "translation": translation, "num_radar_pts": 0,
-                    "attribute_tokens": [att_tokens[a] for a in srng.choice(len(ATTRIBUTES), n_att, replace=False)],
-                    "next": ann_tokens[m + 1] if m + 1 < len(idx) else "", "instance_token": inst_tokens[j],
-                    "visibility_token": "" if srng.random() < 0.7 else VISIBILITY[int(srng.integers(0, 4))][0],
-                    "category_name": name})
+                t["sample_annotation"].append(
+                    {
+                        "token": ann_tokens[m],
+                        "num_lidar_pts": -1,
+                        "size": size.tolist(),
+                        "sample_token": sample_tokens[i],
+                        "rotation": q[m].tolist(),
+                        "prev": ann_tokens[m - 1] if m else "",
+                        "translation": translation,
+                        "num_radar_pts": 0,
+                        "attribute_tokens": [att_tokens[a] for a in srng.choice(len(ATTRIBUTES), n_att, replace=False)],
+                        "next": ann_tokens[m + 1] if m + 1 < len(idx) else "",
+                        "instance_token": inst_tokens[j],
+                        "visibility_token": "" if srng.random() < 0.7 else VISIBILITY[int(srng.integers(0, 4))][0],
+                        "category_name": name,
+                    }
+                )
                 boxes_by_sample[i].append((np.array(translation), size, float(yaw[m])))
-            t["instance"].append({"last_annotation_token": ann_tokens[-1], "category_token": cat_tokens[cats[j]],
-                                  "token": inst_tokens[j], "first_annotation_token": ann_tokens[0],
-                                  "nbr_annotations": int(len(idx))})
+            t["instance"].append(
+                {
+                    "last_annotation_token": ann_tokens[-1],
+                    "category_token": cat_tokens[cats[j]],
+                    "token": inst_tokens[j],
+                    "first_annotation_token": ann_tokens[0],
+                    "nbr_annotations": int(len(idx)),
+                }
+            )
 
         # sensors: a key-frame sample_data per sample and sensor, non-key LIDAR_TOP sweeps between
         for c, (channel, modality, short, _, _) in enumerate(SENSORS):
@@ -244,19 +333,34 @@ def generate(
                 us = float(round(us))
                 pose_xyz, pose_yaw = ego_at(np.array([(us - sample_us[0]) / 1e6]))
                 q = _quat_z(pose_yaw)[0]
-                t["ego_pose"].append({"rotation": q.tolist(), "translation": pose_xyz[0].tolist(),
-                                      "token": pose_tokens[m], "timestamp": us})
+                t["ego_pose"].append(
+                    {
+                        "rotation": q.tolist(),
+                        "translation": pose_xyz[0].tolist(),
+                        "token": pose_tokens[m],
+                        "timestamp": us,
+                    }
+                )
                 stamp = int(us * 1000) + m
                 ext = "jpeg" if modality == "camera" else "bin"
                 folder = "images" if modality == "camera" else "lidar"
                 filename = f"{folder}/{host}_{short}_{stamp}.{ext}"
-                rec = {"width": 1920 if modality == "camera" else 0, "height": 1080 if modality == "camera" else 0,
-                       "calibrated_sensor_token": cal_tokens[c], "token": sd_tokens[m],
-                       "sample_token": sample_tokens[i], "is_key_frame": key,
-                       "prev": sd_tokens[m - 1] if m else "", "fileformat": ext,
-                       "ego_pose_token": pose_tokens[m], "timestamp": us,
-                       "next": sd_tokens[m + 1] if m + 1 < len(frames) else "", "filename": filename,
-                       "sensor_modality": modality, "channel": channel}
+                rec = {
+                    "width": 1920 if modality == "camera" else 0,
+                    "height": 1080 if modality == "camera" else 0,
+                    "calibrated_sensor_token": cal_tokens[c],
+                    "token": sd_tokens[m],
+                    "sample_token": sample_tokens[i],
+                    "is_key_frame": key,
+                    "prev": sd_tokens[m - 1] if m else "",
+                    "fileformat": ext,
+                    "ego_pose_token": pose_tokens[m],
+                    "timestamp": us,
+                    "next": sd_tokens[m + 1] if m + 1 < len(frames) else "",
+                    "filename": filename,
+                    "sensor_modality": modality,
+                    "channel": channel,
+                }
                 t["sample_data"].append(rec)
                 path = os.path.join(out, filename)
                 if modality == "camera":
@@ -264,11 +368,16 @@ def generate(
                         with open(path, "wb") as f:
                             f.write(jpeg)
                 elif lidar_points:
-                    pts = _sweep(srng, lidar_points, boxes_by_sample[i], pose_xyz[0], _quat_rot(q),
-                                 cal_t[c], cal_r[c])
+                    pts = _sweep(srng, lidar_points, boxes_by_sample[i], pose_xyz[0], _quat_rot(q), cal_t[c], cal_r[c])
                     pts.tofile(path)
-    t["map"] = [{"log_tokens": log_tokens, "token": map_token, "filename": "maps/map_raster_palo_alto.png",
-                 "category": "semantic_prior"}]
+    t["map"] = [
+        {
+            "log_tokens": log_tokens,
+            "token": map_token,
+            "filename": "maps/map_raster_palo_alto.png",
+            "category": "semantic_prior",
+        }
+    ]
     for name, rows in t.items():
         _dump(rows, os.path.join(out, "data", f"{name}.json"), rng)
     return {name: len(rows) for name, rows in t.items()}
@@ -277,11 +386,13 @@ def generate(
 def _quat_rot(q: np.ndarray) -> np.ndarray:
     """The rotation matrix of a unit quaternion (w, x, y, z)."""
     w, x, y, z = q
-    return np.array([
-        [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
-        [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
-        [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
-    ])
+    return np.array(
+        [
+            [1 - 2 * (y * y + z * z), 2 * (x * y - z * w), 2 * (x * z + y * w)],
+            [2 * (x * y + z * w), 1 - 2 * (x * x + z * z), 2 * (y * z - x * w)],
+            [2 * (x * z - y * w), 2 * (y * z + x * w), 1 - 2 * (x * x + y * y)],
+        ]
+    )
 
 
 def _sweep(rng: np.random.Generator, n: int, boxes, ego_t, ego_r, cal_t, cal_r) -> np.ndarray:

@@ -31,16 +31,45 @@ SCHEMA: dict[str, dict[str, str]] = {
     "instance": {"token": "VARCHAR", "category_token": "VARCHAR"},
     "log": {"token": "VARCHAR", "vehicle": "VARCHAR", "location": "VARCHAR", "date_captured": "VARCHAR"},
     "map": {"token": "VARCHAR", "filename": "VARCHAR", "category": "VARCHAR", "log_tokens": "VARCHAR[]"},
-    "sample": {"token": "VARCHAR", "timestamp": "DOUBLE", "scene_token": "VARCHAR", "prev": "VARCHAR",
-               "next": "VARCHAR"},
-    "sample_annotation": {"token": "VARCHAR", "sample_token": "VARCHAR", "instance_token": "VARCHAR",
-                          "attribute_tokens": "VARCHAR[]", "visibility_token": "VARCHAR", "translation": VEC,
-                          "size": VEC, "rotation": VEC, "prev": "VARCHAR", "next": "VARCHAR"},
-    "sample_data": {"token": "VARCHAR", "sample_token": "VARCHAR", "ego_pose_token": "VARCHAR",
-                    "calibrated_sensor_token": "VARCHAR", "timestamp": "DOUBLE", "is_key_frame": "BOOLEAN",
-                    "filename": "VARCHAR", "fileformat": "VARCHAR", "prev": "VARCHAR", "next": "VARCHAR"},
-    "scene": {"token": "VARCHAR", "log_token": "VARCHAR", "first_sample_token": "VARCHAR",
-              "last_sample_token": "VARCHAR", "name": "VARCHAR", "description": "VARCHAR"},
+    "sample": {
+        "token": "VARCHAR",
+        "timestamp": "DOUBLE",
+        "scene_token": "VARCHAR",
+        "prev": "VARCHAR",
+        "next": "VARCHAR",
+    },
+    "sample_annotation": {
+        "token": "VARCHAR",
+        "sample_token": "VARCHAR",
+        "instance_token": "VARCHAR",
+        "attribute_tokens": "VARCHAR[]",
+        "visibility_token": "VARCHAR",
+        "translation": VEC,
+        "size": VEC,
+        "rotation": VEC,
+        "prev": "VARCHAR",
+        "next": "VARCHAR",
+    },
+    "sample_data": {
+        "token": "VARCHAR",
+        "sample_token": "VARCHAR",
+        "ego_pose_token": "VARCHAR",
+        "calibrated_sensor_token": "VARCHAR",
+        "timestamp": "DOUBLE",
+        "is_key_frame": "BOOLEAN",
+        "filename": "VARCHAR",
+        "fileformat": "VARCHAR",
+        "prev": "VARCHAR",
+        "next": "VARCHAR",
+    },
+    "scene": {
+        "token": "VARCHAR",
+        "log_token": "VARCHAR",
+        "first_sample_token": "VARCHAR",
+        "last_sample_token": "VARCHAR",
+        "name": "VARCHAR",
+        "description": "VARCHAR",
+    },
     "sensor": {"token": "VARCHAR", "channel": "VARCHAR", "modality": "VARCHAR"},
     "visibility": {"token": "VARCHAR", "level": "VARCHAR"},
 }
@@ -79,8 +108,13 @@ def empty(name: str) -> Any:
 def _arrow_type(t: str) -> Any:
     import pyarrow as pa
 
-    return {"VARCHAR": pa.string(), "DOUBLE": pa.float64(), "BOOLEAN": pa.bool_(),
-            "VARCHAR[]": pa.list_(pa.string()), "DOUBLE[]": pa.list_(pa.float64())}[t]
+    return {
+        "VARCHAR": pa.string(),
+        "DOUBLE": pa.float64(),
+        "BOOLEAN": pa.bool_(),
+        "VARCHAR[]": pa.list_(pa.string()),
+        "DOUBLE[]": pa.list_(pa.float64()),
+    }[t]
 
 
 #: The JSON type each declared column must hold (``null`` is allowed everywhere: the table checks
@@ -126,11 +160,12 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
     cannot vouch for, such as keys spelled with escapes, is checked by ``json`` instead)."""
     import numpy as np
 
-
     columns = SCHEMA[name]
     keys = [c.encode() for c in columns]
     raw = _bytes(data)
-    status, row, key, element, found, offset = json_types(raw, keys, np.array([KINDS[t] for t in columns.values()], np.int64))
+    status, row, key, element, found, offset = json_types(
+        raw, keys, np.array([KINDS[t] for t in columns.values()], np.int64)
+    )
     if status == 0:
         return
     if status == 3:
@@ -141,14 +176,16 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
             return
         row, key, element, found, value = why
     else:
-        value = bytes(raw[offset: offset + 40]).decode("utf-8", "replace")
+        value = bytes(raw[offset : offset + 40]).decode("utf-8", "replace")
     field = list(columns)[key]
     token = ""
     if table is not None and field != "token" and row < table.num_rows:
         tok = table.column("token")[row].as_py()
         token = f" (token {tok})" if tok else ""
     what = f"{field}[{element}]" if element >= 0 else field
-    expected = _EXPECTED[KINDS[columns[field]]] if element < 0 else {4: "a string", 5: "a number"}[KINDS[columns[field]]]
+    expected = (
+        _EXPECTED[KINDS[columns[field]]] if element < 0 else {4: "a string", 5: "a number"}[KINDS[columns[field]]]
+    )
     shown = _value_text(value)
     raise FormatError(f"{where}: row {row}{token}: {what} is {_FOUND[found]} ({shown}), expected {expected}")
 
@@ -231,7 +268,6 @@ def check(table: Any, name: str, where: str) -> None:
     import numpy as np
     import pyarrow.compute as pc
 
-
     tokens = table.column("token")
     if tokens.null_count:
         row = int(np.flatnonzero(~valid_rows(tokens))[0])
@@ -246,7 +282,9 @@ def check(table: Any, name: str, where: str) -> None:
         if len(bad):
             row = int(bad[0])
             got = "none" if lengths[row] < 0 else f"{lengths[row]} values"
-            raise FormatError(f"{where}: row {row} (token {tokens[row].as_py()}): {col} has {got}, expected {n} numbers")
+            raise FormatError(
+                f"{where}: row {row} (token {tokens[row].as_py()}): {col} has {got}, expected {n} numbers"
+            )
         flat = pc.list_flatten(values)
         if flat.null_count:
             nulls = np.flatnonzero(~valid_rows(flat))

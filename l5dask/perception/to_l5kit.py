@@ -13,18 +13,24 @@ from l5dask.prediction.writing import write_dataset
 
 #: Perception category -> L5Kit label; any other category is PERCEPTION_LABEL_UNKNOWN.
 CATEGORY_LABELS = {
-    "car": "PERCEPTION_LABEL_CAR", "truck": "PERCEPTION_LABEL_TRUCK", "bus": "PERCEPTION_LABEL_BUS",
-    "emergency_vehicle": "PERCEPTION_LABEL_EMERGENCY_VEHICLE", "other_vehicle": "PERCEPTION_LABEL_OTHER_VEHICLE",
-    "motorcycle": "PERCEPTION_LABEL_MOTORCYCLE", "bicycle": "PERCEPTION_LABEL_BICYCLE",
-    "pedestrian": "PERCEPTION_LABEL_PEDESTRIAN", "animal": "PERCEPTION_LABEL_ANIMAL",
+    "car": "PERCEPTION_LABEL_CAR",
+    "truck": "PERCEPTION_LABEL_TRUCK",
+    "bus": "PERCEPTION_LABEL_BUS",
+    "emergency_vehicle": "PERCEPTION_LABEL_EMERGENCY_VEHICLE",
+    "other_vehicle": "PERCEPTION_LABEL_OTHER_VEHICLE",
+    "motorcycle": "PERCEPTION_LABEL_MOTORCYCLE",
+    "bicycle": "PERCEPTION_LABEL_BICYCLE",
+    "pedestrian": "PERCEPTION_LABEL_PEDESTRIAN",
+    "animal": "PERCEPTION_LABEL_ANIMAL",
 }
 
 
 def label_of_categories(names: np.ndarray) -> np.ndarray:
     """L5Kit label index of each category name."""
     unknown = fmt.LABELS.index("PERCEPTION_LABEL_UNKNOWN")
-    return np.array([fmt.LABELS.index(CATEGORY_LABELS[n]) if n in CATEGORY_LABELS else unknown for n in names],
-                    np.int64)
+    return np.array(
+        [fmt.LABELS.index(CATEGORY_LABELS[n]) if n in CATEGORY_LABELS else unknown for n in names], np.int64
+    )
 
 
 def to_ns(us: np.ndarray) -> np.ndarray:
@@ -79,8 +85,7 @@ def arrays(ds) -> dict[str, np.ndarray]:
     if has.any():
         frames["ego_translation"][has] = ep.vectors("translation")[pose[has]]
         frames["ego_rotation"][has] = quaternion_matrices(ep.vectors("rotation")[pose[has]])
-    return {"scenes": scenes, "frames": frames, "agents": agents,
-            "traffic_light_faces": np.zeros(0, fmt.TL_FACE_DTYPE)}
+    return {"scenes": scenes, "frames": frames, "agents": agents, "traffic_light_faces": np.zeros(0, fmt.TL_FACE_DTYPE)}
 
 
 def _frame_poses(ds) -> np.ndarray:

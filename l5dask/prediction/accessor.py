@@ -26,7 +26,9 @@ def groupers(obj, names: Sequence[str]) -> dict:
     out = {}
     for n in names:
         if n not in obj.coords:
-            raise UnknownNameError(f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}")
+            raise UnknownNameError(
+                f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}"
+            )
         attrs = obj.coords[n].attrs
         if "flag_values" in attrs:
             labels = np.asarray(attrs["flag_values"])
@@ -34,14 +36,20 @@ def groupers(obj, names: Sequence[str]) -> dict:
             lo, hi = (int(v) for v in attrs["valid_range"])
             labels = np.arange(lo, hi + 1)
         else:
-            raise UsageError(f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
-                             f"obj.groupby({n}=UniqueGrouper(labels=...))")
+            raise UsageError(
+                f"{n!r} does not know its values (no flag_values or valid_range): group by it with "
+                f"obj.groupby({n}=UniqueGrouper(labels=...))"
+            )
         out[n] = (RangeGrouper if _is_range(labels) else UniqueGrouper)(labels=labels)
     return out
 
 
 def _is_range(labels: np.ndarray) -> bool:
-    return labels.dtype.kind in "iu" and len(labels) > 0 and np.array_equal(labels, np.arange(labels[0], labels[0] + len(labels)))
+    return (
+        labels.dtype.kind in "iu"
+        and len(labels) > 0
+        and np.array_equal(labels, np.arange(labels[0], labels[0] + len(labels)))
+    )
 
 
 class RangeGrouper(UniqueGrouper):
@@ -53,15 +61,23 @@ class RangeGrouper(UniqueGrouper):
     def factorize(self, group) -> EncodedGroups:
         import pandas as pd
 
-
         if group.dtype.kind not in "iu":
             return super().factorize(group)
         self.group = group
         lo, n = int(self.labels[0]), len(self.labels)
-        codes = xr.apply_ufunc(range_codes, group, kwargs={"lo": lo, "n": n}, dask="parallelized",
-                               output_dtypes=[np.int64], keep_attrs=True)
-        return EncodedGroups(codes=codes, full_index=pd.Index(self.labels),
-                             unique_coord=xr.Variable(dims=codes.name, data=self.labels, attrs=group.attrs))
+        codes = xr.apply_ufunc(
+            range_codes,
+            group,
+            kwargs={"lo": lo, "n": n},
+            dask="parallelized",
+            output_dtypes=[np.int64],
+            keep_attrs=True,
+        )
+        return EncodedGroups(
+            codes=codes,
+            full_index=pd.Index(self.labels),
+            unique_coord=xr.Variable(dims=codes.name, data=self.labels, attrs=group.attrs),
+        )
 
 
 def name_categories(result):
@@ -86,12 +102,12 @@ def _finalize_quantiles(part, labels: list[np.ndarray], qs: np.ndarray, bits: in
     return out
 
 
-def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q,
-                    quantile_bits: int | None = None) -> xr.DataArray:
+def sketch_quantile(
+    obj: xr.DataArray, names: Sequence[str], labels: dict[str, np.ndarray], q, quantile_bits: int | None = None
+) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
     pass: the sketch of :mod:`l5dask.prediction.groupby` (its error bound) per chunk, merged in a tree."""
     from dask import delayed
-
 
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if obj.ndim != 1:
@@ -99,10 +115,13 @@ def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, n
     import dask.array as da
 
     data = obj.data
-    keys = [k.rechunk(data.chunks) if isinstance(k, da.Array) else da.from_array(np.asarray(k), chunks=data.chunks)
-            for k in (obj.coords[n].data for n in names)]
-    blocks = [b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False)
-                                                                          for k in keys]]]
+    keys = [
+        k.rechunk(data.chunks) if isinstance(k, da.Array) else da.from_array(np.asarray(k), chunks=data.chunks)
+        for k in (obj.coords[n].data for n in names)
+    ]
+    blocks = [
+        b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False) for k in keys]]
+    ]
     parts = [delayed(group_part)(list(ks), {"v": d}, {"v": {"sketch"}}, bits) for d, *ks in zip(*blocks)]
     qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
     shape = [len(labels[n]) for n in names]
@@ -110,8 +129,13 @@ def sketch_quantile(obj: xr.DataArray, names: Sequence[str], labels: dict[str, n
     result_block = delayed(_finalize_quantiles)(combine_delayed(parts), [labels[n] for n in names], qs, bits)
     out = da.from_delayed(result_block, shape=(*shape, len(qs)), dtype=np.float64)
     coords = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
-    result = xr.DataArray(out, dims=(*names, "quantile"), coords={**coords, "quantile": qs}, name=obj.name,
-                          attrs={"l5dask_quantile_bits": bits})
+    result = xr.DataArray(
+        out,
+        dims=(*names, "quantile"),
+        coords={**coords, "quantile": qs},
+        name=obj.name,
+        attrs={"l5dask_quantile_bits": bits},
+    )
     return result if np.ndim(q) else result.squeeze("quantile", drop=False)
 
 
@@ -123,8 +147,9 @@ class _Grouped:
         self._grouped, self._obj, self._names, self._labels = grouped, obj, tuple(names), labels or {}
 
     def __getitem__(self, key):
-        return _Grouped(self._grouped[key], self._obj[key] if self._obj is not None else None, self._names,
-                        self._labels)
+        return _Grouped(
+            self._grouped[key], self._obj[key] if self._obj is not None else None, self._names, self._labels
+        )
 
     def quantile(self, q, quantile_bits: int | None = None, **kwargs):
         """Quantiles per group (numpy's "linear" method) of a dask-backed 1-D DataArray, within
@@ -164,8 +189,9 @@ class L5Accessor:
 
     def groupby(self, *names: str, **kwargs):
         found = groupers(self._obj, names)
-        return _Grouped(self._obj.groupby(found, **kwargs), self._obj, names,
-                        {n: np.asarray(g.labels) for n, g in found.items()})
+        return _Grouped(
+            self._obj.groupby(found, **kwargs), self._obj, names, {n: np.asarray(g.labels) for n, g in found.items()}
+        )
 
 
 xr.register_dataset_accessor("l5")(L5Accessor)

@@ -88,14 +88,17 @@ def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tup
         for r in reds:
             q = quantile_of(r)
             if r not in REDUCTIONS and q is None:
-                raise UsageError(f"unknown reduction {r!r} (for {col}); they are: {', '.join(REDUCTIONS)}, "
-                                  "q<percent> (q50, q99.9)")
+                raise UsageError(
+                    f"unknown reduction {r!r} (for {col}); they are: {', '.join(REDUCTIONS)}, q<percent> (q50, q99.9)"
+                )
             if q is not None and not 0 <= q <= 1:
                 raise UsageError(f"{r!r}: a quantile is between q0 and q100")
         c = table.columns[col]
         if (c.categorical or c.dtype.kind not in "biuf") and set(reds) - {"count"}:
-            raise UsageError(f"{col!r} is {'categorical' if c.categorical else c.dtype.name}: only count applies "
-                              "(group by it instead)")
+            raise UsageError(
+                f"{col!r} is {'categorical' if c.categorical else c.dtype.name}: only count applies "
+                "(group by it instead)"
+            )
         out.append((col, tuple(dict.fromkeys(reds))))
     return tuple(out)
 
@@ -116,15 +119,36 @@ class Spec:
     def __dask_tokenize__(self):
         from dask.base import tokenize
 
-        return ("l5dask.prediction.aggregation.Spec", tokenize(self.selection), self.by, self.values, self.where, self.quantile_bits)
+        return (
+            "l5dask.prediction.aggregation.Spec",
+            tokenize(self.selection),
+            self.by,
+            self.values,
+            self.where,
+            self.quantile_bits,
+        )
 
 
 # --- where ----------------------------------------------------------------------------------
-_CMP = {ast.Eq: np.equal, ast.NotEq: np.not_equal, ast.Lt: np.less, ast.LtE: np.less_equal, ast.Gt: np.greater,
-        ast.GtE: np.greater_equal}
-_BIN = {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply, ast.Div: np.true_divide,
-        ast.FloorDiv: np.floor_divide, ast.Mod: np.mod, ast.Pow: np.power, ast.BitAnd: np.logical_and,
-        ast.BitOr: np.logical_or}
+_CMP = {
+    ast.Eq: np.equal,
+    ast.NotEq: np.not_equal,
+    ast.Lt: np.less,
+    ast.LtE: np.less_equal,
+    ast.Gt: np.greater,
+    ast.GtE: np.greater_equal,
+}
+_BIN = {
+    ast.Add: np.add,
+    ast.Sub: np.subtract,
+    ast.Mult: np.multiply,
+    ast.Div: np.true_divide,
+    ast.FloorDiv: np.floor_divide,
+    ast.Mod: np.mod,
+    ast.Pow: np.power,
+    ast.BitAnd: np.logical_and,
+    ast.BitOr: np.logical_or,
+}
 
 
 @functools.lru_cache(maxsize=64)
@@ -146,25 +170,35 @@ def where_columns(text: str, table: Table) -> list[str]:
         elif isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float, str, bool)):
                 raise UsageError(f"where {text!r}: {node.value!r} is not a number or a string")
-        elif isinstance(node, ast.BoolOp) and isinstance(node.op, (ast.And, ast.Or)) or \
-                isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd, ast.Invert)) or \
-                isinstance(node, ast.BinOp) and type(node.op) in _BIN or isinstance(node, (ast.List, ast.Tuple)):
+        elif (
+            isinstance(node, ast.BoolOp)
+            and isinstance(node.op, (ast.And, ast.Or))
+            or isinstance(node, ast.UnaryOp)
+            and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd, ast.Invert))
+            or isinstance(node, ast.BinOp)
+            and type(node.op) in _BIN
+            or isinstance(node, (ast.List, ast.Tuple))
+        ):
             pass
         elif isinstance(node, ast.Compare):
             if not all(type(op) in _CMP or isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
                 raise UsageError(f"where {text!r}: only ==, !=, <, <=, >, >=, in and not in compare")
         elif not isinstance(node, (ast.Expression, ast.Load, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)):
-            raise UsageError(f"where {text!r}: {ast.unparse(node)!r} is not allowed (columns, numbers, strings, "
-                              "comparisons, and/or/not, arithmetic)")
+            raise UsageError(
+                f"where {text!r}: {ast.unparse(node)!r} is not allowed (columns, numbers, strings, "
+                "comparisons, and/or/not, arithmetic)"
+            )
         for child in ast.iter_child_nodes(node):
             check(child)
 
     check(tree)
     unknown = [n for n in dict.fromkeys(names) if n not in table.columns]
     if unknown:
-        raise UsageError(f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(map(repr, unknown))}; the columns of {fmt.SHORT_NAMES[table.array]} are: "
-                          f"{', '.join(table.columns)}")
+        raise UsageError(
+            f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(map(repr, unknown))}; the columns of {fmt.SHORT_NAMES[table.array]} are: "
+            f"{', '.join(table.columns)}"
+        )
     if not names:
         raise UsageError(f"where {text!r} names no column")
     # categorical columns compare with their category names, and only by (in)equality
@@ -180,8 +214,9 @@ def where_columns(text: str, table: Table) -> list[str]:
                         consts = y.elts if isinstance(y, (ast.List, ast.Tuple)) else [y]
                         for c in consts:
                             if not (isinstance(c, ast.Constant) and c.value in cats):
-                                raise UsageError(f"where {text!r}: {ast.unparse(c)} is not a {x.id}; they are: "
-                                                  f"{', '.join(cats)}")
+                                raise UsageError(
+                                    f"where {text!r}: {ast.unparse(c)} is not a {x.id}; they are: {', '.join(cats)}"
+                                )
     return list(dict.fromkeys(names))
 
 
@@ -262,7 +297,9 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
         else:
             values[name] = c[name] if keep is None else c[name].take(keep)
     n = len(c) if keep is None else len(keep)
-    return group_part([c[b] if keep is None else c[b].take(keep) for b in spec.by], values, needs, spec.quantile_bits, n=n)
+    return group_part(
+        [c[b] if keep is None else c[b].take(keep) for b in spec.by], values, needs, spec.quantile_bits, n=n
+    )
 
 
 @dataclass
@@ -277,16 +314,25 @@ class Result:
     def to_pandas(self):
         import pandas as pd
 
-        return pd.DataFrame({n: pd.Categorical.from_codes(v, categories=list(self.categories[n]))
-                             if n in self.categories else v for n, v in self.columns.items()})
+        return pd.DataFrame(
+            {
+                n: pd.Categorical.from_codes(v, categories=list(self.categories[n])) if n in self.categories else v
+                for n, v in self.columns.items()
+            }
+        )
 
     def to_arrow(self):
         import pyarrow as pa
 
-
         return pa.Table.from_arrays(
-            [pa.DictionaryArray.from_arrays(arrow_array(v.astype(np.int32)), arrow_strings(self.categories[n]))
-             if n in self.categories else arrow_array(v) for n, v in self.columns.items()], names=list(self.columns))
+            [
+                pa.DictionaryArray.from_arrays(arrow_array(v.astype(np.int32)), arrow_strings(self.categories[n]))
+                if n in self.categories
+                else arrow_array(v)
+                for n, v in self.columns.items()
+            ],
+            names=list(self.columns),
+        )
 
 
 def finalize_part(spec: Spec, part: GroupPart) -> Result:
@@ -304,8 +350,13 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
         n = s.get("n")
         for r in reds:
             if r == "count":
-                out = n if n is not None else np.bincount(part.sketches[name][0], weights=part.sketches[name][2],
-                                                          minlength=size).astype(np.int64)
+                out = (
+                    n
+                    if n is not None
+                    else np.bincount(part.sketches[name][0], weights=part.sketches[name][2], minlength=size).astype(
+                        np.int64
+                    )
+                )
             elif r == "sum":
                 out = s["sum"]
             elif r == "mean":
@@ -324,16 +375,25 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
 def reduction(spec: Spec) -> Reduction:
     from dask.base import tokenize
 
-    return Reduction(f"aggregate-{tokenize(spec)}", functools.partial(chunk_part, spec), combine_parts,
-                     functools.partial(empty_part, spec), functools.partial(finalize_part, spec))
+    return Reduction(
+        f"aggregate-{tokenize(spec)}",
+        functools.partial(chunk_part, spec),
+        combine_parts,
+        functools.partial(empty_part, spec),
+        functools.partial(finalize_part, spec),
+    )
 
 
 # --- the API --------------------------------------------------------------------------------
 def group_bound(table: Table, by: Sequence[str]) -> int:
     """An upper bound of the number of groups, known before computing."""
     ds, rows = table.ds, len(table.source)
-    known = {"scene_index": len(ds[fmt.SCENES]), "frame_index": len(ds[fmt.FRAMES]), "hour": 24,
-             INDEX[table.array]: rows}
+    known = {
+        "scene_index": len(ds[fmt.SCENES]),
+        "frame_index": len(ds[fmt.FRAMES]),
+        "hour": 24,
+        INDEX[table.array]: rows,
+    }
     bound = 1
     for b in by:
         cats = table.columns[b].categories
@@ -352,10 +412,21 @@ def aggregate(*args, **kwargs):
     return aggregate_result(*args, **kwargs).to_pandas()
 
 
-def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), values: Mapping[str, Sequence[str] | str] | None = None,
-              where: str | None = None, *, max_groups: int = MAX_GROUPS, quantile_bits: int = QUANTILE_BITS,
-              storage_options: dict | None = None, chunks_per_task: int | None = None, client: Any = None,
-              scheduler: Any = None, progress: bool = False):
+def aggregate_result(
+    ds,
+    array: str = "agents",
+    by: Sequence[str] | str = (),
+    values: Mapping[str, Sequence[str] | str] | None = None,
+    where: str | None = None,
+    *,
+    max_groups: int = MAX_GROUPS,
+    quantile_bits: int = QUANTILE_BITS,
+    storage_options: dict | None = None,
+    chunks_per_task: int | None = None,
+    client: Any = None,
+    scheduler: Any = None,
+    progress: bool = False,
+):
     """Group the rows of one array by some columns and reduce others, in one pass.
 
     Parameters
@@ -394,8 +465,10 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
     for b in by:
         c = table.columns[b]
         if not (c.categorical or c.dtype.kind in "biu"):
-            raise UsageError(f"cannot group by {b!r} ({c.dtype.name}): group by integer or categorical columns "
-                              "(label, host, scene_index, hour...)")
+            raise UsageError(
+                f"cannot group by {b!r} ({c.dtype.name}): group by integer or categorical columns "
+                "(label, host, scene_index, hour...)"
+            )
     if len(set(by)) != len(by):
         raise UsageError(f"a column is named twice in by: {', '.join(by)}")
     parsed = parse_values(values or {}, table)
@@ -406,14 +479,17 @@ def aggregate_result(ds, array: str = "agents", by: Sequence[str] | str = (), va
         names += where_columns(where, table)
     bound = group_bound(table, by)
     if bound > max_groups:
-        raise UsageError(f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
-                          f"groups, more than the limit of {max_groups:,}; raise max_groups (--max-groups) or "
-                          "group by fewer columns")
+        raise UsageError(
+            f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
+            f"groups, more than the limit of {max_groups:,}; raise max_groups (--max-groups) or "
+            "group by fewer columns"
+        )
     selection = table.select(names)
     spec = Spec(selection, by, parsed, where, int(quantile_bits))
     source = selection.source
-    job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress,
-              size_for=source.nchunks)
+    job = Job(
+        client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=source.nchunks
+    )
 
     link = parent_link(ds, selection, job)
     (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)])

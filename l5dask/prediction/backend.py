@@ -71,9 +71,7 @@ class L5BackendArray(BackendArray):
         self.dtype = sub.base
 
     def __getitem__(self, key):
-        return indexing.explicit_indexing_adapter(
-            key, self.shape, indexing.IndexingSupport.BASIC, self._getitem
-        )
+        return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC, self._getitem)
 
     def _chunk(self, index: int) -> np.ndarray:
         return self._cache.get(index, lambda: self._array.read_chunk(index))
@@ -157,8 +155,11 @@ class L5KitBackendEntrypoint(BackendEntrypoint):
         if not isinstance(filename_or_obj, (str, os.PathLike)):
             return False
         path = os.fspath(filename_or_obj)
-        return "://" not in path and os.path.isfile(os.path.join(path, ".zgroup")) and \
-            os.path.isfile(os.path.join(path, fmt.AGENTS, ".zarray"))
+        return (
+            "://" not in path
+            and os.path.isfile(os.path.join(path, ".zgroup"))
+            and os.path.isfile(os.path.join(path, fmt.AGENTS, ".zarray"))
+        )
 
 
 def _group_name(group: str) -> str:

@@ -25,19 +25,31 @@ from l5dask.core.commands import (
 @click.option("--scenes", default=10, show_default=True, type=click.IntRange(0), help="number of scenes")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-traffic-lights", is_flag=True, help="write the older format, without traffic_light_faces")
-@click.option("--label-ties", default=0.0, type=click.FloatRange(0, 1),
-              help="fraction of tracks whose label probabilities tie (for testing numpy's tie rule)")
+@click.option(
+    "--label-ties",
+    default=0.0,
+    type=click.FloatRange(0, 1),
+    help="fraction of tracks whose label probabilities tie (for testing numpy's tie rule)",
+)
 @click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
 @storage_option
 @friendly
-def synth(out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties: float, overwrite: bool,
-          storage_options) -> None:
+def synth(
+    out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties: float, overwrite: bool, storage_options
+) -> None:
     """Generate a realistic L5Kit dataset at OUT (deterministic for a seed)."""
     from l5dask.prediction.synth import synthesize
 
     start = time.perf_counter()
-    counts = synthesize(out, scenes=scenes, seed=seed, traffic_lights=not no_traffic_lights, label_ties=label_ties,
-                        overwrite=overwrite, storage_options=parse_storage_options(storage_options))
+    counts = synthesize(
+        out,
+        scenes=scenes,
+        seed=seed,
+        traffic_lights=not no_traffic_lights,
+        label_ties=label_ties,
+        overwrite=overwrite,
+        storage_options=parse_storage_options(storage_options),
+    )
     took = time.perf_counter() - start
     click.echo(f"wrote {out}: " + ", ".join(f"{k}={v:,}" for k, v in counts.items()) + f" in {took:.1f} s")
 
@@ -53,8 +65,10 @@ def info(dataset: str, storage_options) -> None:
     ds = open_dataset(dataset, storage_options=parse_storage_options(storage_options))
     click.echo(f"{ds.url}")
     for name, arr in ds.arrays.items():
-        click.echo(f"  {name:<20} {len(arr):>14,} rows  {arr.meta.nchunks:>7,} chunks of {arr.meta.chunk_rows:,}"
-                   f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names)}")
+        click.echo(
+            f"  {name:<20} {len(arr):>14,} rows  {arr.meta.nchunks:>7,} chunks of {arr.meta.chunk_rows:,}"
+            f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names)}"
+        )
 
 
 def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
@@ -66,8 +80,13 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
         if client is not None and not quiet:
             link = dashboard_link(client) or "unknown (the scheduler names none)"
             click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {link}", err=True)
-        return compute_report(dataset, storage_options=parse_storage_options(storage_options),
-                              chunks_per_task=chunks_per_task, progress=not quiet, client=client)
+        return compute_report(
+            dataset,
+            storage_options=parse_storage_options(storage_options),
+            chunks_per_task=chunks_per_task,
+            progress=not quiet,
+            client=client,
+        )
 
 
 @click.command()
@@ -124,22 +143,53 @@ def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet
 @click.argument("dataset")
 @click.option("--array", "-a", default="agents", show_default=True, help="agents, frames, scenes or tl_faces")
 @click.option("--by", "-b", default="", help="columns to group by, comma-separated (e.g. scene_index,label)")
-@click.option("--value", "-v", "values", multiple=True, required=True, metavar="COLUMN:REDUCTIONS",
-              help="a column and its reductions (repeatable), e.g. speed:mean,max,count or extent_length:q50,q99")
+@click.option(
+    "--value",
+    "-v",
+    "values",
+    multiple=True,
+    required=True,
+    metavar="COLUMN:REDUCTIONS",
+    help="a column and its reductions (repeatable), e.g. speed:mean,max,count or extent_length:q50,q99",
+)
 @click.option("--where", "-w", default=None, help='keep rows where this holds, e.g. "distance_to_ego < 20"')
-@click.option("--output", "-O", "output", help="write the result here (.parquet or .csv; a path or an s3:// URL); "
-                                                "default: print it")
-@click.option("--max-groups", default=None, type=click.IntRange(1), help="refuse groupings that may make more groups "
-              "[default: 10,000,000]")
-@click.option("--quantile-bits", default=None, type=click.IntRange(0, 52),
-              help="mantissa bits of the quantile sketch (52: exact) [default: 12, relative error <= 1.2e-4]")
+@click.option(
+    "--output",
+    "-O",
+    "output",
+    help="write the result here (.parquet or .csv; a path or an s3:// URL); default: print it",
+)
+@click.option(
+    "--max-groups",
+    default=None,
+    type=click.IntRange(1),
+    help="refuse groupings that may make more groups [default: 10,000,000]",
+)
+@click.option(
+    "--quantile-bits",
+    default=None,
+    type=click.IntRange(0, 52),
+    help="mantissa bits of the quantile sketch (52: exact) [default: 12, relative error <= 1.2e-4]",
+)
 @chunks_option
 @click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 @scheduler_option
 @storage_option
 @friendly
-def agg(dataset: str, array: str, by: str, values, where, output, max_groups, quantile_bits,
-        chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
+def agg(
+    dataset: str,
+    array: str,
+    by: str,
+    values,
+    where,
+    output,
+    max_groups,
+    quantile_bits,
+    chunks_per_task,
+    quiet: bool,
+    scheduler,
+    storage_options,
+) -> None:
     """Group the rows of one array of DATASET and reduce columns, in one parallel pass.
 
     Columns (an unknown one is refused with the list of those that exist): stored fields
@@ -158,9 +208,18 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
     values_map = agg_mod.parse_value_options(values)
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
     with connect(scheduler, quiet=True) as client:
-        result = agg_mod.aggregate_result(dataset, array, by=[b.strip() for b in by.split(",") if b.strip()],
-                                   values=values_map, where=where, storage_options=options,
-                                   chunks_per_task=chunks_per_task, client=client, progress=not quiet, **kw)
+        result = agg_mod.aggregate_result(
+            dataset,
+            array,
+            by=[b.strip() for b in by.split(",") if b.strip()],
+            values=values_map,
+            where=where,
+            storage_options=options,
+            chunks_per_task=chunks_per_task,
+            client=client,
+            progress=not quiet,
+            **kw,
+        )
     if output:
         table = result.to_arrow()
         write_table(table, output, options)
@@ -174,10 +233,20 @@ def agg(dataset: str, array: str, by: str, values, where, output, max_groups, qu
 
 
 @click.command()
-@click.option("--scenes", default=200, show_default=True, type=click.IntRange(1),
-              help="scenes to generate (200 is about 3.6 M agents)")
-@click.option("--out", default="l5dask-demo", show_default=True, type=click.Path(file_okay=False),
-              help="folder for the generated dataset and the report")
+@click.option(
+    "--scenes",
+    default=200,
+    show_default=True,
+    type=click.IntRange(1),
+    help="scenes to generate (200 is about 3.6 M agents)",
+)
+@click.option(
+    "--out",
+    default="l5dask-demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="folder for the generated dataset and the report",
+)
 @friendly
 def demo(scenes: int, out: str) -> None:
     """The main job on an embedded default: generate a dataset, then its statistics report."""
@@ -205,8 +274,10 @@ def demo(scenes: int, out: str) -> None:
     write_scene_table(report, os.path.join(out, "scenes.parquet"))
     write_html(report, os.path.join(out, "report.html"), elapsed_s=took)
     click.echo(summary_text(report))
-    click.echo(f"report of {report['counts']['agents']:,} agents in {took:.1f} s: "
-               f"{os.path.join(out, 'report.json')}, scenes.parquet, report.html")
+    click.echo(
+        f"report of {report['counts']['agents']:,} agents in {took:.1f} s: "
+        f"{os.path.join(out, 'report.json')}, scenes.parquet, report.html"
+    )
 
 
 def _written(ds, seconds: float) -> None:
@@ -221,16 +292,20 @@ def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        out = op(*args, storage_options=parse_storage_options(storage_options), client=client,
-                 progress=not quiet, **kw)
-    for ds in (out.values() if isinstance(out, dict) else [out]):
+        out = op(*args, storage_options=parse_storage_options(storage_options), client=client, progress=not quiet, **kw)
+    for ds in out.values() if isinstance(out, dict) else [out]:
         _written(ds, time.perf_counter() - t0)
 
 
 def writer_options(func):
     """The options of the commands that write a dataset or an export (and the one error path)."""
-    for option in (storage_option, scheduler_option, click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
-                   chunks_option, click.option("--overwrite", is_flag=True, help="replace what exists at the output")):
+    for option in (
+        storage_option,
+        scheduler_option,
+        click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
+        chunks_option,
+        click.option("--overwrite", is_flag=True, help="replace what exists at the output"),
+    ):
         func = option(func)
     return func
 
@@ -246,8 +321,16 @@ def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage
     opened, or differ in dtypes or labels, are refused."""
     from l5dask.prediction.surgery import concat as op
 
-    _surgery(op, list(inputs), output, overwrite=overwrite, chunks_per_task=chunks_per_task,
-             scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+    _surgery(
+        op,
+        list(inputs),
+        output,
+        overwrite=overwrite,
+        chunks_per_task=chunks_per_task,
+        scheduler=scheduler,
+        storage_options=storage_options,
+        quiet=quiet,
+    )
 
 
 @click.command()
@@ -255,42 +338,82 @@ def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage
 @click.argument("output")
 @click.option("--scenes", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
 @click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
-@click.option("--start", default=None, metavar="ISO", help="keep scenes whose first frame is at or after this time (UTC unless said)")
+@click.option(
+    "--start",
+    default=None,
+    metavar="ISO",
+    help="keep scenes whose first frame is at or after this time (UTC unless said)",
+)
 @click.option("--end", default=None, metavar="ISO", help="... and before this time")
 @writer_options
 @friendly
-def subset(dataset, output, scenes, hosts, start, end, overwrite, chunks_per_task, quiet, scheduler,
-           storage_options) -> None:
+def subset(
+    dataset, output, scenes, hosts, start, end, overwrite, chunks_per_task, quiet, scheduler, storage_options
+) -> None:
     """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
     intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold."""
     from l5dask.prediction.surgery import subset as op
 
-    _surgery(op, dataset, output, scenes=scenes, hosts=hosts, start=start, end=end, overwrite=overwrite,
-             chunks_per_task=chunks_per_task, scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+    _surgery(
+        op,
+        dataset,
+        output,
+        scenes=scenes,
+        hosts=hosts,
+        start=start,
+        end=end,
+        overwrite=overwrite,
+        chunks_per_task=chunks_per_task,
+        scheduler=scheduler,
+        storage_options=storage_options,
+        quiet=quiet,
+    )
 
 
 @click.command()
 @click.argument("dataset")
 @click.argument("outdir")
-@click.option("--part", "parts", multiple=True, required=True, metavar="NAME=N|NAME=1.5GB|NAME=rest",
-              help="a part written to OUTDIR/NAME: N scenes, a size as L5Kit's zarr_split counts it "
-                   "(GB of 1024^3 bytes), or the rest (last); repeatable, in order")
+@click.option(
+    "--part",
+    "parts",
+    multiple=True,
+    required=True,
+    metavar="NAME=N|NAME=1.5GB|NAME=rest",
+    help="a part written to OUTDIR/NAME: N scenes, a size as L5Kit's zarr_split counts it "
+    "(GB of 1024^3 bytes), or the rest (last); repeatable, in order",
+)
 @writer_options
 @friendly
 def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
     """Split DATASET into consecutive parts of scenes, each a dataset under OUTDIR."""
     from l5dask.prediction.surgery import split as op
 
-    _surgery(op, dataset, outdir, list(parts), overwrite=overwrite, chunks_per_task=chunks_per_task,
-             scheduler=scheduler, storage_options=storage_options, quiet=quiet)
+    _surgery(
+        op,
+        dataset,
+        outdir,
+        list(parts),
+        overwrite=overwrite,
+        chunks_per_task=chunks_per_task,
+        scheduler=scheduler,
+        storage_options=storage_options,
+        quiet=quiet,
+    )
 
 
 @click.command()
 @click.argument("dataset")
 @click.argument("output")
-@click.option("--format", "-f", "format_", default="parquet", show_default=True, metavar="parquet|zarr3",
-              help="parquet: a Parquet dataset per array, with join columns (DuckDB, Polars, Spark...); zarr3: "
-                   "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)")
+@click.option(
+    "--format",
+    "-f",
+    "format_",
+    default="parquet",
+    show_default=True,
+    metavar="parquet|zarr3",
+    help="parquet: a Parquet dataset per array, with join columns (DuckDB, Polars, Spark...); zarr3: "
+    "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)",
+)
 @writer_options
 @friendly
 def export(dataset, output, format_, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
@@ -300,10 +423,21 @@ def export(dataset, output, format_, overwrite, chunks_per_task, quiet, schedule
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        rows = op(dataset, output, format_, storage_options=parse_storage_options(storage_options),
-                  overwrite=overwrite, chunks_per_task=chunks_per_task, client=client, progress=not quiet)
-    click.echo(f"wrote {output} ({format_}): " + ", ".join(f"{n:,} {k}" for k, n in rows.items())
-               + f" ({time.perf_counter() - t0:.1f} s)")
+        rows = op(
+            dataset,
+            output,
+            format_,
+            storage_options=parse_storage_options(storage_options),
+            overwrite=overwrite,
+            chunks_per_task=chunks_per_task,
+            client=client,
+            progress=not quiet,
+        )
+    click.echo(
+        f"wrote {output} ({format_}): "
+        + ", ".join(f"{n:,} {k}" for k, n in rows.items())
+        + f" ({time.perf_counter() - t0:.1f} s)"
+    )
 
 
 @click.command()

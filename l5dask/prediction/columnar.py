@@ -43,10 +43,13 @@ LAYOUT_VERSION = 1
 CHUNKS_PER_SHARD = 32
 CLEVEL = 5
 #: Join columns written beside the fields, by array.
-JOINS = {fmt.AGENTS: ("scene_index", "frame_index", "timestamp"),
-         fmt.TL_FACES: ("scene_index", "frame_index", "timestamp"),
-         fmt.FRAMES: ("scene_index",), fmt.SCENES: ()}
-_EMPTY = 2 ** 64 - 1
+JOINS = {
+    fmt.AGENTS: ("scene_index", "frame_index", "timestamp"),
+    fmt.TL_FACES: ("scene_index", "frame_index", "timestamp"),
+    fmt.FRAMES: ("scene_index",),
+    fmt.SCENES: (),
+}
+_EMPTY = 2**64 - 1
 _VLEN, _ZSTD = VLenUTF8(), Zstd(level=CLEVEL)
 
 
@@ -90,15 +93,26 @@ def cname_of(dtype: np.dtype) -> str:
 
 
 def _blosc(dtype: np.dtype) -> dict:
-    return {"name": "blosc", "configuration": {"cname": cname_of(dtype), "clevel": CLEVEL, "shuffle": "shuffle",
-                                                "typesize": dtype.itemsize, "blocksize": 0}}
+    return {
+        "name": "blosc",
+        "configuration": {
+            "cname": cname_of(dtype),
+            "clevel": CLEVEL,
+            "shuffle": "shuffle",
+            "typesize": dtype.itemsize,
+            "blocksize": 0,
+        },
+    }
 
 
 def array_json(array: str, field: str, m: FieldMeta, attrs: dict | None = None) -> bytes:
     """The ``zarr.json`` of one field array (zarr v3, sharded, with dimension names)."""
     if m.strings:
-        data_type, fill, inner = "string", "", [{"name": "vlen-utf8"},
-                                                 {"name": "zstd", "configuration": {"level": CLEVEL, "checksum": False}}]
+        data_type, fill, inner = (
+            "string",
+            "",
+            [{"name": "vlen-utf8"}, {"name": "zstd", "configuration": {"level": CLEVEL, "checksum": False}}],
+        )
     else:
         data_type = m.dtype.name  # int64, float32, uint64...
         fill = 0.0 if m.dtype.kind == "f" else 0
@@ -111,11 +125,17 @@ def array_json(array: str, field: str, m: FieldMeta, attrs: dict | None = None) 
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [m.chunk_rows * m.shard_chunks, *m.tail]}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
         "fill_value": fill,
-        "codecs": [{"name": "sharding_indexed", "configuration": {
-            "chunk_shape": [m.chunk_rows, *m.tail],
-            "codecs": inner,
-            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
-            "index_location": "end"}}],
+        "codecs": [
+            {
+                "name": "sharding_indexed",
+                "configuration": {
+                    "chunk_shape": [m.chunk_rows, *m.tail],
+                    "codecs": inner,
+                    "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+                    "index_location": "end",
+                },
+            }
+        ],
         "attributes": attrs or {},
         "dimension_names": dims_of(array, field, len(m.tail)),
     }
@@ -129,8 +149,11 @@ def group_json(attrs: dict) -> bytes:
 def encode_chunk(values: np.ndarray, m: FieldMeta) -> bytes:
     """One inner chunk: padded to ``chunk_rows`` with the fill value, then its codecs."""
     if len(values) < m.chunk_rows:
-        full = np.zeros((m.chunk_rows, *m.tail), dtype=values.dtype) if not m.strings else \
-            np.full(m.chunk_rows, "", dtype=values.dtype)
+        full = (
+            np.zeros((m.chunk_rows, *m.tail), dtype=values.dtype)
+            if not m.strings
+            else np.full(m.chunk_rows, "", dtype=values.dtype)
+        )
         full[: len(values)] = values
         values = full
     if m.strings:
@@ -144,7 +167,9 @@ def decode_chunk(raw: bytes, m: FieldMeta, where: str) -> np.ndarray:
         if m.strings:
             return _VLEN.decode(_ZSTD.decode(raw)).astype(m.dtype)
         shape = (m.chunk_rows, *m.tail)
-        why = check_blosc(memoryview(raw).cast("B"), int(np.prod(shape)) * m.dtype.itemsize, typesize_of(m.dtype.itemsize))
+        why = check_blosc(
+            memoryview(raw).cast("B"), int(np.prod(shape)) * m.dtype.itemsize, typesize_of(m.dtype.itemsize)
+        )
         if why is not None:  # checked before the buffer is sized by the metadata
             raise ValueError(why)
         return decode_blosc(raw, np.empty(shape, dtype=m.dtype))
@@ -157,7 +182,7 @@ def encode_shard(values: np.ndarray, m: FieldMeta) -> bytes:
     parts, index = [], np.full((m.shard_chunks, 2), _EMPTY, dtype="<u8")
     pos = 0
     for i in range(0, len(values), m.chunk_rows):
-        b = encode_chunk(values[i: i + m.chunk_rows], m)
+        b = encode_chunk(values[i : i + m.chunk_rows], m)
         index[i // m.chunk_rows] = (pos, len(b))
         parts.append(b)
         pos += len(b)
@@ -181,7 +206,7 @@ def read_field(store: Store, m: FieldMeta, first: int, n: int) -> np.ndarray:
         lo, hi = int(sel[0, 0]), int(sel[-1, 0] + sel[-1, 1])
         raw = store.get(key, start=lo, end=hi)
         for off, size in sel:
-            rows.append(decode_chunk(raw[int(off) - lo: int(off + size) - lo], m, f"{store.url}: {key}"))
+            rows.append(decode_chunk(raw[int(off) - lo : int(off + size) - lo], m, f"{store.url}: {key}"))
         chunk += k1 - k0
     out = np.concatenate(rows) if len(rows) > 1 else rows[0]
     end = min((first + n) * m.chunk_rows, m.length) - first * m.chunk_rows
@@ -192,8 +217,9 @@ class ColumnarArray(L5Array):
     """One table of the zarr v3 layout, with :class:`~l5dask.prediction.reading.L5Array`'s API: chunks of
     L5Kit records, of only the fields :meth:`select`-ed (the others are never read)."""
 
-    def __init__(self, store: Store, meta: fmt.ArrayMeta, fields: dict[str, FieldMeta],
-                 selected: tuple[str, ...] | None = None) -> None:
+    def __init__(
+        self, store: Store, meta: fmt.ArrayMeta, fields: dict[str, FieldMeta], selected: tuple[str, ...] | None = None
+    ) -> None:
         super().__init__(store, meta, True)
         self.fields, self.selected = fields, selected
 
@@ -219,7 +245,7 @@ class ColumnarArray(L5Array):
         start = self.meta.chunk_bounds(first)[0]
         for i in range(first, first + n):
             a, b = self.meta.chunk_bounds(i)
-            yield a, block[a - start: b - start]
+            yield a, block[a - start : b - start]
 
     def read_rows(self, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
         if hi <= lo:
@@ -227,12 +253,18 @@ class ColumnarArray(L5Array):
         rows = self.meta.chunk_rows
         c0 = lo // rows
         block = self.read(c0, (hi - 1) // rows + 1 - c0)
-        out[...] = block[lo - c0 * rows: hi - c0 * rows]
+        out[...] = block[lo - c0 * rows : hi - c0 * rows]
         return out
 
     def __dask_tokenize__(self):
-        return ("l5dask.ColumnarArray", self.store.__dask_tokenize__(), self.meta.name, self.meta.length,
-                self.meta.chunk_rows, self.selected)
+        return (
+            "l5dask.ColumnarArray",
+            self.store.__dask_tokenize__(),
+            self.meta.name,
+            self.meta.length,
+            self.meta.chunk_rows,
+            self.selected,
+        )
 
 
 def _field_meta(store: Store, key: str, where: str) -> FieldMeta:
@@ -250,13 +282,24 @@ def _field_meta(store: Store, key: str, where: str) -> FieldMeta:
         chunk = shard["configuration"]["chunk_shape"]
     except (ValueError, KeyError, TypeError, IndexError):
         raise FormatError(f"{where}: {key}/zarr.json is not an array of l5dask's columnar layout") from None
-    if not (isinstance(shape, list) and 1 <= len(shape) <= 8 and all(fmt.is_count(v) for v in shape)
-            and isinstance(outer, list) and isinstance(chunk, list) and len(outer) == len(chunk) == len(shape)
-            and fmt.is_count(chunk[0], 1) and fmt.is_count(outer[0], 1) and outer[0] % chunk[0] == 0
-            and outer[0] // chunk[0] <= fmt.MAX_CHUNKS and list(chunk[1:]) == list(shape[1:])
-            and int(np.prod(chunk, dtype=object)) * 64 <= fmt.MAX_CHUNK_NBYTES):
-        raise FormatError(f"{where}: {key}/zarr.json: shape {shape!r}, shards {outer!r} and chunks {chunk!r} "
-                          "are not whole numbers of rows that l5dask reads")
+    if not (
+        isinstance(shape, list)
+        and 1 <= len(shape) <= 8
+        and all(fmt.is_count(v) for v in shape)
+        and isinstance(outer, list)
+        and isinstance(chunk, list)
+        and len(outer) == len(chunk) == len(shape)
+        and fmt.is_count(chunk[0], 1)
+        and fmt.is_count(outer[0], 1)
+        and outer[0] % chunk[0] == 0
+        and outer[0] // chunk[0] <= fmt.MAX_CHUNKS
+        and list(chunk[1:]) == list(shape[1:])
+        and int(np.prod(chunk, dtype=object)) * 64 <= fmt.MAX_CHUNK_NBYTES
+    ):
+        raise FormatError(
+            f"{where}: {key}/zarr.json: shape {shape!r}, shards {outer!r} and chunks {chunk!r} "
+            "are not whole numbers of rows that l5dask reads"
+        )
     if meta["data_type"] == "string":
         if names != ["vlen-utf8", "zstd"]:
             raise FormatError(f"{where}: {key}: unsupported codecs {names}")
@@ -319,5 +362,7 @@ def columnar_arrays(store: Store) -> tuple[dict[str, L5Array], dict]:
                 raise FormatError(f"{store.url}: {name}/{f} does not match the table's dtype and length")
             if m.strings:
                 object.__setattr__(m, "dtype", sub.base)
-        arrays[name] = ColumnarArray(store, fmt.check_size(fmt.ArrayMeta(name, dtype, length, rows), f"{store.url}: {name}"), fields)
+        arrays[name] = ColumnarArray(
+            store, fmt.check_size(fmt.ArrayMeta(name, dtype, length, rows), f"{store.url}: {name}"), fields
+        )
     return arrays, {k: v for k, v in attrs.items() if k != "l5dask"}

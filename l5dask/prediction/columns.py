@@ -41,15 +41,20 @@ from l5dask.prediction.kernels import distance_to_parent, gather, norm2
 ENCODED_RUN = 16
 
 #: The row index column of each array.
-INDEX = {fmt.SCENES: "scene_index", fmt.FRAMES: "frame_index", fmt.AGENTS: "agent_index",
-         fmt.TL_FACES: "tl_face_index"}
+INDEX = {fmt.SCENES: "scene_index", fmt.FRAMES: "frame_index", fmt.AGENTS: "agent_index", fmt.TL_FACES: "tl_face_index"}
 #: The interval field of each child's parent, and the parent.
-PARENT = {fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
-          fmt.AGENTS: (fmt.FRAMES, "agent_index_interval"),
-          fmt.TL_FACES: (fmt.FRAMES, "traffic_light_faces_index_interval")}
+PARENT = {
+    fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
+    fmt.AGENTS: (fmt.FRAMES, "agent_index_interval"),
+    fmt.TL_FACES: (fmt.FRAMES, "traffic_light_faces_index_interval"),
+}
 #: Short names of subarray fields' columns (others: ``{field}_{element}``).
-PREFIX = {"ego_translation": "ego", "frame_index_interval": "frame_index",
-          "agent_index_interval": "agent_index", "traffic_light_faces_index_interval": "tl_face_index"}
+PREFIX = {
+    "ego_translation": "ego",
+    "frame_index_interval": "frame_index",
+    "agent_index_interval": "agent_index",
+    "traffic_light_faces_index_interval": "tl_face_index",
+}
 NS_PER_HOUR = 3_600_000_000_000
 
 
@@ -81,8 +86,9 @@ class Chunk:
     numbers and argmaxes are then gathered straight from the compressed bytes, and the records
     are decoded only if a column needs them as records."""
 
-    def __init__(self, columns: dict[str, Column], data: Any, start: int, parent: Rows | None,
-                 parent_start: str = "start") -> None:
+    def __init__(
+        self, columns: dict[str, Column], data: Any, start: int, parent: Rows | None, parent_start: str = "start"
+    ) -> None:
         self.columns, self._data, self.start, self.parent = columns, data, start, parent
         self.parent_start = parent_start
         self._cols: dict[str, np.ndarray] = {}
@@ -114,8 +120,11 @@ class Chunk:
         wanted = [c for c in self.columns.values() if c.element is not None and c.name not in self._cols]
         maxed = [c for c in self.columns.values() if c.argmax is not None and c.name not in self._cols]
         elements, argmax = [c.element for c in wanted], [c.argmax for c in maxed]
-        values, maxes = gather(self._data, elements, argmax) if isinstance(self._data, np.ndarray) else \
-            self._data.gather(elements, argmax)
+        values, maxes = (
+            gather(self._data, elements, argmax)
+            if isinstance(self._data, np.ndarray)
+            else self._data.gather(elements, argmax)
+        )
         self._cols.update(zip([c.name for c in wanted], values))
         self._cols.update(zip([c.name for c in maxed], maxes))
 
@@ -208,8 +217,10 @@ def element_names(name: str, shape: tuple[int, ...], labels: tuple[str, ...]) ->
     if known and all(c is not None for c in known[1]) and len(known[1]) == len(shape):
         import itertools
 
-        return [(f"{prefix}_{''.join(parts)}", idx) for idx, parts in
-                zip(itertools.product(*(range(n) for n in shape)), itertools.product(*known[1]))]
+        return [
+            (f"{prefix}_{''.join(parts)}", idx)
+            for idx, parts in zip(itertools.product(*(range(n) for n in shape)), itertools.product(*known[1]))
+        ]
     import itertools
 
     return [(f"{prefix}_{'_'.join(map(str, idx))}", idx) for idx in itertools.product(*(range(n) for n in shape))]
@@ -236,8 +247,9 @@ class Table:
     def __post_init__(self) -> None:
         self.array = {v: k for k, v in fmt.SHORT_NAMES.items()}.get(self.array, self.array)
         if self.array not in fmt.ARRAY_NAMES:
-            raise UsageError(f"unknown array {self.array!r}; the arrays are "
-                              f"{', '.join(fmt.SHORT_NAMES[n] for n in fmt.ARRAY_NAMES)}")
+            raise UsageError(
+                f"unknown array {self.array!r}; the arrays are {', '.join(fmt.SHORT_NAMES[n] for n in fmt.ARRAY_NAMES)}"
+            )
         self.source = self.ds[self.array]
         self._build()
 
@@ -262,8 +274,16 @@ class Table:
         for name in dtype.names:
             sub = dtype.fields[name][0]
             if sub.kind == "U" and name == "host":
-                self._add(Column("host", "stored", np.dtype(np.int32), _partial(_codes, "host", self._hosts()),
-                                 fields=("host",), categories=self._hosts()))
+                self._add(
+                    Column(
+                        "host",
+                        "stored",
+                        np.dtype(np.int32),
+                        _partial(_codes, "host", self._hosts()),
+                        fields=("host",),
+                        categories=self._hosts(),
+                    )
+                )
             elif sub.shape:
                 for col, idx in element_names(name, sub.shape, self.ds.labels):
                     self._add(self._stored(col, name, idx, sub.base))
@@ -271,38 +291,89 @@ class Table:
                 self._add(self._stored(name, name, (), sub))
         names = dtype.names
         if "label_probabilities" in names:
-            self._add(Column("label", "derived", np.dtype(np.int8), _partial(_gathered, "label"),
-                             fields=("label_probabilities",), categories=tuple(self.ds.labels),
-                             argmax="label_probabilities"))
+            self._add(
+                Column(
+                    "label",
+                    "derived",
+                    np.dtype(np.int8),
+                    _partial(_gathered, "label"),
+                    fields=("label_probabilities",),
+                    categories=tuple(self.ds.labels),
+                    argmax="label_probabilities",
+                )
+            )
         if "traffic_light_face_status" in names:
-            self._add(Column("status", "derived", np.dtype(np.int8), _partial(_gathered, "status"),
-                             fields=("traffic_light_face_status",), categories=tuple(fmt.TL_FACE_STATUSES),
-                             argmax="traffic_light_face_status"))
+            self._add(
+                Column(
+                    "status",
+                    "derived",
+                    np.dtype(np.int8),
+                    _partial(_gathered, "status"),
+                    fields=("traffic_light_face_status",),
+                    categories=tuple(fmt.TL_FACE_STATUSES),
+                    argmax="traffic_light_face_status",
+                )
+            )
         if "velocity" in names:
             self._add(Column("speed", "derived", np.dtype(np.float64), _speed, needs=("velocity_x", "velocity_y")))
-        for fld, col in (("frame_index_interval", "num_frames"), ("agent_index_interval", "num_agents"),
-                         ("traffic_light_faces_index_interval", "num_tl_faces")):
+        for fld, col in (
+            ("frame_index_interval", "num_frames"),
+            ("agent_index_interval", "num_agents"),
+            ("traffic_light_faces_index_interval", "num_tl_faces"),
+        ):
             if fld in names:
                 self._add(Column(col, "derived", np.dtype(np.int64), _partial(_length, fld), fields=(fld,)))
         # joins
         if a == fmt.FRAMES:
             self._add(Column("scene_index", "join", np.dtype(np.int64), _parent_index, parent=("start",)))
-            self._add(Column("host", "join", np.dtype(np.int32), _partial(_parent_col, "host", (), np.int32),
-                             parent=("host",), categories=self._hosts()))
+            self._add(
+                Column(
+                    "host",
+                    "join",
+                    np.dtype(np.int32),
+                    _partial(_parent_col, "host", (), np.int32),
+                    parent=("host",),
+                    categories=self._hosts(),
+                )
+            )
         elif a in (fmt.AGENTS, fmt.TL_FACES):
             i64, f8 = np.dtype(np.int64), np.dtype(np.float64)
             self._add(Column("frame_index", "join", i64, _parent_index, parent=(self.parent_start,)))
             self._add(Column("scene_index", "join", i64, _partial(_parent_col, "scene", (), i64), parent=("scene",)))
-            self._add(Column("timestamp", "join", i64, _partial(_parent_col, "timestamp", (), i64),
-                             parent=("timestamp",)))
-            self._add(Column("host", "join", np.dtype(np.int32), _partial(_parent_col, "host", (), np.int32),
-                             parent=("host",), categories=self._hosts()))
+            self._add(
+                Column("timestamp", "join", i64, _partial(_parent_col, "timestamp", (), i64), parent=("timestamp",))
+            )
+            self._add(
+                Column(
+                    "host",
+                    "join",
+                    np.dtype(np.int32),
+                    _partial(_parent_col, "host", (), np.int32),
+                    parent=("host",),
+                    categories=self._hosts(),
+                )
+            )
             for i, axis in enumerate("xy"):
-                self._add(Column(f"ego_{axis}", "join", f8, _partial(_parent_col, "ego_translation", (i,), f8),
-                                 parent=("ego_translation",)))
+                self._add(
+                    Column(
+                        f"ego_{axis}",
+                        "join",
+                        f8,
+                        _partial(_parent_col, "ego_translation", (i,), f8),
+                        parent=("ego_translation",),
+                    )
+                )
             if "centroid" in names:
-                self._add(Column("distance_to_ego", "derived", f8, _distance, needs=("centroid_x", "centroid_y"),
-                                 parent=("ego_translation",)))
+                self._add(
+                    Column(
+                        "distance_to_ego",
+                        "derived",
+                        f8,
+                        _distance,
+                        needs=("centroid_x", "centroid_y"),
+                        parent=("ego_translation",),
+                    )
+                )
         if "timestamp" in self.columns:
             if self.columns["timestamp"].kind == "join":
                 self._add(Column("hour", "derived", np.dtype(np.int8), _parent_hour, parent=("timestamp",)))
@@ -320,7 +391,6 @@ class Table:
     def host_names(self) -> tuple[str, ...]:
         """The distinct hosts of the dataset's scenes, sorted (read once, in one task)."""
         if self.hosts is None:
-
             scenes = Job().read(self.ds[fmt.SCENES])
             self.hosts = tuple(np.unique(scenes["host"]).tolist())
         return self.hosts
@@ -335,8 +405,10 @@ class Table:
         names = list(names)
         unknown = [n for n in names if n not in self.columns]
         if unknown:
-            raise UsageError(f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                              f"for {fmt.SHORT_NAMES[self.array]}; the columns are: {', '.join(self.columns)}")
+            raise UsageError(
+                f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+                f"for {fmt.SHORT_NAMES[self.array]}; the columns are: {', '.join(self.columns)}"
+            )
         return names
 
     def closure(self, names: Iterable[str]) -> list[Column]:
@@ -407,7 +479,9 @@ class Selection:
         c = self.chunk(data, start, parent)
         return {n: c[n] for n in self.names}
 
-    def block(self, first: int, n: int, rows: Rows | None, blocks: tuple = ()) -> tuple[int, np.ndarray, dict[str, np.ndarray]]:
+    def block(
+        self, first: int, n: int, rows: Rows | None, blocks: tuple = ()
+    ) -> tuple[int, np.ndarray, dict[str, np.ndarray]]:
         """Stored chunks ``first .. first + n - 1`` read as one block (each decoded once) and the
         selected columns made of it, given the parent ``rows`` or the parent pass's ``blocks``:
         ``(first row, records, columns)``."""
@@ -416,7 +490,9 @@ class Selection:
         data = self.source.read(first, n)
         return lo, data, self.arrays(data, lo, parent)
 
-    def columns_of(self, first: int, n: int, rows: Rows | None, blocks: tuple = ()) -> tuple[int, int, dict[str, np.ndarray]]:
+    def columns_of(
+        self, first: int, n: int, rows: Rows | None, blocks: tuple = ()
+    ) -> tuple[int, int, dict[str, np.ndarray]]:
         """The selected columns of stored chunks ``first .. first + n - 1``, each decoded once:
         ``(first row, end row, columns)``.
 
@@ -429,14 +505,16 @@ class Selection:
         lo = self.source.chunk_bounds(first)[0]
         hi = self.source.chunk_bounds(first + n - 1)[1] if n else lo
         if hasattr(self.source, "read_encoded"):
-            pieces = ((self.source.chunk_bounds(f)[0], self.source.read_encoded(f, min(ENCODED_RUN, first + n - f)))
-                      for f in range(first, first + n, ENCODED_RUN))
+            pieces = (
+                (self.source.chunk_bounds(f)[0], self.source.read_encoded(f, min(ENCODED_RUN, first + n - f)))
+                for f in range(first, first + n, ENCODED_RUN)
+            )
         else:
             pieces = self.source.iter_chunks(first, n)
         out = {name: np.empty(hi - lo, self.columns[name].dtype) for name in self.names}
         for start, data in pieces:
             for name, values in self.arrays(data, start, parent).items():
-                out[name][start - lo: start - lo + len(values)] = values
+                out[name][start - lo : start - lo + len(values)] = values
         return lo, hi, out
 
     def empty(self) -> dict[str, np.ndarray]:

@@ -43,8 +43,11 @@ def pandas_frame(selection: Selection, cols: dict[str, np.ndarray], lo: int, hi:
     for name in selection.names:
         col = selection.columns[name]
         values = cols[name]
-        data[name] = pd.Categorical.from_codes(values, dtype=category_dtype(col.categories), validate=False) \
-            if col.categorical else values
+        data[name] = (
+            pd.Categorical.from_codes(values, dtype=category_dtype(col.categories), validate=False)
+            if col.categorical
+            else values
+        )
     return pd.DataFrame(data, index=pd.RangeIndex(lo, hi, name=INDEX[selection.array]), copy=False)
 
 
@@ -60,8 +63,13 @@ def default_columns(table: Table) -> list[str]:
     return [n for n, c in table.columns.items() if c.kind == "stored"]
 
 
-def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None = None, joins: Sequence[str] = (),
-                      chunks_per_task: int | None = None):
+def to_dask_dataframe(
+    ds,
+    array: str = "agents",
+    columns: Sequence[str] | None = None,
+    joins: Sequence[str] = (),
+    chunks_per_task: int | None = None,
+):
     """A dask DataFrame of one array of ``ds``, its row index as the index (known divisions).
 
     Parameters
@@ -86,8 +94,10 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     not_joins = [j for j in joins if not table.parent_columns([j])]
     if not_joins:
         join_names = [n for n in table.columns if table.parent_columns([n])]
-        raise UsageError(f"not a join column of {fmt.SHORT_NAMES[table.array]}: {', '.join(not_joins)}; the join "
-                          f"columns are: {', '.join(join_names) or 'none (scenes have no parent)'}")
+        raise UsageError(
+            f"not a join column of {fmt.SHORT_NAMES[table.array]}: {', '.join(not_joins)}; the join "
+            f"columns are: {', '.join(join_names) or 'none (scenes have no parent)'}"
+        )
     names = (list(columns) if columns is not None else default_columns(table)) + joins
     index = INDEX[table.array]
     names = [n for n in dict.fromkeys(names) if n != index]
@@ -95,12 +105,15 @@ def to_dask_dataframe(ds, array: str = "agents", columns: Sequence[str] | None =
     source = selection.source
     row_bytes = sum(selection.columns[n].dtype.itemsize for n in selection.names)
     chunks_per_task = chunks_per_task or collection_chunks_per_task(
-        source.nchunks, row_bytes=row_bytes, chunk_rows=source.chunk_bounds(0)[1] if source.nchunks else None)
+        source.nchunks, row_bytes=row_bytes, chunk_rows=source.chunk_bounds(0)[1] if source.nchunks else None
+    )
     groups = Job(chunks_per_task=chunks_per_task).groups(Pass(source), guided=False)
     meta = pandas_frame(selection, selection.empty(), 0, 0)
     if not groups:
         return dd.from_pandas(meta, npartitions=1)
-    bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]]
+    bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + [
+        source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]
+    ]
     divisions = tuple(bounds[:-1]) + (bounds[-1] - 1,)
     token = tokenize(selection, groups)
     name = f"l5-df-{fmt.SHORT_NAMES[table.array]}-{token}"
@@ -158,14 +171,15 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     """
     from dask import delayed
 
-
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:
         raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by + [column] if c not in df.columns]
     if missing:
-        raise UsageError(f"no column {', '.join(map(repr, missing))}; the columns are: {', '.join(map(str, df.columns))}")
+        raise UsageError(
+            f"no column {', '.join(map(repr, missing))}; the columns are: {', '.join(map(str, df.columns))}"
+        )
     dtypes = df.dtypes
     for b in by:
         if not (isinstance(dtypes[b], pd.CategoricalDtype) or np.dtype(dtypes[b]).kind in "biu"):

@@ -113,8 +113,13 @@ class L5Dataset:
 
         return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name), chunks_per_task)
 
-    def to_dask_dataframe(self, array: str = "agents", columns: Sequence[str] | None = None,
-                          joins: Sequence[str] = (), chunks_per_task: int | None = None):
+    def to_dask_dataframe(
+        self,
+        array: str = "agents",
+        columns: Sequence[str] | None = None,
+        joins: Sequence[str] = (),
+        chunks_per_task: int | None = None,
+    ):
         """One array as a dask DataFrame with named (and join) columns; see
         :func:`l5dask.prediction.dataframe.to_dask_dataframe`."""
         from l5dask.prediction.dataframe import (
@@ -178,5 +183,3 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         arrays[name] = L5Array(store, meta, fmt.is_compressed(raw))
         check_last_chunk(store, meta, arrays[name].compressed)
     return L5Dataset(store, arrays, attrs)
-
-

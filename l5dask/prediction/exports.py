@@ -85,13 +85,15 @@ def _write_parquet(out: Store, folder: str, selection: Selection, first: int, n:
     if out.local:
         os.makedirs(os.path.dirname(out.path(key)), exist_ok=True)
     with out.fs.open(out.path(key), "wb") as f:
-        pq.write_table(table, f, row_group_size=selection.source.meta.chunk_rows, compression="zstd",
-                       write_statistics=True)
+        pq.write_table(
+            table, f, row_group_size=selection.source.meta.chunk_rows, compression="zstd", write_statistics=True
+        )
     return len(data)
 
 
-def _write_shards(out: Store, metas: dict[str, FieldMeta], selection: Selection, first: int, n: int, rows,
-                  *blocks) -> int:
+def _write_shards(
+    out: Store, metas: dict[str, FieldMeta], selection: Selection, first: int, n: int, rows, *blocks
+) -> int:
     _, data, cols = selection.block(first, n, rows, blocks)
     shard = first // CHUNKS_PER_SHARD
     for name, m in metas.items():
@@ -142,9 +144,17 @@ def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bo
     return final, None
 
 
-def export(dataset: Any, output: Any, format: str = "parquet", *, storage_options: dict | None = None,
-           overwrite: bool = False, client: Any = None, chunks_per_task: int | None = None,
-           progress: bool = False) -> dict[str, int]:
+def export(
+    dataset: Any,
+    output: Any,
+    format: str = "parquet",
+    *,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
+    client: Any = None,
+    chunks_per_task: int | None = None,
+    progress: bool = False,
+) -> dict[str, int]:
     """Export every array of a dataset as Parquet (``format="parquet"``) or as the zarr v3
     columnar layout (``"zarr3"``, see :mod:`l5dask.prediction.columnar`); returns the rows written by array.
 
@@ -185,8 +195,12 @@ def export(dataset: Any, output: Any, format: str = "parquet", *, storage_option
         graph[(top, n)] = Task((top, n), _done, *[TaskRef(k) for k in ks])
     graph[top] = Task(top, _named, list(fmt.SHORT_NAMES[n] for n in roots), *[TaskRef((top, n)) for n in roots])
     try:
-        rows = compute(Delayed(top, HighLevelGraph.from_collections(top, graph, dependencies=[])),
-                       client=job.client, progress=job.progress, **job.kw)
+        rows = compute(
+            Delayed(top, HighLevelGraph.from_collections(top, graph, dependencies=[])),
+            client=job.client,
+            progress=job.progress,
+            **job.kw,
+        )
         if fmt_name == "zarr3":
             _zarr3_metadata(out, ds, metas_of)
         if final is not None:
@@ -226,9 +240,20 @@ def _zarr3_metadata(out: Store, ds: L5Dataset, metas_of: dict[str, dict[str, Fie
             elif f in JOINS[name]:
                 attrs["description"] = f"join column: the {f} of each row (l5dask)"
             put_json(m.key, array_json(name, f, m, attrs))
-        put_json(name, group_json({"l5kit_dtype": fmt.descr_from_dtype(arr.dtype), "length": len(arr),
-                                   "chunk_rows": arr.meta.chunk_rows}))
-    root = json.loads(group_json({"l5dask": {"layout": LAYOUT, "version": LAYOUT_VERSION, "source": ds.url},
-                                  "format_version": fmt.FORMAT_VERSION, "labels": list(ds.labels)}))
+        put_json(
+            name,
+            group_json(
+                {"l5kit_dtype": fmt.descr_from_dtype(arr.dtype), "length": len(arr), "chunk_rows": arr.meta.chunk_rows}
+            ),
+        )
+    root = json.loads(
+        group_json(
+            {
+                "l5dask": {"layout": LAYOUT, "version": LAYOUT_VERSION, "source": ds.url},
+                "format_version": fmt.FORMAT_VERSION,
+                "labels": list(ds.labels),
+            }
+        )
+    )
     root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": nodes}
     put(out, "zarr.json", json.dumps(root, indent=1).encode())

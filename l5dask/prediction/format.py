@@ -211,12 +211,20 @@ def dtype_from_descr(descr: Any, where: str) -> np.dtype:
         name, base = entry[0], entry[1]
         if not isinstance(base, str):
             raise FormatError(f"{where}: field {name!r} has a nested or unsupported dtype {_short(base)}")
-        base_dt = safe_dtype(base, _ALLOWED_KINDS, f"{where}: field {name!r} has",
-                             "which would need object/pickle decoding; refusing to read it")
+        base_dt = safe_dtype(
+            base,
+            _ALLOWED_KINDS,
+            f"{where}: field {name!r} has",
+            "which would need object/pickle decoding; refusing to read it",
+        )
         if len(entry) == 3:
             shape = entry[2]
-            if not (isinstance(shape, list) and len(shape) <= 8 and all(is_count(s, 0, MAX_CHUNK_NBYTES) for s in shape)
-                    and int(np.prod(shape, dtype=object)) * base_dt.itemsize <= MAX_CHUNK_NBYTES):
+            if not (
+                isinstance(shape, list)
+                and len(shape) <= 8
+                and all(is_count(s, 0, MAX_CHUNK_NBYTES) for s in shape)
+                and int(np.prod(shape, dtype=object)) * base_dt.itemsize <= MAX_CHUNK_NBYTES
+            ):
                 raise FormatError(f"{where}: field {name!r} has a malformed shape {_short(shape)}")
             fields.append((name, base_dt, tuple(shape)))
         else:
@@ -296,11 +304,15 @@ def check_size(meta: ArrayMeta, where: str) -> ArrayMeta:
     if meta.dtype.itemsize == 0:
         raise FormatError(f"{where}: records of 0 bytes")
     if meta.chunk_nbytes > MAX_CHUNK_NBYTES:
-        raise FormatError(f"{where}: chunks of {meta.chunk_rows:,} rows of {meta.dtype.itemsize:,} bytes "
-                          f"({meta.chunk_nbytes:,} bytes), more than a blosc chunk holds ({MAX_CHUNK_NBYTES:,})")
+        raise FormatError(
+            f"{where}: chunks of {meta.chunk_rows:,} rows of {meta.dtype.itemsize:,} bytes "
+            f"({meta.chunk_nbytes:,} bytes), more than a blosc chunk holds ({MAX_CHUNK_NBYTES:,})"
+        )
     if meta.nchunks > MAX_CHUNKS:
-        raise FormatError(f"{where}: {meta.length:,} rows in {meta.nchunks:,} chunks of {meta.chunk_rows:,}, "
-                          f"more chunks than l5dask reads ({MAX_CHUNKS:,}); rechunk the array")
+        raise FormatError(
+            f"{where}: {meta.length:,} rows in {meta.nchunks:,} chunks of {meta.chunk_rows:,}, "
+            f"more chunks than l5dask reads ({MAX_CHUNKS:,}); rechunk the array"
+        )
     return meta
 
 
@@ -323,8 +335,10 @@ def parse_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
     if not (isinstance(shape, list) and len(shape) == 1 and isinstance(chunks, list) and len(chunks) == 1):
         raise FormatError(f"{where}: expected a 1-D array, got shape {shape!r} chunks {chunks!r}")
     if not (is_count(shape[0]) and is_count(chunks[0], 1)):
-        raise FormatError(f"{where}: invalid shape {_short(shape)} or chunks {_short(chunks)} "
-                          f"(whole numbers, rows up to {MAX_ROWS:,}, chunks of at least one row)")
+        raise FormatError(
+            f"{where}: invalid shape {_short(shape)} or chunks {_short(chunks)} "
+            f"(whole numbers, rows up to {MAX_ROWS:,}, chunks of at least one row)"
+        )
     if meta.get("filters"):
         raise FormatError(f"{where}: filters {meta['filters']!r} are not supported (L5Kit writes none)")
     comp = meta.get("compressor")
@@ -362,14 +376,23 @@ def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
         raise FormatError(f"{where}: dtype {descr!r} is not a plain number type")
     base = safe_dtype(descr, set("biuf"), f"{where}: it has", "which is not a number type; refusing to read it")
     shape, chunks = meta.get("shape"), meta.get("chunks")
-    ok = (isinstance(shape, list) and isinstance(chunks, list) and 1 <= len(shape) == len(chunks) <= 8
-          and all(is_count(v) for v in shape + chunks) and chunks[0] > 0)
+    ok = (
+        isinstance(shape, list)
+        and isinstance(chunks, list)
+        and 1 <= len(shape) == len(chunks) <= 8
+        and all(is_count(v) for v in shape + chunks)
+        and chunks[0] > 0
+    )
     if not ok or list(chunks[1:]) != list(shape[1:]):
-        raise FormatError(f"{where}: expected chunks along the first axis only, got shape {_short(shape)} "
-                          f"chunks {_short(chunks)}")
+        raise FormatError(
+            f"{where}: expected chunks along the first axis only, got shape {_short(shape)} chunks {_short(chunks)}"
+        )
     comp = meta.get("compressor")
-    if meta.get("filters") or meta.get("order", "C") != "C" or (
-            comp is not None and (not isinstance(comp, dict) or comp.get("id") != "blosc")):
+    if (
+        meta.get("filters")
+        or meta.get("order", "C") != "C"
+        or (comp is not None and (not isinstance(comp, dict) or comp.get("id") != "blosc"))
+    ):
         raise FormatError(f"{where}: only blosc-compressed C-order arrays without filters are supported")
     tail = tuple(shape[1:])
     if int(np.prod(tail, dtype=object)) * base.itemsize > MAX_CHUNK_NBYTES:
@@ -396,8 +419,12 @@ def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, 
     }
     if tail:
         base = dtype.fields["value"][0].base
-        meta.update(chunks=[chunk_rows, *tail], shape=[length, *tail], dtype=base.str,
-                    fill_value=0 if base.kind in "biu" else 0.0)
+        meta.update(
+            chunks=[chunk_rows, *tail],
+            shape=[length, *tail],
+            dtype=base.str,
+            fill_value=0 if base.kind in "biu" else 0.0,
+        )
     return json.dumps(meta, indent=4, sort_keys=True, ensure_ascii=True).encode()
 
 
@@ -411,10 +438,13 @@ def parse_zattrs(raw: bytes | None, where: str) -> dict[str, Any]:
         raise FormatError(f"{where}: .zattrs is not a JSON object")
     labels = attrs.get("labels")
     if labels is not None:
-        if not (isinstance(labels, list) and len(labels) == len(LABELS)
-                and all(isinstance(x, str) and x for x in labels)):
-            raise FormatError(f"{where}: .zattrs labels must be {len(LABELS)} names (strings), one per label "
-                              f"probability; found {_short(labels)}")
+        if not (
+            isinstance(labels, list) and len(labels) == len(LABELS) and all(isinstance(x, str) and x for x in labels)
+        ):
+            raise FormatError(
+                f"{where}: .zattrs labels must be {len(LABELS)} names (strings), one per label "
+                f"probability; found {_short(labels)}"
+            )
         if len(set(labels)) != len(labels):
             twice = sorted({x for x in labels if labels.count(x) > 1})
             raise FormatError(f"{where}: .zattrs labels must be distinct; {_short(twice)} appear more than once")

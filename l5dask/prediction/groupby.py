@@ -76,8 +76,9 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
             table[:, j] = (uniq // stride) % spans[j] + los[j]
             stride *= spans[j]
         return codes.astype(np.int64), len(uniq), table
-    table, codes = np.unique(np.stack([k.astype(np.int64, copy=False) for k in keys], axis=1), axis=0,
-                             return_inverse=True)
+    table, codes = np.unique(
+        np.stack([k.astype(np.int64, copy=False) for k in keys], axis=1), axis=0, return_inverse=True
+    )
     return codes.reshape(-1).astype(np.int64), len(table), table
 
 
@@ -124,8 +125,14 @@ def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarra
     return g[starts], b[starts], np.diff(np.r_[starts, len(g)])
 
 
-def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dict[str, set[str]],
-               quantile_bits: int = QUANTILE_BITS, keep: np.ndarray | None = None, n: int | None = None) -> GroupPart:
+def group_part(
+    keys: list[np.ndarray],
+    values: dict[str, np.ndarray],
+    needs: dict[str, set[str]],
+    quantile_bits: int = QUANTILE_BITS,
+    keep: np.ndarray | None = None,
+    n: int | None = None,
+) -> GroupPart:
     """The partial of ``n`` rows (default: the keys' or the values' length): grouped by ``keys``
     (integer columns), each value column reduced to the statistics it ``needs`` (an integer column
     only counted may be left empty); rows where ``keep`` is False left out."""
@@ -154,8 +161,9 @@ def group_part(keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dic
             continue
         v = v.astype(np.float64, copy=False)
         if need & {"n", "sum", "min", "max", "m2"}:
-            count, total, lo, hi = group_reduce(codes, v, ngroups, sums="sum" in need or "m2" in need,
-                                                mins="min" in need, maxs="max" in need)
+            count, total, lo, hi = group_reduce(
+                codes, v, ngroups, sums="sum" in need or "m2" in need, mins="min" in need, maxs="max" in need
+            )
             stats["n"] = count
             if "sum" in need or "m2" in need:
                 stats["sum"] = total
@@ -197,7 +205,7 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
     else:
         uniq, inv = np.unique(keys, axis=0, return_inverse=True)
     inv = inv.reshape(-1)
-    ia, ib, size = inv[: len(a)], inv[len(a):], len(uniq)
+    ia, ib, size = inv[: len(a)], inv[len(a) :], len(uniq)
     rows = _scatter(size, ia, a.rows, 0)
     rows[ib] += b.rows
     out = GroupPart(uniq, rows)
@@ -216,8 +224,11 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
                 ma = np.divide(ta, na, out=np.zeros(size), where=na > 0)
                 mb = np.divide(tb, nb, out=np.zeros(size), where=nb > 0)
                 delta = mb - ma
-                s["m2"] = _scatter(size, ia, sa["m2"], 0.0) + _scatter(size, ib, sb["m2"], 0.0) + \
-                    np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=n > 0)
+                s["m2"] = (
+                    _scatter(size, ia, sa["m2"], 0.0)
+                    + _scatter(size, ib, sb["m2"], 0.0)
+                    + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=n > 0)
+                )
         if "min" in sa:
             s["min"] = np.minimum(_scatter(size, ia, sa["min"], np.inf), _scatter(size, ib, sb["min"], np.inf))
         if "max" in sa:
@@ -249,7 +260,7 @@ def combine_delayed(parts: list) -> Any:
 
     fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
     while len(parts) > 1:
-        parts = [delayed(_combine_all)(*parts[i: i + fan_in]) for i in range(0, len(parts), fan_in)]
+        parts = [delayed(_combine_all)(*parts[i : i + fan_in]) for i in range(0, len(parts), fan_in)]
     return parts[0] if isinstance(parts[0], Delayed) else delayed(parts[0])
 
 
@@ -260,8 +271,9 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(t >= 0.5, b - diff * (1 - t), out)
 
 
-def sketch_quantiles(sketch: tuple[np.ndarray, np.ndarray, np.ndarray], ngroups: int, q: float,
-                     bits: int) -> np.ndarray:
+def sketch_quantiles(
+    sketch: tuple[np.ndarray, np.ndarray, np.ndarray], ngroups: int, q: float, bits: int
+) -> np.ndarray:
     """Quantile ``q`` of each group (NaN for a group without values), numpy's "linear" method."""
     g, b, cnt = sketch
     n = np.bincount(g, weights=cnt, minlength=ngroups).astype(np.int64)

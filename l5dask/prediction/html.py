@@ -33,29 +33,40 @@ def render(report: dict[str, Any], elapsed_s: float | None = None) -> str:
                 text = f"{v:.2f}" if isinstance(v, (float, np.floating)) else str(v)
             cells.append(f"<td>{html.escape(text)}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
-    more = f"<p>First {MAX_TABLE_ROWS} of {n:,} scenes (the whole table: <code>--scenes-table</code>).</p>" \
-        if n > MAX_TABLE_ROWS else ""
+    more = (
+        f"<p>First {MAX_TABLE_ROWS} of {n:,} scenes (the whole table: <code>--scenes-table</code>).</p>"
+        if n > MAX_TABLE_ROWS
+        else ""
+    )
     took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""
     head, values, labels, extra = summary_rows(report)
-    summary = ("<table class=\"summary\"><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
-               + "</tr></thead><tbody><tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in values)
-               + "</tr></tbody></table>"
-               + "<div class=\"labels\">" + "".join(f"<div>{html.escape(short_label(name))}: {n:,} ({share:.2f} %)</div>"
-                                                 for name, n, share in labels) + "</div>"
-               + f"<p>{html.escape(extra)}</p>")
-    identity = (f"{c['scenes']:,} scenes, {c['frames']:,} frames, {c['agents']:,} agents, "
-                f"{c['tl_faces']:,} traffic-light faces &middot; computed {now}{took} &middot; l5dask {__version__}")
+    summary = (
+        '<table class="summary"><thead><tr>'
+        + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+        + "</tr></thead><tbody><tr>"
+        + "".join(f"<td>{html.escape(v)}</td>" for v in values)
+        + "</tr></tbody></table>"
+        + '<div class="labels">'
+        + "".join(f"<div>{html.escape(short_label(name))}: {n:,} ({share:.2f} %)</div>" for name, n, share in labels)
+        + "</div>"
+        + f"<p>{html.escape(extra)}</p>"
+    )
+    identity = (
+        f"{c['scenes']:,} scenes, {c['frames']:,} frames, {c['agents']:,} agents, "
+        f"{c['tl_faces']:,} traffic-light faces &middot; computed {now}{took} &middot; l5dask {__version__}"
+    )
     body = f"""<h2>Summary</h2>
 {summary}
 <h2>Figures</h2>
 <div class="figures">{figures}</div>
 <h2>Scenes</h2>
-{more}<div class="scroll"><table><thead><tr>{''.join(f'<th>{html.escape(col)}</th>' for col in cols)}</tr></thead>
-<tbody>{''.join(rows)}</tbody></table></div>"""
+{more}<div class="scroll"><table><thead><tr>{"".join(f"<th>{html.escape(col)}</th>" for col in cols)}</tr></thead>
+<tbody>{"".join(rows)}</tbody></table></div>"""
     return page(f"l5dask report: {report.get('dataset', 'dataset')}", identity, body)
 
 
-def write_html(report: dict[str, Any], path: str, elapsed_s: float | None = None,
-               storage_options: dict | None = None) -> None:
+def write_html(
+    report: dict[str, Any], path: str, elapsed_s: float | None = None, storage_options: dict | None = None
+) -> None:
     """Write the page atomically (a failed run leaves no partial file)."""
     write_page(render(report, elapsed_s), path, storage_options)

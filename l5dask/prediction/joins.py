@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     import dask.array as da
 
 #: The interval field linking each child array to its parent.
-PARENT = {fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
-          fmt.AGENTS: (fmt.FRAMES, "agent_index_interval"),
-          fmt.TL_FACES: (fmt.FRAMES, "traffic_light_faces_index_interval")}
+PARENT = {
+    fmt.FRAMES: (fmt.SCENES, "frame_index_interval"),
+    fmt.AGENTS: (fmt.FRAMES, "agent_index_interval"),
+    fmt.TL_FACES: (fmt.FRAMES, "traffic_light_faces_index_interval"),
+}
 
 
 class Deferred(Mapping):
@@ -111,8 +113,12 @@ class FramesPass:
         """The scenes, read whole once (in one task; their intervals checked)."""
         if self._scenes is None:
             scenes = (self.job or Job()).read(self.ds[fmt.SCENES])
-            check_intervals(scenes["frame_index_interval"].reshape(-1, 2), fmt.SCENES, "frame_index_interval",
-                            len(self.ds[fmt.FRAMES]))
+            check_intervals(
+                scenes["frame_index_interval"].reshape(-1, 2),
+                fmt.SCENES,
+                "frame_index_interval",
+                len(self.ds[fmt.FRAMES]),
+            )
             self._scenes = scenes
         return self._scenes
 
@@ -132,9 +138,14 @@ class FramesPass:
         starts, fields = tuple(sorted(self.starts)), tuple(sorted(self.fields))
         child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
         intervals = {f: len(ds[c]) for c, f in child.items() if f in starts}
-        return Pass(ds[fmt.FRAMES], parent=Link(self.scene_rows(), "start"),
-                    rows=functools.partial(frame_rows, starts=starts, fields=fields), intervals=intervals,
-                    blocks=True, name="frames-join")
+        return Pass(
+            ds[fmt.FRAMES],
+            parent=Link(self.scene_rows(), "start"),
+            rows=functools.partial(frame_rows, starts=starts, fields=fields),
+            intervals=intervals,
+            blocks=True,
+            name="frames-join",
+        )
 
     def run(self) -> tuple[Any, dict]:
         """The persisted pass (its intervals checked) and its graph entries, once per set of columns."""
@@ -199,8 +210,15 @@ class Joins:
                 rows = self._frames.scene_rows()
                 for i in range(len(chunks)):
                     lo, hi = int(bounds[i]), int(bounds[i + 1])
-                    graph[(name, i)] = Task((name, i), _take, lo, hi, "start", "host" if column == "host" else "index",
-                                            rows.overlapping(lo, hi, "start"))
+                    graph[(name, i)] = Task(
+                        (name, i),
+                        _take,
+                        lo,
+                        hi,
+                        "start",
+                        "host" if column == "host" else "index",
+                        rows.overlapping(lo, hi, "start"),
+                    )
                 return graph
             persisted, entries = self._frames.run()
             graph.update(entries)
@@ -279,8 +297,11 @@ def chunk_tasks(ds, selection, groups: list[tuple[int, int]], keys: list, func, 
     from dask.task_spec import Task
 
     source = selection.source
-    bounds = [source.chunk_bounds(f)[0] for f, _ in groups] + \
-        [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]] if groups else [0]
+    bounds = (
+        [source.chunk_bounds(f)[0] for f, _ in groups] + [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]]
+        if groups
+        else [0]
+    )
     graph: dict = {}
     frames = parent_frames(ds, selection, job)
     if frames is None:

@@ -38,11 +38,28 @@ from l5dask.prediction._kernels import range_codes as _range_codes
 from l5dask.prediction._kernels import track_runs as _track_runs
 from l5dask.prediction._kernels import uniform_histogram, union_sorted
 
-__all__ = ["agent_chunk", "argmax_counts", "argmax_rows", "gather", "Gather", "group_reduce", "int_range", "mix_codes", "distinct_values", "track_runs", "union_sorted", "uniform_histogram"]
+__all__ = [
+    "agent_chunk",
+    "argmax_counts",
+    "argmax_rows",
+    "gather",
+    "Gather",
+    "group_reduce",
+    "int_range",
+    "mix_codes",
+    "distinct_values",
+    "track_runs",
+    "union_sorted",
+    "uniform_histogram",
+]
 
 #: The field types the compiled loops read (native byte order).
-AGENT_TYPES = {"label_probabilities": np.dtype(np.float32), "velocity": np.dtype(np.float32),
-               "centroid": np.dtype(np.float64), "track_id": np.dtype(np.uint64)}
+AGENT_TYPES = {
+    "label_probabilities": np.dtype(np.float32),
+    "velocity": np.dtype(np.float32),
+    "centroid": np.dtype(np.float64),
+    "track_id": np.dtype(np.uint64),
+}
 
 
 def layout(records: np.ndarray, types: dict[str, np.dtype]) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
@@ -60,9 +77,19 @@ def layout(records: np.ndarray, types: dict[str, np.dtype]) -> tuple[np.ndarray,
     return records, records.view(np.uint8).reshape(-1), {f: fields[f][1] for f in types}
 
 
-def agent_chunk(records: np.ndarray, frame_starts: np.ndarray, ego_xy: np.ndarray, lo: int,
-                speed_width: float, dist_width: float, label_counts: np.ndarray, speed_hist: np.ndarray,
-                dist_hist: np.ndarray, frame_pos: np.ndarray, track_ids: np.ndarray) -> float:
+def agent_chunk(
+    records: np.ndarray,
+    frame_starts: np.ndarray,
+    ego_xy: np.ndarray,
+    lo: int,
+    speed_width: float,
+    dist_width: float,
+    label_counts: np.ndarray,
+    speed_hist: np.ndarray,
+    dist_hist: np.ndarray,
+    frame_pos: np.ndarray,
+    track_ids: np.ndarray,
+) -> float:
     """Add the agents ``records`` (first row: agent ``lo``) to the label counts and both histograms;
     fill ``frame_pos`` with each row's position in ``frame_starts`` and ``track_ids`` (uint64) with
     its track id; return the sum of speeds.
@@ -71,16 +98,37 @@ def agent_chunk(records: np.ndarray, frame_starts: np.ndarray, ego_xy: np.ndarra
     """
     if not len(records):
         return 0.0
-    if not len(frame_starts) or len(ego_xy) != len(frame_starts) or len(frame_pos) < len(records) \
-            or len(track_ids) < len(records):
+    if (
+        not len(frame_starts)
+        or len(ego_xy) != len(frame_starts)
+        or len(frame_pos) < len(records)
+        or len(track_ids) < len(records)
+    ):
         raise ValueError("agent_chunk: the frames of the rows, and an output slot per row, are needed")
     nlabels = records.dtype.fields["label_probabilities"][0].shape[0]
     if len(label_counts) != nlabels:
         raise ValueError(f"agent_chunk: {nlabels} label probabilities a row, but {len(label_counts)} label counts")
     records, buf, off = layout(records, AGENT_TYPES)
-    return _agent_chunk(buf, len(records), records.dtype.itemsize, off["label_probabilities"], nlabels, off["velocity"], off["centroid"], off["track_id"],
-                        np.ascontiguousarray(frame_starts, np.int64), np.ascontiguousarray(ego_xy, np.float64), lo,
-                        speed_width, dist_width, label_counts, speed_hist, dist_hist, frame_pos, track_ids)
+    return _agent_chunk(
+        buf,
+        len(records),
+        records.dtype.itemsize,
+        off["label_probabilities"],
+        nlabels,
+        off["velocity"],
+        off["centroid"],
+        off["track_id"],
+        np.ascontiguousarray(frame_starts, np.int64),
+        np.ascontiguousarray(ego_xy, np.float64),
+        lo,
+        speed_width,
+        dist_width,
+        label_counts,
+        speed_hist,
+        dist_hist,
+        frame_pos,
+        track_ids,
+    )
 
 
 def track_runs(track_ids: np.ndarray, frame_pos: np.ndarray, frame_scene: np.ndarray):
@@ -90,11 +138,18 @@ def track_runs(track_ids: np.ndarray, frame_pos: np.ndarray, frame_scene: np.nda
     ``first_ids``/``last_ids`` are the sorted distinct ids of the first and last run (they may
     go on in the neighbouring chunks). Ids are marked in a table when dense, else sorted.
     """
-    if not len(track_ids) or len(frame_pos) != len(track_ids) or int(frame_pos.max()) >= len(frame_scene) \
-            or int(frame_pos.min()) < 0:
+    if (
+        not len(track_ids)
+        or len(frame_pos) != len(track_ids)
+        or int(frame_pos.max()) >= len(frame_scene)
+        or int(frame_pos.min()) < 0
+    ):
         raise ValueError("track_runs: a frame position per row, each within frame_scene, is needed")
-    return _track_runs(np.ascontiguousarray(track_ids, np.uint64), np.ascontiguousarray(frame_pos, np.int64),
-                       np.ascontiguousarray(frame_scene, np.int64))
+    return _track_runs(
+        np.ascontiguousarray(track_ids, np.uint64),
+        np.ascontiguousarray(frame_pos, np.int64),
+        np.ascontiguousarray(frame_scene, np.int64),
+    )
 
 
 def distinct_values(records: np.ndarray, field: str) -> np.ndarray:
@@ -104,8 +159,9 @@ def distinct_values(records: np.ndarray, field: str) -> np.ndarray:
     if not records.flags.c_contiguous:
         records = np.ascontiguousarray(records)
     sub, offset = records.dtype.fields[field][:2]
-    return _distinct_rows(records.view(np.uint8).reshape(-1), len(records), records.dtype.itemsize, offset,
-                          sub.itemsize)
+    return _distinct_rows(
+        records.view(np.uint8).reshape(-1), len(records), records.dtype.itemsize, offset, sub.itemsize
+    )
 
 
 def argmax_counts(records: np.ndarray, field: str, counts: np.ndarray) -> None:
@@ -131,8 +187,9 @@ def argmax_rows(records: np.ndarray, field: str) -> np.ndarray:
     return out
 
 
-def group_reduce(codes: np.ndarray, values: np.ndarray, ngroups: int, sums: bool = True, mins: bool = False,
-                 maxs: bool = False) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+def group_reduce(
+    codes: np.ndarray, values: np.ndarray, ngroups: int, sums: bool = True, mins: bool = False, maxs: bool = False
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Per group ``0 .. ngroups - 1`` of the rows' ``codes``: the number of values that are not
     NaN, their sum, minimum and maximum (``None`` when not asked; NaN-free groups: inf/-inf)."""
     codes = np.ascontiguousarray(codes, np.int64)
@@ -154,8 +211,9 @@ _KEY_TYPES = tuple(np.dtype(t) for t in (np.int8, np.int16, np.int32, np.int64, 
 
 
 def _key(k: np.ndarray) -> np.ndarray:
-    return k if k.dtype in _KEY_TYPES and k.dtype.isnative and k.flags.c_contiguous else \
-        np.ascontiguousarray(k, np.int64)
+    return (
+        k if k.dtype in _KEY_TYPES and k.dtype.isnative and k.flags.c_contiguous else np.ascontiguousarray(k, np.int64)
+    )
 
 
 def int_range(k: np.ndarray) -> tuple[int, int]:
@@ -186,8 +244,13 @@ def distance_to_parent(x: np.ndarray, y: np.ndarray, parent_xyz: np.ndarray, pos
     its parent's row ``pos`` in ``parent_xyz`` (an ego translation): numpy's formula on the parent
     columns taken per row, in one compiled pass without the takes."""
     out = np.empty(len(x), np.float64)
-    _distance_to_parent(np.ascontiguousarray(x, np.float64), np.ascontiguousarray(y, np.float64),
-                        np.ascontiguousarray(parent_xyz, np.float64), np.ascontiguousarray(pos, np.int64), out)
+    _distance_to_parent(
+        np.ascontiguousarray(x, np.float64),
+        np.ascontiguousarray(y, np.float64),
+        np.ascontiguousarray(parent_xyz, np.float64),
+        np.ascontiguousarray(pos, np.int64),
+        out,
+    )
     return out
 
 
@@ -207,12 +270,15 @@ class Gather:
     ``()`` for a scalar field) as contiguous arrays of their base dtype, and the argmax (int8;
     first maximum, as numpy) of float32 fields; made by the compiled loops when ``native``."""
 
-    def __init__(self, dtype: np.dtype, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()) -> None:
+    def __init__(
+        self, dtype: np.dtype, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+    ) -> None:
         fields = dtype.fields
         self.dtype, self.elements, self.argmax = dtype, list(elements), list(argmax)
         self.dtypes = [fields[f][0].base for f, _ in self.elements]
-        self.native = all(dt.isnative and dt.kind in "biuf" for dt in self.dtypes) and \
-            all(fields[f][0].base == np.dtype(np.float32) and 0 < fields[f][0].shape[0] <= 127 for f in self.argmax)
+        self.native = all(dt.isnative and dt.kind in "biuf" for dt in self.dtypes) and all(
+            fields[f][0].base == np.dtype(np.float32) and 0 < fields[f][0].shape[0] <= 127 for f in self.argmax
+        )
         offsets = []
         for (f, idx), dt in zip(self.elements, self.dtypes):
             sub, off = fields[f][:2]
@@ -228,9 +294,14 @@ class Gather:
     def _addresses(self, outs: list[np.ndarray], maxes: list[np.ndarray], end: int) -> tuple[np.ndarray, np.ndarray]:
         """The outputs' addresses for the compiled loops, which write rows up to ``end``: checked
         to be contiguous arrays of the plan's types that hold them."""
-        if len(outs) != len(self.dtypes) or len(maxes) != len(self.argmax) or not all(
+        if (
+            len(outs) != len(self.dtypes)
+            or len(maxes) != len(self.argmax)
+            or not all(
                 isinstance(o, np.ndarray) and o.dtype == dt and o.flags.c_contiguous and len(o) >= end
-                for o, dt in zip([*outs, *maxes], [*self.dtypes, *[np.dtype(np.int8)] * len(maxes)])):
+                for o, dt in zip([*outs, *maxes], [*self.dtypes, *[np.dtype(np.int8)] * len(maxes)])
+            )
+        ):
             raise ValueError(f"gather: an output per column, contiguous, of its type and at least {end} rows expected")
         return np.array([o.ctypes.data for o in outs], np.int64), np.array([o.ctypes.data for o in maxes], np.int64)
 
@@ -241,16 +312,33 @@ class Gather:
             return
         if not self.native or not records.flags.c_contiguous:
             for out, (f, idx) in zip(outs, self.elements):
-                out[row0: row0 + n] = records[f][(slice(None), *idx)]
+                out[row0 : row0 + n] = records[f][(slice(None), *idx)]
             for out, f in zip(maxes, self.argmax):
-                out[row0: row0 + n] = argmax_rows(records, f)
+                out[row0 : row0 + n] = argmax_rows(records, f)
             return
         dests, adests = self._addresses([o[row0:] for o in outs], [o[row0:] for o in maxes], n)
-        _gather_fields(records.view(np.uint8).reshape(-1), n, records.dtype.itemsize, self.offsets, self.sizes, dests,
-                       self.argmax_offsets, self.argmax_ncols, adests)
+        _gather_fields(
+            records.view(np.uint8).reshape(-1),
+            n,
+            records.dtype.itemsize,
+            self.offsets,
+            self.sizes,
+            dests,
+            self.argmax_offsets,
+            self.argmax_ncols,
+            adests,
+        )
 
-    def blosc(self, raw, chunk_rows: int, rows: int, outs: list[np.ndarray], maxes: list[np.ndarray], row0: int,
-              scratch: np.ndarray) -> tuple[bool, np.ndarray]:
+    def blosc(
+        self,
+        raw,
+        chunk_rows: int,
+        rows: int,
+        outs: list[np.ndarray],
+        maxes: list[np.ndarray],
+        row0: int,
+        scratch: np.ndarray,
+    ) -> tuple[bool, np.ndarray]:
         """Straight from one blosc-compressed chunk of ``chunk_rows`` records: its first ``rows``
         into rows ``row0 ..`` of the outputs, without decoding the records (``_blosc.h``).
         ``(done, scratch)``: not done for a chunk of another kind, or corrupt (decode it instead);
@@ -258,8 +346,16 @@ class Gather:
         status, scratch = self.blosc_status(raw, chunk_rows, rows, outs, maxes, row0, scratch)
         return status == 0, scratch
 
-    def blosc_status(self, raw, chunk_rows: int, rows: int, outs: list[np.ndarray], maxes: list[np.ndarray],
-                     row0: int, scratch: np.ndarray) -> tuple[int, np.ndarray]:
+    def blosc_status(
+        self,
+        raw,
+        chunk_rows: int,
+        rows: int,
+        outs: list[np.ndarray],
+        maxes: list[np.ndarray],
+        row0: int,
+        scratch: np.ndarray,
+    ) -> tuple[int, np.ndarray]:
         """As :meth:`blosc`, with the compiled reader's status: 0 done, 1 a chunk of another kind,
         -1 corrupt (one c-blosc refuses too: ``tests/test_properties.py``)."""
         if not self.native or sys.byteorder != "little":
@@ -273,13 +369,26 @@ class Gather:
         if row0 < 0 or not 0 <= rows <= chunk_rows:
             raise ValueError("gather: rows of the chunk out of range")
         dests, adests = self._addresses(outs, maxes, row0 + rows)
-        status = _gather_blosc(buf, self.dtype.itemsize, chunk_rows, rows, row0, scratch, self.offsets, self.sizes,
-                               dests, self.argmax_offsets, self.argmax_ncols, adests)
+        status = _gather_blosc(
+            buf,
+            self.dtype.itemsize,
+            chunk_rows,
+            rows,
+            row0,
+            scratch,
+            self.offsets,
+            self.sizes,
+            dests,
+            self.argmax_offsets,
+            self.argmax_ncols,
+            adests,
+        )
         return status, scratch
 
 
-def gather(records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]],
-           argmax: Sequence[str] = ()) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def gather(
+    records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """In one pass over the records: elements of fields of each row (``(field, index)``; ``()``
     for a scalar field) as contiguous arrays of their base dtype, and the argmax (int8; first
     maximum, as numpy) of each float32 field in ``argmax`` (see :class:`Gather`)."""

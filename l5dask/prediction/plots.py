@@ -30,8 +30,9 @@ def label_mix(report: dict[str, Any], ax=None):
     bars = ax.barh(names, values, color="#3b6ea8")
     ax.set_xscale("log")
     for bar, v in zip(bars, values):
-        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {100 * v / total:.2f} %", va="center",
-                fontsize=8)
+        ax.text(
+            bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {100 * v / total:.2f} %", va="center", fontsize=8
+        )
     ax.set_xlabel("agents (log scale)")
     ax.set_title("Label mix (most probable label)")
     return ax
@@ -43,14 +44,25 @@ def speed_histogram(report: dict[str, Any], ax=None):
     hist = report["agents"]["speed_mps"]["histogram"]
     total = max(sum(hist["counts"]), 1)
     parked = 100 * hist["counts"][0] / total
-    return histogram(axes(ax), hist, "speed (m/s)", f"Agent speed ({parked:.0f} % below {hist['edges'][1]:g} m/s)",
-                      "#4c9a5d", log=True)
+    return histogram(
+        axes(ax),
+        hist,
+        "speed (m/s)",
+        f"Agent speed ({parked:.0f} % below {hist['edges'][1]:g} m/s)",
+        "#4c9a5d",
+        log=True,
+    )
 
 
 def distance_histogram(report: dict[str, Any], ax=None):
     """Agents' distance to the ego in m (last bar: overflow)."""
-    return histogram(axes(ax), report["agents"]["distance_to_ego_m"]["histogram"], "distance to ego (m)",
-                      "Distance to the ego", "#b5643c")
+    return histogram(
+        axes(ax),
+        report["agents"]["distance_to_ego_m"]["histogram"],
+        "distance to ego (m)",
+        "Distance to the ego",
+        "#b5643c",
+    )
 
 
 def agents_per_frame(report: dict[str, Any], ax=None):
@@ -94,7 +106,7 @@ def scene_map(report: dict[str, Any], ax=None):
 
 
 def _scene_slices(ds, index: int):
-    scenes = ds[fmt.SCENES].to_dask(fields=["frame_index_interval"])[index: index + 1].compute()
+    scenes = ds[fmt.SCENES].to_dask(fields=["frame_index_interval"])[index : index + 1].compute()
     f0, f1 = (int(v) for v in scenes["frame_index_interval"][0])
     frames = ds[fmt.FRAMES].to_dask()[f0:f1].compute()
     return f0, f1, frames
@@ -115,8 +127,9 @@ def scene(ds, index: int, ax=None, max_tracks: int = 200):
     ego = frames["ego_translation"]
     ax.plot(ego[:, 0], ego[:, 1], color="black", lw=2.5, label="ego")
     ax.set_aspect("equal", adjustable="datalim")
-    ax.set_title(f"Scene {index}: ego and agent tracks (blue car, red pedestrian, green cyclist, grey unknown)",
-                 fontsize=9)
+    ax.set_title(
+        f"Scene {index}: ego and agent tracks (blue car, red pedestrian, green cyclist, grey unknown)", fontsize=9
+    )
     ax.legend(fontsize=8)
     return ax
 
@@ -135,8 +148,15 @@ def traffic_lights(ds, index: int, ax=None):
     from matplotlib.colors import ListedColormap
 
     seconds = (frames["timestamp"][-1] - frames["timestamp"][0]) / 1e9
-    ax.imshow(img, aspect="auto", interpolation="nearest", cmap=ListedColormap(["#2ecc71", "#7f8c8d", "#f39c12"]),
-              vmin=0, vmax=2, extent=(0, seconds, len(ids) - 0.5, -0.5))
+    ax.imshow(
+        img,
+        aspect="auto",
+        interpolation="nearest",
+        cmap=ListedColormap(["#2ecc71", "#7f8c8d", "#f39c12"]),
+        vmin=0,
+        vmax=2,
+        extent=(0, seconds, len(ids) - 0.5, -0.5),
+    )
     ax.set_yticks(range(len(ids)), ids, fontsize=6)
     ax.set_xlabel("time in scene (s)")
     ax.set_title(f"Scene {index}: traffic-light faces (green ACTIVE, grey INACTIVE, orange UNKNOWN)", fontsize=9)

@@ -23,6 +23,7 @@ from l5dask.prediction.kernels import Gather
 if TYPE_CHECKING:
     import dask.array as da
 
+
 def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     """A packed copy of ``records`` with only ``fields`` (all of them when ``None``)."""
     if fields is None or tuple(fields) == records.dtype.names:
@@ -38,15 +39,18 @@ def check_chunk(raw, meta: fmt.ArrayMeta, compressed: bool, key: str) -> None:
     it (:mod:`l5dask.core.codec`): its header agrees with the array's metadata. ``ChunkError`` naming
     the array, the chunk and what is wrong otherwise."""
     if compressed:
-        why = check_blosc(raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"),
-                          meta.chunk_nbytes, meta.typesize)
+        why = check_blosc(
+            raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"), meta.chunk_nbytes, meta.typesize
+        )
     else:
         why = None if len(raw) == meta.chunk_nbytes else f"holds {len(raw)} bytes, expected {meta.chunk_nbytes}"
     if why is not None:
         raise ChunkError(f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({why})")
 
 
-def decode_chunk(raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, out: np.ndarray | None = None) -> np.ndarray:
+def decode_chunk(
+    raw: bytes, meta: fmt.ArrayMeta, compressed: bool, key: str, out: np.ndarray | None = None
+) -> np.ndarray:
     """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if
     given: all of its rows are written, or ``ChunkError``); the chunk is checked
     (:func:`check_chunk`) before anything is allocated for it."""
@@ -74,8 +78,14 @@ def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: i
     return list(zip(indices, raws))
 
 
-def iter_chunks(store: Store, meta: fmt.ArrayMeta, compressed: bool, first_chunk: int, nchunks: int,
-                scratch: np.ndarray | None = None):
+def iter_chunks(
+    store: Store,
+    meta: fmt.ArrayMeta,
+    compressed: bool,
+    first_chunk: int,
+    nchunks: int,
+    scratch: np.ndarray | None = None,
+):
     """Yield ``(start row, records)`` for ``nchunks`` stored chunks from ``first_chunk`` on.
 
     The objects are fetched together (concurrently on object stores); each chunk is decoded
@@ -133,7 +143,7 @@ class Encoded:
         for index, raw in self.chunks:
             start, stop = meta.chunk_bounds(index)
             if start >= lo and start + rows <= hi:
-                decode_chunk(raw, meta, self.compressed, str(index), out=out[start - lo: start - lo + rows])
+                decode_chunk(raw, meta, self.compressed, str(index), out=out[start - lo : start - lo + rows])
                 continue
             a, b = max(lo, start), min(hi, stop)
             if a >= b:
@@ -142,11 +152,12 @@ class Encoded:
                 scratch = np.empty(rows, dtype=meta.dtype)
             decode_chunk(raw, meta, self.compressed, str(index), out=scratch)
             # as bytes: a memcpy (a structured copy goes field by field, 3x slower)
-            out[a - lo: b - lo].view(np.uint8)[:] = scratch[a - start: b - start].view(np.uint8)
+            out[a - lo : b - lo].view(np.uint8)[:] = scratch[a - start : b - start].view(np.uint8)
         return out
 
-    def gather(self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
-               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def gather(
+        self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """As :func:`l5dask.prediction.kernels.gather` of ``records()``, without making them."""
 
         plan = Gather(self.meta.dtype, elements, argmax)
@@ -188,7 +199,7 @@ def read_block(
     out = np.empty(stop - start, dtype=project(np.empty(0, meta.dtype), fields).dtype)
     for lo, records in iter_chunks(store, meta, compressed, first_chunk, nchunks):
         for f in fields:
-            out[f][lo - start: lo - start + len(records)] = records[f]
+            out[f][lo - start : lo - start + len(records)] = records[f]
     return out
 
 
@@ -248,8 +259,15 @@ class L5Array:
         return read_block(self.store, self.meta, self.compressed, first, n, self._fields(fields))
 
     def __dask_tokenize__(self):
-        return ("l5dask.L5Array", self.store.__dask_tokenize__(), self.meta.name, self.meta.length,
-                self.meta.chunk_rows, self.meta.dtype.descr, self.compressed)
+        return (
+            "l5dask.L5Array",
+            self.store.__dask_tokenize__(),
+            self.meta.name,
+            self.meta.length,
+            self.meta.chunk_rows,
+            self.meta.dtype.descr,
+            self.compressed,
+        )
 
     def _fields(self, fields: Sequence[str] | str | None) -> tuple[str, ...] | None:
         if fields is None:
@@ -299,16 +317,14 @@ class L5Array:
                 for i in range(int(np.searchsorted(hi, start, "right")), int(np.searchsorted(lo, stop, "left"))):
                     a, b = max(int(lo[i]), start), min(int(hi[i]), stop)
                     at = int(offset[i]) + a - int(lo[i])
-                    out[at: at + b - a].view(np.uint8)[:] = records[a - start: b - start].view(np.uint8)
+                    out[at : at + b - a].view(np.uint8)[:] = records[a - start : b - start].view(np.uint8)
         return out if out is not None else np.empty(0, self.dtype)
 
     def read_chunk(self, index: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
         """Read and decode one stored chunk (eagerly, in this process)."""
         return self.read(index, 1, fields)
 
-    def to_dask(
-        self, fields: Sequence[str] | str | None = None, chunks_per_task: int = 1
-    ) -> da.Array:
+    def to_dask(self, fields: Sequence[str] | str | None = None, chunks_per_task: int = 1) -> da.Array:
         """The array as a 1-D dask array of records, one task per stored chunk.
 
         Parameters
@@ -336,8 +352,12 @@ class L5Array:
         # per-field getitem layers by dask's blockwise optimisation.
         return da.map_blocks(
             _read_block_id,
-            self, chunks_per_task, fields,
-            chunks=(chunks,), dtype=dtype, meta=np.empty(0, dtype=dtype),
+            self,
+            chunks_per_task,
+            fields,
+            chunks=(chunks,),
+            dtype=dtype,
+            meta=np.empty(0, dtype=dtype),
             name=f"l5-read-{meta.name}-{token}",
         )
 
@@ -358,14 +378,20 @@ def check_last_chunk(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> Non
     except ChunkError:
         head = None
         if compressed:
-            raise FormatError(f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
-                              f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk "
-                              f"({key!r}) is not stored") from None
+            raise FormatError(
+                f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
+                f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk "
+                f"({key!r}) is not stored"
+            ) from None
     if head is not None:
         why = check_blosc(head, meta.chunk_nbytes, meta.typesize, header_only=True)
         if why is not None:
-            raise FormatError(f"{store.url}: array {meta.name!r}: its last chunk ({key!r}) does not match its "
-                              f".zarray ({meta.chunk_rows:,} rows of {meta.dtype.itemsize:,} bytes): {why}")
+            raise FormatError(
+                f"{store.url}: array {meta.name!r}: its last chunk ({key!r}) does not match its "
+                f".zarray ({meta.chunk_rows:,} rows of {meta.dtype.itemsize:,} bytes): {why}"
+            )
     elif not store.exists(key):
-        raise FormatError(f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
-                          f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk ({key!r}) is not stored")
+        raise FormatError(
+            f"{store.url}: array {meta.name!r}: its .zarray says {meta.length:,} rows in "
+            f"{meta.nchunks:,} chunks of {meta.chunk_rows:,}, but the last chunk ({key!r}) is not stored"
+        )

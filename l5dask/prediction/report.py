@@ -54,16 +54,21 @@ def compute_report(
         Run on this cluster.
     """
     if client is None and scheduler is None and scheduler_address():
-
         if default_client() is None:
             with connect() as own:  # DASK_SCHEDULER_ADDRESS: the API runs there too, as the CLI does
-                return compute_report(dataset, storage_options=storage_options, chunks_per_task=chunks_per_task,
-                                      progress=progress, client=own)
+                return compute_report(
+                    dataset,
+                    storage_options=storage_options,
+                    chunks_per_task=chunks_per_task,
+                    progress=progress,
+                    client=own,
+                )
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS].select(AGENT_FIELDS)
     frames = frames.select([f for f in FRAME_FIELDS if f in frames.dtype.names])
-    job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress,
-              size_for=agents.nchunks)  # the agents are most of the work
+    job = Job(
+        client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=agents.nchunks
+    )  # the agents are most of the work
     counts = ds.counts()
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in frames.dtype.names
 
@@ -79,16 +84,26 @@ def compute_report(
     intervals = {"agent_index_interval": counts["agents"]}
     if has_tl:
         intervals["traffic_light_faces_index_interval"] = counts["tl_faces"]
-    frame_pass = Pass(frames, frames_reduction(has_tl, samples), parent=Link(scene_rows(scenes), "start"),
-                      rows=frame_rows, intervals=intervals, blocks=True)
+    frame_pass = Pass(
+        frames,
+        frames_reduction(has_tl, samples),
+        parent=Link(scene_rows(scenes), "start"),
+        rows=frame_rows,
+        intervals=intervals,
+        blocks=True,
+    )
     tl_pass = [Pass(ds[fmt.TL_FACES], TL_FACES, priority=-1)] if ds.has(fmt.TL_FACES) else []
     frames_done, *tl_done = job.persist(frame_pass, *tl_pass)
 
     # 3. agents, each task given only the frame rows it overlaps; the combines and the report, one compute
-    agent_pass = Pass(agents, agents_reduction(agents.dtype["label_probabilities"].shape[0]),
-                      parent=frames_done.link("agent_index_interval", "agent_start"))
-    report = job.compute([frames_done, agent_pass, *tl_done], final=finalize, name="l5-report",
-                         args=(counts, list(ds.labels), scenes))
+    agent_pass = Pass(
+        agents,
+        agents_reduction(agents.dtype["label_probabilities"].shape[0]),
+        parent=frames_done.link("agent_index_interval", "agent_start"),
+    )
+    report = job.compute(
+        [frames_done, agent_pass, *tl_done], final=finalize, name="l5-report", args=(counts, list(ds.labels), scenes)
+    )
     report["dataset"] = ds.url
     return report
 
@@ -101,17 +116,39 @@ def write_scene_table(report: dict[str, Any], path: str, storage_options: dict |
 def summary_rows(report: dict[str, Any]) -> tuple[list[str], list[str], list[tuple[str, int, float]], str]:
     """L5Kit's summary (its column names and values), the label mix (name, agents, %), one more line."""
     c, s = report["counts"], report["summary"]
-    head = ["Num Scenes", "Num Frames", "Num Agents", "Num TR lights", "Total Time (hr)", "Avg Frames per Scene",
-            "Avg Agents per Frame", "Avg Scene Time (sec)", "Avg Frame frequency"]
-    vals = [f"{c['scenes']:,}", f"{c['frames']:,}", f"{c['agents']:,}", f"{c['tl_faces']:,}",
-            f"{s['total_time_hours']:.2f}", f"{s['avg_frames_per_scene']:.2f}", f"{s['avg_agents_per_frame']:.2f}",
-            f"{s['avg_scene_time_s']:.2f}", f"{s['frame_frequency_hz']:.2f}"]
+    head = [
+        "Num Scenes",
+        "Num Frames",
+        "Num Agents",
+        "Num TR lights",
+        "Total Time (hr)",
+        "Avg Frames per Scene",
+        "Avg Agents per Frame",
+        "Avg Scene Time (sec)",
+        "Avg Frame frequency",
+    ]
+    vals = [
+        f"{c['scenes']:,}",
+        f"{c['frames']:,}",
+        f"{c['agents']:,}",
+        f"{c['tl_faces']:,}",
+        f"{s['total_time_hours']:.2f}",
+        f"{s['avg_frames_per_scene']:.2f}",
+        f"{s['avg_agents_per_frame']:.2f}",
+        f"{s['avg_scene_time_s']:.2f}",
+        f"{s['frame_frequency_hz']:.2f}",
+    ]
     total = max(c["agents"], 1)
-    labels = [(name, n, 100 * n / total) for name, n in
-              sorted(report["agents"]["label_counts"].items(), key=lambda kv: -kv[1]) if n]
-    extra = (f"Distinct tracks: {report['tracks']['count']:,}   "
-             f"mean agent speed: {report['agents']['speed_mps']['mean']:.2f} m/s   "
-             f"ego distance: {report['ego']['total_distance_km']:.1f} km")
+    labels = [
+        (name, n, 100 * n / total)
+        for name, n in sorted(report["agents"]["label_counts"].items(), key=lambda kv: -kv[1])
+        if n
+    ]
+    extra = (
+        f"Distinct tracks: {report['tracks']['count']:,}   "
+        f"mean agent speed: {report['agents']['speed_mps']['mean']:.2f} m/s   "
+        f"ego distance: {report['ego']['total_distance_km']:.1f} km"
+    )
     return head, vals, labels, extra
 
 

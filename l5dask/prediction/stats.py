@@ -105,8 +105,13 @@ PATH_DTYPE = np.dtype([("scene", np.int64), ("x", np.float64), ("y", np.float64)
 #: Ego path points kept for the overview map: one frame in this many (2.5 s at 10 Hz), and each scene's last.
 PATH_EVERY = 25
 
-FRAME_SERIES_OPS = {"num_agents": "sum", "num_tl_faces": "sum", "ego_distance_m": "sum",
-                    "first_ts": "min", "last_ts": "max"}
+FRAME_SERIES_OPS = {
+    "num_agents": "sum",
+    "num_tl_faces": "sum",
+    "ego_distance_m": "sum",
+    "first_ts": "min",
+    "last_ts": "max",
+}
 
 
 @dataclass
@@ -145,17 +150,23 @@ def merge_counts(av, ac, bv, bc):
 def frame_rows(frames: np.ndarray, offset: int, scenes: Rows) -> Rows:
     """What agents need of their frames: agent start, ego x/y and scene of each frame (32 bytes)."""
     scene = scenes.offset + scenes.locate(offset, offset + len(frames), "start")
-    return Rows(offset, {"agent_start": np.ascontiguousarray(frames["agent_index_interval"][:, 0]),
-                         "ego_xy": np.ascontiguousarray(frames["ego_translation"][:, :2], dtype=np.float64),
-                         "scene": scene})
+    return Rows(
+        offset,
+        {
+            "agent_start": np.ascontiguousarray(frames["agent_index_interval"][:, 0]),
+            "ego_xy": np.ascontiguousarray(frames["ego_translation"][:, :2], dtype=np.float64),
+            "scene": scene,
+        },
+    )
 
 
 class FrameStats:
     """Frame-level statistics: agents per frame, frame frequency, ego motion, per-scene sums."""
 
     @staticmethod
-    def chunk(frames: np.ndarray, offset: int, scenes: Rows, has_tl: bool,
-              sample_scenes: np.ndarray | None = None) -> FramePart:
+    def chunk(
+        frames: np.ndarray, offset: int, scenes: Rows, has_tl: bool, sample_scenes: np.ndarray | None = None
+    ) -> FramePart:
         """Partial of one frame block whose first row is frame ``offset``; ``scenes`` are the
         scene rows (frame intervals) that overlap the block."""
         n = len(frames)
@@ -187,14 +198,20 @@ class FrameStats:
         at_start, at_end = idx == scenes["start"][pos], idx == scenes["end"][pos] - 1
         first_ts[local[at_start]] = ts[at_start]
         last_ts[local[at_end]] = ts[at_end]
-        part.series = SceneSeries(s0, {
-            "num_agents": np.bincount(local, weights=per, minlength=k).astype(np.int64),
-            "num_tl_faces": (np.bincount(local, weights=tl[:, 1] - tl[:, 0], minlength=k).astype(np.int64)
-                             if has_tl else np.zeros(k, np.int64)),
-            "ego_distance_m": np.bincount(local[1:][same], weights=step, minlength=k),
-            "first_ts": first_ts,
-            "last_ts": last_ts,
-        })
+        part.series = SceneSeries(
+            s0,
+            {
+                "num_agents": np.bincount(local, weights=per, minlength=k).astype(np.int64),
+                "num_tl_faces": (
+                    np.bincount(local, weights=tl[:, 1] - tl[:, 0], minlength=k).astype(np.int64)
+                    if has_tl
+                    else np.zeros(k, np.int64)
+                ),
+                "ego_distance_m": np.bincount(local[1:][same], weights=step, minlength=k),
+                "first_ts": first_ts,
+                "last_ts": last_ts,
+            },
+        )
         if sample_scenes is not None and len(sample_scenes):
             keep = np.isin(scene, sample_scenes)
             part.samples = np.empty(int(keep.sum()), SAMPLE_DTYPE)
@@ -218,22 +235,32 @@ class FrameStats:
             ego_pairs=a.ego_pairs + b.ego_pairs,
             ego_distance=a.ego_distance + b.ego_distance,
             series=merge_series(a.series, b.series, FRAME_SERIES_OPS),
-            first=a.first, last=b.last,
-            samples=np.concatenate([a.samples, b.samples]), path=np.concatenate([a.path, b.path]),
+            first=a.first,
+            last=b.last,
+            samples=np.concatenate([a.samples, b.samples]),
+            path=np.concatenate([a.path, b.path]),
         )
         out.dt_values, out.dt_counts = merge_counts(a.dt_values, a.dt_counts, b.dt_values, b.dt_counts)
         (sa, ta, xa, ya), (sb, tb, xb, yb) = a.last, b.first
         if sa == sb:  # the consecutive pair across the seam of the two blocks
             dt = tb - ta
             step = float(np.sqrt((xb - xa) ** 2 + (yb - ya) ** 2))
-            out.dt_values, out.dt_counts = merge_counts(out.dt_values, out.dt_counts,
-                                                        np.array([dt], np.int64), np.array([1], np.int64))
+            out.dt_values, out.dt_counts = merge_counts(
+                out.dt_values, out.dt_counts, np.array([dt], np.int64), np.array([1], np.int64)
+            )
             out.ego_speed_sum += step / (dt / 1e9)
             out.ego_pairs += 1
             out.ego_distance += step
-            seam = SceneSeries(sa, {"num_agents": np.zeros(1, np.int64), "num_tl_faces": np.zeros(1, np.int64),
-                                    "ego_distance_m": np.array([step]), "first_ts": np.array([I64_MAX]),
-                                    "last_ts": np.array([I64_MIN])})
+            seam = SceneSeries(
+                sa,
+                {
+                    "num_agents": np.zeros(1, np.int64),
+                    "num_tl_faces": np.zeros(1, np.int64),
+                    "ego_distance_m": np.array([step]),
+                    "first_ts": np.array([I64_MAX]),
+                    "last_ts": np.array([I64_MIN]),
+                },
+            )
             out.series = merge_series(out.series, seam, FRAME_SERIES_OPS)
         return out
 
@@ -284,8 +311,18 @@ class AgentStats:
 
         pos, ids = np.empty(len(agents), np.int64), np.empty(len(agents), np.uint64)
         part.speed_sum = agent_chunk(
-            agents, frames["agent_start"], frames["ego_xy"], lo, float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]),
-            part.labels, part.speed_hist, part.dist_hist, pos, ids)
+            agents,
+            frames["agent_start"],
+            frames["ego_xy"],
+            lo,
+            float(SPEED_EDGES[1]),
+            float(DISTANCE_EDGES[1]),
+            part.labels,
+            part.speed_hist,
+            part.dist_hist,
+            pos,
+            ids,
+        )
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
         scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames["scene"])
@@ -309,9 +346,13 @@ class AgentStats:
         tracks = merge_series(a.tracks, b.tracks, {"n": "sum"})
         tracks = _close(tracks, opens[1:-1])
         return AgentPart(
-            n=a.n + b.n, labels=a.labels + b.labels, speed_sum=a.speed_sum + b.speed_sum,
-            speed_hist=a.speed_hist + b.speed_hist, dist_hist=a.dist_hist + b.dist_hist,
-            tracks=tracks, open=[opens[0]] + ([opens[-1]] if len(opens) > 1 else []),
+            n=a.n + b.n,
+            labels=a.labels + b.labels,
+            speed_sum=a.speed_sum + b.speed_sum,
+            speed_hist=a.speed_hist + b.speed_hist,
+            dist_hist=a.dist_hist + b.dist_hist,
+            tracks=tracks,
+            open=[opens[0]] + ([opens[-1]] if len(opens) > 1 else []),
         )
 
 
@@ -345,15 +386,22 @@ class TLStats:
 def frames_reduction(has_tl: bool, sample_scenes: np.ndarray) -> Reduction:
     """Frame partials, given the overlapping scene rows (:func:`scene_rows`)."""
     samples = np.asarray(sample_scenes, np.int64)
-    return Reduction(f"frames-tl{int(has_tl)}-samples{'.'.join(map(str, samples.tolist()))}",
-                     functools.partial(FrameStats.chunk, has_tl=has_tl, sample_scenes=samples),
-                     FrameStats.combine, FramePart)
+    return Reduction(
+        f"frames-tl{int(has_tl)}-samples{'.'.join(map(str, samples.tolist()))}",
+        functools.partial(FrameStats.chunk, has_tl=has_tl, sample_scenes=samples),
+        FrameStats.combine,
+        FramePart,
+    )
 
 
 def agents_reduction(nlabels: int) -> Reduction:
     """Agent partials, given the overlapping frame rows (:func:`frame_rows`)."""
-    return Reduction(f"agents-{nlabels}", functools.partial(AgentStats.chunk, nlabels=nlabels), AgentStats.combine,
-                     functools.partial(_empty_agent_part, nlabels))
+    return Reduction(
+        f"agents-{nlabels}",
+        functools.partial(AgentStats.chunk, nlabels=nlabels),
+        AgentStats.combine,
+        functools.partial(_empty_agent_part, nlabels),
+    )
 
 
 def _empty_agent_part(nlabels: int) -> AgentPart:
@@ -364,8 +412,14 @@ TL_FACES = Reduction("tl-faces", TLStats.chunk, TLStats.combine, TLPart)
 
 
 # --- the report ------------------------------------------------------------------------
-def finalize(counts: dict[str, int], labels: tuple[str, ...], scenes: np.ndarray,
-             fp: FramePart, ap: AgentPart, tp: TLPart | None = None) -> dict[str, Any]:
+def finalize(
+    counts: dict[str, int],
+    labels: tuple[str, ...],
+    scenes: np.ndarray,
+    fp: FramePart,
+    ap: AgentPart,
+    tp: TLPart | None = None,
+) -> dict[str, Any]:
     """Assemble the report dict (contract version 1) from the three combined partials."""
     tp = tp if tp is not None else TLPart()
     if len(ap.labels) != len(labels):
@@ -378,12 +432,12 @@ def finalize(counts: dict[str, int], labels: tuple[str, ...], scenes: np.ndarray
     for name in ("num_agents", "num_tl_faces", "ego_distance_m", "first_ts", "last_ts"):
         col = np.zeros(n_scenes, dtype=np.float64 if name == "ego_distance_m" else np.int64)
         if len(series):
-            col[series.lo: series.lo + len(series)] = series.cols[name]
+            col[series.lo : series.lo + len(series)] = series.cols[name]
         per_scene[name] = col
     tracks = _close(ap.tracks, ap.open)
     num_tracks = np.zeros(n_scenes, np.int64)
     if len(tracks):
-        num_tracks[tracks.lo: tracks.lo + len(tracks)] = tracks.cols["n"]
+        num_tracks[tracks.lo : tracks.lo + len(tracks)] = tracks.cols["n"]
     mean = lambda s, n: float(s / n) if n else 0.0  # noqa: E731
     return {
         "version": 1,
@@ -397,26 +451,40 @@ def finalize(counts: dict[str, int], labels: tuple[str, ...], scenes: np.ndarray
         },
         "agents": {
             "label_counts": {name: int(c) for name, c in zip(labels, ap.labels)},
-            "per_frame": {"min": int(fp.per_frame_min) if fp.n else 0, "max": int(fp.per_frame_max) if fp.n else 0,
-                          "mean": mean(fp.per_frame_sum, fp.n)},
-            "speed_mps": {"mean": mean(ap.speed_sum, ap.n),
-                          "histogram": {"edges": SPEED_EDGES.tolist(), "counts": ap.speed_hist.tolist()}},
+            "per_frame": {
+                "min": int(fp.per_frame_min) if fp.n else 0,
+                "max": int(fp.per_frame_max) if fp.n else 0,
+                "mean": mean(fp.per_frame_sum, fp.n),
+            },
+            "speed_mps": {
+                "mean": mean(ap.speed_sum, ap.n),
+                "histogram": {"edges": SPEED_EDGES.tolist(), "counts": ap.speed_hist.tolist()},
+            },
             "distance_to_ego_m": {"histogram": {"edges": DISTANCE_EDGES.tolist(), "counts": ap.dist_hist.tolist()}},
         },
         "tracks": {"count": int(num_tracks.sum())},
-        "tl_faces": {"status_counts": dict(zip(fmt.TL_FACE_STATUSES, (int(x) for x in tp.status))),
-                     "unique_faces": int(len(tp.faces))},
+        "tl_faces": {
+            "status_counts": dict(zip(fmt.TL_FACE_STATUSES, (int(x) for x in tp.status))),
+            "unique_faces": int(len(tp.faces)),
+        },
         "ego": {"mean_speed_mps": mean(fp.ego_speed_sum, fp.ego_pairs), "total_distance_km": fp.ego_distance / 1000},
-        "per_scene": {"num_agents": per_scene["num_agents"].tolist(), "num_tracks": num_tracks.tolist(),
-                      "ego_distance_m": per_scene["ego_distance_m"].tolist()},
+        "per_scene": {
+            "num_agents": per_scene["num_agents"].tolist(),
+            "num_tracks": num_tracks.tolist(),
+            "ego_distance_m": per_scene["ego_distance_m"].tolist(),
+        },
         "_plots": {"samples": fp.samples, "path": fp.path},
         "_scene_table": {
-            "scene_index": np.arange(n_scenes), "host": scenes["host"], "start_time": scenes["start_time"],
+            "scene_index": np.arange(n_scenes),
+            "host": scenes["host"],
+            "start_time": scenes["start_time"],
             "end_time": scenes["end_time"],
             "num_frames": (scenes["frame_index_interval"][:, 1] - scenes["frame_index_interval"][:, 0]),
-            "num_agents": per_scene["num_agents"], "num_tracks": num_tracks, "num_tl_faces": per_scene["num_tl_faces"],
-            "duration_s": np.where(per_scene["first_ts"] == I64_MAX, 0,
-                                   per_scene["last_ts"] - per_scene["first_ts"]) / 1e9,
+            "num_agents": per_scene["num_agents"],
+            "num_tracks": num_tracks,
+            "num_tl_faces": per_scene["num_tl_faces"],
+            "duration_s": np.where(per_scene["first_ts"] == I64_MAX, 0, per_scene["last_ts"] - per_scene["first_ts"])
+            / 1e9,
             "ego_distance_m": per_scene["ego_distance_m"],
         },
     }

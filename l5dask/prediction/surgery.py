@@ -40,7 +40,7 @@ from l5dask.prediction.reading import L5Array
 from l5dask.prediction.writing import finish, prepare_target, write_chunks
 
 #: L5Kit's gigabyte (``zarr_utils.GIGABYTE``): 1024 ** 3 bytes.
-GIGABYTE = 1024 ** 3
+GIGABYTE = 1024**3
 #: Rows per output chunk: L5Kit's (as its ``ChunkedDataset.initialize``), 10 000 for agent masks.
 OUT_CHUNK_ROWS = {**fmt.CHUNK_ROWS, fmt.MASKS: 10_000}
 
@@ -75,17 +75,23 @@ def _pick_combine(a: tuple, b: tuple) -> tuple:
 
 
 def _pick_identity(fields: tuple[str, ...]) -> tuple:
-    return np.zeros(0, np.int64), {f: np.zeros((0, 2), np.int64) if f.endswith("interval") else np.zeros(0, np.int64)
-                                   for f in fields}
+    return np.zeros(0, np.int64), {
+        f: np.zeros((0, 2), np.int64) if f.endswith("interval") else np.zeros(0, np.int64) for f in fields
+    }
 
 
-def pick_rows(array: L5Array, wanted: np.ndarray, fields: tuple[str, ...], job: Job,
-              intervals: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+def pick_rows(
+    array: L5Array, wanted: np.ndarray, fields: tuple[str, ...], job: Job, intervals: dict[str, int] | None = None
+) -> dict[str, np.ndarray]:
     """``fields`` of the rows ``wanted`` (sorted, unique) of ``array``, in one pass over it that
     also checks ``intervals`` (``{field: child length}``) on every row."""
     token = tokenize(wanted, fields)
-    red = Reduction(f"pick-{token}", functools.partial(_pick_chunk, wanted, fields), _pick_combine,
-                    functools.partial(_pick_identity, fields))
+    red = Reduction(
+        f"pick-{token}",
+        functools.partial(_pick_chunk, wanted, fields),
+        _pick_combine,
+        functools.partial(_pick_identity, fields),
+    )
     spec = Pass(array, red, intervals=dict(intervals or {}), blocks=True, name=f"{array.name}-rows")
     done = job.persist(spec) if intervals else [spec]
     rows, values = job.compute(done)[0]
@@ -124,8 +130,11 @@ def scene_table(ds: L5Dataset, job: Job) -> SceneTable:
         return start, end
 
     a0, a1 = span("agent_index_interval", counts["agents"])
-    t0, t1 = span("traffic_light_faces_index_interval", counts["tl_faces"]) if has_tl else \
-        (np.zeros(len(f0), np.int64), np.zeros(len(f0), np.int64))
+    t0, t1 = (
+        span("traffic_light_faces_index_interval", counts["tl_faces"])
+        if has_tl
+        else (np.zeros(len(f0), np.int64), np.zeros(len(f0), np.int64))
+    )
     ts = np.full(len(f0), -1, np.int64)
     ts[nonempty] = at(f0[nonempty], "timestamp", None)
     return SceneTable(f0, f1, a0, a1, t0, t1, np.asarray(scenes["host"]), ts)
@@ -174,8 +183,7 @@ def runs_of(scenes: np.ndarray) -> list[tuple[int, int]]:
     return [(int(scenes[a]), int(scenes[b - 1]) + 1) for a, b in zip(starts, ends)]
 
 
-def plan(store: Store, parts: Sequence[tuple[L5Dataset, SceneTable, np.ndarray]],
-         masks: Sequence[str] = ()) -> Output:
+def plan(store: Store, parts: Sequence[tuple[L5Dataset, SceneTable, np.ndarray]], masks: Sequence[str] = ()) -> Output:
     """The output made of the scenes ``selected`` of each ``(dataset, its table, selected)``, in
     order, with the agent masks ``masks`` (which every dataset holds)."""
     first = parts[0][0]
@@ -194,10 +202,14 @@ def plan(store: Store, parts: Sequence[tuple[L5Dataset, SceneTable, np.ndarray]]
             a0, a1 = int(t.a0[s0]), int(t.a1[s1 - 1])
             c0, c1 = int(t.t0[s0]), int(t.t1[s1 - 1])
             add = out.pieces
-            add[fmt.SCENES].append(Piece(ds[fmt.SCENES], s0, s1, pos["scenes"],
-                                         (("frame_index_interval", pos["frames"] - f0),)))
-            shifts = (("agent_index_interval", pos["agents"] - a0),) + ((tl, pos["faces"] - c0),) if tl else \
-                (("agent_index_interval", pos["agents"] - a0),)
+            add[fmt.SCENES].append(
+                Piece(ds[fmt.SCENES], s0, s1, pos["scenes"], (("frame_index_interval", pos["frames"] - f0),))
+            )
+            shifts = (
+                (("agent_index_interval", pos["agents"] - a0),) + ((tl, pos["faces"] - c0),)
+                if tl
+                else (("agent_index_interval", pos["agents"] - a0),)
+            )
             add[fmt.FRAMES].append(Piece(ds[fmt.FRAMES], f0, f1, pos["frames"], shifts))
             add[fmt.AGENTS].append(Piece(ds[fmt.AGENTS], a0, a1, pos["agents"]))
             if tl:
@@ -224,7 +236,7 @@ def copy_rows(store: Store, meta: fmt.ArrayMeta, first: int, n: int, pieces: tup
         a, b = max(p.lo, lo - p.out + p.lo), min(p.hi, hi - p.out + p.lo)  # input rows this task takes
         if b <= a:
             continue
-        seg = p.source.read_rows(a, b, out[p.out + a - p.lo - lo: p.out + b - p.lo - lo])
+        seg = p.source.read_rows(a, b, out[p.out + a - p.lo - lo : p.out + b - p.lo - lo])
         for f, shift in p.shifts:
             if shift:
                 seg[f] += shift
@@ -310,8 +322,10 @@ def check_compatible(inputs: Sequence[L5Dataset]) -> None:
                 raise UsageError(f"{has.url} has a {name} array and {lacks.url} does not; they cannot be concatenated")
         for name in fmt.ARRAY_NAMES:
             if ds.has(name) and ds[name].dtype != first[name].dtype:
-                raise UsageError(f"{ds.url}: its {name} dtype {ds[name].dtype.descr} differs from {first.url}'s "
-                                  f"{first[name].dtype.descr}; they cannot be concatenated")
+                raise UsageError(
+                    f"{ds.url}: its {name} dtype {ds[name].dtype.descr} differs from {first.url}'s "
+                    f"{first[name].dtype.descr}; they cannot be concatenated"
+                )
 
 
 def _open(url: Any, storage_options: dict | None) -> L5Dataset:
@@ -323,8 +337,16 @@ def _open(url: Any, storage_options: dict | None) -> L5Dataset:
 
 
 # --- the operations -------------------------------------------------------------------------------
-def concat(inputs: Sequence[Any], output: Any, *, storage_options: dict | None = None, overwrite: bool = False,
-           client: Any = None, chunks_per_task: int | None = None, progress: bool = False) -> L5Dataset:
+def concat(
+    inputs: Sequence[Any],
+    output: Any,
+    *,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
+    client: Any = None,
+    chunks_per_task: int | None = None,
+    progress: bool = False,
+) -> L5Dataset:
     """Concatenate datasets into ``output``: value-equal to L5Kit's ``zarr_concat`` on the four
     arrays (which skips inputs it cannot open: these are refused here), and the agent masks that
     every input holds are concatenated too.
@@ -359,7 +381,9 @@ def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
         a = int(m.group(1)) if m.group(1) else 0
         b = int(m.group(2)) if m.group(2) else nscenes
         if a < 0 or b > nscenes:
-            raise UsageError(f"scene range {part.strip()!r} is out of range: the dataset has {nscenes} scenes (0:{nscenes})")
+            raise UsageError(
+                f"scene range {part.strip()!r} is out of range: the dataset has {nscenes} scenes (0:{nscenes})"
+            )
         if b <= a:
             raise UsageError(f"scene range {part.strip()!r} is empty (END must be greater than START)")
         for c, d in ranges:
@@ -376,23 +400,33 @@ def parse_time(text: Any, what: str) -> int:
     try:
         t = _dt.datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
     except ValueError:
-        raise UsageError(f"{what} {text!r} is not an ISO date or time (e.g. 2019-11-01 or 2019-11-01T08:00:00)") from None
+        raise UsageError(
+            f"{what} {text!r} is not an ISO date or time (e.g. 2019-11-01 or 2019-11-01T08:00:00)"
+        ) from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=_dt.timezone.utc)
     delta = t - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
     return (delta // _dt.timedelta(microseconds=1)) * 1000
 
 
-def select_scenes(t: SceneTable, scenes: str | Sequence[tuple[int, int]] | None = None,
-                  hosts: Sequence[str] | str | None = None, start: Any = None, end: Any = None) -> np.ndarray:
+def select_scenes(
+    t: SceneTable,
+    scenes: str | Sequence[tuple[int, int]] | None = None,
+    hosts: Sequence[str] | str | None = None,
+    start: Any = None,
+    end: Any = None,
+) -> np.ndarray:
     """The scene indices that pass every filter given: in the ranges (in their order), of one of
     ``hosts``, whose first frame's timestamp is in ``[start, end)``."""
     n = len(t)
     if scenes is None:
         order = np.arange(n)
     else:
-        ranges = parse_ranges(scenes, n) if isinstance(scenes, str) else \
-            parse_ranges(",".join(f"{a}:{b}" for a, b in scenes), n)
+        ranges = (
+            parse_ranges(scenes, n)
+            if isinstance(scenes, str)
+            else parse_ranges(",".join(f"{a}:{b}" for a, b in scenes), n)
+        )
         order = np.concatenate([np.arange(a, b) for a, b in ranges])
     keep = np.ones(n, bool)
     if hosts is not None:
@@ -414,10 +448,20 @@ def select_scenes(t: SceneTable, scenes: str | Sequence[tuple[int, int]] | None 
     return selected
 
 
-def subset(input: Any, output: Any, *, scenes: str | Sequence[tuple[int, int]] | None = None,
-           hosts: Sequence[str] | str | None = None, start: Any = None, end: Any = None,
-           storage_options: dict | None = None, overwrite: bool = False, client: Any = None,
-           chunks_per_task: int | None = None, progress: bool = False) -> L5Dataset:
+def subset(
+    input: Any,
+    output: Any,
+    *,
+    scenes: str | Sequence[tuple[int, int]] | None = None,
+    hosts: Sequence[str] | str | None = None,
+    start: Any = None,
+    end: Any = None,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
+    client: Any = None,
+    chunks_per_task: int | None = None,
+    progress: bool = False,
+) -> L5Dataset:
     """Keep some scenes of a dataset (with their frames, agents, faces and agent masks): scene
     ranges ``"START:END,..."``, hosts, and/or a time range ``[start, end)`` of their first frames
     (ISO, UTC unless said); intervals rebased as L5Kit's ``_append_zarr_subset``."""
@@ -473,22 +517,30 @@ def split_counts(parts: Sequence[tuple[str, str]], nscenes: int, nbytes: int) ->
         else:
             counts.append(int(size))
         if counts[-1] == 0:
-            raise UsageError(f"part {name}={size} holds no scene (the dataset has {nscenes} scenes, "
-                              f"{nbytes / GIGABYTE:.4g} GB)")
+            raise UsageError(
+                f"part {name}={size} holds no scene (the dataset has {nscenes} scenes, {nbytes / GIGABYTE:.4g} GB)"
+            )
     taken = sum(counts)
     if rest:
         if taken >= nscenes:
-            raise UsageError(f"the parts take {taken} of the {nscenes} scenes: nothing is left for "
-                              f"{parts[-1][0]}=rest")
+            raise UsageError(f"the parts take {taken} of the {nscenes} scenes: nothing is left for {parts[-1][0]}=rest")
         counts.append(nscenes - taken)
     elif taken > nscenes:
         raise UsageError(f"the parts take {taken} scenes; the dataset has {nscenes}")
     return counts
 
 
-def split(input: Any, outdir: Any, parts: Sequence[str | tuple[str, str]], *, storage_options: dict | None = None,
-          overwrite: bool = False, client: Any = None, chunks_per_task: int | None = None,
-          progress: bool = False) -> dict[str, L5Dataset]:
+def split(
+    input: Any,
+    outdir: Any,
+    parts: Sequence[str | tuple[str, str]],
+    *,
+    storage_options: dict | None = None,
+    overwrite: bool = False,
+    client: Any = None,
+    chunks_per_task: int | None = None,
+    progress: bool = False,
+) -> dict[str, L5Dataset]:
     """Split a dataset into consecutive parts written to ``outdir/NAME``: ``NAME=N`` scenes,
     ``NAME=1.5GB`` (L5Kit's ``zarr_split``) and a last ``NAME=rest``. Returns the parts' datasets."""
     parsed = [parse_part(p) if isinstance(p, str) else (str(p[0]), str(p[1])) for p in parts]

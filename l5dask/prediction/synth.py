@@ -138,7 +138,9 @@ def make_scene(seed: int, index: int, faces_map=None, density: float = 1.0, labe
     agents["centroid"] = p0[track] + arc + rng.normal(0, 0.03, size=(total, 2))
     agents["extent"] = extent[track]
     agents["yaw"] = np.angle(np.exp(1j * hd))
-    agents["velocity"] = v[:, None] * np.c_[np.cos(hd), np.sin(hd)] + rng.normal(0, 0.05, size=(total, 2)) * (v > 0)[:, None]
+    agents["velocity"] = (
+        v[:, None] * np.c_[np.cos(hd), np.sin(hd)] + rng.normal(0, 0.05, size=(total, 2)) * (v > 0)[:, None]
+    )
     agents["track_id"] = track_id[track]
     agents["label_probabilities"] = probs[track]
     per_frame = np.bincount(frame, minlength=n)
@@ -211,8 +213,12 @@ def synthesize(
     rows = {n: (chunk_rows or {}).get(n, fmt.CHUNK_ROWS[n]) for n in fmt.ARRAY_NAMES}
     frame_dtype = fmt.FRAME_DTYPE if traffic_lights else fmt.FRAME_DTYPE_V1
     names = [fmt.SCENES, fmt.FRAMES, fmt.AGENTS] + ([fmt.TL_FACES] if traffic_lights else [])
-    dtypes = {fmt.SCENES: fmt.SCENE_DTYPE, fmt.FRAMES: frame_dtype, fmt.AGENTS: fmt.AGENT_DTYPE,
-              fmt.TL_FACES: fmt.TL_FACE_DTYPE}
+    dtypes = {
+        fmt.SCENES: fmt.SCENE_DTYPE,
+        fmt.FRAMES: frame_dtype,
+        fmt.AGENTS: fmt.AGENT_DTYPE,
+        fmt.TL_FACES: fmt.TL_FACE_DTYPE,
+    }
     faces_map = _face_table(seed)
     offsets = {"frames": 0, "agents": 0, "tl": 0}
     with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:

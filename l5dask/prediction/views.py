@@ -32,9 +32,7 @@ def _field_dims(field: str, shape: tuple[int, ...]) -> tuple[tuple[str, ...], di
     return tuple(f"{field}_dim_{i}" for i in range(len(shape))), {}
 
 
-def array_to_dataset(
-    ds, name: str, fields: Sequence[str] | None = None, chunks_per_task: int = 1
-) -> xr.Dataset:
+def array_to_dataset(ds, name: str, fields: Sequence[str] | None = None, chunks_per_task: int = 1) -> xr.Dataset:
     """An ``xarray.Dataset`` of one stored array, a variable per field, lazily backed."""
     array = ds[name]
     records = array.to_dask(fields=fields, chunks_per_task=chunks_per_task)
@@ -93,8 +91,6 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
     """
     import dask.array as da
 
-
-
     per_task = chunks_per_task or collection_chunks_per_task(ds[name].nchunks)
     j = Joins(ds, chunks_per_task=per_task)
     hosts = Table(ds, name).host_names() if name != fmt.SCENES else None
@@ -107,26 +103,35 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
         j._frames.hosts = hosts
         return out.assign_coords(
             scene_index=(row, j.frame_scene(), range_attrs(n_scenes)),
-            host=(row, j.column(name, "host"), categorical_attrs(hosts)))
+            host=(row, j.column(name, "host"), categorical_attrs(hosts)),
+        )
     j._frames.hosts = hosts
-    coords = {"frame_index": (row, j.column(name, "index"), range_attrs(n_frames)),
-              "scene_index": (row, j.column(name, "scene"), range_attrs(n_scenes)),
-              "timestamp": (row, j.column(name, "timestamp")),
-              "host": (row, j.column(name, "host"), categorical_attrs(hosts))}
+    coords = {
+        "frame_index": (row, j.column(name, "index"), range_attrs(n_frames)),
+        "scene_index": (row, j.column(name, "scene"), range_attrs(n_scenes)),
+        "timestamp": (row, j.column(name, "timestamp")),
+        "host": (row, j.column(name, "host"), categorical_attrs(hosts)),
+    }
     coords["hour"] = (row, da.map_blocks(_hour_block, coords["timestamp"][1], dtype=np.int8), range_attrs(24))
     records = ds[name].to_dask(chunks_per_task=per_task)
     if name == fmt.AGENTS:
         # the argmax is the coordinate "label": the probabilities' dimension becomes "label_name"
         out = out.rename({"label": "label_name"})
-        coords["label"] = (row, da.map_blocks(_argmax_block, records, "label_probabilities", dtype=np.int8),
-                           categorical_attrs(ds.labels))
+        coords["label"] = (
+            row,
+            da.map_blocks(_argmax_block, records, "label_probabilities", dtype=np.int8),
+            categorical_attrs(ds.labels),
+        )
         # a variable, not a coordinate: a coordinate travels into every result, and where two
         # operands hold different slices of it (x and y) xarray computes both to compare them
         out = out.assign(ego_translation=((row, "xyz"), j.column(name, "ego_translation")))
         return out.assign_coords(coords).assign_coords(xyz=["x", "y", "z"])
     out = out.rename({"status": "status_name"})
-    coords["status"] = (row, da.map_blocks(_argmax_block, records, "traffic_light_face_status", dtype=np.int8),
-                        categorical_attrs(fmt.TL_FACE_STATUSES))
+    coords["status"] = (
+        row,
+        da.map_blocks(_argmax_block, records, "traffic_light_face_status", dtype=np.int8),
+        categorical_attrs(fmt.TL_FACE_STATUSES),
+    )
     return out.assign_coords(coords)
 
 

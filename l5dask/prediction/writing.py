@@ -75,7 +75,7 @@ def write_chunks(store: Store, meta: fmt.ArrayMeta, first: int, records: np.ndar
     """Encode and store ``records`` as the stored chunks ``first, first + 1, ...`` of ``meta``."""
     rows = meta.chunk_rows
     for i in range(0, len(records), rows):
-        put(store, meta.key(first + i // rows), encode_chunk(records[i: i + rows], rows, bool(meta.tail)))
+        put(store, meta.key(first + i // rows), encode_chunk(records[i : i + rows], rows, bool(meta.tail)))
     return len(records)
 
 
@@ -101,8 +101,9 @@ def finish(store: Store, metas: Mapping[str, tuple[np.dtype, int, int] | fmt.Arr
     then ``.zattrs``, then the dataset's ``.zgroup`` last."""
     groups = set()
     for name, meta in metas.items():
-        dtype, length, chunk_rows, tail = (meta.dtype, meta.length, meta.chunk_rows, meta.tail) \
-            if isinstance(meta, fmt.ArrayMeta) else (*meta, ())
+        dtype, length, chunk_rows, tail = (
+            (meta.dtype, meta.length, meta.chunk_rows, meta.tail) if isinstance(meta, fmt.ArrayMeta) else (*meta, ())
+        )
         put(store, f"{name}/.zarray", fmt.zarray_json(dtype, length, chunk_rows, tail))
         parts = name.split("/")
         groups.update("/".join(parts[:i]) for i in range(1, len(parts)))
@@ -190,7 +191,9 @@ class ArrayWriter:
 
     def _flush(self) -> None:
         block, self.buffer = self.buffer[: self.filled], np.empty(self.chunk_rows, dtype=self.dtype)
-        self.pending.append(self.pool.submit(write_block, self.store, self.name, self.next_chunk, block, self.chunk_rows))
+        self.pending.append(
+            self.pool.submit(write_block, self.store, self.name, self.next_chunk, block, self.chunk_rows)
+        )
         self.next_chunk += 1
         self.filled = 0
         if len(self.pending) > 8:  # bound the memory held by chunks not yet written

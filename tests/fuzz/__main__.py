@@ -47,8 +47,14 @@ class Worker:
     def __init__(self, target: str) -> None:
         self.target = target
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.fuzz.worker", target], cwd=ROOT, env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz.worker", target],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
 
@@ -152,19 +158,19 @@ def mutate(data: bytes, pool: list[bytes], target: str, rng: random.Random) -> b
                     buf[at] = rng.choice(INTERESTING8 + [rng.randrange(256)])
                 continue
             if at + 4 <= len(buf):
-                buf[at: at + 4] = struct.pack("<i", rng.choice(INTERESTING32))
+                buf[at : at + 4] = struct.pack("<i", rng.choice(INTERESTING32))
         elif choice == 4:
-            del buf[i: i + rng.choice([1, 2, 4, 16, 100])]
+            del buf[i : i + rng.choice([1, 2, 4, 16, 100])]
         elif choice == 5:
             buf[i:i] = bytes(rng.randrange(256) for _ in range(rng.choice([1, 2, 4, 16])))
         elif choice == 6:
-            del buf[rng.randrange(len(buf) + 1):]
+            del buf[rng.randrange(len(buf) + 1) :]
         elif choice == 7 and pool:
             other = rng.choice(pool)
             j = rng.randrange(len(other) + 1)
             buf = buf[:i] + bytearray(other[j:])
         else:
-            buf[i: i + 8] = bytes(rng.randrange(256) for _ in range(8))
+            buf[i : i + 8] = bytes(rng.randrange(256) for _ in range(8))
     return bytes(buf)
 
 

@@ -17,9 +17,9 @@ from collections.abc import Callable
 import numpy as np
 from numcodecs import Blosc
 
-from l5dask.prediction import format as fmt
 from l5dask.core.codec import check_blosc, decode_blosc
 from l5dask.errors import L5DaskError
+from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import Gather
 
 # --- blosc chunks: the compiled gather against numcodecs -----------------------------------------------
@@ -30,8 +30,9 @@ CONFIGS = [(fmt.AGENT_DTYPE, 2000, 2000), (fmt.AGENT_DTYPE, 2000, 700), (SMALL, 
 
 def _plan(dtype: np.dtype) -> Gather:
     if dtype == fmt.AGENT_DTYPE:
-        return Gather(dtype, [("centroid", (0,)), ("velocity", (1,)), ("track_id", ()), ("yaw", ())],
-                      ["label_probabilities"])
+        return Gather(
+            dtype, [("centroid", (0,)), ("velocity", (1,)), ("track_id", ()), ("yaw", ())], ["label_probabilities"]
+        )
     return Gather(dtype, [("a", ()), ("p", (1,)), ("b", ()), ("c", ())], ["p"])
 
 
@@ -74,10 +75,16 @@ def _blosc_seeds() -> list[bytes]:
         for name in dtype.names:
             sub = dtype.fields[name][0]
             shape = (chunk_rows, *sub.shape)
-            rec[name] = (rng.normal(0, 3, shape) if sub.base.kind == "f" else rng.integers(0, 5, shape)).astype(sub.base)
+            rec[name] = (rng.normal(0, 3, shape) if sub.base.kind == "f" else rng.integers(0, 5, shape)).astype(
+                sub.base
+            )
         rec[rows:] = np.zeros(1, dtype)
-        for codec in (Blosc("lz4", 5, Blosc.SHUFFLE, 0), Blosc("lz4", 5, Blosc.SHUFFLE, 4096),
-                      Blosc("lz4", 1, Blosc.NOSHUFFLE, 0), Blosc("zstd", 3, Blosc.SHUFFLE, 0)):
+        for codec in (
+            Blosc("lz4", 5, Blosc.SHUFFLE, 0),
+            Blosc("lz4", 5, Blosc.SHUFFLE, 4096),
+            Blosc("lz4", 1, Blosc.NOSHUFFLE, 0),
+            Blosc("zstd", 3, Blosc.SHUFFLE, 0),
+        ):
             out.append(bytes([i]) + codec.encode(rec))
     return out
 
@@ -109,8 +116,10 @@ def zattrs(data: bytes) -> None:
 
 
 def _metadata_seeds() -> list[bytes]:
-    return [fmt.zarray_json(d, 12345, r) for d, r in ((fmt.AGENT_DTYPE, 20000), (fmt.SCENE_DTYPE, 10000),
-                                                       (fmt.TL_FACE_DTYPE, 10000))]
+    return [
+        fmt.zarray_json(d, 12345, r)
+        for d, r in ((fmt.AGENT_DTYPE, 20000), (fmt.SCENE_DTYPE, 10000), (fmt.TL_FACE_DTYPE, 10000))
+    ]
 
 
 # --- L5Kit's CSV files ---------------------------------------------------------------------------------
@@ -154,8 +163,9 @@ def _csv_seeds() -> list[bytes]:
 def perception_table(data: bytes) -> None:
     """A sample_annotation table: parsed with its types vouched for, or one FormatError; the
     compiled type scan agrees with ``json`` wherever it claims an answer."""
-    from l5dask.perception import tables
     from l5dask.perception._kernels import json_types
+
+    from l5dask.perception import tables
 
     columns = tables.SCHEMA["sample_annotation"]
     kinds = np.array([tables.KINDS[t] for t in columns.values()], np.int64)
@@ -179,9 +189,22 @@ def perception_table(data: bytes) -> None:
 
 
 def _perception_seeds() -> list[bytes]:
-    rows = [{"token": f"{i:032x}", "sample_token": "s", "instance_token": "i", "attribute_tokens": ["a", "b"],
-             "visibility_token": "4", "translation": [1.5, -2.0, 3e2], "size": [1, 2, 3], "rotation": [1, 0, 0, 0],
-             "prev": "", "next": "", "num_lidar_pts": 3} for i in range(5)]
+    rows = [
+        {
+            "token": f"{i:032x}",
+            "sample_token": "s",
+            "instance_token": "i",
+            "attribute_tokens": ["a", "b"],
+            "visibility_token": "4",
+            "translation": [1.5, -2.0, 3e2],
+            "size": [1, 2, 3],
+            "rotation": [1, 0, 0, 0],
+            "prev": "",
+            "next": "",
+            "num_lidar_pts": 3,
+        }
+        for i in range(5)
+    ]
     return [json.dumps(rows).encode(), json.dumps(rows, indent=2).encode()]
 
 
