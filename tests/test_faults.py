@@ -7,6 +7,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
+import numpy as np
 import pytest
 
 from l5dask.errors import StoreError
@@ -80,7 +81,8 @@ class FlakyProxy:
                 for k, v in resp.getheaders():
                     if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                self.send_header("Content-Length", length or str(len(data)))  # (HEAD: the object's size)
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
@@ -155,3 +157,24 @@ def test_store_errors_that_may_pass_are_retried_whatever_their_message():
     assert _is_transient(OSError(121, "We encountered an internal error."))
     assert not _is_transient(FileNotFoundError(errno.ENOENT, "no such key"))
     assert not _is_transient(OSError(errno.EACCES, "Access Denied"))
+
+
+def test_csv_files_on_s3_are_read_through_the_store(s3, proxy, tmp_path):
+    """L5Kit's CSVs are read through the store as chunks are (ranged reads, retries, one-line
+    errors): the same rows with every other request failing (s3fs retries ranged reads too)."""
+    from l5dask.evaluation.csvfiles import read_gt_csv, write_gt_csv
+
+    rng = np.random.default_rng(5)
+    n, t = 3000, 4
+    coords, avails = rng.normal(0, 50, (n, t, 2)), (rng.random((n, t)) > 0.2).astype(np.float64)
+    path = tmp_path / "gt.csv"
+    write_gt_csv(str(path), np.arange(n), np.arange(n) % 97, coords, avails)
+    s3.make_bucket("l5-csv")
+    s3.s3fs().put(str(path), "l5-csv/gt.csv")
+    want = read_gt_csv(str(path)).coords.compute(scheduler="sync")
+    opts = _options(s3, proxy)
+    opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    proxy.every, proxy.drops, proxy.body = 2, False, ERROR_503_PLAIN
+    got = read_gt_csv("s3://l5-csv/gt.csv", storage_options=opts).coords.compute(scheduler="sync")
+    assert proxy.failures >= 1
+    np.testing.assert_array_equal(got, want)

@@ -246,6 +246,29 @@ class Store:
         except ChunkError:
             return None
 
+    def size(self, key: str) -> int:
+        """The size of object ``key`` in bytes (``ChunkError`` if it is missing), with the retries
+        of :meth:`get`."""
+        path = self.path(key)
+        for attempt in range(_RETRIES + 1):
+            try:
+                if self.local:
+                    return os.path.getsize(path)
+                self.fs.invalidate_cache(path)  # (s3fs answers sizes from listings it cached)
+                return int(self.fs.size(path))
+            except FileNotFoundError as exc:
+                raise ChunkError(f"{self.url}: object {key!r} is missing") from exc
+            except PermissionError as exc:
+                raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
+            except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
+                if attempt < _RETRIES and _is_transient(exc):
+                    time.sleep(0.2 * 2**attempt)
+                    continue
+                raise StoreError(
+                    f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
+                ) from exc
+        raise AssertionError("unreachable")
+
     def with_root(self, root: str) -> Store:
         """This store's filesystem (and URL) at another root path: a folder inside it."""
         return _rebuild_store(self.url, self.fs, root)
@@ -293,6 +316,18 @@ def archive_kind(url: str) -> str | None:
     if name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
         return "tar"
     return None
+
+
+def file_store(path: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, str]:
+    """A single file as ``(store of its folder, key)``: read through :meth:`Store.get` (ranges,
+    retries of transient errors, one-line errors) as a dataset's chunks are."""
+    url = str(path)
+    folder, _, name = url.rstrip("/").rpartition("/")
+    if not name:
+        raise NotADatasetError(f"{url}: not a file")
+    if not folder:
+        folder = "." if "://" not in url else folder
+    return Store(folder or "/", storage_options), name
 
 
 def same_place(a: Store, b: Store) -> bool:

@@ -30,8 +30,9 @@ import numpy as np
 
 from l5dask.core.cluster import compute
 from l5dask.core.engine import Job
-from l5dask.core.outputs import atomic_write, check_writable, filesystem
-from l5dask.errors import L5DaskError
+from l5dask.core.outputs import atomic_write, check_writable
+from l5dask.core.store import file_store
+from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 from l5dask.evaluation._kernels import parse_csv_rows, scan_keys
 
 #: L5Kit's ``MAX_MODES``.
@@ -96,11 +97,6 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
 
 
 # --- files -------------------------------------------------------------------------------------
-def _fs(path: str, storage_options: dict | None):
-
-    return filesystem(path, storage_options)
-
-
 @dataclass
 class CSVFile:
     """One GT or PRED file: where it is, its header and, after :func:`scan`, its rows.
@@ -129,8 +125,12 @@ class CSVFile:
         return 1 if self.kind == "gt" else self.max_modes
 
     def read_range(self, lo: int, hi: int) -> bytes:
-        fs, p = _fs(self.path, self.storage_options)
-        return fs.cat_file(p, start=lo, end=hi)
+        """Bytes ``[lo, hi)`` of the file, through its folder's store (retries, one-line errors)."""
+        store, key = file_store(self.path, self.storage_options)
+        data = store.get(key, start=lo, end=hi, what=f"the {self.kind.upper()} file")
+        if len(data) != hi - lo:
+            raise CSVError(f"{self.path}: the file changed while it was read ({len(data)} of {hi - lo} bytes at {lo})")
+        return data
 
     def __dask_tokenize__(self):
         return ("l5dask-csv", self.path, self.kind, self.size, self.max_modes)
@@ -140,13 +140,12 @@ def open_csv(path: str, kind: str, max_modes: int = MAX_MODES, storage_options: 
     """Open a GT (``kind="gt"``) or PRED file and check its header; rows are not read."""
     path = os.fspath(path)
     try:
-        fs, p = _fs(path, storage_options)
-        size = fs.size(p)
-        with fs.open(p, "rb") as f:
-            head = f.read(min(size, 1 << 20))
-    except FileNotFoundError:
+        store, key = file_store(path, storage_options)
+        size = store.size(key)
+        head = store.get(key, start=0, end=min(size, 1 << 20), what=f"the {kind.upper()} file") if size else b""
+    except ChunkError:
         raise CSVError(f"{path}: no such file") from None
-    except (OSError, ValueError) as exc:
+    except (NotADatasetError, StoreError) as exc:
         raise CSVError(f"{path}: cannot read: {exc}") from None
     end = head.find(b"\n")
     if end < 0:

@@ -17,13 +17,15 @@ into place whole.
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 import numpy as np
 
 from l5dask.core.engine import Job
-from l5dask.core.outputs import check_writable, filesystem
-from l5dask.errors import L5DaskError, UsageError
+from l5dask.core.outputs import check_writable
+from l5dask.core.store import file_store
+from l5dask.errors import ChunkError, L5DaskError, StoreError, UsageError
 from l5dask.evaluation.agents import (
     Thresholds,
     as_stored,
@@ -202,14 +204,15 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
     if isinstance(mask, (str, bytes)) or hasattr(mask, "__fspath__"):
         path = str(mask)
         try:
-            fs, p = filesystem(path, storage_options)
-            with fs.open(p, "rb") as f:
-                with np.load(f, allow_pickle=False) as z:
-                    if "arr_0" not in z.files:
-                        raise MaskError(f"{path}: no array 'arr_0' (L5Kit's mask.npz holds one): {z.files}")
-                    mask = z["arr_0"]
-        except FileNotFoundError:
+            store, key = file_store(path, storage_options)  # (the store's retries and errors)
+            with np.load(io.BytesIO(store.get(key, what="the mask")), allow_pickle=False) as z:
+                if "arr_0" not in z.files:
+                    raise MaskError(f"{path}: no array 'arr_0' (L5Kit's mask.npz holds one): {z.files}")
+                mask = z["arr_0"]
+        except (FileNotFoundError, ChunkError):
             raise MaskError(f"{path}: no such file") from None
+        except StoreError:
+            raise
         except (ValueError, OSError) as exc:
             if isinstance(exc, MaskError):
                 raise
