@@ -265,3 +265,18 @@ def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():
         assert all(1 <= n <= per_task for n in sizes) and sizes == sorted(sizes, reverse=True) or nchunks == 0
         assert all(n >= max(1, per_task // 8) for n in sizes[:-1])
     assert [n for _, n in task_groups(1502, 64, 2)][:20] == [64] * 20  # full tasks while plenty remain
+
+
+def test_map_reduce_merges_in_an_ordered_tree_in_one_compute():
+    """Job.map_reduce: the tasks' partials combined by the engine's tree (not on the client), in
+    order (a non-commutative combine: concatenation), the identity for no call."""
+    import dask
+
+    from l5dask.core.engine import Job, Reduction
+
+    red = Reduction("concat", lambda d, s, p: d, lambda a, b: a + b, lambda: [])
+    calls = [(i,) for i in range(37)]
+    for fan_in in (2, 4, 40):
+        with dask.config.set(split_every=fan_in):
+            assert Job().map_reduce(lambda i: [i], calls, red, name="t") == list(range(37))
+    assert Job().map_reduce(lambda i: [i], [], red, name="t") == []

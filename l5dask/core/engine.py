@@ -610,6 +610,22 @@ class Job:
             **self.kw,
         )
 
+    def map_reduce(self, func: Callable, calls: Sequence[tuple], reduction: Reduction, name: str) -> Any:
+        """``reduction``'s finalized combine of ``[func(*args) for args in calls]`` in order: one task
+        each, their partials merged by the engine's ordered tree (:func:`tree_reduce`) where they
+        ran (on a cluster: on the workers), in one compute; ``reduction.identity()`` for no call."""
+        key = f"{name}-{tokenize(func, calls, reduction)}"
+        graph: dict = {(key, i): Task((key, i), func, *args) for i, args in enumerate(calls)}
+        root = tree_reduce(graph, f"{key}-combine", list(graph), reduction)
+        fin = f"{key}-finalize"
+        graph[fin] = Task(fin, _finalize, reduction, TaskRef(root))
+        return compute(
+            Delayed(fin, HighLevelGraph.from_collections(fin, graph, dependencies=[])),
+            client=self.client,
+            progress=self.progress,
+            **self.kw,
+        )
+
     def compute(
         self,
         specs: Sequence[Pass | Persisted],

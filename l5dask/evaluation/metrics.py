@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import Job
+from l5dask.core.engine import Job, Reduction
 from l5dask.evaluation import csvfiles
 from l5dask.evaluation._kernels import row_metrics as compiled
 from l5dask.evaluation.breakdown import SHOW_KEYS, agent_groups
@@ -78,6 +78,23 @@ def _sums(values: dict[str, np.ndarray], groups: dict[str, tuple[np.ndarray, int
                 g[k] = np.stack([np.bincount(codes, weights=v[:, j], minlength=n) for j in range(v.shape[1])], axis=1)
         out[name] = g
     return out
+
+
+def _no_rows(future_len: int, max_modes: int, groups: dict) -> dict[str, Any]:
+    """The sums of no rows (the identity of the metrics' reduction)."""
+    return _sums(
+        row_metrics(
+            np.zeros((0, future_len, 2)),
+            np.zeros((0, future_len)),
+            np.zeros((0, max_modes, future_len, 2)),
+            np.zeros((0, max_modes)),
+        ),
+        {k: (c, n) for k, (c, n) in groups.items()},
+    )
+
+
+def _no_chunk(data: Any, start: int, parent: Any) -> Any:
+    raise AssertionError("the metrics' reduction merges the tasks' partials only")
 
 
 def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -228,20 +245,8 @@ def evaluate(
     for lo, hi in row_groups(gt, task_bytes):
         rows = match[lo:hi]
         calls.append((gt, pred, lo, hi, rows, _segments(rows), {k: (c[lo:hi], n) for k, (c, n) in groups.items()}))
-    parts = job.map(_pair_task, calls, name="l5-metrics") if calls else []
-    total = (
-        functools.reduce(_add, parts)
-        if parts
-        else _sums(
-            row_metrics(
-                np.zeros((0, gt.future_len, 2)),
-                np.zeros((0, gt.future_len)),
-                np.zeros((0, max_modes, gt.future_len, 2)),
-                np.zeros((0, max_modes)),
-            ),
-            {k: (c, n) for k, (c, n) in groups.items()},
-        )
-    )
+    empty = functools.partial(_no_rows, gt.future_len, max_modes, groups)
+    total = job.map_reduce(_pair_task, calls, Reduction("l5-metrics", _no_chunk, _add, empty), name="l5-metrics")
     return result(total, names, gt.future_len, max_modes)
 
 
