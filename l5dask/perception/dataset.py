@@ -3,12 +3,12 @@ to row indices, chains checked and ranked, and joined columns on demand."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 from typing import Any
 
 import numpy as np
 
+from l5dask.core.engine import Job
 from l5dask.core.outputs import numpy_array
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
@@ -92,19 +92,14 @@ class PerceptionDataset:
         todo = [n for n in dict.fromkeys(names) if n not in self._raw]
         if not todo:
             return
-        if len(todo) == 1 or self.job is None:
-            if self.job is None and len(todo) > 1:
-                from concurrent.futures import ThreadPoolExecutor
-
-                # DuckDB parses without the GIL: threads overlap the tables (largest first)
-                order = sorted(todo, key=_weight, reverse=True)
-                with ThreadPoolExecutor(min(len(order), os.cpu_count() or 1)) as pool:
-                    got = list(pool.map(lambda n: tables.read(self.store, n), order))
-            else:
-                order, got = todo, [tables.read(self.store, n) for n in todo]
+        if len(todo) == 1:
+            order, got = todo, [tables.read(self.store, todo[0])]
         else:
+            # one engine task per table (DuckDB parses without the GIL: local threads overlap the
+            # tables, largest first; a cluster's workers parse them where they are)
             order = sorted(todo, key=_weight, reverse=True)
-            got = self.job.map(tables.read, [(self.store, n) for n in order], name="l5-perception-tables")
+            job = self.job or Job(scheduler="threads")
+            got = job.map(tables.read, [(self.store, n) for n in order], name="l5-perception-tables")
         for name, raw in zip(order, got):
             self._raw[name] = raw
 
@@ -148,11 +143,19 @@ class PerceptionDataset:
         try:
             # the links to other tables resolve in a thread (the lookups release the GIL) while
             # the table's own tokens are hashed and its prev/next looked up; errors in field order
-            with _maybe_thread(len(t) >= 100_000) as run:
-                pending = run(lambda: {f: resolve(f) for f in others})
-                found = dict(zip(own, links.self_index(t.tokens, t.where, *[t.arrow.column(f) for f in own])))
-                for field, value in pending().items():
-                    (t.lists if field in links.LIST_LINKS else t.links)[field] = value
+            def other_links() -> dict:
+                return {f: resolve(f) for f in others}
+
+            def own_links() -> list:
+                return links.self_index(t.tokens, t.where, *[t.arrow.column(f) for f in own])
+
+            if len(t) >= 100_000:  # two engine tasks on local threads: the lookups release the GIL
+                pending, own_found = Job(scheduler="threads").map(_call, [(other_links,), (own_links,)], "l5-links")
+            else:
+                pending, own_found = other_links(), own_links()
+            found = dict(zip(own, own_found))
+            for field, value in pending.items():
+                (t.lists if field in links.LIST_LINKS else t.links)[field] = value
             for field in own:
                 t.links[field] = resolve(field, found[field])
             if name == "sample":
@@ -217,22 +220,8 @@ class PerceptionDataset:
         return sweeps(self, channels, key_frames, frame)
 
 
-@contextlib.contextmanager
-def _maybe_thread(threaded: bool):
-    """``run(func)`` -> a callable giving ``func()``'s result: run in a thread of its own when
-    ``threaded``, else at once."""
-    if not threaded:
-
-        def now(func):
-            result = func()
-            return lambda: result
-
-        yield now
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1) as pool:
-        yield lambda func: pool.submit(func).result
+def _call(func: Any) -> Any:
+    return func()
 
 
 def _weight(name: str) -> int:
