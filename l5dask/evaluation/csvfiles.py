@@ -1,12 +1,12 @@
 """L5Kit's ground-truth (GT) and prediction (PRED) CSV files: headers, writers, parallel readers.
 
-The layout is L5Kit 1.5.0's (``l5kit/evaluation/csv_utils.py``; contract in the spec):
+The layout is L5Kit 1.5.0's (``l5kit/evaluation/csv_utils.py``):
 
 - GT: ``timestamp,track_id,avail_0..avail_{T-1},coord_x00,coord_y00,...,coord_x0{T-1},coord_y0{T-1}``
 - PRED: ``timestamp,track_id,conf_0..conf_{M-1}``, then per mode m: ``coord_x{m}0,coord_y{m}0,...``
 
 **Writing** produces exactly L5Kit's bytes (its ``csv.DictWriter`` ends lines with ``\\r\\n``,
-whatever the spec's prose says): coordinates as ``f"{v:.5f}"``, every other value as numpy
+whatever a description of the format says): coordinates as ``f"{v:.5f}"``, every other value as numpy
 prints it. Rows are formatted in chunk-parallel tasks, vectorized (a coordinate is rounded as an
 integer of 1e-5 m and printed by Arrow; the few within rounding distance of a tie, and values
 too large for that, are printed by Python itself), and the parts are appended in order to a

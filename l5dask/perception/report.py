@@ -1,4 +1,4 @@
-"""The perception report (``../shared/spec/perception.md``): every key from the resolved tables in
+"""The perception report (``docs/perception.md``): every key from the resolved tables in
 vectorized passes (bincounts over row indices), the ``lidar.*`` keys from a parallel pass over the
 sweep files (:mod:`l5dask.perception.lidar`)."""
 

@@ -1,6 +1,6 @@
 """A realistic generator of Lyft perception datasets, in exactly the published schema.
 
-The shape follows the real train split (``../shared/spec/perception.md``): a log per scene, 126
+The shape follows the real train split (``docs/perception.md``): a log per scene, 126
 samples a scene at 5 Hz chained by ``prev``/``next``, about 100 instances a scene that move
 smoothly over runs of samples (about 28 annotations a sample), the 9 categories in the real
 mix, 3 lidars and 7 cameras with their calibrations, a sample_data and an ego pose per sensor

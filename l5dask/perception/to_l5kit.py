@@ -1,4 +1,4 @@
-"""The perception dataset in L5Kit's format (``../shared/spec/perception.md``, "To L5Kit's format"):
+"""The perception dataset in L5Kit's format (``docs/perception.md``, "Into L5Kit's format"):
 a scene per row of scene.json, a frame per sample in chain order, an agent per annotation; written
 by l5dask's writer, so that L5Kit's ``ChunkedDataset`` and every l5dask command read it."""
 
