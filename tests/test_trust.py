@@ -154,7 +154,7 @@ def _zip(folder: Path, dest: Path) -> Path:
 
 
 @pytest.mark.parametrize("name,edit,pattern", ALL, ids=IDS)
-def test_zip_and_s3_refuse_it_the_same(damaged, tmp_path, s3, name, edit, pattern):
+def test_zip_and_s3_refuse_it_the_same_through_every_command(damaged, tmp_path, s3, name, edit, pattern):
     s3.make_bucket("l5-damaged")
     fs = s3.s3fs()
     remote = f"l5-damaged/{name}.zarr"
@@ -172,12 +172,13 @@ def test_zip_and_s3_refuse_it_the_same(damaged, tmp_path, s3, name, edit, patter
         "client_kwargs.region_name=us-east-1",
     ]
     archive = str(_zip(damaged[name], tmp_path / f"{name}.zip"))
+    chunk_damage = (name, edit, pattern) in damage.CHUNK
     for data, extra in ((archive, []), (f"s3://{remote}", flags)):
-        for command in ("stats", "agg"):
+        for command, args in _commands(data, tmp_path / "out", chunk_damage).items():
             out = tmp_path / "out"
             out.mkdir()
-            _assert_one_line(_run(_commands(data, out, True)[command] + extra), pattern)
-            assert _files(out) == []
+            _assert_one_line(_run(args + extra), pattern)
+            assert _files(out) == [], (command, _files(out))
             shutil.rmtree(out)
 
 
