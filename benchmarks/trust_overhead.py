@@ -1,6 +1,6 @@
 """What the chunk rule costs: the header checks against a pass, and the passes before and after.
 
-    python benchmarks/trust_overhead.py --before ../l5dask-before [--scenes 1700] [--rounds 5]
+    python benchmarks/trust_overhead.py --before ../l5dask-before [--after ../other] [--scenes 1700] [--rounds 5]
 
 ``--before`` is a checkout of the code to compare with, its kernels built in place
 (``python setup.py build_ext --inplace``); the code of this checkout is "after".
@@ -81,7 +81,7 @@ def in_process(path: str, rounds: int) -> None:
     )
 
 
-def processes(path: str, before: str, rounds: int) -> None:
+def processes(path: str, before: str, after: str, rounds: int) -> None:
     jobs = {
         "stats": ["stats", path, "--quiet", "--output", "{tmp}/r.json"],
         "agg q1": ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"],
@@ -90,7 +90,9 @@ def processes(path: str, before: str, rounds: int) -> None:
     times: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         for job, args in jobs.items():
-            for tree in (("before", before), ("after", ROOT)) if r % 2 == 0 else (("after", ROOT), ("before", before)):
+            for tree in (
+                (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
+            ):
                 with tempfile.TemporaryDirectory() as tmp:
                     env_path = tree[1] + os.pathsep + os.environ.get("PYTHONPATH", "")
                     # (run from the temporary folder: the current one would come first on sys.path)
@@ -118,13 +120,14 @@ def processes(path: str, before: str, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", required=True, help="a checkout to compare with, kernels built in place")
+    parser.add_argument("--after", default=ROOT, help="the checkout compared (default: this one)")
     parser.add_argument("--scenes", type=int, default=1700)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     path = dataset(args.scenes)
     print(f"dataset: {path}, {os.cpu_count()} cores")
     in_process(path, args.rounds)
-    processes(path, os.path.abspath(args.before), args.rounds)
+    processes(path, os.path.abspath(args.before), os.path.abspath(args.after), args.rounds)
 
 
 if __name__ == "__main__":
