@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from l5dask.core.lazy import attach
 from l5dask.errors import (
     ChunkError,
     FormatError,
@@ -26,13 +27,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
+__getattr__, __dir__, _names = attach(__name__, _LAZY)
 
 __version__ = "0.1.0"
 

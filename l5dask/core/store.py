@@ -139,22 +139,33 @@ class Store:
         end), retrying transient store errors; map failures to clear errors. ``tried``: attempts
         already made elsewhere (a batch fetch whose error was ``failed``): they count."""
         path = self.path(key)
+
+        def read() -> bytes:
+            if self.local:
+                with open(path, "rb") as f:  # fsspec's local opener costs 70 us a call
+                    if start is None:
+                        return f.read()
+                    f.seek(start, 0 if start >= 0 else 2)
+                    return f.read() if end is None else f.read(end - f.tell())
+            if _protocol(self.fs) in ("tar", "zip"):
+                with _ARCHIVE_READS:
+                    return self.fs.cat_file(path, start=start, end=end)
+            return self.fs.cat_file(path, start=start, end=end)
+
+        return self._retrying(read, key, what, tried, failed)
+
+    def _retrying(
+        self, op: Any, key: str, what: str | None = None, tried: int = 0, failed: BaseException | None = None
+    ) -> Any:
+        """``op()``, its transient store errors retried with backoff (``tried`` attempts already
+        made elsewhere count), the others mapped to one-line errors naming the object."""
         delay = 0.2
         for attempt in range(tried, _RETRIES + 1):
             if attempt:
                 time.sleep(delay)
                 delay *= 2
             try:
-                if self.local:
-                    with open(path, "rb") as f:  # fsspec's local opener costs 70 us a call
-                        if start is None:
-                            return f.read()
-                        f.seek(start, 0 if start >= 0 else 2)
-                        return f.read() if end is None else f.read(end - f.tell())
-                if _protocol(self.fs) in ("tar", "zip"):
-                    with _ARCHIVE_READS:
-                        return self.fs.cat_file(path, start=start, end=end)
-                return self.fs.cat_file(path, start=start, end=end)
+                return op()
             except FileNotFoundError as exc:
                 raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
             except PermissionError as exc:
@@ -250,24 +261,14 @@ class Store:
         """The size of object ``key`` in bytes (``ChunkError`` if it is missing), with the retries
         of :meth:`get`."""
         path = self.path(key)
-        for attempt in range(_RETRIES + 1):
-            try:
-                if self.local:
-                    return os.path.getsize(path)
-                self.fs.invalidate_cache(path)  # (s3fs answers sizes from listings it cached)
-                return int(self.fs.size(path))
-            except FileNotFoundError as exc:
-                raise ChunkError(f"{self.url}: object {key!r} is missing") from exc
-            except PermissionError as exc:
-                raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
-            except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
-                if attempt < _RETRIES and _is_transient(exc):
-                    time.sleep(0.2 * 2**attempt)
-                    continue
-                raise StoreError(
-                    f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
-                ) from exc
-        raise AssertionError("unreachable")
+
+        def size() -> int:
+            if self.local:
+                return os.path.getsize(path)
+            self.fs.invalidate_cache(path)  # (s3fs answers sizes from listings it cached)
+            return int(self.fs.size(path))
+
+        return self._retrying(size, key)
 
     def with_root(self, root: str) -> Store:
         """This store's filesystem (and URL) at another root path: a folder inside it."""

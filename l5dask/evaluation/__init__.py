@@ -8,8 +8,7 @@ The names mirror ``l5kit.evaluation``: ``read_gt_csv``, ``write_pred_csv``, ``se
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from l5dask.core.lazy import attach
 
 #: public name -> its module
 _PUBLIC = {
@@ -23,14 +22,4 @@ _PUBLIC = {
     "evaluate": "metrics",
 }
 
-__all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(f"l5dask.evaluation.{_PUBLIC[name]}"), name)
-    raise AttributeError(f"module 'l5dask.evaluation' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC})
+__getattr__, __dir__, __all__ = attach(__name__, _PUBLIC)

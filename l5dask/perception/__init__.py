@@ -5,8 +5,7 @@ perception commands without importing dask)."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from l5dask.core.lazy import attach
 
 #: public name -> its module
 _PUBLIC = {
@@ -16,14 +15,4 @@ _PUBLIC = {
     "perception_report": "report",
 }
 
-__all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module(f"l5dask.perception.{_PUBLIC[name]}"), name)
-    raise AttributeError(f"module 'l5dask.perception' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_PUBLIC})
+__getattr__, __dir__, __all__ = attach(__name__, _PUBLIC)
