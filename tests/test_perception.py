@@ -483,6 +483,14 @@ def _edit_escaped_key(root):
     return "modality is a list"
 
 
+def _edit_key_twice(root):
+    """A key twice in one object: json keeps the last, DuckDB refuses; one line says which."""
+    path = os.path.join(root, "data", "sensor.json")
+    text = open(path).read().replace('"modality": "lidar"', '"modality": "camera", "modality": "lidar"', 1)
+    open(path, "w").write(text)
+    return "the key 'modality' appears twice in one object"
+
+
 def _edit_deep(root):
     path = os.path.join(root, "data", "log.json")
     rows = load(root, "log")
@@ -498,6 +506,7 @@ BAD = [
     (_edit_translation_element, "sample_annotation.json: row 3"),
     (_edit_escaped_key, "sensor.json: row"),
     (_edit_deep, "log.json"),
+    (_edit_key_twice, "sensor.json: row"),
     (_edit_remove_sensor, "the table sensor.json is missing"),
     (_edit_bad_json, "scene.json: not valid JSON at line"),
     (_edit_no_token, "log.json: row 1 has no token"),

@@ -24,7 +24,7 @@ enum { L5_KIND_STRING = 1, L5_KIND_NUMBER = 2, L5_KIND_BOOL = 3, L5_KIND_STRINGS
 /* what a value was found to be */
 enum { L5_T_NULL = 0, L5_T_STRING = 1, L5_T_NUMBER = 2, L5_T_BOOL = 3, L5_T_ARRAY = 4, L5_T_OBJECT = 5, L5_T_OTHER = 6 };
 /* the outcome */
-enum { L5_JSON_OK = 0, L5_JSON_MISMATCH = 1, L5_JSON_UNSURE = 2, L5_JSON_TOO_DEEP = 3 };
+enum { L5_JSON_OK = 0, L5_JSON_MISMATCH = 1, L5_JSON_UNSURE = 2, L5_JSON_TOO_DEEP = 3, L5_JSON_DUPLICATE = 4 };
 #define L5_JSON_MAX_DEPTH 64
 
 typedef struct {
@@ -122,6 +122,7 @@ static int l5_json_types(const uint8_t* start, const uint8_t* end, const uint8_t
         p = l5_ws(p, end);
         if (p >= end || *p != '{') return L5_JSON_UNSURE;
         p = l5_ws(p + 1, end);
+        uint64_t seen = 0; /* the declared keys met in this object (DuckDB refuses a key twice) */
         if (p < end && *p == '}') {
             p++;
         } else {
@@ -138,6 +139,13 @@ static int l5_json_types(const uint8_t* start, const uint8_t* end, const uint8_t
                         k = i;
                         break;
                     }
+                if (k >= 0) {
+                    if ((seen >> k) & 1) {
+                        fault->row = row, fault->key = k, fault->offset = k0 - 1 - start;
+                        return L5_JSON_DUPLICATE;
+                    }
+                    seen |= (uint64_t)1 << k;
+                }
                 p = l5_ws(k1, end);
                 if (p >= end || *p != ':') return L5_JSON_UNSURE;
                 p = l5_ws(p + 1, end);

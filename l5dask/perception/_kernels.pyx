@@ -585,7 +585,8 @@ cdef extern from "_jsontypes.h":
 def json_types(const uint8_t[::1] data, list keys, const int64_t[::1] kinds):
     """Check the JSON type of each declared key's value in every row of the table ``data`` (a JSON
     array of objects): ``(status, row, key index, element, found type, byte offset)``; status 0
-    (all fit), 1 (a mismatch), 2 (cannot vouch: check another way), 3 (nested too deeply)."""
+    (all fit), 1 (a mismatch), 2 (cannot vouch: check another way), 3 (nested too deeply), 4 (a
+    declared key twice in one object)."""
     cdef Py_ssize_t n = len(keys), i
     cdef l5_json_fault fault
     cdef int status

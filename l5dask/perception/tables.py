@@ -170,6 +170,8 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
         return
     if status == 3:
         raise FormatError(f"{where}: row {row} nests JSON too deeply for a table")
+    if status == 4:
+        raise FormatError(f"{where}: row {row}: the key {list(columns)[key]!r} appears twice in one object")
     if status == 2:
         why = _python_types(bytes(raw), name)
         if why is None:
