@@ -31,8 +31,8 @@ def raise_if_dask_computes():
 
 def test_views_dataframes_and_groupings_are_lazy(small_ds):
     ds = l5dask.open_dataset(small_ds)
-    view = ds.joined("agents")  # (reads the scenes' host names once: its host coordinate's categories)
     with raise_if_dask_computes():
+        view = ds.joined("agents")  # (reads the scenes' host names, in this thread: no computation)
         agents = ds.agents
         tree = ds.to_datatree()
         speed = np.hypot(view.velocity.sel(xy="x"), view.velocity.sel(xy="y"))

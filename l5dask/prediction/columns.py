@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import Job, Rows, parent_rows
+from l5dask.core.engine import Rows, parent_rows
 from l5dask.errors import FormatError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import distance_to_parent, gather, norm2
@@ -389,9 +389,11 @@ class Table:
         return _LazyHosts(self)
 
     def host_names(self) -> tuple[str, ...]:
-        """The distinct hosts of the dataset's scenes, sorted (read once, in one task)."""
+        """The distinct hosts of the dataset's scenes, sorted (their chunks read once, here: no
+        dask computation, so that building a view computes nothing)."""
         if self.hosts is None:
-            scenes = Job().read(self.ds[fmt.SCENES])
+            array = self.ds[fmt.SCENES]
+            scenes = array.read(0, array.meta.nchunks, ["host"])
             self.hosts = tuple(np.unique(scenes["host"]).tolist())
         return self.hosts
 
