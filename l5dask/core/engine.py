@@ -149,7 +149,7 @@ class Block(NamedTuple):
 
     partial: Any
     rows: Rows | None
-    bounds: np.ndarray | None  # per interval field: (chunks, 6) table of block_bounds
+    bounds: dict[str, np.ndarray] | None  # per interval field: (chunks, 6) table of block_bounds
 
 
 @dataclass(frozen=True)
@@ -259,7 +259,8 @@ def parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | Non
     """A task's parent rows: those handed to it, else the rows of the parent blocks it was given."""
     if link_rows is not None:
         return link_rows
-    return Rows.concat([b.rows for b in blocks]) if blocks else None
+    rows = [b.rows for b in blocks if b.rows is not None]
+    return Rows.concat(rows) if rows else None
 
 
 def _note(exc: BaseException, spec_name: str, source: Any, first: int, n: int, what: str) -> None:
@@ -278,7 +279,8 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     them, keep their rows and their interval bounds."""
     source, red = spec.source, spec.reduction
     parent = parent_rows(link_rows, parent_blocks)
-    part, rows, bounds = None, [], {f: [] for f in spec.intervals}
+    part, rows = None, []
+    bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
     chunks = (
         [(source.chunk_bounds(first)[0], read_block_of(source, first, n, spec.encoded))]
         if spec.blocks
@@ -321,7 +323,7 @@ def _finalize(reduction: Reduction, part: Any) -> Any:
 
 
 def _bounds_of(block: Block) -> dict[str, np.ndarray]:
-    return block.bounds
+    return block.bounds or {}
 
 
 def _read_whole(source: Any) -> Any:
@@ -517,7 +519,7 @@ class Job:
         graph, deps = {}, []
         link = spec.parent
         persisted = link is not None and isinstance(link.parent, Persisted)
-        if persisted:
+        if link is not None and isinstance(link.parent, Persisted):
             deps = link.parent.collections
         for i, (first, n) in enumerate(groups):
             lo = spec.source.chunk_bounds(first)[0]
@@ -536,7 +538,7 @@ class Job:
     def read(self, source: Any, name: str | None = None) -> Any:
         """A whole (small) source in one task, computed now (on the workers on a cluster)."""
         key = name or f"l5-{source.name}-{tokenize(source)}"
-        graph = {key: Task(key, _read_whole, source)}
+        graph: dict[Any, Task] = {key: Task(key, _read_whole, source)}
         return compute(
             Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])), client=self.client, **self.kw
         )
@@ -574,7 +576,9 @@ class Job:
         # one small graph: a task per block takes its bounds out where the block is (the block,
         # rows included, never moves), one task gathers them
         name = f"l5-bounds-{tokenize([p.keys for p in passes])}"
-        graph, deps, refs = {}, [], []
+        graph: dict[Any, Task] = {}
+        deps: list = []
+        refs: list[tuple[str, int]] = []
         for p in passes:
             for k in p.keys:
                 key = (f"{name}-block", len(refs))
@@ -601,7 +605,7 @@ class Job:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
         writes its own output chunks); results in order."""
         key = f"{name}-{tokenize(func, calls)}"
-        graph = {(key, i): Task((key, i), func, *args) for i, args in enumerate(calls)}
+        graph: dict[Any, Task] = {(key, i): Task((key, i), func, *args) for i, args in enumerate(calls)}
         graph[key] = Task(key, list, List(*[TaskRef(k) for k in list(graph)]))
         return compute(
             Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
@@ -651,6 +655,8 @@ class Job:
                 graph.update(g)
                 deps += d
                 leaves = list(g)
+            if red is None:
+                raise ValueError(f"pass {label!r} declares no reduction: persist it, or give one")
             root = tree_reduce(graph, f"l5-combine-{label}-{tokenize(leaves)}", leaves, red)
             fin = (f"l5-finalize-{label}-{tokenize(root)}",)
             graph[fin] = Task(fin, _finalize, red, TaskRef(root))

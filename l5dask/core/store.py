@@ -178,7 +178,8 @@ class Store:
                     f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
                 ) from exc
         raise StoreError(
-            f"{self.url}: reading {key!r} failed after {tried} attempt(s): {_describe(failed)}"
+            f"{self.url}: reading {key!r} failed after {tried} attempt(s): "
+            f"{_describe(failed) if failed is not None else 'no attempt left'}"
         ) from failed
 
     def get_into(self, key: str, buffer: memoryview, *, what: str | None = None) -> int:
