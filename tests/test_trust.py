@@ -144,6 +144,18 @@ def test_a_faces_array_of_2_32_rows_is_refused_before_any_graph(damaged):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # KB: nothing built
 
 
+def _s3_flags(s3) -> list[str]:
+    """The command line's storage options for the moto server."""
+    opts = s3.storage_options()
+    pairs = (
+        f"key={opts['key']}",
+        f"secret={opts['secret']}",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+        "client_kwargs.region_name=us-east-1",
+    )
+    return [arg for pair in pairs for arg in ("-o", pair)]
+
+
 # --- the same through a zip and S3 -----------------------------------------------------------------------
 def _zip(folder: Path, dest: Path) -> Path:
     with zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as z:
@@ -160,17 +172,7 @@ def test_zip_and_s3_refuse_it_the_same_through_every_command(damaged, tmp_path, 
     remote = f"l5-damaged/{name}.zarr"
     if not fs.exists(remote):
         fs.put(str(damaged[name]), remote, recursive=True)
-    opts = s3.storage_options()
-    flags = [
-        "-o",
-        f"key={opts['key']}",
-        "-o",
-        f"secret={opts['secret']}",
-        "-o",
-        f"client_kwargs.endpoint_url={s3.endpoint}",
-        "-o",
-        "client_kwargs.region_name=us-east-1",
-    ]
+    flags = _s3_flags(s3)
     archive = str(_zip(damaged[name], tmp_path / f"{name}.zip"))
     chunk_damage = (name, edit, pattern) in damage.CHUNK
     for data, extra in ((archive, []), (f"s3://{remote}", flags)):
@@ -314,17 +316,7 @@ def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
     )
     s3.make_bucket("l5-perception")
     s3.s3fs().put(str(root), "l5-perception/bad", recursive=True)
-    opts = s3.storage_options()
-    flags = [
-        "-o",
-        f"key={opts['key']}",
-        "-o",
-        f"secret={opts['secret']}",
-        "-o",
-        f"client_kwargs.endpoint_url={s3.endpoint}",
-        "-o",
-        "client_kwargs.region_name=us-east-1",
-    ]
+    flags = _s3_flags(s3)
     archive = _zip(root, tmp_path / "perception.zip")
     for data, extra in ((str(root), []), (str(archive), []), ("s3://l5-perception/bad", flags)):
         out = tmp_path / "out"
