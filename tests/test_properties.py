@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
-from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
+from l5dask.core.codec import typesize_of
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import evaluate_where
@@ -22,6 +22,7 @@ from l5dask.prediction.kernels import Gather
 from l5dask.prediction.reading import Encoded
 
 from . import strategies as s
+from .gather_reference import gather_verdict
 
 SETTINGS = settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -51,29 +52,10 @@ def test_the_compressed_gather_and_numcodecs_agree_on_every_chunk(data, dtype, c
     raw = data.draw(s.damaged(clean))
     elements, argmax = _plan(dtype)
     plan = Gather(dtype, elements, argmax)
-    outs, maxes = plan.outputs(rows)
-    status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8))
-    why = check_blosc(raw, chunk_rows * dtype.itemsize, typesize_of(dtype.itemsize))
+    status, why, accepted, ref = gather_verdict(plan, raw, chunk_rows, rows)  # (asserts the readers agree)
     event(f"gather status {status}, header rule {'accepts' if why is None else 'refuses'}")
     if raw == clean:
-        assert why is None and status in (0, 1)
-    if why is None:  # (numcodecs reads past the end of chunks the rule refuses)
-        ref = np.empty(chunk_rows, dtype)
-        try:
-            decode_blosc(raw, ref)
-            accepted = True
-        except (RuntimeError, ValueError):
-            accepted = False
-        if raw == clean:
-            assert accepted and ref.tobytes() == rec.tobytes()
-        if status == 0:
-            assert accepted
-            want, wmax = plan.outputs(rows)
-            plan.records(ref[:rows], want, wmax)
-            for got, exp in zip([*outs, *maxes], [*want, *wmax]):
-                assert got.tobytes() == exp.tobytes()  # bit for bit
-        if status == -1:
-            assert not accepted
+        assert why is None and status in (0, 1) and accepted and ref is not None and ref.tobytes() == rec.tobytes()
     # every path through the readers: the same verdict, the same numbers
     meta = fmt.ArrayMeta("t", dtype, max(rows, 1) if rows else 0, chunk_rows)
     if meta.length == 0:

@@ -72,37 +72,26 @@ class L5Dataset:
         return {fmt.SHORT_NAMES[n]: (len(self.arrays[n]) if n in self.arrays else 0) for n in fmt.ARRAY_NAMES}
 
     # xarray views ------------------------------------------------------------------
+    def _view(self, name: str):
+        from l5dask.prediction.views import array_to_dataset  # (xarray: imported when a view is made)
+
+        return array_to_dataset(self, name)
+
     @cached_property
     def scenes(self):
-        from l5dask.prediction.views import (
-            array_to_dataset,  # (xarray: imported when a view is made)
-        )
-
-        return array_to_dataset(self, fmt.SCENES)
+        return self._view(fmt.SCENES)
 
     @cached_property
     def frames(self):
-        from l5dask.prediction.views import (
-            array_to_dataset,  # (xarray: imported when a view is made)
-        )
-
-        return array_to_dataset(self, fmt.FRAMES)
+        return self._view(fmt.FRAMES)
 
     @cached_property
     def agents(self):
-        from l5dask.prediction.views import (
-            array_to_dataset,  # (xarray: imported when a view is made)
-        )
-
-        return array_to_dataset(self, fmt.AGENTS)
+        return self._view(fmt.AGENTS)
 
     @cached_property
     def tl_faces(self):
-        from l5dask.prediction.views import (
-            array_to_dataset,  # (xarray: imported when a view is made)
-        )
-
-        return array_to_dataset(self, fmt.TL_FACES)
+        return self._view(fmt.TL_FACES)
 
     def joined(self, name: str, chunks_per_task: int | None = None):
         """The xarray view of ``name`` with lazy join coordinates (``scene_index``, ``frame_index``,

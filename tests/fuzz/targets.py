@@ -17,10 +17,10 @@ from collections.abc import Callable
 import numpy as np
 from numcodecs import Blosc
 
-from l5dask.core.codec import check_blosc, decode_blosc
 from l5dask.errors import L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import Gather
+from tests.gather_reference import gather_verdict
 
 # --- blosc chunks: the compiled gather against numcodecs -----------------------------------------------
 SMALL = np.dtype([("a", "<u2"), ("p", "<f4", (2,)), ("b", "u1"), ("c", "i1")])  # 12 bytes: split streams
@@ -45,26 +45,7 @@ def blosc(data: bytes) -> None:
         return
     dtype, chunk_rows, rows = CONFIGS[data[0] % len(CONFIGS)]
     raw = data[1:]
-    plan = _plan(dtype)
-    outs, maxes = plan.outputs(rows)
-    status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8))
-    why = check_blosc(raw, chunk_rows * dtype.itemsize, dtype.itemsize)
-    if why is not None:
-        return
-    ref = np.empty(chunk_rows, dtype)
-    try:
-        decode_blosc(raw, ref)
-        accepted = True
-    except (RuntimeError, ValueError):
-        accepted = False
-    if status == 0:
-        assert accepted, "the compiled gather read a chunk numcodecs refuses"
-        want, wmax = plan.outputs(rows)
-        plan.records(ref[:rows], want, wmax)
-        for got, exp in zip([*outs, *maxes], [*want, *wmax]):
-            assert got.tobytes() == exp.tobytes(), "the compiled gather and numcodecs disagree"
-    elif status == -1:
-        assert not accepted, "the compiled gather refused a chunk numcodecs reads"
+    gather_verdict(_plan(dtype), raw, chunk_rows, rows)
 
 
 def _blosc_seeds() -> list[bytes]:
