@@ -270,8 +270,8 @@ def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
 
 
 def test_lazy_joins_compute_on_a_cluster(dask_cluster, small_ds):
-    """The joins' graphs are made at compute time on the client; their frames pass and child tasks
-    run on the workers (the persisted frame blocks stay there), and the values equal numpy."""
+    """The joins' graphs hold their frames pass (built on the client, computing nothing); the pass
+    and the child tasks run on the workers, and the values equal numpy."""
     import dask
     import numpy as np
 
@@ -287,7 +287,7 @@ def test_lazy_joins_compute_on_a_cluster(dask_cluster, small_ds):
         ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
     np.testing.assert_array_equal(scene, scene_of_frame[frame_of_agent])
     np.testing.assert_array_equal(ts, ref["frames"]["timestamp"][frame_of_agent])
-    assert any(p.startswith("l5-frames-join-pass") for p in ran) and any(p.startswith("l5-join-agents") for p in ran)
+    assert any(p.startswith("l5-frames-join-held") for p in ran) and any(p.startswith("l5-join-agents") for p in ran)
 
 
 def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small_ds):

@@ -11,7 +11,6 @@ from distributed import Client
 import l5dask
 from l5dask.core import engine
 from l5dask.core.engine import Job, Link, Pass, Reduction, Rows
-from l5dask.core.sources import ByteRanges, Files, TableRows
 from l5dask.prediction import format as fmt
 
 from .conftest import read_all
@@ -154,89 +153,6 @@ def test_same_result_on_threads_and_a_real_cluster(small_ds, dask_cluster):
 
 # --- other sources ------------------------------------------------------------------------------
 LINES = Reduction("lines", lambda data, start, parent: data.splitlines(), _cat, list)
-
-
-@pytest.mark.parametrize("block_bytes", [1, 7, 100, 10**6])
-def test_byte_ranges_give_every_line_once_in_order(tmp_path, block_bytes):
-    rng = np.random.default_rng(block_bytes)
-    lines = [b"a,b,c"] + [
-        b",".join(str(x).encode() for x in rng.integers(0, 10 ** rng.integers(1, 9), 3)) for _ in range(500)
-    ]
-    path = tmp_path / "t.csv"
-    path.write_bytes(b"\n".join(lines) + b"\n")
-    src = ByteRanges(str(path), block_bytes=block_bytes, header=True)
-    assert src.header_line == b"a,b,c" and src.nchunks == -(-path.stat().st_size // block_bytes)
-    got = Job().compute([Pass(src, LINES)])[0]
-    assert got == lines[1:]
-    total = Reduction(
-        "sum",
-        lambda d, s, p: int(np.loadtxt(d.splitlines(), delimiter=",", dtype=np.int64, ndmin=2).sum()) if d else 0,
-        _cat,
-        int,
-    )
-    assert Job(chunks_per_task=3).compute([Pass(src, total)])[0] == sum(
-        int(x) for line in lines[1:] for x in line.split(b",")
-    )
-
-
-def test_byte_ranges_without_a_last_line_end(tmp_path):
-    path = tmp_path / "t.csv"
-    path.write_bytes(b"x\n1\n22\n333")
-    assert Job().compute([Pass(ByteRanges(str(path), block_bytes=2, header=True), LINES)])[0] == [b"1", b"22", b"333"]
-
-
-def test_files_of_a_folder_in_groups(tmp_path):
-    rng = np.random.default_rng(0)
-    sizes = rng.integers(0, 5000, 23)
-    for i, n in enumerate(sizes):
-        (tmp_path / f"sweep_{i:03d}.bin").write_bytes(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-    (tmp_path / "notes.txt").write_text("not a sweep")
-    src = Files(str(tmp_path), pattern="*.bin")
-    assert src.nchunks == 23
-    per_file = Reduction(
-        "sizes", lambda data, start, parent: [(start, len(data), int(np.frombuffer(data, np.uint8).sum()))], _cat, list
-    )
-    got = Job(chunks_per_task=4).compute([Pass(src, per_file)])[0]
-    want = [
-        (i, int(n), int(np.frombuffer((tmp_path / f"sweep_{i:03d}.bin").read_bytes(), np.uint8).sum()))
-        for i, n in enumerate(sizes)
-    ]
-    assert got == want
-
-
-@pytest.mark.parametrize("kind", ["pyarrow", "pandas", "numpy"])
-def test_rows_of_a_table(kind):
-    """A toy reduction over the rows of an in-memory table: per-category sums, in row order."""
-    import pandas as pd
-    import pyarrow as pa
-
-    rng = np.random.default_rng(1)
-    cat, val = rng.integers(0, 5, 1003), rng.random(1003)
-    table = {
-        "pyarrow": pa.table({"cat": cat, "val": val}),
-        "pandas": pd.DataFrame({"cat": cat, "val": val}),
-        "numpy": np.rec.fromarrays([cat, val], names="cat,val"),
-    }[kind]
-
-    def sums(rows, start, parent):
-        c, v = np.asarray(rows["cat"]), np.asarray(rows["val"])
-        return [(start, len(c), np.bincount(c, weights=v, minlength=5))]
-
-    src = TableRows(table, chunk_rows=97)
-    assert src.nchunks == 11
-    parts = Job(chunks_per_task=2).compute([Pass(src, Reduction("sums", sums, _cat, list))])[0]
-    assert [(s, n) for s, n, _ in parts] == [(i * 97, min(97, 1003 - i * 97)) for i in range(11)]
-    np.testing.assert_allclose(sum(p for _, _, p in parts), np.bincount(cat, weights=val, minlength=5), rtol=1e-12)
-
-
-def test_files_from_s3(s3, tmp_path):
-    s3.make_bucket("l5-files")
-    fs = s3.s3fs()
-    for i in range(5):
-        fs.pipe(f"l5-files/sweeps/s{i}.bin", bytes([i]) * (i + 1))
-    src = Files("s3://l5-files/sweeps", pattern="*.bin", storage_options=s3.storage_options())
-    got = Job(chunks_per_task=2).compute([Pass(src, Reduction("b", lambda d, s, p: [d], _cat, list))])[0]
-    assert got == [bytes([i]) * (i + 1) for i in range(5)]
 
 
 def test_task_sizing_by_scheduler():

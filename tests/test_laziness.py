@@ -43,6 +43,13 @@ def test_views_dataframes_and_groupings_are_lazy(small_ds):
         x = ds["agents"].to_dask(fields=["yaw"])
         assert len(dict(x.__dask_graph__())) == ds["agents"].meta.nchunks
         dask.optimize(x, q.data)
+        # the joins' and the dataframes' graphs: looked at, counted and optimised, nothing runs
+        joined = ds.to_dask_dataframe("agents", columns=["speed"], joins=["timestamp", "host"])
+        frames = ds.to_dask_dataframe("frames", joins=["scene_index"])
+        for collection in (view.timestamp.data, view.scene_index.data, view.ego_translation.data, joined, frames):
+            graph = dict(collection.__dask_graph__())
+            assert len(graph) > collection.npartitions if hasattr(collection, "npartitions") else len(graph) > 1
+            dask.optimize(collection)
     assert agents.yaw.chunks and tree.children and q.chunks is not None and mean.chunks is not None
     with dask.config.set(scheduler="sync"):
         got = q.compute()

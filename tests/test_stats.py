@@ -178,14 +178,35 @@ def test_joins_match_numpy(small_ds):
     assert x.chunks == l5dask.open_dataset(small_ds)["agents"].to_dask().chunks
 
 
-def test_join_tasks_depend_only_on_overlapping_frame_blocks(small_ds):
-    x = Joins(l5dask.open_dataset(small_ds)).agent_frame()
-    graph = dict(x.__dask_graph__())  # made now: the frames pass runs, persisted
-    frame_blocks = [k for k in graph if k[0].startswith("l5-frames-join-pass")]
+def test_lazy_join_graph_holds_one_frames_pass(small_ds):
+    j = Joins(l5dask.open_dataset(small_ds))
+    j.declare("agents", ["index", "timestamp"])
+    x, t = j.agent_frame(), j.agent_frame_field("timestamp")
+    graph = dict(x.__dask_graph__())  # built now, nothing run (tests/test_laziness.py checks that)
+    held = [k for k in graph if len(k) == 1 and k[0].startswith("l5-frames-join-held")]
+    blocks = [k for k in graph if len(k) == 2 and k[0].startswith("l5-frames-join-held")]
+    assert len(held) == 1 and len(blocks) > 1
+    assert set(graph[held[0]].dependencies) == set(blocks)  # every frame block, once
     for key in x.__dask_keys__():
-        deps = graph[key].dependencies
-        assert all(d in frame_blocks for d in deps)
-        assert 1 <= len(deps) <= 3 < len(frame_blocks)
+        assert set(graph[key].dependencies) == set(held)
+    # the joins declared together share the pass: computed together, each frame chunk decoded once
+    assert held[0] in dict(t.__dask_graph__())
+
+
+def test_eager_join_tasks_get_only_overlapping_frame_blocks(small_ds):
+    from l5dask.core.engine import Job
+    from l5dask.prediction.columns import Table
+    from l5dask.prediction.joins import parent_link
+
+    ds = l5dask.open_dataset(small_ds)
+    selection = Table(ds, "agents").select(["timestamp"])
+    link = parent_link(ds, selection, Job(chunks_per_task=1))  # persists the frames pass now
+    persisted = link.parent
+    src = ds["agents"]
+    for i in range(src.nchunks):
+        lo, hi = src.chunk_bounds(i)
+        refs = persisted.refs(link.interval, lo, hi)
+        assert 1 <= len(refs) <= 3 < len(persisted.keys)
 
 
 def _break_intervals(src, dest, array, field, row, value):

@@ -2,9 +2,10 @@
 
 A computation is declared, not assembled (after flox and ``dask.array.reduction``):
 
-- a :class:`ChunkSource` is anything read in numbered chunks of rows (or bytes): an L5Kit
-  array (:class:`l5dask.prediction.reading.L5Array`), byte ranges of a file, the files of a folder
-  (:mod:`l5dask.core.sources`);
+- a :class:`ChunkSource` is anything read in numbered chunks of rows: an L5Kit array
+  (:class:`l5dask.prediction.reading.L5Array`), rows held in memory; work that is not a pass over
+  chunks (CSV byte ranges, lidar files, perception tables) runs as the job's tasks
+  (:meth:`Job.map`, :meth:`Job.map_reduce`), each reading through :class:`l5dask.core.store.Store`;
 - a :class:`Reduction` is one declared object: ``chunk`` (one chunk -> a partial), an ordered,
   associative ``combine``, its ``identity`` and a ``finalize``;
 - a :class:`Pass` runs a reduction over a source in tasks of whole chunks (each decoded once),
@@ -254,6 +255,23 @@ class Persisted:
         return [TaskRef(self.keys[k]) for k in np.flatnonzero((rows > 0) & (starts < hi) & (ends > lo))]
 
 
+@dataclass(frozen=True)
+class Held:
+    """A parent pass declared into a lazy graph, not run (:meth:`Job.hold`): its block tasks and
+    one task, ``key``, that checks their interval bounds and holds all their rows as one
+    :class:`Block`. Which blocks a child task overlaps is known only from the data, so every
+    child task takes the whole (on threads, shared memory; on a cluster, copied once to each
+    worker that runs a child): building and inspecting the graph computes nothing, unlike a
+    :class:`Persisted` pass, which runs when declared and routes each child only its blocks."""
+
+    key: tuple
+    graph: dict
+
+    def refs(self, interval: str, lo: int, hi: int) -> list[TaskRef]:
+        """A reference to the held rows (every child task takes them whole)."""
+        return [TaskRef(self.key)]
+
+
 # --- tasks ---------------------------------------------------------------------------------
 def parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | None:
     """A task's parent rows: those handed to it, else the rows of the parent blocks it was given."""
@@ -320,6 +338,16 @@ def combine_many(reduction: Reduction, *parts: Any) -> Any:
 
 def _finalize(reduction: Reduction, part: Any) -> Any:
     return reduction.finalize(part)
+
+
+def hold_blocks(parent: str, intervals: dict[str, int], *blocks: Block) -> Block:
+    """The task of a :class:`Held` pass: its blocks' interval bounds checked (the first problem
+    raised, as :meth:`Job.persist` does), their rows as one block."""
+    for f, child_len in intervals.items():
+        table = np.concatenate([b.bounds[f] for b in blocks if b.bounds]) if blocks else np.zeros((0, 6), np.int64)
+        raise_first(check_bounds(table, parent, f, child_len))
+    rows = [b.rows for b in blocks if b.rows is not None]
+    return Block(None, Rows.concat(rows) if rows else None, None)
 
 
 def _bounds_of(block: Block) -> dict[str, np.ndarray]:
@@ -510,6 +538,8 @@ class Job:
             self.threads,
             self.scheduler_kind,
             sorted(spec.intervals.items()),
+            spec.rows,
+            str(spec.parent.parent.key) if spec.parent is not None and isinstance(spec.parent.parent, Held) else None,
         )
 
     def leaves(self, spec: Pass, name: str, guided: bool = True) -> tuple[dict, list, list[tuple[int, int]]]:
@@ -518,9 +548,11 @@ class Job:
         stage = spec.stage()
         graph, deps = {}, []
         link = spec.parent
-        persisted = link is not None and isinstance(link.parent, Persisted)
+        persisted = link is not None and isinstance(link.parent, Persisted | Held)
         if link is not None and isinstance(link.parent, Persisted):
             deps = link.parent.collections
+        if link is not None and isinstance(link.parent, Held):
+            graph.update(link.parent.graph)
         for i, (first, n) in enumerate(groups):
             lo = spec.source.chunk_bounds(first)[0]
             hi = spec.source.chunk_bounds(first + n - 1)[1]
@@ -542,6 +574,16 @@ class Job:
         return compute(
             Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])), client=self.client, **self.kw
         )
+
+    def hold(self, spec: Pass) -> Held:
+        """``spec`` (a pass that keeps ``rows``) declared into a graph for lazy collections, not run:
+        nothing is computed until a child task is (see :class:`Held`)."""
+        name = f"l5-{spec.label}-held-{self.token(spec)}"
+        graph, _, _ = self.leaves(spec, f"{name}-block", guided=False)
+        blocks = [k for k in graph if isinstance(k, tuple) and k[0] == f"{name}-block"]
+        key = (name,)  # a tuple, as every other key of the graph (collections sort their keys)
+        graph[key] = Task(key, hold_blocks, spec.source.name, dict(spec.intervals), *[TaskRef(k) for k in blocks])
+        return Held(key, graph)
 
     def persist(self, *specs: Pass, check: bool = True, problems: list | None = None) -> list[Persisted]:
         """Run these passes' tasks together and keep their blocks; then fetch the interval bounds

@@ -94,7 +94,7 @@ def _label_offset() -> int:
     reads the 13 kept ones as consecutive floats)."""
     if not (np.diff(KEEP) == 1).all() or len(KEEP) != 13:
         raise AssertionError("L5Kit's kept labels are 13 consecutive ones")
-    return int(fmt.AGENT_DTYPE.fields["label_probabilities"][1] + 4 * KEEP[0])
+    return int(fmt.fields_of(fmt.AGENT_DTYPE)["label_probabilities"][1] + 4 * KEEP[0])
 
 
 def label_ok(records: np.ndarray, threshold: float) -> np.ndarray:
@@ -210,9 +210,10 @@ def span_mask(
         float(th.distance_m),
     )
     dt = fmt.AGENT_DTYPE
-    offsets = tuple(dt.fields[f][1] for f in _FIELDS)
+    offsets = tuple(fmt.fields_of(dt)[f][1] for f in _FIELDS)
     keep = _label_offset()
     rows = agents.meta.chunk_rows
+    pieces: Any
     if records is not None:
         pieces = ((span.a0, records),)
     elif n:
@@ -301,8 +302,8 @@ def select_agents(
 
 
 def report(parts: list[dict[str, np.ndarray]], th: Thresholds, n: int) -> dict[str, Any]:
-    rejects = sum(p["rejects"] for p in parts) if parts else np.zeros(len(REJECTS), np.int64)
-    table = sum(p["table"] for p in parts) if parts else np.zeros((4, 4), np.int64)
+    rejects = np.sum([p["rejects"] for p in parts], axis=0) if parts else np.zeros(len(REJECTS), np.int64)
+    table = np.sum([p["table"] for p in parts], axis=0) if parts else np.zeros((4, 4), np.int64)
     out: dict[str, Any] = {
         "th_agent_filter_probability_threshold": th.threshold,
         "th_yaw_degree": th.yaw_degrees,

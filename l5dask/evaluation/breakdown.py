@@ -68,7 +68,7 @@ def agent_groups(
         else {"track_id": np.zeros(0, np.int64), "label_probabilities": np.zeros((0, len(ds.labels)), np.float32)}
     )
     tid = np.empty(len(agents), np.int64)
-    tid[order] = got["track_id"].astype(np.int64)
+    tid[order] = np.asarray(got["track_id"], np.int64)
     probs = np.asarray(got["label_probabilities"]).reshape(len(wanted), -1)
     label = np.empty(len(agents), np.int64)
     label[order] = np.argmax(probs, axis=1)

@@ -183,7 +183,7 @@ def create_chopped_dataset(
             out_t0 = np.r_[0, np.cumsum(kept_faces)[:-1]].astype(np.int64)
         for s in range(len(scenes)):
             f0, a0 = int(table.f0[s]), int(table.a0[s])
-            shifts = (("agent_index_interval", int(out_a0[s]) - a0),)
+            shifts: tuple[tuple[str, int], ...] = (("agent_index_interval", int(out_a0[s]) - a0),)
             if tl:
                 t0 = int(table.t0[s])
                 shifts += ((tl, int(out_t0[s]) - t0),)

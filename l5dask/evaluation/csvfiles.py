@@ -113,12 +113,13 @@ class CSVFile:
     size: int
     header_bytes: int
     storage_options: dict | None = None
-    starts: np.ndarray | None = field(default=None, repr=False)
-    timestamps: np.ndarray | None = field(default=None, repr=False)
-    track_ids: np.ndarray | None = field(default=None, repr=False)
+    # (until the rows are scanned: no rows; ``starts`` ends with the end of the last row)
+    starts: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
+    timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    track_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     def __len__(self) -> int:
-        return 0 if self.starts is None else len(self.starts) - 1
+        return len(self.starts) - 1
 
     @property
     def modes(self) -> int:

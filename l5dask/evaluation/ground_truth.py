@@ -255,7 +255,7 @@ def export_zarr_to_csv(
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(filter_agents_threshold))
     n = len(ds[fmt.AGENTS])
-    mask = None
+    mask: Any = None
     if agents_mask is not None:
         mask = load_mask(agents_mask, n, storage_options)
     else:

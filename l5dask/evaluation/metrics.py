@@ -130,6 +130,7 @@ def _pair_task(
         pos = pred_rows - firsts[seg] + offset[seg]
         conf = np.concatenate([p.confs for p in parts])[pos]
         coords = np.concatenate([p.coords for p in parts])[pos]
+    assert conf is not None and g.avails is not None  # predictions' rows carry confidences; GT rows availabilities
     _check_confs(conf, pred, pred_rows)
     return _sums(row_metrics(g.coords, g.avails, coords, conf), groups)
 

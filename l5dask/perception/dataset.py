@@ -43,7 +43,7 @@ class Table:
         """A string column as a numpy object array (``None`` as ``""``)."""
         if col not in self._cache:
             values = np.array(self.arrow.column(col).to_pylist() if len(self) else [], object)
-            values[np.equal(values, None)] = ""
+            values[values == None] = ""  # noqa: E711  (elementwise, over an object array)
             self._cache[col] = values
         return self._cache[col]
 
@@ -156,8 +156,8 @@ class PerceptionDataset:
             found = dict(zip(own, own_found))
             for field, value in pending.items():
                 (t.lists if field in links.LIST_LINKS else t.links)[field] = value
-            for field in own:
-                t.links[field] = resolve(field, found[field])
+            for field in own:  # (own links are never lists)
+                t.links[field] = resolve(field, found[field])  # type: ignore[assignment]
             if name == "sample":
                 self._rank_samples(t)
             elif name == "sample_annotation":

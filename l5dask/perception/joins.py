@@ -241,7 +241,7 @@ def stored(ds, name: str, col: str) -> np.ndarray:
     if kind == "VARCHAR":
         return t.strings(col)
     if kind == tables.VEC:
-        return list(t.vectors(col))
+        return list(t.vectors(col))  # type: ignore[return-value]  # (a list of vectors, as the SDK's rows)
     return t.numbers(col, bool if kind == "BOOLEAN" else np.float64)
 
 

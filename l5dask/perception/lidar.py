@@ -241,7 +241,7 @@ def _count_task(store: Any, sweeps: dict[str, np.ndarray], boxes: dict[str, np.n
     names = [str(sweeps["filename"][s]) for s in todo]
     cs_r, cs_t, pose_r, pose_t = sweeps["cs_r"], sweeps["cs_t"], sweeps["pose_r"], sweeps["pose_t"]
     room = np.empty(int(sweeps["size"][todo].max(initial=0)) + 1, np.uint8)  # a file at a time, reused
-    for k, raw in _read_each(store, names, sweeps["size"][todo], lambda k, size: memoryview(room)[: size + 1]):
+    for k, raw in _read_each(store, names, sweeps["size"][todo], lambda k, size: memoryview(room.data)[: size + 1]):
         s = int(todo[k])
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))
         b0, b1 = int(lo[s]), int(hi[s])
@@ -385,7 +385,8 @@ def sweeps(
             ep.vectors("translation")[pose],
         )
     name = f"l5-lidar-sweeps-{tokenize(ds.store.url, names, sizes, frame, sweeps_per_task)}"
-    graph, chunks = {}, []
+    graph: dict[Any, Task] = {}
+    chunks: list[int] = []
     for i, lo in enumerate(range(0, len(rows), sweeps_per_task)):
         hi = min(lo + sweeps_per_task, len(rows))
         key = (name, i, 0)
@@ -397,7 +398,10 @@ def sweeps(
         graph[key] = Task(key, np.zeros, (0, 5), np.float32)
         chunks = [0]
     points = da.Array(
-        HighLevelGraph.from_collections(name, graph, dependencies=[]), name, (tuple(chunks), (5,)), dtype=np.float32
+        HighLevelGraph.from_collections(name, graph, dependencies=[]),
+        name,
+        (tuple(chunks), (5,)),
+        dtype=np.float32,
     )
     return Sweeps(rows, offsets, points, frame, missing)
 
@@ -419,7 +423,7 @@ def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
             )
             raise FormatError(f"{store.url.rstrip('/')}/{name}: a lidar sweep listed with {size} bytes {now} now")
 
-    sizes = [int(v) for v in sizes]
+    sizes = [int(v) for v in sizes]  # type: ignore[assignment]
     if not store.local:
         for k, (name, raw) in enumerate(zip(names, _read_ahead(store, names, READ_AHEAD))):
             check(name, sizes[k], -1 if raw is None else len(raw))
@@ -443,7 +447,7 @@ def _read_sweeps(store: Any, names: list[str], sizes: np.ndarray, moves: tuple |
     starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     room = np.empty(int(starts[-1]) + 1, np.uint8)
     out = room[:-1].view(np.float32).reshape((-1, 5))
-    flat = memoryview(room)
+    flat = memoryview(room.data)
     for k, raw in _read_each(store, names, sizes, lambda k, size: flat[starts[k] : starts[k] + size + 1]):
         part = out[starts[k] // POINT_BYTES : starts[k + 1] // POINT_BYTES]
         scan = np.frombuffer(raw, dtype="<f4").reshape((-1, 5))

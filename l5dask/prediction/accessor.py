@@ -64,7 +64,8 @@ class RangeGrouper(UniqueGrouper):
         if group.dtype.kind not in "iu":
             return super().factorize(group)
         self.group = group
-        lo, n = int(self.labels[0]), len(self.labels)
+        labels = np.asarray(self.labels)
+        lo, n = int(labels[0]), len(labels)
         codes = xr.apply_ufunc(
             range_codes,
             group,

@@ -285,7 +285,7 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
     c = spec.selection.chunk(data, start, parent)
     keep = None
     if spec.where is not None:
-        cats = {n: col.categories for n, col in spec.selection.columns.items() if col.categorical}
+        cats = {n: tuple(col.categories or ()) for n, col in spec.selection.columns.items() if col.categorical}
         keep = evaluate_where(spec.where, c, cats)
         keep = None if keep.all() else np.flatnonzero(keep)  # (takes of the kept rows: 5x faster than masks)
     needs = {name: spec.stats(name) for name, _ in spec.values}
@@ -343,11 +343,11 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
         col = spec.selection.columns[name]
         data[name] = part.keys[:, j]
         if col.categorical:
-            cats[name] = tuple(col.categories)
+            cats[name] = tuple(col.categories or ())
     size = len(part)
     for name, reds in spec.values:
         s = part.stats.get(name, {})
-        n = s.get("n")
+        n: Any = s.get("n")
         for r in reds:
             if r == "count":
                 out = (
@@ -367,7 +367,9 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
             elif r in ("min", "max"):
                 out = np.where(n > 0, s[r], np.nan)
             else:
-                out = sketch_quantiles(part.sketches[name], size, quantile_of(r), spec.quantile_bits)
+                q = quantile_of(r)
+                assert q is not None  # the spec accepted only these names
+                out = sketch_quantiles(part.sketches[name], size, q, spec.quantile_bits)
             data[f"{name}_{r}"] = out
     return Result(data, cats)
 

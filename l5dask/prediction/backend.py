@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -34,7 +35,7 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._bytes = 0
 
-    def get(self, key: tuple, load) -> np.ndarray:
+    def get(self, key: Any, load) -> np.ndarray:
         with self._lock:
             if key in self._data:
                 self._data.move_to_end(key)
@@ -66,7 +67,7 @@ class L5BackendArray(BackendArray):
 
     def __init__(self, array, field: str, cache: ChunkCache) -> None:
         self._array, self._cache, self.field = array, cache, field
-        sub = array.dtype.fields[field][0]
+        sub = fmt.fields_of(array.dtype)[field][0]
         self.shape = (len(array), *sub.shape)
         self.dtype = sub.base
 
@@ -100,7 +101,7 @@ def _lazy_dataset(ds, name: str, fields) -> xr.Dataset:
     variables = {}
     cache = ChunkCache()
     for field, var in template.data_vars.items():
-        data = indexing.LazilyIndexedArray(L5BackendArray(array, field, cache))
+        data = indexing.LazilyIndexedArray(L5BackendArray(array, str(field), cache))
         encoding = {"preferred_chunks": {ROW_DIMS[name]: array.meta.chunk_rows}}
         variables[field] = xr.Variable(var.dims, data, encoding=encoding)
     return xr.Dataset(variables, coords=template.coords, attrs=template.attrs)
@@ -133,7 +134,7 @@ class L5KitBackendEntrypoint(BackendEntrypoint):
         fields = None
         if drop_variables:
             drop = {drop_variables} if isinstance(drop_variables, str) else set(drop_variables)
-            fields = [f for f in ds[name].dtype.names if f not in drop]
+            fields = [f for f in fmt.names_of(ds[name].dtype) if f not in drop]
         return _lazy_dataset(ds, name, fields)
 
     def open_groups_as_dict(self, filename_or_obj, *, storage_options: dict | None = None, **kwargs):

@@ -67,7 +67,7 @@ def info(dataset: str, storage_options) -> None:
     for name, arr in ds.arrays.items():
         click.echo(
             f"  {name:<20} {len(arr):>14,} rows  {arr.meta.nchunks:>7,} chunks of {arr.meta.chunk_rows:,}"
-            f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names)}"
+            f"  {arr.dtype.itemsize} B/row  fields: {', '.join(arr.dtype.names or ())}"
         )
 
 

@@ -107,6 +107,7 @@ def _blosc(dtype: np.dtype) -> dict:
 
 def array_json(array: str, field: str, m: FieldMeta, attrs: dict | None = None) -> bytes:
     """The ``zarr.json`` of one field array (zarr v3, sharded, with dimension names)."""
+    fill: str | float
     if m.strings:
         data_type, fill, inner = (
             "string",
@@ -232,7 +233,7 @@ class ColumnarArray(L5Array):
         return project(np.empty(0, self.meta.dtype), self.selected).dtype if self.selected else self.meta.dtype
 
     def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
-        names = self._fields(fields) or self.selected or self.meta.dtype.names
+        names = self._fields(fields) or self.selected or fmt.names_of(self.meta.dtype)
         dtype = project(np.empty(0, self.meta.dtype), names).dtype
         lo, hi = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1] if n else 0
         out = np.empty(max(hi - lo, 0), dtype=dtype)
@@ -354,9 +355,9 @@ def columnar_arrays(store: Store) -> tuple[dict[str, L5Array], dict]:
             raise FormatError(f"{store.url}: {name}/zarr.json lacks l5dask's attributes") from None
         if not (fmt.is_count(length) and fmt.is_count(rows, 1)):
             raise FormatError(f"{store.url}: {name}/zarr.json: length {length!r} or chunk_rows {rows!r} out of range")
-        fields = {f: _field_meta(store, f"{name}/{f}", store.url) for f in dtype.names}
+        fields = {f: _field_meta(store, f"{name}/{f}", store.url) for f in fmt.names_of(dtype)}
         for f, m in fields.items():
-            sub = dtype.fields[f][0]
+            sub = fmt.fields_of(dtype)[f][0]
             want = sub.base if sub.base.kind != "U" else np.dtype("<U16")
             if m.tail != sub.shape or m.dtype != want or m.length != length:
                 raise FormatError(f"{store.url}: {name}/{f} does not match the table's dtype and length")

@@ -69,7 +69,7 @@ class Column:
     fields: tuple[str, ...] = ()  # stored fields read
     parent: tuple[str, ...] = ()  # parent row columns needed ("scene", "host", frame fields)
     needs: tuple[str, ...] = ()  # other columns it is computed from
-    categories: tuple[str, ...] | None = None  # categorical: values are codes into these
+    categories: Sequence[str] | None = None  # categorical: values are codes into these
     element: tuple[str, tuple[int, ...]] | None = None  # a stored number: (field, index in the field)
     argmax: str | None = None  # the argmax of this (float32) field
 
@@ -119,7 +119,8 @@ class Chunk:
 
         wanted = [c for c in self.columns.values() if c.element is not None and c.name not in self._cols]
         maxed = [c for c in self.columns.values() if c.argmax is not None and c.name not in self._cols]
-        elements, argmax = [c.element for c in wanted], [c.argmax for c in maxed]
+        elements = [c.element for c in wanted if c.element is not None]
+        argmax = [c.argmax for c in maxed if c.argmax is not None]
         values, maxes = (
             gather(self._data, elements, argmax)
             if isinstance(self._data, np.ndarray)
@@ -129,10 +130,17 @@ class Chunk:
         self._cols.update(zip([c.name for c in maxed], maxes))
 
     @property
+    def parent_rows(self) -> Rows:
+        """The parent rows this chunk was given (a join column needs them)."""
+        if self.parent is None:
+            raise ValueError("a join column of a chunk given no parent rows")
+        return self.parent
+
+    @property
     def pos(self) -> np.ndarray:
         """Position, in the parent rows, of each row's parent."""
         if self._pos is None:
-            self._pos = self.parent.locate(self.start, self.start + len(self), self.parent_start)
+            self._pos = self.parent_rows.locate(self.start, self.start + len(self), self.parent_start)
         return self._pos
 
 
@@ -180,22 +188,22 @@ def _hour(c: Chunk) -> np.ndarray:
 
 def _parent_hour(c: Chunk) -> np.ndarray:
     """The hour of each row's frame: computed per frame, then taken per row."""
-    return hour_of_day(c.parent["timestamp"]).take(c.pos)
+    return hour_of_day(c.parent_rows["timestamp"]).take(c.pos)
 
 
 def _distance(c: Chunk) -> np.ndarray:
     """``sqrt(dx * dx + dy * dy)`` in float64 to the ego of the row's frame, as the report (one
     compiled pass over the rows and their frames' positions: no per-row copies of the ego)."""
 
-    return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent["ego_translation"], c.pos)
+    return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent_rows["ego_translation"], c.pos)
 
 
 def _parent_index(c: Chunk) -> np.ndarray:
-    return c.parent.offset + c.pos
+    return c.parent_rows.offset + c.pos
 
 
 def _parent_col(name: str, index: tuple, dtype: np.dtype, c: Chunk) -> np.ndarray:
-    col = c.parent[name]
+    col = c.parent_rows[name]
     return np.asarray(col[(slice(None), *index)].take(c.pos) if index else col.take(c.pos), dtype=dtype)
 
 
@@ -219,7 +227,7 @@ def element_names(name: str, shape: tuple[int, ...], labels: tuple[str, ...]) ->
 
         return [
             (f"{prefix}_{''.join(parts)}", idx)
-            for idx, parts in zip(itertools.product(*(range(n) for n in shape)), itertools.product(*known[1]))
+            for idx, parts in zip(itertools.product(*(range(n) for n in shape)), itertools.product(*known[1]))  # type: ignore[arg-type]
         ]
     import itertools
 

@@ -3,10 +3,10 @@
 One partition per task of stored chunks (sized as the engine sizes a pass), known divisions
 (the row index), the columns of :mod:`l5dask.prediction.columns`. Building the DataFrame reads nothing
 (except the scenes' host names when a ``host`` column is asked for: they are its categories).
-Its graph is made when it is computed: join columns come from the parent's rows, one pass over
-the frames (persisted, each chunk decoded once) whose blocks go to only the partitions they
-overlap, as the report does; each partition decodes each of its stored chunks once and copies
-out only the fields its columns need.
+Building or inspecting its graph computes nothing: join columns come from the parent's rows, one
+pass over the frames in the same graph (each chunk decoded once, held by one task; see
+:meth:`l5dask.core.engine.Job.hold`); each partition decodes each of its stored chunks once and
+copies out only the fields its columns need.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from l5dask.prediction.groupby import (
     group_part,
     sketch_quantiles,
 )
-from l5dask.prediction.joins import Deferred, chunk_tasks
+from l5dask.prediction.joins import chunk_tasks
 
 
 def category_dtype(names) -> pd.CategoricalDtype:
@@ -119,10 +119,8 @@ def to_dask_dataframe(
     name = f"l5-df-{fmt.SHORT_NAMES[table.array]}-{token}"
     keys = [(name, i) for i in range(len(groups))]
 
-    def build() -> dict:
-        return chunk_tasks(ds, selection, groups, keys, _partition)
-
-    return dd.from_graph(Deferred(build, token=name), meta, divisions, keys, f"l5-df-{fmt.SHORT_NAMES[table.array]}")
+    graph = chunk_tasks(ds, selection, groups, keys, _partition)
+    return dd.from_graph(graph, meta, divisions, keys, f"l5-df-{fmt.SHORT_NAMES[table.array]}")
 
 
 def _sketch_partition(frame: pd.DataFrame, by: list[str], column: str, bits: int):

@@ -97,7 +97,7 @@ def _write_shards(
     _, data, cols = selection.block(first, n, rows, blocks)
     shard = first // CHUNKS_PER_SHARD
     for name, m in metas.items():
-        values = data[name] if name in data.dtype.names else cols[name]
+        values = data[name] if name in fmt.names_of(data.dtype) else cols[name]
         put(out, m.shard_key(shard), encode_shard(values, m))
     return len(data)
 
@@ -113,8 +113,8 @@ def _named(names: list[str], *counts: int) -> dict[str, int]:
 def _field_metas(ds: L5Dataset, name: str) -> dict[str, FieldMeta]:
     arr = ds[name]
     metas = {}
-    for f in arr.dtype.names:
-        sub = arr.dtype.fields[f][0]
+    for f in fmt.names_of(arr.dtype):
+        sub = fmt.fields_of(arr.dtype)[f][0]
         metas[f] = FieldMeta(f"{name}/{f}", sub.base, sub.shape, len(arr), arr.meta.chunk_rows, CHUNKS_PER_SHARD)
     for j in JOINS[name]:
         metas[j] = FieldMeta(f"{name}/{j}", np.dtype(np.int64), (), len(arr), arr.meta.chunk_rows, CHUNKS_PER_SHARD)
@@ -232,7 +232,7 @@ def _zarr3_metadata(out: Store, ds: L5Dataset, metas_of: dict[str, dict[str, Fie
     for name, metas in metas_of.items():
         arr = ds[name]
         for f, m in metas.items():
-            attrs = {}
+            attrs: dict[str, Any] = {}
             if f == "label_probabilities":
                 attrs["labels"] = list(ds.labels)
             elif f == "traffic_light_face_status":

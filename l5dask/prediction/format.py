@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,23 @@ import numpy as np
 
 from l5dask.core.codec import MAX_BUFFERSIZE as MAX_CHUNK_NBYTES
 from l5dask.errors import FormatError
+
+
+def fields_of(dtype: np.dtype) -> Mapping[str, tuple]:
+    """The fields of a structured dtype (``dtype.fields``, which numpy types as optional)."""
+    fields = dtype.fields
+    if fields is None:
+        raise TypeError(f"not a structured dtype: {dtype}")
+    return fields
+
+
+def names_of(dtype: np.dtype) -> tuple[str, ...]:
+    """The field names of a structured dtype (``dtype.names``, which numpy types as optional)."""
+    names = dtype.names
+    if names is None:
+        raise TypeError(f"not a structured dtype: {dtype}")
+    return names
+
 
 FORMAT_VERSION = 2
 
@@ -174,7 +192,7 @@ class ArrayMeta:
     def typesize(self) -> int:
         """The element size blosc stores in a chunk's header: the record's (an N-D array's number
         type's, for arrays with a ``tail``), 1 past blosc's 255."""
-        size = self.dtype.fields["value"][0].base.itemsize if self.tail else self.dtype.itemsize
+        size = fields_of(self.dtype)["value"][0].base.itemsize if self.tail else self.dtype.itemsize
         return size if size <= 255 else 1
 
     def chunk_bounds(self, index: int) -> tuple[int, int]:
@@ -204,7 +222,7 @@ def dtype_from_descr(descr: Any, where: str) -> np.dtype:
     """
     if not isinstance(descr, list) or not 0 < len(descr) <= 256:
         raise FormatError(f"{where}: dtype {_short(descr)} is not a structured dtype (a list of 1 to 256 fields)")
-    fields = []
+    fields: list[tuple] = []
     for entry in descr:
         if not (isinstance(entry, list) and len(entry) in (2, 3) and isinstance(entry[0], str)):
             raise FormatError(f"{where}: malformed dtype field {_short(entry)}")
@@ -242,7 +260,7 @@ def descr_from_dtype(dtype: np.dtype) -> list[list[Any]]:
     """The zarr v2 JSON ``dtype`` entry of a structured dtype (as zarr-python 2 writes it)."""
     out: list[list[Any]] = []
     for name in dtype.names or ():
-        sub = dtype.fields[name][0]
+        sub = fields_of(dtype)[name][0]
         if sub.subdtype is not None:
             base, shape = sub.subdtype
             out.append([name, base.str, list(shape)])
@@ -262,9 +280,9 @@ def check_fields(name: str, dtype: np.dtype, where: str) -> None:
     if missing:
         raise FormatError(f"{where}: array {name!r} lacks the field(s) {', '.join(missing)}")
     for field in dtype.names:
-        if field not in expected.names:
+        if field not in names_of(expected):
             continue
-        got, want = dtype.fields[field][0], expected.fields[field][0]
+        got, want = fields_of(dtype)[field][0], fields_of(expected)[field][0]
         if got.shape != want.shape or got.base.kind != want.base.kind:
             raise FormatError(
                 f"{where}: field {name}.{field} has dtype {got.base.str}{list(got.shape)}, "
@@ -375,7 +393,8 @@ def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
     if not isinstance(descr, str):
         raise FormatError(f"{where}: dtype {descr!r} is not a plain number type")
     base = safe_dtype(descr, set("biuf"), f"{where}: it has", "which is not a number type; refusing to read it")
-    shape, chunks = meta.get("shape"), meta.get("chunks")
+    shape: Any = meta.get("shape")
+    chunks: Any = meta.get("chunks")
     ok = (
         isinstance(shape, list)
         and isinstance(chunks, list)
@@ -407,7 +426,7 @@ def parse_nd_zarray(name: str, raw: bytes, where: str) -> ArrayMeta:
 def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, ...] = ()) -> bytes:
     """The ``.zarray`` that zarr-python 2 (hence L5Kit) writes for such an array (for an N-D array
     of one number type, ``tail``: its records are its trailing dimensions, as L5Kit's masks)."""
-    meta = {
+    meta: dict[str, Any] = {
         "chunks": [chunk_rows],
         "compressor": dict(COMPRESSOR),
         "dtype": descr_from_dtype(dtype),
@@ -418,7 +437,7 @@ def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, 
         "zarr_format": 2,
     }
     if tail:
-        base = dtype.fields["value"][0].base
+        base = fields_of(dtype)["value"][0].base
         meta.update(
             chunks=[chunk_rows, *tail],
             shape=[length, *tail],

@@ -155,7 +155,7 @@ def group_part(
 
     for name, v in values.items():
         need = needs[name]
-        stats = {}
+        stats: dict[str, Any] = {}
         if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: no NaN, its rows
             part.stats[name] = {"n": (rows[present] if dense else rows).copy()}
             continue
@@ -172,6 +172,7 @@ def group_part(
             if "max" in need:
                 stats["max"] = hi
             if "m2" in need:
+                assert total is not None  # asked for with m2
                 mean = np.divide(total, count, out=np.zeros(ngroups), where=count > 0)
                 dev = v - mean[codes]
                 dev[np.isnan(dev)] = 0.0
@@ -180,7 +181,7 @@ def group_part(
         if "sketch" in need:
             ok = ~np.isnan(v) if keep is None else ~np.isnan(v) & keep
             g = codes if ok.all() else codes[ok]
-            part.sketches[name] = _sketch(remap[g] if dense else g, v if ok.all() else v[ok], quantile_bits)
+            part.sketches[name] = _sketch(remap[g] if remap is not None else g, v if ok.all() else v[ok], quantile_bits)
     return part
 
 

@@ -1,30 +1,34 @@
 """Lazy, vectorized interval joins: scene -> frame -> agent, frame -> traffic-light face.
 
 ``Joins(ds).agent_scene()`` and the other joins are dask arrays chunked like their child array;
-building them reads nothing. Their graphs are made when they are computed, by the engine:
+building them reads nothing and computes nothing (nor does inspecting or optimising their
+graphs). Each graph holds, declared by the engine (:meth:`l5dask.core.engine.Job.hold`):
 
-1. the parent's rows are one pass (scenes read whole; the frames pass persisted, each chunk
-   decoded once, keeping only the join columns asked for, and its intervals checked);
-2. each child task gets only the parent blocks whose child ranges overlap its rows and finds
-   each row's parent with ``searchsorted``. A child chunk is never read: its rows are known
-   from the metadata.
+1. the parent's rows as one pass: the scenes read whole, then the frames, each chunk decoded
+   once, keeping only the join columns asked for; one task checks the intervals and holds the
+   rows;
+2. a task per child chunk that finds each row's parent with ``searchsorted``. A child chunk is
+   never read: its rows are known from the metadata.
 
-All the joins of one :class:`Joins` (hence of one ``ds.joined(...)`` view) share one parent
-pass: computing several join coordinates together decodes each frame chunk once.
+The joins of one :class:`Joins` declared before the first is built (:meth:`Joins.declare`, as
+``ds.joined(...)`` does) share one parent pass: computing several join coordinates together
+decodes each frame chunk once.
+
+The eager passes (``aggregate``, exports) persist the frames pass instead
+(:func:`parent_link`): each child task then gets only the parent blocks it overlaps.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import Task
+from dask.task_spec import Task, TaskRef
 
-from l5dask.core.engine import Block, Job, Link, Pass, Rows
+from l5dask.core.engine import Block, Held, Job, Link, Pass, Rows
 from l5dask.core.intervals import check_intervals
 from l5dask.prediction import format as fmt
 
@@ -39,33 +43,6 @@ PARENT = {
 }
 
 
-class Deferred(Mapping):
-    """A graph layer made when it is first read (at compute time), not when it is declared."""
-
-    def __init__(self, build, token: str | None = None) -> None:
-        self._build, self._graph, self._token = build, None, token
-
-    def __dask_tokenize__(self):
-        return ("l5dask.Deferred", self._token or id(self))
-
-    def _materialized(self) -> dict:
-        if self._graph is None:
-            self._graph = self._build()
-        return self._graph
-
-    def __getitem__(self, key):
-        return self._materialized()[key]
-
-    def __iter__(self) -> Iterator:
-        return iter(self._materialized())
-
-    def __len__(self) -> int:
-        return len(self._materialized())
-
-    def __contains__(self, key) -> bool:
-        return key in self._materialized()
-
-
 def scene_rows(scenes: np.ndarray, hosts: tuple[str, ...] | None = None) -> Rows:
     """The scenes as the frames' parent rows: each scene's frame interval (``start``, ``end``),
     and with ``hosts`` (the sorted host names) each scene's host code (``host``)."""
@@ -74,6 +51,11 @@ def scene_rows(scenes: np.ndarray, hosts: tuple[str, ...] | None = None) -> Rows
     if hosts is not None:
         cols["host"] = np.searchsorted(np.asarray(hosts), scenes["host"]).astype(np.int32)
     return Rows(0, cols)
+
+
+def scene_block_rows(scenes: np.ndarray, start: int, parent: Any, hosts: tuple[str, ...] | None) -> Rows:
+    """:func:`scene_rows` of a block of scenes starting at scene ``start`` (a pass's ``rows``)."""
+    return Rows(start, scene_rows(scenes, hosts).cols)
 
 
 def frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str, ...], fields: tuple[str, ...]) -> Rows:
@@ -91,7 +73,7 @@ def frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str,
 
 def _take(lo: int, hi: int, start: str, column: str, rows: Rows | None, *blocks: Block) -> np.ndarray:
     """``column`` of the parent of each child row ``lo .. hi - 1``."""
-    rows = rows if rows is not None else Rows.concat([b.rows for b in blocks])
+    rows = rows if rows is not None else Rows.concat([b.rows for b in blocks if b.rows is not None])
     pos = rows.locate(lo, hi, start)
     if column == "index":
         return rows.offset + pos
@@ -104,7 +86,9 @@ class FramesPass:
     intervals checked. The scenes are read whole once (their intervals checked)."""
 
     def __init__(self, ds, job: Job | None = None) -> None:
-        self.ds, self.job, self.starts, self.fields = ds, job, set(), set()
+        self.ds, self.job = ds, job
+        self.starts: set[str] = set()
+        self.fields: set[str] = set()
         self.hosts: tuple[str, ...] | None = None
         self._done: tuple | None = None
         self._scenes: np.ndarray | None = None
@@ -132,20 +116,38 @@ class FramesPass:
         if field is not None and field not in ("scene", "index", start):
             self.fields.add(field)
 
-    def spec(self) -> Pass:
-        """The declared pass over the frames that keeps the rows asked for."""
+    def spec(self, scenes: Any = None) -> Pass:
+        """The declared pass over the frames that keeps the rows asked for, given the scene rows
+        (in memory, read here by default; or a :class:`~l5dask.core.engine.Held` scenes pass)."""
         ds = self.ds
         starts, fields = tuple(sorted(self.starts)), tuple(sorted(self.fields))
         child = {fmt.AGENTS: "agent_index_interval", fmt.TL_FACES: "traffic_light_faces_index_interval"}
         intervals = {f: len(ds[c]) for c, f in child.items() if f in starts}
         return Pass(
             ds[fmt.FRAMES],
-            parent=Link(self.scene_rows(), "start"),
+            parent=Link(self.scene_rows() if scenes is None else scenes, "start"),
             rows=functools.partial(frame_rows, starts=starts, fields=fields),
             intervals=intervals,
             blocks=True,
             name="frames-join",
         )
+
+    def held_scenes(self) -> Held:
+        """The scene rows as a lazy graph (read whole in one task, their intervals checked)."""
+        hosts = self.hosts if "host" in self.fields else None
+        spec = Pass(
+            self.ds[fmt.SCENES],
+            rows=functools.partial(scene_block_rows, hosts=hosts),
+            intervals={"frame_index_interval": len(self.ds[fmt.FRAMES])},
+            blocks=True,
+            name="scenes-join",
+        )
+        return Job(chunks_per_task=max(self.ds[fmt.SCENES].nchunks, 1)).hold(spec)
+
+    def held(self) -> Held:
+        """The frames' join rows asked for so far as a lazy graph (nothing computed): see
+        :meth:`l5dask.core.engine.Job.hold`."""
+        return (self.job or Job()).hold(self.spec(self.held_scenes()))
 
     def run(self) -> tuple[Any, dict]:
         """The persisted pass (its intervals checked) and its graph entries, once per set of columns."""
@@ -173,6 +175,17 @@ class Joins:
         self.ds, self.chunks_per_task = ds, chunks_per_task
         self._frames = FramesPass(ds)
 
+    def declare(self, child: str, columns: list[str]) -> None:
+        """Columns of ``child``'s parent that will be asked for: declared before the first join is
+        built, the joins share one parent pass."""
+        parent, interval = PARENT[child]
+        for column in columns:
+            if parent == fmt.SCENES:
+                if column == "host":
+                    self._frames.fields.add("host")
+            else:
+                self._frames.want(interval, column)
+
     def column(self, child: str, column: str) -> da.Array:
         """``column`` of each child row's parent: ``"index"`` (the parent row), ``"scene"``, a
         field of the parent (frames only: ``timestamp``, ``ego_translation``...), or ``"host"``
@@ -183,6 +196,7 @@ class Joins:
         src = self.ds[child]
         chunks = src.to_dask(chunks_per_task=self.chunks_per_task).chunks[0]
         bounds = np.r_[0, np.cumsum(chunks)].astype(np.int64)
+        tail: tuple[int, ...]
         if column == "host" and self._frames.hosts is None:
             raise ValueError("set the host names (self._frames.hosts) to join hosts")
         if parent == fmt.SCENES:
@@ -197,39 +211,26 @@ class Joins:
             elif column == "host":
                 dtype, tail = np.dtype(np.int32), ()
             else:
-                sub = self.ds[fmt.FRAMES].dtype.fields[column][0]  # KeyError: no such frame field
+                sub = fmt.fields_of(self.ds[fmt.FRAMES].dtype)[column][0]  # KeyError: no such frame field
                 dtype, tail = sub.base, sub.shape
             self._frames.want(interval, column)
         start = interval if parent == fmt.FRAMES else "start"
-        name = f"l5-join-{child}-{column}-{tokenize(self.ds[child], self.ds[parent], self.chunks_per_task)}"
         extra = (0,) * len(tail)
-
-        def build() -> dict:
-            graph = {}
-            if parent == fmt.SCENES:
-                rows = self._frames.scene_rows()
-                for i in range(len(chunks)):
-                    lo, hi = int(bounds[i]), int(bounds[i + 1])
-                    graph[(name, i)] = Task(
-                        (name, i),
-                        _take,
-                        lo,
-                        hi,
-                        "start",
-                        "host" if column == "host" else "index",
-                        rows.overlapping(lo, hi, "start"),
-                    )
-                return graph
-            persisted, entries = self._frames.run()
-            graph.update(entries)
-            for i in range(len(chunks)):
-                lo, hi = int(bounds[i]), int(bounds[i + 1])
-                key = (name, i, *extra)
-                graph[key] = Task(key, _take, lo, hi, start, column, None, *persisted.refs(interval, lo, hi))
-            return graph
-
-        hlg = HighLevelGraph({name: Deferred(build)}, {name: set()})
-        return da.Array(hlg, name, chunks=((*chunks,), *((n,) for n in tail)), dtype=dtype)
+        graph: dict = {}
+        if parent == fmt.SCENES:
+            held = self._frames.held_scenes()
+            ref = "start", "host" if column == "host" else "index"
+        else:
+            held = self._frames.held()
+            ref = start, column
+        name = f"l5-join-{child}-{column}-{tokenize(self.ds[child], held.key, self.chunks_per_task)}"
+        graph.update(held.graph)
+        for i in range(len(chunks)):
+            lo, hi = int(bounds[i]), int(bounds[i + 1])
+            key = (name, i, *extra)
+            graph[key] = Task(key, _take, lo, hi, *ref, None, *held.refs(interval, lo, hi))
+        hlg = HighLevelGraph.from_collections(name, graph, dependencies=())
+        return da.Array(hlg, name, chunks=((*chunks,), *((k,) for k in tail)), dtype=dtype)
 
     def frame_scene(self) -> da.Array:
         """Scene index of every frame."""
@@ -265,7 +266,7 @@ def validate(ds) -> list[str]:
     array, reading only its interval fields' bounds."""
     specs = []
     for parent, fld, child in fmt.INTERVALS:
-        if ds.has(parent) and ds.has(child) and fld in ds[parent].dtype.names:
+        if ds.has(parent) and ds.has(child) and fld in fmt.names_of(ds[parent].dtype):
             specs.append(Pass(ds[parent], intervals={fld: len(ds[child])}, blocks=True, name=f"{parent}-{fld}"))
     problems: list[str] = []
     Job().persist(*specs, check=False, problems=problems)
@@ -291,31 +292,18 @@ def parent_frames(ds, selection, job: Job | None = None) -> FramesPass | None:
 def chunk_tasks(ds, selection, groups: list[tuple[int, int]], keys: list, func, job: Job | None = None) -> dict:
     """A task per group of stored chunks of ``selection``'s array, ``func(selection, first, n,
     rows, *parent_blocks)`` (bind other arguments first, with ``functools.partial``), each given
-    only the parent rows it overlaps: the scene rows
-    (frames), or references to the blocks of the frames pass it overlaps (agents, faces), the pass
-    run and persisted here (a graph made at compute time: ``Deferred``)."""
-    from dask.task_spec import Task
-
-    source = selection.source
-    bounds = (
-        [source.chunk_bounds(f)[0] for f, _ in groups] + [source.chunk_bounds(groups[-1][0] + groups[-1][1] - 1)[1]]
-        if groups
-        else [0]
-    )
+    the parent rows as a held block (the scene rows for frames; the frames pass for agents and
+    faces; see :meth:`l5dask.core.engine.Job.hold`): a graph whose building computes nothing."""
     graph: dict = {}
     frames = parent_frames(ds, selection, job)
     if frames is None:
         for key, (first, n) in zip(keys, groups):
             graph[key] = Task(key, func, selection, first, n, None)
-    elif selection.array == fmt.FRAMES:
-        rows = frames.scene_rows()
-        for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
-            graph[key] = Task(key, func, selection, first, n, rows.overlapping(lo, hi, "start"))
-    else:
-        persisted, entries = frames.run()
-        graph.update(entries)
-        for key, (first, n), lo, hi in zip(keys, groups, bounds, bounds[1:]):
-            graph[key] = Task(key, func, selection, first, n, None, *persisted.refs(selection.parent_start, lo, hi))
+        return graph
+    held = frames.held_scenes() if selection.array == fmt.FRAMES else frames.held()
+    graph.update(held.graph)
+    for key, (first, n) in zip(keys, groups):
+        graph[key] = Task(key, func, selection, first, n, None, TaskRef(held.key))
     return graph
 
 

@@ -37,6 +37,7 @@ from l5dask.prediction._kernels import norm2_f32 as _norm2_f32
 from l5dask.prediction._kernels import range_codes as _range_codes
 from l5dask.prediction._kernels import track_runs as _track_runs
 from l5dask.prediction._kernels import uniform_histogram, union_sorted
+from l5dask.prediction.format import fields_of
 
 __all__ = [
     "agent_chunk",
@@ -54,7 +55,7 @@ __all__ = [
 ]
 
 #: The field types the compiled loops read (native byte order).
-AGENT_TYPES = {
+AGENT_TYPES: dict[str, np.dtype] = {
     "label_probabilities": np.dtype(np.float32),
     "velocity": np.dtype(np.float32),
     "centroid": np.dtype(np.float64),
@@ -68,12 +69,12 @@ def layout(records: np.ndarray, types: dict[str, np.dtype]) -> tuple[np.ndarray,
     Records whose fields already have those base types (native byte order) and that are
     contiguous are used in place; others are first converted (a copy of those fields).
     """
-    fields = records.dtype.fields
+    fields = fields_of(records.dtype)
     if not (records.flags.c_contiguous and all(fields[f][0].base == t for f, t in types.items())):
         packed = np.empty(len(records), np.dtype([(f, t, fields[f][0].shape) for f, t in types.items()]))
         for f in types:
             packed[f] = records[f]
-        records, fields = packed, packed.dtype.fields
+        records, fields = packed, fields_of(packed.dtype)
     return records, records.view(np.uint8).reshape(-1), {f: fields[f][1] for f in types}
 
 
@@ -105,7 +106,7 @@ def agent_chunk(
         or len(track_ids) < len(records)
     ):
         raise ValueError("agent_chunk: the frames of the rows, and an output slot per row, are needed")
-    nlabels = records.dtype.fields["label_probabilities"][0].shape[0]
+    nlabels = fields_of(records.dtype)["label_probabilities"][0].shape[0]
     if len(label_counts) != nlabels:
         raise ValueError(f"agent_chunk: {nlabels} label probabilities a row, but {len(label_counts)} label counts")
     records, buf, off = layout(records, AGENT_TYPES)
@@ -158,7 +159,7 @@ def distinct_values(records: np.ndarray, field: str) -> np.ndarray:
         return np.zeros(0, np.int64)
     if not records.flags.c_contiguous:
         records = np.ascontiguousarray(records)
-    sub, offset = records.dtype.fields[field][:2]
+    sub, offset = fields_of(records.dtype)[field][:2]
     return _distinct_rows(
         records.view(np.uint8).reshape(-1), len(records), records.dtype.itemsize, offset, sub.itemsize
     )
@@ -168,7 +169,7 @@ def argmax_counts(records: np.ndarray, field: str, counts: np.ndarray) -> None:
     """Add one to ``counts[argmax]`` of each row's ``field`` (float32 values; first maximum, as numpy)."""
     if not len(records):
         return
-    ncols = records.dtype.fields[field][0].shape[0]
+    ncols = fields_of(records.dtype)[field][0].shape[0]
     if len(counts) != ncols:
         raise ValueError(f"argmax_counts: {field} has {ncols} columns, but there are {len(counts)} counts")
     records, buf, off = layout(records, {field: np.dtype(np.float32)})
@@ -177,7 +178,7 @@ def argmax_counts(records: np.ndarray, field: str, counts: np.ndarray) -> None:
 
 def argmax_rows(records: np.ndarray, field: str) -> np.ndarray:
     """The argmax of each row's ``field`` (float32 values; first maximum, as numpy), as int8."""
-    ncols = records.dtype.fields[field][0].shape[0]
+    ncols = fields_of(records.dtype)[field][0].shape[0]
     if not 0 < ncols <= 127:
         raise ValueError(f"argmax_rows: {field} has {ncols} columns (1 to 127 are supported)")
     out = np.empty(len(records), np.int8)
@@ -273,7 +274,7 @@ class Gather:
     def __init__(
         self, dtype: np.dtype, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
     ) -> None:
-        fields = dtype.fields
+        fields = fields_of(dtype)
         self.dtype, self.elements, self.argmax = dtype, list(elements), list(argmax)
         self.dtypes = [fields[f][0].base for f, _ in self.elements]
         self.native = all(dt.isnative and dt.kind in "biuf" for dt in self.dtypes) and all(
@@ -312,7 +313,7 @@ class Gather:
             return
         if not self.native or not records.flags.c_contiguous:
             for out, (f, idx) in zip(outs, self.elements):
-                out[row0 : row0 + n] = records[f][(slice(None), *idx)]
+                out[row0 : row0 + n] = records[f][(slice(None), *idx)]  # type: ignore[arg-type]
             for out, f in zip(maxes, self.argmax):
                 out[row0 : row0 + n] = argmax_rows(records, f)
             return

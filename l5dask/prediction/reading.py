@@ -26,9 +26,9 @@ if TYPE_CHECKING:
 
 def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     """A packed copy of ``records`` with only ``fields`` (all of them when ``None``)."""
-    if fields is None or tuple(fields) == records.dtype.names:
+    if fields is None or tuple(fields) == fmt.names_of(records.dtype):
         return records
-    out = np.empty(records.shape, dtype=np.dtype([(f, records.dtype.fields[f][0]) for f in fields]))
+    out = np.empty(records.shape, dtype=np.dtype([(f, fmt.fields_of(records.dtype)[f][0]) for f in fields]))
     for f in fields:
         out[f] = records[f]
     return out
@@ -274,10 +274,10 @@ class L5Array:
             return None
         if isinstance(fields, str):
             fields = (fields,)
-        unknown = [f for f in fields if f not in self.dtype.names]
+        unknown = [f for f in fields if f not in fmt.names_of(self.dtype)]
         if unknown:
             raise UsageError(
-                f"array {self.name!r} has no field(s) {', '.join(unknown)}; it has {', '.join(self.dtype.names)}"
+                f"array {self.name!r} has no field(s) {', '.join(unknown)}; it has {', '.join(fmt.names_of(self.dtype))}"
             )
         return tuple(fields)
 
@@ -307,8 +307,12 @@ class L5Array:
         rows = self.meta.chunk_rows
         first, last = lo // rows, (hi - 1) // rows
         # runs of consecutive chunks that hold wanted rows
-        chunks = np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)])) if len(lo) else []
-        breaks = np.flatnonzero(np.diff(chunks) > 1) + 1 if len(chunks) else []
+        chunks = (
+            np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+            if len(lo)
+            else np.zeros(0, np.int64)
+        )
+        breaks = np.flatnonzero(np.diff(chunks) > 1) + 1
         for run in np.split(np.asarray(chunks, np.int64), breaks) if len(chunks) else []:
             for start, records in self.iter_chunks(int(run[0]), len(run)):
                 if out is None:

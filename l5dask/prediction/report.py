@@ -65,12 +65,12 @@ def compute_report(
                 )
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS].select(AGENT_FIELDS)
-    frames = frames.select([f for f in FRAME_FIELDS if f in frames.dtype.names])
+    frames = frames.select([f for f in FRAME_FIELDS if f in fmt.names_of(frames.dtype)])
     job = Job(
         client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=agents.nchunks
     )  # the agents are most of the work
     counts = ds.counts()
-    has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in frames.dtype.names
+    has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in fmt.names_of(frames.dtype)
 
     # 1. scenes, whole: the report holds a row per scene anyway
     scenes = job.read(ds[fmt.SCENES])

@@ -204,7 +204,7 @@ class FrameStats:
                 "num_agents": np.bincount(local, weights=per, minlength=k).astype(np.int64),
                 "num_tl_faces": (
                     np.bincount(local, weights=tl[:, 1] - tl[:, 0], minlength=k).astype(np.int64)
-                    if has_tl
+                    if tl is not None
                     else np.zeros(k, np.int64)
                 ),
                 "ego_distance_m": np.bincount(local[1:][same], weights=step, minlength=k),
@@ -241,6 +241,7 @@ class FrameStats:
             path=np.concatenate([a.path, b.path]),
         )
         out.dt_values, out.dt_counts = merge_counts(a.dt_values, a.dt_counts, b.dt_values, b.dt_counts)
+        assert a.last is not None and b.first is not None  # blocks of frames: never empty
         (sa, ta, xa, ya), (sb, tb, xb, yb) = a.last, b.first
         if sa == sb:  # the consecutive pair across the seam of the two blocks
             dt = tb - ta

@@ -143,7 +143,7 @@ def scene_table(ds: L5Dataset, job: Job) -> SceneTable:
 def tl_field(ds: L5Dataset) -> str | None:
     """The frames' face interval field, when the dataset has traffic lights."""
     f = "traffic_light_faces_index_interval"
-    return f if ds.has(fmt.TL_FACES) and f in ds[fmt.FRAMES].dtype.names else None
+    return f if ds.has(fmt.TL_FACES) and f in fmt.names_of(ds[fmt.FRAMES].dtype) else None
 
 
 # --- plans ------------------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def tl_field(ds: L5Dataset) -> str | None:
 class Piece:
     """Rows ``[lo, hi)`` of an input array, written at output row ``out``, ``shifts`` added to fields."""
 
-    source: L5Array
+    source: Any  # an L5Array, or rows in memory (anything with ``read``, ``chunk_bounds``)
     lo: int
     hi: int
     out: int
@@ -373,7 +373,7 @@ def concat(
 def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
     """``"0:100,200:250"`` as scene ranges ``[start, end)``; empty, overlapping or out-of-range
     ranges are refused."""
-    ranges = []
+    ranges: list[tuple[int, int]] = []
     for part in str(text).split(","):
         m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", part)
         if not m:

@@ -237,7 +237,7 @@ def synthesize(
                 writers[fmt.TL_FACES].append(data.tl_faces)
             else:
                 old = np.zeros(len(data.frames), dtype=frame_dtype)
-                for f in frame_dtype.names:
+                for f in fmt.names_of(frame_dtype):
                     old[f] = data.frames[f]
                 writers[fmt.FRAMES].append(old)
             writers[fmt.AGENTS].append(data.agents)

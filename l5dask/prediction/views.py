@@ -27,7 +27,9 @@ def _field_dims(field: str, shape: tuple[int, ...]) -> tuple[tuple[str, ...], di
     known = fmt.FIELD_DIMS.get(field)
     if known and len(known[0]) == len(shape):
         dims, labels = known
-        coords = {d: list(c) for d, c, n in zip(dims, labels, shape) if c is not None and len(c) == n}
+        coords: dict[str, Sequence[str]] = {
+            d: list(c) for d, c, n in zip(dims, labels, shape) if c is not None and len(c) == n
+        }
         return dims, coords
     return tuple(f"{field}_dim_{i}" for i in range(len(shape))), {}
 
@@ -39,8 +41,8 @@ def array_to_dataset(ds, name: str, fields: Sequence[str] | None = None, chunks_
     row = ROW_DIMS[name]
     variables = {}
     coords: dict[str, object] = {}
-    for field in records.dtype.names:
-        sub = records.dtype.fields[field][0]
+    for field in fmt.names_of(records.dtype):
+        sub = fmt.fields_of(records.dtype)[field][0]
         data = records[field]
         dims, field_coords = _field_dims(field, sub.shape)
         if name == fmt.AGENTS and field == "label_probabilities":
@@ -93,19 +95,20 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
 
     per_task = chunks_per_task or collection_chunks_per_task(ds[name].nchunks)
     j = Joins(ds, chunks_per_task=per_task)
-    hosts = Table(ds, name).host_names() if name != fmt.SCENES else None
     out = array_to_dataset(ds, name, chunks_per_task=per_task)
     row = ROW_DIMS[name]
     n_scenes, n_frames = len(ds[fmt.SCENES]), len(ds[fmt.FRAMES])
     if name == fmt.SCENES:
         return out
+    hosts = Table(ds, name).host_names()
+    j._frames.hosts = hosts
     if name == fmt.FRAMES:
-        j._frames.hosts = hosts
+        j.declare(name, ["index", "host"])
         return out.assign_coords(
             scene_index=(row, j.frame_scene(), range_attrs(n_scenes)),
             host=(row, j.column(name, "host"), categorical_attrs(hosts)),
         )
-    j._frames.hosts = hosts
+    j.declare(name, ["index", "scene", "timestamp", "host"] + (["ego_translation"] if name == fmt.AGENTS else []))
     coords = {
         "frame_index": (row, j.column(name, "index"), range_attrs(n_frames)),
         "scene_index": (row, j.column(name, "scene"), range_attrs(n_scenes)),

@@ -34,7 +34,7 @@ def encode_chunk(records: np.ndarray, chunk_rows: int, flat: bool = False) -> by
         full[: len(records)] = records
         records = full
     records = np.ascontiguousarray(records)
-    return _BLOSC.encode(records.view(records.dtype.fields["value"][0].base) if flat else records)
+    return _BLOSC.encode(records.view(fmt.fields_of(records.dtype)["value"][0].base) if flat else records)
 
 
 def put(store: Store, key: str, data: bytes) -> None:
@@ -99,7 +99,7 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> S
 def finish(store: Store, metas: Mapping[str, tuple[np.dtype, int, int] | fmt.ArrayMeta], labels=fmt.LABELS) -> None:
     """Write each array's ``.zarray`` (and the ``.zgroup`` of a subgroup such as ``agents_mask``),
     then ``.zattrs``, then the dataset's ``.zgroup`` last."""
-    groups = set()
+    groups: set[str] = set()
     for name, meta in metas.items():
         dtype, length, chunk_rows, tail = (
             (meta.dtype, meta.length, meta.chunk_rows, meta.tail) if isinstance(meta, fmt.ArrayMeta) else (*meta, ())
