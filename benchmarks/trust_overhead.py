@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from aggregate_queries import CLI  # noqa: E402
-from common import dataset, run  # noqa: E402
+from before_after import compare, job_args  # noqa: E402
+from common import dataset  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -81,42 +79,6 @@ def in_process(path: str, rounds: int) -> None:
     )
 
 
-def processes(path: str, before: str, after: str, rounds: int) -> None:
-    jobs = {
-        "stats": ["stats", path, "--quiet", "--output", "{tmp}/r.json"],
-        "agg q1": ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"],
-        "agg q2": ["agg", path, *CLI["q2"], "-q", "--output", "{tmp}/q2.parquet"],
-    }
-    times: dict[tuple[str, str], list[float]] = {}
-    for r in range(rounds):
-        for job, args in jobs.items():
-            for tree in (
-                (("before", before), ("after", after)) if r % 2 == 0 else (("after", after), ("before", before))
-            ):
-                with tempfile.TemporaryDirectory() as tmp:
-                    env_path = tree[1] + os.pathsep + os.environ.get("PYTHONPATH", "")
-                    # (run from the temporary folder: the current one would come first on sys.path)
-                    cmd = [
-                        "env",
-                        "-C",
-                        tmp,
-                        f"PYTHONPATH={env_path}",
-                        sys.executable,
-                        "-m",
-                        "l5dask.cli",
-                        *[a.format(tmp=tmp) for a in args],
-                    ]
-                    times.setdefault((job, tree[0]), []).append(run(cmd)[0])
-    print(f"(2) whole processes, {rounds} interleaved rounds (best; median of per-round after/before):")
-    for job in jobs:
-        b, a = times[(job, "before")], times[(job, "after")]
-        ratios = [x / y for x, y in zip(a, b)]
-        print(
-            f"    {job:<8} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
-            f"   median {statistics.median(ratios):.3f}"
-        )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", required=True, help="a checkout to compare with, kernels built in place")
@@ -127,7 +89,9 @@ def main() -> None:
     path = dataset(args.scenes)
     print(f"dataset: {path}, {os.cpu_count()} cores")
     in_process(path, args.rounds)
-    processes(path, os.path.abspath(args.before), os.path.abspath(args.after), args.rounds)
+    print("(2) ", end="")
+    jobs = job_args(["stats", "agg-q1", "agg-q2"], args.scenes, 0, 0)
+    compare(jobs, os.path.abspath(args.before), os.path.abspath(args.after), args.rounds)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The engine itself, with toy reductions: order, one decode per chunk, O(chunks) tasks, parent
-rows routed only to the child tasks that overlap them, threads against a real cluster, and
-sources other than L5Kit arrays (byte ranges of a file, files of a folder)."""
+rows routed only to the child tasks that overlap them, threads against a real cluster, task
+sizing, and the job's map and map_reduce."""
 
 from __future__ import annotations
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client
@@ -151,10 +152,6 @@ def test_same_result_on_threads_and_a_real_cluster(small_ds, dask_cluster):
     assert any(p.startswith("l5-agents") for p in ran) and any(p.startswith("l5-frames-pass") for p in ran)
 
 
-# --- other sources ------------------------------------------------------------------------------
-LINES = Reduction("lines", lambda data, start, parent: data.splitlines(), _cat, list)
-
-
 def test_task_sizing_by_scheduler():
     """Local threads: many small tasks (scheduling is cheap); dask.distributed: fewer, larger ones;
     always at least one chunk a task, and enough tasks for every thread while chunks last."""
@@ -196,3 +193,25 @@ def test_map_reduce_merges_in_an_ordered_tree_in_one_compute():
         with dask.config.set(split_every=fan_in):
             assert Job().map_reduce(lambda i: [i], calls, red, name="t") == list(range(37))
     assert Job().map_reduce(lambda i: [i], [], red, name="t") == []
+
+
+def test_map_starts_calls_in_the_order_given_on_local_threads():
+    import threading
+
+    started: list[int] = []
+    lock = threading.Lock()
+
+    def call(i):
+        with lock:
+            started.append(i)
+        return i * i
+
+    calls = [(i,) for i in range(23)]
+    with dask.config.set(num_workers=1):  # one thread: the start order is the order
+        assert Job(scheduler="threads").map(call, calls, name="order") == [i * i for i in range(23)]
+    assert started == list(range(23))
+    started.clear()
+    total = Job(scheduler="threads").map_reduce(
+        call, calls, Reduction("sum", None, lambda a, b: a + b, lambda: 0), name="order"
+    )
+    assert total == sum(i * i for i in range(23))

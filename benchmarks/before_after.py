@@ -1,0 +1,99 @@
+"""Two checkouts of l5dask compared on the main jobs, as whole processes, rounds interleaved.
+
+    python benchmarks/before_after.py --before ../l5dask-before [--after ../other] [--scenes 1700]
+        [--rows 500000] [--perception-scenes 180] [--rounds 5] [--jobs stats,agg-q1,agg-q2,evaluate,perception]
+
+``--before`` (and ``--after``, default this checkout) is a checkout whose compiled modules are
+built in place (``pip wheel --no-deps`` then the ``.so`` files copied into the tree, or
+``python setup.py build_ext --inplace``). Each job runs with that checkout first on
+``PYTHONPATH``, from a temporary folder; before and after alternate in each round (which goes
+first alternates too). Printed: the best time of each, the best's ratio and the median of the
+per-round after/before ratios (these shared machines change speed from minute to minute).
+
+The jobs: ``l5dask stats`` and ``l5dask agg`` (the README's q1 and q2) on the generated dataset of
+``--scenes`` scenes; ``l5dask evaluate`` on a generated GT/PRED pair of ``--rows`` rows;
+``l5dask perception stats --no-lidar`` on a generated perception dataset of
+``--perception-scenes`` scenes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from aggregate_queries import CLI  # noqa: E402
+from common import dataset, run  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+JOBS = ("stats", "agg-q1", "agg-q2", "evaluate", "perception")
+
+
+def job_args(names: list[str], scenes: int, rows: int, perception_scenes: int) -> dict[str, list[str]]:
+    """The command line of each job (``{tmp}``: the round's temporary folder)."""
+    out: dict[str, list[str]] = {}
+    if {"stats", "agg-q1", "agg-q2"} & set(names):
+        path = dataset(scenes)
+        print(f"dataset: {path}")
+        out["stats"] = ["stats", path, "--quiet", "--output", "{tmp}/r.json"]
+        out["agg-q1"] = ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"]
+        out["agg-q2"] = ["agg", path, *CLI["q2"], "-q", "--output", "{tmp}/q2.parquet"]
+    if "evaluate" in names:
+        from evaluation_benchmark import pair
+
+        gt, pred = pair(rows)
+        out["evaluate"] = ["evaluate", gt, pred, "-O", "{tmp}/m.json", "-q"]
+    if "perception" in names:
+        from perception_benchmark import perception_data
+
+        data = perception_data(perception_scenes, 0)
+        out["perception"] = ["perception", "stats", data, "--no-lidar", "--quiet", "--output", "{tmp}/p.json"]
+    return {k: v for k, v in out.items() if k in names}
+
+
+def compare(jobs: dict[str, list[str]], before: str, after: str, rounds: int) -> None:
+    """Run each job with each checkout, ``rounds`` interleaved rounds; print the figures."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        for job, args in jobs.items():
+            trees = (("before", before), ("after", after))
+            for label, tree in trees if r % 2 == 0 else trees[::-1]:
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = tree + os.pathsep + os.environ.get("PYTHONPATH", "")
+                    # (run from the temporary folder: the current one would come first on sys.path)
+                    cmd = ["env", "-C", tmp, f"PYTHONPATH={path}", sys.executable, "-m", "l5dask.cli"]
+                    times.setdefault((job, label), []).append(run(cmd + [a.format(tmp=tmp) for a in args])[0])
+    print(f"whole processes, {rounds} interleaved rounds (best; median of per-round after/before):")
+    for job in jobs:
+        b, a = times[(job, "before")], times[(job, "after")]
+        ratios = [x / y for x, y in zip(a, b)]
+        print(
+            f"    {job:<10} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
+            f"   median {statistics.median(ratios):.3f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--before", required=True, help="a checkout to compare with, kernels built in place")
+    parser.add_argument("--after", default=ROOT, help="the checkout compared (default: this one)")
+    parser.add_argument("--scenes", type=int, default=1700)
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--perception-scenes", type=int, default=180)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--jobs", default=",".join(JOBS), help=f"a comma-separated subset of {','.join(JOBS)}")
+    args = parser.parse_args()
+    names = [j for j in args.jobs.split(",") if j]
+    unknown = set(names) - set(JOBS)
+    if unknown:
+        parser.error(f"unknown job(s): {', '.join(sorted(unknown))}")
+    print(f"{os.cpu_count()} cores; before {args.before}, after {args.after}")
+    jobs = job_args(names, args.scenes, args.rows, args.perception_scenes)
+    compare(jobs, os.path.abspath(args.before), os.path.abspath(args.after), args.rounds)
+
+
+if __name__ == "__main__":
+    main()
