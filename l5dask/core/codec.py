@@ -55,7 +55,7 @@ def typesize_of(itemsize: int) -> int:
 
 def check_blosc(raw, nbytes: int, typesize: int, header_only: bool = False) -> str | None:
     """Why the blosc chunk ``raw`` is not one of ``nbytes`` decoded bytes of elements of
-    ``typesize`` bytes (as blosc stores it: :func:`typesize_of`), or ``None`` when it may be
+    ``typesize`` bytes (as blosc stores it: ``typesize_of``), or ``None`` when it may be
     decoded. Reads the 16-byte header only; ``header_only``: ``raw`` is the chunk's first bytes,
     not all of it (its length is not checked)."""
     size = len(raw)

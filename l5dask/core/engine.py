@@ -258,9 +258,9 @@ class Persisted:
 
 @dataclass(frozen=True)
 class Held:
-    """A parent pass declared into a lazy graph, not run (:meth:`Job.hold`): its block tasks and
-    one task, ``key``, that checks their interval bounds and holds all their rows as one
-    :class:`Block`. Which blocks a child task overlaps is known only from the data, so every
+    """A parent pass declared into a lazy graph, not run (:meth:`~l5dask.core.engine.Job.hold`): its
+    block tasks and one task, ``key``, that checks their interval bounds and holds all their rows as
+    one :class:`~l5dask.core.engine.Block`. Which blocks a child task overlaps is known only from the data, so every
     child task takes the whole (on threads, shared memory; on a cluster, copied once to each
     worker that runs a child): building and inspecting the graph computes nothing, unlike a
     :class:`Persisted` pass, which runs when declared and routes each child only its blocks."""
@@ -415,11 +415,11 @@ PARTITIONS_PER_THREAD = 4
 def collection_chunks_per_task(
     nchunks: int, threads: int | None = None, row_bytes: int | None = None, chunk_rows: int | None = None
 ) -> int:
-    """Stored chunks per chunk of a user-facing dask collection: :data:`COLLECTION_CHUNKS`, fewer
+    """Stored chunks per chunk of a user-facing dask collection: ``COLLECTION_CHUNKS``, fewer
     on small arrays so that every thread has a chunk.
 
     With ``row_bytes`` (the bytes of a row of its columns, ``chunk_rows`` rows a stored chunk), as
-    many as make :data:`PARTITION_BYTES`, but at least :data:`PARTITIONS_PER_THREAD` partitions a
+    many as make ``PARTITION_BYTES``, but at least ``PARTITIONS_PER_THREAD`` partitions a
     thread. Measured on 30 M agents, a groupby of three columns took 1.2-1.35x as long with 47
     partitions (records-sized, 640 k rows) as with 8-16: dask splits the output of a groupby by
     several keys with a hash shuffle once there are more than 15 partitions.
@@ -452,7 +452,7 @@ def tree_reduce(
 ) -> Any:
     """Add an ordered tree combine of ``leaves`` (keys) to ``graph``, one key name per level
     (``name-0``, ``name-1``...); returns the root key. Fan-in: ``split_every``, else dask's
-    ``split_every`` config, else :data:`SPLIT_EVERY`."""
+    ``split_every`` config, else ``SPLIT_EVERY``."""
     fan_in = int(split_every or dask.config.get("split_every", None) or SPLIT_EVERY)
     if fan_in < 2:
         raise ValueError("split_every must be at least 2")

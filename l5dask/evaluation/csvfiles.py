@@ -426,7 +426,7 @@ def read_gt_csv(csv_path: str, storage_options: dict | None = None, job: Any = N
 def read_pred_csv(
     csv_path: str, max_modes: int = MAX_MODES, storage_options: dict | None = None, job: Any = None
 ) -> ParsedFile:
-    """A PRED file as dask arrays (``confs`` (N, M), ``coords`` (N, M, T, 2)); see :func:`read_gt_csv`."""
+    """A PRED file as dask arrays (``confs`` (N, M), ``coords`` (N, M, T, 2)); see :func:`~l5dask.evaluation.csvfiles.read_gt_csv`."""
     f = scan(open_csv(csv_path, "pred", max_modes, storage_options), job)
     return _to_dask(f, row_groups(f))
 

@@ -324,7 +324,7 @@ class Sweeps:
     sweeps (a task reads its files: local, zip, tar or S3), its chunk sizes known from one listing
     of the files' folders; ``frame``: ``"sensor"`` as stored, or ``"world"`` moved through each
     sweep's calibrated_sensor and ego_pose as the SDK's point clouds move (see
-    :func:`count_in_boxes`). Files that are missing are left out (``missing``, as in the
+    ``count_in_boxes``). Files that are missing are left out (``missing``, as in the
     report's ``lidar.missing_files``)."""
 
     rows: np.ndarray
@@ -345,7 +345,7 @@ def sweeps(
     sweeps_per_task: int = SWEEPS_PER_TASK,
 ) -> Sweeps:
     """The lidar sweeps of ``ds`` (of these ``channels``, every lidar's by default; only key
-    frames if ``key_frames``) as a :class:`Sweeps`: nothing is read until its points are computed."""
+    frames if ``key_frames``) as a :class:`~l5dask.perception.lidar.Sweeps`: nothing is read until its points are computed."""
     import dask.array as da
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph

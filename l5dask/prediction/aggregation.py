@@ -1,4 +1,4 @@
-"""Users' own aggregations, declared, in one pass over the stored chunks: :func:`aggregate`.
+"""Users' own aggregations, declared, in one pass over the stored chunks: :func:`~l5dask.prediction.aggregation.aggregate`.
 
 ``l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean", "max"]})``
 is one :class:`~l5dask.core.engine.Reduction` (flox's shape: chunk, combine, finalize) run by the
@@ -408,7 +408,7 @@ def group_bound(table: Table, by: Sequence[str]) -> int:
 
 def aggregate(*args, **kwargs):
     """Group the rows of one array by some columns and reduce others, in one pass: a pandas
-    DataFrame (see :func:`aggregate_result` for the parameters)."""
+    DataFrame (see :func:`~l5dask.prediction.aggregation.aggregate_result` for the parameters)."""
     # (pandas is imported at the end: imported in a thread while the pass runs, it slowed the pass
     # by more than its 0.25 s, the threads taking turns at the GIL)
     return aggregate_result(*args, **kwargs).to_pandas()
@@ -456,7 +456,7 @@ def aggregate_result(
     -------
     Result
         The ``by`` columns, then ``{column}_{reduction}`` for each value; a row per group that
-        has rows, sorted by the keys (:func:`aggregate` gives it as a pandas DataFrame, with
+        has rows, sorted by the keys (:func:`~l5dask.prediction.aggregation.aggregate` gives it as a pandas DataFrame, with
         categoricals by name).
     """
 

@@ -1,5 +1,5 @@
 """xarray's ``engine="l5kit"``: a thin translator from xarray's backend interface to
-:func:`l5dask.open_dataset` (as rioxarray's plugin is to rasterio), with lazily indexed variables
+:func:`l5dask.open_dataset <l5dask.prediction.dataset.open_dataset>` (as rioxarray's plugin is to rasterio), with lazily indexed variables
 (``L5BackendArray``) whose decoded chunks are cached per opened array."""
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ class L5BackendArray(BackendArray):
 
 
 def _lazy_dataset(ds, name: str, fields) -> xr.Dataset:
-    """The same Dataset as :func:`array_to_dataset`, over lazily indexed backend arrays."""
+    """The same Dataset as ``array_to_dataset``, over lazily indexed backend arrays."""
     array = ds[name]
     template = array_to_dataset(ds, name, fields=fields)
     variables = {}

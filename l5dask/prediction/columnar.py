@@ -1,5 +1,5 @@
 """The zarr v3 columnar layout of an L5Kit dataset: written by ``l5dask export --format zarr3``,
-read back by :func:`l5dask.open_dataset` with the same :class:`~l5dask.prediction.dataset.L5Dataset` API.
+read back by :func:`l5dask.open_dataset <l5dask.prediction.dataset.open_dataset>` with the same :class:`~l5dask.prediction.dataset.L5Dataset` API.
 
 Layout (zarr v3, opened natively by zarr-python 3 and ``xr.open_datatree(..., engine="zarr")``)::
 

@@ -1,7 +1,7 @@
 """Named columns of each stored array: its fields flattened, derived values, and join columns.
 
 One catalogue (:class:`Table`) per array of a dataset, shared by the dataframe view
-(:func:`l5dask.frame.to_dask_dataframe`), the declarative aggregations
+(:func:`l5dask.prediction.dataframe.to_dask_dataframe`), the declarative aggregations
 (:func:`l5dask.prediction.aggregation.aggregate`) and the CLI. A column is computed per stored chunk from
 the chunk's records (decoded once; numbers and argmaxes gathered in one compiled pass, straight
 from the compressed bytes when the chunk is handed over undecoded) and, for join columns, from
@@ -110,7 +110,7 @@ class Chunk:
 
     def gathered(self, name: str) -> np.ndarray:
         """A stored number or an argmax: made with every other one the columns use, in one pass
-        over the records (:func:`l5dask.prediction.kernels.gather`)."""
+        over the records (``l5dask.prediction.kernels.gather``)."""
         if name not in self._cols:
             self._gather()
         return self._cols[name]

@@ -145,7 +145,7 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     """Quantiles of ``column`` per group of ``by`` of a dask DataFrame, in one pass and no shuffle
     (dask's groupby has no quantile; ``groupby.apply`` moves every row to its group's partition).
 
-    The sketch of :func:`l5dask.aggregate` per partition, merged in a tree: numpy's "linear"
+    The sketch of :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>` per partition, merged in a tree: numpy's "linear"
     quantile within ``2 ** -(quantile_bits + 1)`` of the larger of the two order statistics it
     interpolates (1.2e-4 relative by default; ``quantile_bits=52``: exact). NaN values are skipped.
 

@@ -1,4 +1,4 @@
-"""An opened L5Kit dataset (:class:`L5Dataset`) and :func:`open_dataset`: the facade that gathers the
+"""An opened L5Kit dataset (:class:`~l5dask.prediction.dataset.L5Dataset`) and :func:`~l5dask.prediction.dataset.open_dataset`: the facade that gathers the
 readers (:mod:`~l5dask.prediction.reading`), the zarr v3 export's reader
 (:mod:`~l5dask.prediction.columnar`), the xarray views (:mod:`~l5dask.prediction.views`) and the
 dataframes (:mod:`~l5dask.prediction.dataframe`); none of them imports it. The views and the
@@ -23,7 +23,7 @@ from l5dask.prediction.reading import L5Array, check_last_chunk
 class L5Dataset:
     """An opened L5Kit dataset: metadata read once, data read lazily.
 
-    Use :func:`open_dataset` to make one.
+    Use :func:`~l5dask.prediction.dataset.open_dataset` to make one.
     """
 
     def __init__(self, store: Store, arrays: dict[str, L5Array], attrs: dict[str, Any]) -> None:

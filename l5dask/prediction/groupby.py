@@ -1,6 +1,6 @@
 """Per-group partials of any collection, the shared half of every grouping in l5dask: the partial
-(:class:`GroupPart`: counts, sums, moments, extremes and the quantile sketch of each group), its
-associative combine, and the sketch's quantiles. :func:`l5dask.aggregate`, the xarray accessor's
+(:class:`~l5dask.prediction.groupby.GroupPart`: counts, sums, moments, extremes and the quantile sketch of each group), its
+associative combine, and the sketch's quantiles. :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`, the xarray accessor's
 ``.l5.groupby(...).quantile`` and :func:`l5dask.prediction.dataframe.quantiles` build on it.
 
 The quantile sketch keeps each value's float64 bits with all but ``quantile_bits`` of the mantissa
@@ -255,7 +255,7 @@ def _combine_all(*parts: GroupPart) -> GroupPart:
 def combine_delayed(parts: list) -> Any:
     """Delayed partials (neighbours in order) merged in an ordered tree (fan-in from dask's
     ``split_every``), as the engine's tree combines its own: the root, a ``Delayed`` of the whole
-    :class:`GroupPart`, computed by the caller (nothing is computed here)."""
+    :class:`~l5dask.prediction.groupby.GroupPart`, computed by the caller (nothing is computed here)."""
     import dask
     from dask.delayed import Delayed, delayed
 

@@ -39,7 +39,7 @@ def label_mix(report: dict[str, Any], ax=None):
 
 
 def speed_histogram(report: dict[str, Any], ax=None):
-    """Agents' speed |v| in m/s (last bar: overflow), log counts: most agents are parked, and on a
+    """Agents' speed ``|v|`` in m/s (last bar: overflow), log counts: most agents are parked, and on a
     linear axis their bar at 0 hides every other."""
     hist = report["agents"]["speed_mps"]["histogram"]
     total = max(sum(hist["counts"]), 1)

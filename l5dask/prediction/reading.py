@@ -53,7 +53,7 @@ def decode_chunk(
 ) -> np.ndarray:
     """Decode the bytes of one stored chunk into ``meta.chunk_rows`` records (into ``out`` if
     given: all of its rows are written, or ``ChunkError``); the chunk is checked
-    (:func:`check_chunk`) before anything is allocated for it."""
+    (``check_chunk``) before anything is allocated for it."""
     if out is None or not compressed:
         check_chunk(raw, meta, compressed, key)  # (compressed, into ``out``: decode_blosc checks it)
     if out is None:
@@ -98,10 +98,10 @@ def iter_chunks(
 
 
 class Encoded:
-    """Stored chunks ``first .. first + n - 1`` of one array, fetched but not decoded: what a pass
+    """Stored chunks (``first`` to ``first + n - 1``) of one array, fetched but not decoded: what a pass
     with ``encoded=True`` hands its chunk function (:class:`l5dask.core.engine.Pass`).
 
-    ``records()`` decodes them (once, as :func:`read_block`); ``gather`` makes number columns and
+    ``records()`` decodes them (once, as ``read_block``); ``gather`` makes number columns and
     label argmaxes straight from the compressed bytes, one compiled pass per chunk that never
     makes the records (``l5dask/_blosc.h``; 1.2-1.4x faster than decoding and gathering on one
     thread, ``benchmarks/compressed_gather.py``, and the block's records are never held). A chunk
@@ -130,7 +130,7 @@ class Encoded:
         return self._records
 
     def check(self) -> None:
-        """Every chunk's header against the array's metadata (:func:`check_chunk`)."""
+        """Every chunk's header against the array's metadata (``check_chunk``)."""
         for index, raw in self.chunks:
             check_chunk(raw, self.meta, self.compressed, str(index))
 
@@ -158,7 +158,7 @@ class Encoded:
     def gather(
         self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """As :func:`l5dask.prediction.kernels.gather` of ``records()``, without making them."""
+        """As ``l5dask.prediction.kernels.gather`` of ``records()``, without making them."""
 
         plan = Gather(self.meta.dtype, elements, argmax)
         outs, maxes = plan.outputs(len(self))

@@ -2,7 +2,7 @@
 
 Shape (after flox): each level is one declared :class:`~l5dask.core.engine.Reduction` with
 ``chunk`` (one stored chunk, or block, and the parent rows that overlap it -> a partial),
-an ordered ``combine`` and an ``identity``; :func:`finalize` assembles the report. What the
+an ordered ``combine`` and an ``identity``; ``finalize`` assembles the report. What the
 passes read, and in which order, is declared in :mod:`l5dask.prediction.report`; the engine
 (:mod:`l5dask.core.engine`) runs them. Every stored chunk is decoded once:
 

@@ -353,7 +353,7 @@ def concat(
 
     Parameters
     ----------
-    inputs : sequence of paths, URLs or :class:`L5Dataset`
+    inputs : sequence of paths, URLs or :class:`~l5dask.prediction.dataset.L5Dataset`
     output : path or URL
         Refused if a dataset is there, unless ``overwrite``.
     """

@@ -77,7 +77,7 @@ def range_attrs(n: int) -> dict:
 
 
 def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Dataset:
-    """:func:`array_to_dataset` plus lazy coordinates from the interval joins.
+    """``array_to_dataset`` plus lazy coordinates from the interval joins.
 
     frames: ``scene_index``, ``host``; agents and tl_faces: ``frame_index``, ``scene_index``,
     ``timestamp``, ``hour`` (UTC hour of day), ``host`` of their frame; agents also ``label``

@@ -1,0 +1,59 @@
+"""Sphinx configuration of l5dask's documentation (``python docs/build.py`` builds it)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(os.path.dirname(__file__)))
+
+import l5dask  # noqa: E402
+
+project = "l5dask"
+author = "the l5dask developers"
+copyright = "the l5dask developers; Apache-2.0"
+version = release = l5dask.__version__
+
+extensions = [
+    "myst_nb",  # MyST Markdown pages and the notebooks (with their outputs)
+    "sphinx.ext.autodoc",
+    "sphinx.ext.autosummary",
+    "numpydoc",
+    "sphinx_click",
+]
+
+source_suffix = {
+    ".rst": "restructuredtext",
+    ".md": "myst-nb",
+    ".ipynb": "myst-nb",
+}  # (.rst first: autosummary writes .rst)
+exclude_patterns = ["_build", "build.py", "**.ipynb_checkpoints"]
+# the notebooks are executed before the build (docs/build.py, or the test suite), with real data,
+# a local S3 endpoint and a cluster; the build renders them with their outputs
+nb_execution_mode = "off"
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+
+autosummary_generate = True
+templates_path = ["_templates"]
+autodoc_typehints = "none"  # the numpydoc sections give the types
+autodoc_member_order = "bysource"
+numpydoc_show_class_members = False
+numpydoc_class_members_toctree = False
+
+# Types of other libraries cannot be resolved without their inventories (no network at build time);
+# every reference to l5dask's own names must resolve (the build runs with -n -W).
+nitpick_ignore_regex = [
+    (r"py:.*", r"(numpy|np|pandas|pd|dask|da|dd|xarray|xr|distributed|pyarrow|pa|fsspec|s3fs|click|matplotlib)(\..*)?"),
+    (r"py:.*", r"(Any|Callable|Sequence|Mapping|Iterator|Iterable|optional|callable|default.*)"),
+]
+
+html_theme = "pydata_sphinx_theme"
+html_title = f"l5dask {release}"
+html_theme_options = {
+    "navigation_with_keys": False,
+    "show_toc_level": 2,
+    "footer_start": ["copyright"],
+    "footer_end": ["sphinx-version"],
+}
+html_static_path: list[str] = []
