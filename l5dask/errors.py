@@ -21,6 +21,8 @@ class                      also a                       raised for
 :class:`OutputError`       ``OSError``                  an output that cannot be written (or
                                                         exists, without ``overwrite``)
 :class:`ClusterError`      ``ConnectionError``          a dask scheduler that cannot be reached
+:class:`InstallError`      ``ImportError``              a compiled module missing from the
+                                                        install (how to rebuild it is said)
 =========================  ===========================  =====================================
 
 The CLI prints any :class:`L5DaskError` as one line (``l5dask: error: ...``) and exits with
@@ -67,6 +69,10 @@ class OutputError(L5DaskError, OSError):
 
 class ClusterError(L5DaskError, ConnectionError):
     """The dask scheduler cannot be reached, or its connection was lost."""
+
+
+class InstallError(L5DaskError, ImportError):
+    """The install is incomplete: a compiled module of l5dask is missing or cannot be loaded."""
 
 
 class IntervalError(FormatError):

@@ -21,6 +21,29 @@ from l5dask.prediction import format as fmt
 SMALL_CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 300, fmt.AGENTS: 5_000, fmt.TL_FACES: 2_000}
 
 
+#: The test modules that need only an installed l5dask, not the source tree: run against the built
+#: wheel from outside the repository (``.ci/installed``; cibuildwheel's test command), as
+#: ``pytest -m installed``.
+INSTALLED = {
+    "test_reading",
+    "test_writing",
+    "test_engine",
+    "test_errors",
+    "test_install",
+    "test_layers",
+    "test_xarray",
+    "test_aggregate",
+    "test_laziness",
+    "test_perception",
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in INSTALLED:
+            item.add_marker(pytest.mark.installed)
+
+
 def require(available: bool, what: str) -> None:
     """Skip a test whose reference component is missing, but fail under CI (``CI=true``), where
     ``.ci/run`` installs it: a check that never runs must not look like one that passes."""

@@ -1,12 +1,16 @@
-"""A package's public names imported on first use (PEP 562's module ``__getattr__``): the command
-line lists every system's commands, and ``import l5dask`` costs a few milliseconds, without
-importing dask, xarray or pandas until a name that needs them is used."""
+"""Imports that say what they need: a package's public names imported on first use (PEP 562's
+module ``__getattr__``: the command line lists every system's commands, and ``import l5dask``
+costs a few milliseconds, without importing dask, xarray or pandas until a name that needs them is
+used), and the compiled modules, whose absence is one line saying how to rebuild them."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
+
+from l5dask.errors import InstallError
 
 
 def attach(package: str, table: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
@@ -22,3 +26,16 @@ def attach(package: str, table: dict[str, str]) -> tuple[Callable[[str], Any], C
         return sorted({*importlib.import_module(package).__dict__, *table})
 
     return __getattr__, __dir__, sorted(table)
+
+
+def compiled(name: str) -> ModuleType:
+    """The compiled module ``name`` (built from its ``.pyx`` when l5dask is installed), or an
+    :class:`~l5dask.errors.InstallError` in one line: which module is missing and how to rebuild it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise InstallError(
+            f"l5dask's compiled module {name} is missing or cannot be loaded ({exc}): the install is "
+            "incomplete; reinstall l5dask (pip install --force-reinstall l5dask), or rebuild it from a clone "
+            "with pip install -e . (a C compiler and Python's headers are needed)"
+        ) from None

@@ -30,13 +30,17 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.engine import Job, auto_chunks_per_task
+from l5dask.core.lazy import compiled
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, OutputError
-from l5dask.evaluation._kernels import MaskPass, label_pass
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.surgery import scene_table
 from l5dask.prediction.writing import put, write_chunks
+
+_compiled = compiled("l5dask.evaluation._kernels")
+MaskPass = _compiled.MaskPass
+label_pass = _compiled.label_pass
 
 #: L5Kit's defaults (``select_agents.py``).
 TH_YAW_DEGREE = 30

@@ -30,10 +30,14 @@ import numpy as np
 
 from l5dask.core.cluster import compute
 from l5dask.core.engine import Job
+from l5dask.core.lazy import compiled
 from l5dask.core.outputs import atomic_write, check_writable
 from l5dask.core.store import file_store
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
-from l5dask.evaluation._kernels import parse_csv_rows, scan_keys
+
+_compiled = compiled("l5dask.evaluation._kernels")
+parse_csv_rows = _compiled.parse_csv_rows
+scan_keys = _compiled.scan_keys
 
 #: L5Kit's ``MAX_MODES``.
 MAX_MODES = 3

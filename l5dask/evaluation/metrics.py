@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.engine import Job, Reduction
+from l5dask.core.lazy import compiled
 from l5dask.evaluation import csvfiles
-from l5dask.evaluation._kernels import row_metrics as compiled
 from l5dask.evaluation.breakdown import SHOW_KEYS, agent_groups
 from l5dask.evaluation.csvfiles import (
     MAX_MODES,
@@ -32,6 +32,8 @@ from l5dask.evaluation.csvfiles import (
     parse_rows,
     row_groups,
 )
+
+_row_metrics = compiled("l5dask.evaluation._kernels").row_metrics
 
 #: L5Kit's metric functions, in the order of the JSON.
 METRICS = (
@@ -58,7 +60,7 @@ def row_metrics(gt: np.ndarray, avail: np.ndarray, pred: np.ndarray, conf: np.nd
     out["prob_true_mode"], out["time_displace"] = np.empty((n, m)), np.empty((n, t))
     f8 = [np.asarray(a, np.float64) for a in (gt, avail, pred, conf)]
     with np.errstate(all="ignore"):
-        compiled(*f8, *(out[k] for k in METRICS))
+        _row_metrics(*f8, *(out[k] for k in METRICS))
     return {k: out[k] for k in METRICS}
 
 

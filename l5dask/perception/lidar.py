@@ -21,10 +21,14 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.engine import Job
+from l5dask.core.lazy import compiled
 from l5dask.errors import ChunkError, FormatError, UsageError
 from l5dask.perception import joins
-from l5dask.perception._kernels import count_in_boxes as count
-from l5dask.perception._kernels import count_sweep, sweep_to_world
+
+_compiled = compiled("l5dask.perception._kernels")
+count = _compiled.count_in_boxes
+count_sweep = _compiled.count_sweep
+sweep_to_world = _compiled.sweep_to_world
 
 POINT_BYTES = 20  # 5 float32
 SAMPLES_PER_TASK = 64

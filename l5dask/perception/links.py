@@ -9,9 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.lazy import compiled
 from l5dask.core.outputs import numpy_array, valid_rows
 from l5dask.errors import FormatError
-from l5dask.perception._kernels import StringIndex, walk_chains
+
+_compiled = compiled("l5dask.perception._kernels")
+StringIndex = _compiled.StringIndex
+walk_chains = _compiled.walk_chains
 
 #: Per table, the link fields: field -> (target table, required). A required link may not be "".
 LINKS: dict[str, dict[str, tuple[str, bool]]] = {

@@ -16,10 +16,13 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from l5dask.core.lazy import compiled
 from l5dask.core.outputs import valid_rows
 from l5dask.errors import ChunkError, FormatError
-from l5dask.perception._kernels import json_types
 from l5dask.perception.links import indices
+
+_compiled = compiled("l5dask.perception._kernels")
+json_types = _compiled.json_types
 
 #: Column types of what l5dask reads of each table (DuckDB types); other fields are skipped.
 VEC = "DOUBLE[]"

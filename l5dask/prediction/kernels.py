@@ -22,22 +22,26 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from l5dask.prediction._kernels import agent_chunk as _agent_chunk
-from l5dask.prediction._kernels import argmax_counts as _argmax_counts
-from l5dask.prediction._kernels import argmax_rows as _argmax_rows
-from l5dask.prediction._kernels import blosc_blocksize as _blosc_blocksize
-from l5dask.prediction._kernels import distance_to_parent as _distance_to_parent
-from l5dask.prediction._kernels import distinct_rows as _distinct_rows
-from l5dask.prediction._kernels import gather_blosc as _gather_blosc
-from l5dask.prediction._kernels import gather_fields as _gather_fields
-from l5dask.prediction._kernels import group_reduce as _group_reduce
-from l5dask.prediction._kernels import int_range as _int_range
-from l5dask.prediction._kernels import mix_codes as _mix_codes
-from l5dask.prediction._kernels import norm2_f32 as _norm2_f32
-from l5dask.prediction._kernels import range_codes as _range_codes
-from l5dask.prediction._kernels import track_runs as _track_runs
-from l5dask.prediction._kernels import uniform_histogram, union_sorted
+from l5dask.core.lazy import compiled
 from l5dask.prediction.format import fields_of
+
+_compiled = compiled("l5dask.prediction._kernels")
+_agent_chunk = _compiled.agent_chunk
+_argmax_counts = _compiled.argmax_counts
+_argmax_rows = _compiled.argmax_rows
+_blosc_blocksize = _compiled.blosc_blocksize
+_distance_to_parent = _compiled.distance_to_parent
+_distinct_rows = _compiled.distinct_rows
+_gather_blosc = _compiled.gather_blosc
+_gather_fields = _compiled.gather_fields
+_group_reduce = _compiled.group_reduce
+_int_range = _compiled.int_range
+_mix_codes = _compiled.mix_codes
+_norm2_f32 = _compiled.norm2_f32
+_range_codes = _compiled.range_codes
+_track_runs = _compiled.track_runs
+uniform_histogram = _compiled.uniform_histogram
+union_sorted = _compiled.union_sorted
 
 __all__ = [
     "agent_chunk",
