@@ -76,14 +76,19 @@ def compare(jobs: dict[str, list[str]], before: str, after: str, rounds: int) ->
         )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def checkout_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a comparison of two checkouts (this script's and trust_overhead.py's)."""
     parser.add_argument("--before", required=True, help="a checkout to compare with, kernels built in place")
     parser.add_argument("--after", default=ROOT, help="the checkout compared (default: this one)")
     parser.add_argument("--scenes", type=int, default=1700)
+    parser.add_argument("--rounds", type=int, default=5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    checkout_arguments(parser)
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--perception-scenes", type=int, default=180)
-    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--jobs", default=",".join(JOBS), help=f"a comma-separated subset of {','.join(JOBS)}")
     args = parser.parse_args()
     names = [j for j in args.jobs.split(",") if j]

@@ -20,7 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from before_after import compare, job_args  # noqa: E402
+from before_after import checkout_arguments, compare, job_args  # noqa: E402
 from common import dataset  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,10 +81,7 @@ def in_process(path: str, rounds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--before", required=True, help="a checkout to compare with, kernels built in place")
-    parser.add_argument("--after", default=ROOT, help="the checkout compared (default: this one)")
-    parser.add_argument("--scenes", type=int, default=1700)
-    parser.add_argument("--rounds", type=int, default=5)
+    checkout_arguments(parser)
     args = parser.parse_args()
     path = dataset(args.scenes)
     print(f"dataset: {path}, {os.cpu_count()} cores")

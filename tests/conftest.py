@@ -38,6 +38,19 @@ INSTALLED = {
 }
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "installed: needs only an installed l5dask, not the source tree")
+
+
+def pytest_ignore_collect(collection_path, config) -> bool | None:
+    """With ``-m installed``, the other test modules are not even imported (outside the repository
+    some cannot be: they read its files)."""
+    name = collection_path.name
+    if config.getoption("markexpr", "") == "installed" and name.startswith("test_") and name.endswith(".py"):
+        return collection_path.stem not in INSTALLED or None
+    return None
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in INSTALLED:
@@ -382,17 +395,11 @@ def executed_notebooks(tmp_path_factory, s3, s3_small, dask_cluster):
         nb = nbformat.read(path, as_version=4)
         assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code"), f"{path.name}: outputs committed"
         env = NOTEBOOK_ENV.get(path.name, s3_env if "s3" in path.name else {})
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)  # (the kernel inherits this process's environment)
-        try:
-            cwd = out / path.stem
-            cwd.mkdir()
+        cwd = out / path.stem
+        cwd.mkdir()
+        with pytest.MonkeyPatch.context() as mp:  # (the kernel inherits this process's environment)
+            for k, v in env.items():
+                mp.setenv(k, v)
             NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
         nbformat.write(nb, out / path.name)
     return out
