@@ -94,6 +94,78 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
     click.echo(f"wrote {output}")
 
 
+@perception.command()
+@click.argument("pred")
+@click.option("--gt", "gt", help="the ground truth: the SDK's JSON or the competition's CSV (a path or a URL)")
+@click.option("--dataset", help="or the ground truth of a perception dataset (its sample_annotation)")
+@click.option("--output", "-O", "output", required=True, help="write the metrics (JSON) here: a path or a URL")
+@click.option(
+    "--iou",
+    default=",".join(map(str, (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95))),
+    show_default=True,
+    help="IoU thresholds, comma-separated",
+)
+@click.option("--html", "html_path", help="also write a page: precision-recall curves, AP by threshold and distance")
+@click.option("--curves", is_flag=True, help="put the precision-recall curves in the JSON too")
+@click.option(
+    "--allow-unknown-samples",
+    is_flag=True,
+    help="count predictions on samples the ground truth does not list as false positives (else an error)",
+)
+@storage_option
+@scheduler_option
+@quiet_option
+@friendly
+def evaluate(
+    pred, gt, dataset, output, iou, html_path, curves, allow_unknown_samples, storage_options, scheduler, quiet
+) -> None:
+    """The Lyft SDK's 3D-detection mAP of PRED (the SDK's JSON or the competition's CSV): AP per
+    class and IoU threshold, mAP per threshold and their mean, exact, every threshold in one pass."""
+    from l5dask.core.cluster import connect
+    from l5dask.core.engine import Job
+    from l5dask.core.outputs import write_json
+    from l5dask.errors import UsageError
+    from l5dask.perception import detection
+
+    if (gt is None) == (dataset is None):
+        raise UsageError("give the ground truth: --gt FILE or --dataset DATA (one of them)")
+    try:
+        thresholds = [float(t) for t in iou.split(",") if t.strip()]
+    except ValueError:
+        raise UsageError(f"--iou: {iou!r} is not a comma-separated list of numbers") from None
+    check_outputs(storage_options, output, html_path)
+    opts = parse_storage_options(storage_options)
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        job = Job(client=client)
+        egos = None
+        if dataset is not None:
+            from l5dask.perception import open_perception
+
+            truth, egos = detection.boxes_of_dataset(open_perception(dataset, opts))
+        else:
+            truth = detection.read_boxes(gt, "gt", opts)
+        boxes = detection.read_boxes(pred, "pred", opts)
+        kw = dict(iou_thresholds=thresholds, job=job, allow_unknown_samples=allow_unknown_samples)
+        result = detection.evaluate(boxes, truth, curves=curves or bool(html_path), **kw)
+        if egos is not None:
+            result["by_distance"] = detection.by_distance(boxes, truth, egos, **kw)
+    took = time.perf_counter() - t0
+    if html_path:
+        from l5dask.core.page import write_page
+        from l5dask.perception.html import render_detection
+
+        write_page(render_detection(result, pred, took), html_path, opts)
+    if not curves:
+        result.pop("curves", None)
+    write_json(result, output, opts)
+    for w in result.get("warnings", []):
+        click.echo(f"l5dask: warning: {w}", err=True)
+    if not quiet:
+        click.echo(detection.summary(result))
+        click.echo(f"done in {took:.1f} s", err=True)
+
+
 @perception.command("to-l5kit")
 @click.argument("data")
 @click.argument("out")

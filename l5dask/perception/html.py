@@ -8,7 +8,7 @@ from typing import Any
 
 from l5dask import __version__
 from l5dask.core.page import MAX_TABLE_ROWS, figures_html, page, table_html
-from l5dask.perception.plots import PERCEPTION_FIGURES
+from l5dask.perception.plots import DETECTION_FIGURES, PERCEPTION_FIGURES
 
 
 def render_perception(report: dict[str, Any], data: str, elapsed_s: float | None = None) -> str:
@@ -40,3 +40,26 @@ def render_perception(report: dict[str, Any], data: str, elapsed_s: float | None
             ["file"], [[html.escape(n)] for n in shown]
         )
     return page("l5dask perception report", identity, body)
+
+
+def render_detection(result: dict[str, Any], pred: str, elapsed_s: float | None = None) -> str:
+    """The page of a detection evaluation (:func:`l5dask.perception.detection.evaluate`)."""
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""
+    n_pred, n_gt = sum(result["predictions"].values()), sum(result["gt_boxes"].values())
+    identity = (
+        f"{html.escape(pred)}: {n_pred:,} predictions against {n_gt:,} ground-truth boxes, "
+        f"mAP {result['mean_map']:.4f} &middot; computed {now}{took} &middot; l5dask {__version__}"
+    )
+    t = result["thresholds"]
+    aps = table_html(
+        ["class", "ground truth", "predictions", *[f"AP@{x:g}" for x in t]],
+        [
+            [html.escape(c), f"{result['gt_boxes'][c]:,}", f"{result['predictions'][c]:,}"]
+            + [f"{a:.4f}" for a in result["ap"][c]]
+            for c in result["classes"]
+        ]
+        + [["mAP", "", ""] + [f"{m:.4f}" for m in result["map"]]],
+    )
+    body = f'<h2>Average precision</h2>{aps}<h2>Figures</h2><div class="figures">{figures_html(DETECTION_FIGURES, result)}</div>'
+    return page("l5dask detection evaluation", identity, body)

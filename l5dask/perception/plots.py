@@ -100,3 +100,58 @@ PERCEPTION_FIGURES = (
     ("ego paths", ego_paths),
     ("points per sweep", points_per_sweep),
 )
+
+
+# --- detection evaluation (the dict of l5dask.perception.detection.evaluate) ---------------------
+def precision_recall(result: dict[str, Any], ax=None, threshold: int = 0):
+    """Each class's precision-recall curve at one IoU threshold (index ``threshold``: the first,
+    0.5, by default); needs ``curves``."""
+    ax = axes(ax)
+    thr = result["thresholds"][threshold]
+    for c in result["classes"]:
+        curve = result.get("curves", {}).get(c)
+        if curve:
+            ap = result["ap"][c][threshold]
+            ax.plot(curve[threshold]["recall"], curve[threshold]["precision"], lw=1.2, label=f"{c} (AP {ap:.3f})")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("recall")
+    ax.set_ylabel("precision")
+    ax.set_title(f"Precision-recall at IoU > {thr:g}")
+    if result.get("curves"):
+        ax.legend(fontsize=7, loc="lower left")
+    return ax
+
+
+def ap_by_threshold(result: dict[str, Any], ax=None):
+    """AP of each class and the mAP, by IoU threshold."""
+    ax = axes(ax)
+    t = result["thresholds"]
+    for c in result["classes"]:
+        ax.plot(t, result["ap"][c], lw=1, alpha=0.7, label=c)
+    ax.plot(t, result["map"], lw=2.5, color="black", label=f"mAP (mean {result['mean_map']:.3f})")
+    ax.set_xlabel("IoU threshold")
+    ax.set_ylabel("average precision")
+    ax.set_ylim(0, 1.02)
+    ax.set_title("AP by IoU threshold")
+    ax.legend(fontsize=7)
+    return ax
+
+
+def ap_by_distance(result: dict[str, Any], ax=None):
+    """The mAP of the boxes in each distance-to-ego band (with a dataset's ground truth)."""
+    ax = axes(ax)
+    bands = result.get("by_distance", [])
+    labels = [f"{lo:g}-{hi:g} m" if np.isfinite(hi) else f"{lo:g} m +" for lo, hi in (b["band"] for b in bands)]
+    ax.bar(np.arange(len(bands)), [b["mean_map"] for b in bands], color="#3b6ea8")
+    ax.set_xticks(np.arange(len(bands)), labels)
+    ax.set_ylabel("mAP (mean over thresholds)")
+    ax.set_title("mAP by distance to the ego" + ("" if bands else ": needs a dataset's ground truth"))
+    return ax
+
+
+DETECTION_FIGURES = (
+    ("precision-recall", precision_recall),
+    ("AP by IoU threshold", ap_by_threshold),
+    ("mAP by distance", ap_by_distance),
+)

@@ -127,23 +127,26 @@ _EXPECTED = {1: "a string", 2: "a number", 3: "true or false", 4: "a list of str
 _FOUND = {0: "null", 1: "a string", 2: "a number", 3: "a boolean", 4: "a list", 5: "an object", 6: "not JSON"}
 
 
-def parse(data: bytes | str, name: str, where: str) -> Any:
+def parse(data: bytes | str, name: str, where: str, columns: dict[str, str] | None = None) -> Any:
     """The declared columns of table ``name`` from JSON ``data`` (bytes, or a local file's path),
     each value of the JSON type its column declares (DuckDB would cast the others: a list where a
     string belongs became the string '["lidar"]'): one ``FormatError`` line naming the row, its
-    token, the field and what was found otherwise."""
+    token, the field and what was found otherwise. ``columns``: another schema than the table's
+    (the detection files of :mod:`l5dask.perception.detection`)."""
     import duckdb
+
+    columns = columns or SCHEMA[name]
 
     con = duckdb.connect(config={"threads": 1})  # tables are parsed in parallel tasks: one thread each
     try:
         con.execute("SET enable_progress_bar = false")
         source = data if isinstance(data, str) else io.BytesIO(data)
-        table = con.read_json(source, format="array", columns=dict(SCHEMA[name])).to_arrow_table()
+        table = con.read_json(source, format="array", columns=dict(columns)).to_arrow_table()
     except (duckdb.Error, UnicodeDecodeError) as exc:  # (DuckDB hands invalid UTF-8 on to Python's decoder)
-        raise FormatError(_json_error(data, name, where, exc)) from None
+        raise FormatError(_json_error(data, name, where, exc, columns)) from None
     finally:
         con.close()
-    check_types(data, name, where, table)
+    check_types(data, name, where, table, columns)
     return table
 
 
@@ -158,12 +161,14 @@ def _bytes(data: bytes | str) -> Any:
     return np.memmap(data, np.uint8, mode="r") if os.path.getsize(data) else np.zeros(0, np.uint8)
 
 
-def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> None:
+def check_types(
+    data: bytes | str, name: str, where: str, table: Any = None, columns: dict[str, str] | None = None
+) -> None:
     """Every declared column's values of their declared JSON type (the compiled scan; JSON it
     cannot vouch for, such as keys spelled with escapes, is checked by ``json`` instead)."""
     import numpy as np
 
-    columns = SCHEMA[name]
+    columns = columns or SCHEMA[name]
     keys = [c.encode() for c in columns]
     raw = _bytes(data)
     status, row, key, element, found, offset = json_types(
@@ -176,7 +181,7 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
     if status == 4:
         raise FormatError(f"{where}: row {row}: the key {list(columns)[key]!r} appears twice in one object")
     if status == 2:
-        why = _python_types(bytes(raw), name)
+        why = _python_types(bytes(raw), columns)
         if why is None:
             return
         row, key, element, found, value = why
@@ -184,7 +189,7 @@ def check_types(data: bytes | str, name: str, where: str, table: Any = None) -> 
         value = bytes(raw[offset : offset + 40]).decode("utf-8", "replace")
     field = list(columns)[key]
     token = ""
-    if table is not None and field != "token" and row < table.num_rows:
+    if table is not None and field != "token" and "token" in table.column_names and row < table.num_rows:
         tok = table.column("token")[row].as_py()
         token = f" (token {tok})" if tok else ""
     what = f"{field}[{element}]" if element >= 0 else field
@@ -204,7 +209,7 @@ def _value_text(text: str) -> str:
     return text if len(text) <= 30 else text[:27] + "..."
 
 
-def _python_types(text: bytes, name: str) -> tuple[int, int, int, int, str] | None:
+def _python_types(text: bytes, columns: dict[str, str]) -> tuple[int, int, int, int, str] | None:
     """``(row, key index, element, found type, value)`` of the first value of another type than
     its column's, by ``json`` (the slow path: for JSON the compiled scan does not vouch for)."""
     try:
@@ -229,7 +234,7 @@ def _python_types(text: bytes, name: str) -> tuple[int, int, int, int, str] | No
     for r, row in enumerate(doc):
         if not isinstance(row, dict):
             return None
-        for k, (col, t) in enumerate(SCHEMA[name].items()):
+        for k, (col, t) in enumerate(columns.items()):
             v = row.get(col)
             want = KINDS[t]
             if kind(v) not in fits[want] | {0}:
@@ -241,7 +246,7 @@ def _python_types(text: bytes, name: str) -> tuple[int, int, int, int, str] | No
     return None
 
 
-def _json_error(data: bytes | str, name: str, where: str, exc: Exception) -> str:
+def _json_error(data: bytes | str, name: str, where: str, exc: Exception, columns: dict[str, str]) -> str:
     """Say where a table's JSON is wrong: line and column from ``json``, a value of another type
     than its column's, else DuckDB's message."""
     try:
@@ -259,7 +264,7 @@ def _json_error(data: bytes | str, name: str, where: str, exc: Exception) -> str
         if not isinstance(row, dict):
             return f"{where}: row {i} is not a JSON object ({type(row).__name__})"
     try:
-        check_types(data, name, where)
+        check_types(data, name, where, None, columns)
     except FormatError as err:
         return str(err)
     if isinstance(exc, UnicodeDecodeError):

@@ -165,7 +165,7 @@ def perception_table(data: bytes) -> None:
         except (ValueError, RecursionError):
             valid = False
         if valid and not twice:  # (a key twice: json keeps the last, DuckDB refuses; the scan says so)
-            py = tables._python_types(data, "sample_annotation")
+            py = tables._python_types(data, tables.SCHEMA["sample_annotation"])
             if status == 0:
                 assert py is None, f"the type scan passed what json finds of another type: {py}"
             else:
