@@ -268,7 +268,7 @@ def check_boxes(b: Boxes, yaw: np.ndarray | None = None) -> None:
         bad = (b.score < 0) | (b.score > 1)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise FormatError(f"{b.at(i)}: score {b.score[i]!r} is outside [0, 1]")
+            raise FormatError(f"{b.at(i)}: score {float(b.score[i])!r} is outside [0, 1]")
     empty = np.asarray([not n for n in b.name], bool) if len(b.name) else np.zeros(0, bool)
     if empty.any():
         i = int(np.flatnonzero(empty)[0])

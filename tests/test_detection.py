@@ -1,0 +1,234 @@
+"""3D-detection evaluation against the Lyft SDK's ``get_average_precisions`` (every threshold, every
+class, to the last bit), from its JSON and the competition's CSV, on generated data and on boxes
+built to reach the rules' edge cases; on a cluster and S3; and every bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from l5dask.errors import FormatError
+from l5dask.perception import detection
+from l5dask.perception.detection import THRESHOLDS, evaluate
+
+from .conftest import require
+from .detection_data import edge_cases, generate, write_csv, write_json
+
+
+def sdk():
+    try:
+        from lyft_dataset_sdk.eval.detection import mAP_evaluation
+    except ImportError:
+        require(False, "lyft-dataset-sdk with shapely and pyquaternion")
+    return mAP_evaluation
+
+
+def reference(gt: list, pred: list, thresholds=THRESHOLDS) -> tuple[list, np.ndarray]:
+    m = sdk()
+    classes = m.get_class_names(gt)
+    return classes, np.array([m.get_average_precisions(gt, pred, classes, t) for t in thresholds])
+
+
+def ours(result) -> np.ndarray:
+    return np.array([[result["ap"][c][k] for c in result["classes"]] for k in range(len(result["thresholds"]))])
+
+
+def cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "perception", "evaluate", *args], capture_output=True, text=True
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("detection")
+    gt, pred = generate(24, seed=3, yaws=True)
+    write_json(gt, root / "gt.json")
+    write_json(pred, root / "pred.json")
+    gt_csv = write_csv(gt, root / "gt.csv", pred=False)
+    pred_csv = write_csv(pred, root / "pred.csv", pred=True)
+    strip = (
+        [{k: v for k, v in b.items() if not k.startswith("_")} for b in gt],
+        [{k: v for k, v in b.items() if not k.startswith("_")} for b in pred],
+    )
+    return root, strip, (gt_csv, pred_csv)
+
+
+def test_json_equals_the_sdk_bit_for_bit(files):
+    root, (gt, pred), _ = files
+    classes, ref = reference(gt, pred)
+    r = evaluate(str(root / "pred.json"), str(root / "gt.json"), samples_per_task=5)
+    assert r["classes"] == classes
+    np.testing.assert_array_equal(ours(r), ref)
+    np.testing.assert_array_equal(r["map"], ref.mean(axis=1))
+    assert r["mean_map"] == float(np.mean(ref.mean(axis=1))) and 0.2 < r["mean_map"] < 0.9
+    assert r["gt_boxes"] == {c: sum(b["name"] == c for b in gt) for c in classes}
+    assert sum(r["predictions"].values()) == len(pred)
+
+
+def test_csv_equals_the_sdk_on_what_kaggle2nuscenes_makes_of_it(files):
+    root, _, (gt_csv, pred_csv) = files
+    classes, ref = reference(gt_csv, pred_csv)
+    r = evaluate(str(root / "pred.csv"), str(root / "gt.csv"))
+    assert r["classes"] == classes
+    np.testing.assert_array_equal(ours(r), ref)
+    # and a JSON ground truth with CSV predictions, mixed
+    r2 = evaluate(str(root / "pred.csv"), str(root / "gt.json"))
+    assert r2["classes"] == classes
+
+
+def test_the_edge_cases_equal_the_sdk_and_go_to_its_arithmetic(tmp_path, monkeypatch):
+    gt, pred = edge_cases()
+    write_json(gt, tmp_path / "gt.json")
+    write_json(pred, tmp_path / "pred.json")
+    exact = []
+    original = detection.exact_group
+    monkeypatch.setattr(detection, "exact_group", lambda *a: exact.append(1) or original(*a))
+    thresholds = (0.0, 0.3, 0.5, 0.75, 0.9, 0.95, 1.0)
+    classes, ref = reference(gt, pred, thresholds)
+    r = evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"), iou_thresholds=thresholds)
+    np.testing.assert_array_equal(ours(r), ref)
+    assert exact  # the IoUs at the thresholds and the tie were decided by the SDK's own arithmetic
+    # a class with ground truth and no prediction: AP 0; no prediction at all: every AP 0
+    empty = tmp_path / "none.json"
+    empty.write_text("[]")
+    r0 = evaluate(str(empty), str(tmp_path / "gt.json"))
+    assert r0["map"] == [0.0] * len(THRESHOLDS)
+
+
+def test_the_same_on_a_cluster_and_from_s3(files, s3, dask_cluster):
+    from distributed import Client
+
+    root, (gt, pred), _ = files
+    s3.make_bucket("l5-detect")
+    fs = s3.s3fs()
+    fs.put(str(root / "pred.json"), "l5-detect/pred.json")
+    fs.put(str(root / "gt.csv"), "l5-detect/gt.csv")
+    local = evaluate(str(root / "pred.json"), str(root / "gt.csv"))
+    with Client(dask_cluster.address) as client:
+        remote = evaluate(
+            "s3://l5-detect/pred.json",
+            "s3://l5-detect/gt.csv",
+            storage_options=s3.storage_options(),
+            client=client,
+            samples_per_task=4,
+        )
+    assert remote["ap"] == local["ap"] and remote["map"] == local["map"]
+
+
+def test_cli_writes_the_metrics_and_a_page(files, tmp_path):
+    root, (gt, pred), _ = files
+    out, page = tmp_path / "m.json", tmp_path / "m.html"
+    r = cli(str(root / "pred.json"), "--gt", str(root / "gt.json"), "-O", str(out), "--html", str(page), "-q")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    classes, ref = reference(gt, pred)
+    np.testing.assert_array_equal(ours(got), ref)
+    assert "curves" not in got
+    text = page.read_text()
+    assert text.count("<figure>") == 3 and "AP@0.5" in text
+
+
+def test_ground_truth_from_a_perception_dataset(tmp_path):
+    from lyft_dataset_sdk.lyftdataset import LyftDataset
+
+    from l5dask.perception.synth import generate as synth
+
+    root = tmp_path / "lyft"
+    synth(root, scenes=1, seed=2, lidar_points=0, images=False)
+    sdk()
+    lyft = LyftDataset(str(root), str(root / "data"), verbose=False)
+    gt = [
+        {k: a[k] for k in ("sample_token", "translation", "size", "rotation")} | {"name": a["category_name"]}
+        for a in lyft.sample_annotation
+    ]
+    rng = np.random.default_rng(0)
+    pred = []
+    for a in gt[::2]:
+        p = dict(a, score=float(rng.uniform(0, 1)))
+        p["translation"] = [a["translation"][0] + float(rng.normal(0, 0.2)), *a["translation"][1:]]
+        pred.append(p)
+    write_json(pred, tmp_path / "pred.json")
+    classes, ref = reference(gt, pred)
+    out = tmp_path / "m.json"
+    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-O", str(out), "-q")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    assert got["classes"] == classes
+    np.testing.assert_array_equal(ours(got), ref)
+    assert got["by_distance"] and all(0 <= b["mean_map"] <= 1 for b in got["by_distance"])
+
+
+def _box(**kw):
+    b = {
+        "sample_token": "a" * 8,
+        "translation": [1.0, 2.0, 3.0],
+        "size": [1.0, 2.0, 1.0],
+        "rotation": [1, 0, 0, 0],
+        "name": "car",
+    }
+    b.update(kw)
+    return {k: v for k, v in b.items() if v is not None}
+
+
+BAD_JSON = [
+    ('[{"sample_token": "a", ', "not valid JSON at line 1"),
+    (json.dumps([_box(score=0.5, translation=None)]), "row 0: no translation"),
+    (json.dumps([_box(score=0.5, translation=[1, 2])]), "row 0: translation has 2 numbers, expected 3"),
+    (json.dumps([_box(score=0.5, rotation=[1, 0, 0])]), "row 0: rotation has 3 numbers, expected 4"),
+    (json.dumps([_box(score=0.5, size=[1, 0, 1])]), "row 0: size must be positive"),
+    (json.dumps([_box(score=0.5), _box(score=0.5, translation=["x", 1, 2])]), "row 1: translation[0] is a string"),
+    (json.dumps([_box()]), "row 0: no score"),
+    (json.dumps([_box(score=1.5)]), "row 0: score 1.5 is outside [0, 1]"),
+    (
+        json.dumps([_box(score=0.5, name="unicorn")]),
+        "the class 'unicorn' is not in the ground truth, whose classes are car",
+    ),
+    (
+        '[{"sample_token": "a", "translation": [NaN, 1, 2], "size": [1, 1, 1], "rotation": [1, 0, 0, 0], "name": "car", "score": 0.5}]',
+        "NaN",
+    ),
+]
+
+
+@pytest.mark.parametrize("text,message", BAD_JSON)
+def test_bad_predictions_are_one_line_naming_file_row_and_field(tmp_path, text, message):
+    (tmp_path / "gt.json").write_text(json.dumps([_box()]))
+    (tmp_path / "pred.json").write_text(text)
+    with pytest.raises(FormatError, match="pred.json") as err:
+        evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    r = cli(str(tmp_path / "pred.json"), "--gt", str(tmp_path / "gt.json"), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_bad_csv_and_unknown_samples(tmp_path):
+    gt = tmp_path / "gt.csv"
+    gt.write_text("Id,PredictionString\ns1,1 2 3 1 2 1 0.5 car\ns2,\n")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 car\n")
+    r = cli(str(bad), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and "line 2: PredictionString has 8 tokens, not a multiple of 9" in r.stderr
+    notnum = tmp_path / "notnum.csv"
+    notnum.write_text("Id,PredictionString\ns1,0.5 1 2 3 one 2 1 0.1 car\n")
+    r = cli(str(notnum), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and "line 2: box 0: width is 'one', not a number" in r.stderr
+    unknown = tmp_path / "unknown.csv"
+    unknown.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 0.5 car\ns9,0.4 1 2 3 1 2 1 0.5 car\n")
+    r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and "the sample s9 is not in the ground truth" in r.stderr
+    r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "m.json"), "--allow-unknown-samples", "-q")
+    assert r.returncode == 0 and "1 prediction(s) on samples the ground truth does not list" in r.stderr
+    r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "no-such-folder" / "m.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no-such-folder" in r.stderr
+    r = cli(str(unknown), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and "--gt FILE or --dataset DATA" in r.stderr
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    r = cli(str(unknown), "--gt", str(empty), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and "no ground-truth box" in r.stderr
