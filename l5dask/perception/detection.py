@@ -100,18 +100,37 @@ def read_boxes(path: str, kind: str, storage_options: dict | None = None) -> Box
     ground truth). ``kind``: ``"gt"`` or ``"pred"``. Anything else is a one-line error naming the
     file, the row (JSON index or CSV line) and the field."""
     store, key = file_store(path, storage_options)
+    if store.local:  # parsed in place (DuckDB reads the file; the type scan maps it)
+        local = store.path(key)
+        with open(local, "rb") as f:
+            head = f.read(4096).lstrip()[:1]
+        if head == b"[":
+            return _from_json(local, path, kind)
     data = store.get(key, what="the detection file")
-    head = data.lstrip()[:1]
-    if head == b"[":
+    if data.lstrip()[:1] == b"[":
         return _from_json(data, path, kind)
     return _from_csv(data, path, kind)
 
 
-def _from_json(data: bytes, where: str, kind: str) -> Boxes:
+def _codes(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A string column as (its distinct values, sorted; each row's code into them)."""
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(values).combine_chunks()
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    order = np.argsort(names, kind="stable")
+    rank = np.empty(len(order), np.int64)
+    rank[order] = np.arange(len(order))
+    return names[order], rank[np.asarray(enc.indices, np.int64)] if len(names) else np.zeros(len(values), np.int64)
+
+
+def _from_json(data: bytes | str, where: str, kind: str) -> Boxes:
+    import os
+
     import pyarrow.compute as pc
 
     columns = _JSON_PRED if kind == "pred" else _JSON_GT
-    table = tables.parse(data, "detection", where, columns)
+    table = tables.parse(data, "detection", where, columns, threads=os.cpu_count() or 1)
     n = table.num_rows
     for col in columns:
         values = table.column(col)
@@ -130,14 +149,14 @@ def _from_json(data: bytes, where: str, kind: str) -> Boxes:
             row = int(np.flatnonzero(np.asarray(flat.is_null()))[0] // want)
             raise FormatError(f"{where}: row {row}: {col} holds a null")
         vec[col] = np.asarray(flat, np.float64).reshape(n, want)
-    tokens = np.asarray(table.column("sample_token").to_pylist(), dtype=object)
-    samples, sample = np.unique(tokens, return_inverse=True) if n else (np.zeros(0, object), np.zeros(0, np.int64))
+    samples, sample = _codes(table.column("sample_token"))
+    classes, cls = _codes(table.column("name"))
     score = np.asarray(table.column("score"), np.float64) if kind == "pred" else None
     boxes = Boxes(
         where,
         samples,
-        sample.astype(np.int64),
-        np.asarray(table.column("name").to_pylist(), dtype=object),
+        sample,
+        classes[cls] if n else np.zeros(0, object),
         vec["translation"],
         vec["size"],
         vec["rotation"],

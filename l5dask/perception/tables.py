@@ -127,17 +127,18 @@ _EXPECTED = {1: "a string", 2: "a number", 3: "true or false", 4: "a list of str
 _FOUND = {0: "null", 1: "a string", 2: "a number", 3: "a boolean", 4: "a list", 5: "an object", 6: "not JSON"}
 
 
-def parse(data: bytes | str, name: str, where: str, columns: dict[str, str] | None = None) -> Any:
+def parse(data: bytes | str, name: str, where: str, columns: dict[str, str] | None = None, threads: int = 1) -> Any:
     """The declared columns of table ``name`` from JSON ``data`` (bytes, or a local file's path),
     each value of the JSON type its column declares (DuckDB would cast the others: a list where a
     string belongs became the string '["lidar"]'): one ``FormatError`` line naming the row, its
     token, the field and what was found otherwise. ``columns``: another schema than the table's
-    (the detection files of :mod:`l5dask.perception.detection`)."""
+    (the detection files of :mod:`l5dask.perception.detection`); ``threads``: DuckDB's (one: the
+    tables are parsed in parallel tasks)."""
     import duckdb
 
     columns = columns or SCHEMA[name]
 
-    con = duckdb.connect(config={"threads": 1})  # tables are parsed in parallel tasks: one thread each
+    con = duckdb.connect(config={"threads": threads})
     try:
         con.execute("SET enable_progress_bar = false")
         source = data if isinstance(data, str) else io.BytesIO(data)
