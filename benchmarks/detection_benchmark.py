@@ -33,7 +33,17 @@ from common import DATA, run  # noqa: E402
 
 CLASSES = ["car", "pedestrian", "bicycle", "truck", "bus", "other_vehicle", "motorcycle", "emergency_vehicle", "animal"]
 SIZES = np.array(
-    [(1.9, 4.7, 1.7), (0.7, 0.8, 1.8), (0.6, 1.8, 1.4), (2.8, 10, 3.4), (2.9, 12, 3.4), (2.6, 8, 3), (0.9, 2.3, 1.5), (2.4, 6.5, 2.5), (0.4, 0.8, 0.6)]
+    [
+        (1.9, 4.7, 1.7),
+        (0.7, 0.8, 1.8),
+        (0.6, 1.8, 1.4),
+        (2.8, 10, 3.4),
+        (2.9, 12, 3.4),
+        (2.6, 8, 3),
+        (0.9, 2.3, 1.5),
+        (2.4, 6.5, 2.5),
+        (0.4, 0.8, 0.6),
+    ]
 )
 MIX = np.array([60, 15, 5, 5, 2, 8, 2, 1, 2], float) / 100
 
@@ -82,7 +92,11 @@ def generate(samples: int, seed: int = 0) -> tuple[str, str]:
     f = len(f_s)
     f_cls = rng.choice(len(CLASSES), f, p=MIX)
     near = rng.integers(0, np.maximum(n_gt[f_s], 1)) + np.r_[0, np.cumsum(n_gt)[:-1]][f_s]
-    f_xy = np.where((rng.random(f) < 0.6)[:, None] & (n_gt[f_s] > 0)[:, None], xyz[np.minimum(near, g - 1), :2], origin[f_s] + rng.uniform(-60, 60, (f, 2)))
+    f_xy = np.where(
+        (rng.random(f) < 0.6)[:, None] & (n_gt[f_s] > 0)[:, None],
+        xyz[np.minimum(near, g - 1), :2],
+        origin[f_s] + rng.uniform(-60, 60, (f, 2)),
+    )
     f_xyz = np.c_[f_xy + rng.normal(0, 1.5, (f, 2)), rng.normal(-20, 0.5, f)]
     f_size = SIZES[f_cls] * rng.uniform(0.8, 1.2, (f, 3))
     f_yaw = rng.uniform(-np.pi, np.pi, f)
@@ -101,7 +115,10 @@ def generate(samples: int, seed: int = 0) -> tuple[str, str]:
     )
     with open(pred_path, "w") as out:
         out.write("[" + ",\n".join(recs) + "]")
-    print(f"generated {samples:,} samples: {g:,} boxes, {len(recs):,} predictions in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(
+        f"generated {samples:,} samples: {g:,} boxes, {len(recs):,} predictions in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     return gt_path, pred_path
 
 
@@ -146,15 +163,23 @@ def main() -> None:
             rss_half = run(l5 + [half[1], "--gt", half[0], "-O", "/tmp/l5dask-detect-half.json", "-q"])[1]
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", SDK, *big, str(args.sdk_samples)], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SDK, *big, str(args.sdk_samples)], capture_output=True, text=True, check=True
+    )
     sdk_n, sdk_s = out.stdout.split()
     sdk_rate = int(sdk_n) / float(sdk_s)
     best, fbest = min(w for w, _ in ours), min(w for w, _ in floor)
     print(f"{args.samples:,} samples, {n_pred:,} predictions, 10 IoU thresholds, {os.cpu_count()} cores")
-    print(f"  l5dask perception evaluate: {best:.2f} s best of {args.rounds} ({', '.join(f'{w:.2f}' for w, _ in ours)}), {n_pred / best:,.0f} predictions/s")
-    print(f"  (a) the SDK on {args.sdk_samples} samples: {int(sdk_n):,} predictions in {float(sdk_s):.1f} s = {sdk_rate:,.0f} predictions/s -> l5dask {n_pred / best / sdk_rate:,.0f}x")
+    print(
+        f"  l5dask perception evaluate: {best:.2f} s best of {args.rounds} ({', '.join(f'{w:.2f}' for w, _ in ours)}), {n_pred / best:,.0f} predictions/s"
+    )
+    print(
+        f"  (a) the SDK on {args.sdk_samples} samples: {int(sdk_n):,} predictions in {float(sdk_s):.1f} s = {sdk_rate:,.0f} predictions/s -> l5dask {n_pred / best / sdk_rate:,.0f}x"
+    )
     print(f"  (b) parse floor (DuckDB, both files): {fbest:.2f} s -> l5dask {best / fbest:.2f}x")
-    print(f"  peak RSS: {max(m for _, m in ours):.2f} GB at {args.samples:,} samples, {rss_half:.2f} GB at {args.samples // 2:,}")
+    print(
+        f"  peak RSS: {max(m for _, m in ours):.2f} GB at {args.samples:,} samples, {rss_half:.2f} GB at {args.samples // 2:,}"
+    )
     json.dumps({})
 
 

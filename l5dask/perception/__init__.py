@@ -13,6 +13,8 @@ _PUBLIC = {
     "Table": "dataset",
     "open_perception": "dataset",
     "perception_report": "report",
+    "evaluate": "detection",
+    "read_boxes": "detection",
 }
 
 __getattr__, __dir__, __all__ = attach(__name__, _PUBLIC)

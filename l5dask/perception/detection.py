@@ -24,7 +24,7 @@ of its class is a false positive (as in the SDK).
 How: matching is independent per sample and class, so it runs as engine tasks over groups of
 samples. A compiled pass (``match_boxes``) computes the IoUs (rotated rectangles clipped in float64,
 candidate pairs found first by their corners' circles) and decides every threshold at once; a group
-where an IoU lies within :data:`EPS` of a threshold, or two IoUs within it of each other where the
+where an IoU lies within ``EPS`` of a threshold, or two IoUs within it of each other where the
 choice matters, is decided again by the SDK's own arithmetic (pyquaternion and shapely's GEOS, as
 the SDK calls them). Only each prediction's flags travel back; the curves are made in the SDK's
 global order.
@@ -495,7 +495,7 @@ def evaluate(
     samples_per_task: int = SAMPLES_PER_TASK,
 ) -> dict[str, Any]:
     """The Lyft SDK's detection mAP of predictions against ground truth (paths of JSON or CSV
-    files, or :class:`Boxes`), every threshold in one pass.
+    files, or :class:`~l5dask.perception.detection.Boxes`), every threshold in one pass.
 
     Returns ``thresholds``, ``classes`` (the ground truth's, sorted as ``get_class_names``),
     ``ap`` (per class, a value per threshold: ``get_average_precisions``), ``map`` (per threshold),
