@@ -141,7 +141,7 @@ FLOOR = """
 import sys, duckdb
 cols = {"sample_token": "VARCHAR", "translation": "DOUBLE[]", "size": "DOUBLE[]", "rotation": "DOUBLE[]", "name": "VARCHAR"}
 for path, extra in ((sys.argv[1], {}), (sys.argv[2], {"score": "DOUBLE"})):
-    duckdb.read_json(path, format="array", columns={**cols, **extra}).arrow()
+    duckdb.read_json(path, format="array", columns={**cols, **extra}).to_arrow_table()
 """
 
 

@@ -69,13 +69,14 @@ _JSON_PRED = {**_JSON_GT, "score": "DOUBLE"}
 @dataclass
 class Boxes:
     """Boxes of one file (or dataset), as columns: ``sample`` codes into ``samples`` (tokens),
-    ``name`` (class names), ``xyz``, ``size`` (width, length, height), ``rotation`` (w, x, y, z),
-    ``score`` (predictions), ``row`` (each box's JSON index or CSV line, for messages)."""
+    ``cls`` codes into ``classes`` (names), ``xyz``, ``size`` (width, length, height), ``rotation``
+    (w, x, y, z), ``score`` (predictions), ``row`` (each box's JSON index or CSV line, for messages)."""
 
     where: str
     samples: np.ndarray
     sample: np.ndarray
-    name: np.ndarray
+    classes: np.ndarray
+    cls: np.ndarray
     xyz: np.ndarray
     size: np.ndarray
     rotation: np.ndarray
@@ -156,7 +157,8 @@ def _from_json(data: bytes | str, where: str, kind: str) -> Boxes:
         where,
         samples,
         sample,
-        classes[cls] if n else np.zeros(0, object),
+        classes,
+        cls,
         vec["translation"],
         vec["size"],
         vec["rotation"],
@@ -226,11 +228,15 @@ def _from_csv(data: bytes, where: str, kind: str) -> Boxes:
     samples, sample = (
         np.unique(np.repeat(universe, counts_a), return_inverse=True) if n else (universe[:0], np.zeros(0, np.int64))
     )
+    classes, cls = (
+        np.unique(grid[:, per - 1].astype(object), return_inverse=True) if n else (universe[:0], np.zeros(0, np.int64))
+    )
     boxes = Boxes(
         where,
         samples,
         sample.astype(np.int64),
-        grid[:, per - 1].astype(object),
+        classes,
+        cls.astype(np.int64),
         numbers[:, off : off + 3].copy(),
         numbers[:, off + 3 : off + 6].copy(),
         yaw_quaternions(yaw),
@@ -288,9 +294,8 @@ def check_boxes(b: Boxes, yaw: np.ndarray | None = None) -> None:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise FormatError(f"{b.at(i)}: score {float(b.score[i])!r} is outside [0, 1]")
-    empty = np.asarray([not n for n in b.name], bool) if len(b.name) else np.zeros(0, bool)
-    if empty.any():
-        i = int(np.flatnonzero(empty)[0])
+    if "" in b.classes.tolist():
+        i = int(np.flatnonzero(b.cls == b.classes.tolist().index(""))[0])
         raise FormatError(f"{b.at(i)}: the class name is empty")
 
 
@@ -308,7 +313,7 @@ def boxes_of_dataset(pds) -> tuple[Boxes, dict[str, np.ndarray]]:
         f"{pds.url} (sample_annotation.json)",
         tokens,
         sample,
-        frame["category_name"].to_numpy(object),
+        *np.unique(frame["category_name"].to_numpy(object), return_inverse=True),
         ann.vectors("translation").astype(np.float64),
         ann.vectors("size").astype(np.float64),
         ann.vectors("rotation").astype(np.float64),
@@ -327,7 +332,8 @@ def subset(b: Boxes, keep: np.ndarray) -> Boxes:
         b.where,
         b.samples,
         b.sample[keep],
-        b.name[keep],
+        b.classes,
+        b.cls[keep],
         b.xyz[keep],
         b.size[keep],
         b.rotation[keep],
@@ -361,7 +367,7 @@ def by_distance(pred: Boxes, gt: Boxes, egos: dict[str, np.ndarray], **kw) -> li
         if not keep_g.any():
             continue
         g = subset(gt, keep_g)
-        keep_p = (dp >= lo) & (dp < hi) & np.isin(pred.name, np.unique(g.name))
+        keep_p = (dp >= lo) & (dp < hi) & np.isin(pred.classes, g.classes[np.unique(g.cls)])[pred.cls]
         r = evaluate(subset(pred, keep_p), g, **kw)
         out.append({"band": [lo, hi], "map": r["map"], "mean_map": r["mean_map"], "gt_boxes": int(keep_g.sum())})
     return out
@@ -509,12 +515,12 @@ def evaluate(
     g = gt if isinstance(gt, Boxes) else read_boxes(gt, "gt", storage_options)
     if len(g) == 0:
         raise FormatError(f"{g.where}: no ground-truth box: the mAP is not defined")
-    classes = sorted(set(g.name.tolist()))
-    unknown = sorted(set(p.name.tolist()) - set(classes))
-    if unknown:
-        i = int(np.flatnonzero(np.isin(p.name, unknown))[0])
+    classes = sorted(set(g.classes[np.unique(g.cls)].tolist()))
+    known_cls = np.isin(p.classes, classes)
+    if len(p) and not known_cls[p.cls].all():
+        i = int(np.flatnonzero(~known_cls[p.cls])[0])
         raise FormatError(
-            f"{p.at(i)}: the class {p.name[i]!r} is not in the ground truth, whose classes are {', '.join(classes)}"
+            f"{p.at(i)}: the class {p.classes[p.cls[i]]!r} is not in the ground truth, whose classes are {', '.join(classes)}"
         )
     # samples: one code space for both files
     tokens = np.union1d(g.samples, p.samples)
@@ -532,9 +538,9 @@ def evaluate(
                     f"({n_unknown} prediction(s) on unknown samples; --allow-unknown-samples counts them as false positives)"
                 )
             warnings.append(f"{n_unknown} prediction(s) on samples the ground truth does not list")
-    cls_code = {c: i for i, c in enumerate(classes)}
-    g_cls = np.asarray([cls_code[c] for c in g.name.tolist()], np.int64)
-    p_cls = np.asarray([cls_code[c] for c in p.name.tolist()], np.int64) if len(p) else np.zeros(0, np.int64)
+    names = np.asarray(classes, dtype=object)
+    g_cls = np.searchsorted(names, g.classes)[g.cls]  # (a ground-truth name missing from names: never used)
+    p_cls = np.searchsorted(names, p.classes)[p.cls] if len(p) else np.zeros(0, np.int64)
     nsamp = len(tokens)
     # the SDK's order: within a class, descending score, ties in input order
     if p.score is None:
