@@ -326,6 +326,22 @@ def boxes_of_dataset(pds) -> tuple[Boxes, dict[str, np.ndarray]]:
     return boxes, {"tokens": tokens, "ego": ego}
 
 
+def take(b: Boxes, idx: np.ndarray) -> Boxes:
+    """The geometry of boxes ``idx`` of ``b`` (what a matching task reads), in that order."""
+    return Boxes(
+        b.where,
+        b.samples,
+        b.sample[idx],
+        b.classes,
+        b.cls[idx],
+        b.xyz[idx],
+        b.size[idx],
+        b.rotation[idx],
+        None,
+        b.row[idx],
+    )
+
+
 def subset(b: Boxes, keep: np.ndarray) -> Boxes:
     """The boxes ``keep`` (a mask) of ``b``, same samples."""
     return Boxes(
@@ -545,33 +561,51 @@ def evaluate(
     # the SDK's order: within a class, descending score, ties in input order
     if p.score is None:
         raise UsageError(f"{p.where}: predictions need scores")
-    order = np.lexsort((np.arange(len(p)), -p.score)) if len(p) else np.zeros(0, np.int64)
-    rank = np.empty(len(p), np.int64)
-    rank[order] = np.arange(len(p))
+    order = np.argsort(-p.score, kind="stable") if len(p) else np.zeros(0, np.int64)
+    n = len(p)
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
     p_key = p_cls * nsamp + p_sample
     g_key = g_cls * nsamp + g_sample
-    g_sorted = np.lexsort((np.arange(len(g)), g_key))
-    # tasks over groups of samples
+    # tasks over groups of samples: predictions by (task, class and sample, rank), ground truth by
+    # (task, class and sample, input order), each as one int64 key sorted once
+    per = max(1, samples_per_task)
+    nkeys = max(1, len(classes) * nsamp)
+    p_by_task = np.argsort(((p_sample // per) * nkeys + p_key) * max(n, 1) + rank)
+    g_by_task = np.argsort(((g_sample // per) * nkeys + g_key) * max(len(g), 1) + np.arange(len(g)))
+    ntasks = (nsamp + per - 1) // per
+    cuts = np.searchsorted(p_sample[p_by_task] // per, np.arange(ntasks + 1))
+    g_cuts = np.searchsorted(g_sample[g_by_task] // per, np.arange(ntasks + 1))
+    job = job or Job(client=client)
+    remote = job.client is not None
     calls = []
-    bounds = list(range(0, nsamp, max(1, samples_per_task))) + [nsamp]
-    p_by_sample = np.lexsort((rank, p_key, p_sample // max(1, samples_per_task)))
-    task_of_p = p_sample[p_by_sample] // max(1, samples_per_task)
-    cuts = np.searchsorted(task_of_p, np.arange(len(bounds)))
-    g_task = g_sample[g_sorted] // max(1, samples_per_task)
-    g_by_task = g_sorted[np.lexsort((np.arange(len(g_sorted)), g_key[g_sorted], g_task))]
-    g_cuts = np.searchsorted(g_sample[g_by_task] // max(1, samples_per_task), np.arange(len(bounds)))
-    for t in range(len(bounds) - 1):
-        pi = p_by_sample[cuts[t] : cuts[t + 1]]
+    for t in range(ntasks):
+        pi = p_by_task[cuts[t] : cuts[t + 1]]
         if not len(pi):
             continue
         gi = g_by_task[g_cuts[t] : g_cuts[t + 1]]
-        calls.append((p, g, pi, gi, p_key[pi], g_key[gi], tuple(thresholds)))
-    tp = np.zeros((len(p), len(thresholds)), np.uint8)
+        if remote:  # (to a worker: only the task's boxes travel)
+            calls.append(
+                (
+                    take(p, pi),
+                    take(g, gi),
+                    np.arange(len(pi)),
+                    np.arange(len(gi)),
+                    p_key[pi],
+                    g_key[gi],
+                    tuple(thresholds),
+                )
+            )
+        else:  # (local threads share the columns)
+            calls.append((p, g, pi, gi, p_key[pi], g_key[gi], tuple(thresholds)))
+    tp = np.zeros((n, len(thresholds)), np.uint8)
     if calls:
-        job = job or Job(client=client)
         parts = job.map(match_task, calls, name="l5-detection-match")
-        for call, part in zip(calls, parts):
-            tp[call[2]] = part
+        for t, part in zip((t for t in range(ntasks) if cuts[t + 1] > cuts[t]), parts):
+            tp[p_by_task[cuts[t] : cuts[t + 1]]] = part
+    # each class's predictions in the SDK's order: by (class, rank)
+    by_class = np.argsort(p_cls * max(n, 1) + rank) if n else np.zeros(0, np.int64)
+    class_cuts = np.searchsorted(p_cls[by_class], np.arange(len(classes) + 1))
     result: dict[str, Any] = {
         "thresholds": thresholds,
         "classes": classes,
@@ -586,7 +620,7 @@ def evaluate(
     if curves:
         result["curves"] = {}
     for i, c in enumerate(classes):
-        mine = order[p_cls[order] == i]
+        mine = by_class[class_cuts[i] : class_cuts[i + 1]]
         aps = []
         for k in range(len(thresholds)):
             if len(mine) == 0:
