@@ -327,7 +327,7 @@ def boxes_of_dataset(pds) -> tuple[Boxes, dict[str, np.ndarray]]:
 
 
 def take(b: Boxes, idx: np.ndarray) -> Boxes:
-    """The geometry of boxes ``idx`` of ``b`` (what a matching task reads), in that order."""
+    """The boxes ``idx`` of ``b`` (indices, in that order, or a mask), same samples and classes."""
     return Boxes(
         b.where,
         b.samples,
@@ -337,24 +337,8 @@ def take(b: Boxes, idx: np.ndarray) -> Boxes:
         b.xyz[idx],
         b.size[idx],
         b.rotation[idx],
-        None,
+        None if b.score is None else b.score[idx],
         b.row[idx],
-    )
-
-
-def subset(b: Boxes, keep: np.ndarray) -> Boxes:
-    """The boxes ``keep`` (a mask) of ``b``, same samples."""
-    return Boxes(
-        b.where,
-        b.samples,
-        b.sample[keep],
-        b.classes,
-        b.cls[keep],
-        b.xyz[keep],
-        b.size[keep],
-        b.rotation[keep],
-        None if b.score is None else b.score[keep],
-        b.row[keep],
         b.row_kind,
         b.universe,
     )
@@ -382,9 +366,9 @@ def by_distance(pred: Boxes, gt: Boxes, egos: dict[str, np.ndarray], **kw) -> li
         keep_g = (dg >= lo) & (dg < hi)
         if not keep_g.any():
             continue
-        g = subset(gt, keep_g)
+        g = take(gt, keep_g)
         keep_p = (dp >= lo) & (dp < hi) & np.isin(pred.classes, g.classes[np.unique(g.cls)])[pred.cls]
-        r = evaluate(subset(pred, keep_p), g, **kw)
+        r = evaluate(take(pred, keep_p), g, **kw)
         out.append({"band": [lo, hi], "map": r["map"], "mean_map": r["mean_map"], "gt_boxes": int(keep_g.sum())})
     return out
 
