@@ -43,7 +43,7 @@ from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
 from l5dask.core.store import file_store
 from l5dask.errors import FormatError, UsageError
-from l5dask.perception import tables
+from l5dask.perception import joins, tables
 
 _compiled = compiled("l5dask.perception._kernels")
 match_boxes = _compiled.match_boxes
@@ -303,8 +303,6 @@ def boxes_of_dataset(pds) -> tuple[Boxes, dict[str, np.ndarray]]:
     """The ground truth of a perception dataset (its ``sample_annotation`` rows, named by their
     instances' categories, as the SDK's loader gives them), every sample of the dataset as the
     samples it lists, and each sample's ego position (its key-frame ``LIDAR_TOP`` pose)."""
-    from l5dask.perception import joins
-
     ann = pds.table("sample_annotation")
     tokens = np.asarray(pds.table("sample").strings("token"), dtype=object)
     frame = pds.frame("sample_annotation", ["sample", "category_name"])
