@@ -177,30 +177,37 @@ def _from_csv(data: bytes, where: str, kind: str) -> Boxes:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FormatError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    ids, counts, tokens, lines = [], [], [], []
+    limit = csv.field_size_limit()
+    csv.field_size_limit(2**31 - 1)  # (a sample's PredictionString may pass csv's 128 KB)
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
-        header = next(reader)
-    except StopIteration:
-        raise FormatError(f"{where}: empty (expected the header Id,PredictionString)") from None
-    if [h.strip() for h in header] != ["Id", "PredictionString"]:
-        raise FormatError(f"{where}: line 1: the header is {','.join(header)[:60]!r}, expected Id,PredictionString")
-    ids, counts, tokens, lines = [], [], [], []
-    for row in reader:
-        line = reader.line_num
-        if not row:
-            continue
-        if len(row) != 2:
-            raise FormatError(f"{where}: line {line}: {len(row)} fields, expected 2 (Id,PredictionString)")
-        parts = row[1].split()
-        if len(parts) % per:
-            raise FormatError(
-                f"{where}: line {line}: PredictionString has {len(parts)} tokens, not a multiple of {per} "
-                f"({'score x y z width length height yaw class' if per == 9 else 'x y z width length height yaw class'})"
-            )
-        ids.append(row[0].strip())
-        counts.append(len(parts) // per)
-        tokens += parts
-        lines.append(line)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise FormatError(f"{where}: empty (expected the header Id,PredictionString)") from None
+        if [h.strip() for h in header] != ["Id", "PredictionString"]:
+            raise FormatError(f"{where}: line 1: the header is {','.join(header)[:60]!r}, expected Id,PredictionString")
+        for row in reader:
+            line = reader.line_num
+            if not row:
+                continue
+            if len(row) != 2:
+                raise FormatError(f"{where}: line {line}: {len(row)} fields, expected 2 (Id,PredictionString)")
+            parts = row[1].split()
+            if len(parts) % per:
+                raise FormatError(
+                    f"{where}: line {line}: PredictionString has {len(parts)} tokens, not a multiple of {per} "
+                    f"({'score x y z width length height yaw class' if per == 9 else 'x y z width length height yaw class'})"
+                )
+            ids.append(row[0].strip())
+            counts.append(len(parts) // per)
+            tokens += parts
+            lines.append(line)
+    except csv.Error as exc:
+        raise FormatError(f"{where}: line {reader.line_num}: not a CSV row ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
     universe = np.asarray(ids, dtype=object)
     dup = _first_duplicate(universe)
     if dup is not None:

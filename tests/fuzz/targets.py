@@ -197,6 +197,58 @@ def _perception_seeds() -> list[bytes]:
     return [json.dumps(rows).encode(), json.dumps(rows, indent=2).encode()]
 
 
+# --- 3D-detection files ---------------------------------------------------------------------------
+def detection(data: bytes) -> None:
+    """A predictions file, the SDK's JSON or the competition's CSV: read into boxes, or one
+    FormatError. What is read must be what ``json`` (strict: no NaN) or Python's ``csv`` and
+    ``float`` read, number for number, in the same order."""
+    import csv as csvmodule
+    import math
+
+    from l5dask.perception.detection import read_boxes
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "pred")
+        with open(path, "wb") as f:
+            f.write(data)
+        try:
+            boxes = read_boxes(path, "pred")
+        except L5DaskError:
+            return
+    if len(boxes) == 0:
+        return
+    if data.lstrip()[:1] == b"[":
+
+        def refuse(word: str):
+            raise ValueError(word)
+
+        doc = json.loads(data, parse_constant=refuse)  # l5dask accepted it: json must parse it
+        want = np.array([[*r["translation"], *r["size"], *r["rotation"], r["score"]] for r in doc], np.float64)
+        got = np.c_[boxes.xyz, boxes.size, boxes.rotation, boxes.score]
+        assert want.tobytes() == got.tobytes(), "a JSON number read otherwise than json reads it"
+        return
+    csvmodule.field_size_limit(2**31 - 1)  # (as the reader: a sample's row may pass 128 KB)
+    rows = list(csvmodule.reader(io.StringIO(data.decode("utf-8"), newline="")))[1:]
+    tokens = [t for r in rows if r for t in r[1].split()]
+    want = np.array([float(t) for i, t in enumerate(tokens) if i % 9 != 8], np.float64).reshape(-1, 8)
+    assert want[:, [0, 1, 2, 3, 4, 5, 6]].tobytes() == np.c_[boxes.score, boxes.xyz, boxes.size].tobytes(), (
+        "a CSV number read otherwise than float() reads it"
+    )
+    assert all(math.isfinite(v) for v in want.ravel())
+
+
+def _detection_seeds() -> list[bytes]:
+    box = {
+        "sample_token": "abc",
+        "translation": [1.5, -2.25, 0.1],
+        "size": [1.9, 4.6, 1.7],
+        "rotation": [0.9, 0.0, 0.0, 0.43],
+    }
+    boxes = [dict(box, name=n, score=s) for n, s in (("car", 0.9), ("pedestrian", 0.25), ("car", 0.5))]
+    csv_text = "Id,PredictionString\nabc,0.9 1.5 -2.25 0.1 1.9 4.6 1.7 0.3 car 0.5 3 4 5 1 2 1 -1.2 truck\ndef,\n"
+    return [json.dumps(boxes).encode(), csv_text.encode()]
+
+
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "blosc": (blosc, _blosc_seeds),
     "zarray": (zarray, _metadata_seeds),
@@ -204,6 +256,7 @@ TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = 
     "zattrs": (zattrs, lambda: [fmt.zattrs_json()]),
     "csv": (csv, _csv_seeds),
     "perception_table": (perception_table, _perception_seeds),
+    "detection": (detection, _detection_seeds),
 }
 
 
