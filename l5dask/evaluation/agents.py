@@ -46,22 +46,9 @@ label_pass = _compiled.label_pass
 TH_YAW_DEGREE = 30
 TH_EXTENT_RATIO = 1.1
 TH_DISTANCE_AV = 50
-#: L5Kit's ``PERCEPTION_LABELS_TO_KEEP`` (``l5kit/data/filter.py``): the agent-like labels.
-LABELS_TO_KEEP = (
-    "PERCEPTION_LABEL_CAR",
-    "PERCEPTION_LABEL_VAN",
-    "PERCEPTION_LABEL_TRAM",
-    "PERCEPTION_LABEL_BUS",
-    "PERCEPTION_LABEL_TRUCK",
-    "PERCEPTION_LABEL_EMERGENCY_VEHICLE",
-    "PERCEPTION_LABEL_OTHER_VEHICLE",
-    "PERCEPTION_LABEL_BICYCLE",
-    "PERCEPTION_LABEL_MOTORCYCLE",
-    "PERCEPTION_LABEL_CYCLIST",
-    "PERCEPTION_LABEL_MOTORCYCLIST",
-    "PERCEPTION_LABEL_PEDESTRIAN",
-    "PERCEPTION_LABEL_ANIMAL",
-)
+#: L5Kit's ``PERCEPTION_LABELS_TO_KEEP`` (``l5kit/data/filter.py``): the agent-like labels, those of
+#: the label list from ``PERCEPTION_LABEL_CAR`` to ``PERCEPTION_LABEL_ANIMAL``.
+LABELS_TO_KEEP = fmt.LABELS[fmt.LABELS.index("PERCEPTION_LABEL_CAR") : fmt.LABELS.index("PERCEPTION_LABEL_ANIMAL") + 1]
 KEEP = np.array([fmt.LABELS.index(name) for name in LABELS_TO_KEEP])
 #: Why an agent was rejected (L5Kit's report keys), by code 1..5.
 REJECTS = (
