@@ -298,30 +298,23 @@ class Table:
             else:
                 self._add(self._stored(name, name, (), sub))
         names = dtype.names
-        if "label_probabilities" in names:
-            self._add(
-                Column(
-                    "label",
-                    "derived",
-                    np.dtype(np.int8),
-                    _partial(_gathered, "label"),
-                    fields=("label_probabilities",),
-                    categories=tuple(self.ds.labels),
-                    argmax="label_probabilities",
+        # the argmax columns: each row's most probable label, or face status
+        for col, fld, cats in (
+            ("label", "label_probabilities", tuple(self.ds.labels)),
+            ("status", "traffic_light_face_status", tuple(fmt.TL_FACE_STATUSES)),
+        ):
+            if fld in names:
+                self._add(
+                    Column(
+                        col,
+                        "derived",
+                        np.dtype(np.int8),
+                        _partial(_gathered, col),
+                        fields=(fld,),
+                        categories=cats,
+                        argmax=fld,
+                    )
                 )
-            )
-        if "traffic_light_face_status" in names:
-            self._add(
-                Column(
-                    "status",
-                    "derived",
-                    np.dtype(np.int8),
-                    _partial(_gathered, "status"),
-                    fields=("traffic_light_face_status",),
-                    categories=tuple(fmt.TL_FACE_STATUSES),
-                    argmax="traffic_light_face_status",
-                )
-            )
         if "velocity" in names:
             self._add(Column("speed", "derived", np.dtype(np.float64), _speed, needs=("velocity_x", "velocity_y")))
         for fld, col in (
