@@ -11,7 +11,7 @@ import numpy as np
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
 from libc.math cimport INFINITY, fabs, ldexp, sqrt
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
 
 cdef extern from *:
     void __builtin_prefetch(const void* p) nogil
@@ -735,3 +735,120 @@ def match_boxes(const double[:, ::1] pred, const int64_t[::1] pred_group, const 
     finally:
         free(ious)
         free(taken)
+
+
+# --- detection files in blocks (l5dask.perception.boxes) ----------------------------------------
+cdef inline bint _is_ws(uint8_t c) noexcept nogil:
+    return c == 32 or c == 10 or c == 13 or c == 9
+
+
+cdef Py_ssize_t _seam_at(const uint8_t* d, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
+    """Where ``}`` at ``i`` is followed by whitespace, a comma, whitespace and ``{``: that ``{``'s
+    index; else -1."""
+    cdef Py_ssize_t j = i + 1
+    while j < n and _is_ws(d[j]):
+        j += 1
+    if j >= n or d[j] != 44:
+        return -1
+    j += 1
+    while j < n and _is_ws(d[j]):
+        j += 1
+    if j >= n or d[j] != 123:
+        return -1
+    return j
+
+
+def json_seams(const uint8_t[::1] data, Py_ssize_t first=0):
+    """The seams of a JSON array of objects: for every ``}`` (at ``first`` or after) followed by
+    whitespace, a comma, whitespace and ``{``, the index just past that ``}`` and the index of that
+    ``{`` (two int64 arrays). A guess, not a parse: a seam may lie inside a string; the blocks cut
+    there are parsed strictly, and a wrong cut fails that parse."""
+    cdef Py_ssize_t n = data.shape[0], i, j, count = 0, k = 0
+    cdef const uint8_t* d
+    cdef const void* hit
+    if n == 0 or first >= n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    d = &data[0]
+    with nogil:
+        i = first
+        while i < n:
+            hit = memchr(d + i, 125, n - i)
+            if hit == NULL:
+                break
+            i = <const uint8_t*>hit - d
+            if _seam_at(d, n, i) >= 0:
+                count += 1
+            i += 1
+    ends = np.empty(count, np.int64)
+    starts = np.empty(count, np.int64)
+    cdef int64_t[::1] e = ends, s = starts
+    with nogil:
+        i = first
+        while i < n and k < count:
+            hit = memchr(d + i, 125, n - i)
+            if hit == NULL:
+                break
+            i = <const uint8_t*>hit - d
+            j = _seam_at(d, n, i)
+            if j >= 0:
+                e[k] = i + 1
+                s[k] = j
+                k += 1
+            i += 1
+    return ends, starts
+
+
+def json_key_spans(const uint8_t[::1] data, const int64_t[::1] starts, const int64_t[::1] ends, bytes key):
+    """In each segment ``[starts[i], ends[i])`` of ``data``, the string value of the one ``"key"``
+    followed by a colon: its bytes' span (two int64 arrays) and the first segment where there is
+    not exactly one, or the value holds an escape or does not end (-1: none). A guess, as the
+    seams are: the blocks' strict parse checks it."""
+    cdef Py_ssize_t n = starts.shape[0], i, p, q, lo, hi, klen = len(key), found
+    cdef Py_ssize_t size = data.shape[0]
+    cdef const uint8_t* d = &data[0] if size else NULL
+    cdef const uint8_t* kp = <const uint8_t*><char*>key
+    cdef const void* hit
+    cdef Py_ssize_t bad = -1
+    vs = np.zeros(n, np.int64)
+    ve = np.zeros(n, np.int64)
+    cdef int64_t[::1] a = vs, b = ve
+    with nogil:
+        for i in range(n):
+            lo, hi = starts[i], ends[i]
+            if lo < 0 or hi > size or lo > hi:
+                bad = i
+                break
+            found = 0
+            p = lo
+            while p < hi:
+                hit = memchr(d + p, 34, hi - p)
+                if hit == NULL:
+                    break
+                p = <const uint8_t*>hit - d
+                if p + klen + 2 <= hi and d[p + klen + 1] == 34 and memcmp(d + p + 1, kp, klen) == 0:
+                    q = p + klen + 2
+                    while q < hi and _is_ws(d[q]):
+                        q += 1
+                    if q < hi and d[q] == 58:
+                        q += 1
+                        while q < hi and _is_ws(d[q]):
+                            q += 1
+                        if q >= hi or d[q] != 34:
+                            found = 2
+                            break
+                        q += 1
+                        a[i] = q
+                        while q < hi and d[q] != 34 and d[q] != 92:
+                            q += 1
+                        if q >= hi or d[q] != 34:
+                            found = 2
+                            break
+                        b[i] = q
+                        found += 1
+                        p = q + 1
+                        continue
+                p += 1
+            if found != 1:
+                bad = i
+                break
+    return vs, ve, bad

@@ -32,18 +32,37 @@ global order.
 
 from __future__ import annotations
 
-import io
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
-from l5dask.core.store import file_store
 from l5dask.errors import FormatError, UsageError
-from l5dask.perception import joins, tables
+from l5dask.perception import boxes
+from l5dask.perception.boxes import Boxes, boxes_of_dataset, check_boxes, read_boxes, take, yaw_quaternions
+
+__all__ = [
+    "BANDS",
+    "EPS",
+    "THRESHOLDS",
+    "Boxes",
+    "average_precision",
+    "box_table",
+    "boxes_of_dataset",
+    "by_distance",
+    "check_boxes",
+    "distance_to_ego",
+    "evaluate",
+    "exact_group",
+    "match_flags",
+    "match_task",
+    "read_boxes",
+    "summary",
+    "take",
+    "yaw_quaternions",
+]
 
 _compiled = compiled("l5dask.perception._kernels")
 match_boxes = _compiled.match_boxes
@@ -55,298 +74,6 @@ THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 EPS = 1e-9
 #: Samples per matching task (about 100 predictions a sample: tens of milliseconds a task).
 SAMPLES_PER_TASK = 500
-
-_JSON_GT = {
-    "sample_token": "VARCHAR",
-    "translation": tables.VEC,
-    "size": tables.VEC,
-    "rotation": tables.VEC,
-    "name": "VARCHAR",
-}
-_JSON_PRED = {**_JSON_GT, "score": "DOUBLE"}
-
-
-@dataclass
-class Boxes:
-    """Boxes of one file (or dataset), as columns: ``sample`` codes into ``samples`` (tokens),
-    ``cls`` codes into ``classes`` (names), ``xyz``, ``size`` (width, length, height), ``rotation``
-    (w, x, y, z), ``score`` (predictions), ``row`` (each box's JSON index or CSV line, for messages)."""
-
-    where: str
-    samples: np.ndarray
-    sample: np.ndarray
-    classes: np.ndarray
-    cls: np.ndarray
-    xyz: np.ndarray
-    size: np.ndarray
-    rotation: np.ndarray
-    score: np.ndarray | None
-    row: np.ndarray
-    row_kind: str = "row"
-    #: every sample the source lists (a CSV's rows, a dataset's samples); None: only those with boxes
-    universe: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.sample)
-
-    def at(self, i: int) -> str:
-        return f"{self.where}: {self.row_kind} {int(self.row[i])}"
-
-
-# --- reading -----------------------------------------------------------------------------------
-def read_boxes(path: str, kind: str, storage_options: dict | None = None) -> Boxes:
-    """The boxes of a detection file: the SDK's JSON list (``sample_token``, ``translation``,
-    ``size``, ``rotation``, ``name``, and ``score`` for predictions) or the competition's CSV
-    (``Id,PredictionString``; ``score x y z width length height yaw name`` a box, no score in
-    ground truth). ``kind``: ``"gt"`` or ``"pred"``. Anything else is a one-line error naming the
-    file, the row (JSON index or CSV line) and the field."""
-    store, key = file_store(path, storage_options)
-    if store.local:  # parsed in place (DuckDB reads the file; the type scan maps it)
-        local = store.path(key)
-        with open(local, "rb") as f:
-            head = f.read(4096).lstrip()[:1]
-        if head == b"[":
-            return _from_json(local, path, kind)
-    data = store.get(key, what="the detection file")
-    if data.lstrip()[:1] == b"[":
-        return _from_json(data, path, kind)
-    return _from_csv(data, path, kind)
-
-
-def _codes(values: Any) -> tuple[np.ndarray, np.ndarray]:
-    """A string column as (its distinct values, sorted; each row's code into them)."""
-    import pyarrow.compute as pc
-
-    enc = pc.dictionary_encode(values).combine_chunks()
-    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
-    order = np.argsort(names, kind="stable")
-    rank = np.empty(len(order), np.int64)
-    rank[order] = np.arange(len(order))
-    return names[order], rank[np.asarray(enc.indices, np.int64)] if len(names) else np.zeros(len(values), np.int64)
-
-
-def _from_json(data: bytes | str, where: str, kind: str) -> Boxes:
-    import os
-
-    import pyarrow.compute as pc
-
-    columns = _JSON_PRED if kind == "pred" else _JSON_GT
-    table = tables.parse(data, "detection", where, columns, threads=os.cpu_count() or 1)
-    n = table.num_rows
-    for col in columns:
-        values = table.column(col)
-        if values.null_count:
-            row = int(np.flatnonzero(np.asarray(values.is_null()))[0])
-            raise FormatError(f"{where}: row {row}: no {col} (a {'prediction' if kind == 'pred' else 'box'} needs one)")
-    vec = {}
-    for col, want in (("translation", 3), ("size", 3), ("rotation", 4)):
-        values = table.column(col)
-        lengths = np.asarray(pc.list_value_length(values).fill_null(-1))
-        bad = np.flatnonzero(lengths != want)
-        if len(bad):
-            raise FormatError(f"{where}: row {int(bad[0])}: {col} has {lengths[bad[0]]} numbers, expected {want}")
-        flat = pc.list_flatten(values)
-        if flat.null_count:
-            row = int(np.flatnonzero(np.asarray(flat.is_null()))[0] // want)
-            raise FormatError(f"{where}: row {row}: {col} holds a null")
-        vec[col] = np.asarray(flat, np.float64).reshape(n, want)
-    samples, sample = _codes(table.column("sample_token"))
-    classes, cls = _codes(table.column("name"))
-    score = np.asarray(table.column("score"), np.float64) if kind == "pred" else None
-    boxes = Boxes(
-        where,
-        samples,
-        sample,
-        classes,
-        cls,
-        vec["translation"],
-        vec["size"],
-        vec["rotation"],
-        score,
-        np.arange(n, dtype=np.int64),
-    )
-    check_boxes(boxes)
-    return boxes
-
-
-def _from_csv(data: bytes, where: str, kind: str) -> Boxes:
-    import csv
-
-    per = 9 if kind == "pred" else 8
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FormatError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    ids, counts, tokens, lines = [], [], [], []
-    limit = csv.field_size_limit()
-    csv.field_size_limit(2**31 - 1)  # (a sample's PredictionString may pass csv's 128 KB)
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise FormatError(f"{where}: empty (expected the header Id,PredictionString)") from None
-        if [h.strip() for h in header] != ["Id", "PredictionString"]:
-            raise FormatError(f"{where}: line 1: the header is {','.join(header)[:60]!r}, expected Id,PredictionString")
-        for row in reader:
-            line = reader.line_num
-            if not row:
-                continue
-            if len(row) != 2:
-                raise FormatError(f"{where}: line {line}: {len(row)} fields, expected 2 (Id,PredictionString)")
-            parts = row[1].split()
-            if len(parts) % per:
-                raise FormatError(
-                    f"{where}: line {line}: PredictionString has {len(parts)} tokens, not a multiple of {per} "
-                    f"({'score x y z width length height yaw class' if per == 9 else 'x y z width length height yaw class'})"
-                )
-            ids.append(row[0].strip())
-            counts.append(len(parts) // per)
-            tokens += parts
-            lines.append(line)
-    except csv.Error as exc:
-        raise FormatError(f"{where}: line {reader.line_num}: not a CSV row ({exc})") from None
-    finally:
-        csv.field_size_limit(limit)
-    universe = np.asarray(ids, dtype=object)
-    dup = _first_duplicate(universe)
-    if dup is not None:
-        raise FormatError(f"{where}: the sample {dup} has two rows")
-    counts_a = np.asarray(counts, np.int64)
-    n = int(counts_a.sum())
-    grid = np.asarray(tokens, dtype=object).reshape(n, per) if n else np.zeros((0, per), object)
-    numbers = np.empty((n, per - 1), np.float64)
-    names_of = ("score", "x", "y", "z", "width", "length", "height", "yaw")[9 - per :]
-    box_line = np.repeat(np.asarray(lines, np.int64), counts_a)
-    for j in range(per - 1):
-        try:
-            numbers[:, j] = np.asarray(grid[:, j], dtype=np.float64)
-        except ValueError:
-            for i in range(n):
-                try:
-                    float(grid[i, j])
-                except ValueError:
-                    raise FormatError(
-                        f"{where}: line {box_line[i]}: box {i - _first_of_line(box_line, i)}: "
-                        f"{names_of[j]} is {str(grid[i, j])[:30]!r}, not a number"
-                    ) from None
-    off = 1 if per == 9 else 0
-    yaw = numbers[:, off + 6]
-    samples, sample = (
-        np.unique(np.repeat(universe, counts_a), return_inverse=True) if n else (universe[:0], np.zeros(0, np.int64))
-    )
-    classes, cls = (
-        np.unique(grid[:, per - 1].astype(object), return_inverse=True) if n else (universe[:0], np.zeros(0, np.int64))
-    )
-    boxes = Boxes(
-        where,
-        samples,
-        sample.astype(np.int64),
-        classes,
-        cls.astype(np.int64),
-        numbers[:, off : off + 3].copy(),
-        numbers[:, off + 3 : off + 6].copy(),
-        yaw_quaternions(yaw),
-        numbers[:, 0].copy() if per == 9 else None,
-        box_line,
-        "line",
-        universe,
-    )
-    check_boxes(boxes, yaw)
-    return boxes
-
-
-def _first_of_line(box_line: np.ndarray, i: int) -> int:
-    return int(np.searchsorted(box_line, box_line[i], side="left"))
-
-
-def _first_duplicate(tokens: np.ndarray) -> str | None:
-    if len(tokens) == 0:
-        return None
-    uniq, counts = np.unique(tokens, return_counts=True)
-    return str(uniq[np.flatnonzero(counts > 1)[0]]) if (counts > 1).any() else None
-
-
-def yaw_quaternions(yaw: np.ndarray) -> np.ndarray:
-    """``Quaternion(axis=[0, 0, 1], angle=yaw).elements`` of each yaw, as the SDK's
-    ``kaggle2nuscenes`` converts the competition's CSV (pyquaternion's own arithmetic)."""
-    out = np.zeros((len(yaw), 4))
-    for i, a in enumerate(yaw.tolist()):
-        theta = a / 2.0
-        s = math.sin(theta)
-        out[i] = (math.cos(theta), 0.0 * s, 0.0 * s, 1.0 * s)
-    return out
-
-
-def check_boxes(b: Boxes, yaw: np.ndarray | None = None) -> None:
-    """Finite numbers, positive sizes, scores in [0, 1], names present: the first bad box named."""
-    checks = [
-        ("translation", b.xyz),
-        ("size", b.size),
-        ("rotation" if yaw is None else "yaw", b.rotation if yaw is None else yaw[:, None]),
-    ]
-    if b.score is not None:
-        checks.append(("score", b.score[:, None]))
-    for name, values in checks:
-        bad = ~np.isfinite(values).all(axis=1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise FormatError(f"{b.at(i)}: {name} is not finite ({values[i].tolist()})")
-    bad = ~(b.size > 0).all(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise FormatError(f"{b.at(i)}: size must be positive, got {b.size[i].tolist()}")
-    if b.score is not None:
-        bad = (b.score < 0) | (b.score > 1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise FormatError(f"{b.at(i)}: score {float(b.score[i])!r} is outside [0, 1]")
-    if "" in b.classes.tolist():
-        i = int(np.flatnonzero(b.cls == b.classes.tolist().index(""))[0])
-        raise FormatError(f"{b.at(i)}: the class name is empty")
-
-
-def boxes_of_dataset(pds) -> tuple[Boxes, dict[str, np.ndarray]]:
-    """The ground truth of a perception dataset (its ``sample_annotation`` rows, named by their
-    instances' categories, as the SDK's loader gives them), every sample of the dataset as the
-    samples it lists, and each sample's ego position (its key-frame ``LIDAR_TOP`` pose)."""
-    ann = pds.table("sample_annotation")
-    tokens = np.asarray(pds.table("sample").strings("token"), dtype=object)
-    frame = pds.frame("sample_annotation", ["sample", "category_name"])
-    sample = frame["sample"].to_numpy(np.int64)
-    boxes = Boxes(
-        f"{pds.url} (sample_annotation.json)",
-        tokens,
-        sample,
-        *np.unique(frame["category_name"].to_numpy(object), return_inverse=True),
-        ann.vectors("translation").astype(np.float64),
-        ann.vectors("size").astype(np.float64),
-        ann.vectors("rotation").astype(np.float64),
-        None,
-        np.arange(len(sample), dtype=np.int64),
-        universe=tokens,
-    )
-    check_boxes(boxes)
-    _, ego = joins.ego_of_samples(pds)
-    return boxes, {"tokens": tokens, "ego": ego}
-
-
-def take(b: Boxes, idx: np.ndarray) -> Boxes:
-    """The boxes ``idx`` of ``b`` (indices, in that order, or a mask), same samples and classes."""
-    return Boxes(
-        b.where,
-        b.samples,
-        b.sample[idx],
-        b.classes,
-        b.cls[idx],
-        b.xyz[idx],
-        b.size[idx],
-        b.rotation[idx],
-        None if b.score is None else b.score[idx],
-        b.row[idx],
-        b.row_kind,
-        b.universe,
-    )
 
 
 def distance_to_ego(b: Boxes, egos: dict[str, np.ndarray]) -> np.ndarray:
@@ -481,17 +208,59 @@ def match_task(
     return tp
 
 
-def average_precision(tp: np.ndarray, num_gts: int) -> tuple[float, np.ndarray, np.ndarray]:
-    """The SDK's ``recall_precision`` and ``get_ap`` of a class's flags in its global order."""
-    tp_ = np.cumsum(tp.astype(np.float64))
-    fp_ = np.cumsum(1.0 - tp.astype(np.float64))
-    recalls = tp_ / float(num_gts)
-    precisions = tp_ / np.maximum(tp_ + fp_, np.finfo(np.float64).eps)
-    r = np.concatenate(([0.0], recalls, [1.0]))
-    p = np.concatenate(([0.0], precisions, [0.0]))
-    p = np.maximum.accumulate(p[::-1])[::-1]
-    i = np.where(r[1:] != r[:-1])[0]
-    return float(np.sum((r[i + 1] - r[i]) * p[i + 1])), recalls, precisions
+def average_precision(tp: np.ndarray, num_gts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The SDK's ``recall_precision`` and ``get_ap`` of a class's flags in its global order, every
+    threshold at once: ``tp`` is (thresholds, predictions); the APs, recalls and precisions come
+    a row per threshold. (Its ``tp + fp`` is the count of predictions so far, an exact integer, and
+    its ``eps`` never the larger.)"""
+    t, n = tp.shape
+    hits = np.cumsum(tp, axis=1, dtype=np.float64)
+    recalls = hits / float(num_gts)
+    precisions = hits / np.maximum(np.arange(1, n + 1, dtype=np.float64), np.finfo(np.float64).eps)
+    r = np.concatenate([np.zeros((t, 1)), recalls, np.ones((t, 1))], axis=1)
+    p = np.concatenate([np.zeros((t, 1)), precisions, np.zeros((t, 1))], axis=1)
+    p = np.maximum.accumulate(p[:, ::-1], axis=1)[:, ::-1]
+    aps = np.empty(t)
+    for k in range(t):
+        i = np.flatnonzero(r[k, 1:] != r[k, :-1])
+        aps[k] = np.sum((r[k, i + 1] - r[k, i]) * p[k, i + 1])
+    return aps, recalls, precisions
+
+
+def match_flags(p: Boxes, g: Boxes, thresholds) -> np.ndarray:
+    """The flags (predictions, thresholds) of all of ``p`` against ``g`` (boxes of the same samples,
+    each read in file order): each (sample, class)'s predictions in the SDK's order, descending
+    score, ties in input order."""
+    names = np.union1d(p.classes, g.classes)
+    tokens = np.union1d(p.samples, g.samples)
+    ns = max(len(tokens), 1)
+    p_key = (
+        (np.searchsorted(names, p.classes)[p.cls] * ns + np.searchsorted(tokens, p.samples)[p.sample])
+        if len(p)
+        else p.cls
+    )
+    g_key = (
+        (np.searchsorted(names, g.classes)[g.cls] * ns + np.searchsorted(tokens, g.samples)[g.sample])
+        if len(g)
+        else g.cls
+    )
+    tp = np.zeros((len(p), len(thresholds)), np.uint8)
+    if not len(p):
+        return tp
+    if p.score is None:
+        raise UsageError(f"{p.where}: predictions need scores")
+    order = np.argsort(-p.score, kind="stable")
+    pi = order[np.argsort(p_key[order], kind="stable")]  # by (sample, class), then the SDK's order
+    gi = np.argsort(g_key, kind="stable")
+    tp[pi] = match_task(p, g, pi, gi, p_key[pi], g_key[gi], thresholds)
+    return tp
+
+
+def _check_thresholds(iou_thresholds) -> list[float]:
+    thresholds = [float(t) for t in iou_thresholds]
+    if not thresholds or any(not (0 <= t <= 1) for t in thresholds):
+        raise UsageError(f"IoU thresholds must be in [0, 1], got {thresholds}")
+    return thresholds
 
 
 def evaluate(
@@ -504,20 +273,50 @@ def evaluate(
     curves: bool = False,
     allow_unknown_samples: bool = False,
     samples_per_task: int = SAMPLES_PER_TASK,
+    block_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The Lyft SDK's detection mAP of predictions against ground truth (paths of JSON or CSV
-    files, or :class:`~l5dask.perception.detection.Boxes`), every threshold in one pass.
+    files, or :class:`~l5dask.perception.boxes.Boxes`), every threshold in one pass.
+
+    Two JSON files are read in blocks of ``block_bytes`` (default
+    :data:`~l5dask.perception.boxes.BLOCK_BYTES`, or dask config ``l5dask.detection.block-bytes``)
+    by the tasks that match them, so that no process holds every box: this needs the predictions
+    grouped by sample (each sample's boxes one after the other, as writers loop over samples);
+    otherwise, and for CSV files or boxes given, the boxes are read whole (``warnings`` says why
+    when it was not the caller's choice).
 
     Returns ``thresholds``, ``classes`` (the ground truth's, sorted as ``get_class_names``),
     ``ap`` (per class, a value per threshold: ``get_average_precisions``), ``map`` (per threshold),
     ``mean_map`` (their mean: the competition's score), ``gt_boxes`` and ``predictions`` per class,
-    and with ``curves`` each class's recall and precision per threshold.
+    ``samples`` (counted), ``blocks`` (when read in blocks: how many of each file), and with
+    ``curves`` each class's recall and precision per threshold.
     """
-    thresholds = [float(t) for t in iou_thresholds]
-    if not thresholds or any(not (0 <= t <= 1) for t in thresholds):
-        raise UsageError(f"IoU thresholds must be in [0, 1], got {thresholds}")
+    thresholds = _check_thresholds(iou_thresholds)
+    job = job or Job(client=client)
+    warnings: list[str] = []
+    if isinstance(pred, str) and isinstance(gt, str):
+        pb = boxes.plan(pred, "pred", storage_options, block_bytes)
+        gb = boxes.plan(gt, "gt", storage_options, block_bytes)
+        if pb is not None and gb is not None:
+            try:
+                return _in_blocks(pb, gb, thresholds, job, curves)
+            except (boxes.Unsure, FormatError) as exc:  # read whole: it names the fault, or cuts no box
+                warnings.append(f"read whole, not in blocks: {exc}")
     p = pred if isinstance(pred, Boxes) else read_boxes(pred, "pred", storage_options)
     g = gt if isinstance(gt, Boxes) else read_boxes(gt, "gt", storage_options)
+    return _whole(p, g, thresholds, job, curves, allow_unknown_samples, samples_per_task, warnings)
+
+
+def _whole(
+    p: Boxes,
+    g: Boxes,
+    thresholds: list[float],
+    job: Job,
+    curves: bool,
+    allow_unknown_samples: bool,
+    samples_per_task: int,
+    warnings: list[str],
+) -> dict[str, Any]:
     if len(g) == 0:
         raise FormatError(f"{g.where}: no ground-truth box: the mAP is not defined")
     classes = sorted(set(g.classes[np.unique(g.cls)].tolist()))
@@ -527,11 +326,8 @@ def evaluate(
         raise FormatError(
             f"{p.at(i)}: the class {p.classes[p.cls[i]]!r} is not in the ground truth, whose classes are {', '.join(classes)}"
         )
-    # samples: one code space for both files
-    tokens = np.union1d(g.samples, p.samples)
-    g_sample = np.searchsorted(tokens, g.samples)[g.sample] if len(g) else g.sample
-    p_sample = np.searchsorted(tokens, p.samples)[p.sample] if len(p) else p.sample
-    warnings = []
+    if p.score is None:
+        raise UsageError(f"{p.where}: predictions need scores")
     if g.universe is not None and len(p):
         known = np.isin(p.samples, g.universe)
         if not known.all():
@@ -543,90 +339,189 @@ def evaluate(
                     f"({n_unknown} prediction(s) on unknown samples; --allow-unknown-samples counts them as false positives)"
                 )
             warnings.append(f"{n_unknown} prediction(s) on samples the ground truth does not list")
-    names = np.asarray(classes, dtype=object)
-    g_cls = np.searchsorted(names, g.classes)[g.cls]  # (a ground-truth name missing from names: never used)
-    p_cls = np.searchsorted(names, p.classes)[p.cls] if len(p) else np.zeros(0, np.int64)
-    nsamp = len(tokens)
-    # the SDK's order: within a class, descending score, ties in input order
-    if p.score is None:
-        raise UsageError(f"{p.where}: predictions need scores")
-    order = np.argsort(-p.score, kind="stable") if len(p) else np.zeros(0, np.int64)
-    n = len(p)
-    rank = np.empty(n, np.int64)
-    rank[order] = np.arange(n)
-    p_key = p_cls * nsamp + p_sample
-    g_key = g_cls * nsamp + g_sample
-    # tasks over groups of samples: predictions by (task, class and sample, rank), ground truth by
-    # (task, class and sample, input order), each as one int64 key sorted once
+    # tasks over groups of samples: each matches its predictions against its ground truth
+    tokens = np.union1d(g.samples, p.samples)
     per = max(1, samples_per_task)
-    nkeys = max(1, len(classes) * nsamp)
-    p_by_task = np.argsort(((p_sample // per) * nkeys + p_key) * max(n, 1) + rank)
-    g_by_task = np.argsort(((g_sample // per) * nkeys + g_key) * max(len(g), 1) + np.arange(len(g)))
-    ntasks = (nsamp + per - 1) // per
-    cuts = np.searchsorted(p_sample[p_by_task] // per, np.arange(ntasks + 1))
-    g_cuts = np.searchsorted(g_sample[g_by_task] // per, np.arange(ntasks + 1))
-    job = job or Job(client=client)
-    remote = job.client is not None
-    calls = []
-    for t in range(ntasks):
-        pi = p_by_task[cuts[t] : cuts[t + 1]]
-        if not len(pi):
-            continue
-        gi = g_by_task[g_cuts[t] : g_cuts[t + 1]]
-        if remote:  # (to a worker: only the task's boxes travel)
-            calls.append(
-                (
-                    take(p, pi),
-                    take(g, gi),
-                    np.arange(len(pi)),
-                    np.arange(len(gi)),
-                    p_key[pi],
-                    g_key[gi],
-                    tuple(thresholds),
-                )
-            )
-        else:  # (local threads share the columns)
-            calls.append((p, g, pi, gi, p_key[pi], g_key[gi], tuple(thresholds)))
-    tp = np.zeros((n, len(thresholds)), np.uint8)
+    p_group = (np.searchsorted(tokens, p.samples)[p.sample] // per) if len(p) else p.sample
+    g_group = (np.searchsorted(tokens, g.samples)[g.sample] // per) if len(g) else g.sample
+    p_by = np.argsort(p_group, kind="stable")
+    g_by = np.argsort(g_group, kind="stable")
+    ngroups = (len(tokens) + per - 1) // per
+    p_cuts = np.searchsorted(p_group[p_by], np.arange(ngroups + 1))
+    g_cuts = np.searchsorted(g_group[g_by], np.arange(ngroups + 1))
+    groups = [t for t in range(ngroups) if p_cuts[t + 1] > p_cuts[t]]
+    calls = [
+        (take(p, p_by[p_cuts[t] : p_cuts[t + 1]]), take(g, g_by[g_cuts[t] : g_cuts[t + 1]]), tuple(thresholds))
+        for t in groups
+    ]
+    tp = np.zeros((len(p), len(thresholds)), np.uint8)
     if calls:
-        parts = job.map(match_task, calls, name="l5-detection-match")
-        for t, part in zip((t for t in range(ntasks) if cuts[t + 1] > cuts[t]), parts):
-            tp[p_by_task[cuts[t] : cuts[t + 1]]] = part
-    # each class's predictions in the SDK's order: by (class, rank)
-    by_class = np.argsort(p_cls * max(n, 1) + rank) if n else np.zeros(0, np.int64)
+        for t, part in zip(groups, job.map(match_flags, calls, name="l5-detection-match")):
+            tp[p_by[p_cuts[t] : p_cuts[t + 1]]] = part
+    names = np.asarray(classes, dtype=object)
+    g_cls = np.searchsorted(names, g.classes)[g.cls]
+    p_cls = np.searchsorted(names, p.classes)[p.cls] if len(p) else np.zeros(0, np.int64)
+    samples = {
+        "ground_truth": int(len(g.universe) if g.universe is not None else len(g.samples)),
+        "predicted": int(len(p.samples)),
+    }
+    counts = np.bincount(g_cls, minlength=len(classes))
+    return _result(classes, counts, p_cls, p.score, tp, thresholds, curves, samples, warnings)
+
+
+def _result(
+    classes: list[str],
+    gt_counts: np.ndarray,
+    p_cls: np.ndarray,
+    score: np.ndarray,
+    tp: np.ndarray,
+    thresholds: list[float],
+    curves: bool,
+    samples: dict,
+    warnings: list[str],
+    extra: dict | None = None,
+) -> dict[str, Any]:
+    """The metrics from every prediction's class, score and flags (in input order)."""
+    # each class's predictions in the SDK's order: descending score, ties in input order
+    by_class = np.argsort(p_cls.astype(np.int16), kind="stable")  # (a radix sort)
     class_cuts = np.searchsorted(p_cls[by_class], np.arange(len(classes) + 1))
     result: dict[str, Any] = {
         "thresholds": thresholds,
         "classes": classes,
         "ap": {},
-        "gt_boxes": {c: int((g_cls == i).sum()) for i, c in enumerate(classes)},
-        "predictions": {c: int((p_cls == i).sum()) for i, c in enumerate(classes)},
-        "samples": {
-            "ground_truth": int(len(g.universe) if g.universe is not None else len(g.samples)),
-            "predicted": int(len(p.samples)),
-        },
+        "gt_boxes": {c: int(gt_counts[i]) for i, c in enumerate(classes)},
+        "predictions": {c: int(class_cuts[i + 1] - class_cuts[i]) for i, c in enumerate(classes)},
+        "samples": samples,
+        **(extra or {}),
     }
     if curves:
         result["curves"] = {}
     for i, c in enumerate(classes):
         mine = by_class[class_cuts[i] : class_cuts[i + 1]]
-        aps = []
-        for k in range(len(thresholds)):
-            if len(mine) == 0:
-                aps.append(0.0)
-                continue
-            ap, recalls, precisions = average_precision(tp[mine, k], result["gt_boxes"][c])
-            aps.append(ap)
-            if curves:
-                result["curves"].setdefault(c, []).append(
-                    {"recall": recalls.tolist(), "precision": precisions.tolist()}
-                )
-        result["ap"][c] = aps
+        if len(mine) == 0:
+            result["ap"][c] = [0.0] * len(thresholds)
+            continue
+        mine = mine[np.argsort(-score[mine], kind="stable")]
+        aps, recalls, precisions = average_precision(tp[mine].T, result["gt_boxes"][c])
+        result["ap"][c] = aps.tolist()
+        if curves:
+            result["curves"][c] = [
+                {"recall": recalls[k].tolist(), "precision": precisions[k].tolist()} for k in range(len(thresholds))
+            ]
     result["map"] = [float(np.mean([result["ap"][c][k] for c in classes])) for k in range(len(thresholds))]
     result["mean_map"] = float(np.mean(result["map"]))
     if warnings:
         result["warnings"] = warnings
     return result
+
+
+# --- in blocks -----------------------------------------------------------------------------------
+def _encode(tokens: np.ndarray) -> np.ndarray:
+    return np.array([t.encode() for t in tokens.tolist()], dtype=bytes) if len(tokens) else np.zeros(0, "S1")
+
+
+def _class_counts(b: Boxes) -> dict[str, int]:
+    counts = np.bincount(b.cls, minlength=len(b.classes)) if len(b) else np.zeros(0, np.int64)
+    return {str(c): int(n) for c, n in zip(b.classes.tolist(), counts.tolist()) if n}
+
+
+def block_flags(pb: boxes.Blocks, k: int, index: boxes.GroundIndex, thresholds: tuple) -> dict[str, Any]:
+    """One block of predictions: read, its interior samples (all but its first and last, which may
+    go on in the blocks beside) matched against their ground truth (read from its runs)."""
+    p = boxes.read_block(pb, k)
+    tokens = _encode(p.samples)
+    tp = np.zeros((len(p), len(thresholds)), np.uint8)
+    if not len(p):
+        return {"n": 0, "samples": tokens, "interior": tokens, "edges": tokens, "gt": {}}
+    ends = np.unique(p.sample[[0, -1]])
+    edge = np.isin(p.sample, ends)
+    inner = np.setdiff1d(np.arange(len(p.samples)), ends)
+    g = index.read(index.find(tokens[inner]))
+    tp[~edge] = match_flags(take(p, ~edge), g, thresholds)
+    return {
+        "n": len(p),
+        "score": p.score,
+        "names": p.classes,
+        "cls": p.cls.astype(np.int32),
+        "tp": tp,
+        "samples": tokens,
+        "interior": tokens[inner],
+        "edges": tokens[ends],
+        "edge_rows": np.flatnonzero(edge),
+        "edge_boxes": take(p, edge),
+        "gt": _class_counts(g),
+    }
+
+
+def ground_counts(index: boxes.GroundIndex, samples: np.ndarray) -> dict[str, int]:
+    """The boxes of these ground-truth samples, read and checked, counted by class."""
+    return _class_counts(index.read(samples))
+
+
+def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool) -> dict[str, Any]:
+    index = boxes.GroundIndex.merge(
+        gb, job.map(boxes.index_block, [(gb, k) for k in range(gb.n)], name="l5-detection-index")
+    )
+    outs = job.map(block_flags, [(pb, k, index, tuple(thresholds)) for k in range(pb.n)], name="l5-detection-match")
+    # a sample in several blocks must be at an end of each (the predictions grouped by sample)
+    seen, times = np.unique(np.concatenate([o["samples"] for o in outs]), return_counts=True)
+    split = seen[times > 1]
+    if any(np.isin(o["interior"], split).any() for o in outs):
+        raise boxes.Unsure(f"{pb.path}: the predictions are not grouped by sample")
+    # the blocks' ends: their predictions together (in file order), against their ground truth
+    edges = np.unique(np.concatenate([o["edges"] for o in outs]))
+    g_edges = index.read(index.find(edges))
+    with_edges = [o for o in outs if o["n"]]
+    flags = match_flags(boxes.concat([o["edge_boxes"] for o in with_edges], pb.path), g_edges, thresholds)
+    at = 0
+    for o in with_edges:
+        o["tp"][o["edge_rows"]] = flags[at : at + len(o["edge_rows"])]
+        at += len(o["edge_rows"])
+    # the ground truth no prediction needed: read and checked too (its boxes count)
+    owned = np.concatenate([o["interior"] for o in outs] + [edges])
+    rest = np.setdiff1d(np.arange(len(index.tokens)), index.find(owned))
+    per = max(1, len(rest) // max(1, gb.n))
+    counts: dict[str, int] = {}
+    for part in (
+        [o["gt"] for o in outs]
+        + [_class_counts(g_edges)]
+        + (
+            job.map(
+                ground_counts, [(index, rest[i : i + per]) for i in range(0, len(rest), per)], name="l5-detection-truth"
+            )
+            if len(rest)
+            else []
+        )
+    ):
+        for c, n in part.items():
+            counts[c] = counts.get(c, 0) + n
+    if not counts:
+        raise boxes.Unsure(f"{gb.path}: no ground-truth box")
+    classes = sorted(counts)
+    names = np.asarray(classes, dtype=object)
+    p_cls, score, tp = [], [], []
+    for o in with_edges:
+        pos = np.searchsorted(names, o["names"])
+        known = (pos < len(names)) & (names[np.minimum(pos, len(names) - 1)] == o["names"])
+        if not known[o["cls"]].all():
+            raise boxes.Unsure(f"{pb.path}: a class the ground truth does not have")
+        p_cls.append(pos[o["cls"]])
+        score.append(o["score"])
+        tp.append(o["tp"])
+    cat = lambda xs, z: np.concatenate(xs) if xs else z  # noqa: E731
+    samples = {"ground_truth": int(len(index.tokens)), "predicted": int(len(seen))}
+    return _result(
+        classes,
+        np.array([counts[c] for c in classes]),
+        cat(p_cls, np.zeros(0, np.int64)),
+        cat(score, np.zeros(0)),
+        cat(tp, np.zeros((0, len(thresholds)), np.uint8)),
+        thresholds,
+        curves,
+        samples,
+        [],
+        {"blocks": {"predictions": pb.n, "ground_truth": gb.n}},
+    )
 
 
 def summary(result: dict[str, Any]) -> str:
