@@ -100,6 +100,72 @@ def test_the_edge_cases_equal_the_sdk_and_go_to_its_arithmetic(tmp_path, monkeyp
     assert r0["map"] == [0.0] * len(THRESHOLDS)
 
 
+@pytest.mark.parametrize("block_bytes", [1500, 20_000])
+def test_in_blocks_equals_the_sdk_bit_for_bit(files, block_bytes):
+    # small blocks: every sample runs over several, some blocks hold one sample's middle only
+    root, (gt, pred), _ = files
+    classes, ref = reference(gt, pred)
+    r = evaluate(str(root / "pred.json"), str(root / "gt.json"), block_bytes=block_bytes)
+    size = (root / "pred.json").stat().st_size
+    assert r["blocks"]["predictions"] == -(-size // block_bytes) > 10 and "warnings" not in r
+    assert r["classes"] == classes
+    np.testing.assert_array_equal(ours(r), ref)
+    assert r["gt_boxes"] == {c: sum(b["name"] == c for b in gt) for c in classes}
+    assert r["samples"] == {"ground_truth": len({b["sample_token"] for b in gt}), "predicted": 24}
+    curves = evaluate(str(root / "pred.json"), str(root / "gt.json"), block_bytes=block_bytes, curves=True)
+    whole = evaluate(detection.read_boxes(str(root / "pred.json"), "pred"), str(root / "gt.json"), curves=True)
+    assert curves["curves"] == whole["curves"] and "blocks" not in whole
+
+
+def test_in_blocks_the_edge_cases(tmp_path):
+    gt, pred = edge_cases()
+    write_json(gt, tmp_path / "gt.json")
+    write_json(pred, tmp_path / "pred.json")
+    thresholds = (0.0, 0.3, 0.5, 0.75, 0.9, 0.95, 1.0)
+    classes, ref = reference(gt, pred, thresholds)
+    r = evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"), iou_thresholds=thresholds, block_bytes=64)
+    assert r["blocks"]["predictions"] > 3
+    np.testing.assert_array_equal(ours(r), ref)
+
+
+def test_in_blocks_falls_back_to_whole_where_a_guess_does_not_hold(files, tmp_path):
+    root, (gt, pred), _ = files
+    classes, ref = reference(gt, pred)
+    # predictions not grouped by sample: read whole, said in a warning, the same answer
+    mixed = [pred[i] for i in np.random.default_rng(0).permutation(len(pred))]
+    write_json(mixed, tmp_path / "mixed.json")
+    r = evaluate(str(tmp_path / "mixed.json"), str(root / "gt.json"), block_bytes=5000)
+    assert "blocks" not in r and any("not grouped by sample" in w for w in r["warnings"])
+    np.testing.assert_array_equal(ours(r), reference(gt, mixed)[1])
+    # a seam inside a string (a class named "a}, {b"), an escaped sample token: the same answers
+    odd_gt = [dict(b, name="a}, {b") if b["name"] == "car" else b for b in gt]
+    odd_pred = [dict(b, name="a}, {b") if b["name"] == "car" else b for b in pred]
+    write_json(odd_gt, tmp_path / "odd_gt.json")
+    write_json(odd_pred, tmp_path / "odd_pred.json")
+    r = evaluate(str(tmp_path / "odd_pred.json"), str(tmp_path / "odd_gt.json"), block_bytes=3000)
+    np.testing.assert_array_equal(ours(r), reference(odd_gt, odd_pred)[1])
+    escaped = (root / "gt.json").read_text().replace('"sample_token"', '"sample\\u005ftoken"', 3)
+    (tmp_path / "escaped.json").write_text(escaped)
+    r = evaluate(str(root / "pred.json"), str(tmp_path / "escaped.json"), block_bytes=3000)
+    assert "blocks" not in r and r["warnings"]
+    np.testing.assert_array_equal(ours(r), ref)
+
+
+def test_in_blocks_a_fault_far_in_is_named_by_its_row(files, tmp_path):
+    root, (gt, pred), _ = files
+    bad = [dict(b) for b in pred]
+    bad[1000]["size"] = [1.0, -2.0, 1.0]
+    write_json(bad, tmp_path / "bad.json")
+    with pytest.raises(FormatError, match=r"bad.json: row 1000: size must be positive") as err:
+        evaluate(str(tmp_path / "bad.json"), str(root / "gt.json"), block_bytes=4000)
+    assert "\n" not in str(err.value)
+    bad_gt = [dict(b) for b in gt]
+    bad_gt[700]["rotation"] = [1.0, 0.0]
+    write_json(bad_gt, tmp_path / "bad_gt.json")
+    with pytest.raises(FormatError, match=r"bad_gt.json: row 700: rotation has 2 numbers, expected 4"):
+        evaluate(str(root / "pred.json"), str(tmp_path / "bad_gt.json"), block_bytes=4000)
+
+
 def test_the_same_on_a_cluster_and_from_s3(files, s3, dask_cluster):
     from distributed import Client
 
@@ -118,6 +184,18 @@ def test_the_same_on_a_cluster_and_from_s3(files, s3, dask_cluster):
             samples_per_task=4,
         )
     assert remote["ap"] == local["ap"] and remote["map"] == local["map"]
+    # two JSON files in blocks, read by the workers from S3
+    fs.put(str(root / "gt.json"), "l5-detect/gt.json")
+    with Client(dask_cluster.address) as client:
+        blocks = evaluate(
+            "s3://l5-detect/pred.json",
+            "s3://l5-detect/gt.json",
+            storage_options=s3.storage_options(),
+            client=client,
+            block_bytes=30_000,
+        )
+    assert blocks["blocks"]["predictions"] > 5
+    np.testing.assert_array_equal(ours(blocks), reference(gt, pred)[1])
 
 
 def test_cli_writes_the_metrics_and_a_page(files, tmp_path):

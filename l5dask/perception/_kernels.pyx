@@ -744,16 +744,20 @@ cdef inline bint _is_ws(uint8_t c) noexcept nogil:
 
 cdef Py_ssize_t _seam_at(const uint8_t* d, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
     """Where ``}`` at ``i`` is followed by whitespace, a comma, whitespace and ``{``: that ``{``'s
-    index; else -1."""
+    index; -1 if it is not; -2 if the bytes end before that is decided."""
     cdef Py_ssize_t j = i + 1
     while j < n and _is_ws(d[j]):
         j += 1
-    if j >= n or d[j] != 44:
+    if j >= n:
+        return -2
+    if d[j] != 44:
         return -1
     j += 1
     while j < n and _is_ws(d[j]):
         j += 1
-    if j >= n or d[j] != 123:
+    if j >= n:
+        return -2
+    if d[j] != 123:
         return -1
     return j
 
@@ -761,13 +765,14 @@ cdef Py_ssize_t _seam_at(const uint8_t* d, Py_ssize_t n, Py_ssize_t i) noexcept 
 def json_seams(const uint8_t[::1] data, Py_ssize_t first=0):
     """The seams of a JSON array of objects: for every ``}`` (at ``first`` or after) followed by
     whitespace, a comma, whitespace and ``{``, the index just past that ``}`` and the index of that
-    ``{`` (two int64 arrays). A guess, not a parse: a seam may lie inside a string; the blocks cut
+    ``{`` (two int64 arrays); and the index of the ``}`` after the last seam whose bytes end before
+    it is decided (-1: none). A guess, not a parse: a seam may lie inside a string; the blocks cut
     there are parsed strictly, and a wrong cut fails that parse."""
-    cdef Py_ssize_t n = data.shape[0], i, j, count = 0, k = 0
+    cdef Py_ssize_t n = data.shape[0], i, j, count = 0, k = 0, undecided = -1
     cdef const uint8_t* d
     cdef const void* hit
     if n == 0 or first >= n:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), -1
     d = &data[0]
     with nogil:
         i = first
@@ -776,8 +781,12 @@ def json_seams(const uint8_t[::1] data, Py_ssize_t first=0):
             if hit == NULL:
                 break
             i = <const uint8_t*>hit - d
-            if _seam_at(d, n, i) >= 0:
+            j = _seam_at(d, n, i)
+            if j >= 0:
                 count += 1
+            elif j == -2:
+                undecided = i
+                break
             i += 1
     ends = np.empty(count, np.int64)
     starts = np.empty(count, np.int64)
@@ -795,7 +804,7 @@ def json_seams(const uint8_t[::1] data, Py_ssize_t first=0):
                 s[k] = j
                 k += 1
             i += 1
-    return ends, starts
+    return ends, starts, undecided
 
 
 def json_key_spans(const uint8_t[::1] data, const int64_t[::1] starts, const int64_t[::1] ends, bytes key):

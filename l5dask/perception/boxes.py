@@ -365,7 +365,7 @@ def concat(parts: list[Boxes], where: str) -> Boxes:
 #: Bytes of a detection file each task reads (dask config ``l5dask.detection.block-bytes``): about
 #: 110,000 predictions, a fraction of a second of parsing and matching.
 BLOCK_BYTES = 32 * 2**20
-_LOOK = 1 << 16  # bytes read past a nominal offset to find its seam (more when there is none)
+MAX_BLOCKS = 1024
 _WS = b" \t\r\n"
 
 
@@ -416,20 +416,41 @@ def plan(path: str, kind: str, storage_options: dict | None = None, block_bytes:
     first, stop = len(head) - len(h) + 1, size - (len(tail) - len(t)) - 1
     if not t.endswith(b"]") or stop < first:
         return None
-    return Blocks(path, storage_options, kind, first, stop, max(1, block_bytes))
+    # at least 64 bytes a block, and at most MAX_BLOCKS blocks (a task each)
+    return Blocks(path, storage_options, kind, first, stop, max(64, block_bytes, -(-(stop - first) // MAX_BLOCKS)))
 
 
-def _boundary(bl: Blocks, store: Any, key: str, k: int) -> int:
+def _start(bl: Blocks, store: Any, key: str, k: int) -> int | None:
     """Where block ``k`` starts: the ``{`` of the first seam whose ``}`` is at its nominal offset or
-    after (found from the same bytes by the tasks on either side), or the end."""
-    at = bl.nominal(k)
-    if k == 0 or at >= bl.stop:
-        return bl.first if k == 0 else bl.stop
-    look = _LOOK
+    after; ``None`` when that ``}`` is not before the next block's nominal offset (``k`` is empty:
+    its seam starts a later block)."""
+    if k == 0:
+        return bl.first
+    at, limit = bl.nominal(k), bl.nominal(k + 1) - bl.nominal(k)
+    look = 256
+    while at < bl.stop:
+        end = min(bl.stop, at + limit + look)
+        buf = store.get(key, start=at, end=end, what="the detection file")
+        ends, starts, undecided = _compiled.json_seams(np.frombuffer(buf, np.uint8))
+        if len(starts):
+            return at + int(starts[0]) if ends[0] - 1 < limit else None
+        if end >= bl.stop or undecided < 0 or undecided >= limit:
+            return None
+        look *= 4  # a "}" before the limit, whitespace after it to the end of what was read
+    return None
+
+
+def _end(bl: Blocks, store: Any, key: str, k: int) -> int:
+    """Where block ``k`` ends: the ``{`` of the first seam whose ``}`` is at the next block's
+    nominal offset or after (the start of the next block that is not empty), or the end."""
+    if k + 1 >= bl.n:
+        return bl.stop
+    at = bl.nominal(k + 1)
+    look = 256
     while True:
         end = min(bl.stop, at + look)
         buf = store.get(key, start=at, end=end, what="the detection file")
-        _, starts = _compiled.json_seams(np.frombuffer(buf, np.uint8))
+        _, starts, _ = _compiled.json_seams(np.frombuffer(buf, np.uint8))
         if len(starts):
             return at + int(starts[0])
         if end >= bl.stop:
@@ -441,7 +462,10 @@ def block_text(bl: Blocks, k: int) -> tuple[memoryview, int]:
     """Block ``k``'s boxes (``b"{...}, ..., {...}"``, the seam after the last taken off) and the
     file offset of its first byte."""
     store, key = bl.store()
-    lo, hi = _boundary(bl, store, key, k), _boundary(bl, store, key, k + 1)
+    lo = _start(bl, store, key, k)
+    if lo is None:
+        return memoryview(b""), bl.nominal(k)
+    hi = _end(bl, store, key, k)
     if hi <= lo:
         return memoryview(b""), lo
     text = memoryview(store.get(key, start=lo, end=hi, what="the detection file"))
@@ -525,7 +549,7 @@ def index_block(bl: Blocks, k: int) -> Runs:
     if not len(text):
         z = np.zeros(0, np.int64)
         return Runs(np.zeros(0, "S1"), z, z, z, z)
-    ends, starts = _compiled.json_seams(buf)
+    ends, starts, _ = _compiled.json_seams(buf)
     seg_lo = np.concatenate([[0], starts]).astype(np.int64)
     seg_hi = np.concatenate([ends, [len(text)]]).astype(np.int64)
     vs, ve, bad = _compiled.json_key_spans(buf, seg_lo, seg_hi, b"sample_token")
@@ -551,12 +575,15 @@ class GroundIndex:
     def merge(cls, bl: Blocks, parts: list[Runs]) -> GroundIndex:
         base = np.cumsum([0] + [int(p.count.sum()) for p in parts])
         width = max([p.token.dtype.itemsize for p in parts] + [1])
+
+        def cat(f: str) -> np.ndarray:
+            return np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
+
         runs = Runs(
             np.concatenate([p.token.astype(f"S{width}") for p in parts]) if parts else np.zeros(0, "S1"),
-            *(
-                np.concatenate([getattr(p, f) for p in parts]) if parts else np.zeros(0, np.int64)
-                for f in ("start", "end", "count")
-            ),
+            cat("start"),
+            cat("end"),
+            cat("count"),
             np.concatenate([p.seg + b for p, b in zip(parts, base)]) if parts else np.zeros(0, np.int64),
         )
         order = np.argsort(runs.token, kind="stable")  # by sample, then file order

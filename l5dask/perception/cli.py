@@ -138,18 +138,16 @@ def evaluate(
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         job = Job(client=client)
-        egos = None
-        if dataset is not None:
+        kw = dict(iou_thresholds=thresholds, job=job, allow_unknown_samples=allow_unknown_samples)
+        if dataset is not None:  # (the dataset's boxes are in memory: the predictions too, for the bands)
             from l5dask.perception import open_perception
 
             truth, egos = detection.boxes_of_dataset(open_perception(dataset, opts))
-        else:
-            truth = detection.read_boxes(gt, "gt", opts)
-        boxes = detection.read_boxes(pred, "pred", opts)
-        kw = dict(iou_thresholds=thresholds, job=job, allow_unknown_samples=allow_unknown_samples)
-        result = detection.evaluate(boxes, truth, curves=curves or bool(html_path), **kw)
-        if egos is not None:
+            boxes = detection.read_boxes(pred, "pred", opts)
+            result = detection.evaluate(boxes, truth, curves=curves or bool(html_path), **kw)
             result["by_distance"] = detection.by_distance(boxes, truth, egos, **kw)
+        else:  # two files: read by the tasks, in blocks where they can be
+            result = detection.evaluate(pred, gt, storage_options=opts, curves=curves or bool(html_path), **kw)
     took = time.perf_counter() - t0
     if html_path:
         from l5dask.core.page import write_page

@@ -208,23 +208,35 @@ def match_task(
     return tp
 
 
-def average_precision(tp: np.ndarray, num_gts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The SDK's ``recall_precision`` and ``get_ap`` of a class's flags in its global order, every
-    threshold at once: ``tp`` is (thresholds, predictions); the APs, recalls and precisions come
-    a row per threshold. (Its ``tp + fp`` is the count of predictions so far, an exact integer, and
-    its ``eps`` never the larger.)"""
-    t, n = tp.shape
+def average_precision(tp: np.ndarray, num_gts: int) -> np.ndarray:
+    """The SDK's ``get_ap(*recall_precision(...))`` of a class's flags in its global order, every
+    threshold at once (``tp``: thresholds x predictions), from the true positives alone.
+
+    Its sum runs over the steps where recall changes, which are the true positives, and one last
+    step to recall 1 (times the appended precision 0) unless recall reaches 1; its precision
+    envelope at a true positive is the largest precision at that one or a later one (between them
+    precision only falls). So the same terms, in the same order, go to the same ``np.sum``: the
+    AP bit for bit, in time proportional to the true positives once they are found."""
+    aps = np.empty(tp.shape[0])
+    n_gt = float(num_gts)
+    for k in range(tp.shape[0]):
+        at = np.flatnonzero(tp[k]) + 1  # positions 1..n of the true positives
+        hits = np.arange(1, len(at) + 1, dtype=np.float64)
+        precision = hits / np.maximum(at.astype(np.float64), np.finfo(np.float64).eps)
+        envelope = np.maximum.accumulate(precision[::-1])[::-1]
+        recall = hits / n_gt
+        terms = (recall - (hits - 1.0) / n_gt) * envelope
+        if not len(recall) or recall[-1] != 1.0:
+            terms = np.concatenate([terms, [0.0]])  # the last step to recall 1, at precision 0
+        aps[k] = np.sum(terms)
+    return aps
+
+
+def curves_of(tp: np.ndarray, num_gts: int) -> list[dict[str, list[float]]]:
+    """The SDK's recall and precision after each prediction, a curve per threshold."""
     hits = np.cumsum(tp, axis=1, dtype=np.float64)
-    recalls = hits / float(num_gts)
-    precisions = hits / np.maximum(np.arange(1, n + 1, dtype=np.float64), np.finfo(np.float64).eps)
-    r = np.concatenate([np.zeros((t, 1)), recalls, np.ones((t, 1))], axis=1)
-    p = np.concatenate([np.zeros((t, 1)), precisions, np.zeros((t, 1))], axis=1)
-    p = np.maximum.accumulate(p[:, ::-1], axis=1)[:, ::-1]
-    aps = np.empty(t)
-    for k in range(t):
-        i = np.flatnonzero(r[k, 1:] != r[k, :-1])
-        aps[k] = np.sum((r[k, i + 1] - r[k, i]) * p[k, i + 1])
-    return aps, recalls, precisions
+    steps = np.maximum(np.arange(1, tp.shape[1] + 1, dtype=np.float64), np.finfo(np.float64).eps)
+    return [{"recall": (h / float(num_gts)).tolist(), "precision": (h / steps).tolist()} for h in hits]
 
 
 def match_flags(p: Boxes, g: Boxes, thresholds) -> np.ndarray:
@@ -402,12 +414,10 @@ def _result(
             result["ap"][c] = [0.0] * len(thresholds)
             continue
         mine = mine[np.argsort(-score[mine], kind="stable")]
-        aps, recalls, precisions = average_precision(tp[mine].T, result["gt_boxes"][c])
-        result["ap"][c] = aps.tolist()
+        flags = np.ascontiguousarray(tp[mine].T)
+        result["ap"][c] = average_precision(flags, result["gt_boxes"][c]).tolist()
         if curves:
-            result["curves"][c] = [
-                {"recall": recalls[k].tolist(), "precision": precisions[k].tolist()} for k in range(len(thresholds))
-            ]
+            result["curves"][c] = curves_of(flags, result["gt_boxes"][c])
     result["map"] = [float(np.mean([result["ap"][c][k] for c in classes])) for k in range(len(thresholds))]
     result["mean_map"] = float(np.mean(result["map"]))
     if warnings:

@@ -237,6 +237,32 @@ def detection(data: bytes) -> None:
     assert all(math.isfinite(v) for v in want.ravel())
 
 
+def detection_blocks(data: bytes) -> None:
+    """A JSON file evaluated as predictions against itself as ground truth, read in small blocks
+    (cut at guessed seams, the ground truth indexed by guessed tokens) and read whole: the same
+    metrics, or the same one-line error."""
+    from l5dask.perception import detection as det
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "boxes.json")
+        with open(path, "wb") as f:
+            f.write(data)
+        outcomes = []
+        for how in ("blocks", "whole"):
+            try:
+                if how == "blocks":
+                    r = det.evaluate(path, path, block_bytes=64 + len(data) % 97, iou_thresholds=(0.1, 0.5, 0.9))
+                else:
+                    r = det.evaluate(
+                        det.read_boxes(path, "pred"), det.read_boxes(path, "gt"), iou_thresholds=(0.1, 0.5, 0.9)
+                    )
+                keys = ("classes", "ap", "map", "gt_boxes", "predictions", "samples")
+                outcomes.append(json.dumps({k: r[k] for k in keys}, sort_keys=True))
+            except L5DaskError as exc:
+                outcomes.append(f"error: {exc}")
+    assert outcomes[0] == outcomes[1], f"in blocks {outcomes[0][:300]} but whole {outcomes[1][:300]}"
+
+
 def _detection_seeds() -> list[bytes]:
     box = {
         "sample_token": "abc",
@@ -249,6 +275,30 @@ def _detection_seeds() -> list[bytes]:
     return [json.dumps(boxes).encode(), csv_text.encode()]
 
 
+def _detection_block_seeds() -> list[bytes]:
+    def box(tok: str, name: str, x: float, score: float) -> dict:
+        return {
+            "sample_token": tok,
+            "translation": [x, 0.5, 0.0],
+            "size": [1.9, 4.6, 1.7],
+            "rotation": [0.9, 0.0, 0.0, 0.43],
+            "name": name,
+            "score": score,
+        }
+
+    grouped = [
+        box(t, n, x, s)
+        for t in ("s1", "s2", "s3")
+        for n, x, s in (("car", 0.0, 0.9), ("car", 0.3, 0.4), ("bus", 9.0, 0.5))
+    ]
+    return [
+        json.dumps(grouped).encode(),
+        json.dumps(grouped, indent=1).encode(),
+        json.dumps([grouped[i] for i in (0, 4, 1, 7, 2)]).encode(),
+        json.dumps([dict(b, name="a}, {b") for b in grouped]).encode(),
+    ]
+
+
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "blosc": (blosc, _blosc_seeds),
     "zarray": (zarray, _metadata_seeds),
@@ -257,6 +307,7 @@ TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = 
     "csv": (csv, _csv_seeds),
     "perception_table": (perception_table, _perception_seeds),
     "detection": (detection, _detection_seeds),
+    "detection_blocks": (detection_blocks, _detection_block_seeds),
 }
 
 
