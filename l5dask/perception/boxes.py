@@ -6,7 +6,7 @@ scan; Python's ``csv`` for the competition's CSV), checked, and any fault named 
 file, the row or line, the field).
 
 In blocks (:class:`Blocks`): a JSON file is cut at *seams*, a ``}``, a comma and a ``{`` with only
-whitespace between, found by a compiled scan (:func:`~l5dask.perception._kernels.json_seams`) from
+whitespace between, found by a compiled scan (``json_seams`` in ``_kernels.pyx``) from
 each block's nominal offset, so that each task finds its own two ends. A seam is a guess, not a
 parse: one inside a string cuts a box in two. But each block is parsed strictly on its own
 (``[`` + block + ``]``), and blocks that each parse as a list of values, joined by the commas of
