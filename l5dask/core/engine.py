@@ -46,6 +46,10 @@ from l5dask.errors import L5DaskError
 SPLIT_EVERY = 16
 #: (tasks wanted per thread, most stored chunks in a task), by scheduler.
 TASK_SIZING = {"threads": (16, 8), "distributed": (8, 64)}
+#: From an object store (each chunk a request with its first-byte latency): at least this many
+#: chunks a task and at most this many tasks a thread, on any scheduler.
+REMOTE_CHUNKS = 32
+REMOTE_TASKS_PER_THREAD = 4
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
 
@@ -387,7 +391,11 @@ def worker_threads(client: Any = None) -> int:
 
 
 def auto_chunks_per_task(
-    nchunks: int, threads: int | None = None, scheduler: str = "threads", tasks_per_thread: int | None = None
+    nchunks: int,
+    threads: int | None = None,
+    scheduler: str = "threads",
+    tasks_per_thread: int | None = None,
+    remote: bool = False,
 ) -> int:
     """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
     the scheduling cost small against the work (each task still decodes each chunk once).
@@ -397,6 +405,8 @@ def auto_chunks_per_task(
     (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks a task.
     """
     per_thread, most = TASK_SIZING[scheduler]
+    if remote:  # every chunk a request: fewer, larger tasks keep more requests in flight
+        per_thread, most = min(per_thread, REMOTE_TASKS_PER_THREAD), max(most, REMOTE_CHUNKS)
     threads = threads or worker_threads()
     return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
 
@@ -528,7 +538,9 @@ class Job:
         dominant pass when it has one); ``guided``: smaller as the end nears (a persisted pass is
         followed by more work, so its last tasks idle no thread: it needs no guided end)."""
         n = spec.source.nchunks
-        per_task = self.chunks_per_task or auto_chunks_per_task(n, self.threads, self.scheduler_kind)
+        per_task = self.chunks_per_task or auto_chunks_per_task(
+            n, self.threads, self.scheduler_kind, remote=bool(getattr(spec.source, "remote", False))
+        )
         if spec.rows is not None:
             # a parent's rows place its child tasks: spread them over the workers
             per_task = min(

@@ -20,6 +20,10 @@ from l5dask.errors import ChunkError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried.
 _RETRIES = 4
+#: Connections per process to S3 (botocore's pool; its default is 10), and requests a task keeps in
+#: flight while it decodes what came (dask config ``l5dask.requests-in-flight``).
+S3_CONNECTIONS = 64
+REQUESTS_IN_FLIGHT = 32
 #: Reads inside an archive go one at a time: fsspec's tar filesystem seeks and reads one shared file
 #: object without a lock (threads reading at once got each other's bytes: found by a test).
 _ARCHIVE_READS = threading.Lock()
@@ -121,6 +125,12 @@ class Store:
     def local(self) -> bool:
         """Whether keys are plain files on this machine's filesystem."""
         return _protocol(self.fs) == "file"
+
+    @property
+    def remote(self) -> bool:
+        """Whether every read is a request to a server (an object store, HTTP): tasks are then
+        made larger, so that more requests are in flight while they decode."""
+        return bool(getattr(self.fs, "async_impl", False))
 
     def path(self, key: str) -> str:
         return posixpath.join(self.root, key) if self.root else key
@@ -251,6 +261,45 @@ class Store:
                 out.append(self.get(k, what=what.get(k)))
         return out
 
+    def iter_many(self, keys: list[str], what: dict[str, str] | None = None):
+        """The objects' bytes one by one in the order given, the later ones being fetched while
+        the caller works on the earlier (on object stores: ``l5dask.requests-in-flight`` requests
+        at a time, 32 by default); failures retried one by one, as :meth:`get_many`."""
+        what = what or {}
+        if len(keys) <= 1 or not getattr(self.fs, "async_impl", False) or getattr(self.fs, "loop", None) is None:
+            for k in keys:
+                yield self.get(k, what=what.get(k))
+            return
+        import asyncio
+
+        import dask
+
+        depth = max(1, int(dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
+        fs = self.fs
+
+        def submit(k: str):
+            return asyncio.run_coroutine_threadsafe(fs._cat_file(self.path(k)), fs.loop)
+
+        pending = [submit(k) for k in keys[:depth]]
+        try:
+            for i, k in enumerate(keys):
+                if i + depth < len(keys):
+                    pending.append(submit(keys[i + depth]))
+                fut = pending[i]
+                pending[i] = None  # type: ignore[call-overload]
+                try:
+                    yield fut.result()
+                except (FileNotFoundError, PermissionError):
+                    yield self.get(k, what=what.get(k))  # (says which object, in one line)
+                except Exception as exc:  # noqa: BLE001 - retried, or named, by get
+                    yield self.get(k, what=what.get(k), tried=1, failed=exc) if _is_transient(exc) else self.get(
+                        k, what=what.get(k)
+                    )
+        finally:
+            for fut in pending:  # (a caller that stops early: nothing left running for it)
+                if fut is not None:
+                    fut.cancel()
+
     def get_metadata(self, key: str) -> bytes | None:
         """Read a metadata object, ``None`` when absent."""
         try:
@@ -357,6 +406,14 @@ def resolve_s3_options(options: dict[str, Any]) -> dict[str, Any]:
     never printed or logged). Explicit options, ``anon`` or a ``profile`` are left alone.
     """
     out = dict(options)
+    # s3fs's default max_concurrency (10) makes it ask an object's size (a HEAD) before every whole
+    # read: a second round trip per chunk; botocore keeps 10 connections per process. Through an
+    # endpoint with 50 ms to the first byte (benchmarks/s3_latency_benchmark.py) these two cost
+    # more than half the time. The user's own values win.
+    out.setdefault("max_concurrency", 1)
+    config_kwargs = dict(out.get("config_kwargs") or {})
+    config_kwargs.setdefault("max_pool_connections", S3_CONNECTIONS)
+    out["config_kwargs"] = config_kwargs
     client_kwargs = dict(out.get("client_kwargs") or {})
     if "endpoint_url" not in client_kwargs and "endpoint_url" not in out and os.environ.get("AWS_ENDPOINT_URL"):
         client_kwargs["endpoint_url"] = os.environ["AWS_ENDPOINT_URL"]

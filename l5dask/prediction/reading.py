@@ -88,10 +88,14 @@ def iter_chunks(
 ):
     """Yield ``(start row, records)`` for ``nchunks`` stored chunks from ``first_chunk`` on.
 
-    The objects are fetched together (concurrently on object stores); each chunk is decoded
-    once into ``scratch`` (one chunk of records, reused: valid until the next chunk).
+    The objects are fetched ahead (concurrently on object stores, while the earlier ones are
+    decoded: :meth:`Store.iter_many`); each chunk is decoded once into ``scratch`` (one chunk of
+    records, reused: valid until the next chunk).
     """
-    for index, raw in fetch_chunks(store, meta, first_chunk, nchunks):
+    indices = range(first_chunk, first_chunk + nchunks)
+    keys = [meta.key(index) for index in indices]
+    raws = store.iter_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
+    for index, raw in zip(indices, raws):
         start, stop = meta.chunk_bounds(index)
         scratch = decode_chunk(raw, meta, compressed, str(index), out=scratch)
         yield start, scratch[: stop - start]
@@ -223,6 +227,11 @@ class L5Array:
 
     def __init__(self, store: Store, meta: fmt.ArrayMeta, compressed: bool = True) -> None:
         self.store, self.meta, self.compressed = store, meta, compressed
+
+    @property
+    def remote(self) -> bool:
+        """Whether its chunks are requests to a server (the engine makes larger tasks)."""
+        return self.store.remote
 
     @property
     def name(self) -> str:
