@@ -35,6 +35,10 @@ class FlakyProxy:
         self.always = None  # fail every GET whose path ends with this
         self.drops = True  # fail half of the time by dropping the connection (else always a 503)
         self.body = ERROR_503
+        self.stall = None  # GETs whose path ends with this get no answer (a stalled read)...
+        self.stall_times = 10**9  # ... this many times
+        self.stalled = 0
+        self.closing = threading.Event()
         self.count = 0
         self.failures = 0
         self.lock = threading.Lock()
@@ -60,6 +64,14 @@ class FlakyProxy:
                     (proxy.always and self.path.split("?")[0].endswith(proxy.always))
                     or (proxy.every and n % proxy.every == 0)
                 )
+                if chunk and proxy.stall and self.path.split("?")[0].endswith(proxy.stall):
+                    with proxy.lock:
+                        stall = proxy.stalled < proxy.stall_times
+                        proxy.stalled += stall
+                    if stall:
+                        proxy.closing.wait(60)  # no byte, until the client gives up (or the proxy closes)
+                        self.close_connection = True
+                        return
                 if fail:
                     with proxy.lock:
                         proxy.failures += 1
@@ -97,6 +109,7 @@ class FlakyProxy:
         self.endpoint = f"http://127.0.0.1:{self.port}"
 
     def close(self):
+        self.closing.set()
         self.server.shutdown()
 
 
@@ -139,7 +152,10 @@ def test_transient_errors_only_l5dasks_own_retries_absorb(s3, s3_small, small_ds
         compute_report(s3_small, storage_options=dict(opts, skip_instance_cache=True))
 
 
-def test_store_that_keeps_failing_names_the_object(s3, s3_small, proxy):
+def test_store_that_keeps_failing_names_the_object(s3, s3_small, proxy, monkeypatch):
+    import l5dask.core.store
+
+    monkeypatch.setattr(l5dask.core.store, "_RETRIES", 4)  # (8 by default: 21 s of backoff)
     proxy.always, proxy.body = "/agents/2", ERROR_503_PLAIN  # (s3fs and botocore retry nothing: quicker)
     opts = _options(s3, proxy)
     opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
@@ -178,3 +194,59 @@ def test_csv_files_on_s3_are_read_through_the_store(s3, proxy, tmp_path):
     got = read_gt_csv("s3://l5-csv/gt.csv", storage_options=opts).coords.compute(scheduler="sync")
     assert proxy.failures >= 1
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_stalled_read_times_out_is_retried_and_the_report_is_exact(s3, s3_small, small_ds, proxy):
+    """The defaults (no retry options): a read that gets no byte within ``l5dask.read-timeout`` is
+    transient, retried, and the report is exact."""
+    import dask
+
+    expected = {k: v for k, v in public(compute_report(small_ds)).items() if k != "dataset"}
+    opts = s3.storage_options()
+    opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
+    proxy.stall, proxy.stall_times = "/agents/1", 1
+    with dask.config.set({"l5dask.read-timeout": 1.0}):
+        got = compute_report(s3_small, storage_options=dict(opts, skip_instance_cache=True))
+    assert proxy.stalled == 1
+    assert {k: v for k, v in public(got).items() if k != "dataset"} == expected
+
+
+def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is_written(
+    s3, s3_small, proxy, tmp_path
+):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    proxy.stall = "/agents/1"
+    out = tmp_path / "report.json"
+    env = dict(os.environ, DASK_L5DASK__READ_TIMEOUT="1")
+    cmd = [sys.executable, "-m", "l5dask.cli", "stats", s3_small, "-O", str(out), "-q"]
+    for k, v in s3.storage_options().items():
+        if k == "client_kwargs":
+            cmd += ["-o", f"client_kwargs.endpoint_url={proxy.endpoint}", "-o", "client_kwargs.region_name=us-east-1"]
+        elif isinstance(v, str):
+            cmd += ["-o", f"{k}={v}"]
+    t = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    took = time.perf_counter() - t
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "reading 'agents/1' failed after 3 attempt(s): no byte within the read timeout" in r.stderr
+    assert not out.exists() and os.listdir(tmp_path) == []
+    assert took < 60  # three reads of a second each and their backoff, not botocore's 60 s five times
+    # cancelled (Ctrl-C) while a read is stalled: one line, no file, and the reads in flight stop
+    proxy.stalled = 0
+    env["DASK_L5DASK__READ_TIMEOUT"] = "50"
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(200):  # until the stalled read is under way
+        if proxy.stalled:
+            break
+        time.sleep(0.1)
+    assert proxy.stalled
+    t = time.perf_counter()
+    p.send_signal(__import__("signal").SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and err.strip() == "l5dask: interrupted", err
+    assert time.perf_counter() - t < 10  # not the 50 s of the read timeout
+    assert not out.exists() and os.listdir(tmp_path) == []

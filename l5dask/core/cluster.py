@@ -151,8 +151,19 @@ def compute(collection: Any, client: Any = None, progress: bool = False, **kw: A
         import os
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        from l5dask.core.store import CANCELLED, cancel_reads
+
+        CANCELLED.clear()
+        pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        try:
             return compute(collection, None, progress, pool=pool, **kw)
+        except KeyboardInterrupt:
+            # stop the reads in flight and the tasks not started; the running ones end at once
+            cancel_reads()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
     if client is None:
         if progress:
             from dask.diagnostics import ProgressBar

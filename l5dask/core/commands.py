@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from typing import Any
 
@@ -47,8 +48,13 @@ def friendly(func):
             click.echo(f"l5dask: error: {exc}", err=True)
             sys.exit(EXIT_USER_ERROR)
         except KeyboardInterrupt:
+            # the main thread has unwound (its outputs are atomic: nothing half-written is left);
+            # end now: an interpreter exit would wait for the worker threads' reads in flight,
+            # a stalled one up to its read timeout
             click.echo("l5dask: interrupted", err=True)
-            sys.exit(130)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         except OSError as exc:
             click.echo(f"l5dask: error: {exc}", err=True)
             sys.exit(EXIT_USER_ERROR)

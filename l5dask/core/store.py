@@ -18,12 +18,36 @@ from fsspec.core import url_to_fs
 
 from l5dask.errors import ChunkError, NotADatasetError, StoreError
 
-#: Errors of a store that may pass (throttling, 5xx, dropped connections): retried.
-_RETRIES = 4
+#: Errors of a store that may pass (throttling, 5xx, dropped connections): retried this many times;
+#: reads that time out, fewer (each waited ``l5dask.read-timeout`` already).
+_RETRIES = 8
+_TIMEOUT_RETRIES = 2
 #: Connections per process to S3 (botocore's pool; its default is 10), and requests a task keeps in
 #: flight while it decodes what came (dask config ``l5dask.requests-in-flight``).
 S3_CONNECTIONS = 64
 REQUESTS_IN_FLIGHT = 32
+#: Seconds a read of an object store may wait for a byte (dask config ``l5dask.read-timeout``).
+READ_TIMEOUT = 30.0
+#: Set when the caller is interrupted (Ctrl-C): reads from object stores in flight stop at once
+#: (``cancel_reads``), so that the tasks end and the caller cleans up without waiting a timeout.
+CANCELLED = threading.Event()
+
+
+def cancel_reads() -> None:
+    CANCELLED.set()
+
+
+def _wait(fut: Any, path: str) -> Any:
+    """A read's result, waited for a quarter second at a time: cancelled reads end at once."""
+    import concurrent.futures
+
+    while True:
+        try:
+            return fut.result(timeout=0.25)
+        except concurrent.futures.TimeoutError:
+            if CANCELLED.is_set():
+                fut.cancel()
+                raise StoreError(f"{path}: the read was cancelled") from None
 #: Reads inside an archive go one at a time: fsspec's tar filesystem seeks and reads one shared file
 #: object without a lock (threads reading at once got each other's bytes: found by a test).
 _ARCHIVE_READS = threading.Lock()
@@ -59,6 +83,10 @@ def _is_transient(exc: BaseException) -> bool:
         "ConnectTimeoutError",
         "ResponseStreamingError",
     } or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError"))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return isinstance(exc, TimeoutError) or type(exc).__name__ in {"ReadTimeoutError", "ConnectTimeoutError"}
 
 
 def _describe(exc: BaseException) -> str:
@@ -99,6 +127,7 @@ class Store:
             else:
                 self.fs, root = url_to_fs(self.url, **options)
                 self.root = root.rstrip("/")
+                _own_retries(self.fs)
         except (NotADatasetError, StoreError):
             raise
         except (ValueError, ImportError) as exc:
@@ -160,6 +189,11 @@ class Store:
             if _protocol(self.fs) in ("tar", "zip"):
                 with _ARCHIVE_READS:
                     return self.fs.cat_file(path, start=start, end=end)
+            if self.remote and getattr(self.fs, "loop", None) is not None:
+                import asyncio
+
+                coro = self.fs._cat_file(path, start=start, end=end)
+                return _wait(asyncio.run_coroutine_threadsafe(coro, self.fs.loop), path)
             return self.fs.cat_file(path, start=start, end=end)
 
         return self._retrying(read, key, what, tried, failed)
@@ -168,12 +202,19 @@ class Store:
         self, op: Any, key: str, what: str | None = None, tried: int = 0, failed: BaseException | None = None
     ) -> Any:
         """``op()``, its transient store errors retried with backoff (``tried`` attempts already
-        made elsewhere count), the others mapped to one-line errors naming the object."""
+        made elsewhere count), the others mapped to one-line errors naming the object.
+
+        A store that sheds load (503, SlowDown, a dropped connection) is retried up to
+        ``_RETRIES`` times, waiting 0.2 s, then twice as long each time up to 5 s; a read that
+        timed out (no byte within ``l5dask.read-timeout``) up to ``_TIMEOUT_RETRIES`` times."""
         delay = 0.2
-        for attempt in range(tried, _RETRIES + 1):
+        attempt = tried
+        timeouts = int(failed is not None and _is_timeout(failed))
+        while True:
             if attempt:
                 time.sleep(delay)
-                delay *= 2
+                delay = min(delay * 2, 5.0)
+            attempt += 1
             try:
                 return op()
             except FileNotFoundError as exc:
@@ -181,16 +222,12 @@ class Store:
             except PermissionError as exc:
                 raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
             except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
-                if attempt < _RETRIES and _is_transient(exc):
+                timeouts += _is_timeout(exc)
+                if _is_transient(exc) and attempt <= _RETRIES and timeouts <= _TIMEOUT_RETRIES:
                     failed = exc
                     continue
-                raise StoreError(
-                    f"{self.url}: reading {key!r} failed after {attempt + 1} attempt(s): {_describe(exc)}"
-                ) from exc
-        raise StoreError(
-            f"{self.url}: reading {key!r} failed after {tried} attempt(s): "
-            f"{_describe(failed) if failed is not None else 'no attempt left'}"
-        ) from failed
+                why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
+                raise StoreError(f"{self.url}: reading {key!r} failed after {attempt} attempt(s): {why}") from exc
 
     def get_into(self, key: str, buffer: memoryview, *, what: str | None = None) -> int:
         """Read one object into ``buffer`` (at most its length; the bytes read are returned): on a
@@ -288,13 +325,18 @@ class Store:
                 fut = pending[i]
                 pending[i] = None  # type: ignore[call-overload]
                 try:
-                    yield fut.result()
+                    got = _wait(fut, self.path(k))
+                except StoreError:
+                    raise
                 except (FileNotFoundError, PermissionError):
                     yield self.get(k, what=what.get(k))  # (says which object, in one line)
+                    continue
                 except Exception as exc:  # noqa: BLE001 - retried, or named, by get
                     yield self.get(k, what=what.get(k), tried=1, failed=exc) if _is_transient(exc) else self.get(
                         k, what=what.get(k)
                     )
+                    continue
+                yield got
         finally:
             for fut in pending:  # (a caller that stops early: nothing left running for it)
                 if fut is not None:
@@ -391,7 +433,15 @@ def same_place(a: Store, b: Store) -> bool:
     return where(a) == where(b)
 
 
+def _own_retries(fs: Any) -> None:
+    """s3fs retries a timed-out read five times itself (a class attribute, not an option): each
+    attempt of l5dask's would wait five read timeouts. Its retries of one attempt are l5dask's."""
+    if _protocol(fs) in ("s3", "s3a") and hasattr(fs, "retries"):
+        fs.retries = 1
+
+
 def _rebuild_store(url: str, fs: Any, root: str) -> Store:
+    _own_retries(fs)
     store = Store.__new__(Store)
     store.url, store.fs, store.root = url, fs, root
     return store
@@ -413,6 +463,14 @@ def resolve_s3_options(options: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("max_concurrency", 1)
     config_kwargs = dict(out.get("config_kwargs") or {})
     config_kwargs.setdefault("max_pool_connections", S3_CONNECTIONS)
+    # a read that gets no byte for this long is a transient error: retried, then named in one line
+    # (botocore waits 60 s, five times over; l5dask retries with its own backoff)
+    import dask
+
+    timeout = float(dask.config.get("l5dask.read-timeout", None) or READ_TIMEOUT)
+    config_kwargs.setdefault("read_timeout", timeout)
+    config_kwargs.setdefault("connect_timeout", timeout)
+    config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})  # (l5dask retries: _retrying)
     out["config_kwargs"] = config_kwargs
     client_kwargs = dict(out.get("client_kwargs") or {})
     if "endpoint_url" not in client_kwargs and "endpoint_url" not in out and os.environ.get("AWS_ENDPOINT_URL"):
