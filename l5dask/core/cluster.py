@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from l5dask.core.store import CANCELLED, cancel_reads
 from l5dask.errors import ClusterError, L5DaskError
 
 #: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).
@@ -150,8 +151,6 @@ def compute(collection: Any, client: Any = None, progress: bool = False, **kw: A
     if client is None and kw.get("scheduler") is threaded_get and "pool" not in kw:
         import os
         from concurrent.futures import ThreadPoolExecutor
-
-        from l5dask.core.store import CANCELLED, cancel_reads
 
         CANCELLED.clear()
         pool = ThreadPoolExecutor(os.cpu_count() or 1)
