@@ -174,26 +174,14 @@ def test_the_same_on_a_cluster_and_from_s3(files, s3, dask_cluster):
     fs = s3.s3fs()
     fs.put(str(root / "pred.json"), "l5-detect/pred.json")
     fs.put(str(root / "gt.csv"), "l5-detect/gt.csv")
+    fs.put(str(root / "gt.json"), "l5-detect/gt.json")
     local = evaluate(str(root / "pred.json"), str(root / "gt.csv"))
     with Client(dask_cluster.address) as client:
-        remote = evaluate(
-            "s3://l5-detect/pred.json",
-            "s3://l5-detect/gt.csv",
-            storage_options=s3.storage_options(),
-            client=client,
-            samples_per_task=4,
-        )
+        opts = dict(storage_options=s3.storage_options(), client=client)
+        remote = evaluate("s3://l5-detect/pred.json", "s3://l5-detect/gt.csv", samples_per_task=4, **opts)
+        # two JSON files in blocks, read by the workers from S3
+        blocks = evaluate("s3://l5-detect/pred.json", "s3://l5-detect/gt.json", block_bytes=30_000, **opts)
     assert remote["ap"] == local["ap"] and remote["map"] == local["map"]
-    # two JSON files in blocks, read by the workers from S3
-    fs.put(str(root / "gt.json"), "l5-detect/gt.json")
-    with Client(dask_cluster.address) as client:
-        blocks = evaluate(
-            "s3://l5-detect/pred.json",
-            "s3://l5-detect/gt.json",
-            storage_options=s3.storage_options(),
-            client=client,
-            block_bytes=30_000,
-        )
     assert blocks["blocks"]["predictions"] > 5
     np.testing.assert_array_equal(ours(blocks), reference(gt, pred)[1])
 

@@ -742,24 +742,45 @@ cdef inline bint _is_ws(uint8_t c) noexcept nogil:
     return c == 32 or c == 10 or c == 13 or c == 9
 
 
+cdef inline Py_ssize_t _past_ws(const uint8_t* d, Py_ssize_t n, Py_ssize_t j, uint8_t want) noexcept nogil:
+    """From ``j``, past whitespace: the index of ``want`` there; -1 if another byte is; -2 if the
+    bytes end first."""
+    while j < n and _is_ws(d[j]):
+        j += 1
+    if j >= n:
+        return -2
+    return j if d[j] == want else -1
+
+
 cdef Py_ssize_t _seam_at(const uint8_t* d, Py_ssize_t n, Py_ssize_t i) noexcept nogil:
     """Where ``}`` at ``i`` is followed by whitespace, a comma, whitespace and ``{``: that ``{``'s
     index; -1 if it is not; -2 if the bytes end before that is decided."""
-    cdef Py_ssize_t j = i + 1
-    while j < n and _is_ws(d[j]):
-        j += 1
-    if j >= n:
-        return -2
-    if d[j] != 44:
-        return -1
-    j += 1
-    while j < n and _is_ws(d[j]):
-        j += 1
-    if j >= n:
-        return -2
-    if d[j] != 123:
-        return -1
-    return j
+    cdef Py_ssize_t j = _past_ws(d, n, i + 1, 44)
+    return j if j < 0 else _past_ws(d, n, j + 1, 123)
+
+
+cdef Py_ssize_t _seams(const uint8_t* d, Py_ssize_t n, Py_ssize_t first, int64_t* e, int64_t* s,
+                       Py_ssize_t* undecided) noexcept nogil:
+    """Count the seams from ``first`` on, writing their ends and starts when ``e`` is not NULL."""
+    cdef Py_ssize_t i = first, j, count = 0
+    cdef const void* hit
+    undecided[0] = -1
+    while i < n:
+        hit = memchr(d + i, 125, n - i)
+        if hit == NULL:
+            break
+        i = <const uint8_t*>hit - d
+        j = _seam_at(d, n, i)
+        if j >= 0:
+            if e != NULL:
+                e[count] = i + 1
+                s[count] = j
+            count += 1
+        elif j == -2:
+            undecided[0] = i
+            break
+        i += 1
+    return count
 
 
 def json_seams(const uint8_t[::1] data, Py_ssize_t first=0):
@@ -768,42 +789,17 @@ def json_seams(const uint8_t[::1] data, Py_ssize_t first=0):
     ``{`` (two int64 arrays); and the index of the ``}`` after the last seam whose bytes end before
     it is decided (-1: none). A guess, not a parse: a seam may lie inside a string; the blocks cut
     there are parsed strictly, and a wrong cut fails that parse."""
-    cdef Py_ssize_t n = data.shape[0], i, j, count = 0, k = 0, undecided = -1
-    cdef const uint8_t* d
-    cdef const void* hit
+    cdef Py_ssize_t n = data.shape[0], count, undecided = -1
     if n == 0 or first >= n:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), -1
-    d = &data[0]
     with nogil:
-        i = first
-        while i < n:
-            hit = memchr(d + i, 125, n - i)
-            if hit == NULL:
-                break
-            i = <const uint8_t*>hit - d
-            j = _seam_at(d, n, i)
-            if j >= 0:
-                count += 1
-            elif j == -2:
-                undecided = i
-                break
-            i += 1
+        count = _seams(&data[0], n, first, NULL, NULL, &undecided)
     ends = np.empty(count, np.int64)
     starts = np.empty(count, np.int64)
     cdef int64_t[::1] e = ends, s = starts
-    with nogil:
-        i = first
-        while i < n and k < count:
-            hit = memchr(d + i, 125, n - i)
-            if hit == NULL:
-                break
-            i = <const uint8_t*>hit - d
-            j = _seam_at(d, n, i)
-            if j >= 0:
-                e[k] = i + 1
-                s[k] = j
-                k += 1
-            i += 1
+    if count:
+        with nogil:
+            _seams(&data[0], n, first, &e[0], &s[0], &undecided)
     return ends, starts, undecided
 
 
