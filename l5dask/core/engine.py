@@ -528,6 +528,8 @@ class Job:
         self.scheduler_kind = "distributed" if self.client is not None else "threads"
         self.threads = worker_threads(self.client)
         self.chunks_per_task = chunks_per_task or dask.config.get("l5dask.chunks-per-task", None)
+        self.chosen = self.chunks_per_task is not None  # (the caller's: kept from object stores too)
+        self.size_for = size_for
         if self.chunks_per_task is None and size_for is not None:
             # every pass sized for the one that dominates the work (small passes get few tasks)
             self.chunks_per_task = auto_chunks_per_task(size_for, self.threads, self.scheduler_kind)
@@ -538,15 +540,17 @@ class Job:
         dominant pass when it has one); ``guided``: smaller as the end nears (a persisted pass is
         followed by more work, so its last tasks idle no thread: it needs no guided end)."""
         n = spec.source.nchunks
-        per_task = self.chunks_per_task or auto_chunks_per_task(
-            n, self.threads, self.scheduler_kind, remote=bool(getattr(spec.source, "remote", False))
-        )
+        per_task = self.chunks_per_task or auto_chunks_per_task(n, self.threads, self.scheduler_kind)
         if spec.rows is not None:
             # a parent's rows place its child tasks: spread them over the workers
             per_task = min(
                 per_task,
                 auto_chunks_per_task(n, self.threads, self.scheduler_kind, tasks_per_thread=PARENT_TASKS_PER_THREAD),
             )
+        if getattr(spec.source, "remote", False) and not self.chosen and spec.rows is None:
+            # from an object store: larger tasks, more requests in flight (sized as the rest)
+            size = self.size_for or n
+            per_task = max(per_task, auto_chunks_per_task(size, self.threads, self.scheduler_kind, remote=True))
         if spec.rows is not None or not guided:
             return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
         return task_groups(n, per_task, self.threads)
