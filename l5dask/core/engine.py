@@ -46,10 +46,6 @@ from l5dask.errors import L5DaskError
 SPLIT_EVERY = 16
 #: (tasks wanted per thread, most stored chunks in a task), by scheduler.
 TASK_SIZING = {"threads": (16, 8), "distributed": (8, 64)}
-#: From an object store (each chunk a request with its first-byte latency): at least this many
-#: chunks a task and at most this many tasks a thread, on any scheduler.
-REMOTE_CHUNKS = 32
-REMOTE_TASKS_PER_THREAD = 4
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
 
@@ -391,11 +387,7 @@ def worker_threads(client: Any = None) -> int:
 
 
 def auto_chunks_per_task(
-    nchunks: int,
-    threads: int | None = None,
-    scheduler: str = "threads",
-    tasks_per_thread: int | None = None,
-    remote: bool = False,
+    nchunks: int, threads: int | None = None, scheduler: str = "threads", tasks_per_thread: int | None = None
 ) -> int:
     """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
     the scheduling cost small against the work (each task still decodes each chunk once).
@@ -405,8 +397,6 @@ def auto_chunks_per_task(
     (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks a task.
     """
     per_thread, most = TASK_SIZING[scheduler]
-    if remote:  # every chunk a request: fewer, larger tasks keep more requests in flight
-        per_thread, most = min(per_thread, REMOTE_TASKS_PER_THREAD), max(most, REMOTE_CHUNKS)
     threads = threads or worker_threads()
     return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
 
@@ -528,8 +518,6 @@ class Job:
         self.scheduler_kind = "distributed" if self.client is not None else "threads"
         self.threads = worker_threads(self.client)
         self.chunks_per_task = chunks_per_task or dask.config.get("l5dask.chunks-per-task", None)
-        self.chosen = self.chunks_per_task is not None  # (the caller's: kept from object stores too)
-        self.size_for = size_for
         if self.chunks_per_task is None and size_for is not None:
             # every pass sized for the one that dominates the work (small passes get few tasks)
             self.chunks_per_task = auto_chunks_per_task(size_for, self.threads, self.scheduler_kind)
@@ -547,10 +535,6 @@ class Job:
                 per_task,
                 auto_chunks_per_task(n, self.threads, self.scheduler_kind, tasks_per_thread=PARENT_TASKS_PER_THREAD),
             )
-        if getattr(spec.source, "remote", False) and not self.chosen and spec.rows is None:
-            # from an object store: larger tasks, more requests in flight (sized as the rest)
-            size = self.size_for or n
-            per_task = max(per_task, auto_chunks_per_task(size, self.threads, self.scheduler_kind, remote=True))
         if spec.rows is not None or not guided:
             return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
         return task_groups(n, per_task, self.threads)

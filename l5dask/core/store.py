@@ -157,8 +157,7 @@ class Store:
 
     @property
     def remote(self) -> bool:
-        """Whether every read is a request to a server (an object store, HTTP): tasks are then
-        made larger, so that more requests are in flight while they decode."""
+        """Whether every read is a request to a server (an object store, HTTP)."""
         return bool(getattr(self.fs, "async_impl", False))
 
     def path(self, key: str) -> str:

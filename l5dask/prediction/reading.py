@@ -229,11 +229,6 @@ class L5Array:
         self.store, self.meta, self.compressed = store, meta, compressed
 
     @property
-    def remote(self) -> bool:
-        """Whether its chunks are requests to a server (the engine makes larger tasks)."""
-        return self.store.remote
-
-    @property
     def name(self) -> str:
         return self.meta.name
 
