@@ -93,7 +93,9 @@ def serve(root: str, port: int, latency: float, bandwidth: float, fail_rate: flo
             return web.Response(status=404, body=_NOKEY, content_type="application/xml")
         if not key:  # the bucket: ListObjectsV2
             q = request.query
-            return web.Response(body=_list(root, q.get("prefix", ""), q.get("delimiter", "")), content_type="application/xml")
+            return web.Response(
+                body=_list(root, q.get("prefix", ""), q.get("delimiter", "")), content_type="application/xml"
+            )
         path = os.path.join(root, *key.split("/"))
         if not os.path.isfile(path):
             return web.Response(status=404, body=_NOKEY, content_type="application/xml")

@@ -211,9 +211,7 @@ def test_a_stalled_read_times_out_is_retried_and_the_report_is_exact(s3, s3_smal
     assert {k: v for k, v in public(got).items() if k != "dataset"} == expected
 
 
-def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is_written(
-    s3, s3_small, proxy, tmp_path
-):
+def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is_written(s3, s3_small, proxy, tmp_path):
     import os
     import subprocess
     import sys
@@ -232,7 +230,10 @@ def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     took = time.perf_counter() - t
     assert r.returncode == 2, r.stderr
-    assert r.stderr.count("\n") == 1 and "reading 'agents/1' failed after 3 attempt(s): no byte within the read timeout" in r.stderr
+    assert (
+        r.stderr.count("\n") == 1
+        and "reading 'agents/1' failed after 3 attempt(s): no byte within the read timeout" in r.stderr
+    )
     assert not out.exists() and os.listdir(tmp_path) == []
     assert took < 60  # three reads of a second each and their backoff, not botocore's 60 s five times
     # cancelled (Ctrl-C) while a read is stalled: one line, no file, and the reads in flight stop

@@ -48,6 +48,8 @@ def _wait(fut: Any, path: str) -> Any:
             if CANCELLED.is_set():
                 fut.cancel()
                 raise StoreError(f"{path}: the read was cancelled") from None
+
+
 #: Reads inside an archive go one at a time: fsspec's tar filesystem seeks and reads one shared file
 #: object without a lock (threads reading at once got each other's bytes: found by a test).
 _ARCHIVE_READS = threading.Lock()
@@ -331,8 +333,10 @@ class Store:
                     yield self.get(k, what=what.get(k))  # (says which object, in one line)
                     continue
                 except Exception as exc:  # noqa: BLE001 - retried, or named, by get
-                    yield self.get(k, what=what.get(k), tried=1, failed=exc) if _is_transient(exc) else self.get(
-                        k, what=what.get(k)
+                    yield (
+                        self.get(k, what=what.get(k), tried=1, failed=exc)
+                        if _is_transient(exc)
+                        else self.get(k, what=what.get(k))
                     )
                     continue
                 yield got
