@@ -524,6 +524,11 @@ def _token_array(buf: np.ndarray, vs: np.ndarray, ve: np.ndarray) -> np.ndarray:
     return mat.view(f"S{max(width, 1)}").ravel()
 
 
+def encode_tokens(tokens: np.ndarray) -> np.ndarray:
+    """Sample tokens (str) as the index keeps them: UTF-8 bytes, a fixed-width array."""
+    return np.array([t.encode() for t in tokens.tolist()], dtype=bytes) if len(tokens) else np.zeros(0, "S1")
+
+
 @dataclass
 class Runs:
     """Runs of consecutive boxes of one sample: ``token`` (bytes), the file bytes ``[start, end)``,
@@ -627,8 +632,8 @@ class GroundIndex:
         ]
         got = parse_text(texts, bl)
         want = np.repeat(runs.token, runs.count)
-        names = np.array([t.encode() for t in got.samples.tolist()], dtype=want.dtype) if len(got) else want[:0]
-        have = names[got.sample] if len(got) else want[:0]
-        if len(have) != len(want) or not (have == want).all():
+        have = encode_tokens(got.samples)[got.sample] if len(got) else want[:0]
+        width = f"S{max(have.dtype.itemsize, want.dtype.itemsize, 1)}"  # (never truncated to compare)
+        if len(have) != len(want) or not (have.astype(width) == want.astype(width)).all():
             raise Unsure(f"{bl.path}: the boxes of a run are not the sample guessed")
         return got

@@ -426,10 +426,6 @@ def _result(
 
 
 # --- in blocks -----------------------------------------------------------------------------------
-def _encode(tokens: np.ndarray) -> np.ndarray:
-    return np.array([t.encode() for t in tokens.tolist()], dtype=bytes) if len(tokens) else np.zeros(0, "S1")
-
-
 def _class_counts(b: Boxes) -> dict[str, int]:
     counts = np.bincount(b.cls, minlength=len(b.classes)) if len(b) else np.zeros(0, np.int64)
     return {str(c): int(n) for c, n in zip(b.classes.tolist(), counts.tolist()) if n}
@@ -439,7 +435,7 @@ def block_flags(pb: boxes.Blocks, k: int, index: boxes.GroundIndex, thresholds: 
     """One block of predictions: read, its interior samples (all but its first and last, which may
     go on in the blocks beside) matched against their ground truth (read from its runs)."""
     p = boxes.read_block(pb, k)
-    tokens = _encode(p.samples)
+    tokens = boxes.encode_tokens(p.samples)
     tp = np.zeros((len(p), len(thresholds)), np.uint8)
     if not len(p):
         return {"n": 0, "samples": tokens, "interior": tokens, "edges": tokens, "gt": {}}
