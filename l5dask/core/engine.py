@@ -238,6 +238,9 @@ class Persisted:
     collections: list
     groups: list[tuple[int, int]]
     bounds: dict[str, np.ndarray] = field(default_factory=dict)
+    #: Block index -> the task that makes its rows again, when the blocks do not hold them (see
+    #: :meth:`Job.persist`); ``None`` when they do.
+    remake: list[Task] | None = None
 
     def link(self, interval: str, start: str) -> Link:
         """Hand child passes the rows of this pass, placed by ``interval`` (checked), found by ``start``."""
@@ -248,12 +251,30 @@ class Persisted:
     def child_range(self, interval: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per block: first child row, child end, parent rows (from the checked bounds)."""
         t = self.bounds[interval]
-        return t[:, 0], t[:, 1], t[:, 2]
+        if len(t) == len(self.keys):
+            return t[:, 0], t[:, 1], t[:, 2]
+        # a row per chunk (a pass that is not read in blocks): per block, over its chunks with rows
+        cuts = np.cumsum([0] + [n for _, n in self.groups[:-1]])
+        has = t[:, 2] > 0
+        starts = np.minimum.reduceat(np.where(has, t[:, 0], np.iinfo(np.int64).max), cuts)
+        return starts, np.maximum.reduceat(np.where(has, t[:, 1], -1), cuts), np.add.reduceat(t[:, 2], cuts)
+
+    def overlapping(self, interval: str, lo: int, hi: int) -> np.ndarray:
+        """The blocks whose child rows (by ``interval``) overlap ``[lo, hi)``."""
+        starts, ends, rows = self.child_range(interval)
+        return np.flatnonzero((rows > 0) & (starts < hi) & (ends > lo))
 
     def refs(self, interval: str, lo: int, hi: int) -> list[TaskRef]:
-        """References to only the blocks whose child rows (by ``interval``) overlap ``[lo, hi)``."""
-        starts, ends, rows = self.child_range(interval)
-        return [TaskRef(self.keys[k]) for k in np.flatnonzero((rows > 0) & (starts < hi) & (ends > lo))]
+        """References to the rows of only the blocks whose child rows overlap ``[lo, hi)``: the
+        blocks themselves, or the tasks that make their rows again (add :meth:`tasks` to the graph)."""
+        ks = self.overlapping(interval, lo, hi)
+        return [TaskRef(self.keys[k] if self.remake is None else self.remake[k].key) for k in ks]
+
+    def tasks(self, interval: str, lo: int, hi: int) -> dict:
+        """The graph entries :meth:`refs` needs besides the persisted blocks."""
+        if self.remake is None:
+            return {}
+        return {self.remake[k].key: self.remake[k] for k in self.overlapping(interval, lo, hi)}
 
 
 @dataclass(frozen=True)
@@ -271,6 +292,10 @@ class Held:
     def refs(self, interval: str, lo: int, hi: int) -> list[TaskRef]:
         """A reference to the held rows (every child task takes them whole)."""
         return [TaskRef(self.key)]
+
+    def tasks(self, interval: str, lo: int, hi: int) -> dict:
+        """Nothing besides :attr:`graph`, which the child's graph holds whole."""
+        return {}
 
 
 # --- tasks ---------------------------------------------------------------------------------
@@ -552,14 +577,22 @@ class Job:
             str(spec.parent.parent.key) if spec.parent is not None and isinstance(spec.parent.parent, Held) else None,
         )
 
-    def leaves(self, spec: Pass, name: str, guided: bool = True) -> tuple[dict, list, list[tuple[int, int]]]:
-        """The tasks of a pass (a dict), the collections they depend on, and their groups."""
+    def leaves(
+        self, spec: Pass, name: str, guided: bool = True, keep: str = "all"
+    ) -> tuple[dict, list, list[tuple[int, int]]]:
+        """The tasks of a pass (a dict), the collections they depend on, and their groups.
+        ``keep``: what its tasks do, ``"all"``, ``"no rows"`` (its reduction and checks) or
+        ``"rows"`` (its rows alone)."""
         groups = self.groups(spec, guided)
         stage = spec.stage()
+        if keep == "no rows":
+            stage = stage._replace(rows=None)
+        elif keep == "rows":
+            stage = stage._replace(reduction=None, intervals={})
         graph, deps = {}, []
         link = spec.parent
         persisted = link is not None and isinstance(link.parent, Persisted | Held)
-        if link is not None and isinstance(link.parent, Persisted):
+        if link is not None and isinstance(link.parent, Persisted) and link.parent.remake is None:
             deps = link.parent.collections
         if link is not None and isinstance(link.parent, Held):
             graph.update(link.parent.graph)
@@ -571,6 +604,7 @@ class Job:
                 graph[key] = Task(key, run_group, stage, first, n, None)
             elif persisted:
                 # only the parent blocks whose child ranges overlap these rows
+                graph.update(link.parent.tasks(link.interval, lo, hi))
                 graph[key] = Task(key, run_group, stage, first, n, None, *link.parent.refs(link.interval, lo, hi))
             else:
                 graph[key] = Task(key, run_group, stage, first, n, link.parent.overlapping(lo, hi, link.start))
@@ -597,12 +631,25 @@ class Job:
 
     def persist(self, *specs: Pass, check: bool = True, problems: list | None = None) -> list[Persisted]:
         """Run these passes' tasks together and keep their blocks; then fetch the interval bounds
-        of the passes that declare ``intervals`` and (``check``) raise on the first problem row."""
-        built = []
+        of the passes that declare ``intervals`` and (``check``) raise on the first problem row.
+
+        A pass's ``rows`` are not held (they would grow with the dataset: 32 bytes a frame, 1.1 GB
+        for train_full's frames): the blocks keep their partials and bounds, and each child task
+        depends on tasks that read the parent blocks it overlaps again and make their rows, in the
+        child's own graph, so that each is released once its last child task has run. (A pass
+        whose own parent is persisted or held keeps its rows.)
+        """
+        built, remakes = [], []
         collections: list = []
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
-            graph, deps, groups = self.leaves(spec, name, guided=False)
+            remake, keep = None, True
+            if spec.rows is not None and (spec.parent is None or isinstance(spec.parent.parent, Rows)):
+                # the rows alone (the reduction and the checks run in the pass), in the same groups
+                again, _, _ = self.leaves(spec, f"{name}-rows", guided=False, keep="rows")
+                remake, keep = list(again.values()), False
+            graph, deps, groups = self.leaves(spec, name, guided=False, keep="all" if keep else "no rows")
+            remakes.append(remake)
             with dask.annotate(priority=spec.priority):
                 hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
             built.append((spec, [Delayed(k, hlg, layer=name) for k in graph], groups))
@@ -612,7 +659,7 @@ class Job:
         for spec, parts, groups in built:
             held = done[i : i + len(parts)]
             i += len(parts)
-            out.append(Persisted(spec, [p.key for p in held], held, groups))
+            out.append(Persisted(spec, [p.key for p in held], held, groups, remake=remakes[len(out)]))
         found = self._bounds(out)
         if problems is not None:
             problems += found
@@ -705,10 +752,11 @@ class Job:
                 red, label = spec.spec.reduction, spec.spec.label
             else:
                 label, red = spec.label, spec.reduction
-                g, d, _ = self.leaves(spec, f"l5-{label}-{self.token(spec)}")
+                tasks = f"l5-{label}-{self.token(spec)}"
+                g, d, groups = self.leaves(spec, tasks)
                 graph.update(g)
                 deps += d
-                leaves = list(g)
+                leaves = [(tasks, i) for i in range(len(groups))]  # (not the parent rows' tasks)
             if red is None:
                 raise ValueError(f"pass {label!r} declares no reduction: persist it, or give one")
             root = tree_reduce(graph, f"l5-combine-{label}-{tokenize(leaves)}", leaves, red)

@@ -77,9 +77,8 @@ def compute_report(
     siv = scenes["frame_index_interval"].reshape(-1, 2)
     check_intervals(siv, fmt.SCENES, "frame_index_interval", counts["frames"])
 
-    # 2. the frames pass (persisted: its partials, and the rows agents need of their frames), and the
-    #    traffic-light faces, which need nothing of it, behind it: they keep the workers busy while
-    #    the client checks the frames' interval bounds
+    # 2. the frames pass (persisted: its partials and interval bounds; the rows agents need of their
+    #    frames are made again by the tasks that need them, see Job.persist)
     samples = np.unique(np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64))
     intervals = {"agent_index_interval": counts["agents"]}
     if has_tl:
@@ -92,10 +91,12 @@ def compute_report(
         intervals=intervals,
         blocks=True,
     )
-    tl_pass = [Pass(ds[fmt.TL_FACES], TL_FACES, priority=-1)] if ds.has(fmt.TL_FACES) else []
-    frames_done, *tl_done = job.persist(frame_pass, *tl_pass)
+    (frames_done,) = job.persist(frame_pass)
 
-    # 3. agents, each task given only the frame rows it overlaps; the combines and the report, one compute
+    # 3. agents, each task given only the frame rows it overlaps, and the traffic-light faces (their
+    #    partials combined as they come, never held all at once: 150 MB of face ids at 1 G agents);
+    #    the combines and the report, one compute
+    tl_done = [Pass(ds[fmt.TL_FACES], TL_FACES)] if ds.has(fmt.TL_FACES) else []
     agent_pass = Pass(
         agents,
         agents_reduction(agents.dtype["label_probabilities"].shape[0]),

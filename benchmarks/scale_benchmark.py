@@ -1,0 +1,146 @@
+"""The pass at scale: datasets larger than memory, read cold (issue 32).
+
+    python benchmarks/scale_benchmark.py build                  # once; resumable
+    python benchmarks/scale_benchmark.py run [--sizes 1,10,34] [--rounds 2] [--cold/--warm]
+
+``build`` makes, under benchmarks/data, copies-N datasets with ``l5dask concat`` of N copies of
+the 1,700-scene generated dataset (30.0 M agents, 0.84 GB stored): N = 10 is 300 M agents
+(8.4 GB), N = 34 is 1.02 G agents (28.6 GB stored, 145 GB decoded). A finished dataset is kept
+(``l5dask concat`` writes the group's ``.zgroup`` last: a dataset cut short has none and is made
+again), so building again only makes what is missing.
+
+``run`` times, on each size, as whole processes with rounds interleaved:
+
+- ``l5dask stats``, ``l5dask agg`` (the README's query: by host and label, speed mean and max)
+  and ``l5dask select-agents`` (its mask written to a temporary folder);
+- the floor: every chunk file of the arrays the command reads, read by 8 threads and
+  blosc-decoded (numcodecs; the GIL released in both), in a process of its own.
+
+With ``--cold`` (the default where the user may write /proc/sys/vm/drop_caches) the page cache is
+dropped before each run, so that every byte comes from the disk. Peak RSS is that of the whole
+command (measured by a small parent, see ``common.run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import DATA, dataset, run  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BASE_SCENES = 1700
+ALL = ("scenes", "frames", "agents", "traffic_light_faces")
+
+#: What each command reads (the floor reads the same chunk files).
+COMMANDS = {
+    "stats": ALL,
+    "agg": ("scenes", "frames", "agents"),
+    "select-agents": ("scenes", "frames", "agents"),
+}
+
+FLOOR = """
+import os, sys
+from concurrent.futures import ThreadPoolExecutor
+from numcodecs import Blosc
+codec = Blosc()
+root, arrays = sys.argv[1], sys.argv[2].split(",")
+files = [os.path.join(root, a, k) for a in arrays for k in os.listdir(os.path.join(root, a)) if not k.startswith(".")]
+def one(p):
+    with open(p, "rb") as f:
+        return len(codec.decode(f.read()))
+with ThreadPoolExecutor(8) as pool:
+    total = sum(pool.map(one, files, chunksize=16))
+print(total)
+"""
+
+
+def copies_path(n: int) -> str:
+    return str(DATA / f"copies-{n}.zarr") if n > 1 else dataset(BASE_SCENES)
+
+
+def build(sizes: list[int]) -> None:
+    base = dataset(BASE_SCENES)
+    for n in sizes:
+        out = copies_path(n)
+        if n == 1 or os.path.exists(os.path.join(out, ".zgroup")):
+            continue
+        t = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "l5dask.cli", "concat", *([base] * n), "--output", out, "--overwrite", "-q"],
+            check=True,
+        )
+        print(f"built {out} ({n} copies) in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def drop_caches() -> bool:
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def command(name: str, path: str, tmp: str) -> list[str]:
+    cli = [sys.executable, "-m", "l5dask.cli"]
+    if name == "stats":
+        return [*cli, "stats", path, "--output", f"{tmp}/r.json", "--quiet"]
+    if name == "agg":
+        return [*cli, "agg", path, "--by", "host,label", "--value", "speed:mean,max", "--output", f"{tmp}/a.csv", "-q"]
+    return [*cli, "select-agents", path, "--output", f"{tmp}/mask.zarr", "--overwrite", "-q"]
+
+
+def floor(path: str, arrays: tuple[str, ...]) -> tuple[float, float]:
+    return run([sys.executable, "-c", FLOOR, path, ",".join(arrays)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=("build", "run"))
+    parser.add_argument("--sizes", default="1,10,34", help="copies of the 30 M-agent dataset")
+    parser.add_argument("--commands", default="stats,agg,select-agents")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--warm", action="store_true", help="do not drop the page cache")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    build(sizes)
+    if args.what == "build":
+        return
+    cold = not args.warm and drop_caches()
+    print(f"{os.cpu_count()} cores; page cache {'dropped before each run' if cold else 'kept (warm)'}")
+    names = args.commands.split(",")
+    res: dict[tuple, list[tuple[float, float]]] = {}
+    for r in range(args.rounds):
+        for n in sizes:
+            path = copies_path(n)
+            for name in names:
+                for kind in ("floor", name):  # interleaved: the floor right before its command
+                    with tempfile.TemporaryDirectory(dir=DATA) as tmp:
+                        if cold:
+                            drop_caches()
+                        wall, rss = floor(path, COMMANDS[name]) if kind == "floor" else run(command(name, path, tmp))
+                    res.setdefault((n, name, kind), []).append((wall, rss))
+                    print(f"round {r + 1}, {n} copies, {name} {kind}: {wall:.1f} s, {rss:.2f} GB", flush=True)
+    print()
+    print("| agents | command | best | floor (best) | ratio (median of rounds) | peak RSS |")
+    print("|---|---|---|---|---|---|")
+    for n in sizes:
+        for name in names:
+            ours, base = res[(n, name, name)], res[(n, name, "floor")]
+            ratio = statistics.median(o[0] / b[0] for o, b in zip(ours, base))
+            print(
+                f"| {30.04 * n:,.0f} M | `l5dask {name}` | {min(o[0] for o in ours):.1f} s | "
+                f"{min(b[0] for b in base):.1f} s | {ratio:.2f}x | {max(o[1] for o in ours):.2f} GB |"
+            )
+
+
+if __name__ == "__main__":
+    main()
