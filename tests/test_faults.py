@@ -136,13 +136,13 @@ def test_flaky_store_is_retried_and_report_exact(s3, s3_small, small_ds, proxy):
 
 
 def test_transient_errors_only_l5dasks_own_retries_absorb(s3, s3_small, small_ds, proxy, monkeypatch):
-    """botocore retries nothing here (max_attempts 1) and s3fs does not retry this 503 (it retries
-    only throttling messages): the failed GETs are saved by l5dask's own retries, and only by them."""
+    """botocore retries nothing here (total_max_attempts 1: its ``max_attempts`` counts retries) and
+    s3fs does not retry this 503 (it retries only throttling messages): the failed GETs are saved by l5dask's own retries, and only by them."""
     import l5dask.core.store
 
     expected = {k: v for k, v in public(compute_report(small_ds)).items() if k != "dataset"}
     opts = _options(s3, proxy)
-    opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    opts["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
     proxy.every, proxy.drops, proxy.body = 4, False, ERROR_503_PLAIN
     got = compute_report(s3_small, storage_options=opts)
     assert proxy.failures >= 5
@@ -158,9 +158,24 @@ def test_store_that_keeps_failing_names_the_object(s3, s3_small, proxy, monkeypa
     monkeypatch.setattr(l5dask.core.store, "_RETRIES", 4)  # (8 by default: 21 s of backoff)
     proxy.always, proxy.body = "/agents/2", ERROR_503_PLAIN  # (s3fs and botocore retry nothing: quicker)
     opts = _options(s3, proxy)
-    opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    opts["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
     with pytest.raises(StoreError, match=r"reading 'agents/2' failed after 5 attempt"):
         compute_report(s3_small, storage_options=opts)
+    assert proxy.failures == 5  # one request an attempt: nothing under l5dask retried it
+
+
+def test_the_default_s3_options_make_one_request_an_attempt(s3, s3_small, proxy, monkeypatch):
+    """Without options of the user's, botocore and s3fs retry nothing: l5dask's attempts are the
+    endpoint's requests (botocore's ``max_attempts: 1`` made two requests an attempt)."""
+    import l5dask.core.store
+
+    monkeypatch.setattr(l5dask.core.store, "_RETRIES", 2)
+    proxy.always, proxy.body = "/agents/2", ERROR_503_PLAIN
+    opts = s3.storage_options()
+    opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
+    with pytest.raises(StoreError, match=r"reading 'agents/2' failed after 3 attempt"):
+        compute_report(s3_small, storage_options=opts)
+    assert proxy.failures == 3
 
 
 def test_store_errors_that_may_pass_are_retried_whatever_their_message():
@@ -189,7 +204,7 @@ def test_csv_files_on_s3_are_read_through_the_store(s3, proxy, tmp_path):
     s3.s3fs().put(str(path), "l5-csv/gt.csv")
     want = read_gt_csv(str(path)).coords.compute(scheduler="sync")
     opts = _options(s3, proxy)
-    opts["config_kwargs"] = {"retries": {"max_attempts": 1, "mode": "standard"}}
+    opts["config_kwargs"] = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
     proxy.every, proxy.drops, proxy.body = 2, False, ERROR_503_PLAIN
     got = read_gt_csv("s3://l5-csv/gt.csv", storage_options=opts).coords.compute(scheduler="sync")
     assert proxy.failures >= 1

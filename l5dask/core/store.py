@@ -211,6 +211,15 @@ class Store:
         delay = 0.2
         attempt = tried
         timeouts = int(failed is not None and _is_timeout(failed))
+
+        def give_up(exc: BaseException) -> StoreError | None:
+            if _is_transient(exc) and attempt <= _RETRIES and timeouts <= _TIMEOUT_RETRIES:
+                return None
+            why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
+            return StoreError(f"{self.url}: reading {key!r} failed after {attempt} attempt(s): {why}")
+
+        if failed is not None and (err := give_up(failed)) is not None:
+            raise err from failed  # (the attempts made elsewhere used up the retries)
         while True:
             if attempt:
                 time.sleep(delay)
@@ -224,11 +233,8 @@ class Store:
                 raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
             except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
                 timeouts += _is_timeout(exc)
-                if _is_transient(exc) and attempt <= _RETRIES and timeouts <= _TIMEOUT_RETRIES:
-                    failed = exc
-                    continue
-                why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
-                raise StoreError(f"{self.url}: reading {key!r} failed after {attempt} attempt(s): {why}") from exc
+                if (err := give_up(exc)) is not None:
+                    raise err from exc
 
     def get_into(self, key: str, buffer: memoryview, *, what: str | None = None) -> int:
         """Read one object into ``buffer`` (at most its length; the bytes read are returned): on a
@@ -278,6 +284,7 @@ class Store:
         """
         what = what or {}
         if len(keys) == 1 or not getattr(self.fs, "async_impl", False):
+            self.will_need(keys[1:])  # (a local disk: the kernel reads them while the first is read)
             return [self.get(k, what=what.get(k)) for k in keys]
         paths = [self.path(k) for k in keys]
         try:
@@ -303,16 +310,20 @@ class Store:
         """The objects' bytes one by one in the order given, the later ones being fetched while
         the caller works on the earlier (on object stores: ``l5dask.requests-in-flight`` requests
         at a time, 32 by default); failures retried one by one, as :meth:`get_many`."""
+        import dask
+
         what = what or {}
+        depth = max(1, int(dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
         if len(keys) <= 1 or not getattr(self.fs, "async_impl", False) or getattr(self.fs, "loop", None) is None:
-            for k in keys:
+            # a local disk: the kernel reads the next ones in the background (cold, each task
+            # waited for each of its reads: 1.7x the parallel read-and-decode floor at 1 G agents)
+            self.will_need(keys[1:depth])
+            for i, k in enumerate(keys):
+                self.will_need(keys[i + depth : i + depth + 1])
                 yield self.get(k, what=what.get(k))
             return
         import asyncio
 
-        import dask
-
-        depth = max(1, int(dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
         fs = self.fs
 
         def submit(k: str):
@@ -473,7 +484,9 @@ def resolve_s3_options(options: dict[str, Any]) -> dict[str, Any]:
     timeout = float(dask.config.get("l5dask.read-timeout", None) or READ_TIMEOUT)
     config_kwargs.setdefault("read_timeout", timeout)
     config_kwargs.setdefault("connect_timeout", timeout)
-    config_kwargs.setdefault("retries", {"max_attempts": 1, "mode": "standard"})  # (l5dask retries: _retrying)
+    # botocore's own retries off: one request per attempt of l5dask's (_retrying). (Its
+    # ``max_attempts`` counts retries, not attempts: ``max_attempts: 1`` made two requests each.)
+    config_kwargs.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
     out["config_kwargs"] = config_kwargs
     client_kwargs = dict(out.get("client_kwargs") or {})
     if "endpoint_url" not in client_kwargs and "endpoint_url" not in out and os.environ.get("AWS_ENDPOINT_URL"):

@@ -74,8 +74,17 @@ def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: i
     """The stored bytes of ``nchunks`` chunks from ``first_chunk`` on, fetched together."""
     indices = range(first_chunk, first_chunk + nchunks)
     keys = [meta.key(index) for index in indices]
+    hint_next(store, meta, first_chunk + nchunks, nchunks)
     raws = store.get_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
     return list(zip(indices, raws))
+
+
+def hint_next(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> None:
+    """Tell a local disk that chunks ``first_chunk ..`` (the next task's, as tasks of a pass start
+    in order) are read soon: cold, a task then finds its first chunks read (1.38x the parallel
+    read-and-decode floor at 1 G agents without it)."""
+    if store.local:
+        store.will_need([meta.key(i) for i in range(first_chunk, min(first_chunk + nchunks, meta.nchunks))])
 
 
 def iter_chunks(
@@ -94,6 +103,7 @@ def iter_chunks(
     """
     indices = range(first_chunk, first_chunk + nchunks)
     keys = [meta.key(index) for index in indices]
+    hint_next(store, meta, first_chunk + nchunks, nchunks)
     raws = store.iter_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
     for index, raw in zip(indices, raws):
         start, stop = meta.chunk_bounds(index)
