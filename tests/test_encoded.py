@@ -182,7 +182,8 @@ def test_an_encoded_pass_takes_no_rows_or_intervals(small_ds):
     with pytest.raises(ValueError, match="encoded pass"):
         Pass(ds["frames"], rows=lambda *a: None, blocks=True, encoded=True)
     with pytest.raises(ValueError, match="encoded pass"):
-        Pass(ds["agents"], encoded=True)
+        Pass(ds["agents"], intervals={"x": 1}, encoded=True)
+    Pass(ds["agents"], encoded=True)  # chunk by chunk (the report's agents), or in blocks
 
 
 def test_aggregate_and_dataframe_gather_agents_without_decoding_them(small_ds, monkeypatch):

@@ -319,3 +319,42 @@ def test_distance_to_parent_equals_numpys_formula_on_taken_columns():
     np.testing.assert_array_equal(distance_to_parent(x, y, parent, pos), want)
     with pytest.raises(IndexError, match="row 1 has parent position 50, not in"):
         distance_to_parent(x[:2], y[:2], parent, np.array([0, 50]))
+
+
+def test_agent_partial_from_stored_bytes_is_the_records_partial_bit_for_bit():
+    """The report gathers agents' columns straight from each chunk's stored bytes (no records):
+    its partial, the speed sum's bits included, is the one of the decoded records, with label
+    ties, NaN and infinite values, and a short last chunk."""
+    from l5dask.prediction.reading import Encoded
+    from l5dask.prediction.writing import encode_chunk
+
+    rng = np.random.default_rng(23)
+    n, chunk_rows = 3000, 4096
+    rec = _agents(n, rng, np.sort(rng.integers(1, 80, n)).astype(np.uint64))
+    rec["label_probabilities"][::7] = 0.25  # all tied: the first wins
+    rec["label_probabilities"][3::11, 5] = np.nan  # numpy: the first NaN wins
+    rec["velocity"][::13, 0] = np.inf
+    rec["velocity"][1::17, 1] = np.nan
+    rec["centroid"][2::19, 0] = -np.inf
+    starts = np.arange(0, n, 60)
+    frames = _frames(starts, rng.normal(0, 30, (len(starts), 2)), np.repeat(np.arange(10), 5))
+    meta = fmt.ArrayMeta(fmt.AGENTS, rec.dtype, n, chunk_rows)
+    encoded = Encoded(meta, True, [(0, encode_chunk(rec, chunk_rows))])
+    a, b = AgentStats.chunk(rec, 0, frames), AgentStats.chunk(encoded, 0, frames)
+    for f in ("n", "labels", "speed_hist", "dist_hist", "speed_sum"):
+        np.testing.assert_array_equal(getattr(b, f), getattr(a, f), err_msg=f)
+    assert b.tracks.lo == a.tracks.lo and np.array_equal(b.tracks.cols["n"], a.tracks.cols["n"])
+    assert [(s, list(ids)) for s, ids in b.open] == [(s, list(ids)) for s, ids in a.open]
+    np.testing.assert_array_equal(b.labels, np.bincount(rec["label_probabilities"].argmax(1), minlength=17))
+
+
+def test_agent_columns_refuses_labels_out_of_range():
+    from l5dask.prediction.kernels import agent_columns
+
+    cols = [np.zeros(4, np.float32)] * 2 + [np.zeros(4)] * 2
+    out = dict(speed_hist=np.zeros(101, np.int64), dist_hist=np.zeros(41, np.int64), frame_pos=np.zeros(4, np.int64))
+    for label in (np.array([0, 1, 17, 2], np.int8), np.array([0, -1, 0, 0], np.int8)):
+        with pytest.raises(ValueError, match="labels from 0 to 16"):
+            agent_columns(
+                label, cols, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, np.zeros(17, np.int64), **out
+            )

@@ -195,9 +195,10 @@ class Pass:
         Hand ``chunk`` the task's chunks as one block (read with ``source.read``) instead of one
         chunk at a time (streamed through one reused buffer).
     encoded : bool
-        With ``blocks``: hand ``chunk`` the block fetched but not decoded
-        (``source.read_encoded``: a :class:`~l5dask.prediction.reading.Encoded`, decoded as ``chunk`` asks),
-        from sources that have it; ``chunk`` then takes either.
+        Hand ``chunk`` each chunk (or with ``blocks``, the block) fetched but not decoded
+        (``source.iter_encoded``, ``source.read_encoded``: a
+        :class:`~l5dask.prediction.reading.Encoded`, decoded or gathered as ``chunk`` asks), from
+        sources that have it; ``chunk`` then takes either.
     priority : int
         Scheduling priority of its tasks (higher first).
     """
@@ -213,10 +214,8 @@ class Pass:
     name: str | None = None
 
     def __post_init__(self) -> None:
-        if self.encoded and (not self.blocks or self.rows is not None or self.intervals):
-            raise ValueError(
-                "an encoded pass hands whole blocks to its reduction only (blocks=True, no rows or intervals)"
-            )
+        if self.encoded and (self.rows is not None or self.intervals):
+            raise ValueError("an encoded pass hands its chunks to its reduction only (no rows or intervals)")
 
     @property
     def label(self) -> str:
@@ -328,6 +327,8 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     chunks = (
         [(source.chunk_bounds(first)[0], read_block_of(source, first, n, spec.encoded))]
         if spec.blocks
+        else source.iter_encoded(first, n)
+        if spec.encoded and hasattr(source, "iter_encoded")
         else source.iter_chunks(first, n)
     )
     try:

@@ -117,6 +117,43 @@ def agent_chunk(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride,
     return speed_sum
 
 
+def agent_columns(const int8_t[::1] label, const float[::1] vx_, const float[::1] vy_, const double[::1] cx,
+                  const double[::1] cy, const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo,
+                  double speed_width, double dist_width,
+                  int64_t[::1] label_counts, int64_t[::1] speed_hist, int64_t[::1] dist_hist,
+                  int64_t[::1] frame_pos):
+    """``agent_chunk`` on columns gathered from the stored bytes (the label already its argmax):
+    the same sums in the same order, so the same partials."""
+    cdef Py_ssize_t i, j = 0, n = label.shape[0], m = frame_starts.shape[0]
+    cdef int64_t b, nxt, ns = speed_hist.shape[0], nd = dist_hist.shape[0]
+    cdef double vx, vy, dx, dy, speed, speed_sum = 0.0
+    cdef double s_inv = 1.0 / speed_width, d_inv = 1.0 / dist_width
+    if n == 0:
+        return 0.0
+    with nogil:
+        while j + 1 < m and frame_starts[j + 1] <= lo:
+            j += 1
+        nxt = frame_starts[j + 1] if j + 1 < m else FAR
+        for i in range(n):
+            label_counts[label[i]] += 1
+            vx, vy = vx_[i], vy_[i]
+            speed = sqrt(vx * vx + vy * vy)
+            speed_sum += speed
+            b = _bin(speed, speed_width, s_inv, ns)
+            if b >= 0:
+                speed_hist[b] += 1
+            while lo + i >= nxt:
+                j += 1
+                nxt = frame_starts[j + 1] if j + 1 < m else FAR
+            frame_pos[i] = j
+            dx = cx[i] - ego_xy[j, 0]
+            dy = cy[i] - ego_xy[j, 1]
+            b = _bin(sqrt(dx * dx + dy * dy), dist_width, d_inv, nd)
+            if b >= 0:
+                dist_hist[b] += 1
+    return speed_sum
+
+
 cdef object _distinct_ids(const uint8_t* base, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t a, Py_ssize_t b):
     """The sorted distinct uint64 ids of rows ``a..b-1``: a mark per id when they are dense, else a sort."""
     cdef Py_ssize_t i, k = 0

@@ -248,6 +248,15 @@ class ColumnarArray(L5Array):
             a, b = self.meta.chunk_bounds(i)
             yield a, block[a - start : b - start]
 
+    def iter_encoded(self, first: int, n: int):
+        """As :meth:`iter_chunks`: this layout stores columns, not record chunks to gather from
+        (a pass that takes stored chunks takes records too)."""
+        return self.iter_chunks(first, n)
+
+    def read_encoded(self, first: int, n: int) -> np.ndarray:  # type: ignore[override]
+        """As :meth:`read` (see :meth:`iter_encoded`)."""
+        return self.read(first, n)
+
     def read_rows(self, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
         if hi <= lo:
             return out

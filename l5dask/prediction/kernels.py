@@ -27,6 +27,7 @@ from l5dask.prediction.format import fields_of
 
 _compiled = compiled("l5dask.prediction._kernels")
 _agent_chunk = _compiled.agent_chunk
+_agent_columns = _compiled.agent_columns
 _argmax_counts = _compiled.argmax_counts
 _argmax_rows = _compiled.argmax_rows
 _blosc_blocksize = _compiled.blosc_blocksize
@@ -45,6 +46,7 @@ union_sorted = _compiled.union_sorted
 
 __all__ = [
     "agent_chunk",
+    "agent_columns",
     "argmax_counts",
     "argmax_rows",
     "gather",
@@ -133,6 +135,59 @@ def agent_chunk(
         dist_hist,
         frame_pos,
         track_ids,
+    )
+
+
+#: What :func:`agent_columns` takes of an agent, gathered from the stored bytes (``Gather``).
+AGENT_ELEMENTS = (("velocity", (0,)), ("velocity", (1,)), ("centroid", (0,)), ("centroid", (1,)), ("track_id", ()))
+
+
+def agent_columns(
+    label: np.ndarray,
+    columns: Sequence[np.ndarray],
+    frame_starts: np.ndarray,
+    ego_xy: np.ndarray,
+    lo: int,
+    speed_width: float,
+    dist_width: float,
+    label_counts: np.ndarray,
+    speed_hist: np.ndarray,
+    dist_hist: np.ndarray,
+    frame_pos: np.ndarray,
+) -> float:
+    """:func:`agent_chunk` on gathered columns: ``label`` (int8, the label's argmax) and
+    :data:`AGENT_ELEMENTS` but the track id (velocity x, y as float32, centroid x, y as float64),
+    the same sums in the same order. Used where the chunk's bytes are gathered, never decoded
+    into records (about a third less CPU a chunk)."""
+    vx, vy, cx, cy = columns[:4]
+    n = len(label)
+    if not n:
+        return 0.0
+    if (
+        not len(frame_starts)
+        or len(ego_xy) != len(frame_starts)
+        or len(frame_pos) < n
+        or any(len(c) != n for c in (vx, vy, cx, cy))
+        or (vx.dtype, vy.dtype, cx.dtype, cy.dtype) != (np.float32, np.float32, np.float64, np.float64)
+    ):
+        raise ValueError("agent_columns: float32 velocities and float64 centroids a row, its frames, and slots")
+    if label.dtype != np.int8 or int(label.min()) < 0 or int(label.max()) >= len(label_counts):
+        raise ValueError(f"agent_columns: labels from 0 to {len(label_counts) - 1} expected")
+    return _agent_columns(
+        label,
+        vx,
+        vy,
+        cx,
+        cy,
+        np.ascontiguousarray(frame_starts, np.int64),
+        np.ascontiguousarray(ego_xy, np.float64),
+        lo,
+        speed_width,
+        dist_width,
+        label_counts,
+        speed_hist,
+        dist_hist,
+        frame_pos,
     )
 
 

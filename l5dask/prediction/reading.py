@@ -101,14 +101,20 @@ def iter_chunks(
     decoded: :meth:`Store.iter_many`); each chunk is decoded once into ``scratch`` (one chunk of
     records, reused: valid until the next chunk).
     """
+    for index, raw in iter_stored(store, meta, first_chunk, nchunks):
+        start, stop = meta.chunk_bounds(index)
+        scratch = decode_chunk(raw, meta, compressed, str(index), out=scratch)
+        yield start, scratch[: stop - start]
+
+
+def iter_stored(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int):
+    """Yield ``(index, stored bytes)`` of ``nchunks`` chunks from ``first_chunk`` on, the later
+    ones fetched while the caller works on the earlier (:meth:`Store.iter_many`)."""
     indices = range(first_chunk, first_chunk + nchunks)
     keys = [meta.key(index) for index in indices]
     hint_next(store, meta, first_chunk + nchunks, nchunks)
     raws = store.iter_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
-    for index, raw in zip(indices, raws):
-        start, stop = meta.chunk_bounds(index)
-        scratch = decode_chunk(raw, meta, compressed, str(index), out=scratch)
-        yield start, scratch[: stop - start]
+    yield from zip(indices, raws)
 
 
 class Encoded:
@@ -261,6 +267,12 @@ class L5Array:
         """``(start row, records)`` of stored chunks ``first .. first + n - 1``, each decoded once
         into one reused buffer (valid until the next chunk)."""
         return iter_chunks(self.store, self.meta, self.compressed, first, n)
+
+    def iter_encoded(self, first: int, n: int):
+        """``(start row, Encoded)`` of stored chunks ``first .. first + n - 1`` one at a time,
+        fetched ahead as :meth:`iter_chunks`, never decoded here (see :class:`Encoded`)."""
+        for index, raw in iter_stored(self.store, self.meta, first, n):
+            yield self.meta.chunk_bounds(index)[0], Encoded(self.meta, self.compressed, [(index, raw)])
 
     def read_encoded(self, first: int, n: int) -> Encoded:
         """Stored chunks ``first .. first + n - 1`` fetched, not decoded (see :class:`Encoded`)."""

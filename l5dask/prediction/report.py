@@ -101,6 +101,7 @@ def compute_report(
         agents,
         agents_reduction(agents.dtype["label_probabilities"].shape[0]),
         parent=frames_done.link("agent_index_interval", "agent_start"),
+        encoded=True,  # the columns it needs gathered from each chunk's bytes, no records made
     )
     report = job.compute(
         [frames_done, agent_pass, *tl_done], final=finalize, name="l5-report", args=(counts, list(ds.labels), scenes)

@@ -25,7 +25,9 @@ import numpy as np
 from l5dask.core.engine import Reduction, Rows
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import (
+    AGENT_ELEMENTS,
     agent_chunk,
+    agent_columns,
     argmax_counts,
     distinct_values,
     track_runs,
@@ -303,27 +305,45 @@ class AgentStats:
     """Agent-level statistics: labels, speed, distance to ego, distinct tracks (exact)."""
 
     @staticmethod
-    def chunk(agents: np.ndarray, lo: int, frames: Rows, nlabels: int = 17) -> AgentPart:
-        """Partial of one chunk of agents (first row ``lo``), given the rows of its frames
-        (:func:`frame_rows`)."""
+    def chunk(agents: Any, lo: int, frames: Rows, nlabels: int = 17) -> AgentPart:
+        """Partial of one chunk of agents (first row ``lo``): records, or the chunk's stored bytes
+        (an :class:`~l5dask.prediction.reading.Encoded`, whose columns are gathered without making
+        records), given the rows of its frames (:func:`frame_rows`)."""
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
 
-        pos, ids = np.empty(len(agents), np.int64), np.empty(len(agents), np.uint64)
-        part.speed_sum = agent_chunk(
-            agents,
-            frames["agent_start"],
-            frames["ego_xy"],
-            lo,
-            float(SPEED_EDGES[1]),
-            float(DISTANCE_EDGES[1]),
-            part.labels,
-            part.speed_hist,
-            part.dist_hist,
-            pos,
-            ids,
-        )
+        pos = np.empty(len(agents), np.int64)
+        widths = (float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]))
+        if isinstance(agents, np.ndarray):
+            ids = np.empty(len(agents), np.uint64)
+            part.speed_sum = agent_chunk(
+                agents,
+                frames["agent_start"],
+                frames["ego_xy"],
+                lo,
+                *widths,
+                part.labels,
+                part.speed_hist,
+                part.dist_hist,
+                pos,
+                ids,
+            )
+        else:
+            columns, (label,) = agents.gather(AGENT_ELEMENTS, ["label_probabilities"])
+            ids = columns[4]
+            part.speed_sum = agent_columns(
+                label,
+                columns,
+                frames["agent_start"],
+                frames["ego_xy"],
+                lo,
+                *widths,
+                part.labels,
+                part.speed_hist,
+                part.dist_hist,
+                pos,
+            )
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
         scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames["scene"])
