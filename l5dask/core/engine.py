@@ -656,7 +656,8 @@ class Job:
             built.append((spec, [Delayed(k, hlg, layer=name) for k in graph], groups))
             collections += built[-1][1]
         done = persist(collections, client=self.client, progress=self.progress, **self.kw)
-        out, i = [], 0
+        out: list[Persisted] = []
+        i = 0
         for spec, parts, groups in built:
             held = done[i : i + len(parts)]
             i += len(parts)
