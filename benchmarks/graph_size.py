@@ -5,7 +5,9 @@
 train_full's stored chunks: 133,000 of agents, 3,300 of frames, 32,000 of traffic-light faces,
 14 of scenes. The counts use the functions the engine sizes a job with (l5dask.core.engine): every
 pass is sized for the agents; the frames pass (persisted, its rows place the agent tasks) in
-groups of at most 4 tasks a thread; the agents in guided groups (smaller at the end); ordered
+groups of at most 4 tasks a thread, and as many tasks that make each group's join rows again for
+the agent tasks that need them (the pass does not hold them); the agents and the traffic-light
+faces in guided groups (smaller at the end); ordered
 tree combines of fan-in 16; plus the scenes read, the frames' interval bounds (a task per
 interval field and one to gather them), a finalize per pass and the report.
 """
@@ -35,6 +37,7 @@ def main() -> None:
     print("|---|---|" + "---|" * len(args.threads))
     rows = {
         "frames pass (persisted)": [FRAMES],
+        "frames' join rows, made again": [FRAMES],
         "agents (read and reduce, fused)": [AGENTS],
         "traffic-light faces (read and reduce, fused)": [FACES],
         "ordered tree combines": [tree(AGENTS) + tree(FRAMES) + tree(FACES)],
@@ -47,8 +50,9 @@ def main() -> None:
             -FRAMES
             // min(cpt, auto_chunks_per_task(FRAMES, t, "distributed", tasks_per_thread=PARENT_TASKS_PER_THREAD))
         )
-        faces = -(-FACES // cpt)
+        faces = len(task_groups(FACES, cpt, t))
         rows["frames pass (persisted)"].append(frames)
+        rows["frames' join rows, made again"].append(frames)
         rows["agents (read and reduce, fused)"].append(agents)
         rows["traffic-light faces (read and reduce, fused)"].append(faces)
         rows["ordered tree combines"].append(tree(agents) + tree(frames) + tree(faces))

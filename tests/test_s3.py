@@ -41,6 +41,44 @@ def test_aggregate_and_dataframe_from_s3_equal_local(s3, s3_small, small_ds):
         np.testing.assert_array_equal(np.asarray(a[c]), np.asarray(b[c]), err_msg=c)
 
 
+def test_a_pass_over_s3_runs_more_tasks_at_once_with_the_same_tasks_and_bits(s3, s3_small, small_ds):
+    """On local threads a pass whose chunks are requests runs REMOTE_TASKS_PER_CORE tasks a core at
+    once (each waits for its requests most of the time); its tasks, and so the report's bits, are
+    those of the same dataset on a local disk."""
+    import threading
+
+    import dask
+
+    from l5dask.core.engine import Job, Pass, Reduction
+    from l5dask.core.outputs import public
+    from l5dask.prediction.report import compute_report
+
+    def threads_of(ds):
+        seen = set()
+
+        def chunk(data, start, parent):
+            seen.add(threading.get_ident())
+            return [(start, len(data))]
+
+        red = Reduction(f"threads-{id(seen)}", chunk, lambda a, b: a + b, list)
+        (starts,) = Job(chunks_per_task=1).compute([Pass(ds["agents"], red)])
+        return seen, starts
+
+    remote = l5dask.open_dataset(s3_small, storage_options=s3.storage_options())
+    local = l5dask.open_dataset(small_ds)
+    assert remote["agents"].remote and not local["agents"].remote
+    cores = os.cpu_count() or 1
+    with dask.config.set({"l5dask.remote-tasks-per-core": 3}):
+        (r_threads, r_starts), (l_threads, l_starts) = threads_of(remote), threads_of(local)
+    assert r_starts == l_starts
+    assert len(l_threads) <= cores < len(r_threads) <= 3 * cores
+    a = compute_report(s3_small, storage_options=s3.storage_options())
+    b = compute_report(small_ds)
+    assert {k: v for k, v in public(a).items() if k != "dataset"} == {
+        k: v for k, v in public(b).items() if k != "dataset"
+    }
+
+
 def test_xarray_engine_on_s3(s3, s3_small, small_ds):
     x = xr.open_dataset(s3_small, engine="l5kit", group="frames", storage_options=s3.storage_options())
     np.testing.assert_array_equal(x.timestamp.values, read_all(small_ds)["frames"]["timestamp"])

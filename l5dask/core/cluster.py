@@ -143,12 +143,12 @@ def persist(collections: list, client: Any = None, progress: bool = False, **kw:
     return list(client.persist(collections))
 
 
-def compute(collection: Any, client: Any = None, progress: bool = False, **kw: Any) -> Any:
+def compute(collection: Any, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any) -> Any:
     """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler.
 
-    On local threads the tasks run in a pool of this call's own, shut down before it returns or
-    raises: when a task fails no other task is still running (writing an output the caller is
-    about to remove)."""
+    On local threads the tasks run in a pool of this call's own (``threads`` of them, else one a
+    core), shut down before it returns or raises: when a task fails no other task is still
+    running (writing an output the caller is about to remove)."""
     import dask
     from dask.threaded import get as threaded_get
 
@@ -157,7 +157,7 @@ def compute(collection: Any, client: Any = None, progress: bool = False, **kw: A
         from concurrent.futures import ThreadPoolExecutor
 
         CANCELLED.clear()
-        pool = ThreadPoolExecutor(os.cpu_count() or 1)
+        pool = ThreadPoolExecutor(threads or os.cpu_count() or 1)
         try:
             return compute(collection, None, progress, pool=pool, **kw)
         except KeyboardInterrupt:

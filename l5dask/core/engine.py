@@ -48,6 +48,11 @@ SPLIT_EVERY = 16
 TASK_SIZING = {"threads": (16, 8), "distributed": (8, 64)}
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
+#: On local threads, a pass over a source whose every read is a request to a server (an object
+#: store) runs this many tasks a core at once (dask config ``l5dask.remote-tasks-per-core``): a
+#: task waits for its requests most of the time, and more tasks keep more requests in flight. The
+#: tasks stay the same (sized for the cores), and so do the results' bits.
+REMOTE_TASKS_PER_CORE = 4
 
 
 class ChunkSource(Protocol):
@@ -772,4 +777,11 @@ class Job:
             else Task(key, tuple, List(*[TaskRef(r) for r in roots]))
         )
         hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
-        return compute(Delayed(key, hlg, layer=key), client=self.client, progress=self.progress, **self.kw)
+        sources = [s.spec.source if isinstance(s, Persisted) else s.source for s in specs]
+        threads = None
+        if any(getattr(s, "remote", False) for s in sources):  # (see REMOTE_TASKS_PER_CORE)
+            per_core = dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE
+            threads = int(per_core) * (os.cpu_count() or 1)
+        return compute(
+            Delayed(key, hlg, layer=key), client=self.client, progress=self.progress, threads=threads, **self.kw
+        )

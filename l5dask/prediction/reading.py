@@ -263,6 +263,12 @@ class L5Array:
     def chunk_bounds(self, index: int) -> tuple[int, int]:
         return self.meta.chunk_bounds(index)
 
+    @property
+    def remote(self) -> bool:
+        """Whether each chunk is a request to a server (an object store): the engine then runs
+        more tasks at once on local threads (``REMOTE_TASKS_PER_CORE``)."""
+        return self.store.remote
+
     def iter_chunks(self, first: int, n: int):
         """``(start row, records)`` of stored chunks ``first .. first + n - 1``, each decoded once
         into one reused buffer (valid until the next chunk)."""
