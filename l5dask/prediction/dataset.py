@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
@@ -154,21 +155,32 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         if is_columnar(store):  # a zarr v3 export of l5dask's (``l5dask export --format zarr3``)
             return L5Dataset(store, *columnar_arrays(store))
         raise
-    attrs = fmt.parse_zattrs(store.get_metadata(".zattrs"), store.url)
+    # the metadata objects, then the last chunks' headers, each read at once (from S3 every read is
+    # a round trip: one after the other, opening took 0.86 s at 50 ms); checked in the same order
+    with ThreadPoolExecutor(len(fmt.ARRAY_NAMES) + 1) as pool:
+        zattrs = pool.submit(store.get_metadata, ".zattrs")
+        raws = pool.map(store.get_metadata, [f"{name}/.zarray" for name in fmt.ARRAY_NAMES])
+        attrs = fmt.parse_zattrs(zattrs.result(), store.url)
+        arrays = _arrays(store, dict(zip(fmt.ARRAY_NAMES, raws)))
+        for _ in pool.map(lambda a: check_last_chunk(store, a.meta, a.compressed), arrays.values()):
+            pass
+    return L5Dataset(store, arrays, attrs)
+
+
+def _arrays(store: Store, raws: dict[str, bytes | None]) -> dict[str, L5Array]:
+    """The arrays of a dataset from their ``.zarray`` objects (``None``: missing)."""
     arrays: dict[str, L5Array] = {}
-    for name in fmt.ARRAY_NAMES:
-        raw = store.get_metadata(f"{name}/.zarray")
+    for name, raw in raws.items():
         if raw is None:
             if name == fmt.TL_FACES:
                 warnings.warn(
                     f"{store.url}: no traffic_light_faces array; this is an older dataset format "
                     "without traffic lights",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=3,  # (open_dataset's caller)
                 )
                 continue
             raise FormatError(f"{store.url}: the dataset has no {name!r} array ({name}/.zarray is missing)")
         meta = fmt.parse_zarray(name, raw, f"{store.url}: {name}/.zarray")
         arrays[name] = L5Array(store, meta, fmt.is_compressed(raw))
-        check_last_chunk(store, meta, arrays[name].compressed)
-    return L5Dataset(store, arrays, attrs)
+    return arrays
