@@ -70,6 +70,60 @@ def uniform_histogram(const double[::1] values, double width, int64_t[::1] out):
                 out[b] += 1
 
 
+cdef struct _Agents:
+    # what the loops over agents share: the frames (agent starts, ego x/y), the bins, the outputs
+    const int64_t* frame_starts
+    const double* ego_xy
+    Py_ssize_t m, j
+    int64_t lo, nxt, ns, nd
+    double speed_width, s_inv, dist_width, d_inv, speed_sum
+    int64_t* label_counts
+    int64_t* speed_hist
+    int64_t* dist_hist
+    int64_t* frame_pos
+
+
+cdef inline void _agents_start(_Agents* a) noexcept nogil:
+    """The frame of agent ``lo``: the last whose first agent is at or before it."""
+    a.j, a.speed_sum = 0, 0.0
+    while a.j + 1 < a.m and a.frame_starts[a.j + 1] <= a.lo:
+        a.j += 1
+    a.nxt = a.frame_starts[a.j + 1] if a.j + 1 < a.m else FAR
+
+
+cdef inline void _add_agent(_Agents* a, Py_ssize_t i, Py_ssize_t label, double vx, double vy, double cx,
+                            double cy) noexcept nogil:
+    """Agent ``lo + i``: its label, speed and distance to the ego of its frame (found here)."""
+    cdef int64_t b
+    cdef double speed = sqrt(vx * vx + vy * vy), dx, dy
+    a.label_counts[label] += 1
+    a.speed_sum += speed
+    b = _bin(speed, a.speed_width, a.s_inv, a.ns)
+    if b >= 0:
+        a.speed_hist[b] += 1
+    while a.lo + i >= a.nxt:
+        a.j += 1
+        a.nxt = a.frame_starts[a.j + 1] if a.j + 1 < a.m else FAR
+    a.frame_pos[i] = a.j
+    dx = cx - a.ego_xy[2 * a.j]
+    dy = cy - a.ego_xy[2 * a.j + 1]
+    b = _bin(sqrt(dx * dx + dy * dy), a.dist_width, a.d_inv, a.nd)
+    if b >= 0:
+        a.dist_hist[b] += 1
+
+
+cdef _Agents _agents(const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo, double speed_width,
+                     double dist_width, int64_t[::1] label_counts, int64_t[::1] speed_hist,
+                     int64_t[::1] dist_hist, int64_t[::1] frame_pos):
+    cdef _Agents a
+    a.frame_starts, a.ego_xy, a.m, a.lo = &frame_starts[0], &ego_xy[0, 0], frame_starts.shape[0], lo
+    a.speed_width, a.s_inv, a.dist_width, a.d_inv = speed_width, 1.0 / speed_width, dist_width, 1.0 / dist_width
+    a.label_counts, a.speed_hist, a.dist_hist = &label_counts[0], &speed_hist[0], &dist_hist[0]
+    a.ns, a.nd, a.frame_pos = speed_hist.shape[0], dist_hist.shape[0], &frame_pos[0]
+    _agents_start(&a)
+    return a
+
+
 def agent_chunk(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride,
                 Py_ssize_t o_labels, Py_ssize_t nlabels, Py_ssize_t o_velocity, Py_ssize_t o_centroid,
                 Py_ssize_t o_track, const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo,
@@ -85,73 +139,36 @@ def agent_chunk(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride,
     a row instead of the chunk again.
     """
     cdef const uint8_t* row
-    cdef Py_ssize_t i, j = 0, m = frame_starts.shape[0]
-    cdef int64_t b, nxt, ns = speed_hist.shape[0], nd = dist_hist.shape[0]
-    cdef double vx, vy, dx, dy, speed, speed_sum = 0.0
-    cdef double s_inv = 1.0 / speed_width, d_inv = 1.0 / dist_width
+    cdef Py_ssize_t i
     if n == 0:
         return 0.0
+    cdef _Agents a = _agents(frame_starts, ego_xy, lo, speed_width, dist_width, label_counts, speed_hist,
+                             dist_hist, frame_pos)
     with nogil:
-        while j + 1 < m and frame_starts[j + 1] <= lo:
-            j += 1
-        nxt = frame_starts[j + 1] if j + 1 < m else FAR
         for i in range(n):
             row = &buf[0] + i * stride
-            label_counts[l5_argmax_f32(row + o_labels, nlabels)] += 1
-            vx, vy = _f4(row + o_velocity), _f4(row + o_velocity + 4)
-            speed = sqrt(vx * vx + vy * vy)
-            speed_sum += speed
-            b = _bin(speed, speed_width, s_inv, ns)
-            if b >= 0:
-                speed_hist[b] += 1
-            while lo + i >= nxt:
-                j += 1
-                nxt = frame_starts[j + 1] if j + 1 < m else FAR
-            frame_pos[i] = j
+            _add_agent(&a, i, l5_argmax_f32(row + o_labels, nlabels), _f4(row + o_velocity),
+                       _f4(row + o_velocity + 4), _f8(row + o_centroid), _f8(row + o_centroid + 8))
             track_ids[i] = _u8(row + o_track)
-            dx = _f8(row + o_centroid) - ego_xy[j, 0]
-            dy = _f8(row + o_centroid + 8) - ego_xy[j, 1]
-            b = _bin(sqrt(dx * dx + dy * dy), dist_width, d_inv, nd)
-            if b >= 0:
-                dist_hist[b] += 1
-    return speed_sum
+    return a.speed_sum
 
 
-def agent_columns(const int8_t[::1] label, const float[::1] vx_, const float[::1] vy_, const double[::1] cx,
+def agent_columns(const int8_t[::1] label, const float[::1] vx, const float[::1] vy, const double[::1] cx,
                   const double[::1] cy, const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo,
                   double speed_width, double dist_width,
                   int64_t[::1] label_counts, int64_t[::1] speed_hist, int64_t[::1] dist_hist,
                   int64_t[::1] frame_pos):
     """``agent_chunk`` on columns gathered from the stored bytes (the label already its argmax):
     the same sums in the same order, so the same partials."""
-    cdef Py_ssize_t i, j = 0, n = label.shape[0], m = frame_starts.shape[0]
-    cdef int64_t b, nxt, ns = speed_hist.shape[0], nd = dist_hist.shape[0]
-    cdef double vx, vy, dx, dy, speed, speed_sum = 0.0
-    cdef double s_inv = 1.0 / speed_width, d_inv = 1.0 / dist_width
+    cdef Py_ssize_t i, n = label.shape[0]
     if n == 0:
         return 0.0
+    cdef _Agents a = _agents(frame_starts, ego_xy, lo, speed_width, dist_width, label_counts, speed_hist,
+                             dist_hist, frame_pos)
     with nogil:
-        while j + 1 < m and frame_starts[j + 1] <= lo:
-            j += 1
-        nxt = frame_starts[j + 1] if j + 1 < m else FAR
         for i in range(n):
-            label_counts[label[i]] += 1
-            vx, vy = vx_[i], vy_[i]
-            speed = sqrt(vx * vx + vy * vy)
-            speed_sum += speed
-            b = _bin(speed, speed_width, s_inv, ns)
-            if b >= 0:
-                speed_hist[b] += 1
-            while lo + i >= nxt:
-                j += 1
-                nxt = frame_starts[j + 1] if j + 1 < m else FAR
-            frame_pos[i] = j
-            dx = cx[i] - ego_xy[j, 0]
-            dy = cy[i] - ego_xy[j, 1]
-            b = _bin(sqrt(dx * dx + dy * dy), dist_width, d_inv, nd)
-            if b >= 0:
-                dist_hist[b] += 1
-    return speed_sum
+            _add_agent(&a, i, label[i], vx[i], vy[i], cx[i], cy[i])
+    return a.speed_sum
 
 
 cdef object _distinct_ids(const uint8_t* base, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t a, Py_ssize_t b):

@@ -84,6 +84,11 @@ def layout(records: np.ndarray, types: dict[str, np.dtype]) -> tuple[np.ndarray,
     return records, records.view(np.uint8).reshape(-1), {f: fields[f][1] for f in types}
 
 
+def _no_frames(n: int, frame_starts: np.ndarray, ego_xy: np.ndarray, frame_pos: np.ndarray) -> bool:
+    """Whether the frames of ``n`` agent rows (their starts and ego x/y) or a slot per row are missing."""
+    return not len(frame_starts) or len(ego_xy) != len(frame_starts) or len(frame_pos) < n
+
+
 def agent_chunk(
     records: np.ndarray,
     frame_starts: np.ndarray,
@@ -105,12 +110,7 @@ def agent_chunk(
     """
     if not len(records):
         return 0.0
-    if (
-        not len(frame_starts)
-        or len(ego_xy) != len(frame_starts)
-        or len(frame_pos) < len(records)
-        or len(track_ids) < len(records)
-    ):
+    if _no_frames(len(records), frame_starts, ego_xy, frame_pos) or len(track_ids) < len(records):
         raise ValueError("agent_chunk: the frames of the rows, and an output slot per row, are needed")
     nlabels = fields_of(records.dtype)["label_probabilities"][0].shape[0]
     if len(label_counts) != nlabels:
@@ -158,15 +158,13 @@ def agent_columns(
     """:func:`agent_chunk` on gathered columns: ``label`` (int8, the label's argmax) and
     :data:`AGENT_ELEMENTS` but the track id (velocity x, y as float32, centroid x, y as float64),
     the same sums in the same order. Used where the chunk's bytes are gathered, never decoded
-    into records (about a third less CPU a chunk)."""
+    into records (a chunk and its report: 0.71 ms of CPU against 0.82 ms decoded, 2026-11-26)."""
     vx, vy, cx, cy = columns[:4]
     n = len(label)
     if not n:
         return 0.0
     if (
-        not len(frame_starts)
-        or len(ego_xy) != len(frame_starts)
-        or len(frame_pos) < n
+        _no_frames(n, frame_starts, ego_xy, frame_pos)
         or any(len(c) != n for c in (vx, vy, cx, cy))
         or (vx.dtype, vy.dtype, cx.dtype, cy.dtype) != (np.float32, np.float32, np.float64, np.float64)
     ):

@@ -315,35 +315,14 @@ class AgentStats:
 
         pos = np.empty(len(agents), np.int64)
         widths = (float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]))
+        rest = (frames["agent_start"], frames["ego_xy"], lo, *widths, part.labels, part.speed_hist, part.dist_hist, pos)
         if isinstance(agents, np.ndarray):
             ids = np.empty(len(agents), np.uint64)
-            part.speed_sum = agent_chunk(
-                agents,
-                frames["agent_start"],
-                frames["ego_xy"],
-                lo,
-                *widths,
-                part.labels,
-                part.speed_hist,
-                part.dist_hist,
-                pos,
-                ids,
-            )
+            part.speed_sum = agent_chunk(agents, *rest, ids)
         else:
             columns, (label,) = agents.gather(AGENT_ELEMENTS, ["label_probabilities"])
             ids = columns[4]
-            part.speed_sum = agent_columns(
-                label,
-                columns,
-                frames["agent_start"],
-                frames["ego_xy"],
-                lo,
-                *widths,
-                part.labels,
-                part.speed_hist,
-                part.dist_hist,
-                pos,
-            )
+            part.speed_sum = agent_columns(label, columns, *rest)
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
         scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames["scene"])
