@@ -193,3 +193,23 @@ def test_archive_reads_from_many_threads_get_their_own_bytes(tmp_path, kind):
     with ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda n: store.get(n), names))
     assert all(g == files[n] for n, g in zip(names, got))
+
+
+def test_a_task_on_a_local_disk_hints_its_next_chunks_in_order(small_ds, monkeypatch):
+    """Cold, a task would wait for each read: it tells the kernel (posix_fadvise) which chunks it
+    reads next, its own after the first and then the next task's, each named once, none past the
+    array's end, and reads the same bytes as without the hints."""
+    from l5dask.core.store import Store
+
+    hinted: list[str] = []
+    will_need = Store.will_need
+    monkeypatch.setattr(Store, "will_need", lambda self, keys: hinted.extend(keys) or will_need(self, keys))
+    agents = l5dask.open_dataset(small_ds)["agents"]
+    n = agents.nchunks
+    got = [rows.copy() for _, rows in agents.iter_chunks(n - 4, 3)]
+    assert hinted == [agents.meta.key(i) for i in (n - 1, n - 3, n - 2)]  # the next task's, then its own
+    hinted.clear()
+    list(agents.iter_chunks(n - 2, 2))
+    assert hinted == [agents.meta.key(n - 1)]  # nothing past the end
+    want = agents.read(n - 4, 3)
+    np.testing.assert_array_equal(np.concatenate(got).view(np.uint8), want.view(np.uint8))
