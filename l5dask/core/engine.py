@@ -270,7 +270,7 @@ class Persisted:
 
     def refs(self, interval: str, lo: int, hi: int) -> list[TaskRef]:
         """References to the rows of only the blocks whose child rows overlap ``[lo, hi)``: the
-        blocks themselves, or the tasks that make their rows again (add :meth:`tasks` to the graph)."""
+        blocks themselves, or the tasks that make their rows again (add :meth:`Persisted.tasks` to the graph)."""
         ks = self.overlapping(interval, lo, hi)
         return [TaskRef(self.keys[k] if self.remake is None else self.remake[k].key) for k in ks]
 
@@ -298,7 +298,7 @@ class Held:
         return [TaskRef(self.key)]
 
     def tasks(self, interval: str, lo: int, hi: int) -> dict:
-        """Nothing besides :attr:`graph`, which the child's graph holds whole."""
+        """Nothing besides the held ``graph``, which the child's graph holds whole."""
         return {}
 
 
