@@ -316,7 +316,7 @@ class Store:
         depth = max(1, int(dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
         if len(keys) <= 1 or not getattr(self.fs, "async_impl", False) or getattr(self.fs, "loop", None) is None:
             # a local disk: the kernel reads the next ones in the background (cold, each task
-            # waited for each of its reads: 1.7x the parallel read-and-decode floor at 1 G agents)
+            # waited for each of its reads: the report took 96 s at 1 G agents, 76 s with this)
             self.will_need(keys[1:depth])
             for i, k in enumerate(keys):
                 self.will_need(keys[i + depth : i + depth + 1])
