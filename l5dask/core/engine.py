@@ -649,12 +649,12 @@ class Job:
         collections: list = []
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
-            remake, keep = None, True
+            remake, keep = None, "all"
             if spec.rows is not None and (spec.parent is None or isinstance(spec.parent.parent, Rows)):
                 # the rows alone (the reduction and the checks run in the pass), in the same groups
                 again, _, _ = self.leaves(spec, f"{name}-rows", guided=False, keep="rows")
-                remake, keep = list(again.values()), False
-            graph, deps, groups = self.leaves(spec, name, guided=False, keep="all" if keep else "no rows")
+                remake, keep = list(again.values()), "no rows"
+            graph, deps, groups = self.leaves(spec, name, guided=False, keep=keep)
             remakes.append(remake)
             with dask.annotate(priority=spec.priority):
                 hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
