@@ -284,6 +284,16 @@ def test_bad_csv_and_unknown_samples(tmp_path):
     notnum.write_text("Id,PredictionString\ns1,0.5 1 2 3 one 2 1 0.1 car\n")
     r = cli(str(notnum), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "line 2: box 0: width is 'one', not a number" in r.stderr
+    infinite = tmp_path / "infinite.csv"  # (found by the fuzzer: sin(inf) raised a bare ValueError)
+    infinite.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 1e400 car\n")
+    r = cli(str(infinite), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "line 2: yaw is not finite ([inf])" in r.stderr
+    assert not (tmp_path / "m.json").exists()
+    nul = tmp_path / "nul.json"  # (found by the fuzzer: read whole, numpy dropped the NUL)
+    box = '"translation": [0, 0, 0], "size": [1, 1, 1], "rotation": [1, 0, 0, 0], "score": 0.5'
+    nul.write_text(f'[{{"sample_token": "s1", {box}, "name": "car\\u0000"}}]')
+    r = cli(str(nul), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "the class name 'car\\x00' holds a NUL" in r.stderr
     unknown = tmp_path / "unknown.csv"
     unknown.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 0.5 car\ns9,0.4 1 2 3 1 2 1 0.5 car\n")
     r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "m.json"))

@@ -250,6 +250,9 @@ def yaw_quaternions(yaw: np.ndarray) -> np.ndarray:
     ``kaggle2nuscenes`` converts the competition's CSV (pyquaternion's own arithmetic)."""
     out = np.zeros((len(yaw), 4))
     for i, a in enumerate(yaw.tolist()):
+        if not math.isfinite(a):  # (refused by check_boxes, which names the box; sin(inf) raises)
+            out[i] = math.nan
+            continue
         theta = a / 2.0
         s = math.sin(theta)
         out[i] = (math.cos(theta), 0.0 * s, 0.0 * s, 1.0 * s)
@@ -282,6 +285,10 @@ def check_boxes(b: Boxes, yaw: np.ndarray | None = None) -> None:
     if "" in b.classes.tolist():
         i = int(np.flatnonzero(b.cls == b.classes.tolist().index(""))[0])
         raise FormatError(f"{b.at(i)}: the class name is empty")
+    nul = [k for k, c in enumerate(b.classes.tolist()) if "\x00" in str(c)]
+    if nul:  # (numpy's fixed-width strings drop trailing NULs: 'a\x00' and 'a' would be one class)
+        i = int(np.flatnonzero(np.isin(b.cls, nul))[0])
+        raise FormatError(f"{b.at(i)}: the class name {str(b.classes[b.cls[i]])!r} holds a NUL character")
 
 
 def boxes_of_dataset(pds) -> tuple[Boxes, dict[str, np.ndarray]]:
