@@ -1,18 +1,25 @@
-"""``l5dask stats`` from an S3 endpoint with a first-byte latency, against the fetch floor.
+"""``l5dask stats``, ``agg`` and ``evaluate`` from an S3 endpoint with a first-byte latency,
+against the fetch floor of the same objects.
 
     python benchmarks/s3_latency_benchmark.py [--scenes 1700] [--latency 0,20,50] [--rounds 3]
+        [--commands stats,agg,evaluate] [--eval-rows 500000] [--cluster]
 
-The dataset (``benchmarks/data/synth-SCENES-0.zarr``, made once) is served as ``s3://bench/ds``
-by ``benchmarks/slow_s3.py``, which waits ``--latency`` milliseconds before every answer (as S3's
-first byte does). Then, rounds interleaved, as whole processes:
+The dataset (``benchmarks/data/synth-SCENES-0.zarr``, made once) is served as ``s3://bench/ds``,
+and a GT/PRED pair of ``--eval-rows`` rows (``evaluation_benchmark.pair``, made once) as
+``s3://bench/gt.csv`` and ``s3://bench/pred.csv``, by ``benchmarks/slow_s3.py``, which waits
+``--latency`` milliseconds before every answer (as S3's first byte does). Then, rounds
+interleaved, as whole processes:
 
-- ``l5dask stats s3://bench/ds`` with the defaults (nothing the user must know), on local threads
-  and on a local cluster of 2 worker processes (``--cluster``);
-- the fetch floor: every object of the dataset listed and fetched with s3fs, 64 requests in
-  flight, no HEAD, as a whole process (its start, imports and listing included, as the report's).
+- each command with the defaults (nothing the user must know), on local threads and on a local
+  cluster of 2 worker processes (``--cluster``): ``stats``; ``agg`` (the README's query, by host
+  and label, speed mean and max); ``evaluate`` of the pair;
+- its fetch floor: every object the command reads (``stats``: the whole dataset; ``agg``: scenes,
+  frames and agents; ``evaluate``: both CSV files) fetched with s3fs, 64 requests in flight, no
+  HEAD, objects over 16 MB in 16 MB ranges, as a whole process (its start, imports and listing
+  included, as the command's).
 
-Printed: the best of each, their ratio (the report's time over the floor's: 1/throughput), and the
-requests the endpoint counted per report run (HEAD and GET).
+Printed: the best of each, their ratio (the command's time over the floor's: 1/throughput), and the
+requests the endpoint counted per command run (HEAD and GET).
 """
 
 from __future__ import annotations
@@ -32,10 +39,36 @@ fs = s3fs.S3FileSystem(key="x", secret="x", max_concurrency=1, skip_instance_cac
                        client_kwargs={"endpoint_url": sys.argv[1], "region_name": "us-east-1"},
                        config_kwargs={"max_pool_connections": 64})
 t = time.perf_counter()
-paths = [p for p in fs.find("bench/ds")]
-got = fs.cat(paths, batch_size=64)
-print(sum(len(v) for v in got.values()), len(paths), time.perf_counter() - t)
+sizes = {}
+for prefix in sys.argv[2:]:
+    sizes.update({p: d["size"] for p, d in fs.find(prefix, detail=True).items()})
+part = 16 << 20
+ranges = [(p, lo, min(lo + part, n)) for p, n in sizes.items() for lo in range(0, max(n, 1), part)]
+got = fs.cat_ranges([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], batch_size=64)
+print(sum(len(v) for v in got), len(sizes), time.perf_counter() - t)
 """
+
+#: What each command reads, under the bucket (the floor fetches the same objects).
+READS = {
+    "stats": ["bench/ds"],
+    "agg": ["bench/ds/.zgroup", "bench/ds/scenes", "bench/ds/frames", "bench/ds/agents"],
+    "evaluate": ["bench/gt.csv", "bench/pred.csv"],
+}
+
+
+def command(name: str) -> list[str]:
+    cli = [sys.executable, "-m", "l5dask.cli"]
+    if name == "stats":
+        return [*cli, "stats", "s3://bench/ds", "-q", "-O", "/tmp/l5dask-s3-latency.json"]
+    if name == "agg":
+        agg = ["agg", "s3://bench/ds", "--by", "host,label", "--value", "speed:mean,max"]
+        return [*cli, *agg, "-q", "--output", "/tmp/l5dask-s3-latency.csv"]
+    return [*cli, "evaluate", "s3://bench/gt.csv", "s3://bench/pred.csv", "-q", "-O", "/tmp/l5dask-s3-metrics.json"]
+
+
+def link(root, name: str, target: str) -> None:
+    if not (root / name).exists():
+        os.symlink(os.path.abspath(target), root / name)
 
 
 def main() -> None:
@@ -43,23 +76,31 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=1700)
     parser.add_argument("--latency", default="0,20,50", help="first-byte latencies, ms")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--commands", default="stats,agg,evaluate")
+    parser.add_argument("--eval-rows", type=int, default=500_000)
     parser.add_argument("--cluster", action="store_true", help="also on a local cluster of 2 worker processes")
     args = parser.parse_args()
-    path = dataset(args.scenes)
-    root = DATA / "s3-bench"  # bucket "bench": ds is the dataset
+    names = args.commands.split(",")
+    root = DATA / "s3-bench"  # bucket "bench": ds is the dataset, gt.csv and pred.csv the pair
     root.mkdir(exist_ok=True)
-    if not (root / "ds").exists():
-        os.symlink(os.path.abspath(path), root / "ds")
+    link(root, "ds", dataset(args.scenes))
+    if "evaluate" in names:
+        from evaluation_benchmark import pair
+
+        gt, pred = pair(args.eval_rows)
+        for name, target in (("gt.csv", gt), ("pred.csv", pred)):
+            if (root / name).exists() and os.path.realpath(root / name) != os.path.abspath(target):
+                os.unlink(root / name)
+            link(root, name, target)
     lc = client = None
     try:
-        nbytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
         if args.cluster:
             from distributed import Client, LocalCluster
 
             lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
             client = Client(lc)
         where = ["threads"] + (["2 processes"] if args.cluster else [])
-        print(f"{nbytes / 1e6:,.0f} MB in the bucket; rounds interleaved, best of {args.rounds}")
+        print(f"rounds interleaved, best of {args.rounds}")
         for ms in [float(x) for x in args.latency.split(",")]:
             proxy, url = slow_s3.start(str(root), ms)
             env = dict(
@@ -71,28 +112,32 @@ def main() -> None:
             )
             os.environ.update(env)  # (the child processes of run() inherit it)
             try:
-                times: dict[str, list[float]] = {w: [] for w in where}
-                floor, requests = [], {}
+                times: dict[tuple, list[float]] = {}
+                requests: dict[tuple, dict] = {}
+                nbytes: dict[str, int] = {}
                 for _ in range(args.rounds):
+                    for name in names:
+                        for w in where:
+                            cmd = command(name)
+                            if w != "threads":
+                                cmd += ["--scheduler", lc.scheduler_address]  # type: ignore[union-attr]
+                            slow_s3.stats(url, reset=True)
+                            times.setdefault((name, w), []).append(run(cmd)[0])
+                            requests[(name, w)] = slow_s3.stats(url)
+                        # as a whole process too (interpreter, imports, the filesystem, the listing)
+                        out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, *READS[name]])
+                        nbytes[name] = int(out.split()[0])
+                        times.setdefault((name, "floor"), []).append(wall)
+                for name in names:
+                    fbest = min(times[(name, "floor")])
                     for w in where:
-                        cmd = [sys.executable, "-m", "l5dask.cli", "stats", "s3://bench/ds", "-q"]
-                        cmd += ["-O", "/tmp/l5dask-s3-latency.json"]
-                        if w != "threads":
-                            cmd += ["--scheduler", lc.scheduler_address]  # type: ignore[union-attr]
-                        slow_s3.stats(url, reset=True)
-                        times[w].append(run(cmd)[0])
-                        requests[w] = slow_s3.stats(url)
-                    # as a whole process too (interpreter, imports, the filesystem, the listing)
-                    out, wall, _ = run_output([sys.executable, "-c", FLOOR, url])
-                    floor.append(wall)
-                fbest = min(floor)
-                for w in where:
-                    best = min(times[w])
-                    print(
-                        f"  {ms:4.0f} ms, {w:11s}: stats {best:6.2f} s, floor {fbest:5.2f} s -> {best / fbest:4.2f}x"
-                        f" ({nbytes / best / 1e6:,.0f} MB/s; requests {requests[w]})",
-                        flush=True,
-                    )
+                        best = min(times[(name, w)])
+                        print(
+                            f"  {ms:4.0f} ms, {name:8s} {w:11s}: {best:6.2f} s, floor {fbest:5.2f} s "
+                            f"-> {best / fbest:4.2f}x ({nbytes[name] / best / 1e6:,.0f} MB/s of "
+                            f"{nbytes[name] / 1e6:,.0f} MB; requests {requests[(name, w)]})",
+                            flush=True,
+                        )
             finally:
                 proxy.kill()
     finally:

@@ -4,6 +4,8 @@ sizing, and the job's map and map_reduce."""
 
 from __future__ import annotations
 
+import os
+
 import dask
 import numpy as np
 import pytest
@@ -221,3 +223,30 @@ def test_map_starts_calls_in_the_order_given_on_local_threads():
         call, calls, Reduction("sum", None, lambda a, b: a + b, lambda: 0), name="order"
     )
     assert total == sum(i * i for i in range(23))
+
+
+def test_map_and_map_reduce_of_remote_reads_run_more_tasks_at_once():
+    """``remote=True`` (tasks that read an object store: the evaluation's row scan and parse, the
+    perception tables, lidar, detection blocks, surgery's copies) runs REMOTE_TASKS_PER_CORE tasks
+    a core at once on local threads, as a pass over a remote source does; results in order."""
+    import threading
+    import time
+
+    def task(i, seen):
+        seen.add(threading.get_ident())
+        time.sleep(0.05)  # (waiting, as for a request)
+        return [i]
+
+    cores = os.cpu_count() or 1
+    calls = 12 * cores
+    with dask.config.set({"l5dask.remote-tasks-per-core": 3}):
+        for remote in (False, True):
+            seen: set = set()
+            got = Job().map(task, [(i, seen) for i in range(calls)], "remote-map", remote=remote)
+            assert got == [[i] for i in range(calls)]
+            assert (cores < len(seen) <= 3 * cores) if remote else len(seen) <= cores
+            seen = set()
+            red = Reduction("remote-map-reduce", None, lambda a, b: a + b, list)
+            total = Job().map_reduce(task, [(i, seen) for i in range(calls)], red, "remote-mr", remote=remote)
+            assert total == list(range(calls))
+            assert (cores < len(seen) <= 3 * cores) if remote else len(seen) <= cores

@@ -725,3 +725,87 @@ def test_evaluate_and_gt_on_s3_and_a_cluster(edge, s3, dask_cluster, tmp_path):
     for key in M.METRICS:
         np.testing.assert_allclose(remote[key], local[key], rtol=1e-12)
     assert opts  # the fixture's credentials were the ones used
+
+
+@pytest.fixture
+def s3_pair(s3, tmp_path):
+    """A GT/PRED pair of 4,000 rows (PRED shuffled), local and in s3://l5-spill, and counts of the
+    bytes fetched from the object store by key."""
+    rng = np.random.default_rng(21)
+    ts, tid, gt, avail, pred, conf, order = pair(rng, 4000)
+    paths = {"gt": str(tmp_path / "gt.csv"), "pred": str(tmp_path / "p.csv")}
+    csvfiles.write_gt_csv(paths["gt"], ts, tid, gt, avail)
+    csvfiles.write_pred_csv(paths["pred"], ts[order], tid[order], pred[order], conf[order])
+    s3.make_bucket("l5-spill")
+    fs = s3.s3fs()
+    for name, p in paths.items():
+        fs.put(p, f"l5-spill/{name}.csv")
+    return paths, s3.storage_options()
+
+
+def fetched_bytes(monkeypatch) -> Counter:
+    from l5dask.core.store import Store
+
+    got: Counter = Counter()
+    get = Store.get
+
+    def counting(self, key, **kw):
+        data = get(self, key, **kw)
+        if self.remote:
+            got[key] += len(data)
+        return data
+
+    monkeypatch.setattr(Store, "get", counting)
+    return got
+
+
+def test_evaluate_from_s3_fetches_each_byte_once(s3_pair, tmp_path, monkeypatch):
+    """On local threads the row scan keeps the bytes it fetched in a spill folder for the parse:
+    each byte comes once (it came twice), the metrics are the same bits as from the local files,
+    the folder is gone afterwards, and a block the scan could not keep is fetched again."""
+    import tempfile
+
+    paths, opts = s3_pair
+    monkeypatch.setattr(csvfiles, "SCAN_BLOCK", 128 << 10)  # several blocks, rows over each seam
+    spill_root = tmp_path / "tmp"
+    spill_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
+    local = M.evaluate(paths["gt"], paths["pred"], task_bytes=200_000)
+    got = fetched_bytes(monkeypatch)
+    remote = M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", storage_options=opts, task_bytes=200_000)
+    assert remote == local
+    for name in ("gt", "pred"):
+        size = os.path.getsize(paths[name])
+        assert size > 8 * csvfiles.SCAN_BLOCK
+        blocks = -(-size // csvfiles.SCAN_BLOCK)
+        # the header's first MB (open_csv), then every byte once (and each block's key window)
+        head = min(size, 1 << 20)
+        assert size < got[f"{name}.csv"] <= size + head + blocks * csvfiles.KEY_WINDOW, (name, got, size)
+    assert not any(spill_root.iterdir())
+
+    # a block the scan did not keep (a full disk): the parse fetches its ranges again, same bits
+    keep = csvfiles.CSVFile.keep
+    monkeypatch.setattr(csvfiles.CSVFile, "keep", lambda self, k, data: None if k == 1 else keep(self, k, data))
+    got.clear()
+    again = M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", storage_options=opts, task_bytes=200_000)
+    assert again == local
+    size = os.path.getsize(paths["gt"])
+    assert got["gt.csv"] > size + min(size, 1 << 20) + csvfiles.SCAN_BLOCK // 2
+    assert not any(spill_root.iterdir())
+
+
+def test_evaluate_from_s3_with_a_bad_row_leaves_no_spill(s3_pair, s3, tmp_path, monkeypatch):
+    import tempfile
+
+    paths, opts = s3_pair
+    lines = open(paths["pred"], "rb").read().split(b"\r\n")
+    cells = lines[3000].split(b",")
+    cells[-1] = b"nan"
+    lines[3000] = b",".join(cells)
+    s3.s3fs().pipe("l5-spill/bad.csv", b"\r\n".join(lines))
+    spill_root = tmp_path / "tmp"
+    spill_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
+    with pytest.raises(csvfiles.CSVError, match="line 3001.*not a finite number"):
+        M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/bad.csv", storage_options=opts)
+    assert not any(spill_root.iterdir())

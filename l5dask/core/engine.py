@@ -55,6 +55,15 @@ PARENT_TASKS_PER_THREAD = 4
 REMOTE_TASKS_PER_CORE = 4
 
 
+def remote_threads(remote: bool) -> int | None:
+    """Local threads for a graph whose tasks read an object store (:data:`REMOTE_TASKS_PER_CORE`
+    a core, or the dask config's), else ``None``: a thread a core."""
+    if not remote:
+        return None
+    per_core = dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE
+    return int(per_core) * (os.cpu_count() or 1)
+
+
 class ChunkSource(Protocol):
     """What a pass reads: numbered chunks of consecutive rows (or bytes, or files)."""
 
@@ -707,9 +716,10 @@ class Job:
                 problems += check_bounds(p.bounds[f], p.spec.source.name, f, child_len)
         return problems
 
-    def map(self, func: Callable, calls: Sequence[tuple], name: str) -> list:
+    def map(self, func: Callable, calls: Sequence[tuple], name: str, remote: bool = False) -> list:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
-        writes its own output chunks); results in order."""
+        writes its own output chunks); results in order. ``remote``: the tasks read an object
+        store (see :data:`REMOTE_TASKS_PER_CORE`)."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
         graph: dict[Any, Task] = {k: Task(k, func, *args) for k, args in zip(keys, calls)}
@@ -718,13 +728,17 @@ class Job:
             Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
             client=self.client,
             progress=self.progress,
+            threads=remote_threads(remote),
             **self.kw,
         )
 
-    def map_reduce(self, func: Callable, calls: Sequence[tuple], reduction: Reduction, name: str) -> Any:
+    def map_reduce(
+        self, func: Callable, calls: Sequence[tuple], reduction: Reduction, name: str, remote: bool = False
+    ) -> Any:
         """``reduction``'s finalized combine of ``[func(*args) for args in calls]`` in order: one task
         each, their partials merged by the engine's ordered tree (:func:`tree_reduce`) where they
-        ran (on a cluster: on the workers), in one compute; ``reduction.identity()`` for no call."""
+        ran (on a cluster: on the workers), in one compute; ``reduction.identity()`` for no call.
+        ``remote`` as for :meth:`map`."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
         graph: dict = {k: Task(k, func, *args) for k, args in zip(keys, calls)}
@@ -735,6 +749,7 @@ class Job:
             Delayed(fin, HighLevelGraph.from_collections(fin, graph, dependencies=[])),
             client=self.client,
             progress=self.progress,
+            threads=remote_threads(remote),
             **self.kw,
         )
 
@@ -778,10 +793,7 @@ class Job:
         )
         hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
         sources = [s.spec.source if isinstance(s, Persisted) else s.source for s in specs]
-        threads = None
-        if any(getattr(s, "remote", False) for s in sources):  # (see REMOTE_TASKS_PER_CORE)
-            per_core = dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE
-            threads = int(per_core) * (os.cpu_count() or 1)
+        threads = remote_threads(any(getattr(s, "remote", False) for s in sources))
         return compute(
             Delayed(key, hlg, layer=key), client=self.client, progress=self.progress, threads=threads, **self.kw
         )

@@ -17,12 +17,19 @@ and its ``(timestamp, track_id)`` key, by numpy on the raw bytes: no float is pa
 *parse* of any row range (compiled, for L5Kit's plain layout; pyarrow's CSV reader for anything
 else, and to say what is wrong), which a caller runs where the rows are needed
 (the metrics parse each GT range with the PRED rows joined to it). Neither holds a file in memory.
+
+From an object store, every byte would come over the network twice (scan, then parse). So
+:func:`l5dask.evaluation.metrics.evaluate` on local threads gives the files a *spill* folder: each
+scan task keeps the bytes it fetched there (``spill``, one file per scan block), and the parse
+reads its ranges from them; a range not all there is fetched again. The folder is removed when
+the pass ends. The bytes are the same either way, and so are the results.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +128,8 @@ class CSVFile:
     starts: np.ndarray = field(default_factory=lambda: np.zeros(1, np.int64), repr=False)
     timestamps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
     track_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+    #: a local folder where the row scan keeps the bytes it fetched, for the parse (see above)
+    spill: str | None = None
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -130,12 +139,65 @@ class CSVFile:
         return 1 if self.kind == "gt" else self.max_modes
 
     def read_range(self, lo: int, hi: int) -> bytes:
-        """Bytes ``[lo, hi)`` of the file, through its folder's store (retries, one-line errors)."""
+        """Bytes ``[lo, hi)`` of the file, through its folder's store (retries, one-line errors), or
+        from the spill folder when the scan kept them all there."""
+        data = self._spilled(lo, hi) if self.spill is not None else None
+        if data is not None:
+            return data
         store, key = file_store(self.path, self.storage_options)
         data = store.get(key, start=lo, end=hi, what=f"the {self.kind.upper()} file")
         if len(data) != hi - lo:
             raise CSVError(f"{self.path}: the file changed while it was read ({len(data)} of {hi - lo} bytes at {lo})")
         return data
+
+    def _scan_bytes(self, k: int) -> tuple[int, int]:
+        """The bytes of scan block ``k`` that its task keeps in the spill folder: from the byte
+        before its first row's start (as the scan reads them) to its end."""
+        return max(k * SCAN_BLOCK, self.header_bytes) - 1, min((k + 1) * SCAN_BLOCK, self.size)
+
+    def keep(self, k: int, data: bytes) -> None:
+        """Keep scan block ``k``'s bytes (``data`` starts with them) in the spill folder, whole or
+        not at all (a file that cannot be written, a full disk: the parse fetches them again)."""
+        if self.spill is None:
+            return
+        a, b = self._scan_bytes(k)
+        path = os.path.join(self.spill, str(k))
+        tmp = f"{path}.{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as out:
+                out.write(memoryview(data)[: b - a])
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+    def _spilled(self, lo: int, hi: int) -> bytes | None:
+        """Bytes ``[lo, hi)`` from the spill folder, or ``None`` unless its files hold them all."""
+        assert self.spill is not None
+        parts, at = [], lo
+        while at < hi:
+            k = at // SCAN_BLOCK
+            a, b = self._scan_bytes(k)
+            if not a <= at < b:
+                return None
+            try:
+                with open(os.path.join(self.spill, str(k)), "rb") as f:
+                    f.seek(at - a)
+                    part = f.read(min(hi, b) - at)
+            except FileNotFoundError:
+                return None
+            if len(part) != min(hi, b) - at:
+                return None
+            parts.append(part)
+            at += len(part)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    @property
+    def remote(self) -> bool:
+        """Whether each read is a request to a server (an object store)."""
+        return file_store(self.path, self.storage_options)[0].remote
 
     def __dask_tokenize__(self):
         return ("l5dask-csv", self.path, self.kind, self.size, self.max_modes)
@@ -211,6 +273,7 @@ def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
     if lo >= hi:
         return empty, empty, empty, -1, ""
     data = f.read_range(lo - 1, min(hi + KEY_WINDOW, f.size))
+    f.keep((hi - 1) // SCAN_BLOCK, data)
     buf = np.frombuffer(data, np.uint8)
 
     plain = scan_keys(buf, hi - lo)  # compiled; None when a row needs the general scan below
@@ -236,7 +299,7 @@ def scan(f: CSVFile, job: Any = None) -> CSVFile:
     job = job or Job()
     bounds = list(range(0, f.size, SCAN_BLOCK)) + [f.size]
     calls = [(f, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    parts = job.map(_scan_block, calls, name=f"l5-scan-{f.kind}") if calls else []
+    parts = job.map(_scan_block, calls, name=f"l5-scan-{f.kind}", remote=f.remote) if calls else []
     return collect_scan(f, parts)
 
 

@@ -15,7 +15,11 @@ here that row's ``2 nll / T`` is clamped at 0.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -210,7 +214,8 @@ def _scan_both(gt: CSVFile, pred: CSVFile, job: Any) -> None:
         bounds = list(range(0, f.size, csvfiles.SCAN_BLOCK)) + [f.size]
         calls += [(f, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
         owner += [f] * (len(bounds) - 1)
-    parts = job.map(csvfiles._scan_block, calls, name="l5-scan") if calls else []
+    remote = gt.remote or pred.remote
+    parts = job.map(csvfiles._scan_block, calls, name="l5-scan", remote=remote) if calls else []
     for f in (gt, pred):
         csvfiles.collect_scan(f, [p for p, o in zip(parts, owner) if o is f])
 
@@ -238,6 +243,39 @@ def evaluate(
     pred = open_csv(pred_path, "pred", max_modes, storage_options)
     if gt.future_len != pred.future_len:
         raise CSVError(f"{pred_path} predicts {pred.future_len} steps, {gt_path} has {gt.future_len}")
+    with _spilled(gt, pred, job):
+        return _evaluate(gt, pred, max_modes, dataset, storage_options, job, task_bytes)
+
+
+@contextlib.contextmanager
+def _spilled(gt: CSVFile, pred: CSVFile, job: Job):
+    """From an object store on local threads, a spill folder for the bytes the row scan fetched
+    (the parse reads them there: each byte fetched once; see :mod:`l5dask.evaluation.csvfiles`),
+    removed when the pass ends, however it ends. On a cluster the tasks run on other machines:
+    each fetches its own bytes."""
+    if job.scheduler_kind != "threads" or not (gt.remote or pred.remote):
+        yield
+        return
+    folder = tempfile.mkdtemp(prefix="l5dask-spill-")
+    try:
+        for f in (gt, pred):
+            f.spill = os.path.join(folder, f.kind)
+            os.mkdir(f.spill)
+        yield
+    finally:
+        gt.spill = pred.spill = None
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _evaluate(
+    gt: CSVFile,
+    pred: CSVFile,
+    max_modes: int,
+    dataset: Any,
+    storage_options: dict | None,
+    job: Job,
+    task_bytes: int,
+) -> dict[str, Any]:
     _scan_both(gt, pred, job)
     match = join(gt, pred)
     groups: dict[str, tuple[np.ndarray, int]] = {}
@@ -249,7 +287,8 @@ def evaluate(
         rows = match[lo:hi]
         calls.append((gt, pred, lo, hi, rows, _segments(rows), {k: (c[lo:hi], n) for k, (c, n) in groups.items()}))
     empty = functools.partial(_no_rows, gt.future_len, max_modes, groups)
-    total = job.map_reduce(_pair_task, calls, Reduction("l5-metrics", _no_chunk, _add, empty), name="l5-metrics")
+    reduction = Reduction("l5-metrics", _no_chunk, _add, empty)
+    total = job.map_reduce(_pair_task, calls, reduction, name="l5-metrics", remote=gt.remote or pred.remote)
     return result(total, names, gt.future_len, max_modes)
 
 

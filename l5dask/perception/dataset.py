@@ -99,7 +99,8 @@ class PerceptionDataset:
             # tables, largest first; a cluster's workers parse them where they are)
             order = sorted(todo, key=_weight, reverse=True)
             job = self.job or Job(scheduler="threads")
-            got = job.map(tables.read, [(self.store, n) for n in order], name="l5-perception-tables")
+            calls = [(self.store, n) for n in order]
+            got = job.map(tables.read, calls, name="l5-perception-tables", remote=self.store.remote)
         for name, raw in zip(order, got):
             self._raw[name] = raw
 

@@ -465,10 +465,12 @@ def ground_counts(index: boxes.GroundIndex, samples: np.ndarray) -> dict[str, in
 
 
 def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool) -> dict[str, Any]:
+    remote = pb.store()[0].remote or gb.store()[0].remote  # (each task reads its block)
     index = boxes.GroundIndex.merge(
-        gb, job.map(boxes.index_block, [(gb, k) for k in range(gb.n)], name="l5-detection-index")
+        gb, job.map(boxes.index_block, [(gb, k) for k in range(gb.n)], name="l5-detection-index", remote=remote)
     )
-    outs = job.map(block_flags, [(pb, k, index, tuple(thresholds)) for k in range(pb.n)], name="l5-detection-match")
+    calls = [(pb, k, index, tuple(thresholds)) for k in range(pb.n)]
+    outs = job.map(block_flags, calls, name="l5-detection-match", remote=remote)
     # a sample in several blocks must be at an end of each (the predictions grouped by sample)
     seen, times = np.unique(np.concatenate([o["samples"] for o in outs]), return_counts=True)
     split = seen[times > 1]
@@ -493,7 +495,10 @@ def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job:
         + [_class_counts(g_edges)]
         + (
             job.map(
-                ground_counts, [(index, rest[i : i + per]) for i in range(0, len(rest), per)], name="l5-detection-truth"
+                ground_counts,
+                [(index, rest[i : i + per]) for i in range(0, len(rest), per)],
+                name="l5-detection-truth",
+                remote=remote,
             )
             if len(rest)
             else []

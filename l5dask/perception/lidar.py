@@ -309,7 +309,7 @@ def points_in_boxes(ds, samples_per_task: int = SAMPLES_PER_TASK) -> np.ndarray:
         rows_of.append(b)
     job = ds.job or Job()
     counts = np.zeros(len(ann), np.int64)
-    for b, got in zip(rows_of, job.map(_count_task, calls, name="l5-perception-points")):
+    for b, got in zip(rows_of, job.map(_count_task, calls, name="l5-perception-points", remote=ds.store.remote)):
         counts[b] = got
     return counts
 

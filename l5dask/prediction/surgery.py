@@ -262,8 +262,11 @@ def write_outputs(outputs: Sequence[Output], job: Job) -> None:
                 take = np.flatnonzero((outs < hi) & (ends > lo))
                 calls.append((o.store, meta, first, n, tuple(pieces[k] for k in take)))
         metas.append(m)
+    remote = any(o.store.remote for o in outputs) or any(
+        getattr(p.source, "remote", False) for o in outputs for ps in o.pieces.values() for p in ps
+    )
     try:
-        job.map(copy_rows, calls, "l5-copy")
+        job.map(copy_rows, calls, "l5-copy", remote=remote)
         for o, m in zip(outputs, metas):
             finish(o.store, m, o.labels)
     except BaseException:
