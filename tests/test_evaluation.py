@@ -809,3 +809,30 @@ def test_evaluate_from_s3_with_a_bad_row_leaves_no_spill(s3_pair, s3, tmp_path, 
     with pytest.raises(csvfiles.CSVError, match="line 3001.*not a finite number"):
         M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/bad.csv", storage_options=opts)
     assert not any(spill_root.iterdir())
+
+
+def test_evaluate_on_a_cluster_with_credentials_from_this_environment_only(s3_pair, s3, dask_cluster, tmp_path):
+    """Credentials and endpoint found in the client's AWS environment travel with the files' tasks
+    to workers that do not have them (as a dataset's do): the workers' reads used to fail with
+    'Unable to locate credentials'."""
+    paths, _ = s3_pair
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID=s3.key,
+        AWS_SECRET_ACCESS_KEY=s3.secret,
+        AWS_ENDPOINT_URL=s3.endpoint,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    out = tmp_path / "m.json"
+    args = ["evaluate", "s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", "-O", out, "-q"]
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", *map(str, args), "--scheduler", dask_cluster.address],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    local = M.evaluate(paths["gt"], paths["pred"])
+    remote = json.loads(out.read_text())
+    for key in M.METRICS:
+        np.testing.assert_allclose(remote[key], local[key], rtol=1e-12)

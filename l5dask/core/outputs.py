@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from l5dask.core.store import resolve_s3_options
+from l5dask.core.store import resolved_options
 from l5dask.errors import L5DaskError, OutputError, UsageError
 
 
@@ -26,10 +26,7 @@ def filesystem(path: str, storage_options: dict[str, Any] | None):
     """The fsspec filesystem of a file's URL and its path there (S3 options resolved as the store's)."""
     from fsspec.core import url_to_fs
 
-    options = dict(storage_options or {})
-    if path.startswith(("s3://", "s3a://")):
-        options = resolve_s3_options(options)
-    return url_to_fs(path, **options)
+    return url_to_fs(path, **resolved_options(path, storage_options))
 
 
 def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> str:

@@ -112,9 +112,7 @@ class Store:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = str(url)
-        options = dict(storage_options or {})
-        if self.url.startswith(("s3://", "s3a://")):
-            options = resolve_s3_options(options)
+        options = resolved_options(self.url, storage_options)
         try:
             kind = archive_kind(self.url)
             if kind:
@@ -459,6 +457,16 @@ def _rebuild_store(url: str, fs: Any, root: str) -> Store:
     store = Store.__new__(Store)
     store.url, store.fs, store.root = url, fs, root
     return store
+
+
+def resolved_options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
+    """The storage options of ``url`` as every reader and writer of l5dask uses them (for S3:
+    :func:`resolve_s3_options`). What a task that opens the URL again elsewhere (a worker) must
+    carry: the workers may not share this process's AWS environment."""
+    options = dict(storage_options or {})
+    if str(url).startswith(("s3://", "s3a://")):
+        options = resolve_s3_options(options)
+    return options
 
 
 def resolve_s3_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from l5dask.core.cluster import compute
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
 from l5dask.core.outputs import atomic_write, check_writable
-from l5dask.core.store import file_store
+from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
 _compiled = compiled("l5dask.evaluation._kernels")
@@ -225,7 +225,10 @@ def open_csv(path: str, kind: str, max_modes: int = MAX_MODES, storage_options: 
     except UnicodeDecodeError:
         raise CSVError(f"{path}: the header is not text") from None
     t = check_header(names, kind, max_modes, where=path)
-    return CSVFile(path, kind, t, max_modes, names, size, min(end + 1, size), storage_options)
+    # the options as resolved here travel with the file to the tasks (workers may not share this
+    # process's AWS environment)
+    options = resolved_options(path, storage_options)
+    return CSVFile(path, kind, t, max_modes, names, size, min(end + 1, size), options)
 
 
 # --- the row scan --------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.lazy import compiled
-from l5dask.core.store import file_store
+from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import FormatError
 from l5dask.perception import joins, tables
 
@@ -424,7 +424,8 @@ def plan(path: str, kind: str, storage_options: dict | None = None, block_bytes:
     if not t.endswith(b"]") or stop < first:
         return None
     # at least 64 bytes a block, and at most MAX_BLOCKS blocks (a task each)
-    return Blocks(path, storage_options, kind, first, stop, max(64, block_bytes, -(-(stop - first) // MAX_BLOCKS)))
+    options = resolved_options(path, storage_options)  # (they travel with the blocks to the tasks)
+    return Blocks(path, options, kind, first, stop, max(64, block_bytes, -(-(stop - first) // MAX_BLOCKS)))
 
 
 def _start(bl: Blocks, store: Any, key: str, k: int) -> int | None:
