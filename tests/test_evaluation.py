@@ -836,3 +836,38 @@ def test_evaluate_on_a_cluster_with_credentials_from_this_environment_only(s3_pa
     remote = json.loads(out.read_text())
     for key in M.METRICS:
         np.testing.assert_allclose(remote[key], local[key], rtol=1e-12)
+
+
+def test_metric_tasks_carry_only_their_rows(tmp_path, monkeypatch):
+    """Each metrics task carries the byte spans of its own GT rows and PRED segments, not the files'
+    row tables (24 bytes a row each: 26.7 MB of graph sent to the scheduler at 500,000 rows)."""
+    import pickle
+
+    from l5dask.core.engine import Job
+
+    rng = np.random.default_rng(5)
+    ts, tid, gt, avail, pred, conf, order = pair(rng, 3000)
+    csvfiles.write_gt_csv(str(tmp_path / "gt.csv"), ts, tid, gt, avail)
+    csvfiles.write_pred_csv(str(tmp_path / "p.csv"), ts[order], tid[order], pred[order], conf[order])
+    seen = []
+    map_reduce = Job.map_reduce
+
+    def recording(self, func, calls, *a, **kw):
+        seen.extend(calls)
+        return map_reduce(self, func, calls, *a, **kw)
+
+    monkeypatch.setattr(Job, "map_reduce", recording)
+    got = M.evaluate(str(tmp_path / "gt.csv"), str(tmp_path / "p.csv"), task_bytes=100_000)
+    assert len(seen) > 4
+    whole = csvfiles.scan(csvfiles.open_csv(str(tmp_path / "p.csv"), "pred"))
+    whole_gt = csvfiles.scan(csvfiles.open_csv(str(tmp_path / "gt.csv"), "gt"))
+    for g, p, lo, hi, span, rows, segments, _ in seen:
+        assert len(g) == len(p) == len(g.timestamps) == len(p.track_ids) == 0
+        assert span == whole_gt.span(lo, hi) and len(rows) == hi - lo
+        assert segments == [(a, b, whole.span(a, b)) for a, b, _ in segments]
+    # the graph (pickled whole: a file shared by the tasks once) is smaller than the PRED file's tables
+    assert len(pickle.dumps(seen)) < len(pickle.dumps(whole))
+    monkeypatch.undo()
+    one = M.evaluate(str(tmp_path / "gt.csv"), str(tmp_path / "p.csv"), task_bytes=10**9)  # one task
+    for key in M.METRICS:
+        np.testing.assert_allclose(got[key], one[key], rtol=1e-12)

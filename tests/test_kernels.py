@@ -358,3 +358,45 @@ def test_agent_columns_refuses_labels_out_of_range():
             agent_columns(
                 label, cols, np.zeros(1, np.int64), np.zeros((1, 2)), 0, 0.5, 5.0, np.zeros(17, np.int64), **out
             )
+
+
+def test_agent_columns_frame_runs_across_blocks_and_empty_frames():
+    """The compiled loop works a block of rows at a time and a frame's run at a time: frames that
+    end exactly at a block's edge, cross several blocks, hold no agent (equal starts), a chunk
+    that starts inside a frame (``lo``), NaN and infinite speeds; against numpy's definitions."""
+    from l5dask.prediction.kernels import agent_columns
+
+    rng = np.random.default_rng(23)
+    n, lo = 3000, 10_000
+    starts = np.array([9_000, 9_990, 10_512, 10_512, 10_512, 11_100, 11_101, 12_024, 12_500, 12_500, 13_100])
+    ego = rng.normal(0, 40, (len(starts), 2))
+    vx, vy = rng.normal(0, 5, n).astype(np.float32), rng.normal(0, 5, n).astype(np.float32)
+    vx[[3, 600]], vy[[4, 601]] = np.nan, np.inf
+    cx, cy = rng.normal(0, 60, n), rng.normal(0, 60, n)
+    cx[1200] = np.inf
+    label = rng.integers(0, 17, n).astype(np.int8)
+    counts, sh, dh, pos = (
+        np.zeros(17, np.int64),
+        np.zeros(101, np.int64),
+        np.zeros(101, np.int64),
+        np.empty(n, np.int64),
+    )
+    s = agent_columns(label, [vx, vy, cx, cy], starts, ego, lo, 0.5, 5.0, counts, sh, dh, pos)
+
+    frame = np.searchsorted(starts, lo + np.arange(n), side="right") - 1
+    np.testing.assert_array_equal(pos, frame)
+    speed = np.sqrt(vx.astype(np.float64) ** 2 + vy.astype(np.float64) ** 2)
+    dist = np.sqrt((cx - ego[frame, 0]) ** 2 + (cy - ego[frame, 1]) ** 2)
+
+    def hist(x, width):  # bin i: i * width <= x < (i + 1) * width; the last takes the rest and NaN
+        b = np.where(np.isnan(x) | (x >= 100 * width), 100, np.floor(x / width)).astype(np.int64)
+        return np.bincount(b, minlength=101)
+
+    np.testing.assert_array_equal(counts, np.bincount(label, minlength=17))
+    np.testing.assert_array_equal(sh, hist(speed, 0.5))
+    np.testing.assert_array_equal(dh, hist(dist, 5.0))
+    assert np.isnan(s) and np.isnan(speed.sum())
+    finite = np.isfinite(speed)
+    vx[~finite] = vy[~finite] = 0
+    s = agent_columns(label, [vx, vy, cx, cy], starts, ego, lo, 0.5, 5.0, counts, sh, dh, pos)
+    assert s == pytest.approx(np.sqrt(vx.astype(np.float64) ** 2 + vy.astype(np.float64) ** 2).sum(), rel=1e-12)

@@ -27,6 +27,7 @@ the pass ends. The bytes are the same either way, and so are the results.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import uuid
@@ -133,6 +134,16 @@ class CSVFile:
 
     def __len__(self) -> int:
         return len(self.starts) - 1
+
+    def bare(self) -> CSVFile:
+        """The file without its row tables: what a parse task carries, with the byte span of its
+        rows (:func:`parse_rows`), in place of the tables (24 bytes a row)."""
+        empty = np.zeros(0, np.int64)
+        return dataclasses.replace(self, starts=np.zeros(1, np.int64), timestamps=empty, track_ids=empty)
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        """The bytes of rows ``[lo, hi)``."""
+        return int(self.starts[lo]), int(self.starts[hi])
 
     @property
     def modes(self) -> int:
@@ -388,8 +399,8 @@ def _arrow_rows(f: CSVFile, data: bytes, lo: int, n: int) -> tuple[np.ndarray, n
     return cols[0], cols[1], values
 
 
-def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
-    """Rows ``[lo, hi)`` of a scanned file (one ranged read), parsed by a compiled reader of L5Kit's
+def parse_rows(f: CSVFile, lo: int, hi: int, span: tuple[int, int] | None = None) -> Rows:
+    """Rows ``[lo, hi)`` of a scanned file, or of a bare one given their bytes' ``span`` (one ranged read), parsed by a compiled reader of L5Kit's
     plain layout (numbers correctly rounded, as Python's ``float`` and Arrow's parser round them);
     a range holding anything else (``nan``, spaces, a bad cell) goes to pyarrow's CSV reader."""
 
@@ -397,7 +408,7 @@ def parse_rows(f: CSVFile, lo: int, hi: int) -> Rows:
     t, m = f.future_len, f.modes
     if n == 0:
         return _empty_rows(f)
-    data = f.read_range(int(f.starts[lo]), int(f.starts[hi]))
+    data = f.read_range(*(span or f.span(lo, hi)))
     ts, tid = np.empty(n, np.int64), np.empty(n, np.int64)
     values = np.empty((n, len(f.names) - 2), np.float64)
     if parse_csv_rows(np.frombuffer(data, np.uint8), ts, tid, values) != n:  # (all finite when it takes them)
@@ -452,7 +463,8 @@ def _to_dask(f: CSVFile, groups: list[tuple[int, int]]) -> ParsedFile:
     import dask
     import dask.array as da
 
-    parts = [dask.delayed(parse_rows, pure=True)(f, lo, hi) for lo, hi in groups]
+    bare = f.bare()
+    parts = [dask.delayed(parse_rows, pure=True)(bare, lo, hi, f.span(lo, hi)) for lo, hi in groups]
     t, m = f.future_len, f.modes
 
     def col(name: str, shape: tuple, dtype) -> Any:

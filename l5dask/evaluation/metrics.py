@@ -120,18 +120,20 @@ def _pair_task(
     pred: CSVFile,
     lo: int,
     hi: int,
+    span: tuple[int, int],
     pred_rows: np.ndarray,
-    segments: list[tuple[int, int]],
+    segments: list[tuple[int, int, tuple[int, int]]],
     groups: dict[str, tuple[np.ndarray, int]],
 ) -> dict[str, Any]:
-    """Metrics sums of GT rows ``[lo, hi)``, joined to PRED rows ``pred_rows`` (read as ``segments``)."""
-    g = parse_rows(gt, lo, hi)
-    parts = [parse_rows(pred, a, b) for a, b in segments]
-    if len(parts) == 1 and np.array_equal(pred_rows, np.arange(*segments[0])):  # PRED in GT's order
+    """Metrics sums of GT rows ``[lo, hi)`` (bytes ``span``), joined to PRED rows ``pred_rows`` (read
+    as ``segments``: rows and bytes). Both files bare (:meth:`CSVFile.bare`)."""
+    g = parse_rows(gt, lo, hi, span)
+    parts = [parse_rows(pred, a, b, s) for a, b, s in segments]
+    if len(parts) == 1 and np.array_equal(pred_rows, np.arange(*segments[0][:2])):  # PRED in GT's order
         conf, coords = parts[0].confs, parts[0].coords
     else:
-        firsts = np.array([a for a, _ in segments], np.int64)
-        offset = np.cumsum([0] + [b - a for a, b in segments])
+        firsts = np.array([a for a, _, _ in segments], np.int64)
+        offset = np.cumsum([0] + [b - a for a, b, _ in segments])
         seg = np.searchsorted(firsts, pred_rows, side="right") - 1  # each row's segment (they cover every row)
         pos = pred_rows - firsts[seg] + offset[seg]
         conf = np.concatenate([p.confs for p in parts])[pos]
@@ -283,9 +285,12 @@ def _evaluate(
     if dataset is not None:
         groups, names = agent_groups(dataset, gt.timestamps, gt.track_ids, job, storage_options)
     calls = []
+    gt_bare, pred_bare = gt.bare(), pred.bare()  # (the tasks carry their rows' bytes, not the tables)
     for lo, hi in row_groups(gt, task_bytes):
         rows = match[lo:hi]
-        calls.append((gt, pred, lo, hi, rows, _segments(rows), {k: (c[lo:hi], n) for k, (c, n) in groups.items()}))
+        segments = [(a, b, pred.span(a, b)) for a, b in _segments(rows)]
+        codes = {k: (c[lo:hi], n) for k, (c, n) in groups.items()}
+        calls.append((gt_bare, pred_bare, lo, hi, gt.span(lo, hi), rows, segments, codes))
     empty = functools.partial(_no_rows, gt.future_len, max_modes, groups)
     reduction = Reduction("l5-metrics", _no_chunk, _add, empty)
     total = job.map_reduce(_pair_task, calls, reduction, name="l5-metrics", remote=gt.remote or pred.remote)

@@ -18,6 +18,10 @@ from l5dask.core._records cimport _f4, _f8, _norm2, _u8
 cdef extern from "_argmax.h":
     Py_ssize_t l5_argmax_f32(const uint8_t* p, Py_ssize_t n) noexcept nogil
 
+cdef extern from "_agents.h":
+    void l5_speeds(const float* vx, const float* vy, double* out, Py_ssize_t n) noexcept nogil
+    void l5_dists(const double* cx, const double* cy, double ex, double ey, double* out, Py_ssize_t n) noexcept nogil
+
 cdef extern from "_blosc.h":
     ctypedef struct l5_columns:
         Py_ssize_t n
@@ -70,87 +74,12 @@ def uniform_histogram(const double[::1] values, double width, int64_t[::1] out):
                 out[b] += 1
 
 
-cdef struct _Agents:
-    # what the loops over agents share: the frames (agent starts, ego x/y), the bins, the outputs
-    const int64_t* frame_starts
-    const double* ego_xy
-    Py_ssize_t m, j
-    int64_t lo, nxt, ns, nd
-    double speed_width, s_inv, dist_width, d_inv, speed_sum
-    int64_t* label_counts
-    int64_t* speed_hist
-    int64_t* dist_hist
-    int64_t* frame_pos
-
-
-cdef inline void _agents_start(_Agents* a) noexcept nogil:
-    """The frame of agent ``lo``: the last whose first agent is at or before it."""
-    a.j, a.speed_sum = 0, 0.0
-    while a.j + 1 < a.m and a.frame_starts[a.j + 1] <= a.lo:
-        a.j += 1
-    a.nxt = a.frame_starts[a.j + 1] if a.j + 1 < a.m else FAR
-
-
-cdef inline void _add_agent(_Agents* a, Py_ssize_t i, Py_ssize_t label, double vx, double vy, double cx,
-                            double cy) noexcept nogil:
-    """Agent ``lo + i``: its label, speed and distance to the ego of its frame (found here)."""
-    cdef int64_t b
-    cdef double speed = sqrt(vx * vx + vy * vy), dx, dy
-    a.label_counts[label] += 1
-    a.speed_sum += speed
-    b = _bin(speed, a.speed_width, a.s_inv, a.ns)
-    if b >= 0:
-        a.speed_hist[b] += 1
-    while a.lo + i >= a.nxt:
-        a.j += 1
-        a.nxt = a.frame_starts[a.j + 1] if a.j + 1 < a.m else FAR
-    a.frame_pos[i] = a.j
-    dx = cx - a.ego_xy[2 * a.j]
-    dy = cy - a.ego_xy[2 * a.j + 1]
-    b = _bin(sqrt(dx * dx + dy * dy), a.dist_width, a.d_inv, a.nd)
-    if b >= 0:
-        a.dist_hist[b] += 1
-
-
-cdef _Agents _agents(const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo, double speed_width,
-                     double dist_width, int64_t[::1] label_counts, int64_t[::1] speed_hist,
-                     int64_t[::1] dist_hist, int64_t[::1] frame_pos):
-    cdef _Agents a
-    a.frame_starts, a.ego_xy, a.m, a.lo = &frame_starts[0], &ego_xy[0, 0], frame_starts.shape[0], lo
-    a.speed_width, a.s_inv, a.dist_width, a.d_inv = speed_width, 1.0 / speed_width, dist_width, 1.0 / dist_width
-    a.label_counts, a.speed_hist, a.dist_hist = &label_counts[0], &speed_hist[0], &dist_hist[0]
-    a.ns, a.nd, a.frame_pos = speed_hist.shape[0], dist_hist.shape[0], &frame_pos[0]
-    _agents_start(&a)
-    return a
-
-
-def agent_chunk(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride,
-                Py_ssize_t o_labels, Py_ssize_t nlabels, Py_ssize_t o_velocity, Py_ssize_t o_centroid,
-                Py_ssize_t o_track, const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, int64_t lo,
-                double speed_width, double dist_width,
-                int64_t[::1] label_counts, int64_t[::1] speed_hist, int64_t[::1] dist_hist,
-                int64_t[::1] frame_pos, uint64_t[::1] track_ids):
-    """Add one chunk of agents to the label counts and both histograms, fill each row's frame
-    position (in ``frame_starts``) and track id, and return the sum of the speeds.
-
-    Labels are ``float32[nlabels]``, velocity ``float32[2]``, centroid ``float64[2]``,
-    track id ``uint64`` at their offsets; the first row is agent ``lo``. The track ids are
-    copied out here, while the row is in cache: the distinct-track pass then reads 8 bytes
-    a row instead of the chunk again.
-    """
-    cdef const uint8_t* row
-    cdef Py_ssize_t i
-    if n == 0:
-        return 0.0
-    cdef _Agents a = _agents(frame_starts, ego_xy, lo, speed_width, dist_width, label_counts, speed_hist,
-                             dist_hist, frame_pos)
-    with nogil:
-        for i in range(n):
-            row = &buf[0] + i * stride
-            _add_agent(&a, i, l5_argmax_f32(row + o_labels, nlabels), _f4(row + o_velocity),
-                       _f4(row + o_velocity + 4), _f8(row + o_centroid), _f8(row + o_centroid + 8))
-            track_ids[i] = _u8(row + o_track)
-    return a.speed_sum
+cdef enum:
+    # copies of each count the agent loop keeps (row i adds to copy i % LANES): consecutive agents
+    # mostly fall in the same bins, and one counter added to at every row waits for its last store
+    LANES = 4
+    # rows whose speeds and distances are made at once (two arrays on the stack, in L1)
+    AGENT_BLOCK = 512
 
 
 def agent_columns(const int8_t[::1] label, const float[::1] vx, const float[::1] vy, const double[::1] cx,
@@ -158,17 +87,69 @@ def agent_columns(const int8_t[::1] label, const float[::1] vx, const float[::1]
                   double speed_width, double dist_width,
                   int64_t[::1] label_counts, int64_t[::1] speed_hist, int64_t[::1] dist_hist,
                   int64_t[::1] frame_pos):
-    """``agent_chunk`` on columns gathered from the stored bytes (the label already its argmax):
-    the same sums in the same order, so the same partials."""
-    cdef Py_ssize_t i, n = label.shape[0]
+    """Add one chunk of agents (first row: agent ``lo``), as columns (the label already its argmax),
+    to the label counts and both histograms; fill each row's frame position in ``frame_starts``
+    (the agent starts of the frames overlapping the chunk: a row's frame is the last that starts
+    at or before it); return the sum of the speeds (row i added to sum i % LANES, then the sums in
+    pairs: one sum waited for its last addition at every row).
+
+    A block of rows at a time: speeds and distances to the ego are vector loops (``_agents.h``;
+    per frame, its ego fixed), then one loop adds them up and counts them into ``LANES`` copies
+    of each count. The same numbers as one loop doing it all per agent (the definition: in
+    ``tests/test_kernels.py`` against numpy)."""
+    cdef Py_ssize_t i, k, q, end, stop, j = 0, n = label.shape[0], m = frame_starts.shape[0]
+    cdef Py_ssize_t nl = label_counts.shape[0], ns = speed_hist.shape[0], nd = dist_hist.shape[0]
+    cdef double s_inv = 1.0 / speed_width, d_inv = 1.0 / dist_width, value
+    cdef double sums[LANES]
+    cdef double speed[AGENT_BLOCK]
+    cdef double dist[AGENT_BLOCK]
+    cdef int64_t* lanes
+    cdef int64_t b
     if n == 0:
         return 0.0
-    cdef _Agents a = _agents(frame_starts, ego_xy, lo, speed_width, dist_width, label_counts, speed_hist,
-                             dist_hist, frame_pos)
+    lanes = <int64_t*>calloc(LANES * (nl + ns + nd), sizeof(int64_t))
+    if lanes == NULL:
+        raise MemoryError()
+    cdef int64_t* lc = lanes
+    cdef int64_t* sh = lanes + LANES * nl
+    cdef int64_t* dh = sh + LANES * ns
+    for q in range(LANES):
+        sums[q] = 0.0
     with nogil:
-        for i in range(n):
-            _add_agent(&a, i, label[i], vx[i], vy[i], cx[i], cy[i])
-    return a.speed_sum
+        k = 0
+        while k < n:
+            stop = min(n, k + AGENT_BLOCK)
+            i = k
+            while i < stop:  # a frame's run of rows at a time
+                while j + 1 < m and frame_starts[j + 1] <= lo + i:
+                    j += 1
+                end = stop if j + 1 >= m else min(stop, <Py_ssize_t>(frame_starts[j + 1] - lo))
+                for q in range(i, end):
+                    frame_pos[q] = j
+                l5_dists(&cx[i], &cy[i], ego_xy[j, 0], ego_xy[j, 1], dist + (i - k), end - i)
+                i = end
+            l5_speeds(&vx[k], &vy[k], speed, stop - k)
+            for i in range(k, stop):
+                q = i % LANES
+                value = speed[i - k]
+                sums[q] += value
+                lc[q * nl + label[i]] += 1
+                b = _bin(value, speed_width, s_inv, ns)
+                if b >= 0:
+                    sh[q * ns + b] += 1
+                b = _bin(dist[i - k], dist_width, d_inv, nd)
+                if b >= 0:
+                    dh[q * nd + b] += 1
+            k = stop
+        for q in range(LANES):
+            for k in range(nl):
+                label_counts[k] += lc[q * nl + k]
+            for k in range(ns):
+                speed_hist[k] += sh[q * ns + k]
+            for k in range(nd):
+                dist_hist[k] += dh[q * nd + k]
+    free(lanes)
+    return (sums[0] + sums[1]) + (sums[2] + sums[3])
 
 
 cdef object _distinct_ids(const uint8_t* base, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t a, Py_ssize_t b):

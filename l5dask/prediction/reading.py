@@ -180,7 +180,7 @@ class Encoded:
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """As ``l5dask.prediction.kernels.gather`` of ``records()``, without making them."""
 
-        plan = Gather(self.meta.dtype, elements, argmax)
+        plan = Gather.of(self.meta.dtype, elements, argmax)
         outs, maxes = plan.outputs(len(self))
         if self._records is not None or not self.compressed:
             plan.records(self.records(), outs, maxes)
