@@ -304,14 +304,14 @@ class Store:
                 out.append(self.get(k, what=what.get(k)))
         return out
 
-    def iter_many(self, keys: list[str], what: dict[str, str] | None = None):
+    def iter_many(self, keys: list[str], what: dict[str, str] | None = None, depth: int | None = None):
         """The objects' bytes one by one in the order given, the later ones being fetched while
-        the caller works on the earlier (on object stores: ``l5dask.requests-in-flight`` requests
-        at a time, 32 by default); failures retried one by one, as :meth:`get_many`."""
+        the caller works on the earlier (on object stores: ``depth`` requests at a time, by default
+        ``l5dask.requests-in-flight``, 32); failures retried one by one, as :meth:`get_many`."""
         import dask
 
         what = what or {}
-        depth = max(1, int(dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
+        depth = max(1, int(depth or dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
         if len(keys) <= 1 or not getattr(self.fs, "async_impl", False) or getattr(self.fs, "loop", None) is None:
             # a local disk: the kernel reads the next ones in the background (cold, each task
             # waited for each of its reads: the report took 96 s at 1 G agents, 76 s with this)

@@ -203,24 +203,6 @@ def count_in_boxes_exact(points: np.ndarray, centers: np.ndarray, sizes: np.ndar
     return out
 
 
-def _read_ahead(store: Any, names: list[str], depth: int):
-    """The bytes of each named file of an object store in order (``None``: missing), fetched
-    ``depth`` at a time concurrently (:meth:`Store.get_many`). (Local disks: :func:`_read_each`.)"""
-
-    def get(name: str) -> bytes | None:
-        try:
-            return store.get(name, what="a lidar sweep")
-        except ChunkError:
-            return None
-
-    for k in range(0, len(names), depth):
-        batch = names[k : k + depth]
-        try:
-            yield from store.get_many(batch)
-        except ChunkError:  # one is missing: one by one
-            yield from map(get, batch)
-
-
 #: numpy's sum of a float32 array and a float64 number: float64 (numpy 2's promotion) or float32 (numpy 1's)
 WIDE_ADD = (np.zeros(1, np.float32) + np.float64(0.1)).dtype == np.float64
 
@@ -411,8 +393,8 @@ def sweeps(
 
 
 def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
-    """``(k, bytes of file k)`` for each file in order, the next ones read ahead (see
-    :func:`_read_ahead`). On a local disk each is read straight into ``into(k, size)`` (a writable
+    """``(k, bytes of file k)`` for each file in order, the next ``READ_AHEAD`` read while the
+    caller works on this one (:meth:`Store.iter_many`). On a local disk each is read straight into ``into(k, size)`` (a writable
     buffer of ``size + 1`` bytes; what is yielded is its first ``size``), elsewhere the store's
     bytes are yielded. A file whose size is not the listed one, or is gone, is an error naming it."""
 
@@ -429,7 +411,12 @@ def _read_each(store: Any, names: list[str], sizes: np.ndarray, into):
 
     sizes = [int(v) for v in sizes]  # type: ignore[assignment]
     if not store.local:
-        for k, (name, raw) in enumerate(zip(names, _read_ahead(store, names, READ_AHEAD))):
+        raws = store.iter_many(names, what=dict.fromkeys(names, "a lidar sweep"), depth=READ_AHEAD)
+        for k, name in enumerate(names):
+            try:
+                raw = next(raws)
+            except ChunkError:  # (gone since it was listed: named below)
+                raw = None
             check(name, sizes[k], -1 if raw is None else len(raw))
             yield k, raw
         return
