@@ -203,7 +203,9 @@ def test_a_task_on_a_local_disk_hints_its_next_chunks_in_order(small_ds, monkeyp
 
     hinted: list[str] = []
     will_need = Store.will_need
-    monkeypatch.setattr(Store, "will_need", lambda self, keys: hinted.extend(keys) or will_need(self, keys))
+    monkeypatch.setattr(
+        Store, "will_need", lambda self, keys, ranges=None: hinted.extend(keys) or will_need(self, keys, ranges)
+    )
     agents = l5dask.open_dataset(small_ds)["agents"]
     n = agents.nchunks
     got = [rows.copy() for _, rows in agents.iter_chunks(n - 4, 3)]

@@ -223,3 +223,73 @@ def test_output_bucket_that_does_not_exist_fails_before_any_read(s3, small_ds, t
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "the bucket 'no-such-bucket' does not exist" in r.stderr and "chunk" not in r.stderr
+
+
+def test_a_long_range_of_an_object_is_fetched_as_parts_at_once(s3):
+    """A range read from an object store longer than l5dask.part-bytes goes as its parts, fetched
+    concurrently and joined (each waits S3's first-byte latency once for all): the same bytes."""
+    import dask
+
+    from l5dask.core.store import file_store
+
+    s3.make_bucket("l5-parts")
+    data = np.random.default_rng(0).integers(0, 256, 20_000, dtype=np.uint8).tobytes()
+    s3.s3fs().pipe("l5-parts/blob.bin", data)
+    store, key = file_store("s3://l5-parts/blob.bin", s3.storage_options())
+    calls = []
+    cat = store.fs._cat_file
+
+    async def counting(path, start=None, end=None, **kw):
+        calls.append((start, end))
+        return await cat(path, start=start, end=end, **kw)
+
+    store.fs._cat_file = counting
+    try:
+        with dask.config.set({"l5dask.part-bytes": 1000}):
+            assert store.get(key, start=100, end=5600) == data[100:5600]
+            assert sorted(calls) == [(100 + 1000 * i, min(5600, 1100 + 1000 * i)) for i in range(6)]
+            calls.clear()
+            assert store.get(key, start=100, end=5300) == data[100:5300]  # a short last part joins the one before
+            assert sorted(calls)[-1] == (4100, 5300) and len(calls) == 5
+            calls.clear()
+            assert store.get(key, start=0, end=1500) == data[:1500]  # up to 1.5 parts: one request
+            assert store.get(key) == data and store.get(key, start=-700) == data[-700:]
+            assert len(calls) == 3
+    finally:
+        store.fs._cat_file = cat
+
+
+def test_iter_ranges_same_bytes_from_s3_and_a_disk_asked_for_at_once(s3, tmp_path, monkeypatch):
+    """Store.iter_ranges yields each (key, start, end) range in order, from a disk or an object
+    store alike; on the object store the first ``depth`` are asked for when it is called, before
+    the caller takes any (a task starts its reads of two files, then waits)."""
+    import threading
+
+    from l5dask.core import store as st
+
+    rng = np.random.default_rng(1)
+    blobs = {f"b{i}.bin": rng.integers(0, 256, 3000 + i, dtype=np.uint8).tobytes() for i in range(3)}
+    s3.make_bucket("l5-ranges")
+    fs = s3.s3fs()
+    for name, data in blobs.items():
+        (tmp_path / name).write_bytes(data)
+        fs.pipe(f"l5-ranges/{name}", data)
+    ranges = [("b0.bin", 10, 900), ("b1.bin", None, None), ("b2.bin", -100, None), ("b0.bin", 2000, None)]
+    want = [blobs["b0.bin"][10:900], blobs["b1.bin"], blobs["b2.bin"][-100:], blobs["b0.bin"][2000:]]
+    assert list(st.Store(str(tmp_path)).iter_ranges(ranges)) == want
+    remote = st.Store("s3://l5-ranges", s3.storage_options())
+    assert list(remote.iter_ranges(ranges, depth=2)) == want
+    asked = []
+    started = threading.Event()
+    cat = st._cat_parts
+
+    async def counting(fs, path, start, end):
+        asked.append((path.rsplit("/", 1)[-1], start, end))
+        if len(asked) == 2:
+            started.set()
+        return await cat(fs, path, start, end)
+
+    monkeypatch.setattr(st, "_cat_parts", counting)
+    it = remote.iter_ranges(ranges, depth=2)
+    assert started.wait(10) and sorted(asked) == sorted(ranges[:2])  # before any was taken
+    assert list(it) == want and sorted(asked) == sorted(ranges)

@@ -150,16 +150,28 @@ class CSVFile:
         return 1 if self.kind == "gt" else self.max_modes
 
     def read_range(self, lo: int, hi: int) -> bytes:
-        """Bytes ``[lo, hi)`` of the file, through its folder's store (retries, one-line errors), or
-        from the spill folder when the scan kept them all there."""
-        data = self._spilled(lo, hi) if self.spill is not None else None
-        if data is not None:
-            return data
+        """Bytes ``[lo, hi)`` of the file (see :meth:`read_ranges`)."""
+        return next(self.read_ranges([(lo, hi)]))
+
+    def read_ranges(self, spans: list[tuple[int, int]], depth: int | None = None):
+        """The bytes of each ``(lo, hi)`` span in order, through the file's folder's store (retries,
+        one-line errors), or from the spill folder when the scan kept them all there. On an object
+        store the first ``depth`` (default: all) are asked for at once, now, and each later one
+        when the caller takes one (:meth:`l5dask.core.store.Store.iter_ranges`)."""
+        kept = [self._spill_parts(a, b) if self.spill is not None else None for a, b in spans]
         store, key = file_store(self.path, self.storage_options)
-        data = store.get(key, start=lo, end=hi, what=f"the {self.kind.upper()} file")
-        if len(data) != hi - lo:
-            raise CSVError(f"{self.path}: the file changed while it was read ({len(data)} of {hi - lo} bytes at {lo})")
-        return data
+        fetch = [(key, a, b) for (a, b), k in zip(spans, kept) if k is None]
+        fetched = store.iter_ranges(fetch, {key: f"the {self.kind.upper()} file"}, depth or len(fetch) or 1)
+        return self._checked(spans, kept, fetched)
+
+    def _checked(self, spans: list[tuple[int, int]], kept: list, fetched):
+        for (lo, hi), parts in zip(spans, kept):
+            data = _read_parts(parts) if parts is not None else next(fetched)
+            if len(data) != hi - lo:
+                raise CSVError(
+                    f"{self.path}: the file changed while it was read ({len(data)} of {hi - lo} bytes at {lo})"
+                )
+            yield data
 
     def _scan_bytes(self, k: int) -> tuple[int, int]:
         """The bytes of scan block ``k`` that its task keeps in the spill folder: from the byte
@@ -184,26 +196,20 @@ class CSVFile:
             except OSError:
                 pass
 
-    def _spilled(self, lo: int, hi: int) -> bytes | None:
-        """Bytes ``[lo, hi)`` from the spill folder, or ``None`` unless its files hold them all."""
+    def _spill_parts(self, lo: int, hi: int) -> list[tuple[str, int, int]] | None:
+        """Where bytes ``[lo, hi)`` are in the spill folder (``(file, offset, length)`` each), or
+        ``None`` unless its files hold them all."""
         assert self.spill is not None
         parts, at = [], lo
         while at < hi:
             k = at // SCAN_BLOCK
             a, b = self._scan_bytes(k)
-            if not a <= at < b:
+            path = os.path.join(self.spill, str(k))
+            if not a <= at < b or not os.path.exists(path) or os.path.getsize(path) != b - a:
                 return None
-            try:
-                with open(os.path.join(self.spill, str(k)), "rb") as f:
-                    f.seek(at - a)
-                    part = f.read(min(hi, b) - at)
-            except FileNotFoundError:
-                return None
-            if len(part) != min(hi, b) - at:
-                return None
-            parts.append(part)
-            at += len(part)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+            parts.append((path, at - a, min(hi, b) - at))
+            at = min(hi, b)
+        return parts
 
     @property
     def remote(self) -> bool:
@@ -240,6 +246,15 @@ def open_csv(path: str, kind: str, max_modes: int = MAX_MODES, storage_options: 
     # process's AWS environment)
     options = resolved_options(path, storage_options)
     return CSVFile(path, kind, t, max_modes, names, size, min(end + 1, size), options)
+
+
+def _read_parts(parts: list[tuple[str, int, int]]) -> bytes:
+    out = []
+    for path, offset, length in parts:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            out.append(f.read(length))
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 # --- the row scan --------------------------------------------------------------------------------
@@ -279,14 +294,36 @@ def _parse_keys(window: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, str]:
     return out[0], out[1], -1, ""
 
 
-def _scan_block(f: CSVFile, lo: int, hi: int) -> tuple:
-    """The rows starting in bytes ``[lo, hi)`` (after the header): first bytes, keys, and the
-    first bad key's (row in block, column) if any."""
+def _scan_span(f: CSVFile, lo: int, hi: int) -> tuple[int, int] | None:
+    """The bytes the scan of block ``[lo, hi)`` reads: from the byte before it (a row starts after
+    a newline) to a key's width past its end; ``None`` for a block inside the header."""
+    lo = max(lo, f.header_bytes)
+    return (lo - 1, min(hi + KEY_WINDOW, f.size)) if lo < hi else None
+
+
+def scan_blocks(f: CSVFile, blocks: list[tuple[int, int]]) -> list[tuple]:
+    """The row scans (:func:`_scan_block`) of byte blocks of ``f``, in order: a task's. On an object
+    store the next block is being fetched while one is scanned."""
+    spans = [_scan_span(f, lo, hi) for lo, hi in blocks]
+    data = f.read_ranges([s for s in spans if s is not None], depth=2)
+    return [_scan_block(f, lo, hi, next(data) if s is not None else b"") for (lo, hi), s in zip(blocks, spans)]
+
+
+def scan_calls(f: CSVFile, job: Job) -> list[tuple]:
+    """The row scan's tasks over ``f``: runs of ``SCAN_BLOCK`` blocks, 8 tasks a thread."""
+    bounds = list(range(0, f.size, SCAN_BLOCK)) + [f.size]
+    blocks = list(zip(bounds[:-1], bounds[1:]))
+    per = max(1, -(-len(blocks) // (8 * max(1, job.threads))))
+    return [(f, blocks[i : i + per]) for i in range(0, len(blocks), per)]
+
+
+def _scan_block(f: CSVFile, lo: int, hi: int, data: bytes) -> tuple:
+    """The rows starting in bytes ``[lo, hi)`` (after the header), from ``data``, the bytes of
+    :func:`_scan_span`: first bytes, keys, and the first bad key's (row in block, column) if any."""
     lo = max(lo, f.header_bytes)
     empty = np.zeros(0, np.int64)
     if lo >= hi:
         return empty, empty, empty, -1, ""
-    data = f.read_range(lo - 1, min(hi + KEY_WINDOW, f.size))
     f.keep((hi - 1) // SCAN_BLOCK, data)
     buf = np.frombuffer(data, np.uint8)
 
@@ -311,10 +348,9 @@ def scan(f: CSVFile, job: Any = None) -> CSVFile:
     """Find every row of ``f`` (its first byte and its key) in parallel byte blocks; return ``f``."""
 
     job = job or Job()
-    bounds = list(range(0, f.size, SCAN_BLOCK)) + [f.size]
-    calls = [(f, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    parts = job.map(_scan_block, calls, name=f"l5-scan-{f.kind}", remote=f.remote) if calls else []
-    return collect_scan(f, parts)
+    calls = scan_calls(f, job)
+    parts = job.map(scan_blocks, calls, name=f"l5-scan-{f.kind}", remote=f.remote) if calls else []
+    return collect_scan(f, [p for task in parts for p in task])
 
 
 def collect_scan(f: CSVFile, parts: list[tuple]) -> CSVFile:
@@ -399,16 +435,17 @@ def _arrow_rows(f: CSVFile, data: bytes, lo: int, n: int) -> tuple[np.ndarray, n
     return cols[0], cols[1], values
 
 
-def parse_rows(f: CSVFile, lo: int, hi: int, span: tuple[int, int] | None = None) -> Rows:
-    """Rows ``[lo, hi)`` of a scanned file, or of a bare one given their bytes' ``span`` (one ranged read), parsed by a compiled reader of L5Kit's
-    plain layout (numbers correctly rounded, as Python's ``float`` and Arrow's parser round them);
+def parse_rows(f: CSVFile, lo: int, hi: int, span: tuple[int, int] | None = None, data: bytes | None = None) -> Rows:
+    """Rows ``[lo, hi)`` of a scanned file, or of a bare one given their bytes' ``span`` (one ranged
+    read, or their ``data`` already read), parsed by a compiled reader of L5Kit's plain layout (numbers correctly rounded, as Python's ``float`` and Arrow's parser round them);
     a range holding anything else (``nan``, spaces, a bad cell) goes to pyarrow's CSV reader."""
 
     n = hi - lo
     t, m = f.future_len, f.modes
     if n == 0:
         return _empty_rows(f)
-    data = f.read_range(*(span or f.span(lo, hi)))
+    if data is None:
+        data = f.read_range(*(span or f.span(lo, hi)))
     ts, tid = np.empty(n, np.int64), np.empty(n, np.int64)
     values = np.empty((n, len(f.names) - 2), np.float64)
     if parse_csv_rows(np.frombuffer(data, np.uint8), ts, tid, values) != n:  # (all finite when it takes them)

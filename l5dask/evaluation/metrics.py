@@ -127,8 +127,9 @@ def _pair_task(
 ) -> dict[str, Any]:
     """Metrics sums of GT rows ``[lo, hi)`` (bytes ``span``), joined to PRED rows ``pred_rows`` (read
     as ``segments``: rows and bytes). Both files bare (:meth:`CSVFile.bare`)."""
+    got = pred.read_ranges([s for _, _, s in segments])  # (asked for now, all at once)
     g = parse_rows(gt, lo, hi, span)
-    parts = [parse_rows(pred, a, b, s) for a, b, s in segments]
+    parts = [parse_rows(pred, a, b, s, next(got)) for a, b, s in segments]
     if len(parts) == 1 and np.array_equal(pred_rows, np.arange(*segments[0][:2])):  # PRED in GT's order
         conf, coords = parts[0].confs, parts[0].coords
     else:
@@ -211,15 +212,11 @@ def join(gt: CSVFile, pred: CSVFile) -> np.ndarray:
 def _scan_both(gt: CSVFile, pred: CSVFile, job: Any) -> None:
     """The row scans of both files, as one set of parallel tasks."""
 
-    calls, owner = [], []
-    for f in (gt, pred):
-        bounds = list(range(0, f.size, csvfiles.SCAN_BLOCK)) + [f.size]
-        calls += [(f, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
-        owner += [f] * (len(bounds) - 1)
+    calls = csvfiles.scan_calls(gt, job) + csvfiles.scan_calls(pred, job)
     remote = gt.remote or pred.remote
-    parts = job.map(csvfiles._scan_block, calls, name="l5-scan", remote=remote) if calls else []
+    parts = job.map(csvfiles.scan_blocks, calls, name="l5-scan", remote=remote) if calls else []
     for f in (gt, pred):
-        csvfiles.collect_scan(f, [p for p, o in zip(parts, owner) if o is f])
+        csvfiles.collect_scan(f, [p for (owner, _), task in zip(calls, parts) if owner is f for p in task])
 
 
 def evaluate(
