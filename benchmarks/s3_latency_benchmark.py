@@ -25,6 +25,7 @@ requests the endpoint counted per command run (HEAD and GET).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -66,6 +67,20 @@ def command(name: str) -> list[str]:
     return [*cli, "evaluate", "s3://bench/gt.csv", "s3://bench/pred.csv", "-q", "-O", "/tmp/l5dask-s3-metrics.json"]
 
 
+@contextlib.contextmanager
+def cluster():
+    """A local cluster of 2 worker processes (one thread each), with the workers' settings of
+    ``l5dask.core.cluster.WORKER_ENV``, for one run."""
+    import dask
+    from distributed import LocalCluster
+
+    from l5dask.core.cluster import WORKER_ENV
+
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": dict(WORKER_ENV)}):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+            yield lc
+
+
 def link(root, name: str, target: str) -> None:
     if not (root / name).exists():
         os.symlink(os.path.abspath(target), root / name)
@@ -92,58 +107,50 @@ def main() -> None:
             if (root / name).exists() and os.path.realpath(root / name) != os.path.abspath(target):
                 os.unlink(root / name)
             link(root, name, target)
-    lc = client = None
-    try:
-        if args.cluster:
-            from distributed import Client, LocalCluster
-
-            lc = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
-            client = Client(lc)
-        where = ["threads"] + (["2 processes"] if args.cluster else [])
-        print(f"rounds interleaved, best of {args.rounds}")
-        for ms in [float(x) for x in args.latency.split(",")]:
-            proxy, url = slow_s3.start(str(root), ms)
-            env = dict(
-                os.environ,
-                AWS_ACCESS_KEY_ID="x",
-                AWS_SECRET_ACCESS_KEY="x",
-                AWS_DEFAULT_REGION="us-east-1",
-                AWS_ENDPOINT_URL=url,
-            )
-            os.environ.update(env)  # (the child processes of run() inherit it)
-            try:
-                times: dict[tuple, list[float]] = {}
-                requests: dict[tuple, dict] = {}
-                nbytes: dict[str, int] = {}
-                for _ in range(args.rounds):
-                    for name in names:
-                        for w in where:
-                            cmd = command(name)
-                            if w != "threads":
-                                cmd += ["--scheduler", lc.scheduler_address]  # type: ignore[union-attr]
+    where = ["threads"] + (["2 processes"] if args.cluster else [])
+    print(f"rounds interleaved, best of {args.rounds}")
+    for ms in [float(x) for x in args.latency.split(",")]:
+        proxy, url = slow_s3.start(str(root), ms)
+        env = dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID="x",
+            AWS_SECRET_ACCESS_KEY="x",
+            AWS_DEFAULT_REGION="us-east-1",
+            AWS_ENDPOINT_URL=url,
+        )
+        os.environ.update(env)  # (the child processes of run() inherit it)
+        try:
+            times: dict[tuple, list[float]] = {}
+            requests: dict[tuple, dict] = {}
+            nbytes: dict[str, int] = {}
+            for _ in range(args.rounds):
+                for name in names:
+                    for w in where:
+                        cmd = command(name)
+                        with contextlib.ExitStack() as stack:
+                            if w != "threads":  # (a cluster of its own: idle workers alive beside the
+                                # runs on threads made them up to 1.8x slower on these 2 cores)
+                                lc = stack.enter_context(cluster())
+                                cmd += ["--scheduler", lc.scheduler_address]
                             slow_s3.stats(url, reset=True)
                             times.setdefault((name, w), []).append(run(cmd)[0])
                             requests[(name, w)] = slow_s3.stats(url)
-                        # as a whole process too (interpreter, imports, the filesystem, the listing)
-                        out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, *READS[name]])
-                        nbytes[name] = int(out.split()[0])
-                        times.setdefault((name, "floor"), []).append(wall)
-                for name in names:
-                    fbest = min(times[(name, "floor")])
-                    for w in where:
-                        best = min(times[(name, w)])
-                        print(
-                            f"  {ms:4.0f} ms, {name:8s} {w:11s}: {best:6.2f} s, floor {fbest:5.2f} s "
-                            f"-> {best / fbest:4.2f}x ({nbytes[name] / best / 1e6:,.0f} MB/s of "
-                            f"{nbytes[name] / 1e6:,.0f} MB; requests {requests[(name, w)]})",
-                            flush=True,
-                        )
-            finally:
-                proxy.kill()
-    finally:
-        if client is not None:
-            client.close()
-            lc.close()  # type: ignore[union-attr]
+                    # as a whole process too (interpreter, imports, the filesystem, the listing)
+                    out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, *READS[name]])
+                    nbytes[name] = int(out.split()[0])
+                    times.setdefault((name, "floor"), []).append(wall)
+            for name in names:
+                fbest = min(times[(name, "floor")])
+                for w in where:
+                    best = min(times[(name, w)])
+                    print(
+                        f"  {ms:4.0f} ms, {name:8s} {w:11s}: {best:6.2f} s, floor {fbest:5.2f} s "
+                        f"-> {best / fbest:4.2f}x ({nbytes[name] / best / 1e6:,.0f} MB/s of "
+                        f"{nbytes[name] / 1e6:,.0f} MB; requests {requests[(name, w)]})",
+                        flush=True,
+                    )
+        finally:
+            proxy.kill()
 
 
 if __name__ == "__main__":
