@@ -4,6 +4,7 @@ AgentDataset path transcribed in ``l5kit_reference``) on data built to reach the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -871,3 +872,46 @@ def test_metric_tasks_carry_only_their_rows(tmp_path, monkeypatch):
     one = M.evaluate(str(tmp_path / "gt.csv"), str(tmp_path / "p.csv"), task_bytes=10**9)  # one task
     for key in M.METRICS:
         np.testing.assert_allclose(got[key], one[key], rtol=1e-12)
+
+
+def test_evaluate_from_s3_on_a_local_cluster_spills_in_this_machines_folder(
+    s3_pair, dask_cluster, tmp_path, monkeypatch
+):
+    """A cluster whose workers all run on this machine (127.0.0.1) shares its spill folder: its
+    scan tasks keep what they fetched there, its metric tasks read it, and it is removed after;
+    the metrics are those of the local files. A cluster elsewhere does not (each task fetches)."""
+    import tempfile
+
+    from distributed import Client
+
+    from l5dask.core.cluster import on_this_machine
+    from l5dask.core.engine import Job
+
+    paths, opts = s3_pair
+    spill_root = tmp_path / "tmp"
+    spill_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
+    kept = []
+    spilled = M._spilled
+
+    @contextlib.contextmanager
+    def watching(gt, pred, job):
+        with spilled(gt, pred, job):
+            yield
+            kept.extend(os.listdir(gt.spill) if gt.spill else [])
+
+    monkeypatch.setattr(M, "_spilled", watching)
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        assert on_this_machine(client)
+        got = M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", storage_options=opts, job=Job(client=client))
+
+        class Elsewhere:  # the scheduler's answer for workers on other machines
+            def scheduler_info(self):
+                return {"workers": {"tcp://10.0.0.7:4000": {"host": "10.0.0.7"}, **client.scheduler_info()["workers"]}}
+
+        assert not on_this_machine(Elsewhere())
+    assert kept  # the workers kept the scan's blocks in this process's folder
+    assert not any(spill_root.iterdir())
+    local = M.evaluate(paths["gt"], paths["pred"])
+    for key in M.METRICS:
+        np.testing.assert_allclose(got[key], local[key], rtol=1e-12)

@@ -33,6 +33,17 @@ WORKER_ENV = {
 }
 
 
+def on_this_machine(client: Any) -> bool:
+    """Whether every worker of ``client`` (a ``distributed.Client``) runs on this machine (a local
+    cluster: loopback addresses), so that a folder of this process's is theirs too."""
+    try:
+        workers = client.scheduler_info()["workers"]
+    except Exception:  # noqa: BLE001 - unknown: no
+        return False
+    hosts = {str(w.get("host", "")) for w in workers.values()}
+    return bool(hosts) and hosts <= {"127.0.0.1", "localhost", "::1"}
+
+
 def tune_malloc() -> bool:
     """:data:`WORKER_ENV`'s two settings for this process (glibc's ``mallopt``), unless the
     environment sets them: the CLI's embedded default reads multi-MB blocks (CSV ranges, chunk

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.cluster import on_this_machine
 from l5dask.core.engine import Job, Reduction
 from l5dask.core.lazy import compiled
 from l5dask.evaluation import csvfiles
@@ -248,11 +249,12 @@ def evaluate(
 
 @contextlib.contextmanager
 def _spilled(gt: CSVFile, pred: CSVFile, job: Job):
-    """From an object store on local threads, a spill folder for the bytes the row scan fetched
-    (the parse reads them there: each byte fetched once; see :mod:`l5dask.evaluation.csvfiles`),
-    removed when the pass ends, however it ends. On a cluster the tasks run on other machines:
-    each fetches its own bytes."""
-    if job.scheduler_kind != "threads" or not (gt.remote or pred.remote):
+    """From an object store on local threads or a local cluster, a spill folder for the bytes the
+    row scan fetched (the parse reads them there: each byte fetched once; see
+    :mod:`l5dask.evaluation.csvfiles`), removed when the pass ends, however it ends. On a cluster
+    of other machines each task fetches its own bytes."""
+    here = job.scheduler_kind == "threads" or on_this_machine(job.client)
+    if not here or not (gt.remote or pred.remote):
         yield
         return
     folder = tempfile.mkdtemp(prefix="l5dask-spill-")
