@@ -249,6 +249,17 @@ class S3Server:
             "skip_instance_cache": True,
         }
 
+    def environment(self) -> dict:
+        """This process's environment with the endpoint and its credentials as AWS_* variables
+        (how a user without ``-o`` options points l5dask at it)."""
+        return dict(
+            os.environ,
+            AWS_ACCESS_KEY_ID=self.key,
+            AWS_SECRET_ACCESS_KEY=self.secret,
+            AWS_ENDPOINT_URL=self.endpoint,
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+
     def make_bucket(self, name: str) -> None:
         import boto3
 

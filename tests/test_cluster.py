@@ -207,13 +207,7 @@ def test_scheduler_lost_mid_job_one_line_no_output(many_chunks, tmp_path):
 
 def test_environment_credentials_reach_the_workers(dask_cluster, s3, s3_small, local_report, tmp_path):
     """The workers have no AWS environment: the client's credentials travel inside the tasks."""
-    env = dict(
-        os.environ,
-        AWS_ACCESS_KEY_ID=s3.key,
-        AWS_SECRET_ACCESS_KEY=s3.secret,
-        AWS_ENDPOINT_URL=s3.endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
+    env = s3.environment()
     with Client(dask_cluster.address, set_as_default=False) as client:
         assert not any(client.run(lambda: bool(__import__("os").environ.get("AWS_SECRET_ACCESS_KEY"))).values())
     out = tmp_path / "r.json"

@@ -817,13 +817,7 @@ def test_evaluate_on_a_cluster_with_credentials_from_this_environment_only(s3_pa
     to workers that do not have them (as a dataset's do): the workers' reads used to fail with
     'Unable to locate credentials'."""
     paths, _ = s3_pair
-    env = dict(
-        os.environ,
-        AWS_ACCESS_KEY_ID=s3.key,
-        AWS_SECRET_ACCESS_KEY=s3.secret,
-        AWS_ENDPOINT_URL=s3.endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
+    env = s3.environment()
     out = tmp_path / "m.json"
     args = ["evaluate", "s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", "-O", out, "-q"]
     r = subprocess.run(

@@ -87,13 +87,7 @@ def test_xarray_engine_on_s3(s3, s3_small, small_ds):
 
 
 def test_credentials_and_endpoint_from_aws_environment(s3, s3_small, small_ds):
-    env = dict(
-        os.environ,
-        AWS_ACCESS_KEY_ID=s3.key,
-        AWS_SECRET_ACCESS_KEY=s3.secret,
-        AWS_ENDPOINT_URL=s3.endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-    )
+    env = s3.environment()
     r = subprocess.run([sys.executable, "-m", "l5dask.cli", "info", s3_small], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
     assert f"{len(read_all(small_ds)['agents']):,} rows" in r.stdout
