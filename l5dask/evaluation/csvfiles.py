@@ -19,9 +19,9 @@ else, and to say what is wrong), which a caller runs where the rows are needed
 (the metrics parse each GT range with the PRED rows joined to it). Neither holds a file in memory.
 
 From an object store, every byte would come over the network twice (scan, then parse). So
-:func:`l5dask.evaluation.metrics.evaluate` on local threads gives the files a *spill* folder: each
-scan task keeps the bytes it fetched there (``spill``, one file per scan block), and the parse
-reads its ranges from them; a range not all there is fetched again. The folder is removed when
+:func:`l5dask.evaluation.metrics.evaluate` on local threads (or a cluster on this machine) gives
+the files a *spill* folder: each scan task keeps the bytes it fetched there (``spill``, one file
+per scan block), and the parse reads its ranges from them; a range not all there is fetched again. The folder is removed when
 the pass ends. The bytes are the same either way, and so are the results.
 """
 
