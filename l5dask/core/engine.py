@@ -56,7 +56,7 @@ REMOTE_TASKS_PER_CORE = 4
 
 
 def remote_threads(remote: bool) -> int | None:
-    """Local threads for a graph whose tasks read an object store (:data:`REMOTE_TASKS_PER_CORE`
+    """Local threads for a graph whose tasks read an object store (``REMOTE_TASKS_PER_CORE``
     a core, or the dask config's), else ``None``: a thread a core."""
     if not remote:
         return None
@@ -719,7 +719,7 @@ class Job:
     def map(self, func: Callable, calls: Sequence[tuple], name: str, remote: bool = False) -> list:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
         writes its own output chunks); results in order. ``remote``: the tasks read an object
-        store (see :data:`REMOTE_TASKS_PER_CORE`)."""
+        store (see ``REMOTE_TASKS_PER_CORE``)."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
         graph: dict[Any, Task] = {k: Task(k, func, *args) for k, args in zip(keys, calls)}

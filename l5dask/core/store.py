@@ -59,7 +59,7 @@ def _wait(fut: Any, path: str) -> Any:
 
 async def _cat_parts(fs: Any, path: str, start: int | None, end: int | None) -> bytes:
     """Bytes ``[start, end)`` of an object of an asynchronous filesystem: a range longer than
-    ``l5dask.part-bytes`` (:data:`PART_BYTES`) as its parts, fetched at once and joined."""
+    ``l5dask.part-bytes`` (``PART_BYTES``) as its parts, fetched at once and joined."""
     import asyncio
 
     import dask
