@@ -200,12 +200,15 @@ def read_all(path: str) -> dict[str, np.ndarray]:
 
 
 class S3Server:
-    """A moto S3 server on 127.0.0.1 with IAM authentication switched on."""
+    """A moto S3 server on 127.0.0.1 with IAM authentication switched on (``auth=False``: off;
+    moto with IAM answers presigned URLs with a 500, without it, as S3 does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, auth: bool = True) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3", AWS_DEFAULT_REGION="us-east-1")
+        env = dict(os.environ, AWS_DEFAULT_REGION="us-east-1")
+        if auth:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
             env=env,
@@ -288,6 +291,14 @@ class S3Server:
 @pytest.fixture(scope="session")
 def s3():
     server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def s3_open():
+    """A moto S3 server without IAM authentication: it takes presigned URLs."""
+    server = S3Server(auth=False)
     yield server
     server.close()
 

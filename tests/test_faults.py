@@ -37,6 +37,8 @@ class FlakyProxy:
         self.body = ERROR_503
         self.stall = None  # GETs whose path ends with this get no answer (a stalled read)...
         self.stall_times = 10**9  # ... this many times
+        self.tamper = None  # (method, path, headers) -> headers sent upstream instead
+        self.presigned = 0  # requests that came with a presigned URL (query-string signature)
         self.stalled = 0
         self.closing = threading.Event()
         self.count = 0
@@ -85,8 +87,14 @@ class FlakyProxy:
                     self.end_headers()
                     self.wfile.write(proxy.body)
                     return
+                headers = dict(self.headers)
+                if "Signature=" in self.path:
+                    with proxy.lock:
+                        proxy.presigned += 1
+                if proxy.tamper is not None:
+                    headers = proxy.tamper(self.command, self.path, headers)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
-                conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
                 data = resp.read()
                 self.send_response(resp.status)

@@ -17,6 +17,7 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from l5dask.core import s3get
 from l5dask.errors import ChunkError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried this many times;
@@ -66,11 +67,11 @@ async def _cat_parts(fs: Any, path: str, start: int | None, end: int | None) -> 
 
     part = int(dask.config.get("l5dask.part-bytes", None) or PART_BYTES)
     if start is None or end is None or start < 0 or end - start <= part + part // 2:
-        return await fs._cat_file(path, start=start, end=end)
+        return await s3get.cat(fs, path, start, end)
     cuts = list(range(start, end, part)) + [end]
     if cuts[-1] - cuts[-2] < part // 2:  # (no short last part)
         del cuts[-2]
-    parts = await asyncio.gather(*(fs._cat_file(path, start=a, end=b) for a, b in zip(cuts[:-1], cuts[1:])))
+    parts = await asyncio.gather(*(s3get.cat(fs, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])))
     return b"".join(parts)
 
 
