@@ -2,7 +2,7 @@
 against the fetch floor of the same objects.
 
     python benchmarks/s3_latency_benchmark.py [--scenes 1700] [--latency 0,20,50] [--rounds 3]
-        [--commands stats,agg,evaluate] [--eval-rows 500000] [--cluster]
+        [--commands stats,agg,evaluate] [--eval-rows 500000] [--cluster] [--s3fs-gets]
 
 The dataset (``benchmarks/data/synth-SCENES-0.zarr``, made once) is served as ``s3://bench/ds``,
 and a GT/PRED pair of ``--eval-rows`` rows (``evaluation_benchmark.pair``, made once) as
@@ -81,6 +81,21 @@ def cluster():
             yield lc
 
 
+@contextlib.contextmanager
+def _environ(**values: str):
+    """These environment variables for the child processes started inside."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def link(root, name: str, target: str) -> None:
     if not (root / name).exists():
         os.symlink(os.path.abspath(target), root / name)
@@ -94,6 +109,11 @@ def main() -> None:
     parser.add_argument("--commands", default="stats,agg,evaluate")
     parser.add_argument("--eval-rows", type=int, default=500_000)
     parser.add_argument("--cluster", action="store_true", help="also on a local cluster of 2 worker processes")
+    parser.add_argument(
+        "--s3fs-gets",
+        action="store_true",
+        help="also on local threads with every GET through s3fs (l5dask.s3-direct-get: false): the same run's before",
+    )
     args = parser.parse_args()
     names = args.commands.split(",")
     root = DATA / "s3-bench"  # bucket "bench": ds is the dataset, gt.csv and pred.csv the pair
@@ -107,7 +127,7 @@ def main() -> None:
             if (root / name).exists() and os.path.realpath(root / name) != os.path.abspath(target):
                 os.unlink(root / name)
             link(root, name, target)
-    where = ["threads"] + (["2 processes"] if args.cluster else [])
+    where = ["threads"] + (["s3fs GETs"] if args.s3fs_gets else []) + (["2 processes"] if args.cluster else [])
     print(f"rounds interleaved, best of {args.rounds}")
     for ms in [float(x) for x in args.latency.split(",")]:
         proxy, url = slow_s3.start(str(root), ms)
@@ -128,7 +148,9 @@ def main() -> None:
                     for w in where:
                         cmd = command(name)
                         with contextlib.ExitStack() as stack:
-                            if w != "threads":  # (a cluster of its own: idle workers alive beside the
+                            if w == "s3fs GETs":
+                                stack.enter_context(_environ(DASK_L5DASK__S3_DIRECT_GET="False"))
+                            elif w != "threads":  # (a cluster of its own: idle workers alive beside the
                                 # runs on threads made them up to 1.8x slower on these 2 cores)
                                 lc = stack.enter_context(cluster())
                                 cmd += ["--scheduler", lc.scheduler_address]

@@ -4,7 +4,7 @@ What it beats: s3fs's ``_cat_file`` sends each GET through aiobotocore's request
 event hooks, a user-agent string rebuilt per request, the parse of every response header into a
 dict, dates included). For a 0.56 MB chunk that costs 1.3-1.6 ms of the client's CPU a GET on this
 2-core machine; a presigned URL (botocore, 0.15 ms) and a plain aiohttp GET cost 0.8 ms, the
-body's bytes included (``benchmarks/s3_latency_benchmark.py --fetch``; 1,500 agent chunks through
+body's bytes included (``benchmarks/s3_get_cpu.py``; 1,500 agent chunks through
 ``benchmarks/slow_s3.py``). A pass over train_full makes 135,000 GETs: that is a core-minute or
 two, on every worker's cores that also decode.
 
