@@ -79,7 +79,8 @@ def compute_report(
 
     # 2. the frames pass (persisted: its partials and interval bounds; the rows agents need of their
     #    frames are made again by the tasks that need them, see Job.persist)
-    samples = np.unique(np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64))
+    samples = np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64)
+    samples = samples[np.diff(samples, prepend=-1) != 0]  # (sorted: np.unique imports numpy.ma, 35 ms)
     intervals = {"agent_index_interval": counts["agents"]}
     if has_tl:
         intervals["traffic_light_faces_index_interval"] = counts["tl_faces"]
