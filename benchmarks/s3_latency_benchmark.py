@@ -16,7 +16,11 @@ interleaved, as whole processes:
 - its fetch floor: every object the command reads (``stats``: the whole dataset; ``agg``: scenes,
   frames and agents; ``evaluate``: both CSV files) fetched with s3fs, 64 requests in flight, no
   HEAD, objects over 16 MB in 16 MB ranges, as a whole process (its start, imports and listing
-  included, as the command's).
+  included, as the command's);
+- the direct floor: the same fetch through l5dask's own GETs (``l5dask.core.s3get``), which cost
+  the client half the CPU of s3fs's: the floor of what the commands themselves do;
+- with ``--s3fs-gets``, each command on local threads with every GET through s3fs
+  (``l5dask.s3-direct-get: false``): the same run's before.
 
 Printed: the best of each, their ratio (the command's time over the floor's: 1/throughput), and the
 requests the endpoint counted per command run (HEAD and GET).
@@ -47,6 +51,29 @@ part = 16 << 20
 ranges = [(p, lo, min(lo + part, n)) for p, n in sizes.items() for lo in range(0, max(n, 1), part)]
 got = fs.cat_ranges([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], batch_size=64)
 print(sum(len(v) for v in got), len(sizes), time.perf_counter() - t)
+"""
+
+#: The same fetch through l5dask's own GETs (``l5dask.core.s3get``: presigned URLs over one aiohttp
+#: session, half the client CPU of s3fs's a GET), 64 at once: the floor of what the commands do.
+DIRECT_FLOOR = """
+import asyncio, sys, time, s3fs, fsspec.asyn
+from l5dask.core import s3get
+fs = s3fs.S3FileSystem(key="x", secret="x", max_concurrency=1, skip_instance_cache=True,
+                       client_kwargs={"endpoint_url": sys.argv[1], "region_name": "us-east-1"},
+                       config_kwargs={"max_pool_connections": 64})
+t = time.perf_counter()
+sizes = {}
+for prefix in sys.argv[2:]:
+    sizes.update({p: d["size"] for p, d in fs.find(prefix, detail=True).items()})
+part = 16 << 20
+ranges = [(p, lo, min(lo + part, n)) for p, n in sizes.items() for lo in range(0, max(n, 1), part)]
+async def main():
+    limit = asyncio.Semaphore(64)
+    async def one(r):
+        async with limit:
+            return len(await s3get.cat(fs, r[0], r[1], r[2]))
+    return sum(await asyncio.gather(*map(one, ranges)))
+print(fsspec.asyn.sync(fs.loop, main), len(sizes), time.perf_counter() - t)
 """
 
 #: What each command reads, under the bucket (the floor fetches the same objects).
@@ -161,14 +188,18 @@ def main() -> None:
                     out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, *READS[name]])
                     nbytes[name] = int(out.split()[0])
                     times.setdefault((name, "floor"), []).append(wall)
+                    out, wall, _ = run_output([sys.executable, "-c", DIRECT_FLOOR, url, *READS[name]])
+                    assert int(out.split()[0]) == nbytes[name], "the two floors fetched different bytes"
+                    times.setdefault((name, "direct floor"), []).append(wall)
             for name in names:
-                fbest = min(times[(name, "floor")])
+                fbest, dbest = min(times[(name, "floor")]), min(times[(name, "direct floor")])
                 for w in where:
                     best = min(times[(name, w)])
                     print(
                         f"  {ms:4.0f} ms, {name:8s} {w:11s}: {best:6.2f} s, floor {fbest:5.2f} s "
-                        f"-> {best / fbest:4.2f}x ({nbytes[name] / best / 1e6:,.0f} MB/s of "
-                        f"{nbytes[name] / 1e6:,.0f} MB; requests {requests[(name, w)]})",
+                        f"-> {best / fbest:4.2f}x, direct floor {dbest:5.2f} s -> {best / dbest:4.2f}x "
+                        f"({nbytes[name] / best / 1e6:,.0f} MB/s of {nbytes[name] / 1e6:,.0f} MB; "
+                        f"requests {requests[(name, w)]})",
                         flush=True,
                     )
         finally:
