@@ -38,42 +38,33 @@ sys.path.insert(0, HERE)
 import slow_s3  # noqa: E402
 from common import DATA, dataset, run, run_output  # noqa: E402
 
+#: The fetch floors: every object under the prefixes, 64 requests in flight, objects over 16 MB in
+#: 16 MB ranges, nothing decoded; by s3fs ("s3fs"), or through l5dask's own GETs ("direct":
+#: ``l5dask.core.s3get``, presigned URLs over one aiohttp session, half the client CPU a GET).
 FLOOR = """
-import sys, time, s3fs
-fs = s3fs.S3FileSystem(key="x", secret="x", max_concurrency=1, skip_instance_cache=True,
-                       client_kwargs={"endpoint_url": sys.argv[1], "region_name": "us-east-1"},
-                       config_kwargs={"max_pool_connections": 64})
-t = time.perf_counter()
-sizes = {}
-for prefix in sys.argv[2:]:
-    sizes.update({p: d["size"] for p, d in fs.find(prefix, detail=True).items()})
-part = 16 << 20
-ranges = [(p, lo, min(lo + part, n)) for p, n in sizes.items() for lo in range(0, max(n, 1), part)]
-got = fs.cat_ranges([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], batch_size=64)
-print(sum(len(v) for v in got), len(sizes), time.perf_counter() - t)
-"""
-
-#: The same fetch through l5dask's own GETs (``l5dask.core.s3get``: presigned URLs over one aiohttp
-#: session, half the client CPU of s3fs's a GET), 64 at once: the floor of what the commands do.
-DIRECT_FLOOR = """
 import asyncio, sys, time, s3fs, fsspec.asyn
-from l5dask.core import s3get
 fs = s3fs.S3FileSystem(key="x", secret="x", max_concurrency=1, skip_instance_cache=True,
                        client_kwargs={"endpoint_url": sys.argv[1], "region_name": "us-east-1"},
                        config_kwargs={"max_pool_connections": 64})
 t = time.perf_counter()
 sizes = {}
-for prefix in sys.argv[2:]:
+for prefix in sys.argv[3:]:
     sizes.update({p: d["size"] for p, d in fs.find(prefix, detail=True).items()})
 part = 16 << 20
 ranges = [(p, lo, min(lo + part, n)) for p, n in sizes.items() for lo in range(0, max(n, 1), part)]
-async def main():
-    limit = asyncio.Semaphore(64)
-    async def one(r):
-        async with limit:
-            return len(await s3get.cat(fs, r[0], r[1], r[2]))
-    return sum(await asyncio.gather(*map(one, ranges)))
-print(fsspec.asyn.sync(fs.loop, main), len(sizes), time.perf_counter() - t)
+if sys.argv[2] == "s3fs":
+    got = fs.cat_ranges([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], batch_size=64)
+    total = sum(len(v) for v in got)
+else:
+    from l5dask.core import s3get
+    async def main():
+        limit = asyncio.Semaphore(64)
+        async def one(r):
+            async with limit:
+                return len(await s3get.cat(fs, r[0], r[1], r[2]))
+        return sum(await asyncio.gather(*map(one, ranges)))
+    total = fsspec.asyn.sync(fs.loop, main)
+print(total, len(sizes), time.perf_counter() - t)
 """
 
 #: What each command reads, under the bucket (the floor fetches the same objects).
@@ -185,12 +176,10 @@ def main() -> None:
                             times.setdefault((name, w), []).append(run(cmd)[0])
                             requests[(name, w)] = slow_s3.stats(url)
                     # as a whole process too (interpreter, imports, the filesystem, the listing)
-                    out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, *READS[name]])
-                    nbytes[name] = int(out.split()[0])
-                    times.setdefault((name, "floor"), []).append(wall)
-                    out, wall, _ = run_output([sys.executable, "-c", DIRECT_FLOOR, url, *READS[name]])
-                    assert int(out.split()[0]) == nbytes[name], "the two floors fetched different bytes"
-                    times.setdefault((name, "direct floor"), []).append(wall)
+                    for kind, label in (("s3fs", "floor"), ("direct", "direct floor")):
+                        out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, kind, *READS[name]])
+                        assert nbytes.setdefault(name, int(out.split()[0])) == int(out.split()[0]), "floors differ"
+                        times.setdefault((name, label), []).append(wall)
             for name in names:
                 fbest, dbest = min(times[(name, "floor")]), min(times[(name, "direct floor")])
                 for w in where:

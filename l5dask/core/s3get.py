@@ -30,6 +30,7 @@ import atexit
 import errno
 import functools
 import re
+import sys
 import threading
 import weakref
 from typing import Any
@@ -59,8 +60,9 @@ def usable(fs: Any, path: str) -> bool:
     options of its own, a bucket not marked, and ``l5dask.s3-direct-get`` not false."""
     import dask
 
-    if not dask.config.get("l5dask.s3-direct-get", True) or type(fs).__name__ != "S3FileSystem":
-        return False
+    s3fs = sys.modules.get("s3fs")  # (a filesystem of s3fs's: s3fs is imported)
+    if not dask.config.get("l5dask.s3-direct-get", True) or s3fs is None or type(fs) is not s3fs.S3FileSystem:
+        return False  # (a subclass may read otherwise)
     if getattr(fs, "version_aware", False) or getattr(fs, "req_kw", None) or getattr(fs, "s3_additional_kwargs", None):
         return False
     config = getattr(fs, "config_kwargs", None) or {}
@@ -82,7 +84,7 @@ def _proxied() -> bool:
 
 async def cat(fs: Any, path: str, start: int | None = None, end: int | None = None) -> bytes:
     """Bytes ``[start, end)`` of ``path`` (``None``: from the start, to the end), as
-    ``fs._cat_file`` gives them: directly when :func:`usable`, else (or on an answer not vouched
+    ``fs._cat_file`` gives them: directly when ``usable``, else (or on an answer not vouched
     for) through s3fs."""
     ranged = start is not None or end is not None
     if (
@@ -137,7 +139,7 @@ async def _get(fs: Any, path: str, start: int | None, end: int | None) -> bytes:
 
 
 def _checked(path: str, status: int, headers: Any, body: bytes, start: int | None, end: int | None) -> bytes:
-    """The body, if it is what was asked for; else :class:`Fallback`."""
+    """The body, if it is what was asked for; else ``Fallback``."""
     if start is None:
         length = headers.get("Content-Length")
         if status != 200 or length is None or not length.isdigit() or int(length) != len(body):
