@@ -2,7 +2,7 @@
 against the fetch floor of the same objects.
 
     python benchmarks/s3_latency_benchmark.py [--scenes 1700] [--latency 0,20,50] [--rounds 3]
-        [--commands stats,agg,evaluate] [--eval-rows 500000] [--cluster] [--s3fs-gets]
+        [--commands stats,agg,evaluate] [--eval-rows 500000] [--cluster] [--s3fs-gets] [--no-secede]
 
 The dataset (``benchmarks/data/synth-SCENES-0.zarr``, made once) is served as ``s3://bench/ds``,
 and a GT/PRED pair of ``--eval-rows`` rows (``evaluation_benchmark.pair``, made once) as
@@ -20,7 +20,9 @@ interleaved, as whole processes:
 - the direct floor: the same fetch through l5dask's own GETs (``l5dask.core.s3get``), which cost
   the client half the CPU of s3fs's: the floor of what the commands themselves do;
 - with ``--s3fs-gets``, each command on local threads with every GET through s3fs
-  (``l5dask.s3-direct-get: false``): the same run's before.
+  (``l5dask.s3-direct-get: false``): the same run's before;
+- with ``--no-secede``, each command on 2 worker processes whose tasks keep their thread while
+  they wait for their first bytes (``l5dask.secede-on-wait: false``).
 
 Printed: the best of each, their ratio (the command's time over the floor's: 1/throughput), and the
 requests the endpoint counted per command run (HEAD and GET).
@@ -132,6 +134,11 @@ def main() -> None:
         action="store_true",
         help="also on local threads with every GET through s3fs (l5dask.s3-direct-get: false): the same run's before",
     )
+    parser.add_argument(
+        "--no-secede",
+        action="store_true",
+        help="also on 2 worker processes whose tasks keep their thread while they wait (l5dask.secede-on-wait: false)",
+    )
     args = parser.parse_args()
     names = args.commands.split(",")
     root = DATA / "s3-bench"  # bucket "bench": ds is the dataset, gt.csv and pred.csv the pair
@@ -146,6 +153,7 @@ def main() -> None:
                 os.unlink(root / name)
             link(root, name, target)
     where = ["threads"] + (["s3fs GETs"] if args.s3fs_gets else []) + (["2 processes"] if args.cluster else [])
+    where += ["2 procs, no secede"] if args.no_secede else []
     print(f"rounds interleaved, best of {args.rounds}")
     for ms in [float(x) for x in args.latency.split(",")]:
         proxy, url = slow_s3.start(str(root), ms)
@@ -170,6 +178,8 @@ def main() -> None:
                                 stack.enter_context(_environ(DASK_L5DASK__S3_DIRECT_GET="False"))
                             elif w != "threads":  # (a cluster of its own: idle workers alive beside the
                                 # runs on threads made them up to 1.8x slower on these 2 cores)
+                                if w == "2 procs, no secede":  # (the workers inherit it)
+                                    stack.enter_context(_environ(DASK_L5DASK__SECEDE_ON_WAIT="False"))
                                 lc = stack.enter_context(cluster())
                                 cmd += ["--scheduler", lc.scheduler_address]
                             slow_s3.stats(url, reset=True)

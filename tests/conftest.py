@@ -315,7 +315,7 @@ def s3_small(s3, small_ds) -> str:
 class DaskCluster:
     """A real ``dask scheduler`` and ``dask worker`` processes (with nannies) on 127.0.0.1."""
 
-    def __init__(self, n_workers: int = 2, threads: int = 1) -> None:
+    def __init__(self, n_workers: int = 2, threads: int = 1, env: dict | None = None) -> None:
         import tempfile
 
         self.port = free_port()
@@ -339,7 +339,12 @@ class DaskCluster:
         )
         from l5dask.core.cluster import WORKER_ENV
 
-        env = dict(os.environ, **WORKER_ENV, DASK_CONFIG=os.path.join(os.path.dirname(__file__), "..", "cluster"))
+        env = dict(
+            os.environ,
+            **WORKER_ENV,
+            **(env or {}),
+            DASK_CONFIG=os.path.join(os.path.dirname(__file__), "..", "cluster"),
+        )
         self.workers = [
             subprocess.Popen(
                 [

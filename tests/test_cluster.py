@@ -312,3 +312,25 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     assert {"l5-agents", "l5-combine-agents", "l5-df-agents", "l5-frames-join-pass", "groupby_nanmean-chunk"} <= set(
         ran
     )
+
+
+def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report):
+    """On a worker of one thread, a task waiting for a bucket's first bytes secedes: the next task's
+    reads go out meanwhile (more agent chunk GETs at once than one task makes), at most one task
+    waits beside each running one, and the report is exact."""
+    from .test_faults import FlakyProxy
+
+    # one task's reads: 1 ahead, so at most 2 of its GETs at once
+    cluster = DaskCluster(n_workers=1, threads=1, env={"DASK_L5DASK__REQUESTS_IN_FLIGHT": "1"})
+    proxy = FlakyProxy(s3.endpoint)
+    proxy.delay, proxy.watch = 0.05, "/agents/"
+    try:
+        opts = s3.storage_options()
+        opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
+        with Client(cluster.address, set_as_default=False) as client:
+            got = without_source(compute_report(s3_small, storage_options=opts, client=client))
+    finally:
+        proxy.close()
+        cluster.close()
+    assert got == local_report
+    assert 2 < proxy.most_in_flight <= 4, proxy.most_in_flight

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
@@ -38,6 +39,10 @@ class FlakyProxy:
         self.stall = None  # GETs whose path ends with this get no answer (a stalled read)...
         self.stall_times = 10**9  # ... this many times
         self.tamper = None  # (method, path, headers) -> headers sent upstream instead
+        self.delay = 0.0  # seconds each chunk GET waits before it is forwarded (a first-byte latency)
+        self.watch = ""  # the chunk GETs counted in flight: those whose path holds this
+        self.in_flight = 0  # chunk GETs being answered now...
+        self.most_in_flight = 0  # ... and the most at once
         self.presigned = 0  # requests that came with a presigned URL (query-string signature)
         self.stalled = 0
         self.closing = threading.Event()
@@ -87,6 +92,20 @@ class FlakyProxy:
                     self.end_headers()
                     self.wfile.write(proxy.body)
                     return
+                if chunk and proxy.watch in self.path:
+                    with proxy.lock:
+                        proxy.in_flight += 1
+                        proxy.most_in_flight = max(proxy.most_in_flight, proxy.in_flight)
+                    try:
+                        time.sleep(proxy.delay)
+                        self._send(body)
+                    finally:
+                        with proxy.lock:
+                            proxy.in_flight -= 1
+                    return
+                self._send(body)
+
+            def _send(self, body):
                 headers = dict(self.headers)
                 if "Signature=" in self.path:
                     with proxy.lock:

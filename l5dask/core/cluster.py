@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,6 +69,55 @@ def tune_malloc() -> bool:
 #: dask configuration for the workers (also in ``cluster/dask.yaml``): their statistical profiler
 #: samples every thread 100 times a second, 8% of a worker's CPU on the report here.
 WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
+
+
+_WAITING: tuple[int, threading.BoundedSemaphore] | None = None
+_WAITING_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def waiting_for_store(remote: bool) -> Iterator[None]:
+    """While a task on a dask.distributed worker waits for an object store's first bytes, it gives
+    its thread back (distributed's ``secede``, then ``rejoin``): the worker starts its next task,
+    whose requests go out during this wait. Without it a worker thread waited a first-byte latency
+    at the start of every task: ``stats`` on 2 one-thread workers through an endpoint that waits
+    100 ms took 8.21-8.61 s, and 6.88-7.50 s with it (``benchmarks/s3_latency_benchmark.py
+    --cluster --no-secede``, docs/scale.md). At most as many tasks wait so as the worker has
+    threads (each holds its reads ahead). Elsewhere, for a local disk, or with
+    ``l5dask.secede-on-wait: false`` (dask config, on the workers), nothing."""
+    import dask
+
+    worker = None
+    if remote and dask.config.get("l5dask.secede-on-wait", True):
+        try:
+            from distributed import get_worker
+
+            worker = get_worker()
+        except (ImportError, ValueError):
+            worker = None
+    slots = _waiting_slots(worker) if worker is not None else None
+    if slots is None or not slots.acquire(blocking=False):
+        yield
+        return
+    from distributed import rejoin, secede
+
+    try:
+        secede()
+        try:
+            yield
+        finally:
+            rejoin()
+    finally:
+        slots.release()
+
+
+def _waiting_slots(worker: Any) -> threading.BoundedSemaphore:
+    global _WAITING
+    with _WAITING_LOCK:
+        if _WAITING is None or _WAITING[0] != id(worker):
+            n = max(1, int(getattr(worker, "nthreads", 1) or 1))
+            _WAITING = (id(worker), threading.BoundedSemaphore(n))
+        return _WAITING[1]
 
 
 def scheduler_address(address: str | None = None) -> str | None:

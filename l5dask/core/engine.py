@@ -24,6 +24,7 @@ pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import uuid
@@ -38,7 +39,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
-from l5dask.core.cluster import compute, persist
+from l5dask.core.cluster import compute, persist, waiting_for_store
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
 from l5dask.errors import L5DaskError
 
@@ -346,6 +347,11 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
         else source.iter_chunks(first, n)
     )
     try:
+        if not spec.blocks and getattr(source, "remote", False):
+            chunks = iter(chunks)
+            with waiting_for_store(True):  # (the first chunk: its requests, and the others', go out)
+                head = next(chunks, None)
+            chunks = itertools.chain([] if head is None else [head], chunks)
         for start, data in chunks:
             if red is not None:
                 p = red.chunk(data, start, parent)
