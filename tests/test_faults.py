@@ -43,7 +43,8 @@ class FlakyProxy:
         self.watch = ""  # the chunk GETs counted in flight: those whose path holds this
         self.in_flight = 0  # chunk GETs being answered now...
         self.most_in_flight = 0  # ... and the most at once
-        self.presigned = 0  # requests that came with a presigned URL (query-string signature)
+        self.presigned = 0  # requests that came with a presigned URL (query-string signature)...
+        self.presigned_v4 = 0  # ... signed with SigV4
         self.stalled = 0
         self.closing = threading.Event()
         self.count = 0
@@ -110,6 +111,7 @@ class FlakyProxy:
                 if "Signature=" in self.path:
                     with proxy.lock:
                         proxy.presigned += 1
+                        proxy.presigned_v4 += "X-Amz-Algorithm=AWS4-HMAC-SHA256" in self.path
                 if proxy.tamper is not None:
                     headers = proxy.tamper(self.command, self.path, headers)
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)

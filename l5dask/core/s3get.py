@@ -2,8 +2,8 @@
 
 What it beats: s3fs's ``_cat_file`` sends each GET through aiobotocore's request pipeline (its
 event hooks, a user-agent string rebuilt per request, the parse of every response header into a
-dict, dates included). For a 0.56 MB chunk that costs 1.3-1.6 ms of the client's CPU a GET on this
-2-core machine; a presigned URL (botocore, 0.15 ms) and a plain aiohttp GET cost 0.8 ms, the
+dict, dates included). For a 0.56 MB chunk that costs 1.2-1.8 ms of the client's CPU a GET on this
+2-core machine; a SigV4 presigned URL (botocore) and a plain aiohttp GET cost 0.7-0.9 ms, the
 body's bytes included (``benchmarks/s3_get_cpu.py``; 1,500 agent chunks through
 ``benchmarks/slow_s3.py``). A pass over train_full makes 135,000 GETs: that is a core-minute or
 two, on every worker's cores that also decode.
@@ -170,7 +170,8 @@ def _sign_v4(client: Any) -> None:
         return
 
     def choose(signature_version: str = "", **kwargs: Any) -> str | None:
-        return "s3v4-query" if signature_version == "s3v4-query" else None
+        # (botocore asks with "v4-query" for the client's default, SigV4; S3 presigns it as "s3v4-query")
+        return "s3v4-query" if signature_version in ("v4-query", "s3v4-query") else None
 
     client.meta.events.register_first("choose-signer.s3", choose, unique_id="l5dask-presign-v4")
     _V4.add(client)
