@@ -304,35 +304,17 @@ class Store:
                 os.close(fd)
 
     def get_many(self, keys: list[str], what: dict[str, str] | None = None) -> list[bytes]:
-        """Read several objects at once (concurrently on object stores); failures retried one by one
-        (the batch counts as their first attempt).
+        """Read several objects at once (concurrently on object stores: :meth:`iter_many`, all
+        asked for at once); failures retried one by one.
 
-        Only asynchronous filesystems (s3, http...) fetch concurrently: on a local disk
+        On a local disk one by one (the kernel reads the next ones while the first is read):
         ``fs.cat`` of a list costs ~4 ms of path expansion per call, more than reading.
         """
         what = what or {}
-        if len(keys) == 1 or not getattr(self.fs, "async_impl", False):
-            self.will_need(keys[1:])  # (a local disk: the kernel reads them while the first is read)
+        if len(keys) == 1 or not self.remote or getattr(self.fs, "loop", None) is None:
+            self.will_need(keys[1:])
             return [self.get(k, what=what.get(k)) for k in keys]
-        paths = [self.path(k) for k in keys]
-        try:
-            got = self.fs.cat(paths, on_error="return")
-        except Exception:  # noqa: BLE001 - fall back to one by one, with retries and clear errors
-            got = {}
-        out = []
-        for p, k in zip(paths, keys):
-            v = got.get(p)
-            if isinstance(v, bytes):
-                out.append(v)
-            elif (
-                isinstance(v, Exception)
-                and not isinstance(v, (FileNotFoundError, PermissionError))
-                and _is_transient(v)
-            ):
-                out.append(self.get(k, what=what.get(k), tried=1, failed=v))
-            else:
-                out.append(self.get(k, what=what.get(k)))
-        return out
+        return list(self.iter_many(keys, what, depth=len(keys)))
 
     def iter_many(self, keys: list[str], what: dict[str, str] | None = None, depth: int | None = None):
         """The objects' bytes one by one in the order given, the later ones being fetched while
