@@ -46,7 +46,8 @@ _SESSIONS: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
 _LOCK = threading.Lock()
 #: The clients whose presigns are SigV4.
 _V4: weakref.WeakSet = weakref.WeakSet()
-_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)\Z")
+_RANGE = re.compile(r"bytes ([0-9]{1,19})-([0-9]{1,19})/([0-9]{1,19}|\*)")  # (ASCII digits only)
+_LENGTH = re.compile(r"[0-9]{1,19}")
 _CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
 _MESSAGE = re.compile(rb"<Message>([^<]{1,300})</Message>")
 
@@ -124,7 +125,7 @@ async def _get(fs: Any, path: str, start: int | None, end: int | None) -> bytes:
         status = resp.status
         if status in (200, 206):
             body = await resp.read()
-            return _checked(path, status, resp.headers, body, start, end)
+            return vouched(path, status, resp.headers, body, start, end)
         text = await resp.content.read(4096)
     code = _first(_CODE, text)
     message = _first(_MESSAGE, text) or resp.reason or ""
@@ -138,16 +139,17 @@ async def _get(fs: Any, path: str, start: int | None, end: int | None) -> bytes:
     raise Fallback(what)
 
 
-def _checked(path: str, status: int, headers: Any, body: bytes, start: int | None, end: int | None) -> bytes:
-    """The body, if it is what was asked for; else ``Fallback``."""
+def vouched(path: str, status: int, headers: Any, body: bytes, start: int | None, end: int | None) -> bytes:
+    """The body of an answer to a GET of bytes ``[start, end)`` (``start`` ``None``: the whole
+    object; ``end`` ``None``: to its end), if it is what was asked for; else ``Fallback``."""
     if start is None:
         length = headers.get("Content-Length")
-        if status != 200 or length is None or not length.isdigit() or int(length) != len(body):
+        if status != 200 or length is None or not _LENGTH.fullmatch(length) or int(length) != len(body):
             raise Fallback(f"{path}: a whole object came back as {status} with {len(body)} bytes")
         return body
     if status != 206:
         raise Fallback(f"{path}: a range came back as {status}")
-    m = _RANGE.match(headers.get("Content-Range", ""))
+    m = _RANGE.fullmatch(headers.get("Content-Range", ""))
     if m is None or m.group(3) == "*":
         raise Fallback(f"{path}: a range came back without a Content-Range")
     first, last, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
