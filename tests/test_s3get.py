@@ -23,11 +23,9 @@ def fresh_state(monkeypatch):
     for name in list(os.environ):
         if name.lower().endswith("_proxy"):
             monkeypatch.delenv(name)
-    s3get._proxied.cache_clear()
-    s3get._PROVEN.clear()
-    s3get._S3FS_ONLY.clear()
+    s3get.forget()
     yield
-    s3get._proxied.cache_clear()
+    s3get.forget()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +60,9 @@ def test_report_through_direct_gets_is_exact(s3_open, bucket, small_ds):
     assert got == _report(small_ds)
     # the chunks came by presigned URL, SigV4 (botocore would presign SigV2 in us-east-1)...
     assert proxy.presigned >= 10 and proxy.presigned_v4 == proxy.presigned
-    assert "l5-direct" in s3get._PROVEN and "l5-direct" not in s3get._S3FS_ONLY  # ...and none through s3fs
+    assert (
+        "l5-direct" in s3get.buckets()["direct"] and "l5-direct" not in s3get.buckets()["s3fs"]
+    )  # ...and none through s3fs
 
 
 def test_ranges_equal_the_file(s3_open, bucket):
@@ -82,7 +82,7 @@ def test_ranges_equal_the_file(s3_open, bucket):
             assert got == want[start:end], (start, end)
         got = list(store.iter_ranges([("blob.bin", a, b) for a, b in spans if a is None or b is None or a < b]))
     assert got == [want[a:b] for a, b in spans if a is None or b is None or a < b]
-    assert "l5-direct" in s3get._PROVEN and "l5-direct" not in s3get._S3FS_ONLY
+    assert "l5-direct" in s3get.buckets()["direct"] and "l5-direct" not in s3get.buckets()["s3fs"]
 
 
 def test_missing_object_is_named(s3_open, bucket):
@@ -90,7 +90,7 @@ def test_missing_object_is_named(s3_open, bucket):
     store.get("blob.bin", start=0, end=10)  # (the bucket has answered: its 404 is the store's)
     with pytest.raises(ChunkError, match=r"object 'small.zarr/agents/999' is missing"):
         store.get("small.zarr/agents/999", what="agents chunk 999")
-    assert "l5-direct" not in s3get._S3FS_ONLY
+    assert "l5-direct" not in s3get.buckets()["s3fs"]
 
 
 def test_503s_are_retried_on_the_direct_way(s3_open, bucket, small_ds):
@@ -103,7 +103,7 @@ def test_503s_are_retried_on_the_direct_way(s3_open, bucket, small_ds):
         proxy.close()
     assert proxy.failures >= 5 and proxy.presigned >= 10
     assert got == _report(small_ds)
-    assert "l5-direct" not in s3get._S3FS_ONLY
+    assert "l5-direct" not in s3get.buckets()["s3fs"]
 
 
 @pytest.mark.parametrize("tamper", ["shifted", "whole", "short"])
@@ -132,14 +132,14 @@ def test_answers_not_asked_for_go_through_s3fs(s3_open, bucket, tamper):
         proxy.close()
     assert proxy.presigned == 1
     assert got == want[1000:3000]
-    assert "l5-direct" in s3get._S3FS_ONLY
+    assert "l5-direct" in s3get.buckets()["s3fs"]
 
 
 def test_an_endpoint_without_presigned_urls_is_read_through_s3fs(s3, s3_small, small_ds):
     """moto with IAM answers presigned URLs with a 500: the first GET goes through s3fs again, and
     so does every later one; the report is exact."""
     assert _report(s3_small, storage_options=s3.storage_options()) == _report(small_ds)
-    assert "l5-test" in s3get._S3FS_ONLY and "l5-test" not in s3get._PROVEN
+    assert "l5-test" in s3get.buckets()["s3fs"] and "l5-test" not in s3get.buckets()["direct"]
 
 
 def test_switched_off_or_per_request_options_use_s3fs(s3_open, bucket):
@@ -154,4 +154,18 @@ def test_switched_off_or_per_request_options_use_s3fs(s3_open, bucket):
         assert got == want[5:50] and proxy.presigned == 0
     finally:
         proxy.close()
-    assert not s3get._PROVEN
+    assert not s3get.buckets()["direct"]
+
+
+def test_a_bucket_is_known_by_its_endpoint_too(s3, s3_open, tmp_path):
+    """The same bucket name on two endpoints: proven on the one that takes presigned URLs, it is
+    still new on the one that does not (moto with IAM), which goes through s3fs."""
+    blob = tmp_path / "twin.bin"
+    blob.write_bytes(b"0123456789" * 100)
+    for server in (s3, s3_open):
+        server.make_bucket("l5-twin")
+        server.s3fs().put(str(blob), "l5-twin/twin.bin")
+    assert Store("s3://l5-twin", _options(s3_open)).get("twin.bin", start=3, end=30) == blob.read_bytes()[3:30]
+    assert s3get.buckets()["direct"] == {"l5-twin"}
+    assert Store("s3://l5-twin", _options(s3)).get("twin.bin", start=5, end=50) == blob.read_bytes()[5:50]
+    assert s3get.buckets()["s3fs"] == {"l5-twin"}

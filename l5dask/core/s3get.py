@@ -38,9 +38,9 @@ from typing import Any
 #: The client's seconds of validity of a presigned URL (each attempt presigns again).
 _EXPIRES = 900
 #: Buckets whose GETs go through s3fs for the rest of the process (a redirect, a bad request...).
-_S3FS_ONLY: set[str] = set()
+_S3FS_ONLY: set[tuple[str, str]] = set()
 #: Buckets that have answered a direct GET: their errors are the store's (before, s3fs asks again).
-_PROVEN: set[str] = set()
+_PROVEN: set[tuple[str, str]] = set()
 #: One aiohttp session per event loop (s3fs runs its requests on fsspec's loop thread).
 _SESSIONS: dict[int, tuple[asyncio.AbstractEventLoop, Any]] = {}
 _LOCK = threading.Lock()
@@ -72,7 +72,7 @@ def usable(fs: Any, path: str) -> bool:
     verify = (getattr(fs, "client_kwargs", None) or {}).get("verify")
     if verify not in (None, True, False) and not isinstance(verify, str):
         return False
-    return path.split("/", 1)[0] not in _S3FS_ONLY
+    return where(fs, path) not in _S3FS_ONLY
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,6 +81,26 @@ def _proxied() -> bool:
     import urllib.request
 
     return bool(urllib.request.getproxies())
+
+
+def where(fs: Any, path: str) -> tuple[str, str]:
+    """A bucket, as the sets of buckets proven or sent to s3fs know it: its endpoint and name."""
+    endpoint = (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url") or getattr(fs, "endpoint_url", None)
+    return str(endpoint or ""), path.split("/", 1)[0]
+
+
+def buckets() -> dict[str, set[str]]:
+    """The buckets (by name) of this process that have answered a direct GET (``"direct"``) and
+    those sent to s3fs (``"s3fs"``)."""
+    return {"direct": {b for _, b in _PROVEN}, "s3fs": {b for _, b in _S3FS_ONLY}}
+
+
+def forget() -> None:
+    """Forget the buckets proven or sent to s3fs, and whether this process has proxy variables:
+    the next GET of each bucket tries the direct way again."""
+    _PROVEN.clear()
+    _S3FS_ONLY.clear()
+    _proxied.cache_clear()
 
 
 async def cat(fs: Any, path: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -94,7 +114,7 @@ async def cat(fs: Any, path: str, start: int | None = None, end: int | None = No
         or not usable(fs, path)
     ):
         return await fs._cat_file(path, start=start, end=end)
-    bucket = path.split("/", 1)[0]
+    bucket = where(fs, path)
     try:
         got = await _get(fs, path, start or 0 if ranged else None, end)
     except Fallback:
