@@ -206,7 +206,8 @@ def safe_dtype(text: str, kinds: set[str], what: str, why: str) -> np.dtype:
     object dtype: nothing read from a store is unpickled); errors start with ``what``."""
     try:
         dt = np.dtype(text)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, SyntaxError, MemoryError, RecursionError):
+        # (numpy reads a comma string's repeats with ast.literal_eval: "<f4[" raised SyntaxError)
         raise FormatError(f"{what} an unknown dtype {_short(text)}") from None
     if dt.kind not in kinds:
         raise FormatError(f"{what} dtype {text!r}, {why}")
