@@ -104,8 +104,23 @@ def command(name: str, path: str, tmp: str) -> list[str]:
     return [*cli, "select-agents", path, "--output", f"{tmp}/mask.zarr", "--overwrite", "-q"]
 
 
-def floor(path: str, arrays: tuple[str, ...]) -> tuple[float, float]:
-    return run([sys.executable, "-c", FLOOR, path, ",".join(arrays)])
+#: The same floor, each file read around the page cache (O_DIRECT, l5dask.core.diskread: what a
+#: pass over a dataset larger than memory does) when it is not in it.
+FLOOR_DIRECT = FLOOR.replace(
+    """    with open(p, "rb") as f:
+        return len(codec.decode(f.read()))""",
+    """    return len(codec.decode(diskread.read(p, direct=True)))""",
+).replace("from numcodecs import Blosc", "from numcodecs import Blosc\nfrom l5dask.core import diskread")
+assert FLOOR_DIRECT != FLOOR
+
+
+def floor(path: str, arrays: tuple[str, ...], direct: bool = False) -> tuple[float, float]:
+    return run([sys.executable, "-c", FLOOR_DIRECT if direct else FLOOR, path, ",".join(arrays)])
+
+
+def buffered(cmd: list[str]) -> list[str]:
+    """The command with every read through the page cache (``l5dask.direct-reads: false``)."""
+    return ["env", "DASK_L5DASK__DIRECT_READS=false", *cmd]
 
 
 def main() -> None:
@@ -115,6 +130,10 @@ def main() -> None:
     parser.add_argument("--commands", default="stats,agg,select-agents")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warm", action="store_true", help="do not drop the page cache")
+    parser.add_argument(
+        "--before", action="store_true", help="also each command with every read through the page cache"
+    )
+    parser.add_argument("--direct-floor", action="store_true", help="also the floor read around the page cache")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     build(sizes)
@@ -128,23 +147,41 @@ def main() -> None:
         for n in sizes:
             path = copies_path(n)
             for name in names:
-                for kind in ("floor", name):  # interleaved: the floor right before its command
+                kinds = ["floor", *(["direct floor"] if args.direct_floor else []), name]
+                kinds += ["buffered"] if args.before else []
+                for kind in kinds:  # interleaved: the floors right before their command
                     with tempfile.TemporaryDirectory(dir=DATA) as tmp:
                         if cold:
                             drop_caches()
-                        wall, rss = floor(path, COMMANDS[name]) if kind == "floor" else run(command(name, path, tmp))
+                        if kind.endswith("floor"):
+                            wall, rss = floor(path, COMMANDS[name], direct=kind == "direct floor")
+                        else:
+                            cmd = command(name, path, tmp)
+                            wall, rss = run(buffered(cmd) if kind == "buffered" else cmd)
                     res.setdefault((n, name, kind), []).append((wall, rss))
                     print(f"round {r + 1}, {n} copies, {name} {kind}: {wall:.1f} s, {rss:.2f} GB", flush=True)
     print()
-    print("| agents | command | best | floor (best) | ratio (median of rounds) | peak RSS |")
-    print("|---|---|---|---|---|---|")
+    extra = [k for k, on in (("direct floor", args.direct_floor), ("buffered", args.before)) if on]
+    print(
+        "| agents | command | best | floor (best) | ratio (median of rounds) | "
+        + "".join(f"{k} (best) | ratio to it | " for k in extra)
+        + "peak RSS |"
+    )
+    print("|---|---|---|---|---|" + "---|---|" * len(extra) + "---|")
+
+    def ratio(a: list, b: list) -> float:
+        return statistics.median(x[0] / y[0] for x, y in zip(a, b))
+
     for n in sizes:
         for name in names:
             ours, base = res[(n, name, name)], res[(n, name, "floor")]
-            ratio = statistics.median(o[0] / b[0] for o, b in zip(ours, base))
+            cells = "".join(
+                f"{min(o[0] for o in res[(n, name, k)]):.1f} s | {ratio(ours, res[(n, name, k)]):.2f}x | "
+                for k in extra
+            )
             print(
                 f"| {30.04 * n:,.0f} M | `l5dask {name}` | {min(o[0] for o in ours):.1f} s | "
-                f"{min(b[0] for b in base):.1f} s | {ratio:.2f}x | {max(o[1] for o in ours):.2f} GB |"
+                f"{min(b[0] for b in base):.1f} s | {ratio(ours, base):.2f}x | {cells}{max(o[1] for o in ours):.2f} GB |"
             )
 
 

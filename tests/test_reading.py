@@ -197,8 +197,9 @@ def test_archive_reads_from_many_threads_get_their_own_bytes(tmp_path, kind):
 
 def test_a_task_on_a_local_disk_hints_its_next_chunks_in_order(small_ds, monkeypatch):
     """Cold, a task would wait for each read: it tells the kernel (posix_fadvise) which chunks it
-    reads next, its own after the first and then the next task's, each named once, none past the
-    array's end, and reads the same bytes as without the hints."""
+    reads next, its own after the first and then the tasks' next to it on both sides (dask may run
+    them in either order), each named once, none past the array's ends, and reads the same bytes
+    as without the hints."""
     from l5dask.core.store import Store
 
     hinted: list[str] = []
@@ -209,9 +210,13 @@ def test_a_task_on_a_local_disk_hints_its_next_chunks_in_order(small_ds, monkeyp
     agents = l5dask.open_dataset(small_ds)["agents"]
     n = agents.nchunks
     got = [rows.copy() for _, rows in agents.iter_chunks(n - 4, 3)]
-    assert hinted == [agents.meta.key(i) for i in (n - 1, n - 3, n - 2)]  # the next task's, then its own
+    # its own, then the task's before it and after it
+    assert hinted == [agents.meta.key(i) for i in (n - 3, n - 2, n - 7, n - 6, n - 5, n - 1)]
     hinted.clear()
     list(agents.iter_chunks(n - 2, 2))
-    assert hinted == [agents.meta.key(n - 1)]  # nothing past the end
+    assert hinted == [agents.meta.key(i) for i in (n - 1, n - 4, n - 3)]  # nothing past the end
+    hinted.clear()
+    list(agents.iter_chunks(0, 2))
+    assert hinted == [agents.meta.key(i) for i in (1, 2, 3)]  # nothing before the start
     want = agents.read(n - 4, 3)
     np.testing.assert_array_equal(np.concatenate(got).view(np.uint8), want.view(np.uint8))

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
+from l5dask.core.diskread import memory_bytes
 from l5dask.core.store import Store, open_store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.prediction import format as fmt
@@ -164,7 +165,17 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         arrays = _arrays(store, dict(zip(fmt.ARRAY_NAMES, raws)))
         for _ in pool.map(lambda a: check_last_chunk(store, a.meta, a.compressed), arrays.values()):
             pass
+    if store.local:  # (larger than memory: read around the page cache, see l5dask.core.diskread)
+        store.large = sum(_stored_bytes(store, a.meta) for a in arrays.values()) > memory_bytes()
     return L5Dataset(store, arrays, attrs)
+
+
+def _stored_bytes(store: Store, meta: fmt.ArrayMeta) -> int:
+    """About the bytes an array holds on a local disk: its chunks times its first chunk's size."""
+    try:
+        return meta.nchunks * os.path.getsize(store.path(meta.key(0))) if meta.nchunks else 0
+    except OSError:
+        return 0  # (a missing chunk is said when it is read)
 
 
 def _arrays(store: Store, raws: dict[str, bytes | None]) -> dict[str, L5Array]:

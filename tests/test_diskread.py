@@ -1,0 +1,203 @@
+"""Reads of a local disk around the page cache (l5dask.core.diskread): the same bytes as a slice
+of the file, cold or cached; the page cache left as it was; a filesystem that refuses O_DIRECT read
+as before; a dataset larger than memory read this way, with the same results and errors."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import pickle
+import shutil
+
+import dask
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import l5dask
+from l5dask.core import diskread
+from l5dask.core.outputs import public
+from l5dask.core.store import Store
+from l5dask.errors import ChunkError
+from l5dask.prediction.report import compute_report
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="O_DIRECT is Linux's")
+
+
+def evict(path: str) -> None:
+    """Drop a file's clean pages from the page cache (no root needed)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def is_resident(path: str) -> bool | None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return diskread.resident(fd, 0, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def cold_works(path: str) -> bool:
+    """Whether this filesystem lets a test make a file cold (not tmpfs, where all is resident)."""
+    evict(path)
+    return is_resident(path) is False
+
+
+@pytest.fixture(scope="module")
+def blob(tmp_path_factory) -> tuple[str, bytes]:
+    data = np.random.default_rng(5).integers(0, 256, 3 * 4096 + 1234, dtype=np.uint8).tobytes()
+    path = str(tmp_path_factory.mktemp("disk") / "blob")
+    with open(path, "wb") as f:
+        f.write(data)
+    os.sync()
+    if not cold_works(path):
+        pytest.skip("this filesystem keeps every file in memory")
+    return path, data
+
+
+def sliced(data: bytes, start: int | None, end: int | None) -> bytes:
+    return data[start:end]
+
+
+SIZE = 3 * 4096 + 1234
+edges = st.sampled_from([0, 1, 4095, 4096, 4097, 8192, SIZE - 1, SIZE, SIZE + 1, SIZE + 5000])
+offsets = st.one_of(st.none(), edges, st.integers(-SIZE - 10, SIZE + 10))
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=offsets, end=offsets, cold=st.booleans())
+def test_a_read_is_the_slice_cold_or_cached(blob, start, end, cold):
+    path, data = blob
+    if cold:
+        evict(path)
+    else:
+        with open(path, "rb") as f:
+            f.read()
+    assert diskread.read(path, start, end, direct=True) == sliced(data, start, end)
+    assert diskread.read(path, start, end, direct=False) == sliced(data, start, end)
+
+
+def test_a_cold_read_leaves_the_page_cache_as_it_was(blob):
+    path, data = blob
+    evict(path)
+    assert diskread.read(path, direct=True) == data
+    assert is_resident(path) is False  # read around the cache (a buffered read caches the file)
+    assert diskread.read(path, direct=False) == data
+    assert is_resident(path) is True
+    assert diskread.read(path, 100, 5000, direct=True) == data[100:5000]  # (cached: through it)
+
+
+def test_residency_by_cachestat_and_by_mincore_agree(blob, monkeypatch):
+    path, _ = blob
+    for warm in (False, True):
+        evict(path)
+        if warm:
+            diskread.read(path, direct=False)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            first = diskread.resident(fd, 10, 9000)
+            monkeypatch.setattr(diskread, "_CACHESTAT", None)
+            assert diskread.resident(fd, 10, 9000) is first is warm
+            monkeypatch.undo()
+        finally:
+            os.close(fd)
+
+
+def test_a_filesystem_that_refuses_o_direct_is_read_through_the_cache(blob, monkeypatch):
+    path, data = blob
+    evict(path)
+    real = os.preadv
+
+    def refusing(fd, buffers, offset, *flags):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(diskread.os, "preadv", refusing)
+    monkeypatch.setattr(diskread, "_REFUSED", set())
+    assert diskread.read(path, 7, None, direct=True) == data[7:]
+    assert os.stat(path).st_dev in diskread._REFUSED
+    assert diskread.read(path, direct=True) == data  # (from then on: through the cache at once)
+
+
+@pytest.fixture(scope="module")
+def cold_ds(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("cold") / "ds.zarr")
+    l5dask.synthesize(
+        path, scenes=6, seed=11, chunk_rows={"scenes": 2, "frames": 300, "agents": 2000, "traffic_light_faces": 500}
+    )
+    os.sync()
+    return path
+
+
+def chunk_files(path: str) -> list[str]:
+    return [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs if not f.startswith(".")]
+
+
+def test_a_dataset_read_around_the_page_cache_gives_the_same_report(cold_ds):
+    files = chunk_files(cold_ds)
+    if not cold_works(files[0]):
+        pytest.skip("this filesystem keeps every file in memory")
+    with dask.config.set({"l5dask.direct-reads": False}):
+        want = compute_report(cold_ds, chunks_per_task=3)
+    for f in files:
+        evict(f)
+    with dask.config.set({"l5dask.direct-reads": True}):
+        got = compute_report(cold_ds, chunks_per_task=3)
+    assert public(got) == public(want)
+    assert not any(is_resident(f) for f in files)  # every chunk was read around the cache
+
+
+def test_large_is_decided_by_the_dataset_size_and_travels_with_the_store(cold_ds, monkeypatch):
+    assert l5dask.open_dataset(cold_ds).store.large is False  # (a few MB: read through the cache)
+    monkeypatch.setattr("l5dask.prediction.dataset.memory_bytes", lambda: 1000)
+    store = l5dask.open_dataset(cold_ds).store
+    assert store.large is True
+    assert pickle.loads(pickle.dumps(store)).large is True
+    with dask.config.set({"l5dask.direct-reads": "auto"}):
+        assert diskread.wanted(True) and not diskread.wanted(False)
+    with dask.config.set({"l5dask.direct-reads": "false"}):
+        assert not diskread.wanted(True)
+    with dask.config.set({"l5dask.direct-reads": True}):
+        assert diskread.wanted(False)
+
+
+def test_a_missing_chunk_read_around_the_cache_is_named(cold_ds, tmp_path):
+    ds = str(tmp_path / "ds.zarr")
+    shutil.copytree(cold_ds, ds)
+    os.remove(os.path.join(ds, "agents", "3"))
+    with dask.config.set({"l5dask.direct-reads": True}):
+        with pytest.raises(ChunkError, match=r"object 'agents/3' is missing"):
+            compute_report(ds)
+        store = Store(ds)
+        assert list(store.iter_many(["agents/0", "agents/1"])) == [
+            open(os.path.join(ds, "agents", k), "rb").read() for k in ("0", "1")
+        ]
+
+
+def test_hints_start_reads_that_the_reader_then_takes(cold_ds, tmp_path):
+    ds = str(tmp_path / "ds.zarr")  # (paths no reader asked for yet)
+    shutil.copytree(cold_ds, ds)
+    os.sync()
+    store = Store(ds)
+    keys = [f"agents/{i}" for i in range(6)]
+    want = [open(os.path.join(ds, k), "rb").read() for k in keys]
+    for k in keys:
+        evict(os.path.join(ds, k))
+    before = diskread.hinted()
+    with dask.config.set({"l5dask.direct-reads": True}):
+        store.will_need(keys)  # (at most HINTED_READS of them started)
+        assert diskread.hinted() == before + 4
+        assert list(store.iter_many(keys)) == want
+        assert diskread.hinted() == before  # each taken by its reader, once
+        store.will_need(keys[:2])  # asked for lately: nothing starts again
+        assert diskread.hinted() == before
+    for i in range(diskread.HINTED + 5):  # never more than HINTED wait for a reader
+        diskread.hint(os.path.join(ds, "agents", str(i % 8)), i, i + 10)
+    assert diskread.hinted() == diskread.HINTED
