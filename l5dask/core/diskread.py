@@ -15,7 +15,8 @@ files cost as much (9.7 s of system time), so the buffer a thread reads into is 
   ``O_DIRECT`` (some network filesystems) is read through the cache.
 - ``submit()``: the same read in a small pool of threads (``l5dask.direct-read-threads``, 4),
   for a reader that keeps several in flight (``Store.iter_ranges``); ``hint()`` starts one for
-  a reader that comes soon (``Store.will_need``: the next task's chunks).
+  a reader that comes soon (``Store.will_need``: the next tasks' chunks), in a pool of half as
+  many threads of its own.
 - ``wanted()``: whether a dataset is read this way. ``l5dask.direct-reads`` (dask config):
   ``auto`` (the default) for a dataset larger than this machine's memory, whose pass evicts its
   own bytes before they could be read again from the cache; ``true`` for every dataset; ``false``
@@ -119,8 +120,8 @@ def resident(fd: int, a: int, b: int) -> bool | None:
         rng, stat = _Range(lo, n), _CacheStat()
         if lib.syscall(_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(stat), 0) == 0:
             return bool(stat.cache >= pages)
-        if ctypes.get_errno() == errno.ENOSYS:
-            _CACHESTAT = None  # (an older kernel: mincore from now on)
+        if ctypes.get_errno() in (errno.ENOSYS, errno.EPERM):
+            _CACHESTAT = None  # (an older kernel, or a sandbox that refuses it: mincore from now on)
     addr = lib.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, lo)
     if addr is None or addr == ctypes.c_void_p(-1).value:
         return None
@@ -235,7 +236,7 @@ def hint(path: str, start: int | None = None, end: int | None = None) -> bool:
             return False
         while len(_HINTED) >= HINTED:
             _HINTED.pop(next(iter(_HINTED))).cancel()
-        _HINTED[key] = _pool().submit(read, path, start, end, True)
+        _HINTED[key] = _pool(hints=True).submit(read, path, start, end, True)
     return True
 
 
@@ -251,22 +252,26 @@ REMEMBERED = 4096
 _HINTED: dict[tuple, Future] = {}
 _ASKED: dict[tuple, None] = {}
 _LOCK = threading.Lock()
-_POOL: ThreadPoolExecutor | None = None
+_POOLS: dict[bool, ThreadPoolExecutor] = {}
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
+def _pool(hints: bool = False) -> ThreadPoolExecutor:
+    """The threads that read for readers, or those that read what hints name (their own: a
+    reader's reads never wait behind hinted ones)."""
+    pool = _POOLS.get(hints)
+    if pool is None:
         import dask
 
         threads = int(dask.config.get("l5dask.direct-read-threads", None) or READ_THREADS)
-        _POOL = ThreadPoolExecutor(threads, thread_name_prefix="l5dask-read-ahead")
-    return _POOL
+        threads = max(1, threads // 2) if hints else threads
+        pool = _POOLS.setdefault(hints, ThreadPoolExecutor(threads, thread_name_prefix="l5dask-read-ahead"))
+    return pool
 
 
 def _forget() -> None:
-    global _POOL, _LOCK
-    _POOL, _LOCK = None, threading.Lock()  # (a forked child: the pool's threads are not there)
+    global _LOCK
+    _LOCK = threading.Lock()  # (a forked child: the pools' threads are not there)
+    _POOLS.clear()
     _HINTED.clear()
     _ASKED.clear()
 

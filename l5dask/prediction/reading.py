@@ -74,8 +74,9 @@ def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: i
     """The stored bytes of ``nchunks`` chunks from ``first_chunk`` on, fetched together."""
     indices = range(first_chunk, first_chunk + nchunks)
     keys = [meta.key(index) for index in indices]
-    hint_next(store, meta, first_chunk, nchunks)
-    raws = store.get_many(keys, what={k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
+    what = {k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)}
+    raws = store.iter_many(keys, what, depth=len(keys))  # (all asked for at once, as get_many)
+    hint_next(store, meta, first_chunk, nchunks)  # (after: its own reads go first)
     return list(zip(indices, raws))
 
 
