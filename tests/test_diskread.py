@@ -201,3 +201,27 @@ def test_hints_start_reads_that_the_reader_then_takes(cold_ds, tmp_path):
     for i in range(diskread.HINTED + 5):  # never more than HINTED wait for a reader
         diskread.hint(os.path.join(ds, "agents", str(i % 8)), i, i + 10)
     assert diskread.hinted() == diskread.HINTED
+
+
+def test_worker_processes_read_a_large_dataset_around_the_page_cache(dask_cluster, cold_ds, tmp_path, monkeypatch):
+    """The decision travels with the store to the workers (their config is their own: ``auto``)."""
+    from distributed import Client
+
+    ds = str(tmp_path / "ds.zarr")
+    shutil.copytree(cold_ds, ds)
+    os.sync()
+    with dask.config.set({"l5dask.direct-reads": False}):
+        want = compute_report(ds, chunks_per_task=3, scheduler="sync")
+    files = chunk_files(ds)
+    if not cold_works(files[0]):
+        pytest.skip("this filesystem keeps every file in memory")
+    for f in files:
+        evict(f)
+    monkeypatch.setattr("l5dask.prediction.dataset.memory_bytes", lambda: 1000)
+    dataset = l5dask.open_dataset(ds)
+    assert dataset.store.large
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        got = compute_report(dataset, chunks_per_task=3, client=client)
+    assert public(got) | {"dataset": None} == public(want) | {"dataset": None}
+    cached = [f for f in files if "/agents/" in f and is_resident(f)]
+    assert not cached, cached  # read by the workers, around the cache

@@ -163,10 +163,10 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         raws = pool.map(store.get_metadata, [f"{name}/.zarray" for name in fmt.ARRAY_NAMES])
         attrs = fmt.parse_zattrs(zattrs.result(), store.url)
         arrays = _arrays(store, dict(zip(fmt.ARRAY_NAMES, raws)))
+        if store.local:  # (larger than memory: read around the page cache, l5dask.core.diskread)
+            store.large = sum(_stored_bytes(store, a.meta) for a in arrays.values()) > memory_bytes()
         for _ in pool.map(lambda a: check_last_chunk(store, a.meta, a.compressed), arrays.values()):
             pass
-    if store.local:  # (larger than memory: read around the page cache, see l5dask.core.diskread)
-        store.large = sum(_stored_bytes(store, a.meta) for a in arrays.values()) > memory_bytes()
     return L5Dataset(store, arrays, attrs)
 
 
