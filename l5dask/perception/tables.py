@@ -207,7 +207,7 @@ def check_types(
     if status == 4:
         raise FormatError(f"{where}: row {row}: the key {list(columns)[key]!r} appears twice in one object")
     if status == 2:
-        why = _python_types(bytes(raw), columns)
+        why = _python_types(bytes(raw), columns, where)
         if why is None:
             return
         row, key, element, found, value = why
@@ -235,13 +235,21 @@ def _value_text(text: str) -> str:
     return text if len(text) <= 30 else text[:27] + "..."
 
 
-def _python_types(text: bytes, columns: dict[str, str]) -> tuple[int, int, int, int, str] | None:
+def _python_types(text: bytes, columns: dict[str, str], where: str) -> tuple[int, int, int, int, str] | None:
     """``(row, key index, element, found type, value)`` of the first value of another type than
-    its column's, by ``json`` (the slow path: for JSON the compiled scan does not vouch for)."""
+    its column's, by ``json`` (the slow path: for JSON the compiled scan does not vouch for).
+    JSON that ``json`` refuses is refused (DuckDB reads an array cut after a comma, ``[{...},``,
+    as if it were closed: found by fuzzing)."""
     try:
         doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise FormatError(
+            f"{where}: not valid JSON at line {err.lineno}, column {err.colno} (byte {err.pos}): {err.msg}"
+        ) from None
+    except UnicodeDecodeError as err:
+        raise FormatError(f"{where}: a string is not valid UTF-8 ({err.reason})") from None
     except (ValueError, RecursionError):
-        return None  # DuckDB parsed it: not ours to judge further
+        return None  # (nested deeper than json goes: the compiled scan says so, as status 3)
     if not isinstance(doc, list):
         return None
 
