@@ -123,6 +123,11 @@ def buffered(cmd: list[str]) -> list[str]:
     return ["env", "DASK_L5DASK__DIRECT_READS=false", *cmd]
 
 
+def secs(wall: float) -> str:
+    """Seconds, to 10 ms under 10 s (the in-memory runs), else to 0.1 s."""
+    return f"{wall:.2f} s" if wall < 10 else f"{wall:.1f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=("build", "run"))
@@ -159,7 +164,7 @@ def main() -> None:
                             cmd = command(name, path, tmp)
                             wall, rss = run(buffered(cmd) if kind == "buffered" else cmd)
                     res.setdefault((n, name, kind), []).append((wall, rss))
-                    print(f"round {r + 1}, {n} copies, {name} {kind}: {wall:.1f} s, {rss:.2f} GB", flush=True)
+                    print(f"round {r + 1}, {n} copies, {name} {kind}: {secs(wall)}, {rss:.2f} GB", flush=True)
     print()
     extra = [k for k, on in (("direct floor", args.direct_floor), ("buffered", args.before)) if on]
     print(
@@ -176,12 +181,12 @@ def main() -> None:
         for name in names:
             ours, base = res[(n, name, name)], res[(n, name, "floor")]
             cells = "".join(
-                f"{min(o[0] for o in res[(n, name, k)]):.1f} s | {ratio(ours, res[(n, name, k)]):.2f}x | "
+                f"{secs(min(o[0] for o in res[(n, name, k)]))} | {ratio(ours, res[(n, name, k)]):.2f}x | "
                 for k in extra
             )
             print(
-                f"| {30.04 * n:,.0f} M | `l5dask {name}` | {min(o[0] for o in ours):.1f} s | "
-                f"{min(b[0] for b in base):.1f} s | {ratio(ours, base):.2f}x | {cells}{max(o[1] for o in ours):.2f} GB |"
+                f"| {30.04 * n:,.0f} M | `l5dask {name}` | {secs(min(o[0] for o in ours))} | "
+                f"{secs(min(b[0] for b in base))} | {ratio(ours, base):.2f}x | {cells}{max(o[1] for o in ours):.2f} GB |"
             )
 
 

@@ -9,6 +9,7 @@ import fcntl
 import os
 import pickle
 import shutil
+import time
 
 import dask
 import numpy as np
@@ -201,6 +202,49 @@ def test_hints_start_reads_that_the_reader_then_takes(cold_ds, tmp_path):
     for i in range(diskread.HINTED + 5):  # never more than HINTED wait for a reader
         diskread.hint(os.path.join(ds, "agents", str(i % 8)), i, i + 10)
     assert diskread.hinted() == diskread.HINTED
+
+
+def test_hints_through_the_cache_are_asked_only_for_what_is_not_in_it(cold_ds, tmp_path, monkeypatch):
+    ds = str(tmp_path / "ds.zarr")
+    shutil.copytree(cold_ds, ds)
+    os.sync()
+    paths = [os.path.join(ds, "agents", str(i)) for i in range(6)]
+    keys = [f"agents/{i}" for i in range(6)]
+    want = [open(p, "rb").read() for p in paths]  # (now in the page cache)
+    if not cold_works(paths[0]):
+        pytest.skip("this filesystem keeps every file in memory")
+    asked: list[int] = []
+    fadvise = os.posix_fadvise
+
+    def counted(fd: int, a: int, n: int, how: int) -> None:
+        asked.extend([how] if how == os.POSIX_FADV_WILLNEED else [])  # (not evict's DONTNEED)
+        fadvise(fd, a, n, how)
+
+    monkeypatch.setattr(os, "posix_fadvise", counted)
+    store = Store(ds)
+    with dask.config.set({"l5dask.direct-reads": False}):
+        for p in paths[1:]:
+            open(p, "rb").read()
+        assert store.will_need(keys[1:]) is False and asked == []  # cached: nothing asked
+        assert list(store.iter_many(keys)) == want and asked == []
+        for p in paths:
+            evict(p)
+        assert store.will_need(keys[1:]) is True  # cold: the kernel reads them ahead
+        assert asked == [os.POSIX_FADV_WILLNEED] * 5
+        for _ in range(100):  # (the kernel reads them in the background)
+            if all(is_resident(p) for p in paths[1:]):
+                break
+            time.sleep(0.05)
+        assert all(is_resident(p) for p in paths[1:]) and is_resident(paths[0]) is False
+        assert [open(p, "rb").read() for p in paths] == want  # (and waits for the reads to end:
+        # pages still being read are not dropped by the evictions below)
+        asked.clear()
+        evict(paths[3])  # the first in the cache stands for the rest: a later one cold is not asked
+        assert store.will_need(keys[1:]) is False and asked == []
+        for p in paths:
+            evict(p)
+        assert list(store.iter_many(keys, depth=3)) == want  # cold: each read asks for one ahead
+        assert len(asked) == 5
 
 
 def test_worker_processes_read_a_large_dataset_around_the_page_cache(dask_cluster, cold_ds, tmp_path, monkeypatch):
