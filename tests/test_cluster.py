@@ -334,3 +334,43 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report)
         cluster.close()
     assert got == local_report
     assert 2 < proxy.most_in_flight <= 4, proxy.most_in_flight
+
+
+def _note_worker(folder: str, fail: bool = False) -> None:
+    """A warm-up that leaves its worker's process id in ``folder`` (or fails)."""
+    with open(os.path.join(folder, str(os.getpid())), "w") as f:
+        f.write("warm")
+    if fail:
+        raise OSError("the store is not there")
+
+
+def test_warm_workers_runs_once_on_each_worker_and_its_errors_stay_quiet(dask_cluster, tmp_path, s3, s3_small):
+    """A job's warm-up (``warm_workers``, the report's and ``aggregate``'s: each worker opens the
+    store while the client does) runs once on every worker, in the worker processes; a failing
+    warm-up raises nothing (the job says what is wrong); and the report it precedes is the same."""
+    from l5dask.core.cluster import warm_workers
+    from l5dask.prediction.aggregation import aggregate
+    from l5dask.prediction.reading import touch
+
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        for fail in (False, True):
+            folder = tmp_path / f"fail-{fail}"
+            folder.mkdir()
+            futures = warm_workers(client, _note_worker, str(folder), fail)
+            assert (
+                [f.result(timeout=60) for f in futures]
+                == [None] * len(client.scheduler_info()["workers"])
+                == [
+                    None,
+                    None,
+                ]
+            )
+            pids = {int(p.name) for p in folder.iterdir()}
+            assert len(pids) == 2 and os.getpid() not in pids  # (the two worker processes)
+        assert warm_workers(None, _note_worker, str(tmp_path)) == []
+        opts = s3.storage_options()
+        assert [f.result(timeout=60) for f in warm_workers(client, touch, s3_small, opts)] == [None, None]
+        rep = compute_report(s3_small, storage_options=opts, client=client)
+        by_host = aggregate(s3_small, by="host", values={"speed": ["count"]}, storage_options=opts, client=client)
+    local = l5dask.open_dataset(s3_small, storage_options=opts)
+    assert rep["counts"]["agents"] == int(by_host["speed_count"].sum()) == local.counts()["agents"]

@@ -62,16 +62,21 @@ def test_a_pass_over_s3_runs_more_tasks_at_once_with_the_same_tasks_and_bits(s3,
 
         red = Reduction(f"threads-{id(seen)}", chunk, lambda a, b: a + b, list)
         (starts,) = Job(chunks_per_task=1).compute([Pass(ds["agents"], red)])
-        return seen, starts
+        computed = set(seen)
+        seen.clear()  # persisted (as the report's frames pass is): as many threads
+        (done,) = Job(chunks_per_task=1).persist(Pass(ds["agents"], red))
+        assert Job().compute([done]) == (starts,)
+        return computed, seen, starts
 
     remote = l5dask.open_dataset(s3_small, storage_options=s3.storage_options())
     local = l5dask.open_dataset(small_ds)
     assert remote["agents"].remote and not local["agents"].remote
     cores = os.cpu_count() or 1
     with dask.config.set({"l5dask.remote-tasks-per-core": 3}):
-        (r_threads, r_starts), (l_threads, l_starts) = threads_of(remote), threads_of(local)
+        (r_threads, r_persist, r_starts), (l_threads, l_persist, l_starts) = threads_of(remote), threads_of(local)
     assert r_starts == l_starts
     assert len(l_threads) <= cores < len(r_threads) <= 3 * cores
+    assert len(l_persist) <= cores < len(r_persist) <= 3 * cores
     a = compute_report(s3_small, storage_options=s3.storage_options())
     b = compute_report(small_ds)
     assert {k: v for k, v in public(a).items() if k != "dataset"} == {

@@ -675,7 +675,10 @@ class Job:
                 hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
             built.append((spec, [Delayed(k, hlg, layer=name) for k in graph], groups))
             collections += built[-1][1]
-        done = persist(collections, client=self.client, progress=self.progress, **self.kw)
+        remote = any(getattr(spec.source, "remote", False) for spec in specs)
+        done = persist(
+            collections, client=self.client, progress=self.progress, threads=remote_threads(remote), **self.kw
+        )
         out: list[Persisted] = []
         i = 0
         for spec, parts, groups in built:

@@ -32,7 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import Job, Pass, Reduction
+from l5dask.core.cluster import warm_workers
+from l5dask.core.engine import Job, Pass, Reduction, default_client
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
@@ -46,6 +47,7 @@ from l5dask.prediction.groupby import (
     sketch_quantiles,
 )
 from l5dask.prediction.joins import parent_link
+from l5dask.prediction.reading import touch
 
 #: The reductions of a value column (plus ``q<percent>``).
 REDUCTIONS = ("count", "sum", "mean", "min", "max", "var", "std", "median")
@@ -460,6 +462,11 @@ def aggregate_result(
         categoricals by name).
     """
 
+    warming = (
+        []
+        if isinstance(ds, L5Dataset) or scheduler is not None
+        else warm_workers(default_client(client), touch, ds, storage_options)
+    )
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
     table = Table(ds, array)
     by = (by,) if isinstance(by, str) else tuple(by)
@@ -495,6 +502,7 @@ def aggregate_result(
 
     link = parent_link(ds, selection, job)
     (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)])
+    del warming  # (held until the job's tasks were submitted)
     return result
 
 

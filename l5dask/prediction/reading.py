@@ -15,7 +15,7 @@ import numpy as np
 from dask.base import tokenize
 
 from l5dask.core.codec import check_blosc, decode_blosc
-from l5dask.core.store import Store
+from l5dask.core.store import Store, open_store
 from l5dask.errors import ChunkError, FormatError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import Gather
@@ -78,6 +78,13 @@ def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: i
     raws = store.iter_many(keys, what, depth=len(keys))  # (all asked for at once, as get_many)
     hint_next(store, meta, first_chunk, nchunks)  # (after: its own reads go first)
     return list(zip(indices, raws))
+
+
+def touch(url: str, storage_options: dict | None = None) -> None:
+    """A worker's first read of a dataset, ahead of its tasks (``l5dask.core.cluster.warm_workers``):
+    this module's imports (the kernels the tasks run), the store's filesystem and a first request
+    (``.zgroup``)."""
+    open_store(url, storage_options)
 
 
 def hint_next(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> None:
