@@ -336,6 +336,31 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report)
     assert 2 < proxy.most_in_flight <= 4, proxy.most_in_flight
 
 
+def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_small, small_ds):
+    """The same for a pass whose tasks fetch their chunks as one block (``aggregate``'s, the
+    report's frames): 2 chunks a task, so 2 GETs of one task at once, and more with the next
+    task's; the result is the same as on a local disk."""
+    from l5dask.prediction.aggregation import aggregate
+
+    from .test_faults import FlakyProxy
+
+    cluster = DaskCluster(n_workers=1, threads=1)
+    proxy = FlakyProxy(s3.endpoint)
+    proxy.delay, proxy.watch = 0.05, "/agents/"
+    query = {"by": "label", "values": {"speed": ["count", "max"]}, "chunks_per_task": 2}
+    try:
+        opts = s3.storage_options()
+        opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
+        with Client(cluster.address, set_as_default=False) as client:
+            got = aggregate(s3_small, storage_options=opts, client=client, **query)
+    finally:
+        proxy.close()
+        cluster.close()
+    want = aggregate(small_ds, **query)
+    assert got.equals(want)
+    assert 2 < proxy.most_in_flight <= 4, proxy.most_in_flight
+
+
 def _note_worker(folder: str, fail: bool = False) -> None:
     """A warm-up that leaves its worker's process id in ``folder`` (or fails)."""
     with open(os.path.join(folder, str(os.getpid())), "w") as f:
