@@ -172,7 +172,7 @@ def warm_workers(client: Any, fn: Callable[..., Any], *args: Any) -> list:
     paid while this process still opens what the job reads.
 
     On 2 worker processes and an S3 endpoint that answers after 50 ms, the report's first task
-    (the scenes) took 0.42-0.64 s, then 0.15-0.27 s with this. Keep the futures until the job's
+    (the scenes) took 0.42-0.64 s, then 0.08-0.27 s with this. Keep the futures until the job's
     own tasks are submitted (a future let go before its task ran cancels it). Errors are ignored:
     the job's own tasks meet them again and say them."""
     if client is None:
