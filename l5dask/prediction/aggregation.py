@@ -32,13 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.cluster import warm_workers
-from l5dask.core.engine import Job, Pass, Reduction, default_client
+from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
-from l5dask.prediction.dataset import L5Dataset, open_dataset
+from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.groupby import (
     QUANTILE_BITS,
     GroupPart,
@@ -47,7 +46,6 @@ from l5dask.prediction.groupby import (
     sketch_quantiles,
 )
 from l5dask.prediction.joins import parent_link
-from l5dask.prediction.reading import touch
 
 #: The reductions of a value column (plus ``q<percent>``).
 REDUCTIONS = ("count", "sum", "mean", "min", "max", "var", "std", "median")
@@ -462,11 +460,7 @@ def aggregate_result(
         categoricals by name).
     """
 
-    warming = (
-        []
-        if isinstance(ds, L5Dataset) or scheduler is not None
-        else warm_workers(default_client(client), touch, ds, storage_options)
-    )
+    warming = warm_up(ds, storage_options, client, scheduler)
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
     table = Table(ds, array)
     by = (by,) if isinstance(by, str) else tuple(by)

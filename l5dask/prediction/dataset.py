@@ -14,12 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
+from l5dask.core.cluster import warm_workers
 from l5dask.core.diskread import memory_bytes
+from l5dask.core.engine import default_client
 from l5dask.core.store import Store, open_store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columnar import columnar_arrays, is_columnar
-from l5dask.prediction.reading import L5Array, check_last_chunk
+from l5dask.prediction.reading import L5Array, check_last_chunk, touch
 
 
 class L5Dataset:
@@ -168,6 +170,16 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         for _ in pool.map(lambda a: check_last_chunk(store, a.meta, a.compressed), arrays.values()):
             pass
     return L5Dataset(store, arrays, attrs)
+
+
+def warm_up(dataset: Any, storage_options: dict[str, Any] | None, client: Any = None, scheduler: Any = None) -> list:
+    """On a cluster (``client``, else the default one; none with an explicit ``scheduler``), start
+    each worker's first read of ``dataset`` while this process opens it (``warm_workers`` of
+    ``touch``): the futures, to hold until the job's tasks are submitted. Nothing for a dataset
+    already open."""
+    if isinstance(dataset, L5Dataset) or scheduler is not None:
+        return []
+    return warm_workers(default_client(client), touch, dataset, storage_options)
 
 
 def _stored_bytes(store: Store, meta: fmt.ArrayMeta) -> int:

@@ -7,14 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.cluster import connect, scheduler_address, warm_workers
+from l5dask.core.cluster import connect, scheduler_address
 from l5dask.core.engine import Job, Link, Pass, default_client
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
 from l5dask.prediction import format as fmt
-from l5dask.prediction.dataset import L5Dataset, open_dataset
+from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.joins import scene_rows
-from l5dask.prediction.reading import touch
 from l5dask.prediction.stats import (
     AGENT_FIELDS,
     FRAME_FIELDS,
@@ -64,11 +63,7 @@ def compute_report(
                     progress=progress,
                     client=own,
                 )
-    warming = (
-        []
-        if isinstance(dataset, L5Dataset) or scheduler is not None
-        else warm_workers(default_client(client), touch, dataset, storage_options)
-    )
+    warming = warm_up(dataset, storage_options, client, scheduler)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS].select(AGENT_FIELDS)
     frames = frames.select([f for f in FRAME_FIELDS if f in fmt.names_of(frames.dtype)])
