@@ -7,7 +7,7 @@ setup(
     ext_modules=cythonize(
         [Extension("l5dask.prediction._kernels", ["l5dask/prediction/_kernels.pyx", "l5dask/prediction/_vendor/lz4/lz4.c"],
                    include_dirs=["l5dask/prediction", "l5dask/prediction/_vendor/lz4"],
-                   depends=["l5dask/prediction/_agents.h", "l5dask/prediction/_argmax.h", "l5dask/prediction/_blosc.h", "l5dask/core/_records.pxd", "l5dask/prediction/_vendor/lz4/lz4.h"],
+                   depends=["l5dask/prediction/_agents.h", "l5dask/prediction/_argmax.h", "l5dask/prediction/_blosc.h", "l5dask/prediction/_distinct.h", "l5dask/core/_records.pxd", "l5dask/prediction/_vendor/lz4/lz4.h"],
                    # (sums as numpy's: no fused multiply-adds; sqrt without errno, so that its loops
                    # are vector loops: the same values; LZ4's symbols stay inside the module)
                    define_macros=[("LZ4LIB_VISIBILITY", "")],

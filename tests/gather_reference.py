@@ -18,7 +18,8 @@ def gather_verdict(
     readers agree: status 0, numcodecs reads the same numbers bit for bit; -1, numcodecs refuses."""
     dtype = plan.dtype
     outs, maxes = plan.outputs(rows)
-    status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8))
+    found: list[np.ndarray] = []
+    status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8), found)
     why = check_blosc(raw, chunk_rows * dtype.itemsize, typesize_of(dtype.itemsize))
     if why is not None:
         return status, why, None, None
@@ -31,9 +32,17 @@ def gather_verdict(
     if status == 0:
         assert accepted, "the compiled gather read a chunk numcodecs refuses"
         want, wmax = plan.outputs(rows)
-        plan.records(ref[:rows], want, wmax)
+        plan.records(ref[:rows], want, wmax, 0, [])
         for got, exp in zip([*outs, *maxes], [*want, *wmax]):
             assert got.tobytes() == exp.tobytes(), "the compiled gather and numcodecs disagree"
-    elif status == -1:
+        if plan.distinct is not None:  # the distinct values, as bytes: numpy's unique rows of the field
+            width = dtype[plan.distinct].itemsize
+            field = np.ascontiguousarray(ref[:rows][plan.distinct]).view(np.uint8).reshape(rows, width)
+            got_rows = sorted(bytes(v) for v in found[0].view(np.uint8).reshape(-1, width)) if found else []
+            assert got_rows == sorted(map(bytes, np.unique(field, axis=0))), "distinct values disagree"
+            assert len(found) == 1
+    else:
+        assert not found, "values found in a chunk the compiled gather did not read"
+    if status == -1:
         assert not accepted, "the compiled gather refused a chunk numcodecs reads"
     return status, why, accepted, ref if accepted else None

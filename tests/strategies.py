@@ -18,10 +18,11 @@ BASES = ["u1", "i1", "<u2", "<i4", "<u4", "<f4", "<f8", "<u8", "<i8"]
 
 @st.composite
 def record_dtypes(draw) -> np.dtype:
-    """L5Kit's agents, or 1-6 fields of numbers and small sub-arrays (records of 1-200 bytes: split
-    streams at 16 bytes and less)."""
-    if draw(st.booleans()):
-        return fmt.AGENT_DTYPE
+    """L5Kit's agents or traffic-light faces (strings), or 1-6 fields of numbers and small
+    sub-arrays (records of 1-200 bytes: split streams at 16 bytes and less)."""
+    kind = draw(st.integers(0, 3))
+    if kind < 2:
+        return fmt.AGENT_DTYPE if kind == 0 else fmt.TL_FACE_DTYPE
     n = draw(st.integers(1, 6))
     fields = []
     for i in range(n):

@@ -238,3 +238,98 @@ def test_a_truncated_chunk_is_refused_before_blosc_reads_past_its_end(small_ds):
             decode_chunk(raw[:cut], agents.meta, True, "1")
         with pytest.raises(ChunkError, match=r"truncated or corrupt"):
             Encoded(agents.meta, True, [(1, raw[:cut])]).gather(ELEMENTS, ["label_probabilities"])
+
+
+FACE = fmt.DTYPES[fmt.TL_FACES]
+
+
+def _faces(n: int, seed: int, kind: str) -> np.ndarray:
+    """Faces whose ids reach each branch of the distinct set from byte streams: L5Kit's 4 ASCII
+    characters (4 streams vary), one id throughout a block (none vary), ids of up to 16 characters
+    beyond ASCII (all 64 streams may vary: keys of 8 words), and ids that differ in one byte only."""
+    rng = np.random.default_rng(seed)
+    rec = np.zeros(n, FACE)
+    rec["traffic_light_face_status"] = rng.choice(np.array([0.0, 1.0, np.nan], np.float32), (n, 3))
+    if kind == "l5kit":
+        pool = np.array(["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyz+/0123456789"), 4)) for _ in range(300)])
+        pool[0] = ""
+        rec["face_id"] = pool[rng.integers(0, len(pool), n)]
+    elif kind == "constant":
+        rec["face_id"] = "same"
+        rec["face_id"][n // 2 :] = "other"
+    elif kind == "wide":
+        alphabet = list("aé€😀 Zx\u0100\U00010348")
+        pool = np.array(["".join(rng.choice(alphabet, rng.integers(0, 17))) for _ in range(2000)])
+        rec["face_id"] = pool[rng.integers(0, len(pool), n)]
+    else:  # one byte apart
+        rec["face_id"] = np.array([f"id{c}" for c in "abcdefgh"])[rng.integers(0, 8, n)]
+    rec["traffic_light_id"] = rec["face_id"]
+    return rec
+
+
+STORED = Blosc(cname="lz4", clevel=0, shuffle=Blosc.SHUFFLE, blocksize=0)  # (stored as they are: memcpyed)
+
+
+@pytest.mark.parametrize("kind", ["l5kit", "constant", "wide", "one-byte"])
+@pytest.mark.parametrize(
+    "codec",
+    [c for c, _ in LZ4[:4]] + [STORED],
+    ids=[f"{c.cname}-{c.shuffle}-{c.blocksize}" for c, _ in LZ4[:4]] + ["stored"],
+)
+def test_distinct_face_ids_from_compressed_chunks_equal_numpy(kind, codec):
+    """The distinct values of a field, found straight in the compressed blocks, are numpy's
+    ``unique`` of the rows read (a padded last chunk's padding never counts), with the statuses'
+    argmax; from the records too."""
+    chunk_rows = 3000
+    rec = _faces(chunk_rows, 5, kind)
+    rec["face_id"][-5:] = "padding"  # past the rows read in a padded last chunk
+    raw = codec.encode(rec)
+    assert bool(raw[2] & 0x02) == (codec is STORED)
+    plan = Gather(FACE, [], ["traffic_light_face_status"], "face_id")
+    for rows in (chunk_rows, chunk_rows - 5, 777, 1):
+        outs, maxes = plan.outputs(rows)
+        found: list[np.ndarray] = []
+        done, _ = plan.blosc(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8), found)
+        assert done
+        (values,) = found
+        assert values.dtype == FACE["face_id"] and len(values) == len(set(values.tolist()))
+        assert sorted(values.tolist()) == np.unique(rec["face_id"][:rows]).tolist()
+        _assert_same(maxes, _want(rec[:rows], [], ["traffic_light_face_status"]))
+        found = []
+        want_outs, want_maxes = plan.outputs(rows)
+        plan.records(rec[:rows], want_outs, want_maxes, 0, found)
+        assert sorted(found[0].tolist()) == np.unique(rec["face_id"][:rows]).tolist()
+
+
+def test_distinct_values_of_a_number_field_and_what_a_plan_refuses():
+    """Any fixed-size field: float32 triples compared as bytes (-0.0 and 0.0 differ, as bytes);
+    a plan that finds values needs a list to put them in; an object field is refused."""
+    rec = _faces(2000, 6, "l5kit")
+    rec["traffic_light_face_status"][::3] = [-0.0, 1.0, 2.0]
+    raw = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=1400).encode(rec)
+    plan = Gather(FACE, [], [], "traffic_light_face_status")
+    found: list[np.ndarray] = []
+    assert plan.blosc(raw, 2000, 2000, *plan.outputs(2000), 0, np.empty(0, np.uint8), found)[0]
+    got = found[0].view(np.uint8).reshape(len(found[0]), 12)
+    want = np.unique(rec["traffic_light_face_status"].view(np.uint8).reshape(2000, 12), axis=0)
+    assert found[0].shape == (len(want), 3) and sorted(map(bytes, got)) == sorted(map(bytes, want))
+    with pytest.raises(ValueError, match="need a list"):
+        plan.blosc(raw, 2000, 2000, *plan.outputs(2000), 0, np.empty(0, np.uint8))
+    with pytest.raises(ValueError, match="field of objects"):
+        Gather(np.dtype([("a", "O"), ("b", "<f4")]), [], [], "a")
+
+
+def test_the_report_finds_face_ids_in_the_compressed_bytes(small_ds, monkeypatch):
+    """The report's faces are never decoded, and count what numpy counts of the decoded faces."""
+    from l5dask.prediction import reading
+    from l5dask.prediction.report import compute_report
+
+    decoded, decode = [], reading.decode_chunk
+    monkeypatch.setattr(reading, "decode_chunk", lambda *a, **kw: decoded.append(a[1].name) or decode(*a, **kw))
+    report = compute_report(str(small_ds), scheduler="sync")
+    assert "traffic_light_faces" not in decoded and "agents" not in decoded
+    faces = l5dask.open_dataset(small_ds)["traffic_light_faces"]
+    rec = faces.read(0, faces.nchunks)
+    assert report["tl_faces"]["unique_faces"] == len(np.unique(rec["face_id"])) > 1
+    counts = np.bincount(rec["traffic_light_face_status"].argmax(1), minlength=3)
+    assert list(report["tl_faces"]["status_counts"].values()) == counts.tolist()

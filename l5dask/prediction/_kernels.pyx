@@ -11,7 +11,7 @@ import numpy as np
 from libc.math cimport sqrt
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memcmp, memcpy, memset
 
 from l5dask.core._records cimport _f4, _f8, _norm2, _u8
 
@@ -34,8 +34,16 @@ cdef extern from "_blosc.h":
         const int64_t* adests
     void l5_gather_records(const uint8_t* buf, Py_ssize_t rows, Py_ssize_t stride, Py_ssize_t row0,
                            const l5_columns* c) noexcept nogil
+    ctypedef struct l5_found:
+        int64_t off
+        int64_t width
+        uint8_t* out
+        int64_t n
+    int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) noexcept nogil
+    void l5_found_free(l5_found* f) noexcept nogil
     int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows, int64_t rows,
-                        int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c) noexcept nogil
+                        int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c,
+                        l5_found* found) noexcept nogil
     int64_t l5_blosc_blocksize(const uint8_t* src, int64_t srclen) noexcept nogil
 
 cdef enum:
@@ -409,19 +417,37 @@ def blosc_blocksize(const uint8_t[::1] raw):
 def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_rows, Py_ssize_t rows,
                  Py_ssize_t row0, uint8_t[::1] scratch, const int64_t[::1] offsets, const int64_t[::1] sizes,
                  const int64_t[::1] dests, const int64_t[::1] argmax_offsets, const int64_t[::1] argmax_ncols,
-                 const int64_t[::1] argmax_dests):
+                 const int64_t[::1] argmax_dests, Py_ssize_t distinct_offset=0, Py_ssize_t distinct_width=0,
+                 uint8_t[::1] found=None):
     """As :func:`gather_fields` for the first ``rows`` records of one blosc-compressed chunk of
     ``chunk_rows`` records, into rows ``row0 ..`` of the outputs, straight from the compressed
-    bytes (``_blosc.h``; ``scratch``: a block). 0: done; 1: not a chunk of this kind; -1: corrupt
-    (then nothing is promised of the outputs: the caller decodes the chunk with numcodecs)."""
+    bytes (``_blosc.h``; ``scratch``: a block), and (``distinct_width`` > 0) the distinct values
+    of the field of that many bytes at ``distinct_offset`` of those rows into ``found`` (room for
+    ``rows`` of them; ``_distinct.h``). ``(status, values found)``; status 0: done; 1: not a chunk
+    of this kind; -1: corrupt (then nothing is promised of the outputs: the caller decodes the
+    chunk with numcodecs)."""
     cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests)
+    cdef l5_found f
+    cdef l5_found* fp = NULL
     cdef int status
     if raw.shape[0] == 0:
-        return -1
+        return -1, 0
+    if distinct_width > 0:
+        if distinct_offset < 0 or distinct_offset + distinct_width > itemsize or found is None or \
+                found.shape[0] < rows * distinct_width or rows < 0:
+            raise ValueError("gather_blosc: a field within the record, and room for a value per row, expected")
+        memset(&f, 0, sizeof(f))
+        f.off, f.width, f.out = distinct_offset, distinct_width, &found[0] if found.shape[0] else NULL
+        if l5_found_init(&f, rows, scratch.shape[0] // itemsize if itemsize > 0 else 0) != 0:
+            raise MemoryError()
+        fp = &f
     with nogil:
         status = l5_blosc_gather(&raw[0], raw.shape[0], itemsize, chunk_rows, rows, row0,
-                                 &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], &c)
-    return status
+                                 &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], &c, fp)
+    if fp != NULL:
+        l5_found_free(fp)
+        return status, f.n
+    return status, 0
 
 
 def norm2_fma(const double[::1] x, const double[::1] y, double[::1] out):

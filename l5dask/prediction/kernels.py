@@ -320,14 +320,25 @@ def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 class Gather:
     """A gather's plan for records of one dtype: number elements of fields (``(field, index)``;
-    ``()`` for a scalar field) as contiguous arrays of their base dtype, and the argmax (int8;
-    first maximum, as numpy) of float32 fields; made by the compiled loops when ``native``."""
+    ``()`` for a scalar field) as contiguous arrays of their base dtype, the argmax (int8;
+    first maximum, as numpy) of float32 fields, and the distinct values of one field
+    (``distinct``: any fixed-size field, compared as bytes); made by the compiled loops when
+    ``native``. The distinct values of the rows a call reads are appended to its ``found`` list
+    (an array of the field's dtype, in no promised order)."""
 
     def __init__(
-        self, dtype: np.dtype, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+        self,
+        dtype: np.dtype,
+        elements: Sequence[tuple[str, tuple[int, ...]]],
+        argmax: Sequence[str] = (),
+        distinct: str | None = None,
     ) -> None:
         fields = fields_of(dtype)
-        self.dtype, self.elements, self.argmax = dtype, list(elements), list(argmax)
+        self.dtype, self.elements, self.argmax, self.distinct = dtype, list(elements), list(argmax), distinct
+        if distinct is not None and fields[distinct][0].hasobject:
+            raise ValueError(f"gather: the distinct values of {distinct!r}, a field of objects, are not supported")
+        self.distinct_offset = fields[distinct][1] if distinct is not None else 0
+        self.distinct_dtype = fields[distinct][0] if distinct is not None else None
         self.dtypes = [fields[f][0].base for f, _ in self.elements]
         self.native = all(dt.isnative and dt.kind in "biuf" for dt in self.dtypes) and all(
             fields[f][0].base == np.dtype(np.float32) and 0 < fields[f][0].shape[0] <= 127 for f in self.argmax
@@ -342,10 +353,15 @@ class Gather:
         self.argmax_ncols = np.array([fields[f][0].shape[0] for f in self.argmax], np.int64)
 
     @staticmethod
-    def of(dtype: np.dtype, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()) -> Gather:
+    def of(
+        dtype: np.dtype,
+        elements: Sequence[tuple[str, tuple[int, ...]]],
+        argmax: Sequence[str] = (),
+        distinct: str | None = None,
+    ) -> Gather:
         """The plan for these records and numbers, made once per process (a plan is never changed:
         threads share it; making one costs 30 us, a chunk's gather 400 us)."""
-        return _plan(dtype, tuple((f, tuple(i)) for f, i in elements), tuple(argmax))
+        return _plan(dtype, tuple((f, tuple(i)) for f, i in elements), tuple(argmax), distinct)
 
     def outputs(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         return [np.empty(n, dt) for dt in self.dtypes], [np.empty(n, np.int8) for _ in self.argmax]
@@ -364,11 +380,20 @@ class Gather:
             raise ValueError(f"gather: an output per column, contiguous, of its type and at least {end} rows expected")
         return np.array([o.ctypes.data for o in outs], np.int64), np.array([o.ctypes.data for o in maxes], np.int64)
 
-    def records(self, records: np.ndarray, outs: list[np.ndarray], maxes: list[np.ndarray], row0: int = 0) -> None:
-        """From decoded records, into rows ``row0 ..`` of the outputs."""
+    def records(
+        self,
+        records: np.ndarray,
+        outs: list[np.ndarray],
+        maxes: list[np.ndarray],
+        row0: int = 0,
+        found: list[np.ndarray] | None = None,
+    ) -> None:
+        """From decoded records, into rows ``row0 ..`` of the outputs (and ``found``)."""
         n = len(records)
         if not n:
             return
+        if self.distinct is not None:
+            self._found(found).append(records[self.distinct][distinct_values(records, self.distinct)])
         if not self.native or not records.flags.c_contiguous:
             for out, (f, idx) in zip(outs, self.elements):
                 out[row0 : row0 + n] = records[f][(slice(None), *idx)]  # type: ignore[arg-type]
@@ -397,12 +422,14 @@ class Gather:
         maxes: list[np.ndarray],
         row0: int,
         scratch: np.ndarray,
+        found: list[np.ndarray] | None = None,
     ) -> tuple[bool, np.ndarray]:
         """Straight from one blosc-compressed chunk of ``chunk_rows`` records: its first ``rows``
-        into rows ``row0 ..`` of the outputs, without decoding the records (``_blosc.h``).
-        ``(done, scratch)``: not done for a chunk of another kind, or corrupt (decode it instead);
-        ``scratch`` (a block of bytes, grown to the chunk's blocks) is handed back for the next."""
-        status, scratch = self.blosc_status(raw, chunk_rows, rows, outs, maxes, row0, scratch)
+        into rows ``row0 ..`` of the outputs (and ``found``), without decoding the records
+        (``_blosc.h``). ``(done, scratch)``: not done for a chunk of another kind, or corrupt
+        (decode it instead; nothing was added to ``found``); ``scratch`` (a block of bytes, grown
+        to the chunk's blocks) is handed back for the next."""
+        status, scratch = self.blosc_status(raw, chunk_rows, rows, outs, maxes, row0, scratch, found)
         return status == 0, scratch
 
     def blosc_status(
@@ -414,9 +441,12 @@ class Gather:
         maxes: list[np.ndarray],
         row0: int,
         scratch: np.ndarray,
+        found: list[np.ndarray] | None = None,
     ) -> tuple[int, np.ndarray]:
         """As :meth:`blosc`, with the compiled reader's status: 0 done, 1 a chunk of another kind,
         -1 corrupt (one c-blosc refuses too: ``tests/test_properties.py``)."""
+        if self.distinct is not None:
+            self._found(found)
         if not self.native or sys.byteorder != "little":
             return 1, scratch
         buf = np.frombuffer(raw, np.uint8)
@@ -428,7 +458,9 @@ class Gather:
         if row0 < 0 or not 0 <= rows <= chunk_rows:
             raise ValueError("gather: rows of the chunk out of range")
         dests, adests = self._addresses(outs, maxes, row0 + rows)
-        status = _gather_blosc(
+        width = self.distinct_dtype.itemsize if self.distinct_dtype is not None else 0
+        values = np.empty(rows * width, np.uint8) if width else None
+        status, nfound = _gather_blosc(
             buf,
             self.dtype.itemsize,
             chunk_rows,
@@ -441,22 +473,38 @@ class Gather:
             self.argmax_offsets,
             self.argmax_ncols,
             adests,
+            self.distinct_offset,
+            width,
+            values,
         )
+        dt = self.distinct_dtype
+        if status == 0 and values is not None and found is not None and dt is not None:
+            found.append(values[: nfound * width].view(dt.base).reshape(nfound, *dt.shape))
         return status, scratch
+
+    def _found(self, found: list[np.ndarray] | None) -> list[np.ndarray]:
+        if found is None:
+            raise ValueError(f"gather: the distinct values of {self.distinct!r} need a list to go in (found)")
+        return found
 
 
 @functools.lru_cache(maxsize=256)
-def _plan(dtype: np.dtype, elements: tuple, argmax: tuple) -> Gather:
-    return Gather(dtype, elements, argmax)
+def _plan(dtype: np.dtype, elements: tuple, argmax: tuple, distinct: str | None) -> Gather:
+    return Gather(dtype, elements, argmax, distinct)
 
 
 def gather(
-    records: np.ndarray, elements: list[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+    records: np.ndarray,
+    elements: list[tuple[str, tuple[int, ...]]],
+    argmax: Sequence[str] = (),
+    distinct: str | None = None,
+    found: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """In one pass over the records: elements of fields of each row (``(field, index)``; ``()``
-    for a scalar field) as contiguous arrays of their base dtype, and the argmax (int8; first
-    maximum, as numpy) of each float32 field in ``argmax`` (see :class:`Gather`)."""
-    plan = Gather.of(records.dtype, elements, argmax)
+    for a scalar field) as contiguous arrays of their base dtype, the argmax (int8; first
+    maximum, as numpy) of each float32 field in ``argmax``, and the distinct values of the field
+    ``distinct``, appended to ``found`` (see :class:`Gather`)."""
+    plan = Gather.of(records.dtype, elements, argmax, distinct)
     outs, maxes = plan.outputs(len(records))
-    plan.records(records, outs, maxes)
+    plan.records(records, outs, maxes, 0, found)
     return outs, maxes

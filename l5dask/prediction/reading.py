@@ -187,25 +187,31 @@ class Encoded:
         return out
 
     def gather(
-        self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str] = ()
+        self,
+        elements: Sequence[tuple[str, tuple[int, ...]]],
+        argmax: Sequence[str] = (),
+        distinct: str | None = None,
+        found: list[np.ndarray] | None = None,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """As ``l5dask.prediction.kernels.gather`` of ``records()``, without making them."""
+        """As ``l5dask.prediction.kernels.gather`` of ``records()``, without making them; with
+        ``distinct``, the distinct values of that field (each chunk's, as arrays of the field's
+        dtype: a value may be in several) are appended to ``found``."""
 
-        plan = Gather.of(self.meta.dtype, elements, argmax)
+        plan = Gather.of(self.meta.dtype, elements, argmax, distinct)
         outs, maxes = plan.outputs(len(self))
         if self._records is not None or not self.compressed:
-            plan.records(self.records(), outs, maxes)
+            plan.records(self.records(), outs, maxes, 0, found)
             return outs, maxes
         blocks, scratch = np.empty(0, np.uint8), None
         for index, raw in self.chunks:
             lo, hi = self.meta.chunk_bounds(index)
             check_chunk(raw, self.meta, self.compressed, str(index))
-            done, blocks = plan.blosc(raw, self.meta.chunk_rows, hi - lo, outs, maxes, lo - self.start, blocks)
+            done, blocks = plan.blosc(raw, self.meta.chunk_rows, hi - lo, outs, maxes, lo - self.start, blocks, found)
             if not done:
                 if scratch is None:
                     scratch = np.empty(self.meta.chunk_rows, self.meta.dtype)
                 decode_chunk(raw, self.meta, self.compressed, str(index), out=scratch)
-                plan.records(scratch[: hi - lo], outs, maxes, lo - self.start)
+                plan.records(scratch[: hi - lo], outs, maxes, lo - self.start, found)
         return outs, maxes
 
 

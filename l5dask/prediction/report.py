@@ -98,7 +98,7 @@ def compute_report(
     # 3. agents, each task given only the frame rows it overlaps, and the traffic-light faces (their
     #    partials combined as they come, never held all at once: 150 MB of face ids at 1 G agents);
     #    the combines and the report, one compute
-    tl_done = [Pass(ds[fmt.TL_FACES], TL_FACES)] if ds.has(fmt.TL_FACES) else []
+    tl_done = [Pass(ds[fmt.TL_FACES], TL_FACES, encoded=True)] if ds.has(fmt.TL_FACES) else []
     agent_pass = Pass(
         agents,
         agents_reduction(agents.dtype["label_probabilities"].shape[0]),

@@ -28,8 +28,7 @@ from l5dask.prediction.kernels import (
     AGENT_ELEMENTS,
     agent_chunk,
     agent_columns,
-    argmax_counts,
-    distinct_values,
+    gather,
     track_runs,
     uniform_histogram,
     union_sorted,
@@ -368,13 +367,24 @@ class TLStats:
     """Traffic-light faces: status counts (argmax) and distinct face ids."""
 
     @staticmethod
-    def chunk(faces: np.ndarray, start: int = 0, parent: None = None) -> TLPart:
+    def chunk(faces: Any, start: int = 0, parent: None = None) -> TLPart:
+        """Partial of a block of faces: records, or their stored bytes (an
+        :class:`~l5dask.prediction.reading.Encoded`: the statuses' argmax and the distinct face ids
+        found straight in the compressed blocks, ``_distinct.h``: 0.12 CPU-s for 5.4 M faces, against
+        0.27 s decoded by numcodecs and counted, 2026-11-26)."""
         if not len(faces):
             return TLPart()
-
-        status = np.zeros(3, np.int64)
-        argmax_counts(faces, "traffic_light_face_status", status)
-        return TLPart(len(faces), status, frozenset(faces["face_id"][distinct_values(faces, "face_id")].tolist()))
+        ncols = faces.dtype["traffic_light_face_status"].shape[0]
+        if ncols != 3:
+            raise ValueError(f"traffic_light_face_status has {ncols} columns, but there are 3 statuses")
+        found: list[np.ndarray] = []
+        argmax = ["traffic_light_face_status"]
+        if isinstance(faces, np.ndarray):
+            _, (status,) = gather(faces, [], argmax, "face_id", found)
+        else:
+            _, (status,) = faces.gather([], argmax, "face_id", found)
+        ids = np.concatenate(found) if len(found) > 1 else found[0]
+        return TLPart(len(faces), np.bincount(status, minlength=3), frozenset(ids.tolist()))
 
     @staticmethod
     @empty_is_identity

@@ -25,15 +25,27 @@ from tests.gather_reference import gather_verdict
 # --- blosc chunks: the compiled gather against numcodecs -----------------------------------------------
 SMALL = np.dtype([("a", "<u2"), ("p", "<f4", (2,)), ("b", "u1"), ("c", "i1")])  # 12 bytes: split streams
 #: (dtype, chunk rows, rows holding data): L5Kit's agents, and small records (split streams, padding)
-CONFIGS = [(fmt.AGENT_DTYPE, 2000, 2000), (fmt.AGENT_DTYPE, 2000, 700), (SMALL, 3000, 3000), (SMALL, 3000, 1000)]
+CONFIGS = [
+    (fmt.AGENT_DTYPE, 2000, 2000),
+    (fmt.AGENT_DTYPE, 2000, 700),
+    (SMALL, 3000, 3000),
+    (SMALL, 3000, 1000),
+    (fmt.TL_FACE_DTYPE, 2000, 2000),
+    (fmt.TL_FACE_DTYPE, 2000, 333),
+]
 
 
 def _plan(dtype: np.dtype) -> Gather:
     if dtype == fmt.AGENT_DTYPE:
         return Gather(
-            dtype, [("centroid", (0,)), ("velocity", (1,)), ("track_id", ()), ("yaw", ())], ["label_probabilities"]
+            dtype,
+            [("centroid", (0,)), ("velocity", (1,)), ("track_id", ()), ("yaw", ())],
+            ["label_probabilities"],
+            "track_id",
         )
-    return Gather(dtype, [("a", ()), ("p", (1,)), ("b", ()), ("c", ())], ["p"])
+    if dtype == fmt.TL_FACE_DTYPE:  # (the report's faces: the statuses' argmax, the distinct face ids)
+        return Gather(dtype, [], ["traffic_light_face_status"], "face_id")
+    return Gather(dtype, [("a", ()), ("p", (1,)), ("b", ()), ("c", ())], ["p"], "p")
 
 
 def blosc(data: bytes) -> None:
