@@ -175,6 +175,37 @@ def test_task_sizing_by_scheduler():
                 assert 1 <= k <= 64 and (-(-n // k) >= threads or k == 1)
 
 
+def test_a_pass_streaming_a_local_store_takes_larger_tasks_on_local_threads():
+    """On local threads a pass that streams its chunks from a local store takes up to 32 a task;
+    block tasks, a store of requests (an object store) and a cluster keep their sizes; an asked
+    size wins; the size is part of the tasks' names."""
+    from dask.threaded import get
+
+    from l5dask.core.engine import Job, Pass
+
+    class Source:
+        name, nchunks = "agents", 1502
+
+        def __init__(self, remote: bool) -> None:
+            self.remote = remote
+
+    local, remote = Source(False), Source(True)
+    job = Job(scheduler=get)
+    job.threads = 2
+    assert job.per_task(Pass(local)) == 32 and job.per_task(Pass(local, encoded=True)) == 32
+    assert job.per_task(Pass(local, blocks=True)) == 8 and job.per_task(Pass(remote)) == 8
+    eight = Job(scheduler=get, chunks_per_task=8)
+    eight.threads = 2
+    assert job.token(Pass(local)) != eight.token(Pass(local))  # (keys of tasks of other sizes differ)
+    assert job.token(Pass(local, blocks=True)) == eight.token(Pass(local, blocks=True))
+    job.scheduler_kind = "distributed"
+    assert job.per_task(Pass(local)) == 64 == job.per_task(Pass(remote))
+    assert Job(scheduler=get, chunks_per_task=5).per_task(Pass(local)) == 5
+    small = Job(scheduler=get, size_for=40)
+    small.threads = 2
+    assert small.per_task(Pass(local)) == 1  # sized for the job's dominant pass
+
+
 def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():
     from l5dask.core.engine import task_groups
 

@@ -52,14 +52,13 @@ def tune_malloc() -> bool:
     32 MB blocks: 1-1.6 GB/s; in 8 MB blocks, from a reused heap: 4-10 GB/s). Returns whether it
     applied them."""
     import ctypes
-    import ctypes.util
     import os
 
     if any(k in os.environ for k in WORKER_ENV):
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        # this process's own symbols, libc's among them (ctypes.util.find_library runs ldconfig: 3 ms)
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
         return False
     params = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_ARENA_MAX": -8}  # <malloc.h>
