@@ -126,9 +126,10 @@ def test_report_is_one_pass(small_ds, tmp_path, monkeypatch):
     )
     assert result.exit_code == 0, result.output
     ds = l5dask.open_dataset(small_ds)
-    # the agents gathered from their stored bytes (never decoded); every other chunk decoded once,
-    # and the frames once more for the agents' join rows (made again, not held for the pass)
-    decoded = [n for n in ds.arrays if n != fmt.AGENTS] + [fmt.FRAMES]
+    # the agents and faces read from their stored bytes (never decoded); every other chunk decoded
+    # once, and the frames once more for the agents' join rows (made again, not held for the pass)
+    decoded = [n for n in ds.arrays if n not in (fmt.AGENTS, fmt.TL_FACES)] + [fmt.FRAMES]
+    assert ds.has(fmt.TL_FACES) and ds[fmt.TL_FACES].meta.nchunks
     assert sorted(calls) == sorted((n, str(i)) for n in decoded for i in range(ds[n].meta.nchunks))
 
 

@@ -384,7 +384,8 @@ class TLStats:
         else:
             _, (status,) = faces.gather([], argmax, "face_id", found)
         ids = np.concatenate(found) if len(found) > 1 else found[0]
-        return TLPart(len(faces), np.bincount(status, minlength=3), frozenset(ids.tolist()))
+        counts = np.array([np.count_nonzero(status == k) for k in range(3)], np.int64)  # (bincount: a cast to intp)
+        return TLPart(len(faces), counts, frozenset(ids.tolist()))
 
     @staticmethod
     @empty_is_identity
