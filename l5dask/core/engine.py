@@ -450,8 +450,10 @@ def auto_chunks_per_task(
     the scheduling cost small against the work (each task still decodes each chunk once).
 
     On local threads a task costs about 0.3 ms of scheduling, as much as decoding a chunk:
-    16 tasks per thread and up to 8 chunks a task. On dask.distributed a task costs 1-3 ms
-    (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks a task.
+    16 tasks per thread and up to 8 chunks a task (32 for a pass streaming a local store,
+    ``scheduler="threads-streaming"``: see ``TASK_SIZING``). On dask.distributed a task
+    costs 1-3 ms (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks
+    a task.
     """
     per_thread, most = TASK_SIZING[scheduler]
     threads = threads or worker_threads()
