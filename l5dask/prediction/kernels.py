@@ -479,7 +479,8 @@ class Gather:
         )
         dt = self.distinct_dtype
         if status == 0 and values is not None and found is not None and dt is not None:
-            found.append(values[: nfound * width].view(dt.base).reshape(nfound, *dt.shape))
+            # (a copy: the buffer has room for every row, the values found are few)
+            found.append(values[: nfound * width].view(dt.base).reshape(nfound, *dt.shape).copy())
         return status, scratch
 
     def _found(self, found: list[np.ndarray] | None) -> list[np.ndarray]:
