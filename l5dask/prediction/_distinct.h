@@ -36,19 +36,17 @@ static inline uint64_t l5_mix(uint64_t h, uint64_t w) {
     return h ^ (h >> 29);
 }
 
+/* FNV-1a over 8-byte words, then one mix (a multiply per word: the hash of a 64-byte value is
+   on the path of every row of decoded records) */
 static inline uint64_t l5_hash_bytes(const uint8_t* v, int64_t width) {
-    uint64_t h = 0x243F6A8885A308D3ULL, w;
+    uint64_t h = 14695981039346656037ULL, w;
     int64_t i = 0;
     for (; i + 8 <= width; i += 8) {
         memcpy(&w, v + i, 8);
-        h = l5_mix(h, w);
+        h = (h ^ w) * 1099511628211ULL;
     }
-    if (i < width) {
-        w = 0;
-        memcpy(&w, v + i, (size_t)(width - i));
-        h = l5_mix(h, w ^ ((uint64_t)(width - i) << 59));
-    }
-    return h;
+    for (; i < width; i++) h = (h ^ v[i]) * 1099511628211ULL;
+    return l5_mix(h, 0);
 }
 
 static int64_t l5_pow2_at_least(int64_t n) {
@@ -85,18 +83,20 @@ static int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) {
     return 0;
 }
 
-/* Add one value (width bytes at v) to the chunk's set. */
-static inline void l5_found_add(l5_found* f, const uint8_t* v) {
+/* Add one value (width bytes at v) to the chunk's set; whether it was not in it. (Also the set
+   of _kernels.pyx's distinct_rows, over decoded records.) */
+static inline int l5_found_add(l5_found* f, const uint8_t* v) {
     int64_t s = (int64_t)(l5_hash_bytes(v, f->width) & (uint64_t)f->mask);
     for (;;) {
         int32_t j = f->table[s];
         if (j < 0) break;
-        if (memcmp(f->out + (int64_t)j * f->width, v, (size_t)f->width) == 0) return;
+        if (memcmp(f->out + (int64_t)j * f->width, v, (size_t)f->width) == 0) return 0;
         s = (s + 1) & f->mask;
     }
     f->table[s] = (int32_t)f->n;
     memcpy(f->out + f->n * f->width, v, (size_t)f->width);
     f->n++;
+    return 1;
 }
 
 /* `rows` records, `stride` bytes apart, from buf. */

@@ -41,6 +41,7 @@ cdef extern from "_blosc.h":
         int64_t n
     int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) noexcept nogil
     void l5_found_free(l5_found* f) noexcept nogil
+    int l5_found_add(l5_found* f, const uint8_t* v) noexcept nogil
     int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows, int64_t rows,
                         int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c,
                         l5_found* found) noexcept nogil
@@ -221,47 +222,33 @@ def track_runs(const uint64_t[::1] track_ids, const int64_t[::1] frame_pos, cons
 def distinct_rows(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t width):
     """Indices of the first occurrence of each distinct value of the ``width`` bytes at ``off``.
 
-    An open-addressing hash table of row indices; values that hash alike are compared byte
-    for byte, so the result is exact whatever the hash does.
+    The set of ``_distinct.h`` (the compressed gather's): an open-addressing hash table whose
+    values that hash alike are compared byte for byte, so the result is exact whatever the hash does.
     """
-    cdef Py_ssize_t i, c, k = 0, size = 16
-    cdef int64_t t, slot
-    cdef uint64_t h, w
-    cdef const uint8_t* key
-    while size < 2 * n:
-        size *= 2
-    cdef int64_t* table = <int64_t*>malloc(size * sizeof(int64_t))
-    if table == NULL:
-        raise MemoryError()
+    cdef l5_found f
+    cdef Py_ssize_t i, k = 0
     result = np.empty(n, np.int64)
     cdef int64_t[::1] out = result
+    if n == 0:
+        return result
+    if width == 0:  # (one value, empty)
+        out[0] = 0
+        return result[:1]
+    if width < 0 or off < 0 or buf.shape[0] < (n - 1) * stride + off + width:
+        raise ValueError("distinct_rows: a field within each row expected")
+    memset(&f, 0, sizeof(f))
+    f.off, f.width = off, width
+    f.out = <uint8_t*>malloc(n * width)
+    if f.out == NULL or l5_found_init(&f, n, 0) != 0:
+        free(f.out)
+        raise MemoryError()
     with nogil:
-        for i in range(size):
-            table[i] = -1
         for i in range(n):
-            key = &buf[0] + i * stride + off
-            h = 14695981039346656037ULL
-            c = 0
-            while c + 8 <= width:
-                memcpy(&w, key + c, 8)
-                h = (h ^ w) * 1099511628211ULL
-                c += 8
-            while c < width:
-                h = (h ^ key[c]) * 1099511628211ULL
-                c += 1
-            h ^= h >> 29
-            slot = <int64_t>(h & <uint64_t>(size - 1))
-            while True:
-                t = table[slot]
-                if t < 0:
-                    table[slot] = i
-                    out[k] = i
-                    k += 1
-                    break
-                if memcmp(&buf[0] + t * stride + off, key, width) == 0:
-                    break
-                slot = (slot + 1) & (size - 1)
-    free(table)
+            if l5_found_add(&f, &buf[0] + i * stride + off):
+                out[k] = i
+                k += 1
+    l5_found_free(&f)
+    free(f.out)
     return result[:k]
 
 
