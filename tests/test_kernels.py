@@ -70,12 +70,21 @@ def _agents(n: int, rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
     return rec
 
 
-@pytest.mark.parametrize("id_kind", ["dense", "sparse", "huge"])
-def test_track_runs_match_numpy(id_kind):
+@pytest.mark.parametrize("scenes_of_frames", ["eight", "one"])
+@pytest.mark.parametrize("id_kind", ["dense", "sparse", "huge", "falling"])
+def test_track_runs_match_numpy(id_kind, scenes_of_frames):
     rng = np.random.default_rng(7)
     n = 5_000
     top = np.uint64(2**64 - 1)
+    pos = np.sort(rng.integers(0, 40, n))  # frames in order
+    frame_scene = np.repeat(np.arange(8), 5) + 3 if scenes_of_frames == "eight" else np.full(40, 5)
     ids = {
+        # each run's ids dense, in a range below the last run's (each run's least and greatest id
+        # are its own): marks with a table of each run's span
+        "falling": lambda: (
+            (np.uint64(10**9) - frame_scene[pos].astype(np.uint64) * np.uint64(10**6))
+            + rng.integers(0, 300, n).astype(np.uint64)
+        ),
         "dense": lambda: rng.integers(1, 300, n).astype(np.uint64),
         "sparse": lambda: rng.integers(0, 10**12, n).astype(np.uint64) * np.uint64(1000),  # a sort, not marks
         "huge": lambda: np.where(
@@ -85,8 +94,6 @@ def test_track_runs_match_numpy(id_kind):
         ),
     }[id_kind]()
     rec = _agents(n, rng, ids)
-    pos = np.sort(rng.integers(0, 40, n))  # frames in order
-    frame_scene = np.repeat(np.arange(8), 5) + 3
     scenes, counts, first_ids, last_ids = track_runs(rec["track_id"], pos, frame_scene)
     row_scene = frame_scene[pos]
     want_scenes = np.unique(row_scene)
@@ -237,6 +244,8 @@ def test_kernels_refuse_inputs_that_would_index_out_of_bounds():
         )
     with pytest.raises(ValueError, match="within frame_scene"):
         track_runs(rec["track_id"], np.full(10, 5), np.zeros(3, np.int64))
+    with pytest.raises(ValueError, match="within frame_scene"):
+        track_runs(rec["track_id"], np.full(10, -1), np.zeros(3, np.int64))
 
 
 @pytest.mark.parametrize(

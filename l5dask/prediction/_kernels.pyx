@@ -10,10 +10,10 @@ import numpy as np
 
 from libc.math cimport sqrt
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcmp, memcpy, memset
 
-from l5dask.core._records cimport _f4, _f8, _norm2, _u8
+from l5dask.core._records cimport _f4, _f8, _norm2
 
 cdef extern from "_argmax.h":
     Py_ssize_t l5_argmax_f32(const uint8_t* p, Py_ssize_t n) noexcept nogil
@@ -109,76 +109,87 @@ def agent_columns(const int8_t[::1] label, const float[::1] vx, const float[::1]
     cdef double speed[AGENT_BLOCK]
     cdef double dist[AGENT_BLOCK]
     cdef int64_t b
+    cdef int8_t lmin = 0, lmax = 0
     if n == 0:
         return 0.0
     with nogil:
-        k = 0
-        while k < n:
-            stop = min(n, k + AGENT_BLOCK)
-            i = k
-            while i < stop:  # a frame's run of rows at a time
-                while j + 1 < m and frame_starts[j + 1] <= lo + i:
-                    j += 1
-                end = stop if j + 1 >= m else min(stop, <Py_ssize_t>(frame_starts[j + 1] - lo))
-                for q in range(i, end):
-                    frame_pos[q] = j
-                l5_dists(&cx[i], &cy[i], ego_xy[j, 0], ego_xy[j, 1], dist + (i - k), end - i)
-                i = end
-            l5_speeds(&vx[k], &vy[k], speed, stop - k)
-            for i in range(k, stop):
-                value = speed[i - k]
-                total += value
-                label_counts[label[i]] += 1
-                b = _bin(value, speed_width, s_inv, ns)
-                if b >= 0:
-                    speed_hist[b] += 1
-                b = _bin(dist[i - k], dist_width, d_inv, nd)
-                if b >= 0:
-                    dist_hist[b] += 1
-            k = stop
+        for i in range(n):  # (every label a slot of the counts: checked here, not by numpy's min and max)
+            lmin = min(lmin, label[i])
+            lmax = max(lmax, label[i])
+        if lmin >= 0 and lmax < label_counts.shape[0]:
+            k = 0
+            while k < n:
+                stop = min(n, k + AGENT_BLOCK)
+                i = k
+                while i < stop:  # a frame's run of rows at a time
+                    while j + 1 < m and frame_starts[j + 1] <= lo + i:
+                        j += 1
+                    end = stop if j + 1 >= m else min(stop, <Py_ssize_t>(frame_starts[j + 1] - lo))
+                    for q in range(i, end):
+                        frame_pos[q] = j
+                    l5_dists(&cx[i], &cy[i], ego_xy[j, 0], ego_xy[j, 1], dist + (i - k), end - i)
+                    i = end
+                l5_speeds(&vx[k], &vy[k], speed, stop - k)
+                for i in range(k, stop):
+                    value = speed[i - k]
+                    total += value
+                    label_counts[label[i]] += 1
+                    b = _bin(value, speed_width, s_inv, ns)
+                    if b >= 0:
+                        speed_hist[b] += 1
+                    b = _bin(dist[i - k], dist_width, d_inv, nd)
+                    if b >= 0:
+                        dist_hist[b] += 1
+                k = stop
+    if lmin < 0 or lmax >= label_counts.shape[0]:
+        raise ValueError(f"agent_columns: labels from 0 to {label_counts.shape[0] - 1} expected")
     return total
 
 
-cdef object _distinct_ids(const uint8_t* base, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t a, Py_ssize_t b):
-    """The sorted distinct uint64 ids of rows ``a..b-1``: a mark per id when they are dense, else a sort."""
+cdef int _cmp_u64(const void* x, const void* y) noexcept nogil:
+    cdef uint64_t a = (<const uint64_t*>x)[0], b = (<const uint64_t*>y)[0]
+    return (a > b) - (a < b)
+
+
+cdef Py_ssize_t _distinct_ids(const uint64_t* ids, Py_ssize_t a, Py_ssize_t b, uint64_t lo, uint64_t hi,
+                              uint64_t* out) noexcept nogil:
+    """The number of distinct ids of rows ``a..b-1`` (``a < b``; the least ``lo``, the greatest ``hi``),
+    and with ``out`` the ids themselves there, sorted: a mark per id when they are dense, else a
+    sort. -1: no memory."""
     cdef Py_ssize_t i, k = 0
-    cdef uint64_t t, lo, hi, v, span
+    cdef uint64_t t, v, span
     cdef uint8_t* seen
-    cdef uint64_t[::1] out
-    lo = hi = _u8(base + a * stride + off)
-    with nogil:
-        for i in range(a + 1, b):
-            t = _u8(base + i * stride + off)
-            if t < lo:
-                lo = t
-            if t > hi:
-                hi = t
+    cdef uint64_t* tmp
     if hi - lo < <uint64_t>(DENSE_SPAN * (b - a) + 1024):
         span = hi - lo + 1
         seen = <uint8_t*>calloc(span, 1)
         if seen == NULL:
-            raise MemoryError()
-        with nogil:
-            for i in range(a, b):
-                t = _u8(base + i * stride + off) - lo
-                if not seen[t]:
-                    seen[t] = 1
-                    k += 1
-        result = np.empty(k, np.uint64)
-        out = result
-        k = 0
-        with nogil:
+            return -1
+        for i in range(a, b):  # (stores only: the count is the table's sum, at most 8 bytes a row)
+            seen[ids[i] - lo] = 1
+        if out != NULL:
             for v in range(span):
                 if seen[v]:
                     out[k] = lo + v
                     k += 1
+        else:
+            for v in range(span):
+                k += seen[v]
         free(seen)
-        return result
-    ids = np.empty(b - a, np.uint64)
-    out = ids
-    for i in range(a, b):
-        out[i - a] = _u8(base + i * stride + off)
-    return np.unique(ids)
+        return k
+    tmp = out if out != NULL else <uint64_t*>malloc((b - a) * sizeof(uint64_t))
+    if tmp == NULL:
+        return -1
+    memcpy(tmp, ids + a, (b - a) * sizeof(uint64_t))
+    qsort(tmp, b - a, sizeof(uint64_t), _cmp_u64)
+    k = 1
+    for i in range(1, b - a):
+        if tmp[i] != tmp[k - 1]:
+            tmp[k] = tmp[i]
+            k += 1
+    if out == NULL:
+        free(tmp)
+    return k
 
 
 def track_runs(const uint64_t[::1] track_ids, const int64_t[::1] frame_pos, const int64_t[::1] frame_scene):
@@ -188,35 +199,65 @@ def track_runs(const uint64_t[::1] track_ids, const int64_t[::1] frame_pos, cons
     Returns ``(scenes, counts, first_ids, last_ids)``: each run's scene and number of
     distinct ids, and the sorted distinct ids of the first and the last run (those runs
     may go on in the neighbouring chunks).
+
+    One section without the GIL for the whole chunk: a section a run (three, before 2026-11-26)
+    cost two threads a wake-up of the other each time they took turns.
     """
-    cdef Py_ssize_t i, r, nruns = 1, n = track_ids.shape[0], stride = 8, o_track = 0
-    cdef int64_t[::1] cuts_v, scenes_v, counts_v
+    cdef Py_ssize_t i, r, nruns = 1, n = track_ids.shape[0], m = frame_scene.shape[0], k = 0
+    cdef Py_ssize_t nfirst = 0, nlast = 0
+    cdef int problem = 0
+    cdef uint64_t t, lo, hi
+    if n == 0 or frame_pos.shape[0] != n:
+        raise ValueError("track_runs: a frame position per row, each within frame_scene, is needed")
+    cuts, scenes, counts = np.empty(n + 1, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    first, last, bounds = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty((n, 2), np.uint64)
+    cdef int64_t[::1] cuts_v = cuts, scenes_v = scenes, counts_v = counts
+    cdef uint64_t[::1] first_v = first, last_v = last
+    cdef uint64_t[:, ::1] bounds_v = bounds
+    cdef const uint64_t* ids = &track_ids[0]
     with nogil:
-        for i in range(1, n):
-            if frame_scene[frame_pos[i]] != frame_scene[frame_pos[i - 1]]:
-                nruns += 1
-    cuts = np.empty(nruns + 1, np.int64)
-    cuts_v = cuts
-    cuts_v[0], cuts_v[nruns], r = 0, n, 1
-    with nogil:
-        for i in range(1, n):
-            if frame_scene[frame_pos[i]] != frame_scene[frame_pos[i - 1]]:
-                cuts_v[r] = i
-                r += 1
-    cdef const uint8_t* base = <const uint8_t*>&track_ids[0]
-    scenes, counts = np.empty(nruns, np.int64), np.empty(nruns, np.int64)
-    scenes_v, counts_v = scenes, counts
-    first_ids = _distinct_ids(base, stride, o_track, cuts_v[0], cuts_v[1])
-    last_ids = first_ids if nruns == 1 else _distinct_ids(base, stride, o_track, cuts_v[nruns - 1], cuts_v[nruns])
-    for r in range(nruns):
-        scenes_v[r] = frame_scene[frame_pos[cuts_v[r]]]
-        if r == 0:
-            counts_v[r] = len(first_ids)
-        elif r == nruns - 1:
-            counts_v[r] = len(last_ids)
-        else:
-            counts_v[r] = len(_distinct_ids(base, stride, o_track, cuts_v[r], cuts_v[r + 1]))
-    return scenes, counts, first_ids, last_ids
+        for i in range(n):
+            if frame_pos[i] < 0 or frame_pos[i] >= m:
+                problem = 1
+                break
+        if not problem:
+            # the runs, and each run's least and greatest id, in one pass (a row's scene is looked
+            # up only where its frame changes)
+            cuts_v[0] = 0
+            lo = hi = ids[0]
+            for i in range(1, n):
+                t = ids[i]
+                if frame_pos[i] != frame_pos[i - 1] and frame_scene[frame_pos[i]] != frame_scene[frame_pos[i - 1]]:
+                    bounds_v[nruns - 1, 0], bounds_v[nruns - 1, 1] = lo, hi
+                    cuts_v[nruns] = i
+                    nruns += 1
+                    lo = hi = t
+                if t < lo:
+                    lo = t
+                if t > hi:
+                    hi = t
+            bounds_v[nruns - 1, 0], bounds_v[nruns - 1, 1] = lo, hi
+            cuts_v[nruns] = n
+            for r in range(nruns):
+                scenes_v[r] = frame_scene[frame_pos[cuts_v[r]]]
+                lo, hi = bounds_v[r, 0], bounds_v[r, 1]
+                if r == 0:
+                    k = nfirst = _distinct_ids(ids, cuts_v[r], cuts_v[r + 1], lo, hi, &first_v[0])
+                elif r == nruns - 1:
+                    k = nlast = _distinct_ids(ids, cuts_v[r], cuts_v[r + 1], lo, hi, &last_v[0])
+                else:
+                    k = _distinct_ids(ids, cuts_v[r], cuts_v[r + 1], lo, hi, NULL)
+                if k < 0:
+                    problem = 2
+                    break
+                counts_v[r] = k
+    if problem == 1:
+        raise ValueError("track_runs: a frame position per row, each within frame_scene, is needed")
+    if problem == 2:
+        raise MemoryError()
+    first_ids = first[:nfirst].copy()
+    last_ids = first_ids if nruns == 1 else last[:nlast].copy()
+    return scenes[:nruns].copy(), counts[:nruns].copy(), first_ids, last_ids
 
 
 def distinct_rows(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, Py_ssize_t off, Py_ssize_t width):
@@ -491,3 +532,4 @@ def distance_to_parent(const double[::1] x, const double[::1] y, const double[:,
             dx = x[i] - parent_xy[p, 0]
             dy = y[i] - parent_xy[p, 1]
             out[i] = sqrt(dx * dx + dy * dy)
+

@@ -164,7 +164,7 @@ def agent_columns(
         or (vx.dtype, vy.dtype, cx.dtype, cy.dtype) != (np.float32, np.float32, np.float64, np.float64)
     ):
         raise ValueError("agent_columns: float32 velocities and float64 centroids a row, its frames, and slots")
-    if label.dtype != np.int8 or int(label.min()) < 0 or int(label.max()) >= len(label_counts):
+    if label.dtype != np.int8:  # (their range is checked by the compiled loop)
         raise ValueError(f"agent_columns: labels from 0 to {len(label_counts) - 1} expected")
     return _agent_columns(
         label,
@@ -191,12 +191,7 @@ def track_runs(track_ids: np.ndarray, frame_pos: np.ndarray, frame_scene: np.nda
     ``first_ids``/``last_ids`` are the sorted distinct ids of the first and last run (they may
     go on in the neighbouring chunks). Ids are marked in a table when dense, else sorted.
     """
-    if (
-        not len(track_ids)
-        or len(frame_pos) != len(track_ids)
-        or int(frame_pos.max()) >= len(frame_scene)
-        or int(frame_pos.min()) < 0
-    ):
+    if not len(track_ids) or len(frame_pos) != len(track_ids):  # (each position is checked there)
         raise ValueError("track_runs: a frame position per row, each within frame_scene, is needed")
     return _track_runs(
         np.ascontiguousarray(track_ids, np.uint64),
