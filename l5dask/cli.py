@@ -47,9 +47,10 @@ class _Commands(click.Group):
 @click.version_option(package_name="l5dask")
 def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
-    from l5dask.core.cluster import tune_malloc
+    from l5dask.core.cluster import tune_gc, tune_malloc
 
     tune_malloc()
+    tune_gc()
 
 
 def run() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -155,3 +156,38 @@ def test_the_cli_sets_the_workers_malloc_thresholds_in_its_own_process():
     env["MALLOC_MMAP_THRESHOLD_"] = "1048576"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert r.stdout.strip() == "False"
+
+
+def test_the_cli_keeps_the_collector_off_its_imports_before_each_local_pass(small_ds, tmp_path):
+    """``tune_gc`` (the command line's own process): a pass on local threads first freezes the
+    objects alive (``gc.freeze``); without it, or on another scheduler, nothing is frozen (a child
+    process: the collector is process-wide)."""
+    code = """
+import gc, sys
+import dask
+from dask.threaded import get
+from l5dask.core import cluster
+if sys.argv[1] == "tuned":
+    cluster.tune_gc()
+before = gc.get_freeze_count()
+assert cluster.compute(dask.delayed(sum)([1, 2]), scheduler="sync") == 3
+after_sync = gc.get_freeze_count()
+assert cluster.compute(dask.delayed(sum)([1, 2]), scheduler=get) == 3
+print(before, after_sync, gc.get_freeze_count() > 10_000)
+"""
+    tuned = subprocess.run([sys.executable, "-c", code, "tuned"], capture_output=True, text=True, check=True)
+    assert tuned.stdout.split() == ["0", "0", "True"]
+    plain = subprocess.run([sys.executable, "-c", code, "plain"], capture_output=True, text=True, check=True)
+    assert plain.stdout.split() == ["0", "0", "False"]
+    # the command line tunes its own process: its report's passes froze the imports
+    cli = """
+import gc, sys
+import l5dask.cli
+l5dask.cli.main.main(["stats", sys.argv[1], "-q", "-O", sys.argv[2]], standalone_mode=False)
+print(gc.get_freeze_count() > 10_000)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", cli, small_ds, str(tmp_path / "r.json")], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split()[-1] == "True"
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["agents"] > 0

@@ -175,6 +175,27 @@ def test_encoded_block_equals_decoded_records(small_ds):
         np.testing.assert_array_equal(block.records().view(np.uint8), records.view(np.uint8))
 
 
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_streamed_chunks_come_in_groups_whose_rows_are_the_records(small_ds, monkeypatch, group):
+    """A streaming pass gets ``ENCODED_CHUNKS`` stored chunks at a time, in order, the last group
+    shorter: their starts, rows and records are those of the decoded chunks, each chunk once."""
+    from l5dask.prediction import reading
+
+    monkeypatch.setattr(reading, "ENCODED_CHUNKS", group)
+    agents = l5dask.open_dataset(small_ds)["agents"]
+    first, n = 1, agents.nchunks - 1  # (an odd start, the padded last chunk)
+    got = list(agents.iter_encoded(first, n))
+    assert [len(e.chunks) for _, e in got] == [min(group, n - k) for k in range(0, n, group)]
+    assert [i for _, e in got for i, _ in e.chunks] == list(range(first, first + n))
+    records = agents.read(first, n)
+    lo = agents.chunk_bounds(first)[0]
+    for start, block in got:
+        assert start == agents.chunk_bounds(block.chunks[0][0])[0]
+        np.testing.assert_array_equal(
+            block.records().view(np.uint8), records[start - lo : start - lo + len(block)].view(np.uint8)
+        )
+
+
 def test_an_encoded_pass_takes_no_rows_or_intervals(small_ds):
     from l5dask.core.engine import Pass
 

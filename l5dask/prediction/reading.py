@@ -128,6 +128,16 @@ def iter_stored(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: in
     yield from zip(indices, raws)
 
 
+#: Stored chunks a streaming pass hands its chunk function at a time (:meth:`L5Array.iter_encoded`):
+#: what a call costs besides its compiled loops (the gather's plan and outputs, the partial and
+#: its combine: about 45 us for a report's chunk of 20,000 agents, 0.4 ms in all) is paid once for
+#: them, and the two threads wait less for each other's Python. The report on 30 M agents, as a
+#: whole process: 1.33x the read-and-decode floor with 2, 1.37x with 4 or 1 (medians of 21
+#: interleaved rounds, 2026-11-26; within one process, 0.474 s with 2 and 0.497 s with 1). More
+#: chunks' columns no longer stay in a core's cache.
+ENCODED_CHUNKS = 2
+
+
 class Encoded:
     """Stored chunks (``first`` to ``first + n - 1``) of one array, fetched but not decoded: what a pass
     with ``encoded=True`` hands its chunk function (:class:`l5dask.core.engine.Pass`).
@@ -292,10 +302,17 @@ class L5Array:
         return iter_chunks(self.store, self.meta, self.compressed, first, n)
 
     def iter_encoded(self, first: int, n: int):
-        """``(start row, Encoded)`` of stored chunks ``first .. first + n - 1`` one at a time,
-        fetched ahead as :meth:`iter_chunks`, never decoded here (see :class:`Encoded`)."""
+        """``(start row, Encoded)`` of stored chunks ``first .. first + n - 1``, up to
+        :data:`ENCODED_CHUNKS` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
+        (see :class:`Encoded`)."""
+        group: list[tuple[int, bytes]] = []
         for index, raw in iter_stored(self.store, self.meta, first, n):
-            yield self.meta.chunk_bounds(index)[0], Encoded(self.meta, self.compressed, [(index, raw)])
+            group.append((index, raw))
+            if len(group) == ENCODED_CHUNKS:
+                yield self.meta.chunk_bounds(group[0][0])[0], Encoded(self.meta, self.compressed, group)
+                group = []
+        if group:
+            yield self.meta.chunk_bounds(group[0][0])[0], Encoded(self.meta, self.compressed, group)
 
     def read_encoded(self, first: int, n: int) -> Encoded:
         """Stored chunks ``first .. first + n - 1`` fetched, not decoded (see :class:`Encoded`)."""
