@@ -146,6 +146,44 @@ def test_file_url(small_ds):
     np.testing.assert_array_equal(ds["scenes"].to_dask().compute(), read_all(small_ds)["scenes"])
 
 
+def test_a_local_folder_is_read_without_fsspec_until_its_filesystem_is_asked_for(small_ds, tmp_path, monkeypatch):
+    """A plain path or ``file://`` URL is the folder fsspec's local filesystem names; its reads,
+    and a report over it, never import fsspec (a child process); its filesystem, asked for, is
+    fsspec's, and a store pickled and back reads the same."""
+    import pickle
+    import subprocess
+    import sys
+
+    from l5dask.core.store import local_folder
+
+    monkeypatch.chdir(tmp_path)
+    for url in ("rel/ds.zarr", "./rel/ds.zarr", "~/x.zarr", str(tmp_path) + "/", "file://" + small_ds):
+        folder = local_folder(url, {})
+        assert folder is not None and Store(url).root == folder.rstrip("/")
+        from fsspec.core import url_to_fs
+
+        assert Store(url).root == url_to_fs(url)[1].rstrip("/")
+    assert local_folder("s3://bucket/ds", {}) is None and local_folder("zip::file://x.zip", {}) is None
+    assert local_folder(small_ds, {"auto_mkdir": True}) is None  # (options: fsspec's)
+    code = """
+import sys
+import l5dask
+from l5dask.prediction.report import compute_report
+ds = l5dask.open_dataset(sys.argv[1])
+report = compute_report(sys.argv[1])
+assert ds.store._fs is None
+print(report["counts"]["agents"], "fsspec" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code, small_ds], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(len(read_all(small_ds)["agents"])), "False"]
+    store = Store(small_ds)
+    again = pickle.loads(pickle.dumps(store))
+    assert again.root == store.root and again.local and not again.remote
+    assert again.get(".zgroup") == Path(small_ds, ".zgroup").read_bytes()
+    assert type(store.fs).__name__ == "LocalFileSystem" and store.fs.isfile(store.path(".zgroup"))
+    assert store.local and dask.base.tokenize(store) == dask.base.tokenize(again)
+
+
 def test_old_format_without_traffic_lights_warns(tmp_path):
     path = str(tmp_path / "old.zarr")
     l5dask.synthesize(path, scenes=1, seed=1, traffic_lights=False)
