@@ -81,6 +81,43 @@ def test_report_default_chunks_and_grouped_tasks(default_ds, small_ds):
     check(small_ds, chunks_per_task=3)
 
 
+def test_the_report_is_the_same_bits_whatever_its_tasks(tmp_path, monkeypatch):
+    """The speed sum is each stored chunk's, added exactly: tasks of any size, any number of
+    stored chunks a call, the sync scheduler or threads give the same report, bit for bit (before,
+    the float sum's order followed the tasks)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from l5dask.prediction import reading
+    from l5dask.prediction.stats import exact_add, exact_merge, exact_total
+
+    path = str(tmp_path / "d.zarr")
+    l5dask.synthesize(path, scenes=6, seed=5, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 200})
+    want = public(compute_report(path, scheduler="sync", chunks_per_task=1))
+    for group, per_task, scheduler in [(1, 5, None), (2, 3, "sync"), (3, 7, None), (4, 64, None)]:
+        monkeypatch.setattr(reading, "ENCODED_CHUNKS", group)
+        assert public(compute_report(path, scheduler=scheduler, chunks_per_task=per_task)) == want
+
+    # (speeds are at most float32's largest times sqrt 2: sums far within float64's range)
+    floats = st.one_of(st.floats(-1e300, 1e300, width=64), st.sampled_from([math.inf, -math.inf, math.nan]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(floats, max_size=40), st.integers(0, 40), st.randoms())
+    def same_in_any_order(values, cut, rnd):
+        exact = math.fsum(v for v in values if math.isfinite(v))
+        special = sum((v for v in values if not math.isfinite(v)), 0.0)
+        shuffled = list(values)
+        rnd.shuffle(shuffled)
+        a, b = exact_add((), shuffled[:cut]), exact_add((), shuffled[cut:])
+        for got in (exact_total(exact_add((), values)), exact_total(exact_merge(b, a))):
+            if math.isnan(special) or special:
+                assert math.isnan(got) if math.isnan(special) else got == special
+            else:
+                assert got == exact  # (fsum: the exact sum, rounded once)
+
+    same_in_any_order()
+
+
 def test_one_scene(tmp_path):
     path = str(tmp_path / "one.zarr")
     l5dask.synthesize(path, scenes=1, seed=2, chunk_rows={fmt.AGENTS: 4_000, fmt.FRAMES: 50})

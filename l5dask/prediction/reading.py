@@ -159,6 +159,14 @@ class Encoded:
     def __len__(self) -> int:
         return self.stop - self.start
 
+    def spans(self) -> list[tuple[int, int]]:
+        """Each stored chunk's rows ``[a, b)`` among these rows, in order."""
+        out = []
+        for index, _ in self.chunks:
+            lo, hi = self.meta.chunk_bounds(index)
+            out.append((lo - self.start, hi - self.start))
+        return out
+
     @property
     def dtype(self) -> np.dtype:
         return self.meta.dtype
@@ -303,7 +311,7 @@ class L5Array:
 
     def iter_encoded(self, first: int, n: int):
         """``(start row, Encoded)`` of stored chunks ``first .. first + n - 1``, up to
-        :data:`ENCODED_CHUNKS` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
+        ``ENCODED_CHUNKS`` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
         (see :class:`Encoded`)."""
         group: list[tuple[int, bytes]] = []
         for index, raw in iter_stored(self.store, self.meta, first, n):

@@ -17,6 +17,8 @@ passes read, and in which order, is declared in :mod:`l5dask.prediction.report`;
 from __future__ import annotations
 
 import functools
+import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +50,53 @@ def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
     out = np.zeros(len(edges), np.int64)
     uniform_histogram(np.ascontiguousarray(values, dtype=np.float64), float(edges[1] - edges[0]), out)
     return out
+
+
+def exact_add(acc: tuple[float, ...], values: Iterable[float]) -> tuple[float, ...]:
+    """A sum of floats that no order of adding changes: ``acc`` (``()``, or a result of this) with
+    ``values`` added, kept exactly. It is the sum of the values that are not finite, then
+    Shewchuk's non-overlapping partials of the others' exact sum (those ``math.fsum`` keeps);
+    :func:`exact_total` rounds it once. The report's speed sum is one per stored chunk (its rows
+    added in order), added so: the same bits whatever the tasks, their sizes or the scheduler."""
+    special, *parts = acc or (0.0,)
+    for x in values:
+        x = float(x)
+        if not math.isfinite(x):
+            special += x  # (inf, -inf and NaN: their sum is the same in any order)
+            continue
+        i = 0
+        for y in parts:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                parts[i] = lo
+                i += 1
+            x = hi
+        parts[i:] = [x]
+    return (special, *parts)
+
+
+def exact_merge(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+    """Two sums of :func:`exact_add` as one."""
+    if not a or not b:
+        return a or b
+    out = exact_add(a, b[1:])
+    return (out[0] + b[0], *out[1:])
+
+
+def exact_total(acc: tuple[float, ...]) -> float:
+    """The sum that :func:`exact_add` keeps, correctly rounded (the non-finite values' sum if any)."""
+    if not acc:
+        return 0.0
+    special, *parts = acc
+    if special != 0:  # (NaN != 0)
+        return special
+    try:
+        return math.fsum(parts)
+    except OverflowError:  # (partials beyond float64's range: a sum of them, as a plain sum would be)
+        return sum(parts, 0.0)
 
 
 def empty_is_identity(combine):
@@ -281,7 +330,7 @@ def median_from_counts(values: np.ndarray, counts: np.ndarray) -> float:
 class AgentPart:
     n: int = 0
     labels: np.ndarray = field(default_factory=lambda: np.zeros(17, np.int64))
-    speed_sum: float = 0.0
+    speed_sum: tuple[float, ...] = ()  # each stored chunk's sum of speeds, added exactly (exact_add)
     speed_hist: np.ndarray = field(default_factory=lambda: np.zeros(101, np.int64))
     dist_hist: np.ndarray = field(default_factory=lambda: np.zeros(41, np.int64))
     tracks: SceneSeries = field(default_factory=SceneSeries.empty)  # closed scenes: distinct tracks
@@ -317,11 +366,17 @@ class AgentStats:
         rest = (frames["agent_start"], frames["ego_xy"], lo, *widths, part.labels, part.speed_hist, part.dist_hist, pos)
         if isinstance(agents, np.ndarray):
             ids = np.empty(len(agents), np.uint64)
-            part.speed_sum = agent_chunk(agents, *rest, ids)
-        else:
+            part.speed_sum = exact_add((), [agent_chunk(agents, *rest, ids)])
+        else:  # (stored chunks, maybe several: a sum each, so that how many a call takes changes nothing)
             columns, (label,) = agents.gather(AGENT_ELEMENTS, ["label_probabilities"])
-            ids = columns[4]
-            part.speed_sum = agent_columns(label, columns, *rest)
+            ids, sums = columns[4], []
+            for a, b in agents.spans():
+                sums.append(
+                    agent_columns(
+                        label[a:b], [c[a:b] for c in columns], rest[0], rest[1], lo + a, *rest[3:-1], pos[a:b]
+                    )
+                )
+            part.speed_sum = exact_add((), sums)
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
         scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames["scene"])
@@ -347,7 +402,7 @@ class AgentStats:
         return AgentPart(
             n=a.n + b.n,
             labels=a.labels + b.labels,
-            speed_sum=a.speed_sum + b.speed_sum,
+            speed_sum=exact_merge(a.speed_sum, b.speed_sum),
             speed_hist=a.speed_hist + b.speed_hist,
             dist_hist=a.dist_hist + b.dist_hist,
             tracks=tracks,
@@ -468,7 +523,7 @@ def finalize(
                 "mean": mean(fp.per_frame_sum, fp.n),
             },
             "speed_mps": {
-                "mean": mean(ap.speed_sum, ap.n),
+                "mean": mean(exact_total(ap.speed_sum), ap.n),
                 "histogram": {"edges": SPEED_EDGES.tolist(), "counts": ap.speed_hist.tolist()},
             },
             "distance_to_ego_m": {"histogram": {"edges": DISTANCE_EDGES.tolist(), "counts": ap.dist_hist.tolist()}},
