@@ -74,8 +74,9 @@ def tune_gc() -> None:
     """Before each pass on this process's threads, the objects then alive (the command's imports:
     numpy, dask, ~48,000 objects the collector follows) are moved out of the collector's reach
     (``gc.freeze``). A full collection during a pass walked them all, 10-13 ms with the GIL held,
-    while the pass's threads waited for it; the report on 30 M agents, as a whole process: 1.31x
-    the read-and-decode floor with it, 1.33-1.39x without (medians of 15-21 interleaved rounds,
+    while the pass's threads waited for it. The report on 30 M agents: 2% faster within one
+    process; as a whole process, 1.31x the read-and-decode floor against 1.39x, 1.33x and 1.38x
+    without it, and even in a fourth comparison (medians of 15-21 interleaved rounds,
     2026-11-26). For the command line's own process: a library leaves its caller's collector
     alone."""
     global _FREEZE_GC

@@ -95,7 +95,7 @@ def exact_total(acc: tuple[float, ...]) -> float:
         return special
     try:
         return math.fsum(parts)
-    except OverflowError:  # (partials beyond float64's range: a sum of them, as a plain sum would be)
+    except (OverflowError, ValueError):  # (past float64: a plain sum of them, inf or NaN as one would be)
         return sum(parts, 0.0)
 
 
