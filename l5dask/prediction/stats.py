@@ -362,20 +362,18 @@ class AgentStats:
             return part
 
         pos = np.empty(len(agents), np.int64)
+        frame = (frames["agent_start"], frames["ego_xy"])
         widths = (float(SPEED_EDGES[1]), float(DISTANCE_EDGES[1]))
-        rest = (frames["agent_start"], frames["ego_xy"], lo, *widths, part.labels, part.speed_hist, part.dist_hist, pos)
+        into = (part.labels, part.speed_hist, part.dist_hist)
         if isinstance(agents, np.ndarray):
             ids = np.empty(len(agents), np.uint64)
-            part.speed_sum = exact_add((), [agent_chunk(agents, *rest, ids)])
+            part.speed_sum = exact_add((), [agent_chunk(agents, *frame, lo, *widths, *into, pos, ids)])
         else:  # (stored chunks, maybe several: a sum each, so that how many a call takes changes nothing)
             columns, (label,) = agents.gather(AGENT_ELEMENTS, ["label_probabilities"])
             ids, sums = columns[4], []
             for a, b in agents.spans():
-                sums.append(
-                    agent_columns(
-                        label[a:b], [c[a:b] for c in columns], rest[0], rest[1], lo + a, *rest[3:-1], pos[a:b]
-                    )
-                )
+                cols = [c[a:b] for c in columns]
+                sums.append(agent_columns(label[a:b], cols, *frame, lo + a, *widths, *into, pos[a:b]))
             part.speed_sum = exact_add((), sums)
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
