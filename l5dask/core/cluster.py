@@ -4,17 +4,19 @@ The embedded default is dask's threaded scheduler on this machine's cores: see t
 README ("Where it runs") for the measurement behind that choice. With a scheduler
 address (``--scheduler``, ``DASK_SCHEDULER_ADDRESS`` or dask's ``scheduler-address``
 config) the same graph runs on that cluster; workers read chunks from the store
-themselves, so no chunk bytes pass through the client or the scheduler.
+themselves, so no chunk bytes pass through the scheduler (the client reads the metadata and
+the small sources it keeps, such as the scenes: ``Job.read``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, ContextManager
 
 from l5dask.core.store import CANCELLED, cancel_reads
 from l5dask.errors import ClusterError, L5DaskError
@@ -88,32 +90,46 @@ def tune_gc() -> None:
 WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
 
 
-_WAITING: tuple[int, threading.BoundedSemaphore] | None = None
+_WAITING: tuple[int, int, threading.BoundedSemaphore] | None = None
 _WAITING_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def waiting_for_store(remote: bool) -> Iterator[None]:
-    """While a task on a dask.distributed worker waits for an object store's first bytes, it gives
-    its thread back (distributed's ``secede``, then ``rejoin``): the worker starts its next task,
-    whose requests go out during this wait. Without it a worker thread waited a first-byte latency
-    at the start of every task: ``stats`` on 2 one-thread workers through an endpoint that waits
-    100 ms took 8.21-8.61 s, and 6.88-7.50 s with it (``benchmarks/s3_latency_benchmark.py
-    --cluster --no-secede``, docs/scale.md). At most as many tasks wait so as the worker has
-    threads (each holds its reads ahead). Elsewhere, for a local disk, or with
-    ``l5dask.secede-on-wait: false`` (dask config, on the workers), nothing."""
+def secede_while_waiting(tasks_per_thread: int = 1) -> Callable[[], ContextManager[None]] | None:
+    """On a dask.distributed worker, what a task waits for an object store's bytes in (for
+    ``l5dask.core.store.while_waiting``): it gives its thread back (distributed's ``secede``, then
+    ``rejoin``), and the worker runs another task meanwhile, one whose bytes have come or a new one
+    whose requests then go out. The engine's tasks wait so each time a read they need next has not
+    come. Up to ``tasks_per_thread - 1`` tasks a thread wait beside the running one, each with its
+    reads ahead (the engine passes ``l5dask.remote-tasks-per-core``, 4, as local threads run 4
+    such tasks a core).
+
+    ``stats`` on 2 one-thread workers through the 50 ms endpoint (``benchmarks/s3_latency_
+    benchmark.py --cluster``, docs/scale.md): when a task gave its thread back only while it waited
+    for its first chunk (one task a thread at most), it kept the thread while it waited for each
+    later one (its chunks come at the pace of the worker's connections, which the waiting tasks'
+    reads share) and the tasks whose bytes had come waited to rejoin: 3.75 s, median of 8
+    interleaved rounds; with every wait, 3.44 s (the fetch floor: 2.95 s). Without any, 8.21-8.61 s
+    against 6.88-7.50 s at 100 ms.
+
+    ``None`` elsewhere (not a worker's task), or with ``l5dask.secede-on-wait: false`` (dask
+    config, on the workers)."""
     import dask
 
-    worker = None
-    if remote and dask.config.get("l5dask.secede-on-wait", True):
-        try:
-            from distributed import get_worker
+    dist = sys.modules.get("distributed")  # (not imported: no worker runs this)
+    if dist is None or not dask.config.get("l5dask.secede-on-wait", True):
+        return None
+    try:
+        worker = dist.get_worker()
+    except ValueError:  # (not a worker's task)
+        return None
+    slots = _waiting_slots(worker, max(1, tasks_per_thread - 1))
+    return functools.partial(_seceded, slots)
 
-            worker = get_worker()
-        except (ImportError, ValueError):
-            worker = None
-    slots = _waiting_slots(worker) if worker is not None else None
-    if slots is None or not slots.acquire(blocking=False):
+
+@contextlib.contextmanager
+def _seceded(slots: threading.BoundedSemaphore) -> Iterator[None]:
+    """Out of the worker's threads while inside, if a slot is free."""
+    if not slots.acquire(blocking=False):
         yield
         return
     from distributed import rejoin, secede
@@ -128,13 +144,14 @@ def waiting_for_store(remote: bool) -> Iterator[None]:
         slots.release()
 
 
-def _waiting_slots(worker: Any) -> threading.BoundedSemaphore:
+def _waiting_slots(worker: Any, per_thread: int) -> threading.BoundedSemaphore:
+    """The worker's slots for waiting tasks: ``per_thread`` a thread."""
     global _WAITING
     with _WAITING_LOCK:
-        if _WAITING is None or _WAITING[0] != id(worker):
-            n = max(1, int(getattr(worker, "nthreads", 1) or 1))
-            _WAITING = (id(worker), threading.BoundedSemaphore(n))
-        return _WAITING[1]
+        n = per_thread * max(1, int(getattr(worker, "nthreads", 1) or 1))
+        if _WAITING is None or _WAITING[:2] != (id(worker), n):
+            _WAITING = (id(worker), n, threading.BoundedSemaphore(n))
+        return _WAITING[2]
 
 
 def scheduler_address(address: str | None = None) -> str | None:

@@ -24,7 +24,6 @@ pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
 
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import uuid
@@ -39,8 +38,9 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
-from l5dask.core.cluster import compute, persist, waiting_for_store
+from l5dask.core.cluster import compute, persist, secede_while_waiting
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
+from l5dask.core.store import while_waiting
 from l5dask.errors import L5DaskError
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
@@ -56,7 +56,9 @@ PARENT_TASKS_PER_THREAD = 4
 #: On local threads, a pass over a source whose every read is a request to a server (an object
 #: store) runs this many tasks a core at once (dask config ``l5dask.remote-tasks-per-core``): a
 #: task waits for its requests most of the time, and more tasks keep more requests in flight. The
-#: tasks stay the same (sized for the cores), and so do the results' bits.
+#: tasks stay the same (sized for the cores), and so do the results' bits. On a dask.distributed
+#: worker, as many a thread: the others wait for their first bytes beside the running one
+#: (``l5dask.core.cluster.secede_while_waiting``).
 REMOTE_TASKS_PER_CORE = 4
 
 
@@ -65,8 +67,13 @@ def remote_threads(remote: bool) -> int | None:
     a core, or the dask config's), else ``None``: a thread a core."""
     if not remote:
         return None
-    per_core = dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE
-    return int(per_core) * (os.cpu_count() or 1)
+    return remote_tasks_per_core() * (os.cpu_count() or 1)
+
+
+def remote_tasks_per_core() -> int:
+    """Tasks a core (on a dask.distributed worker: a thread) runs at once when they read an object
+    store: ``l5dask.remote-tasks-per-core``, else ``REMOTE_TASKS_PER_CORE``."""
+    return max(1, int(dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE))
 
 
 class ChunkSource(Protocol):
@@ -344,33 +351,26 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     part, rows = None, []
     bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
     remote = getattr(source, "remote", False)
-    chunks: Iterable[tuple[Any, Any]]
-    if spec.blocks:
-        # (the block's requests all go out at once: the task gives its thread back until they came;
-        # a block of records is decoded then too, ~0.4 ms a chunk, the waiting is ~50 ms)
-        with waiting_for_store(remote):
-            block = read_block_of(source, first, n, spec.encoded)
-        chunks = [(source.chunk_bounds(first)[0], block)]
-    else:
-        chunks = (
-            source.iter_encoded(first, n)
-            if spec.encoded and hasattr(source, "iter_encoded")
-            else source.iter_chunks(first, n)
-        )
+    # on a worker, each wait for a bucket's bytes that have not come gives the thread back
     try:
-        if not spec.blocks and remote:
-            chunks = iter(chunks)
-            with waiting_for_store(True):  # (the first chunk: its requests, and the others', go out)
-                head = next(chunks, None)
-            chunks = itertools.chain([] if head is None else [head], chunks)
-        for start, data in chunks:
-            if red is not None:
-                p = red.chunk(data, start, parent)
-                part = p if part is None else red.combine(part, p)
-            if spec.rows is not None:
-                rows.append(spec.rows(data, start, parent))
-            for f, child_len in spec.intervals.items():
-                bounds[f].append(block_bounds(data, f, start, child_len))
+        with while_waiting(secede_while_waiting(remote_tasks_per_core()) if remote else None):
+            if spec.blocks:
+                block = read_block_of(source, first, n, spec.encoded)
+                chunks: Iterable[tuple[Any, Any]] = [(source.chunk_bounds(first)[0], block)]
+            else:
+                chunks = (
+                    source.iter_encoded(first, n)
+                    if spec.encoded and hasattr(source, "iter_encoded")
+                    else source.iter_chunks(first, n)
+                )
+            for start, data in chunks:
+                if red is not None:
+                    p = red.chunk(data, start, parent)
+                    part = p if part is None else red.combine(part, p)
+                if spec.rows is not None:
+                    rows.append(spec.rows(data, start, parent))
+                for f, child_len in spec.intervals.items():
+                    bounds[f].append(block_bounds(data, f, start, child_len))
     except Exception as exc:
         if not isinstance(exc, L5DaskError):
             _note(exc, spec.label, source, first, n, red.name if red is not None else "rows")
@@ -394,6 +394,36 @@ def combine_many(reduction: Reduction, *parts: Any) -> Any:
     return out
 
 
+#: The span of the priorities :func:`interleave` gives a pass's leaves.
+PRIORITY_SPAN = 1 << 20
+
+
+def interleave(graph: dict, passes: Sequence[Sequence[Any]]) -> dict[Any, int]:
+    """Scheduling priorities (dask's ``priority`` annotation, higher first) that run the leaves of
+    several passes of one graph side by side, each from its first to its last: leaf ``i`` of ``n``
+    gets ``-PRIORITY_SPAN * i // n``, and a task a leaf depends on that is no leaf (the parent rows
+    a persisted pass makes again) the priority of its first leaf, so that it runs just before it
+    and no earlier. The other tasks (the combines) keep 0: each runs as soon as its partials are
+    there. Nothing for fewer than two passes.
+
+    dask.distributed ran the report's traffic-light faces after every agent task: the last second
+    of a run through the 50 ms endpoint on 2 worker processes had the faces left, each task waiting
+    for its first bytes, and a one-thread worker ran 38 agent tasks in a row, then the faces. Local
+    threads order by the graph (``dask.order``) and ignore it."""
+    if len(passes) < 2:
+        return {}
+    order: dict[Any, int] = {}
+    for leaves in passes:
+        for i, key in enumerate(leaves):
+            order[key] = -(PRIORITY_SPAN * i // len(leaves))
+    for leaves in passes:
+        for key in leaves:
+            for dep in graph[key].dependencies:
+                if dep in graph:
+                    order.setdefault(dep, order[key])
+    return order
+
+
 def _finalize(reduction: Reduction, part: Any) -> Any:
     return reduction.finalize(part)
 
@@ -410,10 +440,6 @@ def hold_blocks(parent: str, intervals: dict[str, int], *blocks: Block) -> Block
 
 def _bounds_of(block: Block) -> dict[str, np.ndarray]:
     return block.bounds or {}
-
-
-def _read_whole(source: Any) -> Any:
-    return source.read(0, source.nchunks)
 
 
 # --- sizing --------------------------------------------------------------------------------
@@ -653,13 +679,13 @@ class Job:
         return graph, deps, groups
 
     # -- running ---------------------------------------------------------------------------
-    def read(self, source: Any, name: str | None = None) -> Any:
-        """A whole (small) source in one task, computed now (on the workers on a cluster)."""
-        key = name or f"l5-{source.name}-{tokenize(source)}"
-        graph: dict[Any, Task] = {key: Task(key, _read_whole, source)}
-        return compute(
-            Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])), client=self.client, **self.kw
-        )
+    def read(self, source: Any) -> Any:
+        """A whole (small) source, read now by this process: what it returns is wanted here (the
+        scenes a report keeps a row of each), and its stored bytes are fewer to move than its
+        records. On a cluster a task on a worker read it before, a round trip through the scheduler
+        to a worker still warming up: 0.08-0.21 s of the report through the 50 ms endpoint on 2
+        worker processes, against 0.05-0.06 s here."""
+        return source.read(0, source.nchunks)
 
     def hold(self, spec: Pass) -> Held:
         """``spec`` (a pass that keeps ``rows``) declared into a graph for lazy collections, not run:
@@ -798,6 +824,7 @@ class Job:
         graph: dict = {}
         deps: list = []
         roots = []
+        passes: list[list] = []  # each pass's leaves, to run side by side (interleave)
         for spec in specs:
             if isinstance(spec, Persisted):
                 leaves, deps = list(spec.keys), deps + spec.collections
@@ -809,6 +836,7 @@ class Job:
                 graph.update(g)
                 deps += d
                 leaves = [(tasks, i) for i in range(len(groups))]  # (not the parent rows' tasks)
+                passes.append(leaves)
             if red is None:
                 raise ValueError(f"pass {label!r} declares no reduction: persist it, or give one")
             root = tree_reduce(graph, f"l5-combine-{label}-{tokenize(leaves)}", leaves, red)
@@ -821,7 +849,9 @@ class Job:
             if final is not None
             else Task(key, tuple, List(*[TaskRef(r) for r in roots]))
         )
-        hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
+        order = interleave(graph, passes)
+        with dask.annotate(**({"priority": lambda k: order.get(k, 0)} if order else {})):
+            hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
         sources = [s.spec.source if isinstance(s, Persisted) else s.source for s in specs]
         threads = remote_threads(any(getattr(s, "remote", False) for s in sources))
         return compute(

@@ -6,13 +6,15 @@ carry to the workers, so that workers read chunks straight from the store.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import errno
 import os
 import posixpath
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ContextManager
 
 from l5dask.core import diskread, s3get
 from l5dask.errors import ChunkError, NotADatasetError, StoreError
@@ -44,6 +46,26 @@ CANCELLED = threading.Event()
 
 def cancel_reads() -> None:
     CANCELLED.set()
+
+
+#: What a reader does while it waits for a read of an object store that has not come: ``None``,
+#: or a function that returns a context manager to wait in (see :func:`while_waiting`).
+_WAITING: contextvars.ContextVar[Callable[[], ContextManager[Any]] | None] = contextvars.ContextVar(
+    "l5dask_waiting", default=None
+)
+
+
+@contextlib.contextmanager
+def while_waiting(hook: Callable[[], ContextManager[Any]] | None) -> Iterator[None]:
+    """Within this block (this thread and context), each wait for a read of an object store whose
+    bytes have not come yet happens inside ``hook()``; a read already done is not waited for. The
+    engine gives a dask.distributed worker's thread back this way while its task waits
+    (``l5dask.core.cluster.secede_while_waiting``). ``None``: plain waits."""
+    token = _WAITING.set(hook)
+    try:
+        yield
+    finally:
+        _WAITING.reset(token)
 
 
 def _wait(fut: Any, path: str) -> Any:
@@ -419,7 +441,12 @@ class Store:
                 fut = pending[i]
                 pending[i] = None  # type: ignore[call-overload]
                 try:
-                    got = _wait(fut, self.path(k))
+                    hook = None if fut.done() else _WAITING.get()
+                    if hook is None:
+                        got = _wait(fut, self.path(k))
+                    else:
+                        with hook():
+                            got = _wait(fut, self.path(k))
                 except StoreError:
                     raise
                 except (FileNotFoundError, PermissionError):
