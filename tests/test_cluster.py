@@ -324,21 +324,16 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     )
 
 
-@pytest.mark.parametrize("tasks_per_thread", [2, None])
+@pytest.mark.parametrize("tasks_per_thread", [2, 3])
 def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report, tasks_per_thread):
-    """On a worker of one thread, a task waiting for a bucket's first bytes secedes: the next task's
+    """On a worker of one thread, a task waiting for a bucket's bytes secedes: the next task's
     reads go out meanwhile (more agent chunk GETs at once than one task makes), at most
-    ``l5dask.remote-tasks-per-core`` tasks (4 by default) run on the thread at once, and the
-    report is exact."""
-    from l5dask.core.engine import REMOTE_TASKS_PER_CORE
-
+    ``l5dask.remote-tasks-per-core`` tasks run on the thread at once, and the report is exact."""
     from .test_faults import FlakyProxy
 
     # one task's reads: 1 ahead, so at most 2 of its GETs at once
-    env = {"DASK_L5DASK__REQUESTS_IN_FLIGHT": "1"}
-    if tasks_per_thread:
-        env["DASK_L5DASK__REMOTE_TASKS_PER_CORE"] = str(tasks_per_thread)
-    tasks = tasks_per_thread or REMOTE_TASKS_PER_CORE
+    env = {"DASK_L5DASK__REQUESTS_IN_FLIGHT": "1", "DASK_L5DASK__REMOTE_TASKS_PER_CORE": str(tasks_per_thread)}
+    tasks = tasks_per_thread
     cluster = DaskCluster(n_workers=1, threads=1, env=env)
     proxy = FlakyProxy(s3.endpoint)
     proxy.delay, proxy.watch = 0.05, "/agents/"
@@ -386,13 +381,13 @@ def test_the_passes_of_one_compute_run_side_by_side(small_ds, local_report):
 def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_small, small_ds):
     """The same for a pass whose tasks fetch their chunks as one block (``aggregate``'s, the
     report's frames): 2 chunks a task, so 2 GETs of one task at once, and the GETs of up to
-    ``l5dask.remote-tasks-per-core`` tasks; the result is the same as on a local disk."""
-    from l5dask.core.engine import REMOTE_TASKS_PER_CORE
+    ``l5dask.remote-tasks-per-core`` tasks (3 here); the result is the same as on a local disk."""
     from l5dask.prediction.aggregation import aggregate
 
     from .test_faults import FlakyProxy
 
-    cluster = DaskCluster(n_workers=1, threads=1)
+    tasks = 3
+    cluster = DaskCluster(n_workers=1, threads=1, env={"DASK_L5DASK__REMOTE_TASKS_PER_CORE": str(tasks)})
     proxy = FlakyProxy(s3.endpoint)
     proxy.delay, proxy.watch = 0.05, "/agents/"
     query = {"by": "label", "values": {"speed": ["count", "max"]}, "chunks_per_task": 2}
@@ -406,7 +401,7 @@ def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_
         cluster.close()
     want = aggregate(small_ds, **query)
     assert got.equals(want)
-    assert 2 * (REMOTE_TASKS_PER_CORE - 1) < proxy.most_in_flight <= 2 * REMOTE_TASKS_PER_CORE, proxy.most_in_flight
+    assert 2 * (tasks - 1) < proxy.most_in_flight <= 2 * tasks, proxy.most_in_flight
 
 
 def _note_worker(folder: str, fail: bool = False) -> None:

@@ -292,3 +292,80 @@ def test_iter_ranges_same_bytes_from_s3_and_a_disk_asked_for_at_once(s3, tmp_pat
     it = remote.iter_ranges(ranges, depth=2)
     assert started.wait(10) and sorted(asked) == sorted(ranges[:2])  # before any was taken
     assert list(it) == want and sorted(asked) == sorted(ranges)
+
+
+def test_a_reader_waits_in_the_hook_only_for_reads_not_yet_come(s3, tmp_path, monkeypatch):
+    """Within ``while_waiting(hook)``, each wait for an object store's read that has not come is made
+    inside ``hook()`` (a worker's task gives its thread back there), a read already come is taken
+    at once, and a local disk's reads never enter it; outside, nothing does."""
+    import asyncio
+    import contextlib
+    import threading
+    import time
+
+    from l5dask.core import store as st
+
+    s3.make_bucket("l5-waits")
+    fs = s3.s3fs()
+    blobs = {f"b{i}.bin": bytes([i]) * 1000 for i in range(4)}
+    for name, data in blobs.items():
+        (tmp_path / name).write_bytes(data)
+        fs.pipe(f"l5-waits/{name}", data)
+    entered: list[int] = []
+
+    @contextlib.contextmanager
+    def hook():
+        entered.append(1)
+        yield
+
+    cat, came = st._cat_parts, threading.Semaphore(0)
+
+    async def later(fs, path, start, end):  # (b1 comes 1 s late, the others at once)
+        if path.endswith("b1.bin"):
+            await asyncio.sleep(1.0)
+        got = await cat(fs, path, start, end)
+        came.release()
+        return got
+
+    monkeypatch.setattr(st, "_cat_parts", later)
+    remote = st.Store("s3://l5-waits", s3.storage_options())
+    keys = sorted(blobs)
+    with st.while_waiting(hook):
+        it = remote.iter_many(keys, depth=4)
+        assert all(came.acquire(timeout=10) for _ in range(3))  # b0, b2 and b3 have come
+        time.sleep(0.05)  # (their futures are done a moment after)
+        assert list(it) == [blobs[k] for k in keys]
+        assert len(entered) == 1  # b1's wait
+        entered.clear()
+        assert list(st.Store(str(tmp_path)).iter_many(keys)) == [blobs[k] for k in keys]
+        assert entered == []
+    assert list(remote.iter_many(keys)) == [blobs[k] for k in keys] and entered == []
+
+
+def test_a_task_waits_out_of_its_workers_threads_only_on_a_worker(dask_cluster):
+    """``secede_while_waiting`` gives a hook on a dask.distributed worker's task (the task then
+    waits out of the worker's threads: ``distributed.secede``), none elsewhere or when
+    ``l5dask.secede-on-wait`` is false on the worker."""
+    from distributed import Client
+
+    from l5dask.core.cluster import secede_while_waiting
+
+    def inside(off: bool):
+        import dask
+
+        with dask.config.set({"l5dask.secede-on-wait": not off}):
+            hook = secede_while_waiting(4)
+            if hook is None:
+                return None
+            from distributed.threadpoolexecutor import thread_state
+
+            # (a thread out of the worker's pool does not take its next task: proceed False)
+            before = thread_state.proceed
+            with hook():
+                during = thread_state.proceed
+            return before, during, thread_state.proceed
+
+    assert secede_while_waiting(4) is None  # (this process: no worker)
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        assert client.submit(inside, False, pure=False).result() == (True, False, True)
+        assert client.submit(inside, True, pure=False).result() is None

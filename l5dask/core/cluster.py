@@ -100,7 +100,7 @@ def secede_while_waiting(tasks_per_thread: int = 1) -> Callable[[], ContextManag
     ``rejoin``), and the worker runs another task meanwhile, one whose bytes have come or a new one
     whose requests then go out. The engine's tasks wait so each time a read they need next has not
     come. Up to ``tasks_per_thread - 1`` tasks a thread wait beside the running one, each with its
-    reads ahead (the engine passes ``l5dask.remote-tasks-per-core``, 4, as local threads run 4
+    reads ahead (the engine passes ``l5dask.remote-tasks-per-core``, 6, as local threads run 6
     such tasks a core).
 
     ``stats`` on 2 one-thread workers through the 50 ms endpoint (``benchmarks/s3_latency_

@@ -57,9 +57,12 @@ PARENT_TASKS_PER_THREAD = 4
 #: store) runs this many tasks a core at once (dask config ``l5dask.remote-tasks-per-core``): a
 #: task waits for its requests most of the time, and more tasks keep more requests in flight. The
 #: tasks stay the same (sized for the cores), and so do the results' bits. On a dask.distributed
-#: worker, as many a thread: the others wait for their first bytes beside the running one
-#: (``l5dask.core.cluster.secede_while_waiting``).
-REMOTE_TASKS_PER_CORE = 4
+#: worker, as many a thread: the others wait for their bytes beside the running one
+#: (``l5dask.core.cluster.secede_while_waiting``). ``stats`` through the 50 ms endpoint, medians
+#: of 8 interleaved rounds (2026-11-26): on local threads 3.09 s with 6 and 3.33 s with 4 (peak
+#: RSS 173 and 166 MB); on 2 one-thread workers 3.42-3.62 s with 6, 3.64-3.78 s with 4, 3.52 s
+#: with 8 and 4.15 s with 2.
+REMOTE_TASKS_PER_CORE = 6
 
 
 def remote_threads(remote: bool) -> int | None:
