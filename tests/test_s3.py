@@ -369,3 +369,27 @@ def test_a_task_waits_out_of_its_workers_threads_only_on_a_worker(dask_cluster):
     with Client(dask_cluster.address, set_as_default=False) as client:
         assert client.submit(inside, False, pure=False).result() == (True, False, True)
         assert client.submit(inside, True, pure=False).result() is None
+
+
+def _waits_given_back() -> bool:
+    """In a task: whether its waits for a bucket's bytes are made out of the worker's threads."""
+    from l5dask.core import store
+
+    return store._WAITING.get() is not None
+
+
+def test_the_tasks_of_a_map_over_a_bucket_give_their_thread_back_while_they_wait(dask_cluster):
+    """``Job.map`` and ``Job.map_reduce`` tasks that read an object store (``evaluate``'s row scan
+    and metrics, the perception tables, lidar, detection) wait for its bytes out of the worker's
+    threads, as a pass's tasks do; those that do not, and any on local threads, wait in place."""
+    from distributed import Client
+
+    from l5dask.core.engine import Job, Reduction
+
+    both = Reduction("both", chunk=None, combine=lambda a, b: a and b, identity=lambda: True)  # type: ignore[arg-type]
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        job = Job(client=client)
+        assert job.map(_waits_given_back, [()] * 3, name="l5-test-waits", remote=True) == [True] * 3
+        assert job.map(_waits_given_back, [()] * 3, name="l5-test-waits", remote=False) == [False] * 3
+        assert job.map_reduce(_waits_given_back, [()] * 3, both, name="l5-test-waits", remote=True) is True
+    assert Job().map(_waits_given_back, [()] * 2, name="l5-test-waits", remote=True) == [False] * 2

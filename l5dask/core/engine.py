@@ -340,6 +340,20 @@ def _note(exc: BaseException, spec_name: str, source: Any, first: int, n: int, w
     exc.add_note(f"l5dask: in {what} of {source.name!r}, {chunks} (pass {spec_name!r})")
 
 
+def call_task(key: Any, func: Callable, args: Sequence[Any], remote: bool) -> Task:
+    """The task ``func(*args)`` of :meth:`Job.map` and :meth:`Job.map_reduce`; ``remote`` (its reads
+    are an object store's): on a dask.distributed worker, it gives its thread back at each wait for
+    bytes that have not come, as a pass's task does (:func:`run_remote`)."""
+    return Task(key, run_remote, func, *args) if remote else Task(key, func, *args)
+
+
+def run_remote(func: Callable, *args: Any) -> Any:
+    """``func(*args)``, each of its waits for an object store's bytes that have not come made out of
+    the worker's threads on a dask.distributed worker (``secede_while_waiting``)."""
+    with while_waiting(secede_while_waiting(remote_tasks_per_core())):
+        return func(*args)
+
+
 def read_block_of(source: Any, first: int, n: int, encoded: bool = False) -> Any:
     """Chunks ``first .. first + n - 1`` of ``source`` as one block: records, or (``encoded``, from
     sources that can) the stored chunks not yet decoded."""
@@ -781,7 +795,7 @@ class Job:
         store (see ``REMOTE_TASKS_PER_CORE``)."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
-        graph: dict[Any, Task] = {k: Task(k, func, *args) for k, args in zip(keys, calls)}
+        graph: dict[Any, Task] = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}
         graph[key] = Task(key, list, List(*[TaskRef(k) for k in keys]))
         return compute(
             Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
@@ -800,7 +814,7 @@ class Job:
         ``remote`` as for :meth:`map`."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
-        graph: dict = {k: Task(k, func, *args) for k, args in zip(keys, calls)}
+        graph: dict = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}
         root = tree_reduce(graph, f"{key}-combine", keys, reduction)
         fin = f"{key}-finalize"
         graph[fin] = Task(fin, _finalize, reduction, TaskRef(root))
