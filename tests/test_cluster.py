@@ -336,7 +336,7 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
     tasks = tasks_per_thread
     cluster = DaskCluster(n_workers=1, threads=1, env=env)
     proxy = FlakyProxy(s3.endpoint)
-    proxy.delay, proxy.watch = 0.05, "/agents/"
+    proxy.delay, proxy.watch = 0.15, "/agents/"  # (long enough for the tasks to overlap on a busy machine)
     try:
         opts = s3.storage_options()
         opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
@@ -389,7 +389,7 @@ def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_
     tasks = 3
     cluster = DaskCluster(n_workers=1, threads=1, env={"DASK_L5DASK__REMOTE_TASKS_PER_CORE": str(tasks)})
     proxy = FlakyProxy(s3.endpoint)
-    proxy.delay, proxy.watch = 0.05, "/agents/"
+    proxy.delay, proxy.watch = 0.15, "/agents/"
     query = {"by": "label", "values": {"speed": ["count", "max"]}, "chunks_per_task": 2}
     try:
         opts = s3.storage_options()
