@@ -29,7 +29,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ContextManager, NamedTuple, Protocol
 
 import dask
 import numpy as np
@@ -349,9 +349,16 @@ def call_task(key: Any, func: Callable, args: Sequence[Any], remote: bool) -> Ta
 
 def run_remote(func: Callable, *args: Any) -> Any:
     """``func(*args)``, each of its waits for an object store's bytes that have not come made out of
-    the worker's threads on a dask.distributed worker (``secede_while_waiting``)."""
-    with while_waiting(secede_while_waiting(remote_tasks_per_core())):
+    the worker's threads on a dask.distributed worker (:func:`store_waits`)."""
+    with store_waits(True):
         return func(*args)
+
+
+def store_waits(remote: bool) -> ContextManager[None]:
+    """Where a task waits for its reads: ``remote`` (an object store's), out of a dask.distributed
+    worker's threads at each wait for bytes that have not come, up to ``remote_tasks_per_core()``
+    tasks a thread (``secede_while_waiting``); else in place."""
+    return while_waiting(secede_while_waiting(remote_tasks_per_core()) if remote else None)
 
 
 def read_block_of(source: Any, first: int, n: int, encoded: bool = False) -> Any:
@@ -368,9 +375,8 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     part, rows = None, []
     bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
     remote = getattr(source, "remote", False)
-    # on a worker, each wait for a bucket's bytes that have not come gives the thread back
     try:
-        with while_waiting(secede_while_waiting(remote_tasks_per_core()) if remote else None):
+        with store_waits(remote):  # (on a worker: out of its threads while the bytes have not come)
             if spec.blocks:
                 block = read_block_of(source, first, n, spec.encoded)
                 chunks: Iterable[tuple[Any, Any]] = [(source.chunk_bounds(first)[0], block)]
