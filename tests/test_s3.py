@@ -375,7 +375,7 @@ def _waits_given_back() -> bool:
     """In a task: whether its waits for a bucket's bytes are made out of the worker's threads."""
     from l5dask.core import store
 
-    return store._WAITING.get() is not None
+    return store._WAIT_HOOK.get() is not None
 
 
 def test_the_tasks_of_a_map_over_a_bucket_give_their_thread_back_while_they_wait(dask_cluster):

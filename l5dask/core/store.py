@@ -50,7 +50,7 @@ def cancel_reads() -> None:
 
 #: What a reader does while it waits for a read of an object store that has not come: ``None``,
 #: or a function that returns a context manager to wait in (see :func:`while_waiting`).
-_WAITING: contextvars.ContextVar[Callable[[], ContextManager[Any]] | None] = contextvars.ContextVar(
+_WAIT_HOOK: contextvars.ContextVar[Callable[[], ContextManager[Any]] | None] = contextvars.ContextVar(
     "l5dask_waiting", default=None
 )
 
@@ -61,11 +61,11 @@ def while_waiting(hook: Callable[[], ContextManager[Any]] | None) -> Iterator[No
     bytes have not come yet happens inside ``hook()``; a read already done is not waited for. The
     engine gives a dask.distributed worker's thread back this way while its task waits
     (``l5dask.core.cluster.secede_while_waiting``). ``None``: plain waits."""
-    token = _WAITING.set(hook)
+    token = _WAIT_HOOK.set(hook)
     try:
         yield
     finally:
-        _WAITING.reset(token)
+        _WAIT_HOOK.reset(token)
 
 
 def _wait(fut: Any, path: str) -> Any:
@@ -441,7 +441,7 @@ class Store:
                 fut = pending[i]
                 pending[i] = None  # type: ignore[call-overload]
                 try:
-                    hook = None if fut.done() else _WAITING.get()
+                    hook = None if fut.done() else _WAIT_HOOK.get()
                     if hook is None:
                         got = _wait(fut, self.path(k))
                     else:
