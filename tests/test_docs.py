@@ -133,6 +133,42 @@ def test_every_example_of_the_page_runs(page, docs_data, s3, tmp_path):
     assert r.returncode == 0, r.stderr[-5000:]
 
 
+def documented_callables() -> list[str]:
+    """The dotted names of docs/api.md's autosummary entries (each under its ``currentmodule``)."""
+    names, module = [], ""
+    for line in (ROOT / "docs" / "api.md").read_text().splitlines():
+        if line.startswith(".. currentmodule:: "):
+            module = line.split("::", 1)[1].strip()
+        elif re.fullmatch(r"   [A-Za-z_][\w.]*", line) and module:
+            names.append(f"{module}.{line.strip()}")
+    return names
+
+
+def test_every_documented_function_shows_its_parameters():
+    """The API pages show a function's signature as ``inspect`` sees it: a bare ``(*args,
+    **kwargs)`` (a pass-through wrapper) would hide its parameters there."""
+    import importlib
+    import inspect
+
+    names, hidden = documented_callables(), []
+    assert "l5dask.prediction.aggregation.aggregate" in names
+    for name in names:
+        parts, obj = name.split("."), None
+        for i in range(len(parts), 0, -1):  # the longest importable module, then attributes
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for attr in parts[i:]:
+                obj = getattr(obj, attr)
+            break
+        if inspect.isfunction(obj):
+            kinds = {p.kind for p in inspect.signature(obj).parameters.values()}
+            if kinds and kinds <= {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}:
+                hidden.append(name)
+    assert not hidden
+
+
 OUTSIDE = ".." + "/shared"  # (spelled apart: this file names it without referring to it)
 
 

@@ -40,3 +40,17 @@ def test_custom_aggregations(executed_notebooks):
     assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) >= 3
     by_label = pd.read_csv(executed_notebooks / "04_custom_aggregations" / "by_label.csv")
     assert list(by_label.columns) == ["label", "speed_mean", "speed_count"]
+
+
+def test_markdown_cells_start_with_their_text():
+    """No markdown cell opens with a stray marker line (such as ``md``), which the pages render as
+    a paragraph of its own."""
+    from pathlib import Path
+
+    stray = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            first = cell.source.split("\n", 1)[0].strip() if cell.cell_type == "markdown" else ""
+            if first.lower() in ("md", "markdown", "%%md", "%%markdown"):
+                stray.append(f"{path.name} cell {i}: {first!r}")
+    assert not stray

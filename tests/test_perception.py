@@ -49,7 +49,7 @@ def cli(*args):
 
 
 def same(ours, ref, path="report"):
-    """Integers exact, floats to 1e-9 relative, same keys (the spec's contract)."""
+    """Integers exact, floats to 1e-9 relative, same keys (the perception report's contract, docs/perception.md)."""
     if isinstance(ref, dict):
         assert set(ours) == set(ref), (path, set(ours) ^ set(ref))
         for k in ref:

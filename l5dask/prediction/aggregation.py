@@ -406,15 +406,7 @@ def group_bound(table: Table, by: Sequence[str]) -> int:
     return min(bound, max(rows, 1)) if by else 1
 
 
-def aggregate(*args, **kwargs):
-    """Group the rows of one array by some columns and reduce others, in one pass: a pandas
-    DataFrame (see :func:`~l5dask.prediction.aggregation.aggregate_result` for the parameters)."""
-    # (pandas is imported at the end: imported in a thread while the pass runs, it slowed the pass
-    # by more than its 0.25 s, the threads taking turns at the GIL)
-    return aggregate_result(*args, **kwargs).to_pandas()
-
-
-def aggregate_result(
+def aggregate(
     ds,
     array: str = "agents",
     by: Sequence[str] | str = (),
@@ -428,7 +420,7 @@ def aggregate_result(
     client: Any = None,
     scheduler: Any = None,
     progress: bool = False,
-):
+) -> Any:
     """Group the rows of one array by some columns and reduce others, in one pass.
 
     Parameters
@@ -454,11 +446,46 @@ def aggregate_result(
 
     Returns
     -------
-    Result
-        The ``by`` columns, then ``{column}_{reduction}`` for each value; a row per group that
-        has rows, sorted by the keys (:func:`~l5dask.prediction.aggregation.aggregate` gives it as a pandas DataFrame, with
-        categoricals by name).
+    pandas.DataFrame
+        The ``by`` columns (categoricals by name), then ``{column}_{reduction}`` for each value;
+        a row per group that has rows, sorted by the keys.
     """
+    # (pandas is imported at the end: imported in a thread while the pass runs, it slowed the pass
+    # by more than its 0.25 s, the threads taking turns at the GIL)
+    result = aggregate_result(
+        ds,
+        array,
+        by,
+        values,
+        where,
+        max_groups=max_groups,
+        quantile_bits=quantile_bits,
+        storage_options=storage_options,
+        chunks_per_task=chunks_per_task,
+        client=client,
+        scheduler=scheduler,
+        progress=progress,
+    )
+    return result.to_pandas()
+
+
+def aggregate_result(
+    ds,
+    array: str = "agents",
+    by: Sequence[str] | str = (),
+    values: Mapping[str, Sequence[str] | str] | None = None,
+    where: str | None = None,
+    *,
+    max_groups: int = MAX_GROUPS,
+    quantile_bits: int = QUANTILE_BITS,
+    storage_options: dict | None = None,
+    chunks_per_task: int | None = None,
+    client: Any = None,
+    scheduler: Any = None,
+    progress: bool = False,
+):
+    """:func:`aggregate`'s pass with its parameters, the groups as a ``Result`` (whose
+    ``to_pandas()`` is :func:`aggregate`'s DataFrame)."""
 
     warming = warm_up(ds, storage_options, client, scheduler)
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
