@@ -357,6 +357,37 @@ def test_aggregate_where_and_three_keys(edge_ds, ref):
     )
 
 
+@pytest.mark.parametrize(
+    "where,keep",
+    [
+        ("label == PERCEPTION_LABEL_CAR", lambda a, p: a.label == "PERCEPTION_LABEL_CAR"),
+        (
+            "PERCEPTION_LABEL_CAR != label and speed > 1",
+            lambda a, p: (a.label != "PERCEPTION_LABEL_CAR") & (a.speed > 1),
+        ),
+        (
+            "label in [PERCEPTION_LABEL_CAR, 'PERCEPTION_LABEL_PEDESTRIAN']",
+            lambda a, p: a.label.isin(["PERCEPTION_LABEL_CAR", "PERCEPTION_LABEL_PEDESTRIAN"]),
+        ),
+        # the label's probability column of the same name, where it is not compared with a label
+        ("PERCEPTION_LABEL_CAR > 0.5", lambda a, p: p[:, fmt.LABELS.index("PERCEPTION_LABEL_CAR")] > 0.5),
+    ],
+)
+def test_where_reads_a_bare_label_name_compared_with_a_label_as_that_label(edge_ds, ref, where, keep):
+    """``--where "label == PERCEPTION_LABEL_CAR"`` (unquoted in a shell) answered "PERCEPTION_LABEL_CAR
+    is not a label; they are: ... PERCEPTION_LABEL_CAR ...": the name is also the column of that
+    label's probability, which a label cannot be compared with, so it can only mean the label."""
+    ds = l5dask.open_dataset(edge_ds)
+    got = aggregate(ds, "agents", by=["scene_index"], values={"track_id": ["count"]}, where=where)
+    a = ref["agents"]
+    exp = a[keep(a, read_all(edge_ds)["agents"]["label_probabilities"])].groupby("scene_index").size()
+    assert exp.sum() > 0
+    np.testing.assert_array_equal(got.scene_index, exp.index)
+    np.testing.assert_array_equal(got.track_id_count, exp.to_numpy())
+    p = _cli("agg", edge_ds, "--value", "track_id:count", "--where", where, "-q")
+    assert p.returncode == 0 and str(exp.sum()) in p.stdout, p.stderr
+
+
 def test_aggregate_other_arrays_and_no_keys(edge_ds, ref):
     ds = l5dask.open_dataset(edge_ds)
     fr = aggregate(ds, "frames", by=["host"], values={"num_agents": ["sum", "max"]})
@@ -471,6 +502,14 @@ def test_aggregate_reads_each_chunk_once(edge_ds, monkeypatch):
         (
             {"values": {"speed": ["mean"]}, "where": "label == 'CAR'"},
             r"'CAR' is not a label; they are: PERCEPTION_LABEL_NOT_SET",
+        ),
+        (
+            {"values": {"speed": ["mean"]}, "where": "label in [CAR, PERCEPTION_LABEL_VAN]"},
+            r"where 'label in \[CAR, PERCEPTION_LABEL_VAN\]': CAR is not a label; they are: PERCEPTION_LABEL_NOT_SET",
+        ),
+        (
+            {"values": {"speed": ["mean"]}, "where": "label == speed"},
+            r"where 'label == speed': speed is not a label; they are: PERCEPTION_LABEL_NOT_SET",
         ),
         (
             {"values": {"speed": ["mean"]}, "where": "label > 'PERCEPTION_LABEL_CAR'"},

@@ -24,6 +24,7 @@ holds one float32 value), with ``quantile_bits=52`` every column is.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import re
 from collections.abc import Mapping, Sequence
@@ -159,9 +160,43 @@ def _parse(text: str) -> ast.Expression:
         raise UsageError(f"where {text!r} does not parse: {exc.msg} (at column {exc.offset})") from None
 
 
+@functools.lru_cache(maxsize=64)
+def _named(text: str, categories: tuple[tuple[str, tuple[str, ...]], ...]) -> ast.Expression:
+    """The parsed ``where`` with each bare name compared with a categorical column (``categories``:
+    its names) that is one of its categories read as that category, as if quoted: ``label ==
+    PERCEPTION_LABEL_CAR``, ``label in [PERCEPTION_LABEL_CAR, PERCEPTION_LABEL_VAN]``. Unambiguous:
+    the only other reading, the column of that name (the label's probability), cannot be compared
+    with a category."""
+    cats = dict(categories)
+    tree = copy.deepcopy(_parse(text))
+
+    def as_category(node: ast.expr, names: tuple[str, ...]) -> ast.expr:
+        if isinstance(node, ast.Name) and node.id in names:
+            return ast.copy_location(ast.Constant(node.id), node)
+        if isinstance(node, (ast.List, ast.Tuple)):
+            node.elts = [as_category(e, names) for e in node.elts]
+        return node
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            for i in range(len(operands) - 1):
+                for x, y in ((i, i + 1), (i + 1, i)):
+                    a = operands[x]
+                    if isinstance(a, ast.Name) and a.id in cats:
+                        operands[y] = as_category(operands[y], cats[a.id])
+            node.left, node.comparators = operands[0], operands[1:]
+    return tree
+
+
 def where_columns(text: str, table: Table) -> list[str]:
     """The columns a ``where`` names, checked (its syntax too) before any computation."""
-    tree = _parse(text)
+    named = {
+        n.id
+        for n in ast.walk(_parse(text))
+        if isinstance(n, ast.Name) and n.id in table.columns and table.columns[n.id].categorical
+    }
+    tree = _named(text, tuple((n, tuple(table.categories(n) or ())) for n in sorted(named)))
     names: list[str] = []
 
     def check(node: ast.AST) -> None:
@@ -192,7 +227,18 @@ def where_columns(text: str, table: Table) -> list[str]:
             check(child)
 
     check(tree)
-    unknown = [n for n in dict.fromkeys(names) if n not in table.columns]
+    # a bare name compared with a categorical column that is none of its categories is said to be
+    # no category (below), not an unknown column
+    compared = {
+        e.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Compare)
+        and any(isinstance(o, ast.Name) and o.id in named for o in (node.left, *node.comparators))
+        for o in (node.left, *node.comparators)
+        for e in (o.elts if isinstance(o, (ast.List, ast.Tuple)) else [o])
+        if isinstance(e, ast.Name) and e.id not in named
+    }
+    unknown = [n for n in dict.fromkeys(names) if n not in table.columns and n not in compared]
     if unknown:
         raise UsageError(
             f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
@@ -260,7 +306,7 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
 
 def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> np.ndarray:
     """The rows of a chunk (:class:`l5dask.prediction.columns.Chunk`) that ``text`` keeps."""
-    keep = np.asarray(_value(_parse(text), chunk, categories))
+    keep = np.asarray(_value(_named(text, tuple(sorted(categories.items()))), chunk, categories))
     if keep.dtype != bool:
         raise UsageError(f"where {text!r} is not a condition (it gives {keep.dtype} values)")
     return np.broadcast_to(keep, (len(chunk),))
