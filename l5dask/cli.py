@@ -39,8 +39,20 @@ class _Commands(click.Group):
 
             module = importlib.import_module(f".{SYSTEMS[name]}.cli", __package__)
             for command in module.COMMANDS:
+                for param in command.params:  # (``-q`` silences the retries said as they happen too)
+                    if param.name == "quiet" and param.callback is None:
+                        param.callback = _quiet
                 self.add_command(command)
         return super().get_command(ctx, name)
+
+
+def _quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """``-q``: the store's retries (``l5dask.store`` warnings, on stderr) are not said."""
+    if value:
+        import logging
+
+        logging.getLogger("l5dask.store").setLevel(logging.ERROR)
+    return value
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

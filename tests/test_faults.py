@@ -291,3 +291,35 @@ def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err.strip() == "l5dask: interrupted", err
     assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_an_endpoint_that_refuses_the_connection_fails_after_a_few_attempts_each_retry_said(tmp_path):
+    """Nothing listens at the endpoint: a refused connection is retried twice (not 8 times, 21 s
+    of silence), each retry said on stderr as it happens, then one line naming the object; ``-q``
+    says only the error."""
+    import os
+    import subprocess
+    import sys
+
+    port = free_port()  # (bound and closed: nobody listens there)
+    env = dict(
+        os.environ,
+        AWS_ACCESS_KEY_ID="l5dask",
+        AWS_SECRET_ACCESS_KEY="l5dask",
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    out = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "l5dask.cli", "stats", "s3://l5-nowhere/data.zarr", "-O", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 3, r.stderr
+    assert lines[0].endswith("; attempt 2 in 0.2 s") and lines[1].endswith("; attempt 3 in 0.4 s"), r.stderr
+    assert all("reading '.zgroup' failed (" in line and f"127.0.0.1:{port}" in line for line in lines[:2])
+    assert lines[2].startswith(
+        "l5dask: error: s3://l5-nowhere/data.zarr: reading '.zgroup' failed after 3 attempt(s): "
+    )
+    assert not out.exists()
+    quiet = subprocess.run(cmd + ["-q"], capture_output=True, text=True, env=env, timeout=120)
+    assert quiet.returncode == 2 and quiet.stderr.splitlines() == lines[2:], quiet.stderr

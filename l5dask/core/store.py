@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import errno
+import logging
 import os
 import posixpath
 import threading
@@ -23,6 +24,11 @@ from l5dask.errors import ChunkError, NotADatasetError, StoreError
 #: reads that time out, fewer (each waited ``l5dask.read-timeout`` already).
 _RETRIES = 8
 _TIMEOUT_RETRIES = 2
+#: ... and an endpoint that refuses the connection (nothing listens there, or no such host), this
+#: many: it is most often a wrong endpoint, and 8 retries made 21 s of silence before the error.
+_REFUSED_RETRIES = 2
+#: Each retried read is said here as it happens (a warning: on stderr; ``-q`` silences it).
+log = logging.getLogger("l5dask.store")
 #: Connections per process to S3 (botocore's pool; its default is 10), and requests a task keeps in
 #: flight while it decodes what came (dask config ``l5dask.requests-in-flight``).
 S3_CONNECTIONS = 64
@@ -133,6 +139,21 @@ def _is_transient(exc: BaseException) -> bool:
         "ConnectTimeoutError",
         "ResponseStreamingError",
     } or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError"))
+
+
+def _is_refused(exc: BaseException) -> bool:
+    """Whether the endpoint refused the connection or could not be reached at all (botocore's
+    ``EndpointConnectionError``, aiohttp's connector errors, a ``ConnectionRefusedError``), by the
+    error or what it was raised from."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ConnectionRefusedError) or (isinstance(exc, OSError) and exc.errno == errno.ECONNREFUSED):
+            return True
+        name, text = type(exc).__name__, str(exc)
+        if name in {"EndpointConnectionError", "ClientConnectorError"} or "Connection refused" in text:
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1  # type: ignore[assignment]
+    return False
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -271,19 +292,34 @@ class Store:
 
         A store that sheds load (503, SlowDown, a dropped connection) is retried up to
         ``_RETRIES`` times, waiting 0.2 s, then twice as long each time up to 5 s; a read that
-        timed out (no byte within ``l5dask.read-timeout``) up to ``_TIMEOUT_RETRIES`` times."""
+        timed out (no byte within ``l5dask.read-timeout``) up to ``_TIMEOUT_RETRIES`` times; an
+        endpoint that refuses the connection up to ``_REFUSED_RETRIES`` times. Each retry is said
+        as it happens (a warning of the ``l5dask.store`` logger: on stderr unless ``-q``)."""
         delay = 0.2
         attempt = tried
         timeouts = int(failed is not None and _is_timeout(failed))
 
         def give_up(exc: BaseException) -> StoreError | None:
-            if _is_transient(exc) and attempt <= _RETRIES and timeouts <= _TIMEOUT_RETRIES:
+            refused = _is_refused(exc)
+            if (
+                (refused or _is_transient(exc))
+                and attempt <= (_REFUSED_RETRIES if refused else _RETRIES)
+                and timeouts <= _TIMEOUT_RETRIES
+            ):
                 return None
             why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
             return StoreError(f"{self.url}: reading {key!r} failed after {attempt} attempt(s): {why}")
 
-        if failed is not None and (err := give_up(failed)) is not None:
-            raise err from failed  # (the attempts made elsewhere used up the retries)
+        def retry(exc: BaseException) -> None:
+            why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
+            log.warning(
+                "l5dask: %s: reading %r failed (%s); attempt %d in %.1f s", self.url, key, why, attempt + 1, delay
+            )
+
+        if failed is not None:
+            if (err := give_up(failed)) is not None:
+                raise err from failed  # (the attempts made elsewhere used up the retries)
+            retry(failed)
         while True:
             if attempt:
                 time.sleep(delay)
@@ -299,6 +335,7 @@ class Store:
                 timeouts += _is_timeout(exc)
                 if (err := give_up(exc)) is not None:
                     raise err from exc
+                retry(exc)
 
     def get_into(self, key: str, buffer: memoryview, *, what: str | None = None) -> int:
         """Read one object into ``buffer`` (at most its length; the bytes read are returned): on a
