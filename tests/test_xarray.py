@@ -169,3 +169,48 @@ def test_a_dataset_rewritten_in_place_reads_back_new_in_the_same_process(tmp_pat
     want = read_all(path)["agents"]["yaw"]
     np.testing.assert_array_equal(again, want)
     assert len(first) != len(want) or not np.array_equal(first, want)
+
+
+def test_categories_compare_by_name_through_l5_and_cf_xarray(small_ds):
+    """``joined.label == "PERCEPTION_LABEL_CAR"`` compares the integer codes with a string: False
+    everywhere, and every per-scene mean of the cars' speed NaN, without a word (xarray cannot
+    know). The coordinates of categories follow CF's flags, so cf_xarray compares them by name,
+    and so does the ``.l5`` accessor, lazily; a name that is not a category is refused in one line."""
+    import cf_xarray  # noqa: F401 - registers .cf
+
+    from l5dask.errors import UsageError
+
+    ds = l5dask.open_dataset(small_ds)
+    agents, faces = ds.joined("agents"), ds.joined("tl_faces")
+    ref = read_all(small_ds)
+    label = ref["agents"]["label_probabilities"].argmax(1)
+    car, ped = fmt.LABELS.index("PERCEPTION_LABEL_CAR"), fmt.LABELS.index("PERCEPTION_LABEL_PEDESTRIAN")
+    assert 0 < (label == car).sum() < len(label)
+    for cars in (agents.label.l5 == "PERCEPTION_LABEL_CAR", agents.label.cf == "PERCEPTION_LABEL_CAR"):
+        assert isinstance(cars.data, dask.array.Array)
+        np.testing.assert_array_equal(cars.values, label == car)
+    np.testing.assert_array_equal((agents.label.l5 != "PERCEPTION_LABEL_CAR").values, label != car)
+    both = agents.label.l5.isin(["PERCEPTION_LABEL_CAR", "PERCEPTION_LABEL_PEDESTRIAN"])
+    np.testing.assert_array_equal(both.values, (label == car) | (label == ped))
+    status = ref["traffic_light_faces"]["traffic_light_face_status"].argmax(1)
+    np.testing.assert_array_equal((faces.status.l5 == "ACTIVE").values, status == 0)
+    # the issue's computation: the cars' mean speed per scene, against numpy
+    v = ref["agents"]["velocity"]
+    speed = np.hypot(agents.velocity.sel(xy="x"), agents.velocity.sel(xy="y"))
+    got = speed.where(agents.label.l5 == "PERCEPTION_LABEL_CAR").l5.groupby("scene_index").mean().values
+    scene = agents.scene_index.values
+    want = [
+        np.hypot(v[:, 0], v[:, 1])[(scene == s) & (label == car)].astype(np.float64).mean() for s in range(len(got))
+    ]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert np.isnan(speed.where(agents.label == "PERCEPTION_LABEL_CAR").l5.groupby("scene_index").mean().values).all()
+    for bad, message in (
+        (lambda: agents.label.l5 == "CAR", r"^'CAR' is not a label; they are: PERCEPTION_LABEL_NOT_SET, "),
+        (lambda: agents.label.l5.isin(["PERCEPTION_LABEL_CAR", "VAN"]), r"^'VAN' is not a label"),
+        (lambda: agents.yaw.l5 == "PERCEPTION_LABEL_CAR", r"^'yaw' holds no categories"),
+        (lambda: agents.label.l5 == 3, r"compare a category with its name"),
+    ):
+        with pytest.raises(UsageError, match=message) as info:
+            bad()
+        assert "\n" not in str(info.value)

@@ -174,16 +174,64 @@ class _Grouped:
         return repr(self._grouped)
 
 
+def category_codes(obj, names) -> list[int]:
+    """The codes of the category ``names`` (a name or names) of a variable of category codes (CF
+    ``flag_values``/``flag_meanings``, as ``label``, ``host`` and ``status``), or one
+    ``UsageError`` line: a name that is none of its categories, a variable without categories."""
+    if not isinstance(obj, xr.DataArray):
+        raise UsageError("a Dataset holds no categories: compare one of its variables (ds.label.l5 == ...)")
+    what = "variable" if obj.name is None else str(obj.name)
+    attrs = obj.attrs
+    if "flag_values" not in attrs or "flag_meanings" not in attrs:
+        raise UsageError(
+            f"{what!r} holds no categories (no CF flag_values/flag_meanings): compare it with its values, "
+            "not with names"
+        )
+    meanings = str(attrs["flag_meanings"]).split(" ")
+    values = np.asarray(attrs["flag_values"]).tolist()
+    if len(meanings) != len(values):
+        raise UsageError(f"{what!r}: its {len(values)} flag_values have {len(meanings)} flag_meanings")
+    codes = dict(zip(meanings, values))
+    out = []
+    for n in [names] if isinstance(names, str) else list(names):
+        if not isinstance(n, str) or n not in codes:
+            raise UsageError(f"{n!r} is not a {what}; they are: {', '.join(meanings)}")
+        out.append(codes[n])
+    return out
+
+
 class L5Accessor:
-    """``obj.l5``: grouping by join coordinates without ceremony.
+    """``obj.l5``: grouping by join coordinates without ceremony, categories compared by name.
 
     ``speed.l5.groupby("scene_index", "label").mean()`` groups a dask-backed variable by lazy
     coordinates that know their values (no ``labels`` to pass, no codes computed first), with
     flox: one pass, each chunk decoded once. Results name their categories.
+
+    ``joined.label.l5 == "PERCEPTION_LABEL_CAR"`` (``!=``, ``.l5.isin([...])``) compares a
+    variable of category codes with category names, lazily, as cf_xarray's ``.cf ==`` does; a
+    name that is not one of them is refused in one line. (``joined.label == "PERCEPTION_LABEL_CAR"``
+    compares the integer codes with a string: False everywhere, which xarray cannot catch.)
     """
+
+    __hash__ = None  # type: ignore[assignment]  # (== compares categories)
 
     def __init__(self, obj) -> None:
         self._obj = obj
+
+    def __eq__(self, name):  # type: ignore[override]
+        return self._obj == category_codes(self._obj, name)[0] if isinstance(name, str) else self._refuse(name)
+
+    def __ne__(self, name):  # type: ignore[override]
+        return self._obj != category_codes(self._obj, name)[0] if isinstance(name, str) else self._refuse(name)
+
+    def isin(self, names: Sequence[str]):
+        """Whether each value is one of the categories ``names``."""
+        if isinstance(names, str):
+            raise UsageError("isin takes a list of category names; compare one name with ==")
+        return self._obj.isin(category_codes(self._obj, names))
+
+    def _refuse(self, value):
+        raise UsageError(f"compare a category with its name (a string), not {value!r}")
 
     def groupers(self, *names: str) -> dict:
         return groupers(self._obj, names)
