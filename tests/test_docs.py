@@ -2,13 +2,17 @@
 warning, and a real browser renders it.
 
 - Every ```python block of a page runs, in order, in one namespace per page, in a fresh folder
-  holding a generated prediction dataset (``sample.zarr``) and perception dataset
-  (``perception``), with a local S3 endpoint (moto's server, bucket ``l5dask-docs``) named by the
-  usual AWS environment. Every ```console block runs its ``$`` lines with bash there, and each must
-  exit 0 (a block that shows a failure says so with ``|| echo``). A block that cannot run (the
-  set-up commands themselves, docker) has a ``<!-- docs-test: skip (why) -->`` line just before
-  it; a ```bash block that calls ``l5dask`` without one is an error (CLI examples are console
-  blocks, so that they run).
+  holding what the README's first command leaves there (``l5dask-demo/``, from ``l5dask demo``)
+  and nothing else: the data an example reads is made by that command or by a line of the page
+  (``l5dask synth sample.zarr ...``), as for a user. Every ```console block runs its ``$`` lines
+  with bash there, and each must exit 0 (a block that shows a failure says so with ``|| echo``).
+  A block that cannot run (the set-up commands themselves, docker) has a
+  ``<!-- docs-test: skip (why) -->`` line just before it; a ```bash block that calls ``l5dask``
+  without one is an error (CLI examples are console blocks, so that they run). A block that needs
+  a bucket of the reader's (``your-bucket``, which its page says) has a
+  ``<!-- docs-test: bucket (why) -->`` line: it runs with the usual AWS environment naming a local
+  S3 endpoint (moto's server) that has an empty ``your-bucket``; no other block sees that
+  environment.
 - ``python docs/build.py`` (``sphinx-build -W --keep-going -n``: every warning and broken reference
   an error) builds the site from the notebooks executed once here; the notebook tests check those
   same runs (tests/test_notebooks.py).
@@ -33,11 +37,13 @@ from .conftest import require
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
 FENCE = re.compile(r"^```(\w*)\s*$")
-SKIP = re.compile(r"^<!-- docs-test: skip \((.+)\) -->$")
+MARK = re.compile(r"^<!-- docs-test: (skip|bucket) \((.+)\) -->$")
+BUCKET = "your-bucket"  # the bucket the examples say stands for the reader's
 
 
-def blocks(path: Path) -> list[tuple[int, str, str, str | None]]:
-    """``(line, language, code, skip reason)`` of each fenced block of a Markdown page."""
+def blocks(path: Path) -> list[tuple[int, str, str, tuple[str, str] | None]]:
+    """``(line, language, code, mark)`` of each fenced block of a Markdown page, ``mark`` the
+    ``(kind, why)`` of its ``docs-test`` line (``skip`` or ``bucket``) or None."""
     out, lines, i = [], path.read_text().splitlines(), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -48,87 +54,113 @@ def blocks(path: Path) -> list[tuple[int, str, str, str | None]]:
                 body.append(lines[i])
                 i += 1
             before = lines[start - 2].strip() if start >= 2 else ""
-            skip = SKIP.match(before)
-            out.append((start, lang, "\n".join(body) + "\n", skip.group(1) if skip else None))
+            mark = MARK.match(before)
+            out.append((start, lang, "\n".join(body) + "\n", (mark.group(1), mark.group(2)) if mark else None))
         i += 1
     return out
 
 
 def test_the_block_parser_sees_languages_and_skip_markers(tmp_path):
     page = tmp_path / "p.md"
-    page.write_text("text\n<!-- docs-test: skip (why not) -->\n```bash\nls\n```\n```python\nx = 1\n```\n")
-    assert blocks(page) == [(3, "bash", "ls\n", "why not"), (6, "python", "x = 1\n", None)]
+    page.write_text(
+        "text\n<!-- docs-test: skip (why not) -->\n```bash\nls\n```\n```python\nx = 1\n```\n"
+        "<!-- docs-test: bucket (a bucket) -->\n```python\ny = 2\n```\n"
+    )
+    assert blocks(page) == [
+        (3, "bash", "ls\n", ("skip", "why not")),
+        (6, "python", "x = 1\n", None),
+        (10, "python", "y = 2\n", ("bucket", "a bucket")),
+    ]
 
 
 @pytest.fixture(scope="session")
-def docs_data(tmp_path_factory, s3) -> Path:
-    """The data the examples use (read-only: each page gets a copy)."""
-    import l5dask
-    from l5dask.perception.synth import generate
-
-    root = tmp_path_factory.mktemp("docs-data")
-    l5dask.synthesize(str(root / "sample.zarr"), scenes=8, seed=0)
-    generate(root / "perception", scenes=2, seed=0, lidar_points=500, images=False)
-    s3.make_bucket("l5dask-docs")
-    s3.s3fs().put(str(root / "sample.zarr"), "l5dask-docs/sample.zarr", recursive=True)
+def after_first_command(tmp_path_factory) -> Path:
+    """A folder as the README's first command leaves it: ``l5dask demo`` has run there (each
+    page gets a copy of its ``l5dask-demo/``, hard links)."""
+    root = tmp_path_factory.mktemp("docs-first-command")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "demo"], cwd=root, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (root / "l5dask-demo" / "report.html").exists()
     return root
 
 
-def page_env(s3) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        AWS_ACCESS_KEY_ID=s3.key,
-        AWS_SECRET_ACCESS_KEY=s3.secret,
-        AWS_ENDPOINT_URL=s3.endpoint,
-        AWS_DEFAULT_REGION="us-east-1",
-        MPLBACKEND="Agg",
-        PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-    )
+def page_env() -> dict[str, str]:
+    """A user's environment: this one without any AWS variable (no bucket, no endpoint)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(MPLBACKEND="Agg", PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""))
     return env
 
 
 RUNNER = """
-import subprocess, sys, traceback
+import os, subprocess, sys, traceback
 blocks = eval(open(sys.argv[1]).read())
+bucket_env = eval(open(sys.argv[3]).read())
 ns = {"__name__": "__docs__"}
-for line, lang, code in blocks:
+for line, lang, code, bucket in blocks:
     where = f"{sys.argv[2]}:{line}"
-    if lang == "console":
-        for cmd in [c[2:] for c in code.splitlines() if c.startswith("$ ")]:
-            r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
-            if r.returncode != 0:
-                print(r.stdout[-2000:], r.stderr[-3000:], f"DOCS-BLOCK-FAILED {where}: $ {cmd}", file=sys.stderr)
-                sys.exit(1)
-        continue
+    saved = dict(os.environ)
+    if bucket:
+        os.environ.update(bucket_env)
     try:
-        exec(compile(code, where, "exec"), ns)
-    except BaseException:
-        traceback.print_exc()
-        print(f"DOCS-BLOCK-FAILED {where}", file=sys.stderr)
-        sys.exit(1)
+        if lang == "console":
+            for cmd in [c[2:] for c in code.splitlines() if c.startswith("$ ")]:
+                r = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=300)
+                if r.returncode != 0:
+                    print(r.stdout[-2000:], r.stderr[-3000:], f"DOCS-BLOCK-FAILED {where}: $ {cmd}", file=sys.stderr)
+                    sys.exit(1)
+            continue
+        try:
+            exec(compile(code, where, "exec"), ns)
+        except BaseException:
+            traceback.print_exc()
+            print(f"DOCS-BLOCK-FAILED {where}", file=sys.stderr)
+            sys.exit(1)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 """
 
 
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
-def test_every_example_of_the_page_runs(page, docs_data, s3, tmp_path):
+def test_every_example_of_the_page_runs(page, after_first_command, s3, tmp_path):
     found = blocks(page)
-    for line, lang, code, skip in found:
-        if lang in ("bash", "sh", "shell") and re.search(r"(^|\s)l5dask\s", code) and skip is None:
+    for line, lang, code, mark in found:
+        if lang in ("bash", "sh", "shell") and re.search(r"(^|\s)l5dask\s", code) and mark is None:
             pytest.fail(f"{page.name}:{line}: a CLI example in a bash block: make it a console block, or mark it")
+        if BUCKET not in code and mark and mark[0] == "bucket":
+            pytest.fail(f"{page.name}:{line}: a block marked as needing a bucket names no {BUCKET}")
+        if BUCKET in code and not (mark and mark[0] in ("bucket", "skip")):
+            pytest.fail(f"{page.name}:{line}: a block that reads {BUCKET} needs a docs-test: bucket line")
+        if re.search(r"s3://(?!(your-bucket|bucket)/)[a-z0-9][a-z0-9.-]{2,}/", code) and mark is None:
+            pytest.fail(f"{page.name}:{line}: a bucket the reader does not have (say your-bucket, and mark the block)")
     runnable = [
-        (line, lang, code) for line, lang, code, skip in found if skip is None and lang in ("python", "console")
+        (line, lang, code, mark is not None)
+        for line, lang, code, mark in found
+        if lang in ("python", "console") and (mark is None or mark[0] == "bucket")
     ]
     if not runnable:
         pytest.skip("no runnable block")
     work = tmp_path / "work"
-    work.mkdir()
-    shutil.copytree(docs_data / "sample.zarr", work / "sample.zarr")
-    (work / "perception").symlink_to(docs_data / "perception")
+    shutil.copytree(after_first_command, work, copy_function=os.link)
+    if any(bucket for *_, bucket in runnable):
+        s3.make_bucket(BUCKET)
+        fs = s3.s3fs()
+        if fs.exists(BUCKET):  # empty, as a reader's new bucket (pages do not see each other's objects)
+            for key in fs.ls(BUCKET):
+                fs.rm(key, recursive=True)
     # the page's blocks in order, in one process (one namespace), console lines run by bash
-    spec = tmp_path / "blocks.py"
+    spec, bucket_env = tmp_path / "blocks.py", tmp_path / "bucket_env.py"
     spec.write_text(repr(runnable))
+    bucket_env.write_text(repr({k: v for k, v in s3.environment().items() if k.startswith("AWS_")}))
     r = subprocess.run(
-        [sys.executable, "-c", RUNNER, str(spec), page.name], cwd=work, env=page_env(s3), capture_output=True, text=True
+        [sys.executable, "-c", RUNNER, str(spec), page.name, str(bucket_env)],
+        cwd=work,
+        env=page_env(),
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 0, r.stderr[-5000:]
 
