@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from l5dask.core.engine import PARENT_TASKS_PER_THREAD, SPLIT_EVERY, auto_chunks_per_task, task_groups
+from l5dask.core.engine import SPLIT_EVERY
+from l5dask.core.policy import PARENT_TASKS_PER_THREAD, auto_chunks_per_task, task_groups
 
 AGENTS, FRAMES, FACES = 133_000, 3_300, 32_000
 

@@ -59,7 +59,7 @@ def _quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
 @click.version_option(package_name="l5dask")
 def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
-    from l5dask.core.cluster import tune_gc, tune_malloc
+    from l5dask.core.policy import tune_gc, tune_malloc
 
     tune_malloc()
     tune_gc()

@@ -208,7 +208,7 @@ def test_dataframe_is_lazy_and_reads_each_chunk_once(edge_ds, monkeypatch):
 def test_dataframe_partitions_are_sized_by_their_columns(nchunks, threads):
     """About PARTITION_BYTES of columns a partition (a records-sized one would hold 640 k rows
     whatever the columns), at least PARTITIONS_PER_THREAD partitions a thread, a chunk each at least."""
-    from l5dask.core.engine import PARTITION_BYTES, PARTITIONS_PER_THREAD, collection_chunks_per_task
+    from l5dask.core.policy import PARTITION_BYTES, PARTITIONS_PER_THREAD, collection_chunks_per_task
 
     rows = 20_000
     sizes = {b: collection_chunks_per_task(nchunks, threads, row_bytes=b, chunk_rows=rows) for b in (17, 150, 2000)}

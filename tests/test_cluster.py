@@ -352,7 +352,7 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
 
 def test_the_passes_of_one_compute_run_side_by_side(small_ds, local_report):
     """The report's agent and traffic-light-face tasks run interleaved on a one-thread worker
-    (``l5dask.core.engine.interleave``: distributed ran every agent task, then the faces), and the
+    (``l5dask.core.policy.interleave``: distributed ran every agent task, then the faces), and the
     report is the same."""
     from distributed import get_task_stream
 

@@ -149,7 +149,7 @@ def test_the_cli_sets_the_workers_malloc_thresholds_in_its_own_process():
     process-wide), and leaves an environment that sets them alone."""
     import os
 
-    code = "from l5dask.core.cluster import tune_malloc; print(tune_malloc())"
+    code = "from l5dask.core.policy import tune_malloc; print(tune_malloc())"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert r.stdout.strip() == "True"
@@ -166,13 +166,13 @@ def test_the_cli_keeps_the_collector_off_its_imports_before_each_local_pass(smal
 import gc, sys
 import dask
 from dask.threaded import get
-from l5dask.core import cluster
+from l5dask.core import policy
 if sys.argv[1] == "tuned":
-    cluster.tune_gc()
+    policy.tune_gc()
 before = gc.get_freeze_count()
-assert cluster.compute(dask.delayed(sum)([1, 2]), scheduler="sync") == 3
+assert policy.compute(dask.delayed(sum)([1, 2]), scheduler="sync") == 3
 after_sync = gc.get_freeze_count()
-assert cluster.compute(dask.delayed(sum)([1, 2]), scheduler=get) == 3
+assert policy.compute(dask.delayed(sum)([1, 2]), scheduler=get) == 3
 print(before, after_sync, gc.get_freeze_count() > 10_000)
 """
     tuned = subprocess.run([sys.executable, "-c", code, "tuned"], capture_output=True, text=True, check=True)

@@ -163,7 +163,7 @@ def test_same_result_on_threads_and_a_real_cluster(small_ds, dask_cluster):
 def test_task_sizing_by_scheduler():
     """Local threads: many small tasks (scheduling is cheap); dask.distributed: fewer, larger ones;
     always at least one chunk a task, and enough tasks for every thread while chunks last."""
-    from l5dask.core.engine import auto_chunks_per_task as size
+    from l5dask.core.policy import auto_chunks_per_task as size
 
     assert size(1502, threads=2) == 8 and size(1502, threads=2, scheduler="distributed") == 64
     assert size(133_000, threads=400, scheduler="distributed") == 133_000 // (8 * 400)  # train_full, 400 threads
@@ -207,7 +207,7 @@ def test_a_pass_streaming_a_local_store_takes_larger_tasks_on_local_threads():
 
 
 def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():
-    from l5dask.core.engine import task_groups
+    from l5dask.core.policy import task_groups
 
     for nchunks, per_task, threads in [(0, 8, 2), (1, 64, 2), (10, 3, 2), (1502, 64, 2), (1502, 8, 2), (777, 9, 3)]:
         groups = task_groups(nchunks, per_task, threads)

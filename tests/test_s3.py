@@ -348,7 +348,7 @@ def test_a_task_waits_out_of_its_workers_threads_only_on_a_worker(dask_cluster):
     ``l5dask.secede-on-wait`` is false on the worker."""
     from distributed import Client
 
-    from l5dask.core.cluster import secede_while_waiting
+    from l5dask.core.policy import secede_while_waiting
 
     def inside(off: bool):
         import dask

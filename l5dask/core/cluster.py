@@ -1,4 +1,6 @@
-"""Where a job runs: the embedded default, or an existing dask.distributed cluster.
+"""Where a job runs: the embedded default, or an existing dask.distributed cluster (connecting
+to it, warming its workers, their environment). How a graph is run there (pools, sizing,
+waits, tuning) is :mod:`l5dask.core.policy`'s.
 
 The embedded default is dask's threaded scheduler on this machine's cores: see the
 README ("Where it runs") for the measurement behind that choice. With a scheduler
@@ -11,14 +13,10 @@ the small sources it keeps, such as the scenes: ``Job.read``).
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import sys
-import threading
 from collections.abc import Callable, Iterator
-from typing import Any, ContextManager
+from typing import Any
 
-from l5dask.core.store import CANCELLED, cancel_reads
 from l5dask.errors import ClusterError, L5DaskError
 
 #: Environment for dask worker processes (set it on the nanny, or in ``cluster/dask.yaml``).
@@ -47,111 +45,9 @@ def on_this_machine(client: Any) -> bool:
     return bool(hosts) and hosts <= {"127.0.0.1", "localhost", "::1"}
 
 
-def tune_malloc() -> bool:
-    """:data:`WORKER_ENV`'s two settings for this process (glibc's ``mallopt``), unless the
-    environment sets them: the CLI's embedded default reads multi-MB blocks (CSV ranges, chunk
-    runs), each a fresh mmap that page-faults when above glibc's threshold (1.3 GB of CSV read in
-    32 MB blocks: 1-1.6 GB/s; in 8 MB blocks, from a reused heap: 4-10 GB/s). Returns whether it
-    applied them."""
-    import ctypes
-    import os
-
-    if any(k in os.environ for k in WORKER_ENV):
-        return False
-    try:
-        # this process's own symbols, libc's among them (ctypes.util.find_library runs ldconfig: 3 ms)
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    params = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_ARENA_MAX": -8}  # <malloc.h>
-    return all([bool(mallopt(params[k], int(v))) for k, v in WORKER_ENV.items()])
-
-
-#: Whether each pass on local threads first puts the objects then alive out of the garbage
-#: collector's reach (``tune_gc``).
-_FREEZE_GC = False
-
-
-def tune_gc() -> None:
-    """Before each pass on this process's threads, the objects then alive (the command's imports:
-    numpy, dask, ~48,000 objects the collector follows) are moved out of the collector's reach
-    (``gc.freeze``). A full collection during a pass walked them all, 10-13 ms with the GIL held,
-    while the pass's threads waited for it. The report on 30 M agents: 2% faster within one
-    process; as a whole process, 1.31x the read-and-decode floor against 1.39x, 1.33x and 1.38x
-    without it, and even in a fourth comparison (medians of 15-21 interleaved rounds,
-    2026-11-26). For the command line's own process: a library leaves its caller's collector
-    alone."""
-    global _FREEZE_GC
-    _FREEZE_GC = True
-
-
 #: dask configuration for the workers (also in ``cluster/dask.yaml``): their statistical profiler
 #: samples every thread 100 times a second, 8% of a worker's CPU on the report here.
 WORKER_CONFIG = {"distributed.worker.profile.enabled": False}
-
-
-_WAITING: tuple[int, int, threading.BoundedSemaphore] | None = None
-_WAITING_LOCK = threading.Lock()
-
-
-def secede_while_waiting(tasks_per_thread: int = 1) -> Callable[[], ContextManager[None]] | None:
-    """On a dask.distributed worker, what a task waits for an object store's bytes in (for
-    ``l5dask.core.store.while_waiting``): it gives its thread back (distributed's ``secede``, then
-    ``rejoin``), and the worker runs another task meanwhile, one whose bytes have come or a new one
-    whose requests then go out. The engine's tasks wait so each time a read they need next has not
-    come. Up to ``tasks_per_thread - 1`` tasks a thread wait beside the running one, each with its
-    reads ahead (the engine passes ``l5dask.remote-tasks-per-core``, 6, as local threads run 6
-    such tasks a core).
-
-    ``stats`` on 2 one-thread workers through the 50 ms endpoint (``benchmarks/s3_latency_
-    benchmark.py --cluster``, docs/scale.md): when a task gave its thread back only while it waited
-    for its first chunk (one task a thread at most), it kept the thread while it waited for each
-    later one (its chunks come at the pace of the worker's connections, which the waiting tasks'
-    reads share) and the tasks whose bytes had come waited to rejoin: 3.75 s, median of 8
-    interleaved rounds; with every wait, 3.44 s (the fetch floor: 2.95 s). Without any, 8.21-8.61 s
-    against 6.88-7.50 s at 100 ms.
-
-    ``None`` elsewhere (not a worker's task), or with ``l5dask.secede-on-wait: false`` (dask
-    config, on the workers)."""
-    import dask
-
-    dist = sys.modules.get("distributed")  # (not imported: no worker runs this)
-    if dist is None or not dask.config.get("l5dask.secede-on-wait", True):
-        return None
-    try:
-        worker = dist.get_worker()
-    except ValueError:  # (not a worker's task)
-        return None
-    slots = _waiting_slots(worker, max(1, tasks_per_thread - 1))
-    return functools.partial(_seceded, slots)
-
-
-@contextlib.contextmanager
-def _seceded(slots: threading.BoundedSemaphore) -> Iterator[None]:
-    """Out of the worker's threads while inside, if a slot is free."""
-    if not slots.acquire(blocking=False):
-        yield
-        return
-    from distributed import rejoin, secede
-
-    try:
-        secede()
-        try:
-            yield
-        finally:
-            rejoin()
-    finally:
-        slots.release()
-
-
-def _waiting_slots(worker: Any, per_thread: int) -> threading.BoundedSemaphore:
-    """The worker's slots for waiting tasks: ``per_thread`` a thread."""
-    global _WAITING
-    with _WAITING_LOCK:
-        n = per_thread * max(1, int(getattr(worker, "nthreads", 1) or 1))
-        if _WAITING is None or _WAITING[:2] != (id(worker), n):
-            _WAITING = (id(worker), n, threading.BoundedSemaphore(n))
-        return _WAITING[2]
 
 
 def scheduler_address(address: str | None = None) -> str | None:
@@ -251,82 +147,3 @@ def _lost(client: Any, exc: BaseException) -> bool:
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return text[0][:200] if text else type(exc).__name__
-
-
-@contextlib.contextmanager
-def _local_pool(kw: dict, threads: int | None) -> Iterator[dict]:
-    """``kw`` with a pool of this run's own for dask's threaded scheduler (``threads`` threads,
-    else one a core), shut down before the run returns or raises: when a task fails no other task
-    is still running (writing an output the caller is about to remove); Ctrl-C stops the reads in
-    flight and the tasks not started. Other schedulers: ``kw`` as it is."""
-    from dask.threaded import get as threaded_get
-
-    if kw.get("scheduler") is not threaded_get or "pool" in kw:
-        yield kw
-        return
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
-    if _FREEZE_GC:
-        import gc
-
-        gc.collect(1)  # (the young garbage first: what is frozen is never collected)
-        gc.freeze()
-    CANCELLED.clear()
-    pool = ThreadPoolExecutor(threads or os.cpu_count() or 1)
-    try:
-        yield {**kw, "pool": pool}
-    except KeyboardInterrupt:
-        # stop the reads in flight and the tasks not started; the running ones end at once
-        cancel_reads()
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise
-    finally:
-        pool.shutdown(wait=True)
-
-
-@contextlib.contextmanager
-def _progress_bar(progress: bool) -> Iterator[None]:
-    """dask's progress bar on stderr around a local run, if asked for."""
-    if not progress:
-        yield
-        return
-    from dask.diagnostics import ProgressBar
-
-    with ProgressBar(out=sys.stderr, dt=0.5):
-        yield
-
-
-def persist(
-    collections: list, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any
-) -> list:
-    """Persist on ``client`` if given (results stay on the workers), else locally on the threads
-    of :func:`compute` (there, persisting runs the tasks before it returns)."""
-    import dask
-
-    if not collections:
-        return []
-    if client is not None:
-        return list(client.persist(collections))
-    with _local_pool(kw, threads) as kw, _progress_bar(progress):
-        return list(dask.persist(*collections, **kw))
-
-
-def compute(collection: Any, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any) -> Any:
-    """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler.
-
-    On local threads the tasks run in a pool of this call's own (``threads`` of them, else one a
-    core): see ``_local_pool``."""
-    import dask
-
-    if client is None:
-        with _local_pool(kw, threads) as kw, _progress_bar(progress):
-            return dask.compute(collection, **kw)[0]
-    futures = client.compute(collection)
-    if progress:
-        from distributed import progress as show
-
-        with contextlib.redirect_stdout(sys.stderr):
-            show(futures)
-            print(file=sys.stderr)
-    return client.gather(futures)

@@ -13,10 +13,13 @@ A computation is declared, not assembled (after flox and ``dask.array.reduction`
   overlap the task's rows), optionally keeping per-row columns for children (``rows``) and
   checking its interval fields (``intervals``).
 
-A :class:`Job` owns the rest: the embedded default (local threads) or a cluster, task sizes for
-the scheduler in use and guided groups, priorities, persisting a parent pass and routing its
-rows to only the child tasks that overlap it, the interval checks, the ordered tree combines
-(fan-in from dask's ``split_every`` config), progress, and errors that name the array and chunk.
+A :class:`Job` turns them into graphs: persisting a parent pass and routing its rows to only the
+child tasks that overlap it, the interval checks, the ordered tree combines (:func:`tree_reduce`,
+fan-in from dask's ``split_every`` config), independent calls (:meth:`Job.map`,
+:meth:`Job.map_reduce`), and errors that name the array and chunk. What the declarations leave
+open (task sizes for the scheduler in use and guided groups, priorities, where the graph runs and
+in which threads, waits on an object store, tuning) is the engine's policy,
+:mod:`l5dask.core.policy`.
 
 Graphs are written with dask's explicit task spec (``Task``/``TaskRef``); a task of a parent
 pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
@@ -24,12 +27,10 @@ pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
 
 from __future__ import annotations
 
-import os
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ContextManager, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import dask
 import numpy as np
@@ -38,45 +39,25 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
-from l5dask.core.cluster import compute, persist, secede_while_waiting
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
-from l5dask.core.store import while_waiting
+from l5dask.core.policy import (
+    PARENT_TASKS_PER_THREAD,
+    auto_chunks_per_task,
+    call_keys,
+    compute,
+    default_client,
+    interleave,
+    persist,
+    remote_threads,
+    run_remote,
+    store_waits,
+    task_groups,
+    worker_threads,
+)
 from l5dask.errors import L5DaskError
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
 SPLIT_EVERY = 16
-#: (tasks wanted per thread, most stored chunks in a task), by scheduler. On local threads, a pass
-#: that streams its chunks from a local store (one chunk decoded at a time, whatever the task's
-#: size) takes up to 32 a task: the report on 30 M agents ran 345 tasks with 8, 1.04 s against
-#: 1.11 s as a whole process (medians of 9 interleaved rounds, 2026-11-26); block tasks (which
-#: hold their chunks) and tasks that wait for an object store keep 8.
-TASK_SIZING = {"threads": (16, 8), "threads-streaming": (16, 32), "distributed": (8, 64)}
-#: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
-PARENT_TASKS_PER_THREAD = 4
-#: On local threads, a pass over a source whose every read is a request to a server (an object
-#: store) runs this many tasks a core at once (dask config ``l5dask.remote-tasks-per-core``): a
-#: task waits for its requests most of the time, and more tasks keep more requests in flight. The
-#: tasks stay the same (sized for the cores), and so do the results' bits. On a dask.distributed
-#: worker, as many a thread: the others wait for their bytes beside the running one
-#: (``l5dask.core.cluster.secede_while_waiting``). ``stats`` through the 50 ms endpoint, medians
-#: of 8 interleaved rounds (2026-11-26): on local threads 3.09 s with 6 and 3.33 s with 4 (peak
-#: RSS 173 and 166 MB); on 2 one-thread workers 3.42-3.62 s with 6, 3.64-3.78 s with 4, 3.52 s
-#: with 8 and 4.15 s with 2.
-REMOTE_TASKS_PER_CORE = 6
-
-
-def remote_threads(remote: bool) -> int | None:
-    """Local threads for a graph whose tasks read an object store (``REMOTE_TASKS_PER_CORE``
-    a core, or the dask config's), else ``None``: a thread a core."""
-    if not remote:
-        return None
-    return remote_tasks_per_core() * (os.cpu_count() or 1)
-
-
-def remote_tasks_per_core() -> int:
-    """Tasks a core (on a dask.distributed worker: a thread) runs at once when they read an object
-    store: ``l5dask.remote-tasks-per-core``, else ``REMOTE_TASKS_PER_CORE``."""
-    return max(1, int(dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE))
 
 
 class ChunkSource(Protocol):
@@ -347,20 +328,6 @@ def call_task(key: Any, func: Callable, args: Sequence[Any], remote: bool) -> Ta
     return Task(key, run_remote, func, *args) if remote else Task(key, func, *args)
 
 
-def run_remote(func: Callable, *args: Any) -> Any:
-    """``func(*args)``, each of its waits for an object store's bytes that have not come made out of
-    the worker's threads on a dask.distributed worker (:func:`store_waits`)."""
-    with store_waits(True):
-        return func(*args)
-
-
-def store_waits(remote: bool) -> ContextManager[None]:
-    """Where a task waits for its reads: ``remote`` (an object store's), out of a dask.distributed
-    worker's threads at each wait for bytes that have not come, up to ``remote_tasks_per_core()``
-    tasks a thread (``secede_while_waiting``); else in place."""
-    return while_waiting(secede_while_waiting(remote_tasks_per_core()) if remote else None)
-
-
 def read_block_of(source: Any, first: int, n: int, encoded: bool = False) -> Any:
     """Chunks ``first .. first + n - 1`` of ``source`` as one block: records, or (``encoded``, from
     sources that can) the stored chunks not yet decoded."""
@@ -417,36 +384,6 @@ def combine_many(reduction: Reduction, *parts: Any) -> Any:
     return out
 
 
-#: The span of the priorities :func:`interleave` gives a pass's leaves.
-PRIORITY_SPAN = 1 << 20
-
-
-def interleave(graph: dict, passes: Sequence[Sequence[Any]]) -> dict[Any, int]:
-    """Scheduling priorities (dask's ``priority`` annotation, higher first) that run the leaves of
-    several passes of one graph side by side, each from its first to its last: leaf ``i`` of ``n``
-    gets ``-PRIORITY_SPAN * i // n``, and a task a leaf depends on that is no leaf (the parent rows
-    a persisted pass makes again) the priority of its first leaf, so that it runs just before it
-    and no earlier. The other tasks (the combines) keep 0: each runs as soon as its partials are
-    there. Nothing for fewer than two passes.
-
-    dask.distributed ran the report's traffic-light faces after every agent task: the last second
-    of a run through the 50 ms endpoint on 2 worker processes had the faces left, each task waiting
-    for its first bytes, and a one-thread worker ran 38 agent tasks in a row, then the faces. Local
-    threads order by the graph (``dask.order``) and ignore it."""
-    if len(passes) < 2:
-        return {}
-    order: dict[Any, int] = {}
-    for leaves in passes:
-        for i, key in enumerate(leaves):
-            order[key] = -(PRIORITY_SPAN * i // len(leaves))
-    for leaves in passes:
-        for key in leaves:
-            for dep in graph[key].dependencies:
-                if dep in graph:
-                    order.setdefault(dep, order[key])
-    return order
-
-
 def _finalize(reduction: Reduction, part: Any) -> Any:
     return reduction.finalize(part)
 
@@ -466,93 +403,6 @@ def _bounds_of(block: Block) -> dict[str, np.ndarray]:
 
 
 # --- sizing --------------------------------------------------------------------------------
-def default_client(client: Any = None) -> Any:
-    """The distributed client the job runs on: ``client``, else the default one if there is one.
-
-    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s).
-    """
-    if client is not None:
-        return client
-    distributed = sys.modules.get("distributed")
-    if distributed is not None:
-        try:
-            return distributed.default_client()
-        except ValueError:
-            pass
-    return None
-
-
-def worker_threads(client: Any = None) -> int:
-    """Threads that will run the tasks: those of the cluster, else local cores."""
-    if client is not None:
-        try:
-            return max(1, sum(client.nthreads().values()))
-        except OSError:
-            pass
-    return os.cpu_count() or 1
-
-
-def auto_chunks_per_task(
-    nchunks: int, threads: int | None = None, scheduler: str = "threads", tasks_per_thread: int | None = None
-) -> int:
-    """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
-    the scheduling cost small against the work (each task still decodes each chunk once).
-
-    On local threads a task costs about 0.3 ms of scheduling, as much as decoding a chunk:
-    16 tasks per thread and up to 8 chunks a task (32 for a pass streaming a local store,
-    ``scheduler="threads-streaming"``: see ``TASK_SIZING``). On dask.distributed a task
-    costs 1-3 ms (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks
-    a task.
-    """
-    per_thread, most = TASK_SIZING[scheduler]
-    threads = threads or worker_threads()
-    return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
-
-
-#: Stored chunks per chunk of a dask collection users compute with (a joined view's chunk):
-#: 640 k agent rows, 74 MB of records, as dask advises (about 100 MB).
-#: Measured on 30 M agents: with 8 chunks a chunk, a DataFrame groupby took twice as long (235
-#: partitions: dask then splits its output with a shuffle), an xarray groupby 1.3x.
-COLLECTION_CHUNKS = 32
-#: The in-memory size of a DataFrame partition (its columns: the records are never held whole),
-#: as dask advises; and the fewest partitions per thread, to balance the load.
-PARTITION_BYTES = 100_000_000
-PARTITIONS_PER_THREAD = 4
-
-
-def collection_chunks_per_task(
-    nchunks: int, threads: int | None = None, row_bytes: int | None = None, chunk_rows: int | None = None
-) -> int:
-    """Stored chunks per chunk of a user-facing dask collection: ``COLLECTION_CHUNKS``, fewer
-    on small arrays so that every thread has a chunk.
-
-    With ``row_bytes`` (the bytes of a row of its columns, ``chunk_rows`` rows a stored chunk), as
-    many as make ``PARTITION_BYTES``, but at least ``PARTITIONS_PER_THREAD`` partitions a
-    thread. Measured on 30 M agents, a groupby of three columns took 1.2-1.35x as long with 47
-    partitions (records-sized, 640 k rows) as with 8-16: dask splits the output of a groupby by
-    several keys with a hash shuffle once there are more than 15 partitions.
-    """
-    threads = threads or worker_threads(default_client())
-    most = COLLECTION_CHUNKS
-    if row_bytes is not None and chunk_rows:
-        most = min(
-            max(1, int(PARTITION_BYTES // (max(row_bytes, 1) * chunk_rows))),
-            max(1, nchunks // (PARTITIONS_PER_THREAD * threads)),
-        )
-    return max(1, min(most, -(-nchunks // threads)))
-
-
-def task_groups(nchunks: int, per_task: int, threads: int) -> list[tuple[int, int]]:
-    """``(first chunk, number of chunks)`` of each task: ``per_task`` chunks a task, then smaller
-    tasks as the end nears (at most the rest over twice the threads, at least an eighth of
-    ``per_task``), so that the job does not end on a few long tasks while other threads have
-    nothing left to do ("guided" self-scheduling)."""
-    groups, first, smallest = [], 0, max(1, per_task // 8)
-    while first < nchunks:
-        n = max(smallest, min(per_task, (nchunks - first) // (2 * threads)))
-        groups.append((first, min(n, nchunks - first)))
-        first += n
-    return groups
 
 
 def tree_reduce(
@@ -577,15 +427,6 @@ def tree_reduce(
             nxt.append(key)
         keys, level = nxt, level + 1
     return keys[0]
-
-
-def call_keys(name: str, n: int) -> list[tuple[str, str]]:
-    """Keys of ``n`` independent calls that local threads start in the order given (callers put
-    the longest first): dask's ordering starts sibling leaves in descending key order, so call
-    ``i`` is named ``n - 1 - i``, zero-padded (with ``(name, i)``, 9 ran before 12 and call 0
-    last: the largest perception table parsed last cost 0.3-0.5 s of a 2.3 s load);
-    ``tests/test_engine.py`` holds the order."""
-    return [(name, f"{n - 1 - i:09d}") for i in range(n)]
 
 
 # --- the job -------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def while_waiting(hook: Callable[[], ContextManager[Any]] | None) -> Iterator[No
     """Within this block (this thread and context), each wait for a read of an object store whose
     bytes have not come yet happens inside ``hook()``; a read already done is not waited for. The
     engine gives a dask.distributed worker's thread back this way while its task waits
-    (``l5dask.core.cluster.secede_while_waiting``). ``None``: plain waits."""
+    (``l5dask.core.policy.secede_while_waiting``). ``None``: plain waits."""
     token = _WAIT_HOOK.set(hook)
     try:
         yield

@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import Job, auto_chunks_per_task
+from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
+from l5dask.core.policy import auto_chunks_per_task
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, OutputError
 from l5dask.prediction import format as fmt

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.cluster import compute
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
 from l5dask.core.outputs import atomic_write, check_writable
+from l5dask.core.policy import compute
 from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 

@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 from dask.base import tokenize
 
-from l5dask.core.engine import Block, Job, Pass, Rows, collection_chunks_per_task
+from l5dask.core.engine import Block, Job, Pass, Rows
+from l5dask.core.policy import collection_chunks_per_task
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
@@ -83,7 +84,7 @@ def to_dask_dataframe(
         Join columns to add (``scene_index``, ``frame_index``, ``timestamp``, ``host``,
         ``ego_x``, ``ego_y``...); also accepted in ``columns``.
     chunks_per_task : int, optional
-        Stored chunks per partition (default: :func:`l5dask.core.engine.collection_chunks_per_task`:
+        Stored chunks per partition (default: :func:`l5dask.core.policy.collection_chunks_per_task`:
         about 100 MB of the partition's columns, at least 4 partitions a thread).
     """
     import dask.dataframe as dd

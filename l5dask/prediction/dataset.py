@@ -16,7 +16,7 @@ from typing import Any
 
 from l5dask.core.cluster import warm_workers
 from l5dask.core.diskread import memory_bytes
-from l5dask.core.engine import default_client
+from l5dask.core.policy import default_client
 from l5dask.core.store import Store, open_store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.prediction import format as fmt
@@ -101,7 +101,7 @@ class L5Dataset:
         """The xarray view of ``name`` with lazy join coordinates (``scene_index``, ``frame_index``,
         ``timestamp``, ``hour``, ``host``, ``ego_translation``, ``label``...) that know their
         values (``.l5.groupby(...)``); see :func:`l5dask.prediction.views.joined_dataset`. ``chunks_per_task``:
-        stored chunks per dask chunk (default: about 100 MB, :func:`l5dask.core.engine.collection_chunks_per_task`)."""
+        stored chunks per dask chunk (default: about 100 MB, :func:`l5dask.core.policy.collection_chunks_per_task`)."""
         from l5dask.prediction.views import joined_dataset
 
         return joined_dataset(self, {v: k for k, v in fmt.SHORT_NAMES.items()}.get(name, name), chunks_per_task)

@@ -32,9 +32,9 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from l5dask.core.cluster import compute
 from l5dask.core.engine import Job, Pass
 from l5dask.core.outputs import arrow_array, arrow_strings
+from l5dask.core.policy import compute
 from l5dask.core.store import Store, same_place
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt

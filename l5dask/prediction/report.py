@@ -8,9 +8,10 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.cluster import connect, scheduler_address
-from l5dask.core.engine import Job, Link, Pass, default_client
+from l5dask.core.engine import Job, Link, Pass
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
+from l5dask.core.policy import default_client
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.joins import scene_rows
@@ -44,7 +45,7 @@ def compute_report(
     dataset : str, path or L5Dataset
     chunks_per_task : int, optional
         Stored chunks per task. By default sized for the scheduler by the engine
-        (:func:`l5dask.core.engine.auto_chunks_per_task`): each task still decodes each chunk once.
+        (:func:`l5dask.core.policy.auto_chunks_per_task`): each task still decodes each chunk once.
     progress : bool
         Show a progress bar on stderr.
     scheduler : optional

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 from dask.base import tokenize
 
-from l5dask.core.engine import Job, Pass, Reduction, auto_chunks_per_task
+from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.intervals import check_intervals
+from l5dask.core.policy import auto_chunks_per_task
 from l5dask.core.store import Store, same_place
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt

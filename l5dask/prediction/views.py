@@ -12,7 +12,7 @@ import numpy as np
 import xarray as xr
 
 import l5dask.prediction.accessor  # noqa: F401 - registers the .l5 accessor of the views
-from l5dask.core.engine import collection_chunks_per_task
+from l5dask.core.policy import collection_chunks_per_task
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import Table, hour_of_day
 from l5dask.prediction.joins import Joins

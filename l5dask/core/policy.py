@@ -1,0 +1,400 @@
+"""The engine's policy: how and where its graphs run, apart from what they declare.
+
+:mod:`l5dask.core.engine` holds the vocabulary (a :class:`~l5dask.core.engine.Reduction`, a
+:class:`~l5dask.core.engine.Pass`, :func:`~l5dask.core.engine.tree_reduce`, the
+:class:`~l5dask.core.engine.Job`'s ``map``); this module decides what those declarations leave
+open, measured on this machine's schedulers:
+
+- **sizing**: stored chunks a task (:func:`auto_chunks_per_task`, ``TASK_SIZING``), a guided end
+  (:func:`task_groups`), the chunks of the dask collections users compute with
+  (:func:`collection_chunks_per_task`);
+- **priorities**: passes of one graph side by side (:func:`interleave`), independent calls started
+  longest first (:func:`call_keys`);
+- **where it runs**: the client (:func:`default_client`), the threads (:func:`worker_threads`),
+  and :func:`compute` / :func:`persist`, the only calls that hand a graph to a scheduler: on local
+  threads in a pool of each run's own, which Ctrl-C stops (:func:`threads_scheduler`);
+- **waits**: an object store's tasks, more a core on local threads (:func:`remote_threads`) and
+  out of a dask.distributed worker's threads while their bytes have not come
+  (:func:`secede_while_waiting`, :func:`store_waits`);
+- **tuning** this process: glibc's allocator (:func:`tune_malloc`) and the garbage collector
+  (:func:`tune_gc`).
+
+Nothing else in the package starts a thread pool or calls ``dask.compute``: work that needs a few
+threads of its own takes them from :func:`thread_pool`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ContextManager
+
+from l5dask.core.cluster import WORKER_ENV
+from l5dask.core.store import CANCELLED, cancel_reads, while_waiting
+
+# --- sizing ---------------------------------------------------------------------------------
+#: (tasks wanted per thread, most stored chunks in a task), by scheduler. On local threads, a pass
+#: that streams its chunks from a local store (one chunk decoded at a time, whatever the task's
+#: size) takes up to 32 a task: the report on 30 M agents ran 345 tasks with 8, 1.04 s against
+#: 1.11 s as a whole process (medians of 9 interleaved rounds, 2026-11-26); block tasks (which
+#: hold their chunks) and tasks that wait for an object store keep 8.
+TASK_SIZING = {"threads": (16, 8), "threads-streaming": (16, 32), "distributed": (8, 64)}
+#: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
+PARENT_TASKS_PER_THREAD = 4
+#: On local threads, a pass over a source whose every read is a request to a server (an object
+#: store) runs this many tasks a core at once (dask config ``l5dask.remote-tasks-per-core``): a
+#: task waits for its requests most of the time, and more tasks keep more requests in flight. The
+#: tasks stay the same (sized for the cores), and so do the results' bits. On a dask.distributed
+#: worker, as many a thread: the others wait for their bytes beside the running one
+#: (``l5dask.core.policy.secede_while_waiting``). ``stats`` through the 50 ms endpoint, medians
+#: of 8 interleaved rounds (2026-11-26): on local threads 3.09 s with 6 and 3.33 s with 4 (peak
+#: RSS 173 and 166 MB); on 2 one-thread workers 3.42-3.62 s with 6, 3.64-3.78 s with 4, 3.52 s
+#: with 8 and 4.15 s with 2.
+REMOTE_TASKS_PER_CORE = 6
+
+
+def remote_threads(remote: bool) -> int | None:
+    """Local threads for a graph whose tasks read an object store (``REMOTE_TASKS_PER_CORE``
+    a core, or the dask config's), else ``None``: a thread a core."""
+    if not remote:
+        return None
+    return remote_tasks_per_core() * (os.cpu_count() or 1)
+
+
+def remote_tasks_per_core() -> int:
+    """Tasks a core (on a dask.distributed worker: a thread) runs at once when they read an object
+    store: ``l5dask.remote-tasks-per-core``, else ``REMOTE_TASKS_PER_CORE``."""
+    import dask
+
+    return max(1, int(dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE))
+
+
+def default_client(client: Any = None) -> Any:
+    """The distributed client the job runs on: ``client``, else the default one if there is one.
+
+    A default client exists only if ``distributed`` was imported; it is not imported here (0.2 s).
+    """
+    if client is not None:
+        return client
+    distributed = sys.modules.get("distributed")
+    if distributed is not None:
+        try:
+            return distributed.default_client()
+        except ValueError:
+            pass
+    return None
+
+
+def worker_threads(client: Any = None) -> int:
+    """Threads that will run the tasks: those of the cluster, else local cores."""
+    if client is not None:
+        try:
+            return max(1, sum(client.nthreads().values()))
+        except OSError:
+            pass
+    return os.cpu_count() or 1
+
+
+def auto_chunks_per_task(
+    nchunks: int, threads: int | None = None, scheduler: str = "threads", tasks_per_thread: int | None = None
+) -> int:
+    """Stored chunks per task: enough tasks per thread to balance the load, few enough to keep
+    the scheduling cost small against the work (each task still decodes each chunk once).
+
+    On local threads a task costs about 0.3 ms of scheduling, as much as decoding a chunk:
+    16 tasks per thread and up to 8 chunks a task (32 for a pass streaming a local store,
+    ``scheduler="threads-streaming"``: see ``TASK_SIZING``). On dask.distributed a task
+    costs 1-3 ms (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks
+    a task.
+    """
+    per_thread, most = TASK_SIZING[scheduler]
+    threads = threads or worker_threads()
+    return int(min(most, max(1, nchunks // ((tasks_per_thread or per_thread) * threads))))
+
+
+#: Stored chunks per chunk of a dask collection users compute with (a joined view's chunk):
+#: 640 k agent rows, 74 MB of records, as dask advises (about 100 MB).
+#: Measured on 30 M agents: with 8 chunks a chunk, a DataFrame groupby took twice as long (235
+#: partitions: dask then splits its output with a shuffle), an xarray groupby 1.3x.
+COLLECTION_CHUNKS = 32
+#: The in-memory size of a DataFrame partition (its columns: the records are never held whole),
+#: as dask advises; and the fewest partitions per thread, to balance the load.
+PARTITION_BYTES = 100_000_000
+PARTITIONS_PER_THREAD = 4
+
+
+def collection_chunks_per_task(
+    nchunks: int, threads: int | None = None, row_bytes: int | None = None, chunk_rows: int | None = None
+) -> int:
+    """Stored chunks per chunk of a user-facing dask collection: ``COLLECTION_CHUNKS``, fewer
+    on small arrays so that every thread has a chunk.
+
+    With ``row_bytes`` (the bytes of a row of its columns, ``chunk_rows`` rows a stored chunk), as
+    many as make ``PARTITION_BYTES``, but at least ``PARTITIONS_PER_THREAD`` partitions a
+    thread. Measured on 30 M agents, a groupby of three columns took 1.2-1.35x as long with 47
+    partitions (records-sized, 640 k rows) as with 8-16: dask splits the output of a groupby by
+    several keys with a hash shuffle once there are more than 15 partitions.
+    """
+    threads = threads or worker_threads(default_client())
+    most = COLLECTION_CHUNKS
+    if row_bytes is not None and chunk_rows:
+        most = min(
+            max(1, int(PARTITION_BYTES // (max(row_bytes, 1) * chunk_rows))),
+            max(1, nchunks // (PARTITIONS_PER_THREAD * threads)),
+        )
+    return max(1, min(most, -(-nchunks // threads)))
+
+
+def task_groups(nchunks: int, per_task: int, threads: int) -> list[tuple[int, int]]:
+    """``(first chunk, number of chunks)`` of each task: ``per_task`` chunks a task, then smaller
+    tasks as the end nears (at most the rest over twice the threads, at least an eighth of
+    ``per_task``), so that the job does not end on a few long tasks while other threads have
+    nothing left to do ("guided" self-scheduling)."""
+    groups, first, smallest = [], 0, max(1, per_task // 8)
+    while first < nchunks:
+        n = max(smallest, min(per_task, (nchunks - first) // (2 * threads)))
+        groups.append((first, min(n, nchunks - first)))
+        first += n
+    return groups
+
+
+# --- priorities -----------------------------------------------------------------------------
+#: The span of the priorities :func:`interleave` gives a pass's leaves.
+PRIORITY_SPAN = 1 << 20
+
+
+def interleave(graph: dict, passes: Sequence[Sequence[Any]]) -> dict[Any, int]:
+    """Scheduling priorities (dask's ``priority`` annotation, higher first) that run the leaves of
+    several passes of one graph side by side, each from its first to its last: leaf ``i`` of ``n``
+    gets ``-PRIORITY_SPAN * i // n``, and a task a leaf depends on that is no leaf (the parent rows
+    a persisted pass makes again) the priority of its first leaf, so that it runs just before it
+    and no earlier. The other tasks (the combines) keep 0: each runs as soon as its partials are
+    there. Nothing for fewer than two passes.
+
+    dask.distributed ran the report's traffic-light faces after every agent task: the last second
+    of a run through the 50 ms endpoint on 2 worker processes had the faces left, each task waiting
+    for its first bytes, and a one-thread worker ran 38 agent tasks in a row, then the faces. Local
+    threads order by the graph (``dask.order``) and ignore it."""
+    if len(passes) < 2:
+        return {}
+    order: dict[Any, int] = {}
+    for leaves in passes:
+        for i, key in enumerate(leaves):
+            order[key] = -(PRIORITY_SPAN * i // len(leaves))
+    for leaves in passes:
+        for key in leaves:
+            for dep in graph[key].dependencies:
+                if dep in graph:
+                    order.setdefault(dep, order[key])
+    return order
+
+
+def call_keys(name: str, n: int) -> list[tuple[str, str]]:
+    """Keys of ``n`` independent calls that local threads start in the order given (callers put
+    the longest first): dask's ordering starts sibling leaves in descending key order, so call
+    ``i`` is named ``n - 1 - i``, zero-padded (with ``(name, i)``, 9 ran before 12 and call 0
+    last: the largest perception table parsed last cost 0.3-0.5 s of a 2.3 s load);
+    ``tests/test_engine.py`` holds the order."""
+    return [(name, f"{n - 1 - i:09d}") for i in range(n)]
+
+
+# --- waits ----------------------------------------------------------------------------------
+def run_remote(func: Callable, *args: Any) -> Any:
+    """``func(*args)``, each of its waits for an object store's bytes that have not come made out of
+    the worker's threads on a dask.distributed worker (:func:`store_waits`)."""
+    with store_waits(True):
+        return func(*args)
+
+
+def store_waits(remote: bool) -> ContextManager[None]:
+    """Where a task waits for its reads: ``remote`` (an object store's), out of a dask.distributed
+    worker's threads at each wait for bytes that have not come, up to ``remote_tasks_per_core()``
+    tasks a thread (``secede_while_waiting``); else in place."""
+    return while_waiting(secede_while_waiting(remote_tasks_per_core()) if remote else None)
+
+
+_WAITING: tuple[int, int, threading.BoundedSemaphore] | None = None
+_WAITING_LOCK = threading.Lock()
+
+
+def secede_while_waiting(tasks_per_thread: int = 1) -> Callable[[], ContextManager[None]] | None:
+    """On a dask.distributed worker, what a task waits for an object store's bytes in (for
+    ``l5dask.core.store.while_waiting``): it gives its thread back (distributed's ``secede``, then
+    ``rejoin``), and the worker runs another task meanwhile, one whose bytes have come or a new one
+    whose requests then go out. The engine's tasks wait so each time a read they need next has not
+    come. Up to ``tasks_per_thread - 1`` tasks a thread wait beside the running one, each with its
+    reads ahead (the engine passes ``l5dask.remote-tasks-per-core``, 6, as local threads run 6
+    such tasks a core).
+
+    ``stats`` on 2 one-thread workers through the 50 ms endpoint (``benchmarks/s3_latency_
+    benchmark.py --cluster``, docs/scale.md): when a task gave its thread back only while it waited
+    for its first chunk (one task a thread at most), it kept the thread while it waited for each
+    later one (its chunks come at the pace of the worker's connections, which the waiting tasks'
+    reads share) and the tasks whose bytes had come waited to rejoin: 3.75 s, median of 8
+    interleaved rounds; with every wait, 3.44 s (the fetch floor: 2.95 s). Without any, 8.21-8.61 s
+    against 6.88-7.50 s at 100 ms.
+
+    ``None`` elsewhere (not a worker's task), or with ``l5dask.secede-on-wait: false`` (dask
+    config, on the workers)."""
+    import dask
+
+    dist = sys.modules.get("distributed")  # (not imported: no worker runs this)
+    if dist is None or not dask.config.get("l5dask.secede-on-wait", True):
+        return None
+    try:
+        worker = dist.get_worker()
+    except ValueError:  # (not a worker's task)
+        return None
+    slots = _waiting_slots(worker, max(1, tasks_per_thread - 1))
+    return functools.partial(_seceded, slots)
+
+
+@contextlib.contextmanager
+def _seceded(slots: threading.BoundedSemaphore) -> Iterator[None]:
+    """Out of the worker's threads while inside, if a slot is free."""
+    if not slots.acquire(blocking=False):
+        yield
+        return
+    from distributed import rejoin, secede
+
+    try:
+        secede()
+        try:
+            yield
+        finally:
+            rejoin()
+    finally:
+        slots.release()
+
+
+def _waiting_slots(worker: Any, per_thread: int) -> threading.BoundedSemaphore:
+    """The worker's slots for waiting tasks: ``per_thread`` a thread."""
+    global _WAITING
+    with _WAITING_LOCK:
+        n = per_thread * max(1, int(getattr(worker, "nthreads", 1) or 1))
+        if _WAITING is None or _WAITING[:2] != (id(worker), n):
+            _WAITING = (id(worker), n, threading.BoundedSemaphore(n))
+        return _WAITING[2]
+
+
+# --- tuning ---------------------------------------------------------------------------------
+def tune_malloc() -> bool:
+    """:data:`WORKER_ENV`'s two settings for this process (glibc's ``mallopt``), unless the
+    environment sets them: the CLI's embedded default reads multi-MB blocks (CSV ranges, chunk
+    runs), each a fresh mmap that page-faults when above glibc's threshold (1.3 GB of CSV read in
+    32 MB blocks: 1-1.6 GB/s; in 8 MB blocks, from a reused heap: 4-10 GB/s). Returns whether it
+    applied them."""
+    import ctypes
+    import os
+
+    if any(k in os.environ for k in WORKER_ENV):
+        return False
+    try:
+        # this process's own symbols, libc's among them (ctypes.util.find_library runs ldconfig: 3 ms)
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    params = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_ARENA_MAX": -8}  # <malloc.h>
+    return all([bool(mallopt(params[k], int(v))) for k, v in WORKER_ENV.items()])
+
+
+#: Whether each pass on local threads first puts the objects then alive out of the garbage
+#: collector's reach (``tune_gc``).
+_FREEZE_GC = False
+
+
+def tune_gc() -> None:
+    """Before each pass on this process's threads, the objects then alive (the command's imports:
+    numpy, dask, ~48,000 objects the collector follows) are moved out of the collector's reach
+    (``gc.freeze``). A full collection during a pass walked them all, 10-13 ms with the GIL held,
+    while the pass's threads waited for it. The report on 30 M agents: 2% faster within one
+    process; as a whole process, 1.31x the read-and-decode floor against 1.39x, 1.33x and 1.38x
+    without it, and even in a fourth comparison (medians of 15-21 interleaved rounds,
+    2026-11-26). For the command line's own process: a library leaves its caller's collector
+    alone."""
+    global _FREEZE_GC
+    _FREEZE_GC = True
+
+
+# --- running --------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _local_pool(kw: dict, threads: int | None) -> Iterator[dict]:
+    """``kw`` with a pool of this run's own for dask's threaded scheduler (``threads`` threads,
+    else one a core), shut down before the run returns or raises: when a task fails no other task
+    is still running (writing an output the caller is about to remove); Ctrl-C stops the reads in
+    flight and the tasks not started. Other schedulers: ``kw`` as it is."""
+    from dask.threaded import get as threaded_get
+
+    if kw.get("scheduler") is not threaded_get or "pool" in kw:
+        yield kw
+        return
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _FREEZE_GC:
+        import gc
+
+        gc.collect(1)  # (the young garbage first: what is frozen is never collected)
+        gc.freeze()
+    CANCELLED.clear()
+    pool = ThreadPoolExecutor(threads or os.cpu_count() or 1)
+    try:
+        yield {**kw, "pool": pool}
+    except KeyboardInterrupt:
+        # stop the reads in flight and the tasks not started; the running ones end at once
+        cancel_reads()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    finally:
+        pool.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _progress_bar(progress: bool) -> Iterator[None]:
+    """dask's progress bar on stderr around a local run, if asked for."""
+    if not progress:
+        yield
+        return
+    from dask.diagnostics import ProgressBar
+
+    with ProgressBar(out=sys.stderr, dt=0.5):
+        yield
+
+
+def persist(
+    collections: list, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any
+) -> list:
+    """Persist on ``client`` if given (results stay on the workers), else locally on the threads
+    of :func:`compute` (there, persisting runs the tasks before it returns)."""
+    import dask
+
+    if not collections:
+        return []
+    if client is not None:
+        return list(client.persist(collections))
+    with _local_pool(kw, threads) as kw, _progress_bar(progress):
+        return list(dask.persist(*collections, **kw))
+
+
+def compute(collection: Any, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any) -> Any:
+    """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler.
+
+    On local threads the tasks run in a pool of this call's own (``threads`` of them, else one a
+    core): see ``_local_pool``."""
+    import dask
+
+    if client is None:
+        with _local_pool(kw, threads) as kw, _progress_bar(progress):
+            return dask.compute(collection, **kw)[0]
+    futures = client.compute(collection)
+    if progress:
+        from distributed import progress as show
+
+        with contextlib.redirect_stdout(sys.stderr):
+            show(futures)
+            print(file=sys.stderr)
+    return client.gather(futures)
