@@ -14,9 +14,12 @@ setup(
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]),
          Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], include_dirs=["l5dask/perception"],
                    depends=["l5dask/perception/_jsontypes.h"], extra_compile_args=["-O3"]),
-         Extension("l5dask.evaluation._kernels", ["l5dask/evaluation/_kernels.pyx"], include_dirs=["l5dask/evaluation"],
-                   depends=["l5dask/core/_records.pxd", "l5dask/evaluation/_cnumber.h"],
-                   extra_compile_args=["-O3"])],
+         # evaluation: one module a job (the agents mask's pass, L5Kit's CSV rows, the metrics)
+         Extension("l5dask.evaluation._mask", ["l5dask/evaluation/_mask.pyx"], depends=["l5dask/core/_records.pxd"],
+                   extra_compile_args=["-O3"]),
+         Extension("l5dask.evaluation._csvrows", ["l5dask/evaluation/_csvrows.pyx"], include_dirs=["l5dask/evaluation"],
+                   depends=["l5dask/evaluation/_cnumber.h"], extra_compile_args=["-O3"]),
+         Extension("l5dask.evaluation._metrics", ["l5dask/evaluation/_metrics.pyx"], extra_compile_args=["-O3"])],
         compiler_directives={"language_level": 3},
     )
 )

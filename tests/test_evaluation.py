@@ -142,7 +142,7 @@ def test_compiled_reader_rounds_as_python_and_leaves_the_rest_to_pyarrow(tmp_pat
     read either way gives the same bits; the compiled row scan equals the numpy one."""
     import random
 
-    from l5dask.evaluation._kernels import parse_numbers
+    from l5dask.evaluation._csvrows import parse_numbers
 
     rnd = random.Random(5)
     tokens = []
@@ -188,7 +188,7 @@ def test_compiled_reader_rounds_as_python_and_leaves_the_rest_to_pyarrow(tmp_pat
         # the row scan: compiled, and the numpy one for every block
         data = f.read_range(0, f.size)
         fast = csvfiles.scan_blocks(f, [(0, f.size)])[0]
-        monkeypatch.setattr("l5dask.evaluation._kernels.scan_keys", lambda buf, limit: None)
+        monkeypatch.setattr("l5dask.evaluation._csvrows.scan_keys", lambda buf, limit: None)
         slow = csvfiles.scan_blocks(f, [(0, f.size)])[0]
         monkeypatch.undo()
         for a, b in zip(fast, slow):
@@ -341,10 +341,10 @@ def test_mask_pass_with_a_table_that_grows(edge, tmp_path, monkeypatch):
     L5Kit's mask too."""
     import functools
 
-    from l5dask.evaluation import _kernels
+    from l5dask.evaluation import _mask
 
     path, ref, counts = edge
-    monkeypatch.setattr(_kernels, "MaskPass", functools.partial(_kernels.MaskPass, capacity=2))
+    monkeypatch.setattr(_mask, "MaskPass", functools.partial(_mask.MaskPass, capacity=2))
     select_agents(path, 0.5, output=tmp_path / "m.zarr")
     np.testing.assert_array_equal(zarr.open(str(tmp_path / "m.zarr"), mode="r")[:], ref)
 
@@ -367,7 +367,7 @@ def test_mask_and_ground_truth_from_a_columnar_export(edge, tmp_path):
 def test_mask_pass_checks_equal_l5kits_on_their_edges():
     """The compiled pass's float32 yaw and extent checks and its label filter (float64 with a band
     left to numpy's float32 sum) against L5Kit's own functions, on values built at their edges."""
-    from l5dask.evaluation._kernels import pair_checks
+    from l5dask.evaluation._mask import pair_checks
 
     from l5dask.evaluation.agents import label_ok
 

@@ -33,7 +33,7 @@ def run(args: list[str], root: Path) -> subprocess.CompletedProcess:
     "module,missing",
     [
         ("l5dask.prediction.kernels", "l5dask.prediction._kernels"),
-        ("l5dask.evaluation.csvfiles", "l5dask.evaluation._kernels"),
+        ("l5dask.evaluation.csvfiles", "l5dask.evaluation._csvrows"),
         ("l5dask.perception.tables", "l5dask.perception._kernels"),
     ],
 )

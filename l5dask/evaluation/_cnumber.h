@@ -1,6 +1,8 @@
 /* strtod in the "C" locale, whatever the process's LC_NUMERIC (glibc's strtod follows it: under
    a comma-decimal locale it stops at the '.' of "1.5"). The CSV number parser of _kernels.pyx
-   calls l5_strtod_c; l5_c_numeric_init makes the locale once, when the module is loaded. */
+   calls l5_strtod_c; l5_c_numeric_init makes the locale once, when the module is loaded. It beats
+   nothing: it is a correctness shim (Python's float() is the other way, per number, with the GIL),
+   kept while the CSV parser of _csvrows.pyx is kept. */
 #ifndef L5_CNUMBER_H
 #define L5_CNUMBER_H
 #include <locale.h>

@@ -14,7 +14,7 @@ with it (``l5kit/dataset/select_agents.py``). The rule:
   the agent.
 
 A run is a stretch of a track's valid agents without a start; the past count is the position in
-its run, the future count what follows it. One compiled pass (``_kernels.MaskPass``) walks the
+its run, the future count what follows it. One compiled pass (``_mask.MaskPass``) walks the
 agents in row order (frame order within a scene) a decoded chunk at a time, keeping each
 track's last occurrence in its scene, and counts futures backwards at the end. A run never
 leaves its scene, so a task that reads whole scenes is exact: each task owns a range of output
@@ -39,7 +39,7 @@ from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.surgery import scene_table
 from l5dask.prediction.writing import put, write_chunks
 
-_compiled = compiled("l5dask.evaluation._kernels")
+_compiled = compiled("l5dask.evaluation._mask")
 MaskPass = _compiled.MaskPass
 label_pass = _compiled.label_pass
 

@@ -43,7 +43,7 @@ from l5dask.core.policy import compute
 from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
-_compiled = compiled("l5dask.evaluation._kernels")
+_compiled = compiled("l5dask.evaluation._csvrows")
 parse_csv_rows = _compiled.parse_csv_rows
 scan_keys = _compiled.scan_keys
 

@@ -38,7 +38,7 @@ from l5dask.evaluation.csvfiles import (
     row_groups,
 )
 
-_row_metrics = compiled("l5dask.evaluation._kernels").row_metrics
+_row_metrics = compiled("l5dask.evaluation._metrics").row_metrics
 
 #: L5Kit's metric functions, in the order of the JSON.
 METRICS = (

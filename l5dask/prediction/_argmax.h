@@ -1,6 +1,10 @@
 /* numpy's argmax of n float32 at p (the first maximum; a NaN counts as the maximum), for _kernels.pyx.
    SSE2 (every x86-64): the maximum four lanes at a time, then the first lane equal to it; rows
-   holding a NaN, and other CPUs, take the scalar loop. */
+   holding a NaN, and other CPUs, take the scalar loop. What it beats, and by how much: numpy's
+   argmax(axis=1) of the 17 labels, 2.64x on the records' field and 2.28x on a contiguous copy
+   (12.6 against 33.1 and 28.6 ns an agent: `python benchmarks/handwritten_layers.py --part
+   argmax`, one thread, 2026-11-27). Delete it when numpy's argmax of short rows comes within 10%
+   of it there. */
 #ifndef L5_ARGMAX_H
 #define L5_ARGMAX_H
 #include <stddef.h>

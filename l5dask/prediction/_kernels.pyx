@@ -4,6 +4,13 @@
 Records are read in place from their bytes (``buf``), a row every ``stride`` bytes with
 each field at a byte offset, so no field is copied out of a decoded chunk. Loads go
 through ``memcpy`` (rows of 116 bytes leave most doubles unaligned).
+
+What it beats, and by how much: the same definitions in plain numpy (``benchmarks/numpy_reference.py``,
+which copies each field out, joins with ``np.repeat`` and sorts for the distinct tracks):
+``l5dask stats`` on 30 M agents 2.18 s against 58.9 s (``python benchmarks/stats_benchmark.py``);
+the compressed gather (``_blosc.h``) 1.97-2.11x numcodecs' decode and a gather
+(``python benchmarks/compressed_gather.py``). When to delete a loop: when a numpy or flox
+formulation of it runs within 10% of it in those benchmarks.
 """
 
 import numpy as np
