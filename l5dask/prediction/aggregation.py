@@ -530,8 +530,8 @@ def aggregate_result(
     scheduler: Any = None,
     progress: bool = False,
 ):
-    """:func:`aggregate`'s pass with its parameters, the groups as a ``Result`` (whose
-    ``to_pandas()`` is :func:`aggregate`'s DataFrame)."""
+    """:func:`~l5dask.prediction.aggregation.aggregate`'s pass with its parameters, the groups as a
+    ``Result`` (whose ``to_pandas()`` is that function's DataFrame)."""
 
     warming = warm_up(ds, storage_options, client, scheduler)
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
