@@ -5,6 +5,7 @@ built to reach the rules' edge cases; on a cluster and S3; and every bad input i
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 
@@ -227,6 +228,73 @@ def test_ground_truth_from_a_perception_dataset(tmp_path):
     assert got["classes"] == classes
     np.testing.assert_array_equal(ours(got), ref)
     assert got["by_distance"] and all(0 <= b["mean_map"] <= 1 for b in got["by_distance"])
+
+
+def test_distance_to_ego_finds_random_hex_tokens_in_any_order():
+    """A dataset's sample tokens are random hex in table order (not sorted): each box's ego is its
+    own sample's, as a plain dict lookup finds it; a sample without a pose gives NaN."""
+    rng = np.random.default_rng(7)
+    tokens = np.array([rng.bytes(16).hex() for _ in range(300)], dtype=object)
+    ego = rng.uniform(-500, 500, (len(tokens), 3))
+    ego[rng.choice(len(tokens), 20, replace=False)] = np.nan  # samples without an ego pose
+    samples = tokens[rng.permutation(len(tokens))[:250]]  # the boxes' samples, in another order
+    samples = np.concatenate([samples, [rng.bytes(16).hex() for _ in range(5)]])  # and unknown ones
+    n = 2000
+    sample = rng.integers(0, len(samples), n)
+    xyz = rng.uniform(-500, 500, (n, 3))
+    b = detection.Boxes(
+        "t",
+        samples,
+        sample,
+        np.array(["car"], object),
+        np.zeros(n, np.int64),
+        xyz,
+        np.ones((n, 3)),
+        np.tile([1.0, 0, 0, 0], (n, 1)),
+        None,
+        np.arange(n),
+    )
+    got = detection.distance_to_ego(b, {"tokens": tokens, "ego": ego})
+    pose = dict(zip(tokens, ego))
+    want = np.array([np.hypot(*(xyz[i, :2] - pose.get(samples[sample[i]], np.full(3, np.nan))[:2])) for i in range(n)])
+    assert np.isnan(want).any() and (~np.isnan(want)).sum() > n // 2
+    np.testing.assert_array_equal(got, want)
+
+
+def test_by_distance_bands_hold_the_reports_boxes_and_the_truth_scores_1(tmp_path):
+    """The ground truth given back as predictions scores mAP 1 in every distance band, and each
+    band holds the boxes the perception report counts at that distance."""
+    from l5dask.perception.synth import generate as synth
+
+    root = tmp_path / "lyft"
+    synth(root, scenes=1, seed=4, lidar_points=0, images=False)
+    load = lambda n: json.loads((root / "data" / f"{n}.json").read_text())  # noqa: E731
+    cat = {c["token"]: c["name"] for c in load("category")}
+    inst = {i["token"]: cat[i["category_token"]] for i in load("instance")}
+    pred = [
+        {k: a[k] for k in ("sample_token", "translation", "size", "rotation")}
+        | {"name": inst[a["instance_token"]], "score": 1.0}
+        for a in load("sample_annotation")
+    ]
+    write_json(pred, tmp_path / "pred.json")
+    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-O", str(tmp_path / "m.json"), "-q")
+    assert r.returncode == 0, r.stderr
+    bands = json.loads((tmp_path / "m.json").read_text())["by_distance"]
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "perception", "stats", str(root), "-O", str(tmp_path / "r.json"), "-q"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    hist = json.loads((tmp_path / "r.json").read_text())["annotations"]["distance_to_ego_m"]["histogram"]
+    edges, counts = np.array(hist["edges"]), np.array(hist["counts"])
+    want = [
+        int(counts[(edges >= lo) & (edges < (math.inf if hi is None else hi))].sum())
+        for lo, hi in ((0, 30), (30, 50), (50, None))
+    ]
+    assert [b["gt_boxes"] for b in bands] == want and sum(want) == len(pred)
+    assert [b["band"] for b in bands] == [[0.0, 30.0], [30.0, 50.0], [50.0, None]]
+    assert [b["mean_map"] for b in bands] == [1.0, 1.0, 1.0]
 
 
 def _box(**kw):

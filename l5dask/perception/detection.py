@@ -77,11 +77,15 @@ SAMPLES_PER_TASK = 500
 
 
 def distance_to_ego(b: Boxes, egos: dict[str, np.ndarray]) -> np.ndarray:
-    """Each box's ground distance to its sample's ego (NaN where the sample has no ego pose)."""
-    pos = np.searchsorted(egos["tokens"], b.samples) if len(egos["tokens"]) else np.zeros(len(b.samples), np.int64)
-    known = (pos < len(egos["tokens"])) & (egos["tokens"][np.minimum(pos, len(egos["tokens"]) - 1)] == b.samples)
+    """Each box's ground distance to its sample's ego (NaN where the sample has no ego pose).
+    ``egos``: ``tokens`` (in any order, as a dataset's ``sample`` table holds them) and each one's
+    ``ego`` position."""
+    order = np.argsort(egos["tokens"], kind="stable")  # a table's tokens are in no order
+    tokens = egos["tokens"][order]
+    pos = np.searchsorted(tokens, b.samples) if len(tokens) else np.zeros(len(b.samples), np.int64)
+    known = (pos < len(tokens)) & (tokens[np.minimum(pos, len(tokens) - 1)] == b.samples)
     ego = np.full((len(b.samples), 3), np.nan)
-    ego[known] = egos["ego"][pos[known]]
+    ego[known] = egos["ego"][order[pos[known]]]
     return np.hypot(*(b.xyz[:, :2] - ego[b.sample, :2]).T)
 
 
@@ -91,7 +95,8 @@ BANDS = ((0.0, 30.0), (30.0, 50.0), (50.0, math.inf))
 
 def by_distance(pred: Boxes, gt: Boxes, egos: dict[str, np.ndarray], **kw) -> list[dict[str, Any]]:
     """The mAP of the boxes within each distance band of their sample's ego (ground truth and
-    predictions filtered alike; a band without ground truth is left out)."""
+    predictions filtered alike; a band without ground truth is left out). A band is ``[lo, hi]``
+    in metres, ``hi`` None for the last, unbounded one (JSON has no infinity)."""
     dp, dg = distance_to_ego(pred, egos), distance_to_ego(gt, egos)
     out = []
     for lo, hi in BANDS:
@@ -101,7 +106,14 @@ def by_distance(pred: Boxes, gt: Boxes, egos: dict[str, np.ndarray], **kw) -> li
         g = take(gt, keep_g)
         keep_p = (dp >= lo) & (dp < hi) & np.isin(pred.classes, g.classes[np.unique(g.cls)])[pred.cls]
         r = evaluate(take(pred, keep_p), g, **kw)
-        out.append({"band": [lo, hi], "map": r["map"], "mean_map": r["mean_map"], "gt_boxes": int(keep_g.sum())})
+        out.append(
+            {
+                "band": [lo, hi if math.isfinite(hi) else None],
+                "map": r["map"],
+                "mean_map": r["mean_map"],
+                "gt_boxes": int(keep_g.sum()),
+            }
+        )
     return out
 
 

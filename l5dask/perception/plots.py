@@ -142,7 +142,7 @@ def ap_by_distance(result: dict[str, Any], ax=None):
     """The mAP of the boxes in each distance-to-ego band (with a dataset's ground truth)."""
     ax = axes(ax)
     bands = result.get("by_distance", [])
-    labels = [f"{lo:g}-{hi:g} m" if np.isfinite(hi) else f"{lo:g} m +" for lo, hi in (b["band"] for b in bands)]
+    labels = [f"{lo:g} m +" if hi is None else f"{lo:g}-{hi:g} m" for lo, hi in (b["band"] for b in bands)]
     ax.bar(np.arange(len(bands)), [b["mean_map"] for b in bands], color="#3b6ea8")
     ax.set_xticks(np.arange(len(bands)), labels)
     ax.set_ylabel("mAP (mean over thresholds)")
