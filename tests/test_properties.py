@@ -9,12 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
-from l5dask.core.codec import typesize_of
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import evaluate_where
@@ -82,6 +80,40 @@ def test_the_compressed_gather_and_numcodecs_agree_on_every_chunk(data, dtype, c
             width = dtype[distinct].itemsize
             as_rows = lambda a: {bytes(r) for r in np.ascontiguousarray(a).view(np.uint8).reshape(-1, width)}  # noqa: E731
             assert set().union(*map(as_rows, found)) == as_rows(decoded[distinct])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_every_blosc_encoding_zarr_python_2_decodes_is_read_as_it_reads_it(data, dtype, chunk_rows, params):
+    """Valid chunks L5Kit does not write but zarr-python 2 decodes: a blosc type size that is not
+    the record size (it only says how the bytes were shuffled), bytes after the compressed size
+    (never read). Each is read, by the decode and by the compressed gather, as zarr-python 2 reads
+    the same chunk: they were refused."""
+    import zarr
+
+    rows = data.draw(st.integers(1, chunk_rows))
+    rec = data.draw(s.records(dtype, chunk_rows))
+    rec[rows:] = np.zeros(1, dtype)
+    nbytes = rec.nbytes
+    typesize = data.draw(st.sampled_from([d for d in range(1, 256) if nbytes % d == 0]))
+    flat = rec.view(np.uint8)
+    raw = Blosc(**params).encode(flat.view(f"V{typesize}") if typesize > 1 else flat)
+    raw += data.draw(st.binary(max_size=40))
+    event(f"type size {'the record size' if typesize == dtype.itemsize else 'another'}, trailing {len(raw) > 0}")
+    store = {".zarray": fmt.zarray_json(dtype, rows, chunk_rows), "0": raw}
+    want = zarr.open_array(store, mode="r")[:]  # zarr-python 2, L5Kit's reader
+    assert want.tobytes() == rec[:rows].tobytes()
+    meta = fmt.ArrayMeta("t", dtype, rows, chunk_rows)
+    assert Encoded(meta, True, [(0, raw)]).records().tobytes() == want.tobytes()
+    elements, argmax = _plan(dtype)
+    plan = Gather(dtype, elements, argmax)
+    status, why, accepted, _ = gather_verdict(plan, raw, chunk_rows, rows)  # (the readers agree)
+    assert why is None and accepted and status in (0, 1)
+    gathered = Encoded(meta, True, [(0, raw)]).gather(elements, argmax, None, [])
+    expect, emax = plan.outputs(rows)
+    plan.records(want, expect, emax, 0, [])
+    for got, exp in zip([*gathered[0], *gathered[1]], [*expect, *emax]):
+        assert got.tobytes() == exp.tobytes()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -176,8 +208,3 @@ def test_the_token_index_equals_a_dict(table, queries, splits):
     assert (index.dup_row >= 0) == bool(dups)
     if dups:
         assert (index.dup_first, index.dup_row) == (first[table[dups[0]]], dups[0])
-
-
-@pytest.mark.parametrize("itemsize,expected", [(1, 1), (116, 116), (255, 255), (256, 1), (0, 1)])
-def test_typesize_as_blosc_stores_it(itemsize, expected):
-    assert typesize_of(itemsize) == expected

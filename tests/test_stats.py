@@ -297,7 +297,7 @@ def test_bad_intervals_name_array_and_first_row(small_ds, tmp_path, row, value, 
 
 def test_validate_ok(small_ds):
     r = subprocess.run([sys.executable, "-m", "l5dask.cli", "validate", small_ds], capture_output=True, text=True)
-    assert r.returncode == 0 and "no problems" in r.stdout
+    assert r.returncode == 0 and "no faults" in r.stdout
 
 
 def test_failed_report_keeps_previous_file(small_ds, tmp_path):

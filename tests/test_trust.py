@@ -184,6 +184,97 @@ def test_zip_and_s3_refuse_it_the_same_through_every_command(damaged, tmp_path, 
             shutil.rmtree(out)
 
 
+# --- validate: every chunk's header and size, every chunk decoded with --full ---------------------------
+#: chunk damages whose header and size are sound: found by decoding the chunk (--full) only
+DECODE_ONLY = {"stream-zeroed"}
+
+
+def _validate(data: str, full: bool, extra: tuple[str, ...] = ()) -> tuple[int, list[str], str]:
+    result = _run(["validate", data, *(["--full"] if full else []), *extra])
+    assert "Traceback" not in result.output, result.output
+    return result.exit_code, result.stdout.splitlines(), result.stderr
+
+
+@pytest.mark.parametrize("name,edit,pattern", damage.CHUNK, ids=[n for n, _, _ in damage.CHUNK])
+def test_validate_lists_the_damaged_chunk_that_stats_refuses(damaged, tmp_path, s3, name, edit, pattern):
+    """``l5dask validate`` said "no problems" (exit 0) on a truncated agents chunk that ``stats``
+    refuses: it checked only the intervals. Each chunk's size and header are checked now (a 16-byte
+    read each), every chunk decoded with ``--full``: the fault on one line, exit 1; locally and on S3."""
+    s3.make_bucket("l5-damaged")
+    fs = s3.s3fs()
+    remote = f"l5-damaged/{name}.zarr"
+    if not fs.exists(remote):
+        fs.put(str(damaged[name]), remote, recursive=True)
+    for data, extra in ((str(damaged[name]), ()), (f"s3://{remote}", tuple(_s3_flags(s3)))):
+        for full in (False, True):
+            code, lines, err = _validate(data, full, extra)
+            if name in DECODE_ONLY and not full:
+                assert code == 0 and lines[-1].endswith("no faults (chunk headers and sizes, intervals)"), lines
+                continue
+            assert code == 1 and len(lines) == 1 and re.fullmatch(pattern + ".*", lines[0]), (data, full, lines, err)
+            assert err.strip() == "1 fault(s)"
+
+
+def test_validate_lists_every_fault_a_line_each_and_finds_none_in_a_sound_dataset(damaged, tmp_path):
+    base = tmp_path / "several.zarr"
+    shutil.copytree(damaged["base"], base)
+    assert _validate(str(base), False)[:2] == (0, [f"{base}: no faults (chunk headers and sizes, intervals)"])
+    assert _validate(str(base), True)[:2] == (0, [f"{base}: no faults (every chunk decoded, intervals)"])
+    raw = (base / "agents" / "1").read_bytes()
+    (base / "agents" / "1").write_bytes(raw[:100])
+    (base / "frames" / "0").unlink()
+    (base / "agents" / "3").write_bytes(damage.with_header((base / "agents" / "3").read_bytes(), version=3))
+    code, lines, err = _validate(str(base), False)
+    assert code == 1 and err.strip() == "3 fault(s)", (lines, err)
+    assert lines == [
+        "array 'frames', chunk '0': object 'frames/0' is missing",
+        f"array 'agents', chunk '1': truncated or corrupt chunk (it holds 100 bytes, its header says {len(raw)})",
+        "array 'agents', chunk '3': truncated or corrupt chunk (blosc format version 3 in its header, not 2)",
+    ]
+    assert (base / "agents" / "1").read_bytes() == raw[:100]  # reported, never repaired
+
+
+def test_validate_reports_damaged_metadata_as_a_fault(damaged):
+    code, lines, err = _validate(str(damaged["big-endian-velocity"]), False)
+    assert code == 1 and len(lines) == 1 and "field 'velocity' has dtype '>f4', big-endian" in lines[0]
+
+
+@pytest.mark.parametrize("name,edit", damage.VALID, ids=[n for n, _ in damage.VALID])
+def test_valid_encodings_zarr_python_2_decodes_are_read_as_it_reads_them(damaged, tmp_path, name, edit):
+    """Bytes after the compressed size, a blosc type size that is not the record size: valid
+    chunks that zarr-python 2 decodes, once refused. Every reader answers as on the chunk they
+    replace, which zarr-python 2 reads the same; validate finds no fault."""
+    import json
+
+    import pandas as pd
+
+    from l5dask.core.outputs import public
+
+    from .conftest import read_all
+
+    data = tmp_path / name
+    shutil.copytree(damaged["base"], data)
+    edit(data)
+    base = damaged["base"]
+    assert (data / "agents" / "0").read_bytes() != (base / "agents" / "0").read_bytes()
+    want = read_all(str(base))["agents"]
+    assert read_all(str(data))["agents"].tobytes() == want.tobytes()  # zarr-python 2 decodes it
+    ds, ref = l5dask.open_dataset(data), l5dask.open_dataset(base)
+    report, reference = (dict(public(compute_report(d)), dataset=None) for d in (ds, ref))
+    assert json.dumps(report, sort_keys=True) == json.dumps(reference, sort_keys=True)
+    agg = {"by": ["scene_index", "label"], "values": {"speed": ["mean", "count"], "extent_length": ["q50"]}}
+    pd.testing.assert_frame_equal(l5dask.aggregate(ds, "agents", **agg), l5dask.aggregate(ref, "agents", **agg))
+    cols = ["speed", "label", "track_id"]
+    pd.testing.assert_frame_equal(
+        ds.to_dask_dataframe("agents", columns=cols).compute(), ref.to_dask_dataframe("agents", columns=cols).compute()
+    )
+    assert ds.agents.velocity.values.tobytes() == want["velocity"].tobytes()
+    np.testing.assert_array_equal(ds.joined("agents").label.values, ref.joined("agents").label.values)
+    assert ds["agents"].read_rows(0, 10, np.empty(10, want.dtype)).tobytes() == want[:10].tobytes()
+    for full in (False, True):
+        assert _validate(str(data), full)[0] == 0
+
+
 # --- the same answer from every reader --------------------------------------------------------------------
 def _padded(tmp_path: Path, corrupt_padding: bool) -> Path:
     """A dataset whose last agents chunk is mostly padding rows (the array cut short, the frames

@@ -16,7 +16,13 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPILED = ("l5dask/prediction/_kernels", "l5dask/evaluation/_mask", "l5dask/evaluation/_csvrows", "l5dask/evaluation/_metrics", "l5dask/perception/_kernels")
+COMPILED = (
+    "l5dask/prediction/_kernels",
+    "l5dask/evaluation/_mask",
+    "l5dask/evaluation/_csvrows",
+    "l5dask/evaluation/_metrics",
+    "l5dask/perception/_kernels",
+)
 BUILD_SOURCES = ("setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "README.md")
 
 

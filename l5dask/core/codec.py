@@ -1,30 +1,33 @@
 """The one rule for a stored chunk's bytes: what a blosc chunk must be before any decoder sees it.
 
 Every path that reads a chunk (the report's decode, the compressed gather of ``aggregate`` and
-the dataframes, the xarray backend, surgery and exports, the zarr v3 reader) calls
+the dataframes, the xarray backend, surgery and exports, the zarr v3 reader, ``validate``) calls
 :func:`check_blosc` first, with what the array's metadata says the chunk decodes to. A chunk is
 accepted only when its 16-byte header agrees with that metadata and with every check c-blosc
 1.21 makes before it decodes (``blosc_run_decompression_with_context`` in ``blosc/blosc.c``):
 
 - format version 2 (blosc 1.x) and no flag from the future (bit 3);
-- the type size is the array's element size (the record size; 1 past 255 bytes, as blosc
-  stores it), never 0;
+- a type size from 1 to 255: any, as zarr-python 2 decodes any (it only says how the bytes were
+  shuffled, and unshuffling by it gives the bytes back whatever it is; the decoded size below
+  vouches for the result), never 0;
 - the decoded size is exactly the chunk's rows times the record size: zarr v2 stores the last
   chunk full size, padded with the fill value, so every chunk decodes to ``chunk_rows`` records.
   numcodecs decodes as many bytes as the header says into a buffer of any larger size and raises
   nothing: without this check a chunk whose header says fewer bytes leaves the rest of the
   buffer as it was (the previous chunk's rows, in a reused buffer);
-- the compressed size is the object's length (blosc reads as many bytes as the header says:
-  past the end of a truncated chunk);
-- a block size in ``(0, decoded size]``, at most blosc's maximum and a whole number of
-  elements (c-blosc's compressor makes it so; its decoder would otherwise leave bytes of a
-  split block unwritten and return no error); a stored (memcpyed) chunk is
+- the compressed size is at most the object's length (blosc reads as many bytes as the header
+  says: past the end of a truncated chunk); bytes after it are never read, as blosc never reads
+  them (zarr-python 2 decodes such a chunk);
+- a block size in ``(0, decoded size]``, at most blosc's maximum and a whole number of the
+  header's elements (c-blosc's compressor makes it so; its decoder would otherwise leave bytes
+  of a split block unwritten and return no error); a stored (memcpyed) chunk is
   its header and its bytes; otherwise a codec numcodecs' blosc decodes (blosclz, lz4/lz4hc,
   zlib, zstd) at its format version 1, and room for the block starts.
 
 What happens inside the blocks (each block's start, each stream's size, what LZ4 decodes) is
 checked where it is read, the same way by c-blosc and by ``l5dask/_blosc.h``
-(``tests/test_properties.py`` holds them to the same verdict on damaged chunks).
+(``tests/test_properties.py`` holds them to the same verdict on damaged chunks, and l5dask to
+zarr-python 2's answer on every encoding it decodes).
 """
 
 from __future__ import annotations
@@ -48,36 +51,30 @@ _HEADER = struct.Struct("<BBBBiii")
 _DECODER = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)  # decoding reads the header only
 
 
-def typesize_of(itemsize: int) -> int:
-    """The type size blosc stores for elements of ``itemsize`` bytes (1 past its maximum, 255)."""
-    return itemsize if 0 < itemsize <= MAX_TYPESIZE else 1
-
-
-def check_blosc(raw, nbytes: int, typesize: int, header_only: bool = False) -> str | None:
-    """Why the blosc chunk ``raw`` is not one of ``nbytes`` decoded bytes of elements of
-    ``typesize`` bytes (as blosc stores it: ``typesize_of``), or ``None`` when it may be
-    decoded. Reads the 16-byte header only; ``header_only``: ``raw`` is the chunk's first bytes,
-    not all of it (its length is not checked)."""
-    size = len(raw)
-    if size < MAX_OVERHEAD:
-        return f"{size} bytes, shorter than a blosc header (16)"
+def check_blosc(raw, nbytes: int, header_only: bool = False, stored: int | None = None) -> str | None:
+    """Why the blosc chunk ``raw`` is not one of ``nbytes`` decoded bytes, or ``None`` when it may
+    be decoded. Reads the 16-byte header only. ``header_only``: ``raw`` is the chunk's first
+    bytes, not all of it, and ``stored`` the object's length (``None``: unknown, not checked)."""
+    size = len(raw) if not header_only else stored
+    if len(raw) < MAX_OVERHEAD:
+        return f"{len(raw)} bytes, shorter than a blosc header (16)"
     version, versionlz, flags, ts, decoded, blocksize, cbytes = _HEADER.unpack_from(raw)
     if version != VERSION_FORMAT:
         return f"blosc format version {version} in its header, not {VERSION_FORMAT}"
     if flags & FUTURE:
         return f"header flags 0x{flags:02x} hold a bit blosc does not know"
-    if ts != typesize:
-        return f"type size {ts} in its header, {typesize} for the array's elements"
+    if ts == 0:
+        return "type size 0 in its header"
     if decoded != nbytes:
         return f"its header says {decoded} bytes decoded, the array's metadata {nbytes}"
-    if cbytes != size and not header_only:
+    if size is not None and cbytes > size:
         return f"it holds {size} bytes, its header says {cbytes}"
     if cbytes < MAX_OVERHEAD:
         return f"compressed size {cbytes} in its header, shorter than the header"
     if not 0 < blocksize <= min(decoded, MAX_BLOCKSIZE):
         return f"block size {blocksize} in its header, outside 1..{min(decoded, MAX_BLOCKSIZE)}"
-    if blocksize % typesize:
-        return f"block size {blocksize} in its header, not a whole number of {typesize}-byte elements"
+    if blocksize % ts:
+        return f"block size {blocksize} in its header, not a whole number of its {ts}-byte elements"
     if flags & MEMCPYED:
         if cbytes != decoded + MAX_OVERHEAD:
             return f"a stored chunk of {decoded} bytes must hold {decoded + MAX_OVERHEAD}, it holds {cbytes}"
@@ -93,12 +90,12 @@ def check_blosc(raw, nbytes: int, typesize: int, header_only: bool = False) -> s
     return None
 
 
-def decode_blosc(raw, out: np.ndarray, typesize: int | None = None) -> np.ndarray:
+def decode_blosc(raw, out: np.ndarray) -> np.ndarray:
     """numcodecs' blosc decode of ``raw`` into all of ``out`` (C-contiguous), once
-    :func:`check_blosc` accepts it for ``out.nbytes`` bytes of elements of ``typesize`` bytes
-    (default: ``out``'s item size, as blosc stores it). ``ValueError`` saying why otherwise."""
+    :func:`check_blosc` accepts it for ``out.nbytes`` bytes. ``ValueError`` saying why otherwise."""
     view = raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B")
-    why = check_blosc(view, out.nbytes, typesize_of(out.dtype.itemsize) if typesize is None else typesize)
+    why = check_blosc(view, out.nbytes)
     if why is not None:
         raise ValueError(why)
-    return _DECODER.decode(view, out=out)
+    cbytes = _HEADER.unpack_from(view)[6]
+    return _DECODER.decode(view if len(view) == cbytes else memoryview(view)[:cbytes], out=out)

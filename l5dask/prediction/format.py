@@ -188,13 +188,6 @@ class ArrayMeta:
         """The decoded size of every stored chunk (the last one is stored full size, padded)."""
         return self.chunk_rows * self.dtype.itemsize
 
-    @property
-    def typesize(self) -> int:
-        """The element size blosc stores in a chunk's header: the record's (an N-D array's number
-        type's, for arrays with a ``tail``), 1 past blosc's 255."""
-        size = fields_of(self.dtype)["value"][0].base.itemsize if self.tail else self.dtype.itemsize
-        return size if size <= 255 else 1
-
     def chunk_bounds(self, index: int) -> tuple[int, int]:
         """The row range ``[start, stop)`` of stored chunk ``index`` that holds data."""
         start = index * self.chunk_rows
@@ -211,6 +204,13 @@ def safe_dtype(text: str, kinds: set[str], what: str, why: str) -> np.dtype:
         raise FormatError(f"{what} an unknown dtype {_short(text)}") from None
     if dt.kind not in kinds:
         raise FormatError(f"{what} dtype {text!r}, {why}")
+    if dt.str[0] == ">":
+        # (L5Kit's arrays, as zarr-python writes numpy's, are little-endian: the compiled
+        # readers read numbers in place in that order, and no writer makes another)
+        raise FormatError(
+            f"{what} dtype {text!r}, big-endian: l5dask reads little-endian numbers only ({'<' + dt.str[1:]!r}, "
+            "as L5Kit writes them)"
+        )
     return dt
 
 

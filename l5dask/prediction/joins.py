@@ -30,7 +30,9 @@ from dask.task_spec import Task, TaskRef
 
 from l5dask.core.engine import Block, Held, Job, Link, Pass, Rows
 from l5dask.core.intervals import check_intervals
+from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
+from l5dask.prediction.reading import decode_faults, header_faults
 
 if TYPE_CHECKING:
     import dask.array as da
@@ -261,16 +263,46 @@ class Joins:
         return self.column(fmt.TL_FACES, field)
 
 
-def validate(ds) -> list[str]:
-    """Every interval problem of a dataset (empty when it is consistent): one pass per parent
-    array, reading only its interval fields' bounds."""
+def validate(ds, full: bool = False) -> list[str]:
+    """Every fault of a dataset (empty when it is sound), a line each: each stored chunk of every
+    array against its ``.zarray`` (stored, its size and blosc header: a 16-byte read a chunk;
+    ``full``: every chunk decoded, on the job's workers), then every index interval (one pass per
+    parent array, reading only its interval fields' bounds) of the arrays whose chunks are sound.
+    Reports, never repairs."""
+    faults: list[str] = []
+    bad: set[str] = set()
+    sound_chunks = {}
+    for name, array in ds.arrays.items():
+        found, sound = header_faults(array.store, array.meta, array.compressed)
+        faults += found
+        sound_chunks[name] = sound
+        bad |= {name} if found else set()
+    if full:
+        job = Job()
+        calls = [
+            (a.store, a.meta, a.compressed, sound_chunks[n][i : i + FULL_CHUNKS_PER_TASK])
+            for n, a in ds.arrays.items()
+            for i in range(0, len(sound_chunks[n]), FULL_CHUNKS_PER_TASK)
+        ]
+        if calls:
+            remote = any(a.remote for a in ds.arrays.values())
+            for (_, meta, _, _), found in zip(calls, job.map(decode_faults, calls, "l5-validate", remote=remote)):
+                faults += found
+                bad |= {meta.name} if found else set()
     specs = []
     for parent, fld, child in fmt.INTERVALS:
-        if ds.has(parent) and ds.has(child) and fld in fmt.names_of(ds[parent].dtype):
+        if ds.has(parent) and ds.has(child) and fld in fmt.names_of(ds[parent].dtype) and parent not in bad:
             specs.append(Pass(ds[parent], intervals={fld: len(ds[child])}, blocks=True, name=f"{parent}-{fld}"))
     problems: list[str] = []
-    Job().persist(*specs, check=False, problems=problems)
-    return problems
+    try:
+        Job().persist(*specs, check=False, problems=problems)
+    except ChunkError as exc:  # (a chunk whose header is sound but whose blocks are not)
+        problems.append(str(exc))
+    return faults + problems
+
+
+#: Stored chunks a task of ``validate --full`` decodes.
+FULL_CHUNKS_PER_TASK = 16
 
 
 def parent_frames(ds, selection, job: Job | None = None) -> FramesPass | None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from dask.base import tokenize
 
-from l5dask.core.codec import check_blosc, decode_blosc
+from l5dask.core.codec import MAX_OVERHEAD, check_blosc, decode_blosc
 from l5dask.core.store import Store, open_store
 from l5dask.errors import ChunkError, FormatError, UsageError
 from l5dask.prediction import format as fmt
@@ -39,13 +39,11 @@ def check_chunk(raw, meta: fmt.ArrayMeta, compressed: bool, key: str) -> None:
     it (:mod:`l5dask.core.codec`): its header agrees with the array's metadata. ``ChunkError`` naming
     the array, the chunk and what is wrong otherwise."""
     if compressed:
-        why = check_blosc(
-            raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"), meta.chunk_nbytes, meta.typesize
-        )
+        why = check_blosc(raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"), meta.chunk_nbytes)
     else:
         why = None if len(raw) == meta.chunk_nbytes else f"holds {len(raw)} bytes, expected {meta.chunk_nbytes}"
     if why is not None:
-        raise ChunkError(f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({why})")
+        raise ChunkError(chunk_fault(meta, key, why))
 
 
 def decode_chunk(
@@ -62,12 +60,66 @@ def decode_chunk(
         raise ValueError(f"decode_chunk: a contiguous buffer of {meta.chunk_rows} records is needed")
     if compressed:
         try:
-            decode_blosc(raw, out, meta.typesize)
+            decode_blosc(raw, out)
         except (RuntimeError, ValueError, TypeError) as exc:
-            raise ChunkError(f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({exc})") from None
+            raise ChunkError(chunk_fault(meta, key, str(exc))) from None
     else:
         out.view(np.uint8)[:] = np.frombuffer(raw, dtype=np.uint8)
     return out
+
+
+def chunk_fault(meta: fmt.ArrayMeta, key: str, why: str) -> str:
+    """The one line that says what is wrong with stored chunk ``key`` (its index) of an array."""
+    return f"array {meta.name!r}, chunk {key!r}: truncated or corrupt chunk ({why})"
+
+
+def header_faults(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> tuple[list[str], list[int]]:
+    """Every stored chunk of an array checked against its ``.zarray`` without decoding it: stored,
+    and its size and blosc header what the metadata says (:mod:`l5dask.core.codec`): one listing
+    of the array's folder and a 16-byte read a chunk, ``l5dask.requests-in-flight`` at a time.
+    Returns the faults (a line each) and the chunks found sound."""
+    keys = [meta.key(i) for i in range(meta.nchunks)]
+    sizes = store.sizes(meta.name) if meta.nchunks else {}
+    faults: list[tuple[int, str]] = []
+    present = []
+    for i, key in enumerate(keys):
+        if key.rsplit("/", 1)[-1] in sizes:
+            present.append(i)
+        else:
+            faults.append((i, f"array {meta.name!r}, chunk {str(i)!r}: object {key!r} is missing"))
+    size_of = {i: sizes[keys[i].rsplit("/", 1)[-1]] for i in present}
+    read = [i for i in present if size_of[i]] if compressed else []  # (S3 answers a range of nothing 416)
+    heads = store.iter_ranges(
+        [(keys[i], 0, min(MAX_OVERHEAD, size_of[i])) for i in read],
+        {keys[i]: f"array {meta.name!r}, chunk {str(i)!r}" for i in read},
+    )
+    sound = []
+    for i in present:
+        size = size_of[i]
+        if compressed:
+            why = check_blosc(next(heads) if size else b"", meta.chunk_nbytes, header_only=True, stored=size)
+        else:
+            why = None if size == meta.chunk_nbytes else f"holds {size} bytes, expected {meta.chunk_nbytes}"
+        if why is None:
+            sound.append(i)
+        else:
+            faults.append((i, chunk_fault(meta, str(i), why)))
+    return [line for _, line in sorted(faults)], sound
+
+
+def decode_faults(store: Store, meta: fmt.ArrayMeta, compressed: bool, indices: Sequence[int]) -> list[str]:
+    """Each of the chunks ``indices`` read and decoded whole (a task's share of ``validate
+    --full``): a line for each one a reader refuses."""
+    faults = []
+    scratch = np.empty(meta.chunk_rows, dtype=meta.dtype)
+    keys = [meta.key(i) for i in indices]
+    raws = store.iter_many(keys, {k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)})
+    for i, raw in zip(indices, raws):
+        try:
+            decode_chunk(raw, meta, compressed, str(i), scratch)
+        except ChunkError as exc:
+            faults.append(str(exc))
+    return faults
 
 
 def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> list[tuple[int, bytes]]:
@@ -462,7 +514,7 @@ def check_last_chunk(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> Non
                 f"({key!r}) is not stored"
             ) from None
     if head is not None:
-        why = check_blosc(head, meta.chunk_nbytes, meta.typesize, header_only=True)
+        why = check_blosc(head, meta.chunk_nbytes, header_only=True)
         if why is not None:
             raise FormatError(
                 f"{store.url}: array {meta.name!r}: its last chunk ({key!r}) does not match its "

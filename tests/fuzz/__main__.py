@@ -132,6 +132,10 @@ def _json_edit(data: bytes, rng: random.Random) -> bytes:
     if choice == 3 and strings:
         a, b = rng.choice(strings)
         return (text[:b] + ", " + text[a:b] + text[b:]).encode()
+    orders = [m.start() + 1 for m in re.finditer(r'"[<>|=][a-zA-Z]', text)]
+    if choice == 4 and orders:  # a dtype's byte order (big-endian fields were accepted, then failed)
+        at = rng.choice(orders)
+        return (text[:at] + rng.choice("<>|=") + text[at + 1 :]).encode()
     return data
 
 

@@ -83,12 +83,20 @@ def _blosc_seeds() -> list[bytes]:
 
 
 # --- metadata ------------------------------------------------------------------------------------------
+def _little_endian(dtype: np.dtype) -> None:
+    """Every number of an accepted dtype is read in the byte order the compiled readers read."""
+    for name in fmt.names_of(dtype):
+        base = fmt.fields_of(dtype)[name][0].base
+        assert base.str[0] in "<|", f"field {name!r} of dtype {base.str} accepted"
+
+
 def zarray(data: bytes) -> None:
     try:
         meta = fmt.parse_zarray("agents", data, "fuzz")
     except L5DaskError:
         return
     assert 0 < meta.chunk_nbytes <= fmt.MAX_CHUNK_NBYTES and meta.nchunks <= fmt.MAX_CHUNKS
+    _little_endian(meta.dtype)
 
 
 def zarray_nd(data: bytes) -> None:
@@ -97,6 +105,7 @@ def zarray_nd(data: bytes) -> None:
     except L5DaskError:
         return
     assert 0 < meta.chunk_nbytes <= fmt.MAX_CHUNK_NBYTES and meta.nchunks <= fmt.MAX_CHUNKS
+    _little_endian(meta.dtype)
 
 
 def zattrs(data: bytes) -> None:
@@ -109,10 +118,11 @@ def zattrs(data: bytes) -> None:
 
 
 def _metadata_seeds() -> list[bytes]:
-    return [
+    seeds = [
         fmt.zarray_json(d, 12345, r)
         for d, r in ((fmt.AGENT_DTYPE, 20000), (fmt.SCENE_DTYPE, 10000), (fmt.TL_FACE_DTYPE, 10000))
     ]
+    return seeds + [seeds[0].replace(b'"<f4"', b'">f4"', 1), seeds[0].replace(b'"<f8"', b'">f8"', 1)]
 
 
 # --- L5Kit's CSV files ---------------------------------------------------------------------------------
