@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.abspath(os.path.dirname(__file__)))
@@ -55,5 +56,38 @@ html_theme_options = {
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
+    # an API page's right sidebar holds one entry (the page's own name): its width goes to the page
+    "secondary_sidebar_items": {"api/generated/*": []},
 }
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+html_css_files = ["l5dask.css"]
+
+DOTS = re.compile(r"(?<=\w)\.(?=\w)")
+
+
+def fit_the_window(app, pagename, templatename, context, doctree) -> None:
+    """A page with no section navigation (a top-level page with no page below it) gets no left
+    sidebar rather than an empty one; an API page's title and the previous/next links may break
+    after each dot of a dotted name (``l5dask.prediction.aggregation.<wbr>aggregate``)."""
+    make = context.get("generate_toctree_html")
+    if make is not None and context.get("sidebars"):
+        try:
+            nav = make("sidebar", show_nav_level=1, maxdepth=4, collapse=True, includehidden=True, titles_only=True)
+        except Exception:  # noqa: BLE001 - no page above this one (the index, search): the theme hides it itself
+            nav = "<a"
+        if "<a" not in str(nav):
+            context["sidebars"] = []
+    for key in ("prev", "next"):
+        if context.get(key) and context[key].get("title"):
+            context[key] = dict(context[key], title=DOTS.sub(".<wbr>", context[key]["title"]))
+    if pagename.startswith("api/generated/") and "body" in context:
+        context["body"] = re.sub(
+            r"(<h1>)(.*?)(<a class=\"headerlink\")",
+            lambda m: m.group(1) + DOTS.sub(".<wbr>", m.group(2)) + m.group(3),
+            context["body"],
+            count=1,
+        )
+
+
+def setup(app) -> None:
+    app.connect("html-page-context", fit_the_window, priority=900)

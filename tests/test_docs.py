@@ -323,3 +323,94 @@ def test_search_finds_open_dataset(site, tmp_path):
     found = re.search(r'data-results="(\d+)"', dom)
     assert found and int(found.group(1)) > 0, "the search found nothing"
     assert "open_dataset" in dom
+
+
+CUT = r"""
+function cut(doc, win) {
+  var out = [];
+  var article = doc.querySelector("article.bd-article");
+  if (!article) return ["no article"];
+  var right = article.getBoundingClientRect().right;
+  function said(el) { return el.tagName.toLowerCase() + " '" + (el.textContent || "").trim().slice(0, 60) + "'"; }
+  doc.querySelectorAll("article h1, article h2, article h3, .prev-next-title").forEach(function (el) {
+    var r = el.getBoundingClientRect();
+    if (r.width > 0 && (el.scrollWidth > el.clientWidth + 1 || r.right > right + 1)) out.push("title " + said(el));
+  });
+  doc.querySelectorAll("article table").forEach(function (el) {
+    var box = el.parentElement;
+    if (el.getBoundingClientRect().right > right + 1 || box.scrollWidth > box.clientWidth + 1)
+      out.push("table " + said(el.querySelector("th, td") || el));
+  });
+  var side = doc.querySelector(".bd-sidebar-primary");
+  if (side && side.getBoundingClientRect().width > 0) {
+    var shown = Array.prototype.filter.call(side.querySelectorAll("a"), function (a) {
+      return a.getBoundingClientRect().width > 0;
+    });
+    if (shown.length === 0) out.push("an empty left sidebar");
+  }
+  if (doc.documentElement.scrollWidth > win.innerWidth + 1) out.push("the page is wider than the window");
+  return out;
+}
+"""
+EACH_PAGE = """<!doctype html><html><body style="margin:0">
+<iframe id="page" style="width:1280px;height:900px;border:0"></iframe>
+<script>%s
+var pages = %s, found = {}, i = 0, frame = document.getElementById("page");
+function next() {
+  if (i >= pages.length) { document.body.setAttribute("data-cut", JSON.stringify(found)); return; }
+  frame.onload = function () {
+    setTimeout(function () {
+      try { found[pages[i]] = cut(frame.contentDocument, frame.contentWindow); }
+      catch (e) { found[pages[i]] = ["not measured: " + e]; }
+      i++;
+      next();
+    }, 300);
+  };
+  frame.src = pages[i];
+}
+next();
+</script></body></html>"""
+
+
+def test_nothing_is_cut_in_a_1280_px_window(site, tmp_path):
+    """Every page of the site in a 1280x900 frame of headless chromium: no title (an API page's
+    dotted name), previous/next link or table runs past the article's edge or scrolls inside its
+    box, no left sidebar is shown empty, and the page is no wider than the window."""
+    require(CHROMIUM is not None, "chromium (Debian's package)")
+    import html
+    import json
+
+    pages = sorted(
+        str(p.relative_to(site))
+        for p in site.rglob("*.html")
+        if p.name not in ("search.html", "genindex.html") and not any(part.startswith("_") for part in p.parts)
+    )
+    assert "benchmarks.html" in pages and "api/generated/l5dask.prediction.aggregation.aggregate.html" in pages
+    harness = site / "_cut_probe.html"
+    harness.write_text(EACH_PAGE % (CUT, json.dumps(pages)))
+    try:
+        r = subprocess.run(
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--allow-file-access-from-files",
+                f"--user-data-dir={tmp_path / 'profile'}",
+                "--window-size=1300,950",
+                f"--virtual-time-budget={2000 * len(pages)}",
+                "--dump-dom",
+                harness.as_uri(),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    finally:
+        harness.unlink()
+    found = re.search(r'data-cut="([^"]*)"', r.stdout)
+    assert found, r.stderr[-3000:]
+    cut = json.loads(html.unescape(found.group(1)))
+    assert sorted(cut) == pages  # every page measured
+    bad = {page: what for page, what in cut.items() if what}
+    assert not bad, bad
