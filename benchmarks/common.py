@@ -135,3 +135,14 @@ def moto_bucket(endpoint: str, bucket: str = "bench") -> dict:
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
         "skip_instance_cache": True,
     }
+
+
+def record(stem: str, command: str, figures: dict, note: str = "") -> Path:
+    """Write a benchmark's figures to docs/figures/{stem}.json, where the docs and the README take
+    them from (docs/measured.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+    try:
+        import measured
+    finally:
+        sys.path.pop(0)
+    return measured.record(stem, command, figures, note)

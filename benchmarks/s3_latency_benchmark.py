@@ -38,7 +38,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import slow_s3  # noqa: E402
-from common import DATA, dataset, run, run_output  # noqa: E402
+from common import DATA, dataset, record, run, run_output  # noqa: E402
 
 #: The fetch floors: every object under the prefixes, 64 requests in flight, objects over 16 MB in
 #: 16 MB ranges, nothing decoded; by s3fs ("s3fs"), or through l5dask's own GETs ("direct":
@@ -139,6 +139,11 @@ def main() -> None:
         action="store_true",
         help="also on 2 worker processes whose tasks keep their thread while they wait (l5dask.secede-on-wait: false)",
     )
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write each latency's ratios to the direct floor (threads, 2 processes) to docs/figures/s3_latency.json",
+    )
     args = parser.parse_args()
     names = args.commands.split(",")
     root = DATA / "s3-bench"  # bucket "bench": ds is the dataset, gt.csv and pred.csv the pair
@@ -155,6 +160,7 @@ def main() -> None:
     where = ["threads"] + (["s3fs GETs"] if args.s3fs_gets else []) + (["2 processes"] if args.cluster else [])
     where += ["2 procs, no secede"] if args.no_secede else []
     print(f"rounds interleaved, best of {args.rounds}")
+    figures: dict[str, float] = {}
     for ms in [float(x) for x in args.latency.split(",")]:
         proxy, url = slow_s3.start(str(root), ms)
         env = dict(
@@ -201,8 +207,14 @@ def main() -> None:
                         f"requests {requests[(name, w)]})",
                         flush=True,
                     )
+                    if w in ("threads", "2 processes"):
+                        figures[f"{ms:.0f}ms_{name}_{w.split()[-1]}_x"] = round(best / dbest, 2)
         finally:
             proxy.kill()
+    if args.record:
+        ran = "python benchmarks/s3_latency_benchmark.py " + " ".join(sys.argv[1:])
+        note = f"against the direct floor (l5dask's own GETs), best of {args.rounds} rounds"
+        print("recorded", record("s3_latency", ran, figures, note))
 
 
 if __name__ == "__main__":

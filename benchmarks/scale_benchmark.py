@@ -32,7 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DATA, dataset, run  # noqa: E402
+from common import DATA, dataset, record, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_SCENES = 1700
@@ -139,6 +139,12 @@ def main() -> None:
         "--before", action="store_true", help="also each command with every read through the page cache"
     )
     parser.add_argument("--direct-floor", action="store_true", help="also the floor read around the page cache")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="write the largest size's figures to docs/figures/scale_cold.json (scale_warm.json with --warm), "
+        "which the docs and the README quote",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     build(sizes)
@@ -188,6 +194,17 @@ def main() -> None:
                 f"| {30.04 * n:,.0f} M | `l5dask {name}` | {secs(min(o[0] for o in ours))} | "
                 f"{secs(min(b[0] for b in base))} | {ratio(ours, base):.2f}x | {cells}{max(o[1] for o in ours):.2f} GB |"
             )
+    if args.record:
+        n, figures = max(sizes), {}
+        for name in names:
+            ours, base, key = res[(n, name, name)], res[(n, name, "floor")], name.replace("-", "_")
+            figures[f"{key}_s"] = round(min(o[0] for o in ours), 2 if min(o[0] for o in ours) < 10 else 1)
+            figures[f"{key}_floor_s"] = round(min(b[0] for b in base), 2 if min(b[0] for b in base) < 10 else 1)
+            figures[f"{key}_x"] = round(ratio(ours, base), 2)
+            figures[f"{key}_gb"] = round(max(o[1] for o in ours), 2)
+        stem = "scale_cold" if cold else "scale_warm"
+        note = f"{30.04 * n:,.0f} M agents, {'cold' if cold else 'in the page cache'}, best of {args.rounds} rounds"
+        print("recorded", record(stem, "python benchmarks/scale_benchmark.py " + " ".join(sys.argv[1:]), figures, note))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ import sys
 
 sys.path.insert(0, os.path.abspath(os.path.dirname(__file__)))
 
+import measured  # noqa: E402
+
 import l5dask  # noqa: E402
 
 project = "l5dask"
@@ -32,7 +34,9 @@ exclude_patterns = ["_build", "build.py", "**.ipynb_checkpoints"]
 # the notebooks are executed before the build (docs/build.py, or the test suite), with real data,
 # a local S3 endpoint and a cluster; the build renders them with their outputs
 nb_execution_mode = "off"
-myst_enable_extensions = ["colon_fence", "deflist"]
+myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
+# the benchmarks' figures, from the files they write (docs/figures/*.json): {{ scale_cold_stats_s }}
+myst_substitutions = measured.substitutions()
 myst_heading_anchors = 3
 
 autosummary_generate = True

@@ -201,6 +201,67 @@ def test_every_documented_function_shows_its_parameters():
     assert not hidden
 
 
+def measured():
+    sys.path.insert(0, str(ROOT / "docs"))
+    try:
+        import measured
+    finally:
+        sys.path.pop(0)
+    return measured
+
+
+# The README's sentence of figures, each a figure of docs/figures/*.json: edit both together.
+README_FIGURES = (
+    "`l5dask stats` takes {stats_stats_s} for 30 M agents on 2 cores, {stats_numpy_x} the time of a plain numpy "
+    "loop (`python benchmarks/stats_benchmark.py`); `l5dask evaluate` runs {evaluation_evaluate_l5kit_x} L5Kit's "
+    "rows per second (`python benchmarks/evaluation_benchmark.py`). At 1.02 G agents (28.6 GB stored, read cold "
+    "from the disk) `l5dask stats` takes {scale_cold_stats_s}, {scale_cold_stats_x} reading and decoding every "
+    "chunk, in {scale_cold_stats_gb} of memory"
+)
+
+
+def test_the_readme_quotes_the_recorded_figures():
+    """The README's figures are those the benchmarks recorded in docs/figures (the pages take them
+    from there through substitutions, so only the README could drift)."""
+    subs = measured().substitutions()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert README_FIGURES.format(**subs) in readme
+
+
+def test_every_figure_the_pages_name_is_recorded():
+    """Each ``{{ name }}`` of a page is a recorded figure (a misspelt one would print as is), and
+    each file holds a command, a date and figures whose names say their unit."""
+    m = measured()
+    subs = m.substitutions()
+    files = m.load()
+    assert {"scale_cold", "scale_warm", "s3_latency", "stats", "evaluation"} <= set(files)
+    for data in files.values():
+        assert data["command"].startswith("python benchmarks/") and re.fullmatch(r"\d{4}-\d\d-\d\d", data["date"])
+    used = set()
+    for page in PAGES[1:]:
+        used |= set(re.findall(r"\{\{\s*(\w+)\s*\}\}", page.read_text()))
+    assert used and not used - set(subs)
+    assert m.text("a_x", [1.13, 1.14]) == "1.13-1.14x" and m.text("a_x", 0.037) == "0.037x"
+    assert (
+        m.text("a_s", 28.5) == "28.5 s" and m.text("a_gb", 0.21) == "0.21 GB" and m.text("a_x", [98, 149]) == "98-149x"
+    )
+    with pytest.raises(ValueError, match="unit"):
+        m.text("seconds", 1.0)
+
+
+def test_a_benchmark_records_its_figures(tmp_path, monkeypatch):
+    """``record`` writes the file the pages read (atomically: no partial file), with the commit."""
+    m = measured()
+    monkeypatch.setattr(m, "FIGURES", tmp_path)
+    path = m.record("probe", "python benchmarks/probe.py", {"stats_s": 1.5, "stats_x": [1.1, 1.2]})
+    assert m.load()["probe"]["figures"] == {"stats_s": 1.5, "stats_x": [1.1, 1.2]}
+    assert m.substitutions()["probe_stats_x"] == "1.10-1.20x" and path == tmp_path / "probe.json"
+    assert [p.name for p in tmp_path.iterdir()] == ["probe.json"]
+    with pytest.raises(ValueError):
+        m.record("bad", "python benchmarks/bad.py", {"seconds": 1.0})
+    assert not (tmp_path / "bad.json").exists()
+
+
 OUTSIDE = ".." + "/shared"  # (spelled apart: this file names it without referring to it)
 
 
