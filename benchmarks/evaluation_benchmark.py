@@ -36,7 +36,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
-from common import DATA, dataset, run  # noqa: E402
+from common import DATA, dataset, record, run  # noqa: E402
 
 T, M = 50, 3
 L5DASK = [sys.executable, "-m", "l5dask.cli"]
@@ -121,6 +121,11 @@ def bench_evaluate(rows: int, rounds: int) -> None:
         f"  => {rows / best / (20_000 / l5kit_s):,.0f}x L5Kit's rows/s (target >= 100x); "
         f"{ratio:.2f}x the parse floor, per-round median (target <= 1.3x)"
     )
+    return {
+        "evaluate_s": round(best, 2),
+        "evaluate_floor_x": round(ratio, 2),
+        "evaluate_l5kit_x": round(rows / best / (20_000 / l5kit_s)),
+    }
 
 
 DECODE_FLOOR = """
@@ -220,9 +225,12 @@ def bench_dataset(scenes: int, rounds: int) -> None:
         f"decode floor (frames + agents, {os.cpu_count()} threads) best {fb:.2f} s as a whole process "
         f"({fin:.2f} s of decoding in it)"
     )
+    figures = {}
     for name, runs in (("select-agents", sel), (f"gt --mask ({gt_rows:,} rows)", gt)):
         best = min(w for w, _ in runs)
         ratio = statistics.median(w / f for (w, _), (f, _) in zip(runs, floor))
+        if name == "select-agents":
+            figures["select_agents_floor_x"] = round(ratio, 2)
         inner = statistics.median(w / d for (w, _), (_, d) in zip(runs, floor))
         print(
             f"  {name:<28} best {best:6.2f} s  peak RSS {max(r for _, r in runs):.2f} GB  "
@@ -246,6 +254,8 @@ def bench_dataset(scenes: int, rounds: int) -> None:
         f"  L5Kit get_valid_agents, 20 scenes: {mask_s:.2f} s -> {l5kit_mask:.0f} s scaled to {scenes} scenes "
         f"(one process) = {l5kit_mask / best_sel:.0f}x l5dask select-agents (target >= 20x)"
     )
+    figures["select_agents_l5kit_x"] = round(l5kit_mask / best_sel)
+    return figures
 
 
 def main() -> None:
@@ -254,11 +264,16 @@ def main() -> None:
     ap.add_argument("--scenes", type=int, default=1700)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--part", choices=["all", "evaluate", "dataset"], default="all")
+    ap.add_argument("--record", action="store_true", help="write the figures to docs/figures/evaluation.json")
     a = ap.parse_args()
+    figures = {}
     if a.part in ("all", "evaluate"):
-        bench_evaluate(a.rows, a.rounds)
+        figures.update(bench_evaluate(a.rows, a.rounds))
     if a.part in ("all", "dataset"):
-        bench_dataset(a.scenes, a.rounds)
+        figures.update(bench_dataset(a.scenes, a.rounds))
+    if a.record:
+        ran = "python benchmarks/evaluation_benchmark.py " + " ".join(sys.argv[1:])
+        print("recorded", record("evaluation", ran.strip(), figures, f"{a.rows:,} rows, {a.scenes} scenes"))
 
 
 if __name__ == "__main__":

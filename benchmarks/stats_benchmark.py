@@ -20,7 +20,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset, decode_floor, run  # noqa: E402
+from common import dataset, decode_floor, record, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARRAYS = ("scenes", "frames", "agents", "traffic_light_faces")
@@ -53,6 +53,7 @@ def main() -> None:
     parser.add_argument("--scenes", type=int, default=1700)
     parser.add_argument("--scale", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--record", action="store_true", help="write the figures to docs/figures/stats.json")
     args = parser.parse_args()
     path = dataset(args.scenes)
     agents = int(__import__("l5dask").open_dataset(path).counts()["agents"])
@@ -80,6 +81,20 @@ def main() -> None:
         runs = [l5dask_stats(big) for _ in range(2)]  # the first may read from disk, not the page cache
         t, mem = min(r[0] for r in runs), max(r[1] for r in runs)
         print(f"(a) on {n:,} agents:  {t:7.2f} s   peak RSS {mem:5.2f} GB   (vs {a_mem:.2f} GB at {agents:,})")
+    if args.record:
+        figures = {
+            "stats_s": round(a, 2),
+            "numpy_s": round(b, 1),
+            "numpy_x": round(a / b, 3),
+            "floor_s": round(c, 2),
+            "floor_x": round(a / c, 2),
+            "rss_30m_gb": round(a_mem, 2),
+        }
+        if args.scale > 1:
+            figures["rss_90m_gb"] = round(mem, 2)
+        ran = "python benchmarks/stats_benchmark.py " + " ".join(sys.argv[1:])
+        note = f"{agents:,} agents (and {args.scale}x for the second peak RSS), best of {args.repeat}"
+        print("recorded", record("stats", ran.strip(), figures, note))
 
 
 if __name__ == "__main__":
