@@ -83,6 +83,10 @@ def _set_dtype(name: str, base: str) -> Callable[[dict], None]:
 
 
 DEEP = "[" * 5000 + "]" * 5000
+SHUFFLED = (
+    r"type size {} in its header, 116 for the array's elements: a chunk shuffled by another type size is valid "
+    r"but not supported"
+)
 CHUNK_MESSAGE = r"array 'agents', chunk '0': truncated or corrupt chunk \({}"
 
 #: (name, damage, message pattern) of chunks, refused when read
@@ -92,7 +96,11 @@ CHUNK: list[tuple[str, Callable[[Path], None], str]] = [
         _chunk(_fewer_bytes),
         CHUNK_MESSAGE.format(r"its header says \d+ bytes decoded, the array's metadata \d+"),
     ),
-    ("type-size-0", _chunk(lambda r: with_header(r, typesize=0)), CHUNK_MESSAGE.format("type size 0 in its header")),
+    (
+        "type-size-0",
+        _chunk(lambda r: with_header(r, typesize=0)),
+        CHUNK_MESSAGE.format("type size 0 in its header, 116"),
+    ),
     (
         "type-size-0-split-flag-clear",
         _chunk(lambda r: with_header(r, typesize=0, flags=header(r)[2] & ~0x10)),
@@ -105,6 +113,11 @@ CHUNK: list[tuple[str, Callable[[Path], None], str]] = [
     ("block-size-0", _chunk(lambda r: with_header(r, blocksize=0)), CHUNK_MESSAGE.format("block size 0")),
     ("stream-zeroed", _chunk(lambda r: r[: len(r) // 2] + bytes(len(r) - len(r) // 2)), CHUNK_MESSAGE.format("")),
     ("empty-chunk", _chunk(lambda r: b""), CHUNK_MESSAGE.format("0 bytes, shorter than a blosc header")),
+    # valid (zarr-python 2 unshuffles by the header's type size) but not supported: a damaged type
+    # size reads the same way, into other numbers, without an error
+    ("type-size-4-shuffled", _chunk(lambda r: _reencoded(4)(r)), CHUNK_MESSAGE.format(SHUFFLED.format(4))),
+    ("type-size-1-shuffled", _chunk(lambda r: _reencoded(1)(r)), CHUNK_MESSAGE.format(SHUFFLED.format(1))),
+    ("type-size-damaged", _chunk(lambda r: with_header(r, typesize=4)), CHUNK_MESSAGE.format(SHUFFLED.format(4))),
     (
         "missing-chunk",
         lambda root: (root / "agents" / "0").unlink(),
@@ -127,12 +140,13 @@ def _reencoded(itemsize: int, shuffle: int = 1) -> Callable[[bytes], bytes]:
 
 
 #: (name, edit) of valid encodings zarr-python 2 decodes that L5Kit does not write: read as
-#: zarr-python 2 reads them, the same numbers as the chunk they replace
+#: zarr-python 2 reads them, the same numbers as the chunk they replace (a type size that is not
+#: the record size, in a chunk that is not shuffled, changes no decoded byte)
 VALID: list[tuple[str, Callable[[Path], None]]] = [
     ("trailing-bytes", _chunk(lambda r: r + b"\0" * 7)),
-    ("type-size-4", _chunk(_reencoded(4))),
-    ("type-size-1", _chunk(_reencoded(1))),
-    ("type-size-232-two-records", _chunk(_reencoded(232))),
+    ("type-size-4-no-shuffle", _chunk(_reencoded(4, shuffle=0))),
+    ("type-size-1-no-shuffle", _chunk(_reencoded(1, shuffle=0))),
+    ("type-size-232-no-shuffle", _chunk(_reencoded(232, shuffle=0))),
     ("type-size-29-no-shuffle", _chunk(_reencoded(29, shuffle=0))),
 ]
 

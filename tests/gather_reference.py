@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from l5dask.core.codec import check_blosc, decode_blosc
+from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
 from l5dask.prediction.kernels import Gather
 
 
@@ -20,7 +20,7 @@ def gather_verdict(
     outs, maxes = plan.outputs(rows)
     found: list[np.ndarray] = []
     status, _ = plan.blosc_status(raw, chunk_rows, rows, outs, maxes, 0, np.empty(0, np.uint8), found)
-    why = check_blosc(raw, chunk_rows * dtype.itemsize)
+    why = check_blosc(raw, chunk_rows * dtype.itemsize, typesize_of(dtype.itemsize))
     if why is not None:
         return status, why, None, None
     ref = np.empty(chunk_rows, dtype)

@@ -9,10 +9,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
+from l5dask.core.codec import typesize_of
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import evaluate_where
@@ -86,9 +88,10 @@ def test_the_compressed_gather_and_numcodecs_agree_on_every_chunk(data, dtype, c
 @given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
 def test_every_blosc_encoding_zarr_python_2_decodes_is_read_as_it_reads_it(data, dtype, chunk_rows, params):
     """Valid chunks L5Kit does not write but zarr-python 2 decodes: a blosc type size that is not
-    the record size (it only says how the bytes were shuffled), bytes after the compressed size
-    (never read). Each is read, by the decode and by the compressed gather, as zarr-python 2 reads
-    the same chunk: they were refused."""
+    the record size, bytes after the compressed size (never read). Each is read, by the decode and
+    by the compressed gather, as zarr-python 2 reads the same chunk (they were refused), except a
+    chunk shuffled by another type size: refused as valid but not supported, since a damaged type
+    size is unshuffled the same way, into other numbers, without an error."""
     import zarr
 
     rows = data.draw(st.integers(1, chunk_rows))
@@ -99,11 +102,20 @@ def test_every_blosc_encoding_zarr_python_2_decodes_is_read_as_it_reads_it(data,
     flat = rec.view(np.uint8)
     raw = Blosc(**params).encode(flat.view(f"V{typesize}") if typesize > 1 else flat)
     raw += data.draw(st.binary(max_size=40))
-    event(f"type size {'the record size' if typesize == dtype.itemsize else 'another'}, trailing {len(raw) > 0}")
     store = {".zarray": fmt.zarray_json(dtype, rows, chunk_rows), "0": raw}
     want = zarr.open_array(store, mode="r")[:]  # zarr-python 2, L5Kit's reader
     assert want.tobytes() == rec[:rows].tobytes()
     meta = fmt.ArrayMeta("t", dtype, rows, chunk_rows)
+    other = raw[3] != typesize_of(dtype.itemsize) and raw[2] & 0x05 and not raw[2] & 0x02  # shuffled by another
+    event(f"type size {'another' if raw[3] != typesize_of(dtype.itemsize) else 'the record'}'s, shuffled {raw[2] & 5}")
+    if other:
+        for read in (
+            lambda: Encoded(meta, True, [(0, raw)]).records(),
+            lambda: Encoded(meta, True, [(0, raw)]).gather(*_plan(dtype), None, []),
+        ):
+            with pytest.raises(ChunkError, match="shuffled by another type size is valid but not supported"):
+                read()
+        return
     assert Encoded(meta, True, [(0, raw)]).records().tobytes() == want.tobytes()
     elements, argmax = _plan(dtype)
     plan = Gather(dtype, elements, argmax)

@@ -7,9 +7,11 @@ accepted only when its 16-byte header agrees with that metadata and with every c
 1.21 makes before it decodes (``blosc_run_decompression_with_context`` in ``blosc/blosc.c``):
 
 - format version 2 (blosc 1.x) and no flag from the future (bit 3);
-- a type size from 1 to 255: any, as zarr-python 2 decodes any (it only says how the bytes were
-  shuffled, and unshuffling by it gives the bytes back whatever it is; the decoded size below
-  vouches for the result), never 0;
+- a type size from 1 to 255, never 0: the array's element size (the record size; 1 past 255
+  bytes, as blosc stores it), or any other in a chunk that is not shuffled (there it changes no
+  decoded byte; zarr-python 2 decodes such chunks). A shuffled chunk of another type size is
+  valid (zarr-python 2 unshuffles by it) but refused as not supported: a damaged type size is
+  unshuffled the same way, without an error, into other numbers, and nothing tells them apart;
 - the decoded size is exactly the chunk's rows times the record size: zarr v2 stores the last
   chunk full size, padded with the fill value, so every chunk decodes to ``chunk_rows`` records.
   numcodecs decodes as many bytes as the header says into a buffer of any larger size and raises
@@ -43,7 +45,7 @@ MAX_TYPESIZE = 255
 MAX_OVERHEAD = 16
 MAX_BUFFERSIZE = 2**31 - 1 - MAX_OVERHEAD
 MAX_BLOCKSIZE = (2**31 - 1 - MAX_TYPESIZE * 4) // 3
-MEMCPYED, FUTURE = 0x02, 0x08
+SHUFFLE, MEMCPYED, BITSHUFFLE, FUTURE = 0x01, 0x02, 0x04, 0x08
 #: compressor formats (header flags' top 3 bits) that numcodecs' c-blosc decodes: all at version 1
 CODECS = {0: "blosclz", 1: "lz4", 3: "zlib", 4: "zstd"}
 
@@ -51,10 +53,16 @@ _HEADER = struct.Struct("<BBBBiii")
 _DECODER = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)  # decoding reads the header only
 
 
-def check_blosc(raw, nbytes: int, header_only: bool = False, stored: int | None = None) -> str | None:
-    """Why the blosc chunk ``raw`` is not one of ``nbytes`` decoded bytes, or ``None`` when it may
-    be decoded. Reads the 16-byte header only. ``header_only``: ``raw`` is the chunk's first
-    bytes, not all of it, and ``stored`` the object's length (``None``: unknown, not checked)."""
+def typesize_of(itemsize: int) -> int:
+    """The type size blosc stores for elements of ``itemsize`` bytes (1 past its maximum, 255)."""
+    return itemsize if 0 < itemsize <= MAX_TYPESIZE else 1
+
+
+def check_blosc(raw, nbytes: int, typesize: int, header_only: bool = False, stored: int | None = None) -> str | None:
+    """Why the blosc chunk ``raw`` is not one of ``nbytes`` decoded bytes of elements of
+    ``typesize`` bytes (as blosc stores it: ``typesize_of``), or ``None`` when it may be decoded.
+    Reads the 16-byte header only. ``header_only``: ``raw`` is the chunk's first bytes, not all of
+    it, and ``stored`` the object's length (``None``: unknown, not checked)."""
     size = len(raw) if not header_only else stored
     if len(raw) < MAX_OVERHEAD:
         return f"{len(raw)} bytes, shorter than a blosc header (16)"
@@ -64,13 +72,18 @@ def check_blosc(raw, nbytes: int, header_only: bool = False, stored: int | None 
     if flags & FUTURE:
         return f"header flags 0x{flags:02x} hold a bit blosc does not know"
     if ts == 0:
-        return "type size 0 in its header"
+        return f"type size 0 in its header, {typesize} for the array's elements"
     if decoded != nbytes:
         return f"its header says {decoded} bytes decoded, the array's metadata {nbytes}"
     if size is not None and cbytes > size:
         return f"it holds {size} bytes, its header says {cbytes}"
     if cbytes < MAX_OVERHEAD:
         return f"compressed size {cbytes} in its header, shorter than the header"
+    if ts != typesize and flags & (SHUFFLE | BITSHUFFLE) and not flags & MEMCPYED:
+        return (
+            f"type size {ts} in its header, {typesize} for the array's elements: a chunk shuffled by another "
+            "type size is valid but not supported (nothing tells it from a damaged header)"
+        )
     if not 0 < blocksize <= min(decoded, MAX_BLOCKSIZE):
         return f"block size {blocksize} in its header, outside 1..{min(decoded, MAX_BLOCKSIZE)}"
     if blocksize % ts:
@@ -90,11 +103,12 @@ def check_blosc(raw, nbytes: int, header_only: bool = False, stored: int | None 
     return None
 
 
-def decode_blosc(raw, out: np.ndarray) -> np.ndarray:
+def decode_blosc(raw, out: np.ndarray, typesize: int | None = None) -> np.ndarray:
     """numcodecs' blosc decode of ``raw`` into all of ``out`` (C-contiguous), once
-    :func:`check_blosc` accepts it for ``out.nbytes`` bytes. ``ValueError`` saying why otherwise."""
+    :func:`check_blosc` accepts it for ``out.nbytes`` bytes of elements of ``typesize`` bytes
+    (default: ``out``'s item size, as blosc stores it). ``ValueError`` saying why otherwise."""
     view = raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B")
-    why = check_blosc(view, out.nbytes)
+    why = check_blosc(view, out.nbytes, typesize_of(out.dtype.itemsize) if typesize is None else typesize)
     if why is not None:
         raise ValueError(why)
     cbytes = _HEADER.unpack_from(view)[6]

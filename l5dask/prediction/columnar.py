@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 from numcodecs import Blosc, VLenUTF8, Zstd
 
-from l5dask.core.codec import check_blosc, decode_blosc
+from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, L5DaskError
 from l5dask.prediction import format as fmt
@@ -177,7 +177,9 @@ def decode_chunk(raw: bytes, m: FieldMeta, where: str) -> np.ndarray:
         if m.strings:
             return _VLEN.decode(_ZSTD.decode(raw)).astype(m.dtype)
         shape = (m.chunk_rows, *m.tail)
-        why = check_blosc(memoryview(raw).cast("B"), int(np.prod(shape)) * m.dtype.itemsize)
+        why = check_blosc(
+            memoryview(raw).cast("B"), int(np.prod(shape)) * m.dtype.itemsize, typesize_of(m.dtype.itemsize)
+        )
         if why is not None:  # checked before the buffer is sized by the metadata
             raise ValueError(why)
         return decode_blosc(raw, np.empty(shape, dtype=m.dtype))

@@ -188,6 +188,13 @@ class ArrayMeta:
         """The decoded size of every stored chunk (the last one is stored full size, padded)."""
         return self.chunk_rows * self.dtype.itemsize
 
+    @property
+    def typesize(self) -> int:
+        """The element size blosc stores in a chunk's header: the record's (an N-D array's number
+        type's, for arrays with a ``tail``), 1 past blosc's 255."""
+        size = fields_of(self.dtype)["value"][0].base.itemsize if self.tail else self.dtype.itemsize
+        return size if size <= 255 else 1
+
     def chunk_bounds(self, index: int) -> tuple[int, int]:
         """The row range ``[start, stop)`` of stored chunk ``index`` that holds data."""
         start = index * self.chunk_rows

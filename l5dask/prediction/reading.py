@@ -39,7 +39,9 @@ def check_chunk(raw, meta: fmt.ArrayMeta, compressed: bool, key: str) -> None:
     it (:mod:`l5dask.core.codec`): its header agrees with the array's metadata. ``ChunkError`` naming
     the array, the chunk and what is wrong otherwise."""
     if compressed:
-        why = check_blosc(raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"), meta.chunk_nbytes)
+        why = check_blosc(
+            raw if isinstance(raw, (bytes, bytearray)) else memoryview(raw).cast("B"), meta.chunk_nbytes, meta.typesize
+        )
     else:
         why = None if len(raw) == meta.chunk_nbytes else f"holds {len(raw)} bytes, expected {meta.chunk_nbytes}"
     if why is not None:
@@ -60,7 +62,7 @@ def decode_chunk(
         raise ValueError(f"decode_chunk: a contiguous buffer of {meta.chunk_rows} records is needed")
     if compressed:
         try:
-            decode_blosc(raw, out)
+            decode_blosc(raw, out, meta.typesize)
         except (RuntimeError, ValueError, TypeError) as exc:
             raise ChunkError(chunk_fault(meta, key, str(exc))) from None
     else:
@@ -97,7 +99,9 @@ def header_faults(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> tuple[
     for i in present:
         size = size_of[i]
         if compressed:
-            why = check_blosc(next(heads) if size else b"", meta.chunk_nbytes, header_only=True, stored=size)
+            why = check_blosc(
+                next(heads) if size else b"", meta.chunk_nbytes, meta.typesize, header_only=True, stored=size
+            )
         else:
             why = None if size == meta.chunk_nbytes else f"holds {size} bytes, expected {meta.chunk_nbytes}"
         if why is None:
@@ -514,7 +518,7 @@ def check_last_chunk(store: Store, meta: fmt.ArrayMeta, compressed: bool) -> Non
                 f"({key!r}) is not stored"
             ) from None
     if head is not None:
-        why = check_blosc(head, meta.chunk_nbytes, header_only=True)
+        why = check_blosc(head, meta.chunk_nbytes, meta.typesize, header_only=True)
         if why is not None:
             raise FormatError(
                 f"{store.url}: array {meta.name!r}: its last chunk ({key!r}) does not match its "
