@@ -1,5 +1,5 @@
-"""The client's CPU per GET of a chunk: s3fs's ``_cat_file`` against l5dask's direct GET
-(``l5dask.core.s3get``: a presigned URL over one aiohttp session), interleaved.
+"""The client's CPU per GET of a chunk: s3fs's ``_cat_file`` against l5dask's GET through obstore
+(``l5dask.core.objects``), interleaved.
 
     python benchmarks/s3_get_cpu.py [--scenes 1700] [--chunks 1500] [--rounds 4]
 
@@ -40,7 +40,7 @@ def main() -> None:
     os.environ.update(AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1")
     import fsspec.asyn
 
-    from l5dask.core import s3get
+    from l5dask.core import objects
     from l5dask.core.store import Store
 
     keys = sorted((k for k in os.listdir(os.path.join(root, "agents")) if not k.startswith(".")), key=int)
@@ -48,7 +48,7 @@ def main() -> None:
     fs, paths = store.fs, [store.path(f"agents/{k}") for k in keys[: args.chunks]]
 
     async def fetch(direct: bool) -> tuple[float, float, str]:
-        get = (lambda p: s3get.cat(fs, p)) if direct else (lambda p: fs._cat_file(p))
+        get = (lambda p: objects.cat(fs, p)) if direct else (lambda p: fs._cat_file(p))
         await get(paths[0])  # (sessions and connections made before the clock starts)
         limit = asyncio.Semaphore(64)
 
@@ -68,7 +68,7 @@ def main() -> None:
             for direct in (False, True):
                 wall, used, digest = fsspec.asyn.sync(fs.loop, fetch, direct)
                 digests.add(digest)
-                name = "direct (presigned, aiohttp)" if direct else "s3fs _cat_file"
+                name = "obstore (l5dask.core.objects)" if direct else "s3fs _cat_file"
                 print(f"  round {r + 1}  {name:28s} {wall:5.2f} s  {used * 1000 / len(paths):5.2f} ms CPU a GET")
         assert len(digests) == 1, "the two ways gave different bytes"
     finally:

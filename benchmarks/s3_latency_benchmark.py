@@ -3,6 +3,7 @@ against the fetch floor of the same objects.
 
     python benchmarks/s3_latency_benchmark.py [--scenes 1700] [--latency 0,20,50] [--rounds 3]
         [--commands stats,agg,evaluate] [--eval-rows 500000] [--cluster] [--s3fs-gets] [--no-secede]
+        [--before CHECKOUT]
 
 The dataset (``benchmarks/data/synth-SCENES-0.zarr``, made once) is served as ``s3://bench/ds``,
 and a GT/PRED pair of ``--eval-rows`` rows (``evaluation_benchmark.pair``, made once) as
@@ -17,10 +18,14 @@ interleaved, as whole processes:
   frames and agents; ``evaluate``: both CSV files) fetched with s3fs, 64 requests in flight, no
   HEAD, objects over 16 MB in 16 MB ranges, as a whole process (its start, imports and listing
   included, as the command's);
-- the direct floor: the same fetch through l5dask's own GETs (``l5dask.core.s3get``), which cost
-  the client half the CPU of s3fs's: the floor of what the commands themselves do;
+- the obstore floor: the same fetch through l5dask's own GETs (``l5dask.core.objects``: obstore),
+  the floor of what the commands themselves do;
 - with ``--s3fs-gets``, each command on local threads with every GET through s3fs
-  (``l5dask.s3-direct-get: false``): the same run's before;
+  (``l5dask.obstore: false``);
+- with ``--before CHECKOUT`` (built in place, as ``benchmarks/before_after.py`` takes it), each
+  command with that checkout first on ``PYTHONPATH`` too, on local threads (and 2 worker processes
+  with ``--cluster``): the step before, in the same rounds. Run this from outside the checkouts (the
+  current folder comes first on ``sys.path``), e.g. ``cd /tmp && python .../s3_latency_benchmark.py``;
 - with ``--no-secede``, each command on 2 worker processes whose tasks keep their thread while
   they wait for their first bytes (``l5dask.secede-on-wait: false``).
 
@@ -42,7 +47,7 @@ from common import DATA, dataset, record, run, run_output  # noqa: E402
 
 #: The fetch floors: every object under the prefixes, 64 requests in flight, objects over 16 MB in
 #: 16 MB ranges, nothing decoded; by s3fs ("s3fs"), or through l5dask's own GETs ("direct":
-#: ``l5dask.core.s3get``, presigned URLs over one aiohttp session, half the client CPU a GET).
+#: ``l5dask.core.objects``, obstore).
 FLOOR = """
 import asyncio, sys, time, s3fs, fsspec.asyn
 fs = s3fs.S3FileSystem(key="x", secret="x", max_concurrency=1, skip_instance_cache=True,
@@ -58,12 +63,12 @@ if sys.argv[2] == "s3fs":
     got = fs.cat_ranges([r[0] for r in ranges], [r[1] for r in ranges], [r[2] for r in ranges], batch_size=64)
     total = sum(len(v) for v in got)
 else:
-    from l5dask.core import s3get
+    from l5dask.core import objects
     async def main():
         limit = asyncio.Semaphore(64)
         async def one(r):
             async with limit:
-                return len(await s3get.cat(fs, r[0], r[1], r[2]))
+                return len(await objects.cat(fs, r[0], r[1], r[2]))
         return sum(await asyncio.gather(*map(one, ranges)))
     total = fsspec.asyn.sync(fs.loop, main)
 print(total, len(sizes), time.perf_counter() - t)
@@ -87,18 +92,34 @@ def command(name: str) -> list[str]:
     return [*cli, "evaluate", "s3://bench/gt.csv", "s3://bench/pred.csv", "-q", "-O", "/tmp/l5dask-s3-metrics.json"]
 
 
+#: A local cluster of 2 worker processes (one thread each), with the workers' settings of
+#: ``l5dask.core.cluster.WORKER_ENV``, in a process of its own: its workers import the l5dask of
+#: its ``PYTHONPATH`` (multiprocessing gives them their parent's ``sys.path``).
+CLUSTER = """
+import sys, dask
+from distributed import LocalCluster
+from l5dask.core.cluster import WORKER_ENV
+with dask.config.set({"distributed.nanny.pre-spawn-environ": dict(WORKER_ENV)}):
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
+        print(lc.scheduler_address, flush=True)
+        sys.stdin.read()
+"""
+
+
 @contextlib.contextmanager
 def cluster():
-    """A local cluster of 2 worker processes (one thread each), with the workers' settings of
-    ``l5dask.core.cluster.WORKER_ENV``, for one run."""
-    import dask
-    from distributed import LocalCluster
+    """The scheduler address of a local cluster (``CLUSTER``) for one run, with this process's
+    environment."""
+    import subprocess
 
-    from l5dask.core.cluster import WORKER_ENV
-
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": dict(WORKER_ENV)}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as lc:
-            yield lc
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/"
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        proc.communicate(timeout=60)
 
 
 @contextlib.contextmanager
@@ -132,8 +153,9 @@ def main() -> None:
     parser.add_argument(
         "--s3fs-gets",
         action="store_true",
-        help="also on local threads with every GET through s3fs (l5dask.s3-direct-get: false): the same run's before",
+        help="also on local threads with every GET through s3fs (l5dask.obstore: false)",
     )
+    parser.add_argument("--before", help="also each command with this checkout (built in place): the step before")
     parser.add_argument(
         "--no-secede",
         action="store_true",
@@ -159,6 +181,9 @@ def main() -> None:
             link(root, name, target)
     where = ["threads"] + (["s3fs GETs"] if args.s3fs_gets else []) + (["2 processes"] if args.cluster else [])
     where += ["2 procs, no secede"] if args.no_secede else []
+    if args.before:
+        where += ["before threads"] + (["before 2 procs"] if args.cluster else [])
+    after = os.path.dirname(HERE)
     print(f"rounds interleaved, best of {args.rounds}")
     figures: dict[str, float] = {}
     for ms in [float(x) for x in args.latency.split(",")]:
@@ -180,29 +205,30 @@ def main() -> None:
                     for w in where:
                         cmd = command(name)
                         with contextlib.ExitStack() as stack:
+                            tree = args.before if w.startswith("before") else after
+                            stack.enter_context(_environ(PYTHONPATH=os.path.abspath(tree)))
                             if w == "s3fs GETs":
-                                stack.enter_context(_environ(DASK_L5DASK__S3_DIRECT_GET="False"))
-                            elif w != "threads":  # (a cluster of its own: idle workers alive beside the
+                                stack.enter_context(_environ(DASK_L5DASK__OBSTORE="False"))
+                            elif "threads" not in w:  # (a cluster of its own: idle workers alive beside the
                                 # runs on threads made them up to 1.8x slower on these 2 cores)
                                 if w == "2 procs, no secede":  # (the workers inherit it)
                                     stack.enter_context(_environ(DASK_L5DASK__SECEDE_ON_WAIT="False"))
-                                lc = stack.enter_context(cluster())
-                                cmd += ["--scheduler", lc.scheduler_address]
+                                cmd += ["--scheduler", stack.enter_context(cluster())]
                             slow_s3.stats(url, reset=True)
                             times.setdefault((name, w), []).append(run(cmd)[0])
                             requests[(name, w)] = slow_s3.stats(url)
                     # as a whole process too (interpreter, imports, the filesystem, the listing)
-                    for kind, label in (("s3fs", "floor"), ("direct", "direct floor")):
+                    for kind, label in (("s3fs", "floor"), ("direct", "obstore floor")):
                         out, wall, _ = run_output([sys.executable, "-c", FLOOR, url, kind, *READS[name]])
                         assert nbytes.setdefault(name, int(out.split()[0])) == int(out.split()[0]), "floors differ"
                         times.setdefault((name, label), []).append(wall)
             for name in names:
-                fbest, dbest = min(times[(name, "floor")]), min(times[(name, "direct floor")])
+                fbest, dbest = min(times[(name, "floor")]), min(times[(name, "obstore floor")])
                 for w in where:
                     best = min(times[(name, w)])
                     print(
-                        f"  {ms:4.0f} ms, {name:8s} {w:11s}: {best:6.2f} s, floor {fbest:5.2f} s "
-                        f"-> {best / fbest:4.2f}x, direct floor {dbest:5.2f} s -> {best / dbest:4.2f}x "
+                        f"  {ms:4.0f} ms, {name:8s} {w:14s}: {best:6.2f} s, floor {fbest:5.2f} s "
+                        f"-> {best / fbest:4.2f}x, obstore floor {dbest:5.2f} s -> {best / dbest:4.2f}x "
                         f"({nbytes[name] / best / 1e6:,.0f} MB/s of {nbytes[name] / 1e6:,.0f} MB; "
                         f"requests {requests[(name, w)]})",
                         flush=True,

@@ -154,3 +154,33 @@ def test_the_package_imports_its_own_modules_at_the_top():
         if not top and (name, mod) not in heavy
     ]
     assert inner == []
+
+
+#: Third-party libraries of S3 requests whose use the store keeps in one place.
+IO_LIBRARIES = {"obstore", "aiohttp", "botocore"}
+
+
+def test_object_store_libraries_are_used_from_one_module():
+    """obstore is imported only by ``l5dask.core.objects`` (the store's S3 reads), aiohttp by none
+    (the hand-written GET client is gone), botocore only there (a profile's credentials) and by
+    the store's resolution of the AWS chain; nothing else calls s3fs's coroutines (``_cat_file``)."""
+    allowed_botocore = {"l5dask.core.objects", "l5dask.core.store"}
+    found: dict[str, set[str]] = defaultdict(set)
+    for name, path in _modules().items():
+        text = path.read_text()
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                mods = [node.module or ""]
+            for mod in mods:
+                if mod.split(".")[0] in IO_LIBRARIES:
+                    found[mod.split(".")[0]].add(name)
+        if "._cat_file(" in text:
+            found["_cat_file"].add(name)
+    assert found["obstore"] == {"l5dask.core.objects"}
+    assert "aiohttp" not in found
+    assert found["botocore"] <= allowed_botocore
+    assert found["_cat_file"] <= {"l5dask.core.objects"}

@@ -224,11 +224,12 @@ def test_output_bucket_that_does_not_exist_fails_before_any_read(s3, small_ds, t
     assert "the bucket 'no-such-bucket' does not exist" in r.stderr and "chunk" not in r.stderr
 
 
-def test_a_long_range_of_an_object_is_fetched_as_parts_at_once(s3):
+def test_a_long_range_of_an_object_is_fetched_as_parts_at_once(s3, monkeypatch):
     """A range read from an object store longer than l5dask.part-bytes goes as its parts, fetched
     concurrently and joined (each waits S3's first-byte latency once for all): the same bytes."""
     import dask
 
+    from l5dask.core import objects
     from l5dask.core.store import file_store
 
     s3.make_bucket("l5-parts")
@@ -236,26 +237,23 @@ def test_a_long_range_of_an_object_is_fetched_as_parts_at_once(s3):
     s3.s3fs().pipe("l5-parts/blob.bin", data)
     store, key = file_store("s3://l5-parts/blob.bin", s3.storage_options())
     calls = []
-    cat = store.fs._cat_file
+    cat = objects.cat
 
-    async def counting(path, start=None, end=None, **kw):
+    async def counting(fs, path, start=None, end=None):
         calls.append((start, end))
-        return await cat(path, start=start, end=end, **kw)
+        return await cat(fs, path, start, end)
 
-    store.fs._cat_file = counting
-    try:
-        with dask.config.set({"l5dask.part-bytes": 1000}):
-            assert store.get(key, start=100, end=5600) == data[100:5600]
-            assert sorted(calls) == [(100 + 1000 * i, min(5600, 1100 + 1000 * i)) for i in range(6)]
-            calls.clear()
-            assert store.get(key, start=100, end=5300) == data[100:5300]  # a short last part joins the one before
-            assert sorted(calls)[-1] == (4100, 5300) and len(calls) == 5
-            calls.clear()
-            assert store.get(key, start=0, end=1500) == data[:1500]  # up to 1.5 parts: one request
-            assert store.get(key) == data and store.get(key, start=-700) == data[-700:]
-            assert len(calls) == 3
-    finally:
-        store.fs._cat_file = cat
+    monkeypatch.setattr(objects, "cat", counting)  # (each call: one GET)
+    with dask.config.set({"l5dask.part-bytes": 1000}):
+        assert store.get(key, start=100, end=5600) == data[100:5600]
+        assert sorted(calls) == [(100 + 1000 * i, min(5600, 1100 + 1000 * i)) for i in range(6)]
+        calls.clear()
+        assert store.get(key, start=100, end=5300) == data[100:5300]  # a short last part joins the one before
+        assert sorted(calls)[-1] == (4100, 5300) and len(calls) == 5
+        calls.clear()
+        assert store.get(key, start=0, end=1500) == data[:1500]  # up to 1.5 parts: one request
+        assert store.get(key) == data and store.get(key, start=-700) == data[-700:]
+        assert len(calls) == 3
 
 
 def test_iter_ranges_same_bytes_from_s3_and_a_disk_asked_for_at_once(s3, tmp_path, monkeypatch):

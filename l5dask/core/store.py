@@ -12,12 +12,13 @@ import errno
 import logging
 import os
 import posixpath
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager
 
-from l5dask.core import diskread, s3get
+from l5dask.core import diskread, objects
 from l5dask.errors import ChunkError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried this many times;
@@ -96,11 +97,11 @@ async def _cat_parts(fs: Any, path: str, start: int | None, end: int | None) -> 
 
     part = int(dask.config.get("l5dask.part-bytes", None) or PART_BYTES)
     if start is None or end is None or start < 0 or end - start <= part + part // 2:
-        return await s3get.cat(fs, path, start, end)
+        return await objects.cat(fs, path, start, end)
     cuts = list(range(start, end, part)) + [end]
     if cuts[-1] - cuts[-2] < part // 2:  # (no short last part)
         del cuts[-2]
-    parts = await asyncio.gather(*(s3get.cat(fs, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])))
+    parts = await asyncio.gather(*(objects.cat(fs, path, a, b) for a, b in zip(cuts[:-1], cuts[1:])))
     return b"".join(parts)
 
 
@@ -138,7 +139,7 @@ def _is_transient(exc: BaseException) -> bool:
         "EndpointConnectionError",
         "ConnectTimeoutError",
         "ResponseStreamingError",
-    } or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError"))
+    } or any(code in text for code in ("500", "502", "503", "504", "SlowDown", "InternalError", " - HTTP error: "))
 
 
 def _is_refused(exc: BaseException) -> bool:
@@ -152,17 +153,23 @@ def _is_refused(exc: BaseException) -> bool:
         name, text = type(exc).__name__, str(exc)
         if name in {"EndpointConnectionError", "ClientConnectorError"} or "Connection refused" in text:
             return True
+        if " - HTTP error: " in text and "kind: Connect," in text:  # (obstore's: no connection made)
+            return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1  # type: ignore[assignment]
     return False
 
 
 def _is_timeout(exc: BaseException) -> bool:
-    return isinstance(exc, TimeoutError) or type(exc).__name__ in {"ReadTimeoutError", "ConnectTimeoutError"}
+    return (
+        isinstance(exc, TimeoutError)
+        or type(exc).__name__ in {"ReadTimeoutError", "ConnectTimeoutError"}
+        or "kind: Timeout," in str(exc)  # (obstore's: reqwest's read timeout)
+    )
 
 
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:300]
+    return re.sub(r" in [0-9.]+(?:ns|µs|ms|s) - ", " - ", text)[:300]  # (obstore's: without its timing)
 
 
 class Store:
@@ -521,6 +528,10 @@ class Store:
         def size() -> int:
             if self.local:
                 return os.path.getsize(path)
+            if objects.usable(self.fs):
+                import asyncio
+
+                return _wait(asyncio.run_coroutine_threadsafe(objects.size(self.fs, path), self.fs.loop), path)
             self.fs.invalidate_cache(path)  # (s3fs answers sizes from listings it cached)
             return int(self.fs.size(path))
 

@@ -322,57 +322,6 @@ def _detection_block_seeds() -> list[bytes]:
     ]
 
 
-# --- S3 answers: what a direct GET takes (l5dask.core.s3get) --------------------------------------------
-def s3_answer(data: bytes) -> None:
-    """Bytes 0-1: the status (even: 206, odd: 200); 2-5: start; 6-9: end (0xffffffff: to the end;
-    byte 2 even: the whole object, no range); then a header value and the body, split at the first
-    newline. The header is the Content-Range (a range) or the Content-Length (the whole object).
-    Each answer is taken only as exactly the bytes asked for, or refused with ``Fallback``."""
-    from l5dask.core.s3get import Fallback, vouched
-
-    if len(data) < 10:
-        return
-    status = 206 if data[0] % 2 == 0 else 200
-    whole = data[2] % 2 == 0
-    start = int.from_bytes(data[2:6], "little") % 4096
-    end_raw = int.from_bytes(data[6:10], "little")
-    end = None if end_raw == 0xFFFFFFFF else start + 1 + end_raw % 4096
-    header, _, body = data[10:].partition(b"\n")
-    value = header.decode("latin-1")
-    headers = {"Content-Length": value} if whole else {"Content-Range": value}
-    try:
-        got = vouched("b/k", status, headers, body, None if whole else start, None if whole else end)
-    except Fallback:
-        return
-    assert got is body, "an answer taken is the body itself"
-    if whole:  # taken: a 200 whose Content-Length is the body's length, in plain digits
-        assert status == 200 and value.isascii() and value.isdigit() and int(value) == len(body)
-        return
-    # taken: a 206 whose Content-Range says the bytes asked for (to the object's end at most)
-    unit, _, rest = value.partition(" ")
-    span, _, total = rest.partition("/")
-    first, _, last = span.partition("-")
-    assert status == 206 and unit == "bytes" and all(x.isascii() and x.isdigit() for x in (first, last, total))
-    want_last = (int(total) if end is None else min(end, int(total))) - 1
-    assert int(first) == start and int(last) == want_last and len(body) == want_last - start + 1
-
-
-def _s3_answer_seeds() -> list[bytes]:
-    def seed(status: int, start: int, end: int | None, header: str, body: bytes) -> bytes:
-        e = 0xFFFFFFFF if end is None else (end - start - 1)
-        return (
-            bytes([status, 0]) + start.to_bytes(4, "little") + e.to_bytes(4, "little") + header.encode() + b"\n" + body
-        )
-
-    return [
-        seed(0, 11, 21, "bytes 11-20/100", bytes(10)),
-        seed(0, 11, None, "bytes 11-99/100", bytes(89)),
-        seed(0, 11, 500, "bytes 11-99/100", bytes(89)),
-        seed(1, 10, 20, "12", bytes(12)),  # (start even: the whole object)
-        seed(0, 11, 21, "bytes 12-21/100", bytes(10)),
-    ]
-
-
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "blosc": (blosc, _blosc_seeds),
     "zarray": (zarray, _metadata_seeds),
@@ -382,7 +331,6 @@ TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = 
     "perception_table": (perception_table, _perception_seeds),
     "detection": (detection, _detection_seeds),
     "detection_blocks": (detection_blocks, _detection_block_seeds),
-    "s3_answer": (s3_answer, _s3_answer_seeds),
 }
 
 
