@@ -3,8 +3,8 @@ as zarr-python 3 and VirtualiZarr read), beside s3fs.
 
 A store's GETs (whole objects and ranges) and sizes (a HEAD) go through one ``obstore`` S3 store
 per bucket and options in each process, made from the options the s3fs filesystem was opened
-with (:func:`config`): the credentials l5dask resolved from the usual AWS chain
-(:func:`l5dask.core.store.resolve_s3_options`) or the user's ``key``/``secret``/``token``,
+with (``config``): the credentials l5dask resolved from the usual AWS chain
+(``l5dask.core.store.resolve_s3_options``) or the user's ``key``/``secret``/``token``,
 ``anon``, a ``profile``, the endpoint (``endpoint_url``, ``client_kwargs.endpoint_url``,
 ``AWS_ENDPOINT_URL``) and its region, ``requester_pays``, the addressing style, TLS verification,
 the read and connect timeouts. obstore's own retries are off: each attempt of
