@@ -442,3 +442,23 @@ def test_warm_workers_runs_once_on_each_worker_and_its_errors_stay_quiet(dask_cl
         by_host = aggregate(s3_small, by="host", values={"speed": ["count"]}, storage_options=opts, client=client)
     local = l5dask.open_dataset(s3_small, storage_options=opts)
     assert rep["counts"]["agents"] == int(by_host["speed_count"].sum()) == local.counts()["agents"]
+
+
+def test_validate_full_decodes_on_the_cluster_and_lists_the_same_faults(dask_cluster, small_ds, tmp_path):
+    """``validate --full --scheduler``: the chunks decoded by the workers, the same lines as on
+    local threads (a truncated chunk found by its header, a zeroed stream only by decoding)."""
+    import shutil
+
+    data = tmp_path / "faulty.zarr"
+    shutil.copytree(small_ds, data)
+    raw = (data / "agents" / "1").read_bytes()
+    (data / "agents" / "1").write_bytes(raw[:100])
+    raw = (data / "agents" / "2").read_bytes()
+    (data / "agents" / "2").write_bytes(raw[: len(raw) // 2] + bytes(len(raw) - len(raw) // 2))
+    local = cli("validate", str(data), "--full", "-q")
+    remote = cli("validate", str(data), "--full", "-q", "--scheduler", dask_cluster.address)
+    assert local.returncode == remote.returncode == 1, remote.stderr
+    lines = remote.stdout.splitlines()
+    assert lines == local.stdout.splitlines() and len(lines) == 2
+    assert lines[0].startswith("array 'agents', chunk '1': truncated or corrupt chunk (it holds 100 bytes")
+    assert lines[1].startswith("array 'agents', chunk '2': truncated or corrupt chunk")

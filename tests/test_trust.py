@@ -190,7 +190,7 @@ DECODE_ONLY = {"stream-zeroed"}
 
 
 def _validate(data: str, full: bool, extra: tuple[str, ...] = ()) -> tuple[int, list[str], str]:
-    result = _run(["validate", data, *(["--full"] if full else []), *extra])
+    result = _run(["validate", data, *(["--full", "-q"] if full else []), *extra])
     assert "Traceback" not in result.output, result.output
     return result.exit_code, result.stdout.splitlines(), result.stderr
 

@@ -447,12 +447,15 @@ def export(dataset, output, format_, overwrite, chunks_per_task, quiet, schedule
     is_flag=True,
     help="decode every stored chunk (by default each chunk's size and blosc header are checked: a 16-byte read each)",
 )
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
 @storage_option
 @friendly
-def validate(dataset: str, full: bool, storage_options) -> None:
+def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) -> None:
     """Check every stored chunk of DATASET against its .zarray (stored, its size and header) and
     every index interval; print each fault on a line and exit 1 when there is any. Reports, never
     repairs."""
+    from l5dask.core.cluster import connect
     from l5dask.errors import FormatError
     from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.joins import validate as check
@@ -462,7 +465,8 @@ def validate(dataset: str, full: bool, storage_options) -> None:
     except FormatError as exc:  # (damaged metadata: a fault of the dataset, said as the others)
         problems = [str(exc)]
     else:
-        problems = check(ds, full=full)
+        with connect(scheduler, quiet=True) as client:
+            problems = check(ds, full=full, client=client, progress=not quiet)
     for p in problems:
         click.echo(p)
     if problems:

@@ -263,12 +263,12 @@ class Joins:
         return self.column(fmt.TL_FACES, field)
 
 
-def validate(ds, full: bool = False) -> list[str]:
+def validate(ds, full: bool = False, client: Any = None, progress: bool = False) -> list[str]:
     """Every fault of a dataset (empty when it is sound), a line each: each stored chunk of every
     array against its ``.zarray`` (stored, its size and blosc header: a 16-byte read a chunk;
     ``full``: every chunk decoded, on the job's workers), then every index interval (one pass per
-    parent array, reading only its interval fields' bounds) of the arrays whose chunks are sound.
-    Reports, never repairs."""
+    parent array, reading only its interval fields' bounds) of the arrays whose chunks are sound,
+    on ``client`` (default: the embedded default). Reports, never repairs."""
     faults: list[str] = []
     bad: set[str] = set()
     sound_chunks = {}
@@ -278,7 +278,7 @@ def validate(ds, full: bool = False) -> list[str]:
         sound_chunks[name] = sound
         bad |= {name} if found else set()
     if full:
-        job = Job()
+        job = Job(client=client, progress=progress)
         calls = [
             (a.store, a.meta, a.compressed, sound_chunks[n][i : i + FULL_CHUNKS_PER_TASK])
             for n, a in ds.arrays.items()
@@ -295,7 +295,7 @@ def validate(ds, full: bool = False) -> list[str]:
             specs.append(Pass(ds[parent], intervals={fld: len(ds[child])}, blocks=True, name=f"{parent}-{fld}"))
     problems: list[str] = []
     try:
-        Job().persist(*specs, check=False, problems=problems)
+        Job(client=client).persist(*specs, check=False, problems=problems)
     except ChunkError as exc:  # (a chunk whose header is sound but whose blocks are not)
         problems.append(str(exc))
     return faults + problems
