@@ -173,3 +173,28 @@ def reference_points_in_boxes(l, tokens=None) -> dict:
                 n += int(points_in_box(box, pts).sum())
         out[ann["token"]] = n
     return out
+
+
+#: The one line of lyft/nuscenes-devkit PR #64 (commit 80fc3ed, 2019-11-03) that changes the
+#: arithmetic of ``lyft_dataset_sdk/eval/detection/mAP_evaluation.py`` after the SDK's last PyPI
+#: release (0.0.8): a box's ground polygon takes ``R[1, 0]`` as the sine of its yaw, not ``R[0, 1]``.
+PR64 = ("        sin_angle = rotation_matrix[0, 1]\n", "        sin_angle = rotation_matrix[1, 0]\n")
+_MAPS: dict = {}
+
+
+def sdk_map(geometry: str = "corrected"):
+    """The SDK's ``mAP_evaluation`` module: as installed (0.0.8) for ``"sdk-0.0.8"``; for
+    ``"corrected"``, the installed source with PR #64's line applied (the repository's source)."""
+    import types
+
+    from lyft_dataset_sdk.eval.detection import mAP_evaluation
+
+    if geometry == "sdk-0.0.8":
+        return mAP_evaluation
+    if geometry not in _MAPS:
+        source = open(mAP_evaluation.__file__).read()
+        assert source.count(PR64[0]) == 1, "the installed SDK is not 0.0.8"
+        mod = types.ModuleType("mAP_evaluation_pr64")
+        exec(compile(source.replace(PR64[0], PR64[1]), "mAP_evaluation_pr64.py", "exec"), mod.__dict__)
+        _MAPS[geometry] = mod
+    return _MAPS[geometry]

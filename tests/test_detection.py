@@ -1,6 +1,10 @@
 """3D-detection evaluation against the Lyft SDK's ``get_average_precisions`` (every threshold, every
 class, to the last bit), from its JSON and the competition's CSV, on generated data and on boxes
-built to reach the rules' edge cases; on a cluster and S3; and every bad input in one line."""
+built to reach the rules' edge cases; on a cluster and S3; and every bad input in one line.
+
+The reference is the SDK's source since PR #64 (0.0.8 with that one line applied, see
+tests/perception_reference.py) for the default geometry, and 0.0.8 as installed for
+``geometry="sdk-0.0.8"``."""
 
 from __future__ import annotations
 
@@ -12,26 +16,40 @@ import sys
 import numpy as np
 import pytest
 
-from l5dask.errors import FormatError
+from l5dask.errors import FormatError, UsageError
 from l5dask.perception import detection
 from l5dask.perception.detection import THRESHOLDS, evaluate
 
 from .conftest import require
 from .detection_data import edge_cases, generate, write_csv, write_json
+from .perception_reference import sdk_map
 
 
-def sdk():
+def sdk(geometry: str = "corrected"):
     try:
-        from lyft_dataset_sdk.eval.detection import mAP_evaluation
+        import lyft_dataset_sdk.eval.detection.mAP_evaluation  # noqa: F401
     except ImportError:
         require(False, "lyft-dataset-sdk with shapely and pyquaternion")
-    return mAP_evaluation
+    return sdk_map(geometry)
 
 
-def reference(gt: list, pred: list, thresholds=THRESHOLDS) -> tuple[list, np.ndarray]:
-    m = sdk()
-    classes = m.get_class_names(gt)
-    return classes, np.array([m.get_average_precisions(gt, pred, classes, t) for t in thresholds])
+_REFERENCES: dict = {}
+
+
+def reference(gt: list, pred: list, thresholds=THRESHOLDS, geometry: str = "corrected") -> tuple[list, np.ndarray]:
+    """The SDK's classes and APs (thresholds x classes); kept for the module's lists (the SDK takes
+    seconds on the generated files)."""
+    key = (id(gt), id(pred), tuple(thresholds), geometry)
+    if key not in _REFERENCES:
+        m = sdk(geometry)
+        classes = m.get_class_names(gt)
+        _REFERENCES[key] = (
+            gt,
+            pred,
+            classes,
+            np.array([m.get_average_precisions(gt, pred, classes, t) for t in thresholds]),
+        )
+    return _REFERENCES[key][2], _REFERENCES[key][3]
 
 
 def ours(result) -> np.ndarray:
@@ -99,6 +117,43 @@ def test_the_edge_cases_equal_the_sdk_and_go_to_its_arithmetic(tmp_path, monkeyp
     empty.write_text("[]")
     r0 = evaluate(str(empty), str(tmp_path / "gt.json"))
     assert r0["map"] == [0.0] * len(THRESHOLDS)
+
+
+@pytest.mark.parametrize("blocks", [False, True])
+def test_each_geometry_equals_its_sdk_bit_for_bit(files, blocks):
+    # sdk-0.0.8: the SDK as released on PyPI; the default: its source since PR #64. Whole and in
+    # blocks; the two differ on these jittered predictions, and the result says which was used.
+    root, (gt, pred), _ = files
+    pred_in = str(root / "pred.json") if blocks else detection.read_boxes(str(root / "pred.json"), "pred")
+    paths = (pred_in, str(root / "gt.json"))
+    old = evaluate(*paths, geometry="sdk-0.0.8", block_bytes=4000)
+    new = evaluate(*paths, block_bytes=4000)
+    assert ("blocks" in old) == ("blocks" in new) == blocks
+    assert old["geometry"] == "sdk-0.0.8" and new["geometry"] == "corrected"
+    np.testing.assert_array_equal(ours(old), reference(gt, pred, geometry="sdk-0.0.8")[1])
+    np.testing.assert_array_equal(ours(new), reference(gt, pred)[1])
+    differ = int((ours(old) != ours(new)).sum())
+    assert differ > 10, differ
+    with pytest.raises(UsageError, match="unknown geometry 'pypi': use corrected or sdk-0.0.8"):
+        evaluate(*paths, geometry="pypi")
+
+
+def test_curves_of_a_class_without_predictions(files):
+    root, (gt, pred), _ = files
+    no_bus = [b for b in pred if b["name"] != "bus"]
+    some = (0.5, 0.9)
+    r = evaluate(str(root / "pred.json"), str(root / "gt.json"), curves=True, iou_thresholds=some)
+    assert "bus" in r["classes"] and len(r["curves"]) == len(r["classes"])
+    m = sdk()
+    for c in r["classes"]:  # every class's curve is the SDK's recall_precision at each threshold
+        for k, t in enumerate(some):
+            rec, prec, _ = m.recall_precision([b for b in gt if b["name"] == c], [b for b in pred if b["name"] == c], t)
+            assert r["curves"][c][k] == {"recall": rec.tolist(), "precision": prec.tolist()}
+    tmp = root / "no_bus.json"
+    write_json(no_bus, tmp)
+    r = evaluate(str(tmp), str(root / "gt.json"), curves=True)
+    assert r["ap"]["bus"] == [0.0] * len(THRESHOLDS)
+    assert r["curves"]["bus"] == [{"recall": [0.0], "precision": [0.0]}] * len(THRESHOLDS)
 
 
 @pytest.mark.parametrize("block_bytes", [1500, 20_000])
@@ -198,6 +253,28 @@ def test_cli_writes_the_metrics_and_a_page(files, tmp_path):
     assert "curves" not in got
     text = page.read_text()
     assert text.count("<figure>") == 3 and "AP@0.5" in text
+    assert got["geometry"] == "corrected" and "box geometry corrected (the SDK&#x27;s source since its PR #64)" in text
+    r = cli(
+        str(root / "pred.json"),
+        "--gt",
+        str(root / "gt.json"),
+        "-O",
+        str(out),
+        "--html",
+        str(page),
+        "--geometry",
+        "sdk-0.0.8",
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(out.read_text())
+    np.testing.assert_array_equal(ours(got), reference(gt, pred, geometry="sdk-0.0.8")[1])
+    assert got["geometry"] == "sdk-0.0.8" and "geometry sdk-0.0.8)" in r.stdout
+    assert "box geometry sdk-0.0.8 (the SDK&#x27;s PyPI release: yaws mirrored)" in page.read_text()
+    r = cli(
+        str(root / "pred.json"), "--gt", str(root / "gt.json"), "-O", str(tmp_path / "x.json"), "--geometry", "0.0.8"
+    )
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and not (tmp_path / "x.json").exists()
+    assert "--geometry: '0.0.8' is not one of corrected, sdk-0.0.8" in r.stderr
 
 
 def test_ground_truth_from_a_perception_dataset(tmp_path):
@@ -317,6 +394,8 @@ BAD_JSON = [
     (json.dumps([_box(score=0.5, translation=[1, 2])]), "row 0: translation has 2 numbers, expected 3"),
     (json.dumps([_box(score=0.5, rotation=[1, 0, 0])]), "row 0: rotation has 3 numbers, expected 4"),
     (json.dumps([_box(score=0.5, size=[1, 0, 1])]), "row 0: size must be positive"),
+    # (the SDK draws a zero quaternion as a point; it was a box turned by 0 here, a plausible wrong IoU)
+    (json.dumps([_box(score=0.5, rotation=[0, 0, 0, 0])]), "row 0: rotation [0.0, 0.0, 0.0, 0.0] has norm 0"),
     (json.dumps([_box(score=0.5), _box(score=0.5, translation=["x", 1, 2])]), "row 1: translation[0] is a string"),
     (json.dumps([_box()]), "row 0: no score"),
     (json.dumps([_box(score=1.5)]), "row 0: score 1.5 is outside [0, 1]"),

@@ -612,35 +612,40 @@ cdef inline double _cross(double ax, double ay, double bx, double by) noexcept n
 
 cdef double _clip_area(const double* p, const double* q) noexcept nogil:
     """Area of the intersection of two convex quadrilaterals ``p`` and ``q`` (x, y of 4 corners each,
-    either orientation): ``p`` clipped by each edge of ``q`` (Sutherland-Hodgman), then the shoelace."""
+    either orientation): ``p`` clipped by each edge of ``q`` (Sutherland-Hodgman), then the shoelace.
+    Each vertex's side of an edge is computed once, and no index is taken modulo (the arithmetic of
+    the plain loop, the same bits)."""
     cdef double a[32]
     cdef double b[32]
+    cdef double d[16]
     cdef double* src = a
     cdef double* dst = b
     cdef double* t
-    cdef Py_ssize_t n = 4, m, i, j
+    cdef int n = 4, m, i, j, k
     cdef double ex, ey, fx, fy, sx, sy, ux, uy, su, sv, w, orient = 0.0, area = 0.0
     for i in range(8):
         a[i] = p[i]
     for i in range(4):
-        j = (i + 1) % 4
+        j = i + 1 if i < 3 else 0
         orient += _cross(q[2 * i], q[2 * i + 1], q[2 * j], q[2 * j + 1])
     if orient == 0.0:
         return 0.0
     for i in range(4):
         ex, ey = q[2 * i], q[2 * i + 1]
-        j = (i + 1) % 4
+        j = i + 1 if i < 3 else 0
         fx, fy = q[2 * j] - ex, q[2 * j + 1] - ey
+        for j in range(n):
+            d[j] = _cross(fx, fy, src[2 * j] - ex, src[2 * j + 1] - ey) * orient
         m = 0
         for j in range(n):
+            k = j + 1 if j + 1 < n else 0
             sx, sy = src[2 * j], src[2 * j + 1]
-            ux, uy = src[2 * ((j + 1) % n)], src[2 * ((j + 1) % n) + 1]
-            su = _cross(fx, fy, sx - ex, sy - ey) * orient
-            sv = _cross(fx, fy, ux - ex, uy - ey) * orient
+            su, sv = d[j], d[k]
             if su >= 0:
                 dst[2 * m], dst[2 * m + 1] = sx, sy
                 m += 1
             if (su >= 0) != (sv >= 0) and m < 15:
+                ux, uy = src[2 * k], src[2 * k + 1]
                 w = su / (su - sv)
                 dst[2 * m], dst[2 * m + 1] = sx + w * (ux - sx), sy + w * (uy - sy)
                 m += 1
@@ -651,7 +656,7 @@ cdef double _clip_area(const double* p, const double* q) noexcept nogil:
         if n < 3:
             return 0.0
     for i in range(n):
-        j = (i + 1) % n
+        j = i + 1 if i + 1 < n else 0
         area += _cross(src[2 * i], src[2 * i + 1], src[2 * j], src[2 * j + 1])
     return fabs(area) * 0.5
 
@@ -735,6 +740,144 @@ def match_boxes(const double[:, ::1] pred, const int64_t[::1] pred_group, const 
     finally:
         free(ious)
         free(taken)
+
+
+cdef enum:
+    # a box's row in the geometry functions' tables (l5dask.perception.geometry): its ground centre,
+    # its 4 ground corners relative to that centre (x, y each), z min, z max, volume, corners' radius
+    GX = 0
+    GY = 1
+    GC = 2
+    GZLO = 10
+    GZHI = 11
+    GVOL = 12
+    GRAD = 13
+    GBOX = 14
+
+
+cdef inline double _pair(const double* a, const double* b, int what) noexcept nogil:
+    """One pair's height intersection (``what`` 0), ground intersection area (1), volume
+    intersection (2) or IoU (3), with ``b``'s corners placed relative to ``a``'s centre."""
+    cdef double q[8]
+    cdef double dx = b[GX] - a[GX], dy = b[GY] - a[GY], r = a[GRAD] + b[GRAD], h, area, inter, union
+    cdef int k
+    h = max(0.0, min(a[GZHI], b[GZHI]) - max(a[GZLO], b[GZLO]))
+    if what == 0:
+        return h
+    if what >= 2 and h <= 0.0:
+        return 0.0
+    area = 0.0
+    if dx * dx + dy * dy <= r * r * 1.0000001:
+        for k in range(4):
+            q[2 * k] = dx + b[GC + 2 * k]
+            q[2 * k + 1] = dy + b[GC + 2 * k + 1]
+        area = _clip_area(&a[GC], q)
+    if what == 1:
+        return area
+    inter = h * area
+    if what == 2:
+        return inter
+    union = a[GVOL] + b[GVOL] - inter
+    return min(max(inter / union if union > 0 else 0.0, 0.0), 1.0)
+
+
+cdef inline bint _box_row(const double* t, const double* sz, const double* r, bint corrected, double* o) noexcept nogil:
+    """A box's ``GBOX`` numbers (as ``geometry.table`` makes them, the corners relative to its
+    centre) into ``o``; False (``o`` not filled) when a number is not finite, a size not positive or
+    the rotation's norm 0."""
+    cdef double big = 1.7976931348623157e308
+    cdef double w = r[0], x = r[1], y = r[2], z = r[3], wid = sz[0], length = sz[1], height = sz[2]
+    cdef double nrm = sqrt(w * w + x * x + y * y + z * z), c, s, lc, ls, wc, ws
+    cdef bint ok = (fabs(t[0]) <= big) & (fabs(t[1]) <= big) & (fabs(t[2]) <= big)  # (NaN fails)
+    ok &= (wid <= big) & (length <= big) & (height <= big) & (fabs(w) <= big) & (fabs(x) <= big)
+    ok &= (fabs(y) <= big) & (fabs(z) <= big) & (wid > 0) & (length > 0) & (height > 0) & (nrm > 0)
+    if not ok:
+        return False
+    w, x, y, z = w / nrm, x / nrm, y / nrm, z / nrm
+    c = 1.0 - 2.0 * (y * y + z * z)
+    s = 2.0 * (x * y + w * z) if corrected else 2.0 * (x * y - w * z)
+    lc, ls, wc, ws = length / 2 * c, length / 2 * s, wid / 2 * c, wid / 2 * s
+    o[GX], o[GY] = t[0], t[1]
+    o[GC], o[GC + 1] = lc + ws, ls - wc
+    o[GC + 2], o[GC + 3] = lc - ws, ls + wc
+    o[GC + 4], o[GC + 5] = -lc - ws, -ls + wc
+    o[GC + 6], o[GC + 7] = -lc + ws, -ls - wc
+    o[GZLO] = t[2] - height / 2
+    o[GZHI] = t[2] + height / 2
+    o[GVOL] = wid * length * height
+    o[GRAD] = sqrt(wid * wid + length * length) / 2 * max(1.0, sqrt(c * c + s * s))
+    return True
+
+
+def _boxes_ok(xyz, size, rotation):
+    if xyz.shape[1] != 3 or size.shape[1] != 3 or rotation.shape[1] != 4 or size.shape[0] != xyz.shape[0] \
+            or rotation.shape[0] != xyz.shape[0]:
+        raise ValueError("boxes: translation (n, 3), size (n, 3), rotation (n, 4)")
+
+
+def box_pairs(const double[:, ::1] xyz_a, const double[:, ::1] size_a, const double[:, ::1] rot_a,
+              const double[:, ::1] xyz_b, const double[:, ::1] size_b, const double[:, ::1] rot_b,
+              bint corrected, int what, bint outer, double[::1] out, const double[::1] thresholds, double eps,
+              uint8_t[::1] near):
+    """The height intersection, ground intersection area, volume intersection or IoU (``what`` 0 to
+    3) of boxes ``a`` and ``b`` (translation, size, rotation each): of every pair ``(a[i], b[j])``
+    into ``out[i * len(b) + j]`` (``outer``), else of ``(a[k], b[k])`` into ``out[k]`` (one side
+    may be a single box, paired with each of the other's). ``near[k]`` (when ``near`` is not empty)
+    is set where ``out[k]`` is within ``eps`` of one of ``thresholds``.
+
+    Returns ``(near count, first bad box of a, first bad box of b)`` (-1: none; a bad box, not
+    finite, not of positive size or of rotation norm 0, stops the pass: the caller names it)."""
+    _boxes_ok(xyz_a, size_a, rot_a)
+    _boxes_ok(xyz_b, size_b, rot_b)
+    cdef Py_ssize_t na = xyz_a.shape[0], nb = xyz_b.shape[0], n, i, j, k, t, nt = thresholds.shape[0], count = 0
+    cdef Py_ssize_t bad_a = -1, bad_b = -1, ia, ib
+    cdef double v
+    cdef double ra[GBOX]
+    cdef double rb[GBOX]
+    cdef double* tb = NULL
+    if not (0 <= what <= 3):
+        raise ValueError("box_pairs: what in 0..3")
+    n = na * nb if outer else max(na, nb)
+    if out.shape[0] != n or (not outer and na != nb and min(na, nb) != 1) or (near.shape[0] and near.shape[0] != n):
+        raise ValueError("box_pairs: out (and near) has a value per pair; pairs of equal lengths (or one box)")
+    for i in range(na):  # (every box checked, even with no pair)
+        if not _box_row(&xyz_a[i, 0], &size_a[i, 0], &rot_a[i, 0], corrected, ra):
+            return 0, i, -1
+    if outer and nb:
+        tb = <double*>malloc(nb * GBOX * sizeof(double))
+        if tb == NULL:
+            raise MemoryError()
+    try:
+        with nogil:
+            for j in range(nb):
+                if not _box_row(&xyz_b[j, 0], &size_b[j, 0], &rot_b[j, 0], corrected, &tb[j * GBOX] if outer else rb):
+                    bad_b = j
+                    break
+            if bad_b < 0 and n:
+                if outer:
+                    for i in range(na):
+                        _box_row(&xyz_a[i, 0], &size_a[i, 0], &rot_a[i, 0], corrected, ra)
+                        for j in range(nb):
+                            out[i * nb + j] = _pair(ra, &tb[j * GBOX], what)
+                else:
+                    for k in range(n):
+                        ia = k if na > 1 else 0
+                        ib = k if nb > 1 else 0
+                        _box_row(&xyz_a[ia, 0], &size_a[ia, 0], &rot_a[ia, 0], corrected, ra)
+                        _box_row(&xyz_b[ib, 0], &size_b[ib, 0], &rot_b[ib, 0], corrected, rb)
+                        out[k] = _pair(ra, rb, what)
+                if near.shape[0]:
+                    for k in range(n):
+                        v = out[k]
+                        near[k] = 0
+                        for t in range(nt):
+                            if fabs(v - thresholds[t]) <= eps:
+                                near[k] = 1
+                                count += 1
+                                break
+    finally:
+        free(tb)
+    return count, bad_a, bad_b
 
 
 # --- detection files in blocks (l5dask.perception.boxes) ----------------------------------------

@@ -31,6 +31,7 @@ from l5dask.core.lazy import compiled
 from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import FormatError
 from l5dask.perception import joins, tables
+from l5dask.perception.geometry import check_values
 
 _compiled = compiled("l5dask.perception._kernels")
 
@@ -260,24 +261,17 @@ def yaw_quaternions(yaw: np.ndarray) -> np.ndarray:
 
 
 def check_boxes(b: Boxes, yaw: np.ndarray | None = None) -> None:
-    """Finite numbers, positive sizes, scores in [0, 1], names present: the first bad box named."""
-    checks = [
-        ("translation", b.xyz),
-        ("size", b.size),
-        ("rotation" if yaw is None else "yaw", b.rotation if yaw is None else yaw[:, None]),
-    ]
+    """Finite numbers, positive sizes, rotations of norm not 0, scores in [0, 1], names present:
+    the first bad box named."""
+    if yaw is None:
+        check_values(b.xyz, b.size, b.rotation, b.at)
+    else:
+        check_values(b.xyz, b.size, yaw[:, None], b.at, "yaw")
     if b.score is not None:
-        checks.append(("score", b.score[:, None]))
-    for name, values in checks:
-        bad = ~np.isfinite(values).all(axis=1)
+        bad = ~np.isfinite(b.score)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise FormatError(f"{b.at(i)}: {name} is not finite ({values[i].tolist()})")
-    bad = ~(b.size > 0).all(axis=1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise FormatError(f"{b.at(i)}: size must be positive, got {b.size[i].tolist()}")
-    if b.score is not None:
+            raise FormatError(f"{b.at(i)}: score is not finite ({[float(b.score[i])]})")
         bad = (b.score < 0) | (b.score > 1)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])

@@ -108,6 +108,14 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
 @click.option("--html", "html_path", help="also write a page: precision-recall curves, AP by threshold and distance")
 @click.option("--curves", is_flag=True, help="put the precision-recall curves in the JSON too")
 @click.option(
+    "--geometry",
+    default="corrected",
+    show_default=True,
+    metavar="corrected|sdk-0.0.8",
+    help="the boxes' ground rectangles: the SDK's source since its fix of the yaw's sign (PR #64), or its "
+    "PyPI release 0.0.8 bit for bit (every yaw mirrored)",
+)
+@click.option(
     "--allow-unknown-samples",
     is_flag=True,
     help="count predictions on samples the ground truth does not list as false positives (else an error)",
@@ -117,7 +125,18 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
 @quiet_option
 @friendly
 def evaluate(
-    pred, gt, dataset, output, iou, html_path, curves, allow_unknown_samples, storage_options, scheduler, quiet
+    pred,
+    gt,
+    dataset,
+    output,
+    iou,
+    html_path,
+    curves,
+    geometry,
+    allow_unknown_samples,
+    storage_options,
+    scheduler,
+    quiet,
 ) -> None:
     """The Lyft SDK's 3D-detection mAP of PRED (the SDK's JSON or the competition's CSV): AP per
     class and IoU threshold, mAP per threshold and their mean, exact, every threshold in one pass."""
@@ -133,12 +152,14 @@ def evaluate(
         thresholds = [float(t) for t in iou.split(",") if t.strip()]
     except ValueError:
         raise UsageError(f"--iou: {iou!r} is not a comma-separated list of numbers") from None
+    if geometry not in detection.GEOMETRIES:
+        raise UsageError(f"--geometry: {geometry!r} is not one of {', '.join(detection.GEOMETRIES)}")
     check_outputs(storage_options, output, html_path)
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         job = Job(client=client)
-        kw = dict(iou_thresholds=thresholds, job=job, allow_unknown_samples=allow_unknown_samples)
+        kw = dict(iou_thresholds=thresholds, job=job, allow_unknown_samples=allow_unknown_samples, geometry=geometry)
         if dataset is not None:  # (the dataset's boxes are in memory: the predictions too, for the bands)
             from l5dask.perception import open_perception
 

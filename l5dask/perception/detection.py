@@ -42,14 +42,25 @@ from l5dask.core.lazy import compiled
 from l5dask.errors import FormatError, UsageError
 from l5dask.perception import boxes
 from l5dask.perception.boxes import Boxes, boxes_of_dataset, check_boxes, read_boxes, take, yaw_quaternions
+from l5dask.perception.geometry import (
+    DEFAULT_GEOMETRY,
+    EPS,
+    GEOMETRIES,
+    THRESHOLDS,
+    check_geometry,
+    sdk_box,
+    sdk_iou,
+    table,
+)
 
 __all__ = [
     "BANDS",
+    "DEFAULT_GEOMETRY",
     "EPS",
+    "GEOMETRIES",
     "THRESHOLDS",
     "Boxes",
     "average_precision",
-    "box_table",
     "boxes_of_dataset",
     "by_distance",
     "check_boxes",
@@ -67,11 +78,6 @@ __all__ = [
 _compiled = compiled("l5dask.perception._kernels")
 match_boxes = _compiled.match_boxes
 
-#: The competition's IoU thresholds.
-THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
-#: IoUs closer than this to a threshold (or to each other, where the choice matters) are decided by
-#: the SDK's own arithmetic. The compiled IoU differs from GEOS's by about 1e-15 here.
-EPS = 1e-9
 #: Samples per matching task (about 100 predictions a sample: tens of milliseconds a task).
 SAMPLES_PER_TASK = 500
 
@@ -117,68 +123,17 @@ def by_distance(pred: Boxes, gt: Boxes, egos: dict[str, np.ndarray], **kw) -> li
     return out
 
 
-# --- geometry ----------------------------------------------------------------------------------
-def box_table(b: Boxes, idx: np.ndarray, origin: np.ndarray) -> np.ndarray:
-    """The compiled pass's 12 numbers of boxes ``idx``: ground corners (as the SDK makes them,
-    relative to ``origin``, one (x, y) a box), z min, z max, volume, the corners' circle radius."""
-    q = b.rotation[idx]
-    norm = np.sqrt((q * q).sum(axis=1))
-    q = np.where(norm[:, None] > 0, q / np.where(norm > 0, norm, 1.0)[:, None], 0.0)
-    w, x, y, z = q.T
-    cos = 1.0 - 2.0 * (y * y + z * z)  # R[0, 0] of the normalised quaternion
-    sin = 2.0 * (x * y - w * z)  # R[0, 1]
-    wid, length, height = b.size[idx].T
-    cx, cy = b.xyz[idx, 0] - origin[:, 0], b.xyz[idx, 1] - origin[:, 1]
-    lc, ls, wc, ws = length / 2 * cos, length / 2 * sin, wid / 2 * cos, wid / 2 * sin
-    out = np.empty((len(idx), 12))
-    out[:, 0], out[:, 1] = cx + lc + ws, cy + ls - wc
-    out[:, 2], out[:, 3] = cx + lc - ws, cy + ls + wc
-    out[:, 4], out[:, 5] = cx - lc - ws, cy - ls + wc
-    out[:, 6], out[:, 7] = cx - lc + ws, cy - ls - wc
-    out[:, 8] = b.xyz[idx, 2] - height / 2
-    out[:, 9] = b.xyz[idx, 2] + height / 2
-    out[:, 10] = wid * length * height
-    out[:, 11] = np.hypot(wid, length) / 2 * np.maximum(1.0, np.hypot(cos, sin))
-    return out
-
-
-def _sdk_box(xyz, size, rotation):
-    """The SDK's ``Box3D`` geometry of one box, with its own libraries and arithmetic."""
-    from pyquaternion import Quaternion
-    from shapely.geometry import Polygon
-
-    rm = Quaternion(list(rotation)).rotation_matrix
-    cos, sin = rm[0, 0], rm[0, 1]
-    width, length, height = size
-    cx, cy, cz = xyz
-    p = [
-        (cx + length / 2 * cos + width / 2 * sin, cy + length / 2 * sin - width / 2 * cos),
-        (cx + length / 2 * cos - width / 2 * sin, cy + length / 2 * sin + width / 2 * cos),
-        (cx - length / 2 * cos - width / 2 * sin, cy - length / 2 * sin + width / 2 * cos),
-        (cx - length / 2 * cos + width / 2 * sin, cy - length / 2 * sin - width / 2 * cos),
-    ]
-    return Polygon([*p, p[0]]), cz - height / 2, cz + height / 2, np.prod(size)
-
-
-def _sdk_iou(a, b) -> float:
-    poly_a, lo_a, hi_a, vol_a = a
-    poly_b, lo_b, hi_b, vol_b = b
-    height = max(0, min(hi_b, hi_a) - max(lo_b, lo_a))
-    inter = height * poly_a.intersection(poly_b).area
-    return np.clip(inter / (vol_a + vol_b - inter), 0, 1)
-
-
-def exact_group(pred: list, gt: list, thresholds) -> np.ndarray:
+def exact_group(pred: list, gt: list, thresholds, geometry: str = DEFAULT_GEOMETRY) -> np.ndarray:
     """One sample and class decided with the SDK's own arithmetic: ``pred`` and ``gt`` are lists
     of ``(xyz, size, rotation)`` (predictions in matching order); flags (predictions, thresholds)."""
-    gts = [_sdk_box(*g) for g in gt]
+    gts = [sdk_box(g[0], g[1], g[2], geometry) for g in gt]
     out = np.zeros((len(pred), len(thresholds)), np.uint8)
     checked = np.zeros((len(thresholds), len(gts)), bool)
     for i, p in enumerate(pred):
         if not gts:
             continue
-        box = _sdk_box(*p)
-        overlaps = [_sdk_iou(box, g) for g in gts]
+        box = sdk_box(p[0], p[1], p[2], geometry)
+        overlaps = [sdk_iou(box, g) for g in gts]
         top, jmax = np.max(overlaps), int(np.argmax(overlaps))
         for k, thr in enumerate(thresholds):
             if top > thr and not checked[k, jmax]:
@@ -189,7 +144,14 @@ def exact_group(pred: list, gt: list, thresholds) -> np.ndarray:
 
 # --- matching ----------------------------------------------------------------------------------
 def match_task(
-    pred: Boxes, gt: Boxes, pred_idx: np.ndarray, gt_idx: np.ndarray, pred_key, gt_key, thresholds
+    pred: Boxes,
+    gt: Boxes,
+    pred_idx: np.ndarray,
+    gt_idx: np.ndarray,
+    pred_key,
+    gt_key,
+    thresholds,
+    geometry: str = DEFAULT_GEOMETRY,
 ) -> np.ndarray:
     """The flags (len(pred_idx), thresholds) of predictions ``pred_idx`` (in matching order: by
     group, then rank), against ground truth ``gt_idx`` (by group, then input order); a group is a
@@ -206,8 +168,9 @@ def match_task(
     tp = np.zeros((len(pred_idx), len(thr)), np.uint8)
     unsure = np.zeros(len(groups), np.uint8)
     if len(pred_idx):
-        ptab = box_table(pred, pred_idx, origin[pred_group])
-        gtab = box_table(gt, gt_rows, origin[np.repeat(np.arange(len(groups)), gt_counts)])
+        ptab = table(pred.xyz[pred_idx], pred.size[pred_idx], pred.rotation[pred_idx], geometry, origin[pred_group])
+        gorigin = origin[np.repeat(np.arange(len(groups)), gt_counts)]
+        gtab = table(gt.xyz[gt_rows], gt.size[gt_rows], gt.rotation[gt_rows], geometry, gorigin)
         match_boxes(ptab, pred_group, gtab, gt_start, thr, EPS, tp, unsure)
     for g in np.flatnonzero(unsure):
         rows = np.flatnonzero(pred_group == g)
@@ -216,7 +179,7 @@ def match_task(
             (gt.xyz[i].tolist(), gt.size[i].tolist(), gt.rotation[i].tolist())
             for i in gt_rows[gt_start[g] : gt_start[g + 1]]
         ]
-        tp[rows] = exact_group(p, q, thresholds)
+        tp[rows] = exact_group(p, q, thresholds, geometry)
     return tp
 
 
@@ -251,7 +214,7 @@ def curves_of(tp: np.ndarray, num_gts: int) -> list[dict[str, list[float]]]:
     return [{"recall": (h / float(num_gts)).tolist(), "precision": (h / steps).tolist()} for h in hits]
 
 
-def match_flags(p: Boxes, g: Boxes, thresholds) -> np.ndarray:
+def match_flags(p: Boxes, g: Boxes, thresholds, geometry: str = DEFAULT_GEOMETRY) -> np.ndarray:
     """The flags (predictions, thresholds) of all of ``p`` against ``g`` (boxes of the same samples,
     each read in file order): each (sample, class)'s predictions in the SDK's order, descending
     score, ties in input order."""
@@ -276,7 +239,7 @@ def match_flags(p: Boxes, g: Boxes, thresholds) -> np.ndarray:
     order = np.argsort(-p.score, kind="stable")
     pi = order[np.argsort(p_key[order], kind="stable")]  # by (sample, class), then the SDK's order
     gi = np.argsort(g_key, kind="stable")
-    tp[pi] = match_task(p, g, pi, gi, p_key[pi], g_key[gi], thresholds)
+    tp[pi] = match_task(p, g, pi, gi, p_key[pi], g_key[gi], thresholds, check_geometry(geometry))
     return tp
 
 
@@ -298,6 +261,7 @@ def evaluate(
     allow_unknown_samples: bool = False,
     samples_per_task: int = SAMPLES_PER_TASK,
     block_bytes: int | None = None,
+    geometry: str = DEFAULT_GEOMETRY,
 ) -> dict[str, Any]:
     """The Lyft SDK's detection mAP of predictions against ground truth (paths of JSON or CSV
     files, or :class:`~l5dask.perception.boxes.Boxes`), every threshold in one pass.
@@ -312,10 +276,14 @@ def evaluate(
     Returns ``thresholds``, ``classes`` (the ground truth's, sorted as ``get_class_names``),
     ``ap`` (per class, a value per threshold: ``get_average_precisions``), ``map`` (per threshold),
     ``mean_map`` (their mean: the competition's score), ``gt_boxes`` and ``predictions`` per class,
-    ``samples`` (counted), ``blocks`` (when read in blocks: how many of each file), and with
-    ``curves`` each class's recall and precision per threshold.
+    ``samples`` (counted), ``blocks`` (when read in blocks: how many of each file), ``geometry``
+    (the boxes' geometry, see :mod:`l5dask.perception.geometry`: ``"corrected"``, the SDK's source
+    since its PR #64, by default; ``"sdk-0.0.8"`` reproduces the PyPI release bit for bit), and
+    with ``curves`` each class's recall and precision per threshold (a class without predictions
+    too: no point, recall 0).
     """
     thresholds = _check_thresholds(iou_thresholds)
+    check_geometry(geometry)
     job = job or Job(client=client)
     warnings: list[str] = []
     if isinstance(pred, str) and isinstance(gt, str):
@@ -323,12 +291,12 @@ def evaluate(
         gb = boxes.plan(gt, "gt", storage_options, block_bytes)
         if pb is not None and gb is not None:
             try:
-                return _in_blocks(pb, gb, thresholds, job, curves)
+                return _in_blocks(pb, gb, thresholds, job, curves, geometry)
             except (boxes.Unsure, FormatError) as exc:  # read whole: it names the fault, or cuts no box
                 warnings.append(f"read whole, not in blocks: {exc}")
     p = pred if isinstance(pred, Boxes) else read_boxes(pred, "pred", storage_options)
     g = gt if isinstance(gt, Boxes) else read_boxes(gt, "gt", storage_options)
-    return _whole(p, g, thresholds, job, curves, allow_unknown_samples, samples_per_task, warnings)
+    return _whole(p, g, thresholds, job, curves, allow_unknown_samples, samples_per_task, warnings, geometry)
 
 
 def _whole(
@@ -340,6 +308,7 @@ def _whole(
     allow_unknown_samples: bool,
     samples_per_task: int,
     warnings: list[str],
+    geometry: str,
 ) -> dict[str, Any]:
     if len(g) == 0:
         raise FormatError(f"{g.where}: no ground-truth box: the mAP is not defined")
@@ -375,7 +344,12 @@ def _whole(
     g_cuts = np.searchsorted(g_group[g_by], np.arange(ngroups + 1))
     groups = [t for t in range(ngroups) if p_cuts[t + 1] > p_cuts[t]]
     calls = [
-        (take(p, p_by[p_cuts[t] : p_cuts[t + 1]]), take(g, g_by[g_cuts[t] : g_cuts[t + 1]]), tuple(thresholds))
+        (
+            take(p, p_by[p_cuts[t] : p_cuts[t + 1]]),
+            take(g, g_by[g_cuts[t] : g_cuts[t + 1]]),
+            tuple(thresholds),
+            geometry,
+        )
         for t in groups
     ]
     tp = np.zeros((len(p), len(thresholds)), np.uint8)
@@ -390,7 +364,7 @@ def _whole(
         "predicted": int(len(p.samples)),
     }
     counts = np.bincount(g_cls, minlength=len(classes))
-    return _result(classes, counts, p_cls, p.score, tp, thresholds, curves, samples, warnings)
+    return _result(classes, counts, p_cls, p.score, tp, thresholds, curves, samples, warnings, geometry)
 
 
 def _result(
@@ -403,6 +377,7 @@ def _result(
     curves: bool,
     samples: dict,
     warnings: list[str],
+    geometry: str,
     extra: dict | None = None,
 ) -> dict[str, Any]:
     """The metrics from every prediction's class, score and flags (in input order)."""
@@ -416,14 +391,17 @@ def _result(
         "gt_boxes": {c: int(gt_counts[i]) for i, c in enumerate(classes)},
         "predictions": {c: int(class_cuts[i + 1] - class_cuts[i]) for i, c in enumerate(classes)},
         "samples": samples,
+        "geometry": geometry,
         **(extra or {}),
     }
     if curves:
         result["curves"] = {}
     for i, c in enumerate(classes):
         mine = by_class[class_cuts[i] : class_cuts[i + 1]]
-        if len(mine) == 0:
-            result["ap"][c] = [0.0] * len(thresholds)
+        if len(mine) == 0:  # no prediction: AP 0, a curve of one point, recall 0 and precision 0
+            result["ap"][c] = [0.0] * len(thresholds)  # (the point where get_ap's curve starts)
+            if curves:
+                result["curves"][c] = [{"recall": [0.0], "precision": [0.0]} for _ in thresholds]
             continue
         mine = mine[np.argsort(-score[mine], kind="stable")]
         flags = np.ascontiguousarray(tp[mine].T)
@@ -443,7 +421,9 @@ def _class_counts(b: Boxes) -> dict[str, int]:
     return {str(c): int(n) for c, n in zip(b.classes.tolist(), counts.tolist()) if n}
 
 
-def block_flags(pb: boxes.Blocks, k: int, index: boxes.GroundIndex, thresholds: tuple) -> dict[str, Any]:
+def block_flags(
+    pb: boxes.Blocks, k: int, index: boxes.GroundIndex, thresholds: tuple, geometry: str = DEFAULT_GEOMETRY
+) -> dict[str, Any]:
     """One block of predictions: read, its interior samples (all but its first and last, which may
     go on in the blocks beside) matched against their ground truth (read from its runs)."""
     p = boxes.read_block(pb, k)
@@ -455,7 +435,7 @@ def block_flags(pb: boxes.Blocks, k: int, index: boxes.GroundIndex, thresholds: 
     edge = np.isin(p.sample, ends)
     inner = np.setdiff1d(np.arange(len(p.samples)), ends)
     g = index.read(index.find(tokens[inner]))
-    tp[~edge] = match_flags(take(p, ~edge), g, thresholds)
+    tp[~edge] = match_flags(take(p, ~edge), g, thresholds, geometry)
     return {
         "n": len(p),
         "score": p.score,
@@ -476,12 +456,14 @@ def ground_counts(index: boxes.GroundIndex, samples: np.ndarray) -> dict[str, in
     return _class_counts(index.read(samples))
 
 
-def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool) -> dict[str, Any]:
+def _in_blocks(
+    pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool, geometry: str
+) -> dict[str, Any]:
     remote = pb.store()[0].remote or gb.store()[0].remote  # (each task reads its block)
     index = boxes.GroundIndex.merge(
         gb, job.map(boxes.index_block, [(gb, k) for k in range(gb.n)], name="l5-detection-index", remote=remote)
     )
-    calls = [(pb, k, index, tuple(thresholds)) for k in range(pb.n)]
+    calls = [(pb, k, index, tuple(thresholds), geometry) for k in range(pb.n)]
     outs = job.map(block_flags, calls, name="l5-detection-match", remote=remote)
     # a sample in several blocks must be at an end of each (the predictions grouped by sample)
     seen, times = np.unique(np.concatenate([o["samples"] for o in outs]), return_counts=True)
@@ -492,7 +474,7 @@ def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job:
     edges = np.unique(np.concatenate([o["edges"] for o in outs]))
     g_edges = index.read(index.find(edges))
     with_edges = [o for o in outs if o["n"]]
-    flags = match_flags(boxes.concat([o["edge_boxes"] for o in with_edges], pb.path), g_edges, thresholds)
+    flags = match_flags(boxes.concat([o["edge_boxes"] for o in with_edges], pb.path), g_edges, thresholds, geometry)
     at = 0
     for o in with_edges:
         o["tp"][o["edge_rows"]] = flags[at : at + len(o["edge_rows"])]
@@ -543,6 +525,7 @@ def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job:
         curves,
         samples,
         [],
+        geometry,
         {"blocks": {"predictions": pb.n, "ground_truth": gb.n}},
     )
 
@@ -550,7 +533,10 @@ def _in_blocks(pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job:
 def summary(result: dict[str, Any]) -> str:
     """The metrics in a few lines: mAP per threshold and the classes' AP at the first."""
     t = result["thresholds"]
-    lines = [f"mAP {result['mean_map']:.4f} (mean over IoU {', '.join(f'{x:g}' for x in t)})"]
+    lines = [
+        f"mAP {result['mean_map']:.4f} (mean over IoU {', '.join(f'{x:g}' for x in t)}; "
+        f"geometry {result.get('geometry', DEFAULT_GEOMETRY)})"
+    ]
     lines.append("mAP by threshold: " + ", ".join(f"{x:g}: {m:.4f}" for x, m in zip(t, result["map"])))
     lines.append(f"AP at IoU {t[0]:g}: " + ", ".join(f"{c} {result['ap'][c][0]:.3f}" for c in result["classes"]))
     return "\n".join(lines)

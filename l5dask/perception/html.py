@@ -42,14 +42,23 @@ def render_perception(report: dict[str, Any], data: str, elapsed_s: float | None
     return page("l5dask perception report", identity, body)
 
 
+#: How the page names each box geometry (l5dask.perception.geometry).
+GEOMETRY_NOTE = {
+    "corrected": "corrected (the SDK's source since its PR #64)",
+    "sdk-0.0.8": "sdk-0.0.8 (the SDK's PyPI release: yaws mirrored)",
+}
+
+
 def render_detection(result: dict[str, Any], pred: str, elapsed_s: float | None = None) -> str:
     """The page of a detection evaluation (:func:`l5dask.perception.detection.evaluate`)."""
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     took = f", computed in {elapsed_s:.1f} s" if elapsed_s is not None else ""
     n_pred, n_gt = sum(result["predictions"].values()), sum(result["gt_boxes"].values())
+    geometry = result.get("geometry", "corrected")
     identity = (
         f"{html.escape(pred)}: {n_pred:,} predictions against {n_gt:,} ground-truth boxes, "
-        f"mAP {result['mean_map']:.4f} &middot; computed {now}{took} &middot; l5dask {__version__}"
+        f"mAP {result['mean_map']:.4f} &middot; box geometry {html.escape(GEOMETRY_NOTE[geometry])} "
+        f"&middot; computed {now}{took} &middot; l5dask {__version__}"
     )
     t = result["thresholds"]
     aps = table_html(

@@ -112,7 +112,8 @@ def precision_recall(result: dict[str, Any], ax=None, threshold: int = 0):
         curve = result.get("curves", {}).get(c)
         if curve:
             ap = result["ap"][c][threshold]
-            ax.plot(curve[threshold]["recall"], curve[threshold]["precision"], lw=1.2, label=f"{c} (AP {ap:.3f})")
+            r, p = curve[threshold]["recall"], curve[threshold]["precision"]
+            ax.plot(r, p, lw=1.2, marker="o" if len(r) == 1 else None, label=f"{c} (AP {ap:.3f})")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1.02)
     ax.set_xlabel("recall")
