@@ -13,7 +13,7 @@ from distributed import Client
 
 import l5dask
 from l5dask.core import engine
-from l5dask.core.engine import Job, Link, Pass, Reduction, Rows
+from l5dask.core.engine import Combine, Job, Link, Pass, Reduction, Rows
 from l5dask.prediction import format as fmt
 
 from .conftest import read_all
@@ -281,3 +281,54 @@ def test_map_and_map_reduce_of_remote_reads_run_more_tasks_at_once():
             total = Job().map_reduce(task, [(i, seen) for i in range(calls)], red, "remote-mr", remote=remote)
             assert total == list(range(calls))
             assert (cores < len(seen) <= 3 * cores) if remote else len(seen) <= cores
+
+
+def test_job_on_dask_threads_by_name_runs_in_a_pool_of_its_own():
+    """``Job(scheduler="threads")`` (dask's name for its threaded scheduler) runs its tasks in a pool
+    of the run's own, shut down when the run returns (as the embedded default's: a failed task or
+    Ctrl-C leaves nothing running); it ran on dask's shared pool, whose threads outlive the run."""
+    import threading
+
+    ran: list[threading.Thread] = []
+
+    def call(i):
+        ran.append(threading.current_thread())
+        return i
+
+    for scheduler in ("threads", "threading", None):
+        ran.clear()
+        assert Job(scheduler=scheduler).map(call, [(i,) for i in range(8)], name="own-pool") == list(range(8))
+        assert ran and not any(t.is_alive() for t in ran)
+
+
+def _cat_combine():
+    return Combine("cat", _cat, list)
+
+
+def test_tree_combine_merges_lazy_partials_in_order_through_the_engine_tree():
+    """Delayed partials merge in order (a non-commutative combine: a list's concatenation), with
+    at most ``split_every`` partials a merge, lazily (building computes nothing), the identity for
+    none; ``finalize`` applies the combine's finalize once, at the root."""
+    from dask.delayed import delayed
+
+    from .test_laziness import raise_if_dask_computes
+
+    parts = [delayed(lambda i: [i])(i) for i in range(37)]
+    combine = Combine("cat", _cat, list, finalize=len)
+    with raise_if_dask_computes():
+        root = engine.tree_combine(parts, combine, split_every=3)
+        counted = engine.tree_combine(parts, combine, split_every=3, finalize=True)
+        empty = engine.tree_combine([], combine)
+    assert root.compute() == list(range(37)) and counted.compute() == 37 and empty.compute() == []
+    graph = dict(root.__dask_graph__())
+    merges = {k: t for k, t in graph.items() if k not in {p.key for p in parts}}
+    assert all(len(t.dependencies) <= 3 for t in merges.values())
+    assert len(merges) == 13 + 5 + 2 + 1  # 37 -> 13 -> 5 -> 2 -> 1, one task a merge
+    with dask.config.set(split_every=8):
+        assert engine.tree_combine(parts, _cat_combine()).compute() == list(range(37))
+
+
+def test_map_reduce_takes_a_combine_only_object():
+    total = Job().map_reduce(lambda i: [i], [(i,) for i in range(20)], Combine("cat", _cat, list, len), name="c")
+    assert total == 20
+    assert Job().map_reduce(lambda i: [i], [], Combine("cat", _cat, list, len), name="none") == 0

@@ -184,3 +184,31 @@ def test_object_store_libraries_are_used_from_one_module():
     assert "aiohttp" not in found
     assert found["botocore"] <= allowed_botocore
     assert found["_cat_file"] <= {"l5dask.core.objects"}
+
+
+#: The engine's policy module, the one place that hands a graph to a scheduler or starts threads;
+#: the store's read-ahead threads (which the policy module imports) keep their own pool.
+RUNS_GRAPHS = "l5dask.core.policy"
+OWN_POOL = {"l5dask.core.policy", "l5dask.core.diskread"}
+
+
+def test_graphs_run_and_threads_start_only_in_the_engines_policy():
+    """No ``dask.compute``/``dask.persist`` call (nor a ``ThreadPoolExecutor``) outside
+    :mod:`l5dask.core.policy` (and the store's read-ahead): every run has its client, progress bar
+    and Ctrl-C there."""
+    bad = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            f = node.func
+            called = (
+                f"{f.value.id}.{f.attr}"
+                if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
+                else getattr(f, "id", getattr(f, "attr", ""))
+            )
+            if called in ("dask.compute", "dask.persist") and name != RUNS_GRAPHS:
+                bad.append(f"{name}:{node.lineno} calls {called}")
+            if called.endswith("ThreadPoolExecutor") and name not in OWN_POOL:
+                bad.append(f"{name}:{node.lineno} starts a ThreadPoolExecutor")
+    assert bad == []

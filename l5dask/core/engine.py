@@ -84,8 +84,35 @@ def _no_finalize(partial: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class Combine:
+    """How partials merge, declared once: what :func:`tree_reduce`, :func:`tree_combine` and
+    :meth:`Job.map_reduce` need (a :class:`Reduction` without its ``chunk``: the partials come
+    from elsewhere, such as the calls of ``map_reduce`` or a dask collection's tasks).
+
+    Parameters
+    ----------
+    name : str
+        Names its tasks and tokenizes it: two combines with one name are the same maths.
+    combine : callable ``(a, b) -> partial``
+        Two neighbouring partials, ``a`` before ``b``: associative, not necessarily commutative.
+    identity : callable ``() -> partial``
+        The partial of nothing: ``combine(identity(), p) == p``.
+    finalize : callable ``(partial) -> result``, optional
+    """
+
+    name: str
+    combine: Callable[[Any, Any], Any]
+    identity: Callable[[], Any]
+    finalize: Callable[[Any], Any] = _no_finalize
+
+    def __dask_tokenize__(self):
+        return ("l5dask.Combine", self.name)
+
+
+@dataclass(frozen=True)
 class Reduction:
-    """A reduction over chunks, declared once (flox's ``Aggregation`` shape).
+    """A reduction over chunks, declared once (flox's ``Aggregation`` shape): a :class:`Combine`
+    with the ``chunk`` that makes each partial.
 
     Parameters
     ----------
@@ -376,7 +403,7 @@ def _partial(x: Any) -> Any:
     return x.partial if isinstance(x, Block) else x
 
 
-def combine_many(reduction: Reduction, *parts: Any) -> Any:
+def combine_many(reduction: Combine | Reduction, *parts: Any) -> Any:
     """Combine neighbouring partials (or blocks) in order."""
     out = _partial(parts[0])
     for p in parts[1:]:
@@ -384,7 +411,7 @@ def combine_many(reduction: Reduction, *parts: Any) -> Any:
     return out
 
 
-def _finalize(reduction: Reduction, part: Any) -> Any:
+def _finalize(reduction: Combine | Reduction, part: Any) -> Any:
     return reduction.finalize(part)
 
 
@@ -402,15 +429,16 @@ def _bounds_of(block: Block) -> dict[str, np.ndarray]:
     return block.bounds or {}
 
 
-# --- sizing --------------------------------------------------------------------------------
+# --- the tree combine ----------------------------------------------------------------------
 
 
 def tree_reduce(
-    graph: dict, name: str, leaves: Sequence[Any], reduction: Reduction, split_every: int | None = None
+    graph: dict, name: str, leaves: Sequence[Any], reduction: Combine | Reduction, split_every: int | None = None
 ) -> Any:
     """Add an ordered tree combine of ``leaves`` (keys) to ``graph``, one key name per level
     (``name-0``, ``name-1``...); returns the root key. Fan-in: ``split_every``, else dask's
-    ``split_every`` config, else ``SPLIT_EVERY``."""
+    ``split_every`` config, else ``SPLIT_EVERY``. The engine's one tree: its passes, its
+    :meth:`Job.map_reduce` and :func:`tree_combine` (over lazy partials) all merge through it."""
     fan_in = int(split_every or dask.config.get("split_every", None) or SPLIT_EVERY)
     if fan_in < 2:
         raise ValueError("split_every must be at least 2")
@@ -427,6 +455,40 @@ def tree_reduce(
             nxt.append(key)
         keys, level = nxt, level + 1
     return keys[0]
+
+
+def tree_combine(
+    parts: Sequence[Any],
+    combine: Combine | Reduction,
+    split_every: int | None = None,
+    finalize: bool = False,
+    name: str | None = None,
+) -> Delayed:
+    """Lazy partials merged by :func:`tree_reduce`, lazily (dask's ``Bag.reduction`` shape).
+
+    ``parts`` are ``Delayed`` partials (or values), neighbours in order; returns a ``Delayed`` of
+    their ordered combine (``combine.identity()`` for none), ``combine.finalize``-d if
+    ``finalize``. Nothing is computed: each merge is a task of the returned graph, run where its
+    partials are (on a cluster: on the workers), fan-in as :func:`tree_reduce`'s. The one tree
+    for every collection's partials (the accessor's and the dataframes' quantile sketches too).
+
+    >>> import dask
+    >>> add = Combine("add", lambda a, b: a + b, lambda: 0)
+    >>> tree_combine([dask.delayed(i) for i in range(100)], add, split_every=4).compute()
+    4950
+    """
+    from dask.delayed import delayed
+
+    parts = [p if isinstance(p, Delayed) else delayed(p) for p in parts]
+    keys = [p.key for p in parts]
+    name = name or f"l5-tree-{combine.name}-{tokenize(combine, keys, split_every, finalize)}"
+    graph: dict = {}
+    root = tree_reduce(graph, name, keys, combine, split_every)
+    if finalize:
+        fin = (f"{name}-finalize",)
+        graph[fin] = Task(fin, _finalize, combine, TaskRef(root))
+        root = fin
+    return Delayed(root, HighLevelGraph.from_collections(name, graph, dependencies=parts), layer=name)
 
 
 # --- the job -------------------------------------------------------------------------------
@@ -653,12 +715,13 @@ class Job:
         )
 
     def map_reduce(
-        self, func: Callable, calls: Sequence[tuple], reduction: Reduction, name: str, remote: bool = False
+        self, func: Callable, calls: Sequence[tuple], reduction: Combine | Reduction, name: str, remote: bool = False
     ) -> Any:
         """``reduction``'s finalized combine of ``[func(*args) for args in calls]`` in order: one task
         each, their partials merged by the engine's ordered tree (:func:`tree_reduce`) where they
         ran (on a cluster: on the workers), in one compute; ``reduction.identity()`` for no call.
-        ``remote`` as for :meth:`map`."""
+        ``reduction`` is a :class:`Combine` (a :class:`Reduction`'s ``chunk`` is not used: the calls
+        make the partials). ``remote`` as for :meth:`map`."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
         graph: dict = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}

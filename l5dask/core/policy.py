@@ -31,6 +31,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ContextManager
 
 from l5dask.core.cluster import WORKER_ENV
@@ -321,27 +322,51 @@ def tune_gc() -> None:
 
 
 # --- running --------------------------------------------------------------------------------
+def thread_pool(threads: int, name: str) -> ThreadPoolExecutor:
+    """A few threads of the caller's own, outside any graph (``name``: their threads' prefix): work
+    that overlaps a few waits or a pipeline of two steps (opening a dataset's metadata objects at
+    once, a table parsed beside the others, chunks encoded while the next are generated). Work
+    over a dataset's chunks, files or byte ranges is a graph run by :func:`compute` instead. The
+    one place besides :func:`compute`'s own pool where the package starts threads (the store's
+    read-ahead, :mod:`l5dask.core.diskread`, which this module imports, keeps its own)."""
+    return ThreadPoolExecutor(max(1, int(threads)), thread_name_prefix=name)
+
+
+def threads_scheduler(scheduler: Any) -> Any:
+    """``scheduler`` as ``dask.compute`` takes it, dask's threaded scheduler as the function itself
+    for its names (``"threads"``, ``"threading"``), so that a run on it takes a pool of its own
+    (``_local_pool``); any other scheduler as given."""
+    if isinstance(scheduler, str) and scheduler in ("threads", "threading"):
+        from dask.threaded import get as threaded_get
+
+        return threaded_get
+    return scheduler
+
+
 @contextlib.contextmanager
 def _local_pool(kw: dict, threads: int | None) -> Iterator[dict]:
     """``kw`` with a pool of this run's own for dask's threaded scheduler (``threads`` threads,
     else one a core), shut down before the run returns or raises: when a task fails no other task
     is still running (writing an output the caller is about to remove); Ctrl-C stops the reads in
-    flight and the tasks not started. Other schedulers: ``kw`` as it is."""
-    from dask.threaded import get as threaded_get
+    flight and the tasks not started. Other schedulers: ``kw`` as it is.
 
-    if kw.get("scheduler") is not threaded_get or "pool" in kw:
+    dask's names for its threaded scheduler (``"threads"``, ``"threading"``) are that scheduler
+    (:func:`threads_scheduler`): ``Job(scheduler="threads")`` ran on dask's shared pool, which a
+    failed task or Ctrl-C left running. Without ``threads``, dask's ``num_workers`` config sizes the
+    pool, as it sizes dask's own."""
+    import dask
+
+    kw = {**kw, "scheduler": threads_scheduler(kw["scheduler"])} if "scheduler" in kw else kw
+    if kw.get("scheduler") is not threads_scheduler("threads") or "pool" in kw:
         yield kw
         return
-    import os
-    from concurrent.futures import ThreadPoolExecutor
-
     if _FREEZE_GC:
         import gc
 
         gc.collect(1)  # (the young garbage first: what is frozen is never collected)
         gc.freeze()
     CANCELLED.clear()
-    pool = ThreadPoolExecutor(threads or os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(threads or dask.config.get("num_workers", None) or os.cpu_count() or 1)
     try:
         yield {**kw, "pool": pool}
     except KeyboardInterrupt:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.cluster import on_this_machine
-from l5dask.core.engine import Job, Reduction
+from l5dask.core.engine import Combine, Job
 from l5dask.core.lazy import compiled
 from l5dask.evaluation import csvfiles
 from l5dask.evaluation.breakdown import SHOW_KEYS, agent_groups
@@ -98,10 +98,6 @@ def _no_rows(future_len: int, max_modes: int, groups: dict) -> dict[str, Any]:
         ),
         {k: (c, n) for k, (c, n) in groups.items()},
     )
-
-
-def _no_chunk(data: Any, start: int, parent: Any) -> Any:
-    raise AssertionError("the metrics' reduction merges the tasks' partials only")
 
 
 def _add(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
@@ -291,8 +287,9 @@ def _evaluate(
         codes = {k: (c[lo:hi], n) for k, (c, n) in groups.items()}
         calls.append((gt_bare, pred_bare, lo, hi, gt.span(lo, hi), rows, segments, codes))
     empty = functools.partial(_no_rows, gt.future_len, max_modes, groups)
-    reduction = Reduction("l5-metrics", _no_chunk, _add, empty)
-    total = job.map_reduce(_pair_task, calls, reduction, name="l5-metrics", remote=gt.remote or pred.remote)
+    total = job.map_reduce(
+        _pair_task, calls, Combine("l5-metrics", _add, empty), name="l5-metrics", remote=gt.remote or pred.remote
+    )
     return result(total, names, gt.future_len, max_modes)
 
 

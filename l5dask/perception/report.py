@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.policy import thread_pool
 from l5dask.perception import joins, tables
 from l5dask.perception.lidar import lidar_report
 from l5dask.perception.lidar import points_in_boxes as count_points
@@ -38,14 +39,12 @@ def histogram(values: np.ndarray, edges: np.ndarray = DISTANCE_EDGES) -> list[in
 
 def tables_report(ds) -> dict[str, Any]:
     """Every report key but ``lidar.*``."""
-    from concurrent.futures import ThreadPoolExecutor
-
     big = "sample_annotation"
     if ds.job is None or ds.job.client is None:
         # on this machine's threads (DuckDB, Arrow and our kernels release the GIL): the annotations
         # parse in one thread while the other tables parse and resolve and their keys are computed
         # (a pipeline, not two steps)
-        with ThreadPoolExecutor(1) as pool:
+        with thread_pool(1, "l5dask-tables") as pool:
             pending = pool.submit(ds.load, [big])
             ds.load([n for n in tables.TABLES if n != big])
             part = _sample_keys(ds)

@@ -19,6 +19,7 @@ from typing import Any
 
 from l5dask.core.lazy import compiled
 from l5dask.core.outputs import valid_rows
+from l5dask.core.policy import thread_pool
 from l5dask.errors import ChunkError, FormatError
 from l5dask.perception.links import indices
 
@@ -156,9 +157,7 @@ def parse(data: bytes | str, name: str, where: str, columns: dict[str, str] | No
     columns = columns or SCHEMA[name]
     scan = None
     if threads > 1:  # the type scan (compiled, without the GIL) beside DuckDB's parse
-        from concurrent.futures import ThreadPoolExecutor
-
-        pool = ThreadPoolExecutor(1)
+        pool = thread_pool(1, "l5dask-type-scan")
         scan = pool.submit(check_types, data, name, where, None, columns)
         pool.shutdown(wait=False)
     con = _connection(threads)

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import dask
 import numpy as np
 import pandas as pd
 from dask.base import tokenize
 
 from l5dask.core.engine import Block, Job, Pass, Rows
-from l5dask.core.policy import collection_chunks_per_task
+from l5dask.core.policy import collection_chunks_per_task, compute
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
@@ -189,7 +188,8 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     if ((qs < 0) | (qs > 1) | np.isnan(qs)).any():
         raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}")
     parts = [delayed(_sketch_partition)(p, by, column, int(bits)) for p in df[by + [column]].to_delayed()]
-    (part,) = dask.compute(combine_delayed(parts))  # (the result is a pandas DataFrame: computed here)
+    job = Job()  # (the result is a pandas DataFrame: computed here)
+    part = compute(combine_delayed(parts), client=job.client, **job.kw)
     data = {qq: sketch_quantiles(part.sketches["v"], len(part), float(qq), int(bits)) for qq in qs}
     levels = []
     for j, b in enumerate(by):

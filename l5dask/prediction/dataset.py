@@ -10,13 +10,12 @@ from __future__ import annotations
 import os
 import warnings
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property
 from typing import Any
 
 from l5dask.core.cluster import warm_workers
 from l5dask.core.diskread import memory_bytes
-from l5dask.core.policy import default_client
+from l5dask.core.policy import default_client, thread_pool
 from l5dask.core.store import Store, open_store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.prediction import format as fmt
@@ -160,7 +159,7 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
         raise
     # the metadata objects, then the last chunks' headers, each read at once (from S3 every read is
     # a round trip: one after the other, opening took 0.86 s at 50 ms); checked in the same order
-    with ThreadPoolExecutor(len(fmt.ARRAY_NAMES) + 1) as pool:
+    with thread_pool(len(fmt.ARRAY_NAMES) + 1, "l5dask-open") as pool:
         zattrs = pool.submit(store.get_metadata, ".zattrs")
         raws = pool.map(store.get_metadata, [f"{name}/.zarray" for name in fmt.ARRAY_NAMES])
         attrs = fmt.parse_zattrs(zattrs.result(), store.url)

@@ -10,12 +10,12 @@ vectorized in numpy, and streamed to chunk writers: memory does not grow with th
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from l5dask.core.policy import thread_pool
 from l5dask.prediction import format as fmt
 from l5dask.prediction.writing import ArrayWriter, finish, prepare_target
 
@@ -221,7 +221,7 @@ def synthesize(
     }
     faces_map = _face_table(seed)
     offsets = {"frames": 0, "agents": 0, "tl": 0}
-    with ThreadPoolExecutor(threads or min(4, os.cpu_count() or 1)) as pool:
+    with thread_pool(threads or min(4, os.cpu_count() or 1), "l5dask-synth") as pool:
         writers = {n: ArrayWriter(store, n, dtypes[n], rows[n], pool) for n in names}
         for index in range(scenes):
             data = make_scene(seed, index, faces_map, density, label_ties)

@@ -17,6 +17,8 @@ import numpy as np
 from dask.base import tokenize
 from numcodecs import Blosc
 
+from l5dask.core.engine import Job
+from l5dask.core.policy import compute
 from l5dask.core.store import Store
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
@@ -162,7 +164,8 @@ def write_dataset(
         array = array.rechunk(rows[name])
         blocks = array.to_delayed().ravel()
         tasks += [dask.delayed(write_block, pure=True)(store, name, i, b, rows[name]) for i, b in enumerate(blocks)]
-    dask.compute(*tasks)
+    job = Job()
+    compute(tasks, client=job.client, **job.kw)
     finish(store, {n: (dtypes[n], len(arrays[n]), rows[n]) for n in arrays}, labels)
     return store
 
