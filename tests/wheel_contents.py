@@ -1,6 +1,7 @@
 """The built artefacts hold what users need: ``python tests/wheel_contents.py WHEEL SDIST``.
 
-The wheel: every module of the package (as tracked by git), the three compiled modules, both
+The wheel: every module of the package (as tracked by git) and its settings' defaults and schema
+(``l5dask/core/l5dask.yaml``), the three compiled modules, both
 licences, the console script and the xarray backend's entry point, and no sources or tests. The
 sdist: everything the wheel is built from (the ``.pyx``, ``.pxd`` and headers, the vendored LZ4
 and its licence, ``setup.py``, ``pyproject.toml``, ``MANIFEST.in``) and no generated C or binary.
@@ -33,7 +34,7 @@ def tracked(pattern: str) -> set[str]:
 
 def check_wheel(path: str) -> list[str]:
     names = set(zipfile.ZipFile(path).namelist())
-    problems = [f"wheel: {m} is missing" for m in sorted(tracked("l5dask/*.py") - names)]
+    problems = [f"wheel: {m} is missing" for m in sorted((tracked("l5dask/*.py") | tracked("l5dask/*.yaml")) - names)]
     for stem in COMPILED:
         if not any(n.startswith(stem + ".") and n.endswith((".so", ".pyd")) for n in names):
             problems.append(f"wheel: the compiled module {stem} is missing")

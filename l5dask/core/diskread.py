@@ -42,8 +42,8 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-#: Threads that read ahead (dask config ``l5dask.direct-read-threads``).
-READ_THREADS = 4
+from l5dask.core import config
+
 #: ``O_DIRECT`` wants the file offset, the length and the buffer aligned to the device's logical
 #: block (512 bytes or 4 KB): 4 KB suits both.
 ALIGN = 4096
@@ -55,11 +55,9 @@ def wanted(large: bool) -> bool:
     """Whether reads of a dataset go around the page cache when they miss it: by the dask config's
     ``l5dask.direct-reads`` (``true``, ``false``, or ``auto``, the default: ``large``, a dataset
     larger than this machine's memory, ``memory_bytes()``)."""
-    import dask
-
     if not getattr(os, "O_DIRECT", 0):
         return False
-    setting = dask.config.get("l5dask.direct-reads", "auto")
+    setting = config.get("direct-reads")
     text = str(setting).strip().lower()
     if text == "auto":
         return large
@@ -143,6 +141,7 @@ def resident(fd: int, a: int, b: int) -> bool | None:
 
 #: Devices that refused ``O_DIRECT``: read through the page cache from then on.
 _REFUSED: set[int] = set()
+config.on_reset(_REFUSED.clear)
 _local = threading.local()
 
 
@@ -267,9 +266,7 @@ def _pool(hints: bool = False) -> ThreadPoolExecutor:
     reader's reads never wait behind hinted ones)."""
     pool = _POOLS.get(hints)
     if pool is None:
-        import dask
-
-        threads = int(dask.config.get("l5dask.direct-read-threads", None) or READ_THREADS)
+        threads = int(config.get("direct-read-threads"))
         threads = max(1, threads // 2) if hints else threads
         pool = _POOLS.setdefault(hints, ThreadPoolExecutor(threads, thread_name_prefix="l5dask-read-ahead"))
     return pool
@@ -281,6 +278,13 @@ def _forget() -> None:
     _POOLS.clear()
     _HINTED.clear()
     _ASKED.clear()
+
+
+@config.on_reset
+def _forget_hints() -> None:
+    with _LOCK:
+        _HINTED.clear()
+        _ASKED.clear()
 
 
 if hasattr(os, "register_at_fork"):

@@ -39,6 +39,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
+from l5dask.core import config
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
 from l5dask.core.policy import (
     PARENT_TASKS_PER_THREAD,
@@ -528,7 +529,7 @@ class Job:
         self.kw = {"scheduler": scheduler} if scheduler is not None else {}
         self.scheduler_kind = "distributed" if self.client is not None else "threads"
         self.threads = worker_threads(self.client)
-        self.chunks_per_task = chunks_per_task or dask.config.get("l5dask.chunks-per-task", None)
+        self.chunks_per_task = chunks_per_task or config.get("chunks-per-task")
         # (else every pass sized for the one that dominates the work: small passes get few tasks)
         self.size_for = size_for
         self.progress = progress
@@ -701,7 +702,7 @@ class Job:
     def map(self, func: Callable, calls: Sequence[tuple], name: str, remote: bool = False) -> list:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
         writes its own output chunks); results in order. ``remote``: the tasks read an object
-        store (see ``REMOTE_TASKS_PER_CORE``)."""
+        store (see :func:`~l5dask.core.policy.remote_tasks_per_core`)."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
         graph: dict[Any, Task] = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}

@@ -31,6 +31,8 @@ import threading
 import weakref
 from typing import Any
 
+from l5dask.core import config as settings  # (this module's config() is an S3 client's)
+
 #: Options of s3fs that change nothing a GET or a HEAD sends (or that l5dask maps below).
 _HARMLESS = {
     "key",
@@ -83,6 +85,8 @@ _LOCK = threading.Lock()
 _STORES: dict[str, Any] = {}
 #: ... and by filesystem: (its settings, its stores by bucket).
 _MEMO: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+settings.on_reset(_STORES.clear)
+settings.on_reset(_MEMO.clear)
 
 
 def usable(fs: Any) -> bool:
@@ -90,10 +94,8 @@ def usable(fs: Any) -> bool:
     options all have an equivalent here, and ``l5dask.obstore`` (dask config) not false."""
     import sys
 
-    import dask
-
     s3fs = sys.modules.get("s3fs")
-    if s3fs is None or type(fs) is not s3fs.S3FileSystem or not dask.config.get("l5dask.obstore", True):
+    if s3fs is None or type(fs) is not s3fs.S3FileSystem or not settings.get("obstore"):
         return False
     return _memo(fs)[0] is not None
 
@@ -206,6 +208,9 @@ def _bucket_region(bucket: str) -> str:
         return exc.headers.get("x-amz-bucket-region") or "us-east-1"
     except OSError:
         return "us-east-1"
+
+
+settings.on_reset(_bucket_region.cache_clear)
 
 
 def _split(fs: Any, path: str) -> tuple[str, str]:

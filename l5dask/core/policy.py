@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ContextManager
 
+from l5dask.core import config
 from l5dask.core.cluster import WORKER_ENV
 from l5dask.core.store import CANCELLED, cancel_reads, while_waiting
 
@@ -46,21 +47,11 @@ from l5dask.core.store import CANCELLED, cancel_reads, while_waiting
 TASK_SIZING = {"threads": (16, 8), "threads-streaming": (16, 32), "distributed": (8, 64)}
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
-#: On local threads, a pass over a source whose every read is a request to a server (an object
-#: store) runs this many tasks a core at once (dask config ``l5dask.remote-tasks-per-core``): a
-#: task waits for its requests most of the time, and more tasks keep more requests in flight. The
-#: tasks stay the same (sized for the cores), and so do the results' bits. On a dask.distributed
-#: worker, as many a thread: the others wait for their bytes beside the running one
-#: (``l5dask.core.policy.secede_while_waiting``). ``stats`` through the 50 ms endpoint, medians
-#: of 8 interleaved rounds (2026-11-26): on local threads 3.09 s with 6 and 3.33 s with 4 (peak
-#: RSS 173 and 166 MB); on 2 one-thread workers 3.42-3.62 s with 6, 3.64-3.78 s with 4, 3.52 s
-#: with 8 and 4.15 s with 2.
-REMOTE_TASKS_PER_CORE = 6
 
 
 def remote_threads(remote: bool) -> int | None:
-    """Local threads for a graph whose tasks read an object store (``REMOTE_TASKS_PER_CORE``
-    a core, or the dask config's), else ``None``: a thread a core."""
+    """Local threads for a graph whose tasks read an object store (:func:`remote_tasks_per_core`
+    a core), else ``None``: a thread a core."""
     if not remote:
         return None
     return remote_tasks_per_core() * (os.cpu_count() or 1)
@@ -68,10 +59,11 @@ def remote_threads(remote: bool) -> int | None:
 
 def remote_tasks_per_core() -> int:
     """Tasks a core (on a dask.distributed worker: a thread) runs at once when they read an object
-    store: ``l5dask.remote-tasks-per-core``, else ``REMOTE_TASKS_PER_CORE``."""
-    import dask
-
-    return max(1, int(dask.config.get("l5dask.remote-tasks-per-core", None) or REMOTE_TASKS_PER_CORE))
+    store, ``l5dask.remote-tasks-per-core`` (6, measured in ``l5dask.yaml``): a task waits for its
+    requests most of the time, and more tasks keep more requests in flight. The tasks stay the
+    same (sized for the cores), and so do the results' bits. On a dask.distributed worker, as many
+    a thread: the others wait for their bytes beside the running one (:func:`secede_while_waiting`)."""
+    return max(1, int(config.get("remote-tasks-per-core")))
 
 
 def default_client(client: Any = None) -> Any:
@@ -241,10 +233,8 @@ def secede_while_waiting(tasks_per_thread: int = 1) -> Callable[[], ContextManag
 
     ``None`` elsewhere (not a worker's task), or with ``l5dask.secede-on-wait: false`` (dask
     config, on the workers)."""
-    import dask
-
     dist = sys.modules.get("distributed")  # (not imported: no worker runs this)
-    if dist is None or not dask.config.get("l5dask.secede-on-wait", True):
+    if dist is None or not config.get("secede-on-wait"):
         return None
     try:
         worker = dist.get_worker()
@@ -280,6 +270,12 @@ def _waiting_slots(worker: Any, per_thread: int) -> threading.BoundedSemaphore:
         if _WAITING is None or _WAITING[:2] != (id(worker), n):
             _WAITING = (id(worker), n, threading.BoundedSemaphore(n))
         return _WAITING[2]
+
+
+@config.on_reset
+def _forget_waiting() -> None:
+    global _WAITING
+    _WAITING = None
 
 
 # --- tuning ---------------------------------------------------------------------------------

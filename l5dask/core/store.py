@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager
 
-from l5dask.core import diskread, objects
+from l5dask.core import config, diskread, objects
 from l5dask.errors import ChunkError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried this many times;
@@ -31,21 +31,12 @@ _REFUSED_RETRIES = 2
 #: Each retried read is said here as it happens (a warning: on stderr; ``-q`` silences it).
 log = logging.getLogger("l5dask.store")
 #: Connections per process to S3 (botocore's pool; its default is 10), and requests a task keeps in
-#: flight while it decodes what came (dask config ``l5dask.requests-in-flight``).
+#: flight while it decodes what came (``l5dask.requests-in-flight``, l5dask.core.config).
 S3_CONNECTIONS = 64
-REQUESTS_IN_FLIGHT = 32
 #: Reads in flight per reader of a local disk read around the page cache (l5dask.core.diskread).
 LOCAL_READS_IN_FLIGHT = 8
 #: ... of which a hint (``will_need``: the next task's chunks) starts this many ahead of their reader.
 HINTED_READS = 4
-#: Seconds a read of an object store may wait for a byte (dask config ``l5dask.read-timeout``).
-READ_TIMEOUT = 30.0
-#: A range read of an object store longer than this is fetched as parts of this many bytes, all
-#: at once (dask config ``l5dask.part-bytes``), as S3's own transfer manager does: one request
-#: waits its first-byte latency once for all of them, and each stream is capped by its connection.
-#: The row scan of ``evaluate`` (8 MB blocks) on 2 worker processes through the 50 ms endpoint:
-#: see docs/scale.md.
-PART_BYTES = 2 << 20
 #: Set when the caller is interrupted (Ctrl-C): reads from object stores in flight stop at once
 #: (``cancel_reads``), so that the tasks end and the caller cleans up without waiting a timeout.
 CANCELLED = threading.Event()
@@ -90,12 +81,10 @@ def _wait(fut: Any, path: str) -> Any:
 
 async def _cat_parts(fs: Any, path: str, start: int | None, end: int | None) -> bytes:
     """Bytes ``[start, end)`` of an object of an asynchronous filesystem: a range longer than
-    ``l5dask.part-bytes`` (``PART_BYTES``) as its parts, fetched at once and joined."""
+    ``l5dask.part-bytes`` as its parts, fetched at once and joined."""
     import asyncio
 
-    import dask
-
-    part = int(dask.config.get("l5dask.part-bytes", None) or PART_BYTES)
+    part = int(config.get("part-bytes"))
     if start is None or end is None or start < 0 or end - start <= part + part // 2:
         return await objects.cat(fs, path, start, end)
     cuts = list(range(start, end, part)) + [end]
@@ -441,10 +430,9 @@ class Store:
         start, to the end): the bytes of each, the later ones fetched while the caller works. The
         first ``depth`` are asked for at once, when this is called (so that a caller may start
         several before it waits for any)."""
-        import dask
 
         what = what or {}
-        depth = max(1, int(depth or dask.config.get("l5dask.requests-in-flight", None) or REQUESTS_IN_FLIGHT))
+        depth = max(1, int(depth or config.get("requests-in-flight")))
         if len(ranges) and self.local and diskread.wanted(self.large):
             # a local disk, a dataset larger than memory: read around the page cache, by a few
             # threads, ``depth`` (at most ``LOCAL_READS_IN_FLIGHT``) at a time
@@ -684,9 +672,8 @@ def resolve_s3_options(options: dict[str, Any]) -> dict[str, Any]:
     config_kwargs.setdefault("max_pool_connections", S3_CONNECTIONS)
     # a read that gets no byte for this long is a transient error: retried, then named in one line
     # (botocore waits 60 s, five times over; l5dask retries with its own backoff)
-    import dask
 
-    timeout = float(dask.config.get("l5dask.read-timeout", None) or READ_TIMEOUT)
+    timeout = float(config.get("read-timeout"))
     config_kwargs.setdefault("read_timeout", timeout)
     config_kwargs.setdefault("connect_timeout", timeout)
     # botocore's own retries off: one request per attempt of l5dask's (_retrying). (Its

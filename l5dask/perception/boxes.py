@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core import config
 from l5dask.core.lazy import compiled
 from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import FormatError
@@ -363,9 +364,6 @@ def concat(parts: list[Boxes], where: str) -> Boxes:
 
 
 # --- JSON in blocks ------------------------------------------------------------------------------
-#: Bytes of a detection file each task reads (dask config ``l5dask.detection.block-bytes``): about
-#: 110,000 predictions, a fraction of a second of parsing and matching.
-BLOCK_BYTES = 32 * 2**20
 MAX_BLOCKS = 1024
 _WS = b" \t\r\n"
 
@@ -387,7 +385,7 @@ class Blocks:
     kind: str
     first: int
     stop: int
-    block_bytes: int = BLOCK_BYTES
+    block_bytes: int
 
     @property
     def n(self) -> int:
@@ -403,9 +401,7 @@ class Blocks:
 def plan(path: str, kind: str, storage_options: dict | None = None, block_bytes: int | None = None) -> Blocks | None:
     """The blocks of a JSON detection file; ``None`` when it is not a list (``[`` ... ``]``): read it
     whole (a CSV, or a fault the whole read names)."""
-    import dask
-
-    block_bytes = int(block_bytes or dask.config.get("l5dask.detection.block-bytes", None) or BLOCK_BYTES)
+    block_bytes = int(block_bytes or config.get("detection.block-bytes"))
     store, key = file_store(path, storage_options)
     size = store.size(key)
     head = store.get(key, start=0, end=min(size, 4096), what="the detection file")

@@ -266,8 +266,8 @@ def evaluate(
     """The Lyft SDK's detection mAP of predictions against ground truth (paths of JSON or CSV
     files, or :class:`~l5dask.perception.boxes.Boxes`), every threshold in one pass.
 
-    Two JSON files are read in blocks of ``block_bytes`` (default
-    :data:`~l5dask.perception.boxes.BLOCK_BYTES`, or dask config ``l5dask.detection.block-bytes``)
+    Two JSON files are read in blocks of ``block_bytes`` (default: the setting
+    ``l5dask.detection.block-bytes``, 32 MiB: :doc:`/configuration`)
     by the tasks that match them, so that no process holds every box: this needs the predictions
     grouped by sample (each sample's boxes one after the other, as writers loop over samples);
     otherwise, and for CSV files or boxes given, the boxes are read whole (``warnings`` says why

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core import config
 from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.errors import UsageError
@@ -160,6 +161,9 @@ def _parse(text: str) -> ast.Expression:
         raise UsageError(f"where {text!r} does not parse: {exc.msg} (at column {exc.offset})") from None
 
 
+config.on_reset(_parse.cache_clear)
+
+
 @functools.lru_cache(maxsize=64)
 def _named(text: str, categories: tuple[tuple[str, tuple[str, ...]], ...]) -> ast.Expression:
     """The parsed ``where`` with each bare name compared with a categorical column (``categories``:
@@ -187,6 +191,9 @@ def _named(text: str, categories: tuple[tuple[str, tuple[str, ...]], ...]) -> as
                         operands[y] = as_category(operands[y], cats[a.id])
             node.left, node.comparators = operands[0], operands[1:]
     return tree
+
+
+config.on_reset(_named.cache_clear)
 
 
 def where_columns(text: str, table: Table) -> list[str]:

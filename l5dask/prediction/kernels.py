@@ -23,6 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from l5dask.core import config
 from l5dask.core.lazy import compiled
 from l5dask.prediction.format import fields_of
 
@@ -487,6 +488,9 @@ class Gather:
 @functools.lru_cache(maxsize=256)
 def _plan(dtype: np.dtype, elements: tuple, argmax: tuple, distinct: str | None) -> Gather:
     return Gather(dtype, elements, argmax, distinct)
+
+
+config.on_reset(_plan.cache_clear)
 
 
 def gather(

@@ -357,7 +357,7 @@ class L5Array:
     @property
     def remote(self) -> bool:
         """Whether each chunk is a request to a server (an object store): the engine then runs
-        more tasks at once on local threads (``REMOTE_TASKS_PER_CORE``)."""
+        more tasks at once on local threads (``l5dask.remote-tasks-per-core``)."""
         return self.store.remote
 
     def iter_chunks(self, first: int, n: int):
