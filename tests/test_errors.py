@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,32 @@ def test_write_that_fails_midway_keeps_the_previous_file(tmp_path):
     with pytest.raises(l5dask.L5DaskError, match=rf"{out}: writing failed.*No space left on device"):
         atomic_write(str(out), write)
     assert out.read_text() == "previous" and sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]
+
+
+def test_a_folder_written_whole_or_not_at_all(tmp_path):
+    """``atomic_output(folder=True)``: a folder that fails midway leaves the previous one as it was
+    and nothing beside it; one written whole replaces it (its old files gone), with the usual mode."""
+    from l5dask.core.outputs import atomic_output
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old").write_text("previous")
+    with pytest.raises(l5dask.L5DaskError, match=rf"{out}: writing failed, the previous folder.*No space left"):
+        with atomic_output(str(out), folder=True) as tmp:
+            (Path(tmp) / "part").write_text("half")
+            raise OSError(28, "No space left on device")
+    assert [p.name for p in out.iterdir()] == ["old"] and [p.name for p in tmp_path.iterdir()] == ["out"]
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_output(str(out), folder=True) as tmp:
+            raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    with atomic_output(str(out), folder=True) as tmp:
+        os.makedirs(os.path.join(tmp, "sub"))
+        (Path(tmp) / "sub" / "new").write_text("whole")
+    assert [p.name for p in out.iterdir()] == ["sub"] and (out / "sub" / "new").read_text() == "whole"
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask and [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
 @pytest.mark.parametrize("command", ["stats", "report"])

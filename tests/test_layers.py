@@ -212,3 +212,20 @@ def test_graphs_run_and_threads_start_only_in_the_engines_policy():
             if called.endswith("ThreadPoolExecutor") and name not in OWN_POOL:
                 bad.append(f"{name}:{node.lineno} starts a ThreadPoolExecutor")
     assert bad == []
+
+
+def test_outputs_are_moved_into_place_only_by_the_one_helper():
+    """One way to write an output whole: :func:`l5dask.core.outputs.atomic_output` (files and
+    folders); no other module renames a temporary file or folder into place."""
+    bad = []
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+            ):
+                called = f"{node.func.value.id}.{node.func.attr}"
+                if called in ("os.replace", "os.rename") and name != "l5dask.core.outputs":
+                    bad.append(f"{name}:{node.lineno} calls {called}")
+    assert bad == []

@@ -1,17 +1,22 @@
-"""The one way l5dask writes an output file: checked before any work, written atomically.
+"""The one way l5dask writes an output, a file or a folder: checked before any work, written
+atomically (:func:`atomic_output`).
 
-A local output is written to a temporary file beside it, then renamed into place. An output on
-an object store (``s3://...`` or any fsspec URL) is written to a local temporary file, then put
-as one object: object stores make an object visible only once it is whole. Either way a run that
-fails, for any reason (bad data, a lost cluster, a full disk), keeps the previous file as it was
-and leaves no partial file that looks complete.
+A local output is written to a temporary file or folder beside it, then renamed into place (a
+folder that was there is removed only then). A file on an object store (``s3://...`` or any
+fsspec URL) is written to a local temporary file, then put as one object: object stores make an
+object visible only once it is whole. Either way a run that fails, for any reason (bad data, a
+lost cluster, a full disk), keeps the previous output as it was and leaves no partial one that
+looks complete. (A dataset written in place on an object store cannot be renamed: its writer
+puts its group metadata last, :func:`l5dask.prediction.writing.finish`.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from l5dask.core.store import resolved_options
@@ -62,39 +67,73 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
     return path
 
 
-def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[str, Any] | None = None) -> None:
-    """Call ``write(tmp)`` on a local temporary file, then move it into place at ``path`` whole.
+@contextlib.contextmanager
+def atomic_output(
+    path: str, storage_options: dict[str, Any] | None = None, folder: bool = False, checked: bool = False
+) -> Iterator[str]:
+    """A temporary local path to write the output ``path`` at (a file, or with ``folder`` a folder
+    made empty), moved into place whole when the block ends without an error.
 
-    An error while writing (a full disk...) removes the temporary file, keeps any previous
-    ``path``, and is raised as an :class:`~l5dask.errors.L5DaskError` that names ``path``.
+    A file goes to ``path`` by a rename beside it, or on an object store as one object put. A
+    folder (local only) replaces ``path``, whose previous content is removed only then. An error
+    in the block (a full disk, Ctrl-C...) removes the temporary file or folder and keeps any
+    previous ``path``; an ``OSError`` is raised as an :class:`~l5dask.errors.OutputError` that
+    names ``path``. ``checked``: the caller checked ``path`` already (else
+    :func:`check_writable` does, for a file).
     """
-    path = check_writable(path, storage_options)
+    path = os.fspath(path)
+    if folder:
+        if _remote(path):
+            raise UsageError(f"{path}: a folder is written whole only on a local disk")
+        path = os.path.abspath(path.removeprefix("file://"))
+    elif not checked:
+        path = check_writable(path, storage_options)
     remote = _remote(path)
-    folder = None if remote else os.path.dirname(path)
+    parent = None if remote else os.path.dirname(path)
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=folder)
-    os.close(fd)
+    if folder:
+        tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=parent)
+        os.close(fd)
     try:
-        write(tmp)
+        yield tmp
         if remote:
             fs, target = filesystem(path, storage_options)
             fs.put_file(tmp, target)  # one object, visible only once whole
         else:
             umask = os.umask(0)
             os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+            # mkstemp and mkdtemp make 0600 and 0700; give the output the usual mode
+            os.chmod(tmp, (0o777 if folder else 0o666) & ~umask)
+            if folder and os.path.isdir(path):
+                shutil.rmtree(path)
             os.replace(tmp, path)
     except BaseException as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _remove(tmp)
         if isinstance(exc, OSError) and not isinstance(exc, L5DaskError):
+            what = "folder" if folder else "file"
             raise OutputError(
-                f"{path}: writing failed, the previous file (if any) is kept: {exc.strerror or exc}"
+                f"{path}: writing failed, the previous {what} (if any) is kept: {exc.strerror or exc}"
             ) from exc
         raise
     finally:
-        if remote and os.path.exists(tmp):
-            os.unlink(tmp)
+        if remote:
+            _remove(tmp)
+
+
+def _remove(tmp: str) -> None:
+    if os.path.isdir(tmp):
+        shutil.rmtree(tmp, ignore_errors=True)
+    elif os.path.exists(tmp):
+        os.unlink(tmp)
+
+
+def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[str, Any] | None = None) -> None:
+    """Call ``write(tmp)`` on a local temporary file, then move it into place at ``path`` whole
+    (:func:`atomic_output`)."""
+    with atomic_output(path, storage_options) as tmp:
+        write(tmp)
 
 
 def arrow_array(values):

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,7 +37,7 @@ import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
-from l5dask.core.outputs import atomic_write, check_writable
+from l5dask.core.outputs import atomic_output, atomic_write, check_writable
 from l5dask.core.policy import compute
 from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
@@ -184,17 +183,11 @@ class CSVFile:
         if self.spill is None:
             return
         a, b = self._scan_bytes(k)
-        path = os.path.join(self.spill, str(k))
-        tmp = f"{path}.{uuid.uuid4().hex}"
         try:
-            with open(tmp, "wb") as out:
+            with atomic_output(os.path.join(self.spill, str(k)), checked=True) as tmp, open(tmp, "wb") as out:
                 out.write(memoryview(data)[: b - a])
-            os.replace(tmp, path)
-        except OSError:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+        except OSError:  # (an OutputError too)
+            pass
 
     def _spill_parts(self, lo: int, hi: int) -> list[tuple[str, int, int]] | None:
         """Where bytes ``[lo, hi)`` are in the spill folder (``(file, offset, length)`` each), or

@@ -223,8 +223,8 @@ def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
 def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
     """Generate a realistic perception dataset at OUT (a local folder) that the Lyft SDK loads."""
     import os
-    import shutil
 
+    from l5dask.core.outputs import atomic_output
     from l5dask.errors import OutputError
     from l5dask.perception.synth import generate
 
@@ -232,17 +232,9 @@ def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
         raise OutputError(f"{out}: a dataset already exists there (pass --overwrite)")
     if os.path.exists(out) and not os.path.isdir(out):
         raise OutputError(f"{out}: is a file, not a folder")
-    tmp = out.rstrip("/") + ".partial"
-    shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
-    try:
+    with atomic_output(out, folder=True) as tmp:  # (a folder beside it, in place once whole)
         rows = generate(tmp, scenes=scenes, seed=seed, lidar_points=lidar_points, images=not no_images)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
     click.echo(
         f"{rows['scene']:,} scenes, {rows['sample']:,} samples, {rows['sample_annotation']:,} annotations "
         f"in {time.perf_counter() - t0:.1f} s: {out}"

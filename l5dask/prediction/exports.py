@@ -21,9 +21,10 @@ an object store a failed export removes what it wrote.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -33,7 +34,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from l5dask.core.engine import Job, Pass
-from l5dask.core.outputs import arrow_array, arrow_strings
+from l5dask.core.outputs import arrow_array, arrow_strings, atomic_output
 from l5dask.core.policy import compute
 from l5dask.core.store import Store, same_place
 from l5dask.errors import OutputError, UsageError
@@ -121,8 +122,8 @@ def _field_metas(ds: L5Dataset, name: str) -> dict[str, FieldMeta]:
     return metas
 
 
-def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> tuple[Store, Store | None]:
-    """(where tasks write, the final location when that is a local rename away)."""
+def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> Store:
+    """The output folder, checked (an object store's that exists removed, when ``overwrite``)."""
 
     final = Store(url, storage_options)
     if same_place(final, ds.store):
@@ -137,11 +138,29 @@ def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bo
         parent = os.path.dirname(os.path.abspath(final.root))
         if not os.path.isdir(parent):
             raise OutputError(f"{final.url}: the folder {parent} does not exist")
-        tmp = os.path.join(parent, f".{os.path.basename(final.root)}.partial-{uuid.uuid4().hex[:8]}")
-        return Store(tmp), final
+        return final
     if exists:
         final.fs.rm(final.root, recursive=True)
-    return final, None
+    return final
+
+
+@contextlib.contextmanager
+def _output_folder(final: Store) -> Iterator[Store]:
+    """Where the tasks write: on a local disk a folder beside ``final`` that replaces it whole once
+    written (:func:`~l5dask.core.outputs.atomic_output`); on an object store ``final`` itself,
+    removed if the export fails (an object store renames no folder)."""
+    if final.local:
+        with atomic_output(final.root, folder=True) as tmp:
+            yield Store(tmp)
+        return
+    try:
+        yield final
+    except BaseException:
+        try:
+            final.fs.rm(final.root, recursive=True)
+        except OSError:
+            pass
+        raise
 
 
 def export(
@@ -168,33 +187,33 @@ def export(
     if fmt_name not in FORMATS:
         raise UsageError(f"unknown export format {format!r}; the formats are {', '.join(FORMATS)}")
     ds = open_dataset(dataset, storage_options)
-    out, final = _target(os.fspath(output), ds, storage_options, overwrite)
-    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
-    graph: dict = {}
-    roots: dict[str, list] = {}
-    metas_of: dict[str, dict[str, FieldMeta]] = {}
-    for name in ds.arrays:
-        table = Table(ds, name)
-        short = fmt.SHORT_NAMES[name]
-        if fmt_name == "parquet":
-            selection = table.select(export_columns(table))
-            groups = job.groups(Pass(selection.source), guided=False)
-            func = functools.partial(_write_parquet, out, name)
-        else:
-            selection = table.select(JOINS[name])
-            n = selection.source.nchunks
-            groups = [(f, min(CHUNKS_PER_SHARD, n - f)) for f in range(0, n, CHUNKS_PER_SHARD)]
-            metas_of[name] = _field_metas(ds, name)
-            func = functools.partial(_write_shards, out, metas_of[name])
-        key = f"l5-export-{short}-{tokenize(ds.url, fmt_name, groups, str(out.url))}"
-        keys = [(key, i) for i in range(len(groups))]
-        graph.update(chunk_tasks(ds, selection, groups, keys, func, job))
-        roots[name] = keys
-    top = f"l5-export-{tokenize(sorted(graph, key=str))}"
-    for n, ks in roots.items():
-        graph[(top, n)] = Task((top, n), _done, *[TaskRef(k) for k in ks])
-    graph[top] = Task(top, _named, list(fmt.SHORT_NAMES[n] for n in roots), *[TaskRef((top, n)) for n in roots])
-    try:
+    final = _target(os.fspath(output), ds, storage_options, overwrite)
+    with _output_folder(final) as out:
+        job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
+        graph: dict = {}
+        roots: dict[str, list] = {}
+        metas_of: dict[str, dict[str, FieldMeta]] = {}
+        for name in ds.arrays:
+            table = Table(ds, name)
+            short = fmt.SHORT_NAMES[name]
+            if fmt_name == "parquet":
+                selection = table.select(export_columns(table))
+                groups = job.groups(Pass(selection.source), guided=False)
+                func = functools.partial(_write_parquet, out, name)
+            else:
+                selection = table.select(JOINS[name])
+                n = selection.source.nchunks
+                groups = [(f, min(CHUNKS_PER_SHARD, n - f)) for f in range(0, n, CHUNKS_PER_SHARD)]
+                metas_of[name] = _field_metas(ds, name)
+                func = functools.partial(_write_shards, out, metas_of[name])
+            key = f"l5-export-{short}-{tokenize(ds.url, fmt_name, groups, str(out.url))}"
+            keys = [(key, i) for i in range(len(groups))]
+            graph.update(chunk_tasks(ds, selection, groups, keys, func, job))
+            roots[name] = keys
+        top = f"l5-export-{tokenize(sorted(graph, key=str))}"
+        for n, ks in roots.items():
+            graph[(top, n)] = Task((top, n), _done, *[TaskRef(k) for k in ks])
+        graph[top] = Task(top, _named, list(fmt.SHORT_NAMES[n] for n in roots), *[TaskRef((top, n)) for n in roots])
         rows = compute(
             Delayed(top, HighLevelGraph.from_collections(top, graph, dependencies=[])),
             client=job.client,
@@ -203,18 +222,6 @@ def export(
         )
         if fmt_name == "zarr3":
             _zarr3_metadata(out, ds, metas_of)
-        if final is not None:
-            if os.path.exists(final.root):
-                import shutil
-
-                shutil.rmtree(final.root)
-            os.replace(out.root, final.root)
-    except BaseException:
-        try:
-            out.fs.rm(out.root, recursive=True)
-        except OSError:
-            pass
-        raise
     return rows
 
 
