@@ -18,23 +18,29 @@ and its ``(timestamp, track_id)`` key, by numpy on the raw bytes: no float is pa
 else, and to say what is wrong), which a caller runs where the rows are needed
 (the metrics parse each GT range with the PRED rows joined to it). Neither holds a file in memory.
 
-From an object store, every byte would come over the network twice (scan, then parse). So
-:func:`l5dask.evaluation.metrics.evaluate` on local threads (or a cluster on this machine) gives
-the files a *spill* folder: each scan task keeps the bytes it fetched there (``spill``, one file
-per scan block), and the parse reads its ranges from them; a range not all there is fetched again. The folder is removed when
-the pass ends. The bytes are the same either way, and so are the results.
+From an object store, every byte would come over the network twice (scan, then parse). So the
+scan (:func:`scanned`, which :func:`l5dask.evaluation.metrics.evaluate` runs around its pass) on
+local threads (or a cluster on this machine) gives the files a *spill* folder: each scan task
+keeps the bytes it fetched there (``spill``, one file per scan block), and the parse reads its
+ranges from them; a range not all there is fetched again. The folder is removed when the pass
+ends, however it ends. The bytes are the same either way, and so are the results.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from l5dask.core.cluster import on_this_machine
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
 from l5dask.core.outputs import atomic_output, atomic_write, check_writable
@@ -344,6 +350,39 @@ def scan(f: CSVFile, job: Any = None) -> CSVFile:
     calls = scan_calls(f, job)
     parts = job.map(scan_blocks, calls, name=f"l5-scan-{f.kind}", remote=f.remote) if calls else []
     return collect_scan(f, [p for task in parts for p in task])
+
+
+def scan_all(files: Sequence[CSVFile], job: Job) -> None:
+    """The row scans of several files (:func:`scan`), as one set of parallel tasks."""
+    calls = [c for f in files for c in scan_calls(f, job)]
+    remote = any(f.remote for f in files)
+    parts = job.map(scan_blocks, calls, name="l5-scan", remote=remote) if calls else []
+    for f in files:
+        collect_scan(f, [p for (owner, _), task in zip(calls, parts) if owner is f for p in task])
+
+
+@contextlib.contextmanager
+def scanned(files: Sequence[CSVFile], job: Job) -> Iterator[None]:
+    """The files' rows found (:func:`scan_all`) for a pass that parses them inside the block.
+
+    From an object store on local threads or a cluster on this machine, the scan keeps the bytes
+    it fetched in a spill folder of its own, which the parse reads (each byte fetched once) and
+    which is removed when the block ends, however it ends. On a cluster of other machines each
+    task fetches its own bytes."""
+    here = job.scheduler_kind == "threads" or on_this_machine(job.client)
+    folder = tempfile.mkdtemp(prefix="l5dask-spill-") if here and any(f.remote for f in files) else None
+    try:
+        if folder is not None:
+            for i, f in enumerate(files):
+                f.spill = os.path.join(folder, f"{i}-{f.kind}")
+                os.mkdir(f.spill)
+        scan_all(files, job)
+        yield
+    finally:
+        if folder is not None:
+            for f in files:
+                f.spill = None
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def collect_scan(f: CSVFile, parts: list[tuple]) -> CSVFile:

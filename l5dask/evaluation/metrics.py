@@ -1,6 +1,6 @@
 """L5Kit's eight metrics of a GT/PRED pair, vectorized over rows, in one parallel pass.
 
-The pass: both files' rows are found by the row scan (:func:`l5dask.evaluation.csvfiles.scan`,
+The pass: both files' rows are found by the row scan (:func:`l5dask.evaluation.csvfiles.scanned`,
 numpy on the raw bytes); the keys are joined on the pair ``(timestamp, track_id)`` (L5Kit joins
 on the string ``track_id + timestamp``, where track 1 at timestamp 23 and track 12 at timestamp 3
 collide); then a task per range of GT rows parses them and the PRED rows joined to them (one
@@ -15,16 +15,11 @@ here that row's ``2 nll / T`` is clamped at 0.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from l5dask.core.cluster import on_this_machine
 from l5dask.core.engine import Combine, Job
 from l5dask.core.lazy import compiled
 from l5dask.evaluation import csvfiles
@@ -206,16 +201,6 @@ def join(gt: CSVFile, pred: CSVFile) -> np.ndarray:
     return match
 
 
-def _scan_both(gt: CSVFile, pred: CSVFile, job: Any) -> None:
-    """The row scans of both files, as one set of parallel tasks."""
-
-    calls = csvfiles.scan_calls(gt, job) + csvfiles.scan_calls(pred, job)
-    remote = gt.remote or pred.remote
-    parts = job.map(csvfiles.scan_blocks, calls, name="l5-scan", remote=remote) if calls else []
-    for f in (gt, pred):
-        csvfiles.collect_scan(f, [p for (owner, _), task in zip(calls, parts) if owner is f for p in task])
-
-
 def evaluate(
     gt_path: str,
     pred_path: str,
@@ -239,29 +224,8 @@ def evaluate(
     pred = open_csv(pred_path, "pred", max_modes, storage_options)
     if gt.future_len != pred.future_len:
         raise CSVError(f"{pred_path} predicts {pred.future_len} steps, {gt_path} has {gt.future_len}")
-    with _spilled(gt, pred, job):
+    with csvfiles.scanned([gt, pred], job):  # (the scan's spill folder lives as long as the pass)
         return _evaluate(gt, pred, max_modes, dataset, storage_options, job, task_bytes)
-
-
-@contextlib.contextmanager
-def _spilled(gt: CSVFile, pred: CSVFile, job: Job):
-    """From an object store on local threads or a local cluster, a spill folder for the bytes the
-    row scan fetched (the parse reads them there: each byte fetched once; see
-    :mod:`l5dask.evaluation.csvfiles`), removed when the pass ends, however it ends. On a cluster
-    of other machines each task fetches its own bytes."""
-    here = job.scheduler_kind == "threads" or on_this_machine(job.client)
-    if not here or not (gt.remote or pred.remote):
-        yield
-        return
-    folder = tempfile.mkdtemp(prefix="l5dask-spill-")
-    try:
-        for f in (gt, pred):
-            f.spill = os.path.join(folder, f.kind)
-            os.mkdir(f.spill)
-        yield
-    finally:
-        gt.spill = pred.spill = None
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _evaluate(
@@ -273,7 +237,6 @@ def _evaluate(
     job: Job,
     task_bytes: int,
 ) -> dict[str, Any]:
-    _scan_both(gt, pred, job)
     match = join(gt, pred)
     groups: dict[str, tuple[np.ndarray, int]] = {}
     names: dict[str, list] = {}
