@@ -7,7 +7,7 @@ A setting is read with :func:`get` (``get("read-timeout")`` is dask's ``l5dask.r
 set it as any of dask's (a YAML file in ``~/.config/dask``, ``DASK_L5DASK__READ_TIMEOUT=10``,
 ``dask.config.set({"l5dask.read-timeout": 10})``); a ``null`` is the default. The defaults are
 loaded on the first :func:`get` (importing dask and PyYAML then: ``l5dask --help`` imports
-neither); :func:`defaults` loads them without reading one. docs/reference/configuration.md lists
+neither); ``defaults()`` loads them without reading one. docs/reference/configuration.md lists
 every key.
 """
 

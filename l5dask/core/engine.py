@@ -702,7 +702,7 @@ class Job:
     def map(self, func: Callable, calls: Sequence[tuple], name: str, remote: bool = False) -> list:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
         writes its own output chunks); results in order. ``remote``: the tasks read an object
-        store (see :func:`~l5dask.core.policy.remote_tasks_per_core`)."""
+        store (see ``l5dask.core.policy.remote_tasks_per_core``)."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
         keys = call_keys(key, len(calls))
         graph: dict[Any, Task] = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}

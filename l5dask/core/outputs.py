@@ -7,7 +7,7 @@ fsspec URL) is written to a local temporary file, then put as one object: object
 object visible only once it is whole. Either way a run that fails, for any reason (bad data, a
 lost cluster, a full disk), keeps the previous output as it was and leaves no partial one that
 looks complete. (A dataset written in place on an object store cannot be renamed: its writer
-puts its group metadata last, :func:`l5dask.prediction.writing.finish`.)
+puts its group metadata last, ``l5dask.prediction.writing.finish``.)
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def atomic_output(
     in the block (a full disk, Ctrl-C...) removes the temporary file or folder and keeps any
     previous ``path``; an ``OSError`` is raised as an :class:`~l5dask.errors.OutputError` that
     names ``path``. ``checked``: the caller checked ``path`` already (else
-    :func:`check_writable` does, for a file).
+    ``check_writable`` does, for a file).
     """
     path = os.fspath(path)
     if folder:

@@ -6,21 +6,21 @@
 open, measured on this machine's schedulers:
 
 - **sizing**: stored chunks a task (:func:`auto_chunks_per_task`, ``TASK_SIZING``), a guided end
-  (:func:`task_groups`), the chunks of the dask collections users compute with
+  (``task_groups``), the chunks of the dask collections users compute with
   (:func:`collection_chunks_per_task`);
-- **priorities**: passes of one graph side by side (:func:`interleave`), independent calls started
-  longest first (:func:`call_keys`);
-- **where it runs**: the client (:func:`default_client`), the threads (:func:`worker_threads`),
-  and :func:`compute` / :func:`persist`, the only calls that hand a graph to a scheduler: on local
-  threads in a pool of each run's own, which Ctrl-C stops (:func:`threads_scheduler`);
-- **waits**: an object store's tasks, more a core on local threads (:func:`remote_threads`) and
+- **priorities**: passes of one graph side by side (``interleave``), independent calls started
+  longest first (``call_keys``);
+- **where it runs**: the client (``default_client``), the threads (``worker_threads``),
+  and :func:`compute` / ``persist``, the only calls that hand a graph to a scheduler: on local
+  threads in a pool of each run's own, which Ctrl-C stops (``threads_scheduler``);
+- **waits**: an object store's tasks, more a core on local threads (``remote_threads``) and
   out of a dask.distributed worker's threads while their bytes have not come
-  (:func:`secede_while_waiting`, :func:`store_waits`);
-- **tuning** this process: glibc's allocator (:func:`tune_malloc`) and the garbage collector
-  (:func:`tune_gc`).
+  (``secede_while_waiting``, ``store_waits``);
+- **tuning** this process: glibc's allocator (``tune_malloc``) and the garbage collector
+  (``tune_gc``).
 
 Nothing else in the package starts a thread pool or calls ``dask.compute``: work that needs a few
-threads of its own takes them from :func:`thread_pool`.
+threads of its own takes them from ``thread_pool``.
 """
 
 from __future__ import annotations
