@@ -1,6 +1,7 @@
 """l5dask's settings, in one place: their defaults in ``l5dask.yaml`` (beside this module, with
 its schema ``l5dask-schema.yaml``), loaded into dask's configuration with
-``dask.config.update_defaults`` as dask loads its own ``dask.yaml``; and the one :func:`reset` of
+``dask.config.update_defaults`` as dask loads its own ``dask.yaml``; and the one
+:func:`~l5dask.core.config.reset` of
 the package's process-wide caches.
 
 A setting is read with :func:`get` (``get("read-timeout")`` is dask's ``l5dask.read-timeout``):

@@ -86,9 +86,10 @@ def _no_finalize(partial: Any) -> Any:
 
 @dataclass(frozen=True)
 class Combine:
-    """How partials merge, declared once: what :func:`tree_reduce`, :func:`tree_combine` and
-    :meth:`Job.map_reduce` need (a :class:`Reduction` without its ``chunk``: the partials come
-    from elsewhere, such as the calls of ``map_reduce`` or a dask collection's tasks).
+    """How partials merge, declared once: what :func:`~l5dask.core.engine.tree_reduce`,
+    :func:`~l5dask.core.engine.tree_combine` and :meth:`~l5dask.core.engine.Job.map_reduce` need
+    (a :class:`~l5dask.core.engine.Reduction` without its ``chunk``: the partials come from
+    elsewhere, such as the calls of ``map_reduce`` or a dask collection's tasks).
 
     Parameters
     ----------
@@ -112,7 +113,7 @@ class Combine:
 
 @dataclass(frozen=True)
 class Reduction:
-    """A reduction over chunks, declared once (flox's ``Aggregation`` shape): a :class:`Combine`
+    """A reduction over chunks, declared once (flox's ``Aggregation`` shape): a :class:`~l5dask.core.engine.Combine`
     with the ``chunk`` that makes each partial.
 
     Parameters
@@ -465,7 +466,7 @@ def tree_combine(
     finalize: bool = False,
     name: str | None = None,
 ) -> Delayed:
-    """Lazy partials merged by :func:`tree_reduce`, lazily (dask's ``Bag.reduction`` shape).
+    """Lazy partials merged by :func:`~l5dask.core.engine.tree_reduce`, lazily (dask's ``Bag.reduction`` shape).
 
     ``parts`` are ``Delayed`` partials (or values), neighbours in order; returns a ``Delayed`` of
     their ordered combine (``combine.identity()`` for none), ``combine.finalize``-d if

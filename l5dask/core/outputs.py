@@ -1,5 +1,5 @@
 """The one way l5dask writes an output, a file or a folder: checked before any work, written
-atomically (:func:`atomic_output`).
+atomically (:func:`~l5dask.core.outputs.atomic_output`).
 
 A local output is written to a temporary file or folder beside it, then renamed into place (a
 folder that was there is removed only then). A file on an object store (``s3://...`` or any
