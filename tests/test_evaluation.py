@@ -886,15 +886,16 @@ def test_evaluate_from_s3_on_a_local_cluster_spills_in_this_machines_folder(
     spill_root.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(spill_root))
     kept = []
-    spilled = M._spilled
+    scanned = M.csvfiles.scanned  # (the scan owns the spill folder: watched while the pass runs)
 
     @contextlib.contextmanager
-    def watching(gt, pred, job):
-        with spilled(gt, pred, job):
+    def watching(files, job):
+        with scanned(files, job):
             yield
+            gt = files[0]
             kept.extend(os.listdir(gt.spill) if gt.spill else [])
 
-    monkeypatch.setattr(M, "_spilled", watching)
+    monkeypatch.setattr(M.csvfiles, "scanned", watching)
     with Client(dask_cluster.address, set_as_default=False) as client:
         assert on_this_machine(client)
         got = M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", storage_options=opts, job=Job(client=client))
