@@ -60,8 +60,6 @@ html_theme_options = {
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": ["sphinx-version"],
-    # an API page's right sidebar holds one entry (the page's own name): its width goes to the page
-    "secondary_sidebar_items": {"api/generated/*": []},
 }
 html_static_path = ["_static"]
 html_css_files = ["l5dask.css"]
@@ -71,8 +69,9 @@ DOTS = re.compile(r"(?<=\w)\.(?=\w)")
 
 def fit_the_window(app, pagename, templatename, context, doctree) -> None:
     """A page with no section navigation (a top-level page with no page below it) gets no left
-    sidebar rather than an empty one; an API page's title and the previous/next links may break
-    after each dot of a dotted name (``l5dask.prediction.aggregation.<wbr>aggregate``)."""
+    sidebar rather than an empty one, an API page whose contents are its own name no right
+    sidebar; an API page's title and the previous/next links may break after each dot of a
+    dotted name (``l5dask.prediction.aggregation.<wbr>aggregate``)."""
     make = context.get("generate_toctree_html")
     if make is not None and context.get("sidebars"):
         try:
@@ -84,6 +83,10 @@ def fit_the_window(app, pagename, templatename, context, doctree) -> None:
     for key in ("prev", "next"):
         if context.get(key) and context[key].get("title"):
             context[key] = dict(context[key], title=DOTS.sub(".<wbr>", context[key]["title"]))
+    if pagename.startswith("api/generated/") and str(context.get("toc", "")).count("<li") <= 2:
+        # the right sidebar would list the page's own name only (a function's or a module's page,
+        # not a class's with its members): its width goes to the page
+        context["secondary_sidebar_items"] = []
     if pagename.startswith("api/generated/") and "body" in context:
         context["body"] = re.sub(
             r"(<h1>)(.*?)(<a class=\"headerlink\")",

@@ -321,6 +321,13 @@ def test_the_site_builds_with_every_page(site):
     assert "data:image/png" in quickstart or "<img" in quickstart  # rendered with its figures
     cli = (site / "cli.html").read_text()
     assert "select-agents" in cli and "perception" in cli
+    # the right sidebar ("On this page") stays where it lists something: gone only from API pages
+    # whose contents are their own name
+    assert "bd-sidebar-secondary" in (site / "guide/clusters.html").read_text()
+    assert "bd-sidebar-secondary" in (site / "api/generated/l5dask.prediction.dataset.L5Dataset.html").read_text()
+    assert (
+        "bd-sidebar-secondary" not in (site / "api/generated/l5dask.prediction.aggregation.aggregate.html").read_text()
+    )
 
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
