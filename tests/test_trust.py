@@ -4,7 +4,9 @@ and S3, and nothing is written; the errors are also the builtins callers expect.
 
 from __future__ import annotations
 
+import json
 import locale
+import math
 import os
 import re
 import shutil
@@ -415,3 +417,96 @@ def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
         _assert_one_line(_run(["perception", "stats", data, "-O", str(out / "p.json"), "-q", *extra]), pattern)
         assert _files(out) == []
         shutil.rmtree(out)
+
+
+def _strict(text: str, where: str):
+    """``text`` parsed by a JSON parser that refuses NaN and Infinity (not JSON, RFC 8259)."""
+
+    def refuse(name: str):
+        raise AssertionError(f"{where}: {name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_json_writer_writes_strict_json(tmp_path):
+    from l5dask.core.outputs import json_text, write_json
+
+    report = {"a": math.nan, "b": [1.5, -math.inf, {"c": math.inf}], "d": (2, "x"), "_private": math.nan}
+    write_json(report, str(tmp_path / "r.json"))
+    assert _strict((tmp_path / "r.json").read_text(), "r.json") == {
+        "a": None,
+        "b": [1.5, None, {"c": None}],
+        "d": [2, "x"],
+    }
+    assert json_text({"x": [math.nan]}) == '{"x": [null]}'
+
+
+def test_every_json_output_of_every_command_is_strict_json(tmp_path):
+    """Each command that writes JSON (reports, metrics, dataset metadata, printed JSON) run on
+    generated data, and every JSON file it leaves parsed by a parser that refuses NaN and Infinity."""
+    from l5dask.evaluation import read_gt_csv, write_pred_csv
+
+    data, pdata, out = str(tmp_path / "d.zarr"), str(tmp_path / "lyft"), tmp_path / "out"
+    out.mkdir()
+    assert _run(["synth", data, "--scenes", "3", "--seed", "5"]).exit_code == 0
+    assert _run(["perception", "synth", pdata, "--scenes", "1", "--lidar-points", "300", "--no-images"]).exit_code == 0
+    printed = {}
+    cmds = {
+        "stats": ["stats", data, "-q", "-O", str(out / "stats.json")],
+        "report": ["report", data, "-q", "-O", str(out / "report.html"), "--json", str(out / "report.json")],
+        "export": ["export", data, str(out / "export"), "-f", "zarr3", "-q"],
+        "subset": ["subset", data, str(out / "subset.zarr"), "--scenes", "0:2", "-q"],
+        "split": ["split", data, str(out / "split"), "--part", "a=1", "--part", "b=rest", "-q"],
+        "concat": ["concat", data, data, "-O", str(out / "concat.zarr"), "-q"],
+        "chop": ["chop", data, "--frames", "60", "-O", str(out / "chop"), "-q"],
+        "select-agents": ["select-agents", data, "-O", str(out / "mask.zarr"), "-q"],
+        "gt": ["gt", data, "-O", str(out / "gt.csv"), "-q"],
+        "perception stats": ["perception", "stats", pdata, "-O", str(out / "pstats.json"), "-q"],
+        "perception report": [
+            *("perception", "report", pdata, "-O", str(out / "preport.html")),
+            *("--json", str(out / "preport.json"), "--points-in-boxes", "-q"),
+        ],
+        "perception to-l5kit": ["perception", "to-l5kit", pdata, str(out / "from-perception.zarr")],
+    }
+    for name, args in cmds.items():
+        r = _run(args)
+        assert r.exit_code == 0, (name, r.output[-2000:], repr(r.exception))
+        printed[name] = r.stdout
+    # L5Kit's metrics of predictions made from the ground truth (a zero-confidence mode among them)
+    g = read_gt_csv(str(out / "gt.csv"))
+    coords = g.coords.compute()
+    pred = np.stack([coords, coords + 1.0, coords - 1.0], axis=1)
+    conf = np.tile([0.7, 0.3, 0.0], (len(coords), 1))
+    write_pred_csv(str(out / "pred.csv"), g.timestamps.compute(), g.track_ids.compute(), pred, conf)
+    r = _run(["evaluate", str(out / "gt.csv"), str(out / "pred.csv"), "-O", str(out / "metrics.json"), "-q"])
+    assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
+    r = _run(
+        ["evaluate", str(out / "gt.csv"), str(out / "pred.csv"), "--dataset", data, "-O", str(out / "m2.json"), "-q"]
+    )
+    assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
+    # the Lyft SDK's mAP of a dataset's ground truth given back as predictions (with its distance bands)
+    load = lambda n: json.loads((Path(pdata) / "data" / f"{n}.json").read_text())  # noqa: E731
+    cat = {c["token"]: c["name"] for c in load("category")}
+    inst = {i["token"]: cat[i["category_token"]] for i in load("instance")}
+    boxes = [
+        {k: a[k] for k in ("sample_token", "translation", "size", "rotation")}
+        | {"name": inst[a["instance_token"]], "score": 0.5}
+        for a in load("sample_annotation")
+    ]
+    (out / "boxes.json").write_text(json.dumps(boxes))
+    r = _run(["perception", "evaluate", str(out / "boxes.json"), "--dataset", pdata, "-O", str(out / "det.json"), "-q"])
+    assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
+    assert _strict((out / "det.json").read_text(), "det.json")["by_distance"][-1]["band"] == [50.0, None]
+    # demo: a dataset and its report
+    r = _run(["demo", "--scenes", "1", "--out", str(out / "demo")])
+    assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
+    # every JSON file written (reports, metrics, zarr metadata, the perception tables) and the printed JSON
+    names = {".zarray", ".zattrs", ".zgroup", ".zmetadata"}
+    files = [p for p in [*out.rglob("*"), *Path(pdata).rglob("*")] if p.suffix == ".json" or p.name in names]
+    kinds = {p.name for p in files}
+    assert {"stats.json", "report.json", "pstats.json", "preport.json", "metrics.json", "m2.json", "det.json"} <= kinds
+    assert {".zarray", ".zattrs", "zarr.json", "sample_annotation.json"} <= kinds
+    for p in files:
+        _strict(p.read_text(), str(p))
+    text = printed["select-agents"]
+    _strict(text[: text.index("\n}\n") + 2], "select-agents' printed report")

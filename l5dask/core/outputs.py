@@ -13,6 +13,7 @@ puts its group metadata last, ``l5dask.prediction.writing.finish``.)
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -248,12 +249,32 @@ def public(report: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in report.items() if not k.startswith("_")}
 
 
-def write_json(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
-    """A report (its public keys) as JSON, atomically."""
+def finite(value: Any) -> Any:
+    """``value`` (dicts, lists and tuples of numbers, strings...) with every number that is not
+    finite (NaN: a mean of nothing; an infinity) as None: JSON has no such number, and
+    ``NaN``/``Infinity`` in a file make strict parsers refuse it."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any, **kw: Any) -> str:
+    """The one way l5dask makes JSON text: strict JSON (RFC 8259), a number that is not finite
+    written ``null`` (:func:`finite`). ``kw``: :func:`json.dumps`'s layout options."""
     import json
+
+    return json.dumps(finite(value), allow_nan=False, **kw)
+
+
+def write_json(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
+    """A report (its public keys) as strict JSON (:func:`json_text`), atomically."""
 
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
-            json.dump(public(report), f, indent=1)
+            f.write(json_text(public(report), indent=1))
 
     atomic_write(path, write, storage_options)

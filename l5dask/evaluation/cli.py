@@ -3,7 +3,6 @@ command line with its one error path: a user's mistake is one line on stderr and
 
 from __future__ import annotations
 
-import json
 import time
 
 import click
@@ -110,6 +109,7 @@ def select_agents(
     """Write L5Kit's agents mask agents_mask/THRESHOLD into DATASET (as select_agents) and print
     its report and past/future table."""
     from l5dask.core.cluster import connect
+    from l5dask.core.outputs import json_text
     from l5dask.evaluation.agents import mask_name, table_text
     from l5dask.evaluation.agents import select_agents as run
 
@@ -126,7 +126,7 @@ def select_agents(
             storage_options=parse_storage_options(storage_options),
             job=_job(client, quiet, chunks_per_task),
         )
-    click.echo(json.dumps({k: v for k, v in rep.items() if k != "past_future"}, indent=1))
+    click.echo(json_text({k: v for k, v in rep.items() if k != "past_future"}, indent=1))
     click.echo(table_text(rep))
     where = output or f"{dataset}/{mask_name(threshold)}"
     click.echo(f"wrote {where}: {rep['total_agent_frames']:,} agents in {time.perf_counter() - t0:.1f} s")

@@ -13,11 +13,12 @@ The Lyft SDK's ``LyftDataset`` loads it.
 from __future__ import annotations
 
 import io
-import json
 import os
 from typing import Any
 
 import numpy as np
+
+from l5dask.core.outputs import json_text
 
 #: Real train split: annotations per category (the generator draws instances in this mix).
 CATEGORY_MIX = {
@@ -123,7 +124,7 @@ def _png(size: int = 64) -> bytes:
 def _dump(rows: list[dict], path: str, rng: np.random.Generator) -> None:
     order = rng.permutation(len(rows))
     with open(path, "w") as f:
-        json.dump([rows[i] for i in order], f, indent=2)
+        f.write(json_text([rows[i] for i in order], indent=2))
 
 
 def generate(

@@ -40,6 +40,7 @@ import numpy as np
 from numcodecs import Blosc, VLenUTF8, Zstd
 
 from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
+from l5dask.core.outputs import json_text
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, L5DaskError
 from l5dask.prediction import format as fmt
@@ -149,11 +150,11 @@ def array_json(array: str, field: str, m: FieldMeta, attrs: dict | None = None) 
         "attributes": attrs or {},
         "dimension_names": dims_of(array, field, len(m.tail)),
     }
-    return json.dumps(meta, indent=1).encode()
+    return json_text(meta, indent=1).encode()
 
 
 def group_json(attrs: dict) -> bytes:
-    return json.dumps({"zarr_format": 3, "node_type": "group", "attributes": attrs}, indent=1).encode()
+    return json_text({"zarr_format": 3, "node_type": "group", "attributes": attrs}, indent=1).encode()
 
 
 def encode_chunk(values: np.ndarray, m: FieldMeta) -> bytes:
@@ -356,7 +357,7 @@ def columnar_arrays(store: Store) -> tuple[dict[str, L5Array], dict]:
     attrs = root.get("attributes", {}) if isinstance(root, dict) else {}
     if not isinstance(attrs, dict):
         raise FormatError(f"{store.url}: zarr.json attributes are not a JSON object")
-    fmt.parse_zattrs(json.dumps({k: v for k, v in attrs.items() if k == "labels"}).encode(), store.url)
+    fmt.parse_zattrs(json_text({k: v for k, v in attrs.items() if k == "labels"}).encode(), store.url)
     arrays: dict[str, L5Array] = {}
     for name in fmt.ARRAY_NAMES:
         raw = store.get_metadata(f"{name}/zarr.json")

@@ -34,7 +34,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
 from l5dask.core.engine import Job, Pass
-from l5dask.core.outputs import arrow_array, arrow_strings, atomic_output
+from l5dask.core.outputs import arrow_array, arrow_strings, atomic_output, json_text
 from l5dask.core.policy import compute
 from l5dask.core.store import Store, same_place
 from l5dask.errors import OutputError, UsageError
@@ -263,4 +263,4 @@ def _zarr3_metadata(out: Store, ds: L5Dataset, metas_of: dict[str, dict[str, Fie
         )
     )
     root["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": nodes}
-    put(out, "zarr.json", json.dumps(root, indent=1).encode())
+    put(out, "zarr.json", json_text(root, indent=1).encode())

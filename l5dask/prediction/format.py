@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.codec import MAX_BUFFERSIZE as MAX_CHUNK_NBYTES
+from l5dask.core.outputs import json_text
 from l5dask.errors import FormatError
 
 
@@ -452,7 +453,7 @@ def zarray_json(dtype: np.dtype, length: int, chunk_rows: int, tail: tuple[int, 
             dtype=base.str,
             fill_value=0 if base.kind in "biu" else 0.0,
         )
-    return json.dumps(meta, indent=4, sort_keys=True, ensure_ascii=True).encode()
+    return json_text(meta, indent=4, sort_keys=True, ensure_ascii=True).encode()
 
 
 def parse_zattrs(raw: bytes | None, where: str) -> dict[str, Any]:
@@ -479,7 +480,7 @@ def parse_zattrs(raw: bytes | None, where: str) -> dict[str, Any]:
 
 
 def zattrs_json(labels: tuple[str, ...] = LABELS) -> bytes:
-    return json.dumps({"format_version": FORMAT_VERSION, "labels": list(labels)}, indent=4).encode()
+    return json_text({"format_version": FORMAT_VERSION, "labels": list(labels)}, indent=4).encode()
 
 
-ZGROUP_JSON = json.dumps({"zarr_format": 2}, indent=4).encode()
+ZGROUP_JSON = json_text({"zarr_format": 2}, indent=4).encode()
