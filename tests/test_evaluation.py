@@ -291,6 +291,9 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
     sc = a["scenes"]["frame_index_interval"]
     back = list(cu.read_pred_csv(str(tmp_path / "p.csv")))  # as written: 5 decimals
     per = l5kit_rows(gt, avail, np.stack([b["coords"] for b in back]), np.stack([b["conf"] for b in back]))
+    # the summary prints each mode's prob_true_mode (their mean is always 1/M)
+    line = {row.split()[0]: row.split()[1:] for row in r.stdout.splitlines() if row.strip()}
+    np.testing.assert_allclose([float(x) for x in line["prob_true_mode"][:3]], per["prob_true_mode"].mean(0), rtol=1e-3)
     label, scene = np.empty(n, int), np.empty(n, int)
     for i in range(n):
         f = int(np.flatnonzero(a["frames"]["timestamp"] == ts[i])[0])

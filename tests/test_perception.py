@@ -4,9 +4,11 @@ a real cluster, the HTML page in a real browser, and every bad input the issue n
 
 from __future__ import annotations
 
+import html
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -272,8 +274,8 @@ def test_cli_stats_and_html_report(data, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "scenes" in r.stdout and "parsing" in r.stderr  # summary on stdout, progress on stderr
     same(json.loads(out.read_text()), json.loads(json.dumps(public(perception_report(open_perception(root))))))
-    page = tmp_path / "r.html"
-    r = cli("perception", "report", root, "--output", str(page), "--points-in-boxes", "--quiet")
+    page, rep = tmp_path / "r.html", tmp_path / "p.json"
+    r = cli("perception", "report", root, "--output", str(page), "--json", str(rep), "--points-in-boxes", "--quiet")
     assert r.returncode == 0, r.stderr
     text = page.read_text()
     from l5dask.perception.plots import PERCEPTION_FIGURES
@@ -283,6 +285,30 @@ def test_cli_stats_and_html_report(data, tmp_path):
 
     d = chromium(["--dump-dom", page.as_uri()], tmp_path)
     assert f'data-figures-loaded="{len(PERCEPTION_FIGURES)}"' in d.stdout, d.stderr[-2000:]
+    # the page shows the points-in-boxes histogram of the JSON (every category, every bin)
+    hist = json.loads(rep.read_text())["lidar"]["points_in_box"]
+    section = d.stdout.split("<h2>Lidar points in boxes</h2>")[1].split("</table>")[0]
+    rows = [
+        [html.unescape(c) for c in re.findall(r"<t[hd]>(.*?)</t[hd]>", row)]
+        for row in re.findall(r"<tr>(.*?)</tr>", section)
+    ]
+    assert f"{hist['total']:,} points" in section
+    assert rows[0] == [
+        "category",
+        "0",
+        "1",
+        "2-4",
+        "5-9",
+        "10-19",
+        "20-49",
+        "50-99",
+        "100-199",
+        "200-499",
+        "500-999",
+        "1000+",
+    ]
+    assert {r[0]: [int(c.replace(",", "")) for c in r[1:]] for r in rows[1:]} == hist["per_category"]
+    assert sum(map(sum, hist["per_category"].values())) == json.loads(rep.read_text())["counts"]["sample_annotation"]
 
 
 def test_archives_s3_and_a_cluster_give_the_same_report(data, tmp_path, s3, dask_cluster):

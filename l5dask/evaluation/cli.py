@@ -66,18 +66,19 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
 
         write_page(render_evaluation(result, gt, pred, took), html_path, opts)
     for k in METRICS:
-        v = result[k]
-        click.echo(
-            f"{k:<36} "
-            + (
-                f"{v:.6g}"
-                if isinstance(v, float)
-                else "none"
-                if v is None
-                else f"[{len(v)} values, mean {sum(v) / len(v):.4g}]"
-            )
-        )
+        click.echo(f"{k:<36} {_shown(k, result[k])}")
     click.echo(f"{result['rows']:,} rows in {took:.1f} s: {output}" + (f", {html_path}" if html_path else ""))
+
+
+def _shown(name: str, v) -> str:
+    """A metric's mean as the summary prints it; ``prob_true_mode``: each mode's (a row's modes'
+    probabilities add up to 1, so their mean is always 1/M and says nothing)."""
+    if v is None or isinstance(v, float):
+        return "none" if v is None else f"{v:.6g}"
+    if name == "prob_true_mode":
+        return " ".join("none" if x is None else f"{x:.4g}" for x in v) + "  (each mode's, in the file's order)"
+    known = [x for x in v if x is not None]
+    return f"[{len(v)} values, mean {sum(known) / len(known):.4g}]" if known else f"[{len(v)} values, none]"
 
 
 @click.command("select-agents")

@@ -29,17 +29,32 @@ def render_perception(report: dict[str, Any], data: str, elapsed_s: float | None
             for k, v in report["annotations"]["per_category"].items()
         ],
     )
-    body = (
-        f"<h2>Tables</h2>{counts}<h2>Categories</h2>{cats}<h2>Figures</h2>"
-        f'<div class="figures">{figures_html(PERCEPTION_FIGURES, report)}</div>'
-    )
+    body = f"<h2>Tables</h2>{counts}<h2>Categories</h2>{cats}"
     lid = report.get("lidar")
+    inside = (lid or {}).get("points_in_box")
+    if inside:  # (--points-in-boxes)
+        body += (
+            f"<h2>Lidar points in boxes</h2><p>Annotations by the lidar points inside their box (the "
+            f"key-frame sweeps, {inside['total']:,} points in all).</p>"
+            + table_html(
+                ["category", *point_bins(inside["edges"])],
+                [[k, *(f"{n:,}" for n in v)] for k, v in inside["per_category"].items()],
+            )
+        )
+    body += f'<h2>Figures</h2><div class="figures">{figures_html(PERCEPTION_FIGURES, report)}</div>'
     if lid and lid["missing_files"]:
         shown = lid["missing_files"][:MAX_TABLE_ROWS]
         body += f"<h2>Missing lidar files ({len(lid['missing_files']):,})</h2>" + table_html(
             ["file"], [[html.escape(n)] for n in shown]
         )
     return page("l5dask perception report", identity, body)
+
+
+def point_bins(edges: list[float]) -> list[str]:
+    """The column heads of a points-in-box histogram: counts are whole, so ``[2, 5)`` is "2-4"; the
+    last bin holds its edge and more."""
+    out = [f"{lo:g}" if hi - lo == 1 else f"{lo:g}-{hi - 1:g}" for lo, hi in zip(edges[:-1], edges[1:])]
+    return [*out, f"{edges[-1]:g}+"]
 
 
 #: How the page names each box geometry (l5dask.perception.geometry).
