@@ -312,6 +312,31 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
     assert page.count("<figure>") == 3 and "By label" in page and "://" not in page.split("<body>")[1].split("<p")[0]
 
 
+def test_evaluate_by_scene_refuses_scene_intervals_out_of_order(edge, tmp_path):
+    """The scenes' frame intervals are searched as sorted: a dataset whose scenes are out of order
+    is refused in one line, not given wrong scenes."""
+    work = tmp_path / "ds.zarr"
+    shutil.copytree(edge[0], work)
+    export_zarr_to_csv(str(work), str(tmp_path / "gt.csv"), T, 0.5)
+    g = l5dask.evaluation.read_gt_csv(str(tmp_path / "gt.csv"))
+    coords = g.coords.compute()
+    l5dask.evaluation.write_pred_csv(
+        str(tmp_path / "p.csv"),
+        g.timestamps.compute(),
+        g.track_ids.compute(),
+        coords[:, None],
+        np.ones((len(coords), 1)),
+    )
+    z = zarr.open(str(work), mode="r+")
+    sc = z["scenes"][:]
+    assert len(sc) >= 2
+    sc[[0, 1]] = sc[[1, 0]]  # two scenes' rows swapped
+    z["scenes"][:] = sc
+    r = cli("evaluate", tmp_path / "gt.csv", tmp_path / "p.csv", "-O", tmp_path / "m.json", "--dataset", work, "-q")
+    one_line_error(r, "scenes", "frame_index_interval")
+    assert not (tmp_path / "m.json").exists()
+
+
 # --- agents mask ------------------------------------------------------------------------------------
 def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     path, ref, counts = edge

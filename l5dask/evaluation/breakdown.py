@@ -14,6 +14,7 @@ import numpy as np
 from dask.base import tokenize
 
 from l5dask.core.engine import Pass, Reduction
+from l5dask.core.intervals import check_intervals
 from l5dask.evaluation.csvfiles import CSVError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import open_dataset
@@ -92,7 +93,9 @@ def agent_groups(
         raise CSVError(f"{len(bad)} GT rows are not agents of {ds.url}: {shown}")
     agent = first[pos]
     scenes = ds[fmt.SCENES]
-    ends = job.read(scenes.select(("frame_index_interval",)))["frame_index_interval"].reshape(-1, 2)[:, 1]
+    iv_scenes = job.read(scenes.select(("frame_index_interval",)))["frame_index_interval"].reshape(-1, 2)
+    check_intervals(iv_scenes, fmt.SCENES, "frame_index_interval", ds.counts()["frames"])  # (ends sorted)
+    ends = iv_scenes[:, 1]
     scene = np.searchsorted(ends, frame_rows[agent_frame[agent]], side="right")
     labels = list(ds.labels)
     return (
