@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import subprocess
 from pathlib import Path
+
+from l5dask.core.outputs import json_text
 
 FIGURES = Path(__file__).resolve().parent / "figures"
 
@@ -59,6 +62,8 @@ def record(stem: str, command: str, figures: dict, note: str = "") -> Path:
     the command and the commit they were measured at."""
     for key, value in figures.items():
         text(key, value)  # (a name without its unit is refused before anything is written)
+        if not all(math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
+            raise ValueError(f"{stem}: the figure {key} is {value}: a figure is a finite number")
     root = Path(__file__).resolve().parent.parent
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
     data = {
@@ -70,6 +75,6 @@ def record(stem: str, command: str, figures: dict, note: str = "") -> Path:
     }
     path = FIGURES / f"{stem}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.write_text(json_text(data, indent=1) + "\n")  # (strict JSON, as every file l5dask writes)
     os.replace(tmp, path)
     return path

@@ -23,6 +23,7 @@ warning, and a real browser renders it.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -247,6 +248,23 @@ def test_every_figure_the_pages_name_is_recorded():
     )
     with pytest.raises(ValueError, match="unit"):
         m.text("seconds", 1.0)
+
+
+def test_the_recorded_figures_are_strict_json():
+    """docs/figures/*.json parse with a parser that refuses NaN and Infinity, and a figure that is
+    not a finite number is refused before anything is written."""
+
+    def refuse(name):
+        raise AssertionError(f"{name} is not JSON")
+
+    m = measured()
+    for path in sorted(m.FIGURES.glob("*.json")):
+        json.loads(path.read_text(), parse_constant=refuse)
+    before = {p: p.read_bytes() for p in m.FIGURES.glob("*")}
+    for bad in (float("nan"), [1.0, float("inf")]):
+        with pytest.raises(ValueError, match="finite"):
+            m.record("stats", "python benchmarks/stats_benchmark.py", {"stats_s": bad})
+    assert {p: p.read_bytes() for p in m.FIGURES.glob("*")} == before
 
 
 def test_a_benchmark_records_its_figures(tmp_path, monkeypatch):
