@@ -45,7 +45,7 @@ def job_args(names: list[str], scenes: int, rows: int, perception_scenes: int) -
         from evaluation_benchmark import pair
 
         gt, pred = pair(rows)
-        out["evaluate"] = ["evaluate", gt, pred, "-O", "{tmp}/m.json", "-q"]
+        out["evaluate"] = ["evaluate", gt, pred, "-o", "{tmp}/m.json", "-q"]
     if "perception" in names:
         from perception_benchmark import perception_data
 

@@ -157,10 +157,10 @@ def main() -> None:
     l5 = [sys.executable, "-m", "l5dask.cli", "perception", "evaluate"]
     ours, floor, rss_half = [], [], 0.0
     for r in range(args.rounds):
-        ours.append(run(l5 + [big[1], "--gt", big[0], "-O", "/tmp/l5dask-detect.json", "-q"]))
+        ours.append(run(l5 + [big[1], "--gt", big[0], "-o", "/tmp/l5dask-detect.json", "-q"]))
         floor.append(run([sys.executable, "-c", FLOOR, *big]))
         if r == 0:
-            rss_half = run(l5 + [half[1], "--gt", half[0], "-O", "/tmp/l5dask-detect-half.json", "-q"])[1]
+            rss_half = run(l5 + [half[1], "--gt", half[0], "-o", "/tmp/l5dask-detect-half.json", "-q"])[1]
     import subprocess
 
     out = subprocess.run(

@@ -96,9 +96,9 @@ def bench_evaluate(rows: int, rounds: int) -> None:
     out = os.path.join(tmp, "m.json")
     ours, floor = [], []
     for _ in range(rounds):
-        ours.append(run(L5DASK + ["evaluate", gt, pred, "-O", out, "-q"]))
+        ours.append(run(L5DASK + ["evaluate", gt, pred, "-o", out, "-q"]))
         floor.append(run([sys.executable, "-c", PARSE_FLOOR, gt, pred]))
-    rss_half = run(L5DASK + ["evaluate", *half, "-O", out, "-q"])[1]
+    rss_half = run(L5DASK + ["evaluate", *half, "-o", out, "-q"])[1]
     g20, p20 = prefix(gt, 20_000), prefix(pred, 20_000)
     r = subprocess.run(
         [sys.executable, "-c", L5KIT_METRICS.format(tests=os.path.join(os.path.dirname(HERE), "tests")), g20, p20],
@@ -210,10 +210,10 @@ def bench_dataset(scenes: int, rounds: int) -> None:
         sel.append(
             run(L5DASK + ["select-agents", path, "--output", os.path.join(tmp, "mask.zarr"), "--overwrite", "-q"])
         )
-        gt.append(run(L5DASK + ["gt", path, "-O", os.path.join(tmp, "gt.csv"), "--mask", mask, "-q"]))
+        gt.append(run(L5DASK + ["gt", path, "-o", os.path.join(tmp, "gt.csv"), "--mask", mask, "-q"]))
     t = time.perf_counter()
     r = subprocess.run(
-        L5DASK + ["gt", path, "-O", os.path.join(tmp, "gt-all.csv"), "-q"], capture_output=True, text=True
+        L5DASK + ["gt", path, "-o", os.path.join(tmp, "gt-all.csv"), "-q"], capture_output=True, text=True
     )
     gt_all = time.perf_counter() - t
     all_rows = r.stdout.strip()
@@ -244,7 +244,7 @@ def bench_dataset(scenes: int, rounds: int) -> None:
     rss_sel = run(
         L5DASK + ["select-agents", half, "--output", os.path.join(tmp, "mask-half.zarr"), "--overwrite", "-q"]
     )[1]
-    rss_gt = run(L5DASK + ["gt", half, "-O", os.path.join(tmp, "gt-half.csv"), "--mask", chopped_mask(half), "-q"])[1]
+    rss_gt = run(L5DASK + ["gt", half, "-o", os.path.join(tmp, "gt-half.csv"), "--mask", chopped_mask(half), "-q"])[1]
     print(
         f"  peak RSS at {n_half:,} agents ({scenes // 2} scenes): select-agents {rss_sel:.2f} GB, gt --mask {rss_gt:.2f} GB "
         f"(at {n:,}: {max(r for _, r in sel):.2f} GB, {max(r for _, r in gt):.2f} GB)"

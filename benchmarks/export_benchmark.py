@@ -48,7 +48,7 @@ def main() -> None:
                 cmd = (
                     [sys.executable, os.path.join(HERE, "copy_floor.py"), src, out]
                     if kind == "floor"
-                    else [l5, "export", src, out, "--format", kind, "-q"]
+                    else [l5, "export", src, "-o", out, "--format", kind, "-q"]
                 )
                 t, _ = run(cmd)
                 times[kind].append(t)

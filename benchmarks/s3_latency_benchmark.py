@@ -85,11 +85,11 @@ READS = {
 def command(name: str) -> list[str]:
     cli = [sys.executable, "-m", "l5dask.cli"]
     if name == "stats":
-        return [*cli, "stats", "s3://bench/ds", "-q", "-O", "/tmp/l5dask-s3-latency.json"]
+        return [*cli, "stats", "s3://bench/ds", "-q", "-o", "/tmp/l5dask-s3-latency.json"]
     if name == "agg":
         agg = ["agg", "s3://bench/ds", "--by", "host,label", "--value", "speed:mean,max"]
         return [*cli, *agg, "-q", "--output", "/tmp/l5dask-s3-latency.csv"]
-    return [*cli, "evaluate", "s3://bench/gt.csv", "s3://bench/pred.csv", "-q", "-O", "/tmp/l5dask-s3-metrics.json"]
+    return [*cli, "evaluate", "s3://bench/gt.csv", "s3://bench/pred.csv", "-q", "-o", "/tmp/l5dask-s3-metrics.json"]
 
 
 #: A local cluster of 2 worker processes (one thread each), with the workers' settings of

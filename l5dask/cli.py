@@ -39,20 +39,8 @@ class _Commands(click.Group):
 
             module = importlib.import_module(f".{SYSTEMS[name]}.cli", __package__)
             for command in module.COMMANDS:
-                for param in command.params:  # (``-q`` silences the retries said as they happen too)
-                    if param.name == "quiet" and param.callback is None:
-                        param.callback = _quiet
                 self.add_command(command)
         return super().get_command(ctx, name)
-
-
-def _quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    """``-q``: the store's retries (``l5dask.store`` warnings, on stderr) are not said."""
-    if value:
-        import logging
-
-        logging.getLogger("l5dask.store").setLevel(logging.ERROR)
-    return value
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
@@ -63,6 +51,21 @@ def main() -> None:
 
     tune_malloc()
     tune_gc()
+
+
+#: The flags that 0.1.0's convention renamed (CHANGELOG, "Breaking changes"): named when one is given.
+RENAMED = {"-O": "the output is -o/--output (storage options: -s/--storage-option)", "-v": "a value is --value"}
+
+
+def _renamed(exc: click.UsageError) -> str:
+    """What a command line written for the old flags needs, said after click's message."""
+    params = exc.ctx.command.params if exc.ctx is not None else []
+    if isinstance(exc, click.NoSuchOption) and exc.option_name in RENAMED:
+        if exc.option_name != "-v" or any(p.name == "values" for p in params):
+            return f": {RENAMED[exc.option_name]}"
+    if "unexpected extra argument" in exc.format_message() and any(p.name == "output" for p in params):
+        return ": the output is given as -o/--output"
+    return ""
 
 
 def run() -> None:
@@ -84,7 +87,10 @@ def run() -> None:
             if exc.ctx and " " in exc.ctx.command_path
             else "l5dask --help"
         )
-        print(f"l5dask: error: {exc.format_message()} (see {where})".replace("\n", " "), file=sys.stderr)
+        print(
+            f"l5dask: error: {exc.format_message().rstrip('.')}{_renamed(exc)} (see {where})".replace("\n", " "),
+            file=sys.stderr,
+        )
         code = EXIT_USER_ERROR
     except click.Abort:
         print("l5dask: interrupted", file=sys.stderr)

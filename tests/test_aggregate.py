@@ -571,7 +571,7 @@ def test_cli_agg_writes_parquet_and_csv_equal_to_the_api(edge_ds, tmp_path):
         "host",
         "--value",
         "num_agents:sum",
-        "-O",
+        "-o",
         str(tmp_path / "f.csv"),
         "-q",
     )
@@ -585,10 +585,10 @@ def test_cli_agg_writes_parquet_and_csv_equal_to_the_api(edge_ds, tmp_path):
     [
         (["--value", "speed"], r"--value 'speed': expected COLUMN:REDUCTION\[,REDUCTION...\]"),
         (
-            ["--value", "speed:mean", "-O", "{tmp}/r.xlsx"],
+            ["--value", "speed:mean", "-o", "{tmp}/r.xlsx"],
             r"unknown table format '.xlsx'; name the file \*.parquet or \*.csv",
         ),
-        (["--value", "speed:mean", "-O", "{tmp}/missing/r.parquet"], r"the folder .*missing does not exist"),
+        (["--value", "speed:mean", "-o", "{tmp}/missing/r.parquet"], r"the folder .*missing does not exist"),
         (["--by", "nope", "--value", "speed:mean"], r"unknown group column 'nope' for agents"),
         (["--value", "speed:mean", "--where", "speed >>> 2"], r"does not parse"),
     ],

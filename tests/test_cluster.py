@@ -44,13 +44,13 @@ def test_cli_s3_on_cluster_equals_local(dask_cluster, s3, s3_small, local_report
         "--output",
         str(out),
         "--quiet",
-        "-o",
+        "-s",
         f"key={s3.key}",
-        "-o",
+        "-s",
         f"secret={s3.secret}",
-        "-o",
+        "-s",
         f"client_kwargs.endpoint_url={s3.endpoint}",
-        "-o",
+        "-s",
         "client_kwargs.region_name=us-east-1",
     )
     assert r.returncode == 0, r.stderr
@@ -227,26 +227,20 @@ def test_environment_credentials_reach_the_workers(dask_cluster, s3, s3_small, l
     assert s3.secret not in r.stdout + r.stderr
 
 
-def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
-    """A scheduler with its dashboard: the link the CLI prints answers; --quiet prints nothing."""
-    import urllib.request
-
+def _scheduler_with_dashboard(bokeh: bool):
+    """A scheduler (its dashboard asked for) and a worker, as processes; ``bokeh=False``: bokeh
+    cannot be imported where the scheduler runs (dask then serves a page that says it needs it)."""
     from .conftest import free_port
 
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
+    argv = ["dask-scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address", "127.0.0.1:0"]
+    hide = "" if bokeh else "sys.modules['bokeh'] = None; "  # (an import of it then raises ImportError)
     scheduler = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "dask",
-            "scheduler",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--dashboard-address",
-            "127.0.0.1:0",
+            "-c",
+            f"import sys; {hide}sys.argv = {argv!r}; from distributed.cli.dask_scheduler import main; main()",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -256,19 +250,46 @@ def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    with Client(address, timeout="30s", set_as_default=False) as client:
+        client.wait_for_workers(1, timeout=60)
+    return address, (worker, scheduler)
+
+
+def test_cli_prints_the_dashboard_link_when_the_job_starts(small_ds, tmp_path):
+    """A scheduler with its dashboard: the link the CLI prints answers; --quiet prints nothing."""
+    import urllib.request
+
+    address, processes = _scheduler_with_dashboard(bokeh=True)
     try:
-        with Client(address, timeout="30s", set_as_default=False) as client:
-            client.wait_for_workers(1, timeout=60)
         r = cli("stats", small_ds, "--scheduler", address, "--output", str(tmp_path / "r.json"))
         assert r.returncode == 0, r.stderr
         line = [x for x in r.stderr.splitlines() if "dashboard:" in x][0]
         link = line.split("dashboard: ")[1].strip()
         assert link.startswith("http://127.0.0.1:") and address in line
-        assert urllib.request.urlopen(link, timeout=30).status == 200
+        page = urllib.request.urlopen(link, timeout=30)
+        assert page.status == 200 and b"needs bokeh" not in page.read()
         r = cli("stats", small_ds, "--scheduler", address, "--quiet")
         assert r.returncode == 0 and "dashboard" not in r.stderr
     finally:
-        for p in (worker, scheduler):
+        for p in processes:
+            p.terminate()
+            p.wait(15)
+
+
+def test_cli_names_no_dashboard_link_where_bokeh_is_missing(small_ds, tmp_path):
+    """A scheduler without bokeh names a link that opens "Dask needs bokeh>=3.1.0": the CLI prints
+    no link, but one line saying what to install (issue 49, item 7)."""
+    address, processes = _scheduler_with_dashboard(bokeh=False)
+    try:
+        with Client(address, timeout="30s", set_as_default=False) as client:
+            assert client.dashboard_link.startswith("http://")  # (what was printed before)
+        r = cli("stats", small_ds, "--scheduler", address, "--output", str(tmp_path / "r.json"))
+        assert r.returncode == 0, r.stderr
+        line = [x for x in r.stderr.splitlines() if "dashboard:" in x]
+        assert len(line) == 1 and "http://" not in line[0], r.stderr
+        assert "the scheduler has no bokeh: pip install 'l5dask[dashboard]'" in line[0], line
+    finally:
+        for p in processes:
             p.terminate()
             p.wait(15)
 

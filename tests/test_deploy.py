@@ -183,7 +183,7 @@ print(before, after_sync, gc.get_freeze_count() > 10_000)
     cli = """
 import gc, sys
 import l5dask.cli
-l5dask.cli.main.main(["stats", sys.argv[1], "-q", "-O", sys.argv[2]], standalone_mode=False)
+l5dask.cli.main.main(["stats", sys.argv[1], "-q", "-o", sys.argv[2]], standalone_mode=False)
 print(gc.get_freeze_count() > 10_000)
 """
     out = subprocess.run(

@@ -245,7 +245,7 @@ def test_the_same_on_a_cluster_and_from_s3(files, s3, dask_cluster):
 def test_cli_writes_the_metrics_and_a_page(files, tmp_path):
     root, (gt, pred), _ = files
     out, page = tmp_path / "m.json", tmp_path / "m.html"
-    r = cli(str(root / "pred.json"), "--gt", str(root / "gt.json"), "-O", str(out), "--html", str(page), "-q")
+    r = cli(str(root / "pred.json"), "--gt", str(root / "gt.json"), "-o", str(out), "--html", str(page), "-q")
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
     classes, ref = reference(gt, pred)
@@ -258,7 +258,7 @@ def test_cli_writes_the_metrics_and_a_page(files, tmp_path):
         str(root / "pred.json"),
         "--gt",
         str(root / "gt.json"),
-        "-O",
+        "-o",
         str(out),
         "--html",
         str(page),
@@ -271,7 +271,7 @@ def test_cli_writes_the_metrics_and_a_page(files, tmp_path):
     assert got["geometry"] == "sdk-0.0.8" and "geometry sdk-0.0.8)" in r.stdout
     assert "box geometry sdk-0.0.8 (the SDK&#x27;s PyPI release: yaws mirrored)" in page.read_text()
     r = cli(
-        str(root / "pred.json"), "--gt", str(root / "gt.json"), "-O", str(tmp_path / "x.json"), "--geometry", "0.0.8"
+        str(root / "pred.json"), "--gt", str(root / "gt.json"), "-o", str(tmp_path / "x.json"), "--geometry", "0.0.8"
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and not (tmp_path / "x.json").exists()
     assert "--geometry: '0.0.8' is not one of corrected, sdk-0.0.8" in r.stderr
@@ -299,7 +299,7 @@ def test_ground_truth_from_a_perception_dataset(tmp_path):
     write_json(pred, tmp_path / "pred.json")
     classes, ref = reference(gt, pred)
     out = tmp_path / "m.json"
-    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-O", str(out), "-q")
+    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-o", str(out), "-q")
     assert r.returncode == 0, r.stderr
     got = json.loads(out.read_text())
     assert got["classes"] == classes
@@ -354,11 +354,11 @@ def test_by_distance_bands_hold_the_reports_boxes_and_the_truth_scores_1(tmp_pat
         for a in load("sample_annotation")
     ]
     write_json(pred, tmp_path / "pred.json")
-    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-O", str(tmp_path / "m.json"), "-q")
+    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-o", str(tmp_path / "m.json"), "-q")
     assert r.returncode == 0, r.stderr
     bands = json.loads((tmp_path / "m.json").read_text())["by_distance"]
     r = subprocess.run(
-        [sys.executable, "-m", "l5dask.cli", "perception", "stats", str(root), "-O", str(tmp_path / "r.json"), "-q"],
+        [sys.executable, "-m", "l5dask.cli", "perception", "stats", str(root), "-o", str(tmp_path / "r.json"), "-q"],
         capture_output=True,
         text=True,
     )
@@ -417,7 +417,7 @@ def test_bad_predictions_are_one_line_naming_file_row_and_field(tmp_path, text, 
     with pytest.raises(FormatError, match="pred.json") as err:
         evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"))
     assert message in str(err.value) and "\n" not in str(err.value)
-    r = cli(str(tmp_path / "pred.json"), "--gt", str(tmp_path / "gt.json"), "-O", str(tmp_path / "m.json"))
+    r = cli(str(tmp_path / "pred.json"), "--gt", str(tmp_path / "gt.json"), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and message in r.stderr, r.stderr
     assert not (tmp_path / "m.json").exists()
 
@@ -427,33 +427,33 @@ def test_bad_csv_and_unknown_samples(tmp_path):
     gt.write_text("Id,PredictionString\ns1,1 2 3 1 2 1 0.5 car\ns2,\n")
     bad = tmp_path / "bad.csv"
     bad.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 car\n")
-    r = cli(str(bad), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    r = cli(str(bad), "--gt", str(gt), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "line 2: PredictionString has 8 tokens, not a multiple of 9" in r.stderr
     notnum = tmp_path / "notnum.csv"
     notnum.write_text("Id,PredictionString\ns1,0.5 1 2 3 one 2 1 0.1 car\n")
-    r = cli(str(notnum), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    r = cli(str(notnum), "--gt", str(gt), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "line 2: box 0: width is 'one', not a number" in r.stderr
     infinite = tmp_path / "infinite.csv"  # (found by the fuzzer: sin(inf) raised a bare ValueError)
     infinite.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 1e400 car\n")
-    r = cli(str(infinite), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    r = cli(str(infinite), "--gt", str(gt), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "line 2: yaw is not finite ([inf])" in r.stderr
     assert not (tmp_path / "m.json").exists()
     nul = tmp_path / "nul.json"  # (found by the fuzzer: read whole, numpy dropped the NUL)
     box = '"translation": [0, 0, 0], "size": [1, 1, 1], "rotation": [1, 0, 0, 0], "score": 0.5'
     nul.write_text(f'[{{"sample_token": "s1", {box}, "name": "car\\u0000"}}]')
-    r = cli(str(nul), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    r = cli(str(nul), "--gt", str(gt), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "the class name 'car\\x00' holds a NUL" in r.stderr
     unknown = tmp_path / "unknown.csv"
     unknown.write_text("Id,PredictionString\ns1,0.5 1 2 3 1 2 1 0.5 car\ns9,0.4 1 2 3 1 2 1 0.5 car\n")
-    r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "m.json"))
+    r = cli(str(unknown), "--gt", str(gt), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "the sample s9 is not in the ground truth" in r.stderr
-    r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "m.json"), "--allow-unknown-samples", "-q")
+    r = cli(str(unknown), "--gt", str(gt), "-o", str(tmp_path / "m.json"), "--allow-unknown-samples", "-q")
     assert r.returncode == 0 and "1 prediction(s) on samples the ground truth does not list" in r.stderr
-    r = cli(str(unknown), "--gt", str(gt), "-O", str(tmp_path / "no-such-folder" / "m.json"))
+    r = cli(str(unknown), "--gt", str(gt), "-o", str(tmp_path / "no-such-folder" / "m.json"))
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no-such-folder" in r.stderr
-    r = cli(str(unknown), "-O", str(tmp_path / "m.json"))
+    r = cli(str(unknown), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "--gt FILE or --dataset DATA" in r.stderr
     empty = tmp_path / "empty.json"
     empty.write_text("[]")
-    r = cli(str(unknown), "--gt", str(empty), "-O", str(tmp_path / "m.json"))
+    r = cli(str(unknown), "--gt", str(empty), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "no ground-truth box" in r.stderr

@@ -4,7 +4,7 @@ warning, and a real browser renders it.
 - Every ```python block of a page runs, in order, in one namespace per page, in a fresh folder
   holding what the README's first command leaves there (``l5dask-demo/``, from ``l5dask demo``)
   and nothing else: the data an example reads is made by that command or by a line of the page
-  (``l5dask synth sample.zarr ...``), as for a user. Every ```console block runs its ``$`` lines
+  (``l5dask synth --output sample.zarr ...``), as for a user. Every ```console block runs its ``$`` lines
   with bash there, and each must exit 0 (a block that shows a failure says so with ``|| echo``).
   A block that cannot run (the set-up commands themselves, docker) has a
   ``<!-- docs-test: skip (why) -->`` line just before it; a ```bash block that calls ``l5dask``

@@ -274,7 +274,7 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
         "evaluate",
         gt_path,
         tmp_path / "p.csv",
-        "-O",
+        "-o",
         tmp_path / "m.json",
         "--dataset",
         path,
@@ -332,7 +332,7 @@ def test_evaluate_by_scene_refuses_scene_intervals_out_of_order(edge, tmp_path):
     assert len(sc) >= 2
     sc[[0, 1]] = sc[[1, 0]]  # two scenes' rows swapped
     z["scenes"][:] = sc
-    r = cli("evaluate", tmp_path / "gt.csv", tmp_path / "p.csv", "-O", tmp_path / "m.json", "--dataset", work, "-q")
+    r = cli("evaluate", tmp_path / "gt.csv", tmp_path / "p.csv", "-o", tmp_path / "m.json", "--dataset", work, "-q")
     one_line_error(r, "scenes", "frame_index_interval")
     assert not (tmp_path / "m.json").exists()
 
@@ -498,7 +498,7 @@ def test_ground_truth_equals_l5kits(edge, tmp_path):
     assert "0.5" not in l5dask.open_dataset(path).masks
     mask = (ref_mask[:, 0] >= 10) & (ref_mask[:, 1] >= 1)
     ground_truth(path, str(tmp_path / "ref.csv"), 50, 0.5, mask)
-    r = cli("gt", path, "-O", tmp_path / "gt.csv", "-q", "--chunks-per-task", 2)
+    r = cli("gt", path, "-o", tmp_path / "gt.csv", "-q", "--chunks-per-task", 2)
     assert r.returncode == 0, r.stderr
     assert f"{mask.sum():,} rows" in r.stdout
     same_gt(tmp_path / "gt.csv", tmp_path / "ref.csv")
@@ -506,7 +506,7 @@ def test_ground_truth_equals_l5kits(edge, tmp_path):
     a = read_all(path)["agents"]
     mask2 = (ref_mask[:, 0] >= 0) & (ref_mask[:, 1] >= 3)
     ground_truth(path, str(tmp_path / "ref2.csv"), 7, 0.5, mask2)
-    r = cli("gt", path, "-O", tmp_path / "gt2.csv", "--future-frames", 7, "--min-history", 0, "--min-future", 3, "-q")
+    r = cli("gt", path, "-o", tmp_path / "gt2.csv", "--future-frames", 7, "--min-history", 0, "--min-future", 3, "-q")
     assert r.returncode == 0, r.stderr
     same_gt(tmp_path / "gt2.csv", tmp_path / "ref2.csv")
     from l5dask.evaluation.agents import label_filter
@@ -516,7 +516,7 @@ def test_ground_truth_equals_l5kits(edge, tmp_path):
     pick[np.flatnonzero(passing)[::7]] = True
     np.savez(tmp_path / "mask.npz", pick)
     ground_truth(path, str(tmp_path / "ref3.csv"), 50, 0.5, pick)
-    r = cli("gt", path, "-O", tmp_path / "gt3.csv", "--mask", tmp_path / "mask.npz", "-q")
+    r = cli("gt", path, "-o", tmp_path / "gt3.csv", "--mask", tmp_path / "mask.npz", "-q")
     assert r.returncode == 0, r.stderr
     same_gt(tmp_path / "gt3.csv", tmp_path / "ref3.csv")
 
@@ -544,7 +544,7 @@ def test_chop_equals_l5kits(edge, tmp_path):
         orig_b[so], chop_b[sc] = m, m
     ground_truth(path, str(ref_dir / "gt.csv"), t, 0.5, orig_b)
     r = cli(
-        "chop", path, "--frames", n_copy, "--future-frames", t, "--min-future", min_future, "-O", tmp_path / "out", "-q"
+        "chop", path, "--frames", n_copy, "--future-frames", t, "--min-future", min_future, "-o", tmp_path / "out", "-q"
     )
     assert r.returncode == 0, r.stderr
     a, b = read_all(str(ref_dir / "edge.zarr")), read_all(str(tmp_path / "out" / "edge.zarr"))
@@ -571,6 +571,21 @@ def good_pair(tmp_path_factory):
     return d
 
 
+def test_evaluate_prints_its_metrics_without_an_output(good_pair, tmp_path):
+    """``evaluate`` without -o prints the metrics (it needed -O before, issue 49); with -o, the same
+    lines and the file holds the numbers printed."""
+    gt, pred = good_pair / "gt.csv", good_pair / "p.csv"
+    printed = cli("evaluate", gt, pred, "-q")
+    assert printed.returncode == 0, printed.stderr
+    r = cli("evaluate", gt, pred, "-q", "-o", tmp_path / "m.json")
+    assert r.returncode == 0, r.stderr
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    lines = dict(line.split(None, 1) for line in printed.stdout.splitlines()[:-1])
+    assert float(lines["neg_multi_log_likelihood"]) == pytest.approx(metrics["neg_multi_log_likelihood"], rel=1e-5)
+    assert printed.stdout.splitlines()[:-1] == r.stdout.splitlines()[:-1]
+    assert list(tmp_path.iterdir()) == [tmp_path / "m.json"]
+
+
 def lines_of(path):
     return path.read_bytes().split(b"\r\n")
 
@@ -582,7 +597,7 @@ def write_lines(path, lines):
 
 def evaluate_error(tmp_path, gt, pred, *needles, extra=()):
     out = tmp_path / "m.json"
-    r = cli("evaluate", gt, pred, "-O", out, "-q", *extra)
+    r = cli("evaluate", gt, pred, "-o", out, "-q", *extra)
     one_line_error(r, *needles)
     assert not out.exists() and not list(tmp_path.glob(".m.json*"))
 
@@ -681,7 +696,7 @@ def test_bad_masks_and_frames(edge, tmp_path):
     path = edge[0]
     n = len(l5dask.open_dataset(path)["agents"])
     np.savez(tmp_path / "short.npz", np.ones(n - 1, bool))
-    r = cli("gt", path, "-O", tmp_path / "gt.csv", "--mask", tmp_path / "short.npz")
+    r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / "short.npz")
     one_line_error(r, "shape", f"{n:,} agents")
     assert not (tmp_path / "gt.csv").exists() and not list(tmp_path.glob(".gt.csv*"))
     a = read_all(path)["agents"]
@@ -692,13 +707,13 @@ def test_bad_masks_and_frames(edge, tmp_path):
     # an agent whose track has no other agent in its frame passing the filter
     bad[failing[0]] = True
     np.savez(tmp_path / "bad.npz", bad)
-    r = cli("gt", path, "-O", tmp_path / "gt.csv", "--mask", tmp_path / "bad.npz", "-q")
+    r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / "bad.npz", "-q")
     one_line_error(r, f"agent {failing[0]}", "fails the label filter")
     assert not (tmp_path / "gt.csv").exists() and not list(tmp_path.glob(".gt.csv*"))
-    r = cli("chop", path, "--frames", 10_000, "-O", tmp_path / "out", "-q")
+    r = cli("chop", path, "--frames", 10_000, "-o", tmp_path / "out", "-q")
     one_line_error(r, "--frames 10000", "every scene must have more")
     assert not (tmp_path / "out" / "edge.zarr").exists()
-    r = cli("chop", path, "--frames", 60, "--min-future", 0, "-O", tmp_path / "out0", "-q")
+    r = cli("chop", path, "--frames", 60, "--min-future", 0, "-o", tmp_path / "out0", "-q")
     one_line_error(r, "fails the label filter")  # L5Kit raises there too
     assert not any(os.scandir(tmp_path / "out0"))
 
@@ -711,17 +726,17 @@ def test_evaluate_and_gt_on_s3_and_a_cluster(edge, s3, dask_cluster, tmp_path):
     opts = s3.storage_options()
     export_zarr_to_csv(path, str(tmp_path / "gt.csv"), T, 0.5)
     args = [
-        "-o",
+        "-s",
         f"key={s3.key}",
-        "-o",
+        "-s",
         f"secret={s3.secret}",
-        "-o",
+        "-s",
         f"client_kwargs.endpoint_url={s3.endpoint}",
-        "-o",
+        "-s",
         "client_kwargs.region_name=us-east-1",
     ]
     r = cli(
-        "gt", path, "-O", "s3://l5-eval/gt.csv", "--future-frames", T, "-q", "--scheduler", dask_cluster.address, *args
+        "gt", path, "-o", "s3://l5-eval/gt.csv", "--future-frames", T, "-q", "--scheduler", dask_cluster.address, *args
     )
     assert r.returncode == 0, r.stderr
     assert fs.cat("l5-eval/gt.csv") == (tmp_path / "gt.csv").read_bytes()
@@ -742,7 +757,7 @@ def test_evaluate_and_gt_on_s3_and_a_cluster(edge, s3, dask_cluster, tmp_path):
         "evaluate",
         "s3://l5-eval/gt.csv",
         "s3://l5-eval/p.csv",
-        "-O",
+        "-o",
         "s3://l5-eval/m.json",
         "-q",
         "--scheduler",
@@ -847,7 +862,7 @@ def test_evaluate_on_a_cluster_with_credentials_from_this_environment_only(s3_pa
     paths, _ = s3_pair
     env = s3.environment()
     out = tmp_path / "m.json"
-    args = ["evaluate", "s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", "-O", out, "-q"]
+    args = ["evaluate", "s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", "-o", out, "-q"]
     r = subprocess.run(
         [sys.executable, "-m", "l5dask.cli", *map(str, args), "--scheduler", dask_cluster.address],
         capture_output=True,

@@ -249,12 +249,12 @@ def test_failed_export_leaves_nothing(source, tmp_path, kind):
 
 
 def test_cli_export(source, tmp_path):
-    r = CliRunner().invoke(main, ["export", source, str(tmp_path / "v3"), "--format", "zarr3", "-q"])
+    r = CliRunner().invoke(main, ["export", source, "-o", str(tmp_path / "v3"), "--format", "zarr3", "-q"])
     assert r.exit_code == 0, r.output
     assert "agents" in r.output
     r = CliRunner().invoke(main, ["info", str(tmp_path / "v3")])
     assert r.exit_code == 0 and "agents" in r.output, r.output
-    r = CliRunner().invoke(main, ["export", source, str(tmp_path / "x"), "--format", "csv"])
+    r = CliRunner().invoke(main, ["export", source, "-o", str(tmp_path / "x"), "--format", "csv"])
     assert r.exit_code != 0
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and "unknown export format 'csv'" in lines[0]

@@ -264,12 +264,12 @@ def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is
     proxy.stall = "/agents/1"
     out = tmp_path / "report.json"
     env = dict(os.environ, DASK_L5DASK__READ_TIMEOUT="1")
-    cmd = [sys.executable, "-m", "l5dask.cli", "stats", s3_small, "-O", str(out), "-q"]
+    cmd = [sys.executable, "-m", "l5dask.cli", "stats", s3_small, "-o", str(out), "-q"]
     for k, v in s3.storage_options().items():
         if k == "client_kwargs":
-            cmd += ["-o", f"client_kwargs.endpoint_url={proxy.endpoint}", "-o", "client_kwargs.region_name=us-east-1"]
+            cmd += ["-s", f"client_kwargs.endpoint_url={proxy.endpoint}", "-s", "client_kwargs.region_name=us-east-1"]
         elif isinstance(v, str):
-            cmd += ["-o", f"{k}={v}"]
+            cmd += ["-s", f"{k}={v}"]
     # (the guard: three reads of a second each and their backoff, not botocore's 60 s five times)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stderr
@@ -310,7 +310,7 @@ def test_an_endpoint_that_refuses_the_connection_fails_after_a_few_attempts_each
         AWS_DEFAULT_REGION="us-east-1",
     )
     out = tmp_path / "report.json"
-    cmd = [sys.executable, "-m", "l5dask.cli", "stats", "s3://l5-nowhere/data.zarr", "-O", str(out)]
+    cmd = [sys.executable, "-m", "l5dask.cli", "stats", "s3://l5-nowhere/data.zarr", "-o", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.splitlines()

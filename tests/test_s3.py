@@ -116,11 +116,11 @@ def test_cli_wrong_credentials_one_line(s3, s3_small):
             "l5dask.cli",
             "info",
             s3_small,
-            "-o",
+            "-s",
             f"client_kwargs.endpoint_url={s3.endpoint}",
-            "-o",
+            "-s",
             "key=AKIAWRONG",
-            "-o",
+            "-s",
             "secret=x",
         ],
         capture_output=True,
@@ -147,13 +147,13 @@ def test_synth_and_write_to_s3(s3, tmp_path):
 
 def _s3_options(s3) -> list[str]:
     return [
-        "-o",
+        "-s",
         f"key={s3.key}",
-        "-o",
+        "-s",
         f"secret={s3.secret}",
-        "-o",
+        "-s",
         f"client_kwargs.endpoint_url={s3.endpoint}",
-        "-o",
+        "-s",
         "client_kwargs.region_name=us-east-1",
     ]
 

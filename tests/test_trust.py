@@ -60,14 +60,24 @@ def _files(folder: Path) -> list[str]:
 
 def _commands(data: str, out: Path, chunk_damage: bool) -> dict[str, list[str]]:
     cmds = {
-        "stats": ["stats", data, "-q", "-O", str(out / "report.json"), "--scenes-table", str(out / "scenes.parquet")],
-        "agg": ["agg", data, "-q", "-b", "scene_index,label", "-v", "speed:mean,q50", "-O", str(out / "agg.parquet")],
-        "report": ["report", data, "-q", "-O", str(out / "report.html")],
-        "export": ["export", data, str(out / "export"), "-q"],
-        "subset": ["subset", data, str(out / "subset.zarr"), "--scenes", "0:2", "-q"],
-        "concat": ["concat", data, data, "-O", str(out / "concat.zarr"), "-q"],
-        "select-agents": ["select-agents", data, "-O", str(out / "mask.zarr"), "-q"],
-        "gt": ["gt", data, "-O", str(out / "gt.csv"), "-q"],
+        "stats": ["stats", data, "-q", "-o", str(out / "report.json"), "--scenes-table", str(out / "scenes.parquet")],
+        "agg": [
+            "agg",
+            data,
+            "-q",
+            "-b",
+            "scene_index,label",
+            "--value",
+            "speed:mean,q50",
+            "-o",
+            str(out / "agg.parquet"),
+        ],
+        "report": ["report", data, "-q", "-o", str(out / "report.html")],
+        "export": ["export", data, "-o", str(out / "export"), "-q"],
+        "subset": ["subset", data, "-o", str(out / "subset.zarr"), "--scenes", "0:2", "-q"],
+        "concat": ["concat", data, data, "-o", str(out / "concat.zarr"), "-q"],
+        "select-agents": ["select-agents", data, "-o", str(out / "mask.zarr"), "-q"],
+        "gt": ["gt", data, "-o", str(out / "gt.csv"), "-q"],
     }
     if not chunk_damage:
         cmds["info"] = ["info", data]
@@ -155,7 +165,7 @@ def _s3_flags(s3) -> list[str]:
         f"client_kwargs.endpoint_url={s3.endpoint}",
         "client_kwargs.region_name=us-east-1",
     )
-    return [arg for pair in pairs for arg in ("-o", pair)]
+    return [arg for pair in pairs for arg in ("-s", pair)]
 
 
 # --- the same through a zip and S3 -----------------------------------------------------------------------
@@ -414,7 +424,7 @@ def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
     for data, extra in ((str(root), []), (str(archive), []), ("s3://l5-perception/bad", flags)):
         out = tmp_path / "out"
         out.mkdir()
-        _assert_one_line(_run(["perception", "stats", data, "-O", str(out / "p.json"), "-q", *extra]), pattern)
+        _assert_one_line(_run(["perception", "stats", data, "-o", str(out / "p.json"), "-q", *extra]), pattern)
         assert _files(out) == []
         shutil.rmtree(out)
 
@@ -448,25 +458,28 @@ def test_every_json_output_of_every_command_is_strict_json(tmp_path):
 
     data, pdata, out = str(tmp_path / "d.zarr"), str(tmp_path / "lyft"), tmp_path / "out"
     out.mkdir()
-    assert _run(["synth", data, "--scenes", "3", "--seed", "5"]).exit_code == 0
-    assert _run(["perception", "synth", pdata, "--scenes", "1", "--lidar-points", "300", "--no-images"]).exit_code == 0
+    assert _run(["synth", "-o", data, "--scenes", "3", "--seed", "5"]).exit_code == 0
+    assert (
+        _run(["perception", "synth", "-o", pdata, "--scenes", "1", "--lidar-points", "300", "--no-images"]).exit_code
+        == 0
+    )
     printed = {}
     cmds = {
-        "stats": ["stats", data, "-q", "-O", str(out / "stats.json")],
-        "report": ["report", data, "-q", "-O", str(out / "report.html"), "--json", str(out / "report.json")],
-        "export": ["export", data, str(out / "export"), "-f", "zarr3", "-q"],
-        "subset": ["subset", data, str(out / "subset.zarr"), "--scenes", "0:2", "-q"],
-        "split": ["split", data, str(out / "split"), "--part", "a=1", "--part", "b=rest", "-q"],
-        "concat": ["concat", data, data, "-O", str(out / "concat.zarr"), "-q"],
-        "chop": ["chop", data, "--frames", "60", "-O", str(out / "chop"), "-q"],
-        "select-agents": ["select-agents", data, "-O", str(out / "mask.zarr"), "-q"],
-        "gt": ["gt", data, "-O", str(out / "gt.csv"), "-q"],
-        "perception stats": ["perception", "stats", pdata, "-O", str(out / "pstats.json"), "-q"],
+        "stats": ["stats", data, "-q", "-o", str(out / "stats.json")],
+        "report": ["report", data, "-q", "-o", str(out / "report.html"), "--json", str(out / "report.json")],
+        "export": ["export", data, "-o", str(out / "export"), "-f", "zarr3", "-q"],
+        "subset": ["subset", data, "-o", str(out / "subset.zarr"), "--scenes", "0:2", "-q"],
+        "split": ["split", data, "-o", str(out / "split"), "--part", "a=1", "--part", "b=rest", "-q"],
+        "concat": ["concat", data, data, "-o", str(out / "concat.zarr"), "-q"],
+        "chop": ["chop", data, "--frames", "60", "-o", str(out / "chop"), "-q"],
+        "select-agents": ["select-agents", data, "-o", str(out / "mask.zarr"), "-q"],
+        "gt": ["gt", data, "-o", str(out / "gt.csv"), "-q"],
+        "perception stats": ["perception", "stats", pdata, "-o", str(out / "pstats.json"), "-q"],
         "perception report": [
-            *("perception", "report", pdata, "-O", str(out / "preport.html")),
+            *("perception", "report", pdata, "-o", str(out / "preport.html")),
             *("--json", str(out / "preport.json"), "--points-in-boxes", "-q"),
         ],
-        "perception to-l5kit": ["perception", "to-l5kit", pdata, str(out / "from-perception.zarr")],
+        "perception to-l5kit": ["perception", "to-l5kit", pdata, "-o", str(out / "from-perception.zarr")],
     }
     for name, args in cmds.items():
         r = _run(args)
@@ -478,10 +491,10 @@ def test_every_json_output_of_every_command_is_strict_json(tmp_path):
     pred = np.stack([coords, coords + 1.0, coords - 1.0], axis=1)
     conf = np.tile([0.7, 0.3, 0.0], (len(coords), 1))
     write_pred_csv(str(out / "pred.csv"), g.timestamps.compute(), g.track_ids.compute(), pred, conf)
-    r = _run(["evaluate", str(out / "gt.csv"), str(out / "pred.csv"), "-O", str(out / "metrics.json"), "-q"])
+    r = _run(["evaluate", str(out / "gt.csv"), str(out / "pred.csv"), "-o", str(out / "metrics.json"), "-q"])
     assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
     r = _run(
-        ["evaluate", str(out / "gt.csv"), str(out / "pred.csv"), "--dataset", data, "-O", str(out / "m2.json"), "-q"]
+        ["evaluate", str(out / "gt.csv"), str(out / "pred.csv"), "--dataset", data, "-o", str(out / "m2.json"), "-q"]
     )
     assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
     # the Lyft SDK's mAP of a dataset's ground truth given back as predictions (with its distance bands)
@@ -494,11 +507,11 @@ def test_every_json_output_of_every_command_is_strict_json(tmp_path):
         for a in load("sample_annotation")
     ]
     (out / "boxes.json").write_text(json.dumps(boxes))
-    r = _run(["perception", "evaluate", str(out / "boxes.json"), "--dataset", pdata, "-O", str(out / "det.json"), "-q"])
+    r = _run(["perception", "evaluate", str(out / "boxes.json"), "--dataset", pdata, "-o", str(out / "det.json"), "-q"])
     assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
     assert _strict((out / "det.json").read_text(), "det.json")["by_distance"][-1]["band"] == [50.0, None]
     # demo: a dataset and its report
-    r = _run(["demo", "--scenes", "1", "--out", str(out / "demo")])
+    r = _run(["demo", "--scenes", "1", "--output", str(out / "demo")])
     assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
     # every JSON file written (reports, metrics, zarr metadata, the perception tables) and the printed JSON
     names = {".zarray", ".zattrs", ".zgroup", ".zmetadata"}

@@ -136,6 +136,42 @@ def dashboard_link(client: Any) -> str | None:
         return None
 
 
+#: What serves dask's dashboard, where the scheduler runs (distributed's own requirement, bokeh>=3.1.0).
+DASHBOARD_INSTALL = "pip install 'l5dask[dashboard]' (or bokeh>=3.1.0) where the scheduler runs"
+
+
+def dashboard(client: Any) -> str:
+    """Where the scheduler's dashboard is: its link when it serves one, else one line saying why
+    not and what to install. (A scheduler without bokeh, or with one older than dask needs, still
+    names a link: it opens a page saying "Dask needs bokeh>=3.1.0".)"""
+
+    def serves(dask_scheduler: Any = None) -> tuple[bool, str | None]:  # (run on the scheduler)
+        import sys
+
+        if "distributed.dashboard.scheduler" in sys.modules:  # (imported only when it serves)
+            return True, None
+        try:
+            import bokeh
+        except ImportError:
+            return False, None
+        return False, str(bokeh.__version__)
+
+    link = dashboard_link(client)
+    try:
+        served, bokeh = client.run_on_scheduler(serves)
+    except Exception:  # noqa: BLE001 - a scheduler that runs no code of its clients: say the link
+        return link or "unknown (the scheduler names none)"
+    if served:
+        return link or "unknown (the scheduler names none)"
+    if bokeh is None:
+        return f"none (the scheduler has no bokeh: {DASHBOARD_INSTALL})"
+    from distributed.versions import BOKEH_REQUIREMENT
+
+    if not BOKEH_REQUIREMENT.specifier.contains(bokeh, prereleases=True):
+        return f"none (the scheduler's bokeh is {bokeh}: {DASHBOARD_INSTALL})"
+    return "none (the scheduler serves none: started with --no-dashboard?)"
+
+
 def _lost(client: Any, exc: BaseException) -> bool:
     from concurrent.futures import CancelledError
 

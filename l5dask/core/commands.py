@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -62,18 +63,83 @@ def friendly(func):
     return wrapper
 
 
+# --- the one convention --------------------------------------------------------------------
+#: Every command's shared options, by parameter name: the same flags and the same meaning in every
+#: command (tests/test_cli.py walks every command against it). Letters as most tools read them:
+#: ``-o`` is where the answer goes, ``-q`` silences progress (never the answer), storage options
+#: have a long name; a command's output (a file or a folder) is always ``-o/--output``, never an
+#: argument; its inputs are its arguments.
+CONVENTION: dict[str, tuple[str, ...]] = {
+    "output": ("--output", "-o"),
+    "quiet": ("--quiet", "-q"),
+    "overwrite": ("--overwrite",),
+    "storage_options": ("--storage-option", "-s"),
+    "scheduler": ("--scheduler",),
+    "chunks_per_task": ("--chunks-per-task",),
+}
+
+# (a storage option that an old command line gives with -o, e.g. anon=true or
+# client_kwargs.endpoint_url=http://...: refused as an output rather than written to a file so named)
+_LOOKS_LIKE_OPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=")
+
+
+def _checked_output(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # (year=2020/part.parquet is an output; anon=true and client_kwargs.endpoint_url=http://... are not)
+    if value is not None and _LOOKS_LIKE_OPTION.match(value) and ("/" not in value or "://" in value):
+        raise click.BadParameter(
+            f"{value!r} looks like a storage option (KEY=VALUE): -o is the output, storage options are "
+            f"-s/--storage-option (for an output so named, write ./{value})",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
+def output_option(help: str, required: bool = False, default: str | None = None) -> Any:
+    """The command's output, ``-o/--output`` (a file or a folder: ``help`` says which)."""
+    return click.option(
+        *CONVENTION["output"],
+        "output",
+        required=required,
+        default=default,
+        show_default=default is not None,
+        callback=_checked_output,
+        help=help,
+    )
+
+
+def _quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """``-q``: the store's retries (``l5dask.store`` warnings, on stderr) are not said either."""
+    if value:
+        import logging
+
+        logging.getLogger("l5dask.store").setLevel(logging.ERROR)
+    return value
+
+
+quiet_option = click.option(
+    *CONVENTION["quiet"],
+    "quiet",
+    is_flag=True,
+    callback=_quiet,
+    help="no progress on stderr, nor the store's retries (the answer is still printed)",
+)
+
 storage_option = click.option(
-    "--storage-option",
-    "-o",
+    *CONVENTION["storage_options"],
     "storage_options",
     multiple=True,
     metavar="KEY=VALUE",
-    help="fsspec storage option (repeatable), e.g. -o client_kwargs.endpoint_url=http://127.0.0.1:5000",
+    help="fsspec storage option (repeatable), e.g. -s client_kwargs.endpoint_url=http://127.0.0.1:5000",
 )
 
 
+def overwrite_option(what: str = "what exists at the output") -> Any:
+    return click.option(*CONVENTION["overwrite"], "overwrite", is_flag=True, help=f"replace {what}")
+
+
 scheduler_option = click.option(
-    "--scheduler",
+    *CONVENTION["scheduler"],
     "scheduler",
     metavar="ADDRESS",
     default=None,
@@ -83,16 +149,53 @@ scheduler_option = click.option(
 
 
 chunks_option = click.option(
-    "--chunks-per-task",
+    *CONVENTION["chunks_per_task"],
+    "chunks_per_task",
     default=None,
     type=click.IntRange(1),
     help="stored chunks per task [default: sized for the scheduler: up to 8 on local threads, 64 on a cluster]",
 )
 
 
+def shared(
+    *,
+    output: str | None = None,
+    output_required: bool = False,
+    output_default: str | None = None,
+    overwrite: str | None = None,
+    storage: bool = True,
+    scheduler: bool = False,
+    chunks: bool = False,
+) -> Any:
+    """Every command's one declaration of its shared options (after its own) and of the one error
+    path (:func:`friendly`): ``-q/--quiet`` always; ``-o/--output`` with ``output`` as its help;
+    ``--overwrite`` with ``overwrite`` saying what it replaces; ``-s/--storage-option`` unless
+    ``storage`` is false (a command that writes only local files); ``--scheduler`` and
+    ``--chunks-per-task`` for the commands that run passes."""
+
+    def apply(func: Any) -> Any:
+        func = friendly(func)
+        options = [quiet_option]
+        if output is not None:
+            options.append(output_option(output, required=output_required, default=output_default))
+        if overwrite is not None:
+            options.append(overwrite_option(overwrite))
+        if chunks:
+            options.append(chunks_option)
+        if scheduler:
+            options.append(scheduler_option)
+        if storage:
+            options.append(storage_option)
+        for option in reversed(options):  # (click lists options in the order they are declared)
+            func = option(func)
+        return func
+
+    return apply
+
+
 def check_outputs(storage_options, *paths: str | None) -> None:
     """Check every output before any work: a missing folder or bucket fails now, not after the
-    computation. Outputs on an object store use the same ``-o`` storage options as the dataset."""
+    computation. Outputs on an object store use the same storage options (``-s``) as the dataset."""
     for p in paths:
         if p:
             check_writable(p, parse_storage_options(storage_options))

@@ -7,16 +7,8 @@ import time
 
 import click
 
-from l5dask.core.commands import (
-    check_outputs,
-    chunks_option,
-    friendly,
-    parse_storage_options,
-    scheduler_option,
-    storage_option,
-)
+from l5dask.core.commands import check_outputs, parse_storage_options, shared
 
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress bar")
 threshold_option = click.option(
     "--threshold",
     default=0.5,
@@ -35,19 +27,16 @@ def _job(client, quiet: bool, chunks_per_task=None):
 @click.command()
 @click.argument("gt")
 @click.argument("pred")
-@click.option("--output", "-O", "output", required=True, help="the metrics (JSON): a path or a URL")
 @click.option(
     "--max-modes", default=3, show_default=True, type=click.IntRange(1), help="modes of the PRED file (L5Kit's M)"
 )
 @click.option("--dataset", help="the dataset the GT comes from: adds breakdowns by label and by scene")
 @click.option("--html", "html_path", help="also write a self-contained HTML page with plots")
-@quiet_option
-@scheduler_option
-@storage_option
-@friendly
-def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, storage_options) -> None:
+@shared(output="write the metrics (JSON) here: a path or a URL; they are printed either way", scheduler=True)
+def evaluate(gt, pred, max_modes, dataset, html_path, quiet, output, scheduler, storage_options) -> None:
     """L5Kit's eight metrics of the prediction file PRED against the ground truth GT (rows joined
-    on (timestamp, track_id)), in one parallel pass over both files."""
+    on (timestamp, track_id)), in one parallel pass over both files, printed (and written to
+    OUTPUT if given)."""
     from l5dask.core.cluster import connect
     from l5dask.core.outputs import write_json
     from l5dask.evaluation.metrics import METRICS
@@ -59,7 +48,8 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
     with connect(scheduler, quiet=True) as client:
         result = run(gt, pred, max_modes, dataset=dataset, storage_options=opts, job=_job(client, quiet))
     took = time.perf_counter() - t0
-    write_json(result, output, opts)
+    if output:
+        write_json(result, output, opts)
     if html_path:
         from l5dask.core.page import write_page
         from l5dask.evaluation.html import render_evaluation
@@ -67,7 +57,8 @@ def evaluate(gt, pred, output, max_modes, dataset, html_path, quiet, scheduler, 
         write_page(render_evaluation(result, gt, pred, took), html_path, opts)
     for k in METRICS:
         click.echo(f"{k:<36} {_shown(k, result[k])}")
-    click.echo(f"{result['rows']:,} rows in {took:.1f} s: {output}" + (f", {html_path}" if html_path else ""))
+    written = ", ".join(p for p in (output, html_path) if p)
+    click.echo(f"{result['rows']:,} rows in {took:.1f} s" + (f": {written}" if written else ""))
 
 
 def _shown(name: str, v) -> str:
@@ -87,23 +78,22 @@ def _shown(name: str, v) -> str:
 @click.option("--yaw-degrees", default=30.0, show_default=True, type=float, help="max yaw change between frames")
 @click.option("--extent-ratio", default=1.1, show_default=True, type=float, help="max ratio of extent areas")
 @click.option("--distance-m", default=50.0, show_default=True, type=float, help="max distance from the ego")
-@click.option("--output", "-O", "output", help="write the mask array here instead of into DATASET")
-@click.option("--overwrite", is_flag=True, help="replace an existing mask")
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
-@friendly
+@shared(
+    output="write the mask array here instead of into DATASET",
+    overwrite="an existing mask",
+    chunks=True,
+    scheduler=True,
+)
 def select_agents(
     dataset,
     threshold,
     yaw_degrees,
     extent_ratio,
     distance_m,
+    quiet,
     output,
     overwrite,
     chunks_per_task,
-    quiet,
     scheduler,
     storage_options,
 ) -> None:
@@ -135,27 +125,22 @@ def select_agents(
 
 @click.command("gt")
 @click.argument("dataset")
-@click.option("--output", "-O", "output", required=True, help="the GT CSV: a path or a URL")
 @click.option("--future-frames", default=50, show_default=True, type=click.IntRange(1), help="T")
 @threshold_option
 @click.option("--mask", "mask", help="L5Kit's mask.npz (key arr_0): the agents to export")
 @click.option("--min-history", default=None, type=click.IntRange(0), help="with the agents mask [default: 10]")
 @click.option("--min-future", default=None, type=click.IntRange(0), help="with the agents mask [default: 1]")
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
-@friendly
+@shared(output="the GT CSV: a path or a URL", output_required=True, chunks=True, scheduler=True)
 def gt(
     dataset,
-    output,
     future_frames,
     threshold,
     mask,
     min_history,
     min_future,
-    chunks_per_task,
     quiet,
+    output,
+    chunks_per_task,
     scheduler,
     storage_options,
 ) -> None:
@@ -199,23 +184,23 @@ def gt(
     help="future frames an agent needs in the agents mask",
 )
 @threshold_option
-@click.option("--output", "-O", "output", required=True, help="the folder to write the trio into")
-@click.option("--overwrite", is_flag=True, help="replace what exists there")
-@chunks_option
-@quiet_option
-@scheduler_option
-@storage_option
-@friendly
+@shared(
+    output="the folder to write the trio into",
+    output_required=True,
+    overwrite="what exists there",
+    chunks=True,
+    scheduler=True,
+)
 def chop(
     dataset,
     frames,
     future_frames,
     min_future,
     threshold,
+    quiet,
     output,
     overwrite,
     chunks_per_task,
-    quiet,
     scheduler,
     storage_options,
 ) -> None:

@@ -7,15 +7,8 @@ import time
 
 import click
 
-from l5dask.core.commands import (
-    check_outputs,
-    friendly,
-    parse_storage_options,
-    scheduler_option,
-    storage_option,
-)
+from l5dask.core.commands import check_outputs, parse_storage_options, shared
 
-quiet_option = click.option("--quiet", "-q", is_flag=True, help="no progress on stderr")
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
 boxes_option = click.option(
     "--points-in-boxes", is_flag=True, help="also count lidar points in every box (reads the key-frame sweeps)"
@@ -23,8 +16,8 @@ boxes_option = click.option(
 
 
 def pass_options(func):
-    """The options of a command that runs the report's pass (stats, report)."""
-    for option in (storage_option, scheduler_option, quiet_option, boxes_option, lidar_option):
+    """The own options of a command that runs the report's pass (stats, report)."""
+    for option in (boxes_option, lidar_option):
         func = option(func)
     return func
 
@@ -59,9 +52,8 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
 
 @perception.command()
 @click.argument("data")
-@click.option("--output", "-O", "output", help="write the report (JSON) here: a path or a URL")
 @pass_options
-@friendly
+@shared(output="write the report (JSON) here: a path or a URL", scheduler=True)
 def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """The perception report of DATA (a folder, .zip, .tar or URL) from one parallel pass."""
     from l5dask.core.outputs import write_json
@@ -76,10 +68,9 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
 
 @perception.command()
 @click.argument("data")
-@click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
 @click.option("--json", "json_path", help="also write the report (JSON) here")
 @pass_options
-@friendly
+@shared(output="write the HTML report here: a path or a URL", output_required=True, scheduler=True)
 def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATA (figures inlined), from the same pass as stats."""
     from l5dask.core.outputs import write_json
@@ -98,7 +89,6 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
 @click.argument("pred")
 @click.option("--gt", "gt", help="the ground truth: the SDK's JSON or the competition's CSV (a path or a URL)")
 @click.option("--dataset", help="or the ground truth of a perception dataset (its sample_annotation)")
-@click.option("--output", "-O", "output", required=True, help="write the metrics (JSON) here: a path or a URL")
 @click.option(
     "--iou",
     default=",".join(map(str, (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95))),
@@ -120,10 +110,7 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
     is_flag=True,
     help="count predictions on samples the ground truth does not list as false positives (else an error)",
 )
-@storage_option
-@scheduler_option
-@quiet_option
-@friendly
+@shared(output="write the metrics (JSON) here: a path or a URL; the mAP is printed either way", scheduler=True)
 def evaluate(
     pred,
     gt,
@@ -177,37 +164,37 @@ def evaluate(
         write_page(render_detection(result, pred, took), html_path, opts)
     if not curves:
         result.pop("curves", None)
-    write_json(result, output, opts)
+    if output:
+        write_json(result, output, opts)
     for w in result.get("warnings", []):
         click.echo(f"l5dask: warning: {w}", err=True)
+    click.echo(detection.summary(result))  # (the answer: -q silences the progress, not this)
     if not quiet:
-        click.echo(detection.summary(result))
         click.echo(f"done in {took:.1f} s", err=True)
 
 
 @perception.command("to-l5kit")
 @click.argument("data")
-@click.argument("out")
-@click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
-@quiet_option
-@storage_option
-@friendly
-def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
-    """Write DATA as an L5Kit dataset at OUT (scenes, frames = samples, agents = annotations)."""
+@shared(
+    output="the L5Kit dataset to write: a folder or a URL",
+    output_required=True,
+    overwrite="a dataset that exists there",
+)
+def to_l5kit(data, quiet, output, overwrite, storage_options) -> None:
+    """Write DATA as an L5Kit dataset at OUTPUT (scenes, frames = samples, agents = annotations)."""
     from l5dask.perception import open_perception
     from l5dask.perception.to_l5kit import to_l5kit as convert
 
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
-    rows = convert(open_perception(data, opts), out, opts, overwrite=overwrite)
+    rows = convert(open_perception(data, opts), output, opts, overwrite=overwrite)
     click.echo(
         f"{rows['scenes']:,} scenes, {rows['frames']:,} frames, {rows['agents']:,} agents in "
-        f"{time.perf_counter() - t0:.1f} s: {out}"
+        f"{time.perf_counter() - t0:.1f} s: {output}"
     )
 
 
 @perception.command()
-@click.argument("out")
 @click.option("--scenes", default=2, show_default=True, type=click.IntRange(0), help="number of scenes")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
@@ -218,14 +205,20 @@ def to_l5kit(data, out, overwrite, quiet, storage_options) -> None:
     help="points of each sweep (0: no lidar files)",
 )
 @click.option("--no-images", is_flag=True, help="write no camera files")
-@click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
-@friendly
-def synth(out, scenes, seed, lidar_points, no_images, overwrite) -> None:
-    """Generate a realistic perception dataset at OUT (a local folder) that the Lyft SDK loads."""
+@shared(
+    output="the dataset's folder (local)",
+    output_required=True,
+    overwrite="a dataset that exists there",
+    storage=False,
+)
+def synth(scenes, seed, lidar_points, no_images, quiet, output, overwrite) -> None:
+    """Generate a realistic perception dataset at OUTPUT (a local folder) that the Lyft SDK loads."""
     import os
 
     from l5dask.core.outputs import atomic_output
     from l5dask.errors import OutputError
+
+    out = output
     from l5dask.perception.synth import generate
 
     if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:

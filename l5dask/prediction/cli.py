@@ -7,21 +7,14 @@ from __future__ import annotations
 import os
 import sys
 import time
+from typing import Any
 
 import click
 
-from l5dask.core.commands import (
-    check_outputs,
-    chunks_option,
-    friendly,
-    parse_storage_options,
-    scheduler_option,
-    storage_option,
-)
+from l5dask.core.commands import check_outputs, parse_storage_options, shared
 
 
 @click.command()
-@click.argument("out")
 @click.option("--scenes", default=10, show_default=True, type=click.IntRange(0), help="number of scenes")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-traffic-lights", is_flag=True, help="write the older format, without traffic_light_faces")
@@ -31,18 +24,23 @@ from l5dask.core.commands import (
     type=click.FloatRange(0, 1),
     help="fraction of tracks whose label probabilities tie (for testing numpy's tie rule)",
 )
-@click.option("--overwrite", is_flag=True, help="replace a dataset that exists at OUT")
-@storage_option
-@friendly
+@shared(output="the dataset to write: a folder or a URL", output_required=True, overwrite="a dataset that exists there")
 def synth(
-    out: str, scenes: int, seed: int, no_traffic_lights: bool, label_ties: float, overwrite: bool, storage_options
+    scenes: int,
+    seed: int,
+    no_traffic_lights: bool,
+    label_ties: float,
+    quiet: bool,
+    output: str,
+    overwrite: bool,
+    storage_options,
 ) -> None:
-    """Generate a realistic L5Kit dataset at OUT (deterministic for a seed)."""
+    """Generate a realistic L5Kit dataset at OUTPUT (deterministic for a seed)."""
     from l5dask.prediction.synth import synthesize
 
     start = time.perf_counter()
     counts = synthesize(
-        out,
+        output,
         scenes=scenes,
         seed=seed,
         traffic_lights=not no_traffic_lights,
@@ -51,14 +49,13 @@ def synth(
         storage_options=parse_storage_options(storage_options),
     )
     took = time.perf_counter() - start
-    click.echo(f"wrote {out}: " + ", ".join(f"{k}={v:,}" for k, v in counts.items()) + f" in {took:.1f} s")
+    click.echo(f"wrote {output}: " + ", ".join(f"{k}={v:,}" for k, v in counts.items()) + f" in {took:.1f} s")
 
 
 @click.command()
 @click.argument("dataset")
-@storage_option
-@friendly
-def info(dataset: str, storage_options) -> None:
+@shared()
+def info(dataset: str, quiet: bool, storage_options) -> None:
     """Print the arrays of DATASET (lengths, chunks, fields) without reading any chunk."""
     from l5dask.prediction.dataset import open_dataset
 
@@ -73,13 +70,12 @@ def info(dataset: str, storage_options) -> None:
 
 def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
     """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr)."""
-    from l5dask.core.cluster import connect, dashboard_link
+    from l5dask.core.cluster import connect, dashboard
     from l5dask.prediction.report import compute_report
 
     with connect(scheduler, quiet=True) as client:
         if client is not None and not quiet:
-            link = dashboard_link(client) or "unknown (the scheduler names none)"
-            click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {link}", err=True)
+            click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {dashboard(client)}", err=True)
         return compute_report(
             dataset,
             storage_options=parse_storage_options(storage_options),
@@ -91,14 +87,9 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
 
 @click.command()
 @click.argument("dataset")
-@click.option("--output", "-O", "output", help="write the report (JSON) here: a path or an s3:// (fsspec) URL")
 @click.option("--scenes-table", help="write the per-scene table (Parquet) here: a path or a URL")
-@chunks_option
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-@scheduler_option
-@storage_option
-@friendly
-def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, scheduler, storage_options) -> None:
+@shared(output="write the report (JSON) here: a path or an s3:// (fsspec) URL", chunks=True, scheduler=True)
+def stats(dataset: str, scenes_table, quiet: bool, output, chunks_per_task, scheduler, storage_options) -> None:
     """Compute the standard statistics report of DATASET in one parallel pass."""
     from l5dask.prediction.report import summary_text, write_json, write_scene_table
 
@@ -114,15 +105,10 @@ def stats(dataset: str, output, scenes_table, chunks_per_task, quiet: bool, sche
 
 @click.command()
 @click.argument("dataset")
-@click.option("--output", "-O", "output", required=True, help="write the HTML report here: a path or a URL")
 @click.option("--json", "json_path", help="also write the report (JSON) here")
 @click.option("--scenes-table", help="also write the per-scene table (Parquet)")
-@chunks_option
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-@scheduler_option
-@storage_option
-@friendly
-def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet, scheduler, storage_options) -> None:
+@shared(output="write the HTML report here: a path or a URL", output_required=True, chunks=True, scheduler=True)
+def report(dataset: str, json_path, scenes_table, quiet, output, chunks_per_task, scheduler, storage_options) -> None:
     """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
     from l5dask.prediction.html import write_html
     from l5dask.prediction.report import write_json, write_scene_table
@@ -145,7 +131,6 @@ def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet
 @click.option("--by", "-b", default="", help="columns to group by, comma-separated (e.g. scene_index,label)")
 @click.option(
     "--value",
-    "-v",
     "values",
     multiple=True,
     required=True,
@@ -153,12 +138,6 @@ def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet
     help="a column and its reductions (repeatable), e.g. speed:mean,max,count or extent_length:q50,q99",
 )
 @click.option("--where", "-w", default=None, help='keep rows where this holds, e.g. "distance_to_ego < 20"')
-@click.option(
-    "--output",
-    "-O",
-    "output",
-    help="write the result here (.parquet or .csv; a path or an s3:// URL); default: print it",
-)
 @click.option(
     "--max-groups",
     default=None,
@@ -171,22 +150,22 @@ def report(dataset: str, output, json_path, scenes_table, chunks_per_task, quiet
     type=click.IntRange(0, 52),
     help="mantissa bits of the quantile sketch (52: exact) [default: 12, relative error <= 1.2e-4]",
 )
-@chunks_option
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-@scheduler_option
-@storage_option
-@friendly
+@shared(
+    output="write the result here (.parquet or .csv; a path or an s3:// URL); default: print it",
+    chunks=True,
+    scheduler=True,
+)
 def agg(
     dataset: str,
     array: str,
     by: str,
     values,
     where,
-    output,
     max_groups,
     quantile_bits,
-    chunks_per_task,
     quiet: bool,
+    output,
+    chunks_per_task,
     scheduler,
     storage_options,
 ) -> None:
@@ -240,15 +219,8 @@ def agg(
     type=click.IntRange(1),
     help="scenes to generate (200 is about 3.6 M agents)",
 )
-@click.option(
-    "--out",
-    default="l5dask-demo",
-    show_default=True,
-    type=click.Path(file_okay=False),
-    help="folder for the generated dataset and the report",
-)
-@friendly
-def demo(scenes: int, out: str) -> None:
+@shared(output="the folder for the generated dataset and the report", output_default="l5dask-demo", storage=False)
+def demo(scenes: int, quiet: bool, output: str) -> None:
     """The main job on an embedded default: generate a dataset, then its statistics report."""
 
     from l5dask.prediction.report import (
@@ -259,6 +231,11 @@ def demo(scenes: int, out: str) -> None:
     )
     from l5dask.prediction.synth import synthesize
 
+    out = output
+    if os.path.exists(out) and not os.path.isdir(out):
+        from l5dask.errors import OutputError
+
+        raise OutputError(f"{out}: is a file, not a folder")
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, f"synth-{scenes}.zarr")
     if not os.path.exists(os.path.join(path, ".zgroup")):
@@ -266,7 +243,7 @@ def demo(scenes: int, out: str) -> None:
         counts = synthesize(path, scenes=scenes, seed=0, overwrite=True)
         click.echo(f"generated {path}: {counts['agents']:,} agents in {time.perf_counter() - start:.1f} s", err=True)
     start = time.perf_counter()
-    report = compute_report(path, progress=True)
+    report = compute_report(path, progress=not quiet)
     took = time.perf_counter() - start
     from l5dask.prediction.html import write_html
 
@@ -297,25 +274,15 @@ def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
         _written(ds, time.perf_counter() - t0)
 
 
-def writer_options(func):
-    """The options of the commands that write a dataset or an export (and the one error path)."""
-    for option in (
-        storage_option,
-        scheduler_option,
-        click.option("--quiet", "-q", is_flag=True, help="no progress bar"),
-        chunks_option,
-        click.option("--overwrite", is_flag=True, help="replace what exists at the output"),
-    ):
-        func = option(func)
-    return func
+def writer_options(output: str) -> Any:
+    """The shared options of the commands that write a dataset or an export."""
+    return shared(output=output, output_required=True, overwrite="what exists there", chunks=True, scheduler=True)
 
 
 @click.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("--output", "-O", "output", required=True, help="the concatenated dataset: a folder or a URL")
-@writer_options
-@friendly
-def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+@writer_options("the concatenated dataset: a folder or a URL")
+def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage_options) -> None:
     """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
     parallel; agent masks that every input holds are concatenated too. Inputs that cannot be
     opened, or differ in dtypes or labels, are refused."""
@@ -335,7 +302,6 @@ def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage
 
 @click.command()
 @click.argument("dataset")
-@click.argument("output")
 @click.option("--scenes", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
 @click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
 @click.option(
@@ -345,10 +311,9 @@ def concat(inputs, output, overwrite, chunks_per_task, quiet, scheduler, storage
     help="keep scenes whose first frame is at or after this time (UTC unless said)",
 )
 @click.option("--end", default=None, metavar="ISO", help="... and before this time")
-@writer_options
-@friendly
+@writer_options("the dataset of the scenes kept: a folder or a URL")
 def subset(
-    dataset, output, scenes, hosts, start, end, overwrite, chunks_per_task, quiet, scheduler, storage_options
+    dataset, scenes, hosts, start, end, quiet, output, overwrite, chunks_per_task, scheduler, storage_options
 ) -> None:
     """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
     intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold."""
@@ -372,26 +337,24 @@ def subset(
 
 @click.command()
 @click.argument("dataset")
-@click.argument("outdir")
 @click.option(
     "--part",
     "parts",
     multiple=True,
     required=True,
     metavar="NAME=N|NAME=1.5GB|NAME=rest",
-    help="a part written to OUTDIR/NAME: N scenes, a size as L5Kit's zarr_split counts it "
+    help="a part written to OUTPUT/NAME: N scenes, a size as L5Kit's zarr_split counts it "
     "(GB of 1024^3 bytes), or the rest (last); repeatable, in order",
 )
-@writer_options
-@friendly
-def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
-    """Split DATASET into consecutive parts of scenes, each a dataset under OUTDIR."""
+@writer_options("the folder of the parts (OUTPUT/NAME each): a path or a URL")
+def split(dataset, parts, quiet, output, overwrite, chunks_per_task, scheduler, storage_options) -> None:
+    """Split DATASET into consecutive parts of scenes, each a dataset under OUTPUT."""
     from l5dask.prediction.surgery import split as op
 
     _surgery(
         op,
         dataset,
-        outdir,
+        output,
         list(parts),
         overwrite=overwrite,
         chunks_per_task=chunks_per_task,
@@ -403,7 +366,6 @@ def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, 
 
 @click.command()
 @click.argument("dataset")
-@click.argument("output")
 @click.option(
     "--format",
     "-f",
@@ -414,9 +376,8 @@ def split(dataset, outdir, parts, overwrite, chunks_per_task, quiet, scheduler, 
     help="parquet: a Parquet dataset per array, with join columns (DuckDB, Polars, Spark...); zarr3: "
     "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)",
 )
-@writer_options
-@friendly
-def export(dataset, output, format_, overwrite, chunks_per_task, quiet, scheduler, storage_options) -> None:
+@writer_options("the export: a folder or a URL")
+def export(dataset, format_, quiet, output, overwrite, chunks_per_task, scheduler, storage_options) -> None:
     """Export every array of DATASET to OUTPUT (a folder or URL) in a columnar format."""
     from l5dask.core.cluster import connect
     from l5dask.prediction.exports import export as op
@@ -447,10 +408,7 @@ def export(dataset, output, format_, overwrite, chunks_per_task, quiet, schedule
     is_flag=True,
     help="decode every stored chunk (by default each chunk's size and blosc header are checked: a 16-byte read each)",
 )
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-@scheduler_option
-@storage_option
-@friendly
+@shared(scheduler=True)
 def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) -> None:
     """Check every stored chunk of DATASET against its .zarray (stored, its size and header) and
     every index interval; print each fault on a line and exit 1 when there is any. Reports, never

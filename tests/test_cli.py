@@ -1,0 +1,134 @@
+"""The command line's one convention (issue 49, item 9): every command reads ``-o/--output``,
+``-q/--quiet``, ``--overwrite`` and ``-s/--storage-option`` the same way, as most tools do."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import click
+import numpy as np
+import pytest
+
+from l5dask.cli import main
+from l5dask.core.commands import CONVENTION, friendly
+
+
+def commands() -> list[tuple[str, click.Command]]:
+    """Every command of ``l5dask`` (the groups' commands too), by its path."""
+    found = []
+
+    def walk(group: click.Group, path: str) -> None:
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None, name
+            if isinstance(command, click.Group):
+                walk(command, f"{path} {name}")
+            else:
+                found.append((f"{path} {name}", command))
+
+    walk(main, "l5dask")
+    return found
+
+
+COMMANDS = commands()
+#: the commands that write something: each names it -o/--output (never an argument)
+WRITERS = {
+    "agg", "chop", "concat", "demo", "evaluate", "export", "gt", "report", "select-agents", "split", "stats",
+    "subset", "synth", "perception evaluate", "perception report", "perception stats", "perception synth",
+    "perception to-l5kit",
+}  # fmt: skip
+
+
+def test_every_command_is_walked():
+    names = {path.removeprefix("l5dask ") for path, _ in COMMANDS}
+    assert WRITERS <= names and {"info", "validate"} <= names and len(names) >= 20
+
+
+@pytest.mark.parametrize("path, command", COMMANDS, ids=[p for p, _ in COMMANDS])
+def test_every_command_follows_the_convention(path, command):
+    options = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    flags = {flag: p.name for p in options.values() for flag in [*p.opts, *p.secondary_opts]}
+    # -q everywhere; each shared option with its flags and no other
+    assert "quiet" in options, f"{path}: no -q/--quiet"
+    assert getattr(options["quiet"].callback, "__module__", None) == "l5dask.core.commands", path  # (the store's too)
+    for name, declared in CONVENTION.items():
+        if name in options:
+            assert sorted(options[name].opts + options[name].secondary_opts) == sorted(declared), (path, name)
+        for flag in declared:
+            assert flags.get(flag, name) == name, f"{path}: {flag} is {flags[flag]}, not {name}"
+    # the usual letters keep their usual meaning: no -O, no -v that is not verbose
+    assert "-O" not in flags and flags.get("-v", "verbose") == "verbose", path
+    # the output is an option (-o), the inputs are the arguments
+    arguments = [p.name for p in command.params if isinstance(p, click.Argument)]
+    assert not {"out", "output", "outdir"} & set(arguments), f"{path}: an output as an argument"
+    if path.removeprefix("l5dask ") in WRITERS:
+        assert "output" in options, f"{path}: no -o/--output"
+    if "overwrite" in options:
+        assert "output" in options, path
+    # one error path: the callback is the convention's (friendly) wrapper
+    assert command.callback is not None and command.callback.__code__ is friendly(lambda: None).__code__, path
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "l5dask.cli", *map(str, args)], capture_output=True, text=True)
+
+
+def test_o_is_the_output_and_s_a_storage_option(small_ds, tmp_path):
+    out = tmp_path / "r.json"
+    r = cli("stats", small_ds, "-o", out, "-s", "anon=false", "-q")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["counts"]["agents"] > 0
+    assert "Distinct tracks" in r.stdout  # (the table: -q silences the progress, not the answer)
+
+
+@pytest.mark.parametrize("value", ["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:5000"])
+def test_a_storage_option_given_as_the_output_is_refused(small_ds, tmp_path, value):
+    """What an old command line gives with -o (a storage option) is refused in one line naming
+    -s, not written to a file named after it."""
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", str(small_ds), "-o", value, "-q"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "-s/--storage-option" in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_agg_value_has_no_v_and_info_has_q(small_ds):
+    r = cli("agg", small_ds, "-v", "speed:mean")
+    assert r.returncode == 2 and "No such option '-v'" in r.stderr and "a value is --value" in r.stderr
+    r = cli("info", small_ds, "-q")
+    assert r.returncode == 0 and "agents" in r.stdout
+
+
+def test_outputs_are_options_everywhere(small_ds, tmp_path):
+    """synth, subset, split, export and demo take their output as -o/--output, as the others."""
+    ds = tmp_path / "s.zarr"
+    assert cli("synth", "-o", ds, "--scenes", "3", "-q").returncode == 0
+    r = cli("subset", ds, "--output", tmp_path / "sub.zarr", "--scenes", "0:2", "-q")
+    assert r.returncode == 0, r.stderr
+    r = cli("split", ds, "-o", tmp_path / "parts", "--part", "a=1", "--part", "b=rest", "-q")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "parts").iterdir()) == ["a", "b"]
+    r = cli("synth", ds)  # (the old positional form)
+    assert r.returncode == 2 and "the output is given as -o/--output" in r.stderr
+
+
+def test_perception_evaluate_quiet_still_prints_the_map(tmp_path):
+    """``perception evaluate -q`` printed nothing, not even the mAP: -q silences progress only."""
+    from .detection_data import generate, write_json
+
+    gt, pred = generate(6, seed=1)
+    write_json(gt, tmp_path / "gt.json")
+    write_json(pred, tmp_path / "pred.json")
+    r = cli("perception", "evaluate", tmp_path / "pred.json", "--gt", tmp_path / "gt.json", "-q")
+    assert r.returncode == 0, r.stderr
+    r2 = cli("perception", "evaluate", tmp_path / "pred.json", "--gt", tmp_path / "gt.json", "-o", tmp_path / "m.json")
+    mean_map = json.loads((tmp_path / "m.json").read_text())["mean_map"]
+    assert r.stdout.startswith(f"mAP {mean_map:.4f}") and r.stdout == r2.stdout
+    assert r.stderr == "" and np.isfinite(mean_map)
