@@ -1,5 +1,8 @@
 """The three queries of the aggregation benchmark, through one of the three paths, as a whole
-process: ``python aggregate_queries.py DATASET q1|q2|q3 aggregate|dataframe|xarray OUT.parquet``.
+process: ``python aggregate_queries.py DATASET q1|q2|q3 aggregate|dataframe|xarray OUT.parquet``;
+and the baseline a user would pick instead: the same queries in DuckDB (2 threads) over l5dask's
+own Parquet export of the dataset (``l5dask export DATASET EXPORT``):
+``python aggregate_queries.py EXPORT q1|q2|q3 duckdb OUT.parquet``.
 
 Written as a user would write them (see notebooks/04_custom_aggregations.ipynb); the result is
 saved as a long table (keys, then one column per value) for the benchmark to check against numpy.
@@ -12,7 +15,45 @@ import sys
 QUANTILES = [0.5, 0.9, 0.99]
 
 
+def duckdb_query(export: str, query: str) -> str:
+    """The query in DuckDB's SQL over the export's tables: ``label`` is the first label column
+    with the row's greatest probability (numpy's argmax), speed and distance in float64."""
+    from l5dask.prediction.format import LABELS
+
+    m = "greatest(" + ", ".join(f'"{n}"' for n in LABELS) + ")"
+    code = "CASE " + " ".join(f'WHEN "{n}" = {m} THEN {i}' for i, n in enumerate(LABELS)) + " END"
+    name = "[" + ", ".join(f"'{n}'" for n in LABELS) + "][code + 1]"
+    agents, frames, scenes = (f"read_parquet('{export}/{t}/*.parquet')" for t in ("agents", "frames", "scenes"))
+    if query == "q1":
+        return f"""
+            SELECT scene_index, {name} AS label, value FROM (
+                SELECT scene_index, {code} AS code,
+                       avg(sqrt(velocity_x::DOUBLE * velocity_x::DOUBLE + velocity_y::DOUBLE * velocity_y::DOUBLE))
+                           AS value
+                FROM {agents} GROUP BY ALL) ORDER BY scene_index, code"""
+    if query == "q2":
+        return f"""
+            SELECT host, hour, {name} AS label, value FROM (
+                SELECT s.host, a.timestamp // 3600000000000 % 24 AS hour, {code} AS code, count(*) AS value
+                FROM {agents} a JOIN {frames} f ON a.frame_index = f.frame_index
+                     JOIN {scenes} s ON a.scene_index = s.scene_index
+                WHERE sqrt((a.centroid_x - f.ego_x) * (a.centroid_x - f.ego_x)
+                           + (a.centroid_y - f.ego_y) * (a.centroid_y - f.ego_y)) < 20
+                GROUP BY ALL) ORDER BY host, hour, code"""
+    qs = ", ".join(map(str, QUANTILES))
+    return f"""
+        SELECT {name} AS label, q[1] AS q50, q[2] AS q90, q[3] AS q99 FROM (
+            SELECT {code} AS code, quantile_cont(extent_length::DOUBLE, [{qs}]) AS q
+            FROM {agents} GROUP BY ALL) ORDER BY code"""
+
+
 def main(path: str, query: str, api: str, out: str) -> None:
+    if api == "duckdb":
+        import duckdb
+
+        con = duckdb.connect(config={"threads": 2})
+        con.execute(f"COPY ({duckdb_query(path, query)}) TO '{out}' (FORMAT parquet)")
+        return
     import numpy as np
 
     import l5dask  # (no pandas import of our own: the paths bring it when they use it)

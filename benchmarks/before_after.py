@@ -13,7 +13,8 @@ per-round after/before ratios (these shared machines change speed from minute to
 The jobs: ``l5dask stats`` and ``l5dask agg`` (the README's q1 and q2) on the generated dataset of
 ``--scenes`` scenes; ``l5dask evaluate`` on a generated GT/PRED pair of ``--rows`` rows;
 ``l5dask perception stats --no-lidar`` on a generated perception dataset of
-``--perception-scenes`` scenes.
+``--perception-scenes`` scenes. Also, when named in ``--jobs``: the aggregation benchmark's
+queries through its Python paths, ``aggregate-q1`` .. ``xarray-q3`` (``aggregate_queries.py``).
 """
 
 from __future__ import annotations
@@ -30,14 +31,21 @@ from common import dataset, run  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = ("stats", "agg-q1", "agg-q2", "evaluate", "perception")
+#: The aggregation benchmark's queries through its Python paths (``aggregate_queries.py``, run
+#: with each checkout on ``PYTHONPATH``), asked for by name: ``aggregate-q1``, ``xarray-q2``...
+ROUTES = tuple(f"{api}-{q}" for api in ("aggregate", "dataframe", "xarray") for q in ("q1", "q2", "q3"))
+QUERIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aggregate_queries.py")
 
 
 def job_args(names: list[str], scenes: int, rows: int, perception_scenes: int) -> dict[str, list[str]]:
     """The command line of each job (``{tmp}``: the round's temporary folder)."""
     out: dict[str, list[str]] = {}
-    if {"stats", "agg-q1", "agg-q2"} & set(names):
+    if {"stats", "agg-q1", "agg-q2", *ROUTES} & set(names):
         path = dataset(scenes)
         print(f"dataset: {path}")
+        for route in ROUTES:
+            api, q = route.split("-")
+            out[route] = [QUERIES, path, q, api, "{tmp}/" + route + ".parquet"]
         out["stats"] = ["stats", path, "--quiet", "--output", "{tmp}/r.json"]
         out["agg-q1"] = ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"]
         out["agg-q2"] = ["agg", path, *CLI["q2"], "-q", "--output", "{tmp}/q2.parquet"]
@@ -64,14 +72,15 @@ def compare(jobs: dict[str, list[str]], before: str, after: str, rounds: int) ->
                 with tempfile.TemporaryDirectory() as tmp:
                     path = tree + os.pathsep + os.environ.get("PYTHONPATH", "")
                     # (run from the temporary folder: the current one would come first on sys.path)
-                    cmd = ["env", "-C", tmp, f"PYTHONPATH={path}", sys.executable, "-m", "l5dask.cli"]
+                    cmd = ["env", "-C", tmp, f"PYTHONPATH={path}", sys.executable]
+                    cmd += [] if args[0] == QUERIES else ["-m", "l5dask.cli"]
                     times.setdefault((job, label), []).append(run(cmd + [a.format(tmp=tmp) for a in args])[0])
     print(f"whole processes, {rounds} interleaved rounds (best; median of per-round after/before):")
     for job in jobs:
         b, a = times[(job, "before")], times[(job, "after")]
         ratios = [x / y for x, y in zip(a, b)]
         print(
-            f"    {job:<10} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
+            f"    {job:<12} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
             f"   median {statistics.median(ratios):.3f}"
         )
 
@@ -89,10 +98,10 @@ def main() -> None:
     checkout_arguments(parser)
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--perception-scenes", type=int, default=180)
-    parser.add_argument("--jobs", default=",".join(JOBS), help=f"a comma-separated subset of {','.join(JOBS)}")
+    parser.add_argument("--jobs", default=",".join(JOBS), help=f"a comma-separated subset of {','.join(JOBS + ROUTES)}")
     args = parser.parse_args()
     names = [j for j in args.jobs.split(",") if j]
-    unknown = set(names) - set(JOBS)
+    unknown = set(names) - set(JOBS) - set(ROUTES)
     if unknown:
         parser.error(f"unknown job(s): {', '.join(sorted(unknown))}")
     print(f"{os.cpu_count()} cores; before {args.before}, after {args.after}")

@@ -77,25 +77,33 @@ with open(sys.argv[2], "w") as out:
     p = subprocess.Popen(sys.argv[3:], stdout=out)
     _, status, usage = os.wait4(p.pid, 0)
 with open(sys.argv[1], "w") as f:
-    f.write(f"{status} {time.perf_counter() - t} {usage.ru_maxrss}")
+    f.write(f"{status} {time.perf_counter() - t} {usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}")
 """
 
 
 def run_output(cmd: list[str]) -> tuple[str, float, float]:
     """Run a command to completion: (its stdout, wall seconds, peak RSS in GB of that process),
     measured by a small parent process of its own (see ``_RUN_SHIM``)."""
+    stdout, wall, rss, _ = run_measured(cmd)
+    return stdout, wall, rss
+
+
+def run_measured(cmd: list[str]) -> tuple[str, float, float, float]:
+    """:func:`run_output` and the CPU seconds (user + system, all threads) the process used: on a
+    machine shared by many, the wall time of a process depends on its share of the cores, and
+    its CPU time much less."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         res, out = os.path.join(tmp, "result"), os.path.join(tmp, "stdout")
         subprocess.run([sys.executable, "-c", _RUN_SHIM, res, out, *cmd], check=True)
         with open(res) as f:
-            status, wall, rss = f.read().split()
+            status, wall, rss, cpu = f.read().split()
         with open(out) as f:
             stdout = f.read()
     if int(status) != 0:
         raise SystemExit(f"failed ({status}): {' '.join(cmd)[:200]}")
-    return stdout, float(wall), int(rss) / 1e6
+    return stdout, float(wall), int(rss) / 1e6, float(cpu)
 
 
 def run(cmd: list[str]) -> tuple[float, float]:

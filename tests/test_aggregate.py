@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import dask
 import numpy as np
 import pandas as pd
 import pytest
@@ -665,6 +666,114 @@ def test_xarray_expressions_over_the_view_compute_nothing(edge_ds, ref):
         got.loc[exp.index.map(lambda k: (str(k[0]), k[1], str(k[2])))].to_numpy(), exp.to_numpy()
     )
     assert got.sum() == exp.sum()
+
+
+def test_xarray_declared_reductions_equal_xarrays_own(edge_ds):
+    """``.l5.groupby(...).mean()`` (and count, sum, min, max) of a dask-backed float64 or bool
+    variable come from the declared aggregations in one pass and the engine's tree: the same
+    DataArray as xarray's own groupby (flox) makes, its NaN where xarray's are (a group without
+    rows, one whose values are all NaN: count's NaN, sum's 0), names, dims, coordinates and
+    attributes alike; lazy until computed; with arguments, xarray's."""
+    import xarray as xr
+
+    from l5dask.prediction.accessor import name_categories
+
+    view = l5dask.open_dataset(edge_ds).joined("agents", chunks_per_task=2)
+    v = view.velocity.astype(np.float64)
+    speed = np.sqrt(v.sel(xy="x") ** 2 + v.sel(xy="y") ** 2)
+    speed = speed.where(speed > 0.5)  # groups whose values are all NaN
+    for obj, names in ((speed, ("scene_index", "label")), (speed < 1, ("host", "hour", "label"))):
+        grouped = obj.l5.groupby(*names)
+        for op in ("mean", "sum", "count", "min", "max"):
+            if obj.dtype == bool and op in ("min", "max"):
+                continue
+            with dask.config.set(scheduler=_refuse):
+                got = getattr(grouped, op)()
+            assert len(dict(got.data.__dask_graph__())) > obj.data.npartitions  # a graph, not a result
+            want = name_categories(getattr(obj.groupby(obj.l5.groupers(*names)), op)())
+            got, want = got.compute(), want.compute()
+            xr.testing.assert_identical(got.isnull(), want.isnull())
+            xr.testing.assert_allclose(got, want, rtol=1e-12)
+            xr.testing.assert_identical(got.fillna(0) * 0, want.fillna(0) * 0)  # names, coords, attrs
+            if obj.dtype == bool:
+                np.testing.assert_array_equal(got.values, want.values)
+        np.testing.assert_array_equal(
+            grouped.sum(skipna=False).values, obj.groupby(obj.l5.groupers(*names)).sum(skipna=False).values
+        )
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("computed while building")
+
+
+def test_declared_aggregations_equal_pandas_over_any_split():
+    """Each declared aggregation, finalized from partials of any split of the rows merged in
+    order, equals pandas' (or numpy's quantile, with ``quantile_bits=52``) on integer and float
+    values with NaN, empty and all-NaN groups."""
+    from l5dask.prediction.groupby import AGGREGATIONS, aggregation, combine_parts, group_part, stats_of
+
+    rng = np.random.default_rng(3)
+    n = 5_000
+    key = rng.integers(0, 40, n)
+    key[key == 7] = 8  # a key without rows
+    x = rng.normal(size=n) * 10
+    x[rng.random(n) < 0.05] = np.nan
+    x[key == 9] = np.nan  # a group of NaN only
+    names = [*AGGREGATIONS, "q0", "q10", "q99.5", "q100"]
+    needs = {"v": {s for r in names for s in aggregation(r).needs}}
+    frame = pd.DataFrame({"k": key, "v": x})
+    want = frame.groupby("k").v.agg(["count", "sum", "mean", "min", "max", "var", "std", "median"])
+    for cuts in ([], [1, 2, 2_500], sorted(rng.integers(0, n, 9))):
+        edges = [0, *cuts, n]
+        parts = [group_part([key[a:b]], {"v": x[a:b]}, needs, 52) for a, b in zip(edges, edges[1:])]
+        part = parts[0]
+        for p in parts[1:]:
+            part = combine_parts(part, p)
+        np.testing.assert_array_equal(part.keys[:, 0], want.index.to_numpy())
+        stats = stats_of(part, "v", 52)
+        for r in names:
+            got = aggregation(r).finalize(stats)
+            if r.startswith("q"):
+                q = aggregation(r).q
+                exp = [np.quantile(g.dropna(), q) if g.notna().any() else np.nan for _, g in frame.groupby("k").v]
+                np.testing.assert_array_equal(got, exp, err_msg=r)
+            elif r == "count":
+                np.testing.assert_array_equal(got, want[r].to_numpy(), err_msg=r)
+            else:
+                np.testing.assert_allclose(got, want[r].to_numpy(), rtol=1e-9, atol=1e-9, err_msg=r)
+
+
+def test_aggregations_are_looked_up_by_name():
+    from l5dask.prediction.groupby import AGGREGATIONS, aggregation
+
+    assert set(AGGREGATIONS) == {"count", "sum", "mean", "min", "max", "var", "std", "median"}
+    assert aggregation("mean") is AGGREGATIONS["mean"] and aggregation("median").q == 0.5
+    assert aggregation("q99.9").q == pytest.approx(0.999) and aggregation("q99.9").needs == ("sketch",)
+    with pytest.raises(L5DaskError, match=r"unknown reduction 'mode' \(for speed\); they are: count, sum"):
+        aggregation("mode", of="speed")
+    with pytest.raises(L5DaskError, match=r"'q101': a quantile is between q0 and q100"):
+        aggregation("q101")
+
+
+def test_reduce_parts_is_the_engines_ordered_tree():
+    """The partials of other collections' blocks are merged by the engine's tree: one level per
+    ``split_every`` (fan-in), in order (a combine that is not commutative gives the blocks in
+    order), lazily (nothing runs while it is built)."""
+    import dask.array as da
+    from dask.task_spec import Task
+
+    from l5dask.core.engine import Reduction
+    from l5dask.prediction.groupby import reduce_parts
+
+    x = da.arange(20, chunks=2)
+    red = Reduction("concat", lambda blocks, i, parent: [int(blocks[0][0])], lambda a, b: a + b, list, tuple)
+    for fan_in, levels in ((2, 4), (4, 2), (16, 1)):  # 10 leaves: 5, 3, 2, 1 / 3, 1 / 1
+        with dask.config.set(split_every=fan_in, scheduler=_refuse):
+            root = reduce_parts([[k] for k in x.__dask_keys__()], red, f"t{fan_in}", [x])
+        graph = dict(root.__dask_graph__())
+        combines = {k[1] for k in graph if isinstance(k, tuple) and k[0] == f"t{fan_in}-combine"}
+        assert len(combines) == levels and all(isinstance(graph[(f"t{fan_in}-chunk", i)], Task) for i in range(10))
+        assert root.compute(scheduler="sync") == tuple(range(0, 20, 2))
 
 
 def test_range_grouper_groups_as_xarrays_unique_grouper():

@@ -5,18 +5,27 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import xarray as xr
 from xarray.groupers import EncodedGroups, UniqueGrouper
 
+from l5dask.core.engine import Reduction
 from l5dask.errors import UnknownNameError, UsageError
 from l5dask.prediction.groupby import (
+    AGGREGATIONS,
     QUANTILE_BITS,
-    combine_delayed,
+    Aggregation,
+    GroupPart,
+    combine_parts,
+    empty_part,
     group_part,
-    sketch_quantiles,
+    quantile,
+    reduce_parts,
+    stats_of,
 )
 from l5dask.prediction.kernels import range_codes
 
@@ -93,14 +102,78 @@ def name_categories(result):
     return result
 
 
-def _finalize_quantiles(part, labels: list[np.ndarray], qs: np.ndarray, bits: int) -> np.ndarray:
-    """The quantiles of each group of a merged partial, on the grid of the groups' labels (NaN for
-    a group without values)."""
-    out = np.full((*[len(x) for x in labels], len(qs)), np.nan)
-    pos = tuple(np.searchsorted(x, part.keys[:, j]) for j, x in enumerate(labels))
-    for i, qq in enumerate(qs):
-        out[(*pos, i)] = sketch_quantiles(part.sketches["v"], len(part), float(qq), bits)
+def _block_part(
+    labels: tuple[np.ndarray, ...], needs: frozenset[str], bits: int, blocks: list[np.ndarray], i: int, parent
+) -> GroupPart:
+    """The partial of one block of a 1-D variable (``blocks``: its values, then each grouping
+    coordinate's block), per group of the coordinates' values; rows whose key is none of its
+    coordinate's ``labels`` left out (as xarray's groupers leave them)."""
+    values, *keys = blocks
+    keep = None
+    for k, lab in zip(keys, labels):
+        ok = (k >= lab[0]) & (k <= lab[-1]) if _is_range(lab) else np.isin(k, lab)
+        keep = ok if keep is None else keep & ok
+    return group_part(list(keys), {"v": values}, {"v": set(needs)}, bits, keep)
+
+
+def _grid(aggs: tuple[Aggregation, ...], labels: tuple[np.ndarray, ...], bits: int, part: GroupPart) -> np.ndarray:
+    """The aggregations of each group of a merged partial on the grid of the groups' labels (the
+    last axis: one per aggregation; a group without values, no rows or only NaN ones, holds the
+    aggregation's fill value, as in xarray's results)."""
+    out = np.empty((*[len(x) for x in labels], len(aggs)))
+    pos: list[np.ndarray] = []
+    for j, x in enumerate(labels):
+        order = np.argsort(x, kind="stable")
+        pos.append(order[np.searchsorted(x, part.keys[:, j], sorter=order)])
+    stats = stats_of(part, "v", bits)
+    for i, agg in enumerate(aggs):
+        out[..., i] = agg.fill_value
+        values = agg.finalize(stats)
+        where: tuple[Any, ...] = (*pos, i)
+        out[where] = values if stats.n is None else np.where(stats.n > 0, values, agg.fill_value)
     return out
+
+
+def group_reduce_lazily(
+    obj: xr.DataArray,
+    names: Sequence[str],
+    labels: dict[str, np.ndarray],
+    aggs: Sequence[Aggregation],
+    quantile_bits: int = QUANTILE_BITS,
+    dim: str = "aggregation",
+    dim_coord: np.ndarray | None = None,
+) -> xr.DataArray:
+    """Declared aggregations of a dask-backed 1-D DataArray per group of the coordinates
+    ``names`` (``labels``: each one's values), in one pass: a partial per block
+    (:func:`~l5dask.prediction.groupby.group_part`), merged by the engine's ordered tree
+    (:func:`~l5dask.prediction.groupby.reduce_parts`), laid on the grid of the labels; lazy until
+    computed. Dims: ``names``, then ``dim``: one per aggregation (its coordinate ``dim_coord``)."""
+    import dask.array as da
+    from dask.base import tokenize
+
+    data = obj.data
+    keys = [
+        k.rechunk(data.chunks) if isinstance(k, da.Array) else da.from_array(np.asarray(k), chunks=data.chunks)
+        for k in (obj.coords[n].data for n in names)
+    ]
+    aggs = tuple(aggs)
+    grid = tuple(np.asarray(labels[n]) for n in names)
+    needs = frozenset(s for a in aggs for s in a.needs)
+    token = tokenize(data, *keys, aggs, grid, quantile_bits)
+    red = Reduction(
+        f"l5-groupby-{token}",
+        functools.partial(_block_part, grid, needs, quantile_bits),
+        combine_parts,
+        functools.partial(empty_part, len(names), {"v": set(needs)}),
+        functools.partial(_grid, aggs, grid, quantile_bits),
+    )
+    blocks = [a.__dask_keys__() for a in (data, *keys)]
+    root = reduce_parts(list(zip(*blocks)), red, red.name, [data, *keys])
+    out = da.from_delayed(root, shape=(*[len(x) for x in grid], len(aggs)), dtype=np.float64)
+    coords: dict[str, Any] = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
+    if dim_coord is not None:
+        coords[dim] = dim_coord
+    return xr.DataArray(out, dims=(*names, dim), coords=coords, name=obj.name)
 
 
 def sketch_quantile(
@@ -108,36 +181,20 @@ def sketch_quantile(
 ) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
     pass: the sketch of :mod:`l5dask.prediction.groupby` (its error bound) per chunk, merged in a tree."""
-    from dask import delayed
-
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if obj.ndim != 1:
         raise UsageError(f"quantiles per group of a 1-D variable: select one element first (dims {obj.dims})")
-    import dask.array as da
-
-    data = obj.data
-    keys = [
-        k.rechunk(data.chunks) if isinstance(k, da.Array) else da.from_array(np.asarray(k), chunks=data.chunks)
-        for k in (obj.coords[n].data for n in names)
-    ]
-    blocks = [
-        b.ravel() for b in [data.to_delayed(optimize_graph=False), *[k.to_delayed(optimize_graph=False) for k in keys]]
-    ]
-    parts = [delayed(group_part)(list(ks), {"v": d}, {"v": {"sketch"}}, bits) for d, *ks in zip(*blocks)]
     qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
-    shape = [len(labels[n]) for n in names]
-    # lazy, as .sum() is: the quantiles are a dask array of one block, the tree's root finalized
-    result_block = delayed(_finalize_quantiles)(combine_delayed(parts), [labels[n] for n in names], qs, bits)
-    out = da.from_delayed(result_block, shape=(*shape, len(qs)), dtype=np.float64)
-    coords = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
-    result = xr.DataArray(
-        out,
-        dims=(*names, "quantile"),
-        coords={**coords, "quantile": qs},
-        name=obj.name,
-        attrs={"l5dask_quantile_bits": bits},
-    )
+    result = group_reduce_lazily(obj, names, labels, [quantile(float(qq)) for qq in qs], bits, "quantile", qs)
+    result.attrs["l5dask_quantile_bits"] = bits
     return result if np.ndim(q) else result.squeeze("quantile", drop=False)
+
+
+#: The reductions of ``.l5.groupby(...)`` made by the declared aggregations (one pass, the
+#: engine's tree) for a dask-backed 1-D float64 or bool DataArray called without arguments, as
+#: xarray makes them: a float64 result, ``sum`` 0 and the others NaN for a group without rows.
+#: The others, and any call with arguments, are xarray's (flox).
+DECLARED = ("count", "sum", "mean", "min", "max")
 
 
 class _Grouped:
@@ -160,7 +217,32 @@ class _Grouped:
             return name_categories(sketch_quantile(obj, self._names, self._labels, q, quantile_bits))
         return name_categories(self._grouped.quantile(q, **kwargs))
 
+    def _declared(self, name: str):
+        obj = self._obj
+        if not (
+            name in DECLARED
+            and isinstance(obj, xr.DataArray)
+            and hasattr(obj.data, "dask")
+            and obj.ndim == 1
+            and (obj.dtype == np.float64 or obj.dtype == bool)
+            and not (name in ("min", "max") and obj.dtype == bool)
+        ):
+            return None
+        agg = AGGREGATIONS[name]
+        fallback = getattr(self._grouped, name)
+
+        def call(*args, **kwargs):
+            if args or kwargs:
+                return name_categories(fallback(*args, **kwargs))
+            out = group_reduce_lazily(obj, self._names, self._labels, [agg])
+            return name_categories(out.squeeze("aggregation", drop=True))
+
+        return call
+
     def __getattr__(self, attr):
+        declared = self._declared(attr)
+        if declared is not None:
+            return declared
         value = getattr(self._grouped, attr)
         if not callable(value):
             return value

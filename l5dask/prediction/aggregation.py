@@ -9,7 +9,10 @@ tree; the result a pandas DataFrame, a row per group that has rows (sorted by th
 
 Reductions of a value column: ``count`` (values that are not NaN), ``sum``, ``mean``, ``min``,
 ``max``, ``var`` and ``std`` (ddof=1, as pandas; merged with Chan's formula), ``median`` and
-``q<percent>`` (``q50``, ``q99.9``). NaN values are skipped, as pandas does.
+``q<percent>`` (``q50``, ``q99.9``). NaN values are skipped, as pandas does. Each is declared once,
+an :class:`~l5dask.prediction.groupby.Aggregation` (the statistics it needs, its finalize) in
+:data:`~l5dask.prediction.groupby.AGGREGATIONS`, which the xarray accessor and the dataframes'
+quantiles use too.
 
 Quantiles are computed from a sketch: each value's bucket is its float64 bit pattern with all
 but ``quantile_bits`` bits of the mantissa dropped (sign and exponent kept), and each bucket's
@@ -26,7 +29,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,42 +43,22 @@ from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.groupby import (
+    AGGREGATIONS,
     QUANTILE_BITS,
     GroupPart,
+    aggregation,
     combine_parts,
     group_part,
-    sketch_quantiles,
+    stats_of,
 )
+from l5dask.prediction.groupby import empty_part as group_empty_part
 from l5dask.prediction.joins import parent_link
 
-#: The reductions of a value column (plus ``q<percent>``).
-REDUCTIONS = ("count", "sum", "mean", "min", "max", "var", "std", "median")
 #: Groups allowed unless the caller says otherwise (checked before computing).
 MAX_GROUPS = 10_000_000
-_Q = re.compile(r"^q(\d+(?:\.\d*)?)$")
 
 
 # --- the declaration ------------------------------------------------------------------------
-def reduction_needs(name: str) -> tuple[str, ...]:
-    """The per-group statistics a reduction is finalized from."""
-    if name == "count":
-        return ("n",)
-    if name in ("sum", "mean"):
-        return ("n", "sum")
-    if name in ("var", "std"):
-        return ("n", "sum", "m2")
-    if name in ("min", "max"):
-        return ("n", name)
-    return ("sketch",)  # median, q<p>
-
-
-def quantile_of(name: str) -> float | None:
-    if name == "median":
-        return 0.5
-    m = _Q.match(name)
-    return float(m.group(1)) / 100 if m else None
-
-
 def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``{column: [reductions]}`` checked: known columns, known reductions, numbers only."""
     if not values:
@@ -86,15 +68,9 @@ def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tup
         reds = (reds,) if isinstance(reds, str) else tuple(reds)
         table.resolve([col], "value column")
         if not reds:
-            raise UsageError(f"no reductions for {col!r}; they are: {', '.join(REDUCTIONS)}, q<percent> (q50, q99.9)")
+            raise UsageError(f"no reductions for {col!r}; they are: {', '.join(AGGREGATIONS)}, q<percent> (q50, q99.9)")
         for r in reds:
-            q = quantile_of(r)
-            if r not in REDUCTIONS and q is None:
-                raise UsageError(
-                    f"unknown reduction {r!r} (for {col}); they are: {', '.join(REDUCTIONS)}, q<percent> (q50, q99.9)"
-                )
-            if q is not None and not 0 <= q <= 1:
-                raise UsageError(f"{r!r}: a quantile is between q0 and q100")
+            aggregation(r, of=col)
         c = table.columns[col]
         if (c.categorical or c.dtype.kind not in "biuf") and set(reds) - {"count"}:
             raise UsageError(
@@ -116,7 +92,8 @@ class Spec:
     quantile_bits: int = QUANTILE_BITS
 
     def stats(self, col: str) -> set[str]:
-        return {s for r in dict(self.values)[col] for s in reduction_needs(r)}
+        """The statistics the partial keeps for a value column: what its aggregations need."""
+        return {s for r in dict(self.values)[col] for s in aggregation(r).needs}
 
     def __dask_tokenize__(self):
         from dask.base import tokenize
@@ -321,14 +298,7 @@ def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> 
 
 # --- the partial ----------------------------------------------------------------------------
 def empty_part(spec: Spec) -> GroupPart:
-    nby = len(spec.by)
-    part = GroupPart(np.zeros((0, nby), np.int64), np.zeros(0, np.int64))
-    for col, _ in spec.values:
-        need = spec.stats(col)
-        part.stats[col] = {s: np.zeros(0, np.int64 if s == "n" else np.float64) for s in need - {"sketch"}}
-        if "sketch" in need:
-            part.sketches[col] = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    return part
+    return group_empty_part(len(spec.by), {col: spec.stats(col) for col, _ in spec.values})
 
 
 def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
@@ -397,33 +367,10 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
         data[name] = part.keys[:, j]
         if col.categorical:
             cats[name] = tuple(col.categories or ())
-    size = len(part)
     for name, reds in spec.values:
-        s = part.stats.get(name, {})
-        n: Any = s.get("n")
+        stats = stats_of(part, name, spec.quantile_bits)
         for r in reds:
-            if r == "count":
-                out = (
-                    n
-                    if n is not None
-                    else np.bincount(part.sketches[name][0], weights=part.sketches[name][2], minlength=size).astype(
-                        np.int64
-                    )
-                )
-            elif r == "sum":
-                out = s["sum"]
-            elif r == "mean":
-                out = np.divide(s["sum"], n, out=np.full(size, np.nan), where=n > 0)
-            elif r in ("var", "std"):
-                out = np.divide(s["m2"], n - 1, out=np.full(size, np.nan), where=n > 1)
-                out = np.sqrt(out) if r == "std" else out
-            elif r in ("min", "max"):
-                out = np.where(n > 0, s[r], np.nan)
-            else:
-                q = quantile_of(r)
-                assert q is not None  # the spec accepted only these names
-                out = sketch_quantiles(part.sketches[name], size, q, spec.quantile_bits)
-            data[f"{name}_{r}"] = out
+            data[f"{name}_{r}"] = aggregation(r).finalize(stats)
     return Result(data, cats)
 
 

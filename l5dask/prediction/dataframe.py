@@ -11,22 +11,27 @@ copies out only the fields its columns need.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 from dask.base import tokenize
 
-from l5dask.core.engine import Block, Job, Pass, Rows
+from l5dask.core.engine import Block, Job, Pass, Reduction, Rows
 from l5dask.core.policy import collection_chunks_per_task, compute
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
 from l5dask.prediction.groupby import (
     QUANTILE_BITS,
-    combine_delayed,
+    GroupPart,
+    combine_parts,
+    empty_part,
     group_part,
-    sketch_quantiles,
+    quantile,
+    reduce_parts,
+    stats_of,
 )
 from l5dask.prediction.joins import chunk_tasks
 
@@ -123,9 +128,10 @@ def to_dask_dataframe(
     return dd.from_graph(graph, meta, divisions, keys, f"l5-df-{fmt.SHORT_NAMES[table.array]}")
 
 
-def _sketch_partition(frame: pd.DataFrame, by: list[str], column: str, bits: int):
-    """The quantile sketch of one partition, per group of ``by`` (categorical codes or integers;
-    rows with a missing category left out)."""
+def _sketch_partition(by: list[str], column: str, bits: int, frames: list[pd.DataFrame], i: int, parent) -> GroupPart:
+    """The quantile sketch of one partition (``frames``: it alone), per group of ``by``
+    (categorical codes or integers; rows with a missing category left out)."""
+    (frame,) = frames
 
     keys, keep = [], None
     for b in by:
@@ -167,8 +173,6 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
         A row per group that has values (indexed by the groups, categories by name, sorted), a
         column per probability.
     """
-    from dask import delayed
-
     bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
     if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:
         raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
@@ -187,10 +191,18 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
     qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
     if ((qs < 0) | (qs > 1) | np.isnan(qs)).any():
         raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}")
-    parts = [delayed(_sketch_partition)(p, by, column, int(bits)) for p in df[by + [column]].to_delayed()]
+    parts = df[by + [column]].to_delayed()
+    sketch = Reduction(
+        f"l5-df-quantiles-{tokenize(by, column, int(bits))}",
+        functools.partial(_sketch_partition, by, column, int(bits)),
+        combine_parts,
+        functools.partial(empty_part, len(by), {"v": {"sketch"}}),
+    )
+    root = reduce_parts([[p.key] for p in parts], sketch, f"{sketch.name}-{tokenize(parts)}", parts)
     job = Job()  # (the result is a pandas DataFrame: computed here)
-    part = compute(combine_delayed(parts), client=job.client, **job.kw)
-    data = {qq: sketch_quantiles(part.sketches["v"], len(part), float(qq), int(bits)) for qq in qs}
+    part = compute(root, client=job.client, **job.kw)
+    stats = stats_of(part, "v", int(bits))
+    data = {qq: quantile(float(qq)).finalize(stats) for qq in qs}
     levels = []
     for j, b in enumerate(by):
         k = part.keys[:, j]

@@ -1,7 +1,11 @@
 """Per-group partials of any collection, the shared half of every grouping in l5dask: the partial
 (:class:`~l5dask.prediction.groupby.GroupPart`: counts, sums, moments, extremes and the quantile sketch of each group), its
-associative combine, and the sketch's quantiles. :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`, the xarray accessor's
-``.l5.groupby(...).quantile`` and :func:`l5dask.prediction.dataframe.quantiles` build on it.
+associative combine, the sketch's quantiles, and the user's reductions declared once
+(:class:`~l5dask.prediction.groupby.Aggregation`, looked up by :func:`~l5dask.prediction.groupby.aggregation`).
+:func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`, the xarray accessor's
+``.l5.groupby(...)`` reductions and :func:`l5dask.prediction.dataframe.quantiles` build on it, their
+partials merged by the engine's one ordered tree (:func:`~l5dask.prediction.groupby.group_reduction`,
+:func:`~l5dask.prediction.groupby.reduce_parts`).
 
 The quantile sketch keeps each value's float64 bits with all but ``quantile_bits`` of the mantissa
 dropped: numpy's "linear" quantile within ``2 ** -(quantile_bits + 1)`` of the larger of the two
@@ -12,12 +16,15 @@ from __future__ import annotations
 
 import functools
 import math
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import SPLIT_EVERY
+from l5dask.core.engine import Reduction, tree_reduce
+from l5dask.errors import UsageError
 from l5dask.prediction.kernels import group_reduce, int_range, mix_codes
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
@@ -248,21 +255,27 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
     return out
 
 
-def _combine_all(*parts: GroupPart) -> GroupPart:
-    return functools.reduce(combine_parts, parts)
+def reduce_parts(leaves: Sequence[Sequence[Any]], reduction: Reduction, name: str, dependencies: Sequence = ()):
+    """A ``Delayed`` of ``reduction``'s finalized result over the blocks of other collections
+    (dask's ``Bag.reduction`` shape): leaf ``i`` is ``reduction.chunk(args, i, None)``, ``args`` the
+    outputs of the keys ``leaves[i]`` lists (a block of a dask array and its coordinates' blocks,
+    a partition of a DataFrame); the partials are merged by the engine's ordered tree
+    (:func:`l5dask.core.engine.tree_reduce`, fan-in from dask's ``split_every``), as a pass's are.
+    ``dependencies``: the collections that hold the keys. Nothing is computed here."""
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+    from dask.task_spec import List, Task, TaskRef
 
-
-def combine_delayed(parts: list) -> Any:
-    """Delayed partials (neighbours in order) merged in an ordered tree (fan-in from dask's
-    ``split_every``), as the engine's tree combines its own: the root, a ``Delayed`` of the whole
-    :class:`~l5dask.prediction.groupby.GroupPart`, computed by the caller (nothing is computed here)."""
-    import dask
-    from dask.delayed import Delayed, delayed
-
-    fan_in = int(dask.config.get("split_every", None) or SPLIT_EVERY)
-    while len(parts) > 1:
-        parts = [delayed(_combine_all)(*parts[i : i + fan_in]) for i in range(0, len(parts), fan_in)]
-    return parts[0] if isinstance(parts[0], Delayed) else delayed(parts[0])
+    graph: dict = {}
+    keys = []
+    for i, deps in enumerate(leaves):
+        key = (f"{name}-chunk", i)
+        graph[key] = Task(key, reduction.chunk, List(*[TaskRef(d) for d in deps]), i, None)
+        keys.append(key)
+    root = tree_reduce(graph, f"{name}-combine", keys, reduction)
+    fin = f"{name}-finalize"
+    graph[fin] = Task(fin, reduction.finalize, TaskRef(root))
+    return Delayed(fin, HighLevelGraph.from_collections(fin, graph, dependencies=list(dependencies)))
 
 
 def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
@@ -292,3 +305,142 @@ def sketch_quantiles(
     x_hi = vals[np.searchsorted(cum, base[has] + hi_rank, side="right")]
     out[has] = _lerp(x_lo, x_hi, h - lo_rank)
     return out
+
+
+# --- the declared aggregations --------------------------------------------------------------
+#: The statistics a partial keeps per group of a value column (what an aggregation ``needs``):
+#: :func:`group_part` makes them from rows, :func:`combine_parts` merges two partials' (``m2``
+#: by Chan's formula, the sketch's counts added bucket by bucket).
+STATISTICS = ("n", "sum", "m2", "min", "max", "sketch")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """One value column's statistics over ``size`` groups, as an aggregation is finalized from
+    them: a statistic not needed is ``None``."""
+
+    size: int
+    n: Any = None
+    sum: Any = None
+    m2: Any = None
+    min: Any = None
+    max: Any = None
+    sketch: Any = None
+    quantile_bits: int = 12
+
+
+def stats_of(part: GroupPart, name: str, quantile_bits: int) -> Stats:
+    """The statistics of value column ``name`` in a (merged) partial."""
+    s = part.stats.get(name, {})
+    return Stats(len(part), **s, sketch=part.sketches.get(name), quantile_bits=quantile_bits)
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """A reduction of a value column per group, declared once (flox's ``Aggregation``).
+
+    Parameters
+    ----------
+    name : str
+        As users name it (``aggregate(values={"speed": [name]})``, ``--value speed:name``, the
+        column ``speed_name`` of the result).
+    needs : tuple of str
+        The per-group statistics (:data:`STATISTICS`) it is finalized from: each chunk of rows is
+        reduced to them (:func:`group_part`) and partials are merged (:func:`combine_parts`)
+        before ``finalize`` sees them.
+    finalize : callable ``(Stats) -> array``
+        A value per group of the merged partial (its groups have rows; NaN values skipped).
+    fill_value : float
+        A group without values (no rows, or only NaN ones) where results are laid on a grid of
+        expected groups (the xarray accessor's), as xarray's own reduction fills it.
+    q : float, optional
+        A quantile's probability.
+    """
+
+    name: str
+    needs: tuple[str, ...]
+    finalize: Callable[[Stats], np.ndarray]
+    fill_value: float = np.nan
+    q: float | None = None
+
+    def __dask_tokenize__(self):
+        return ("l5dask.prediction.groupby.Aggregation", self.name, self.q)
+
+
+def _count(s: Stats) -> np.ndarray:
+    return s.n
+
+
+def _sum(s: Stats) -> np.ndarray:
+    return s.sum
+
+
+def _mean(s: Stats) -> np.ndarray:
+    return np.divide(s.sum, s.n, out=np.full(s.size, np.nan), where=s.n > 0)
+
+
+def _var(s: Stats) -> np.ndarray:  # ddof=1, as pandas
+    return np.divide(s.m2, s.n - 1, out=np.full(s.size, np.nan), where=s.n > 1)
+
+
+def _std(s: Stats) -> np.ndarray:
+    return np.sqrt(_var(s))
+
+
+def _min(s: Stats) -> np.ndarray:
+    return np.where(s.n > 0, s.min, np.nan)
+
+
+def _max(s: Stats) -> np.ndarray:
+    return np.where(s.n > 0, s.max, np.nan)
+
+
+def _quantile(q: float, s: Stats) -> np.ndarray:
+    return sketch_quantiles(s.sketch, s.size, q, s.quantile_bits)
+
+
+def quantile(q: float, name: str | None = None) -> Aggregation:
+    """The aggregation of quantile ``q`` (numpy's "linear" one, from the sketch: see the module)."""
+    return Aggregation(name or f"q{q * 100:g}", ("sketch",), functools.partial(_quantile, q), np.nan, q)
+
+
+count = Aggregation("count", ("n",), _count)
+sum_ = Aggregation("sum", ("n", "sum"), _sum, fill_value=0)
+mean = Aggregation("mean", ("n", "sum"), _mean)
+min_ = Aggregation("min", ("n", "min"), _min)
+max_ = Aggregation("max", ("n", "max"), _max)
+var = Aggregation("var", ("n", "sum", "m2"), _var)
+std = Aggregation("std", ("n", "sum", "m2"), _std)
+median = quantile(0.5, "median")
+
+#: The declared aggregations by name; ``q<percent>`` (``q50``, ``q99.9``) makes a quantile's.
+AGGREGATIONS = {a.name: a for a in (count, sum_, mean, min_, max_, var, std, median)}
+_Q = re.compile(r"^q(\d+(?:\.\d*)?)$")
+
+
+def aggregation(name: str, of: str = "") -> Aggregation:
+    """The declared aggregation called ``name`` (``of``: the column, for the error message)."""
+    found = AGGREGATIONS.get(name)
+    if found is not None:
+        return found
+    m = _Q.match(name)
+    if m is None:
+        raise UsageError(
+            f"unknown reduction {name!r}{f' (for {of})' if of else ''}; they are: {', '.join(AGGREGATIONS)}, "
+            "q<percent> (q50, q99.9)"
+        )
+    q = float(m.group(1)) / 100
+    if not 0 <= q <= 1:
+        raise UsageError(f"{name!r}: a quantile is between q0 and q100")
+    return quantile(q, name)
+
+
+def empty_part(nby: int, needs: dict[str, set[str]]) -> GroupPart:
+    """The partial of no rows (the identity of :func:`combine_parts`) for value columns that need
+    these statistics."""
+    part = GroupPart(np.zeros((0, nby), np.int64), np.zeros(0, np.int64))
+    for col, need in needs.items():
+        part.stats[col] = {s: np.zeros(0, np.int64 if s == "n" else np.float64) for s in set(need) - {"sketch"}}
+        if "sketch" in need:
+            part.sketches[col] = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return part
