@@ -11,7 +11,7 @@ Reductions of a value column: ``count`` (values that are not NaN), ``sum``, ``me
 ``max``, ``var`` and ``std`` (ddof=1, as pandas; merged with Chan's formula), ``median`` and
 ``q<percent>`` (``q50``, ``q99.9``). NaN values are skipped, as pandas does. Each is declared once,
 an :class:`~l5dask.prediction.groupby.Aggregation` (the statistics it needs, its finalize) in
-:data:`~l5dask.prediction.groupby.AGGREGATIONS`, which the xarray accessor and the dataframes'
+``l5dask.prediction.groupby.AGGREGATIONS``, which the xarray accessor and the dataframes'
 quantiles use too.
 
 Quantiles are computed from a sketch: each value's bucket is its float64 bit pattern with all

@@ -4,8 +4,7 @@ associative combine, the sketch's quantiles, and the user's reductions declared 
 (:class:`~l5dask.prediction.groupby.Aggregation`, looked up by :func:`~l5dask.prediction.groupby.aggregation`).
 :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`, the xarray accessor's
 ``.l5.groupby(...)`` reductions and :func:`l5dask.prediction.dataframe.quantiles` build on it, their
-partials merged by the engine's one ordered tree (:func:`~l5dask.prediction.groupby.group_reduction`,
-:func:`~l5dask.prediction.groupby.reduce_parts`).
+partials merged by the engine's one ordered tree (:func:`~l5dask.prediction.groupby.reduce_parts`).
 
 The quantile sketch keeps each value's float64 bits with all but ``quantile_bits`` of the mantissa
 dropped: numpy's "linear" quantile within ``2 ** -(quantile_bits + 1)`` of the larger of the two
@@ -309,7 +308,7 @@ def sketch_quantiles(
 
 # --- the declared aggregations --------------------------------------------------------------
 #: The statistics a partial keeps per group of a value column (what an aggregation ``needs``):
-#: :func:`group_part` makes them from rows, :func:`combine_parts` merges two partials' (``m2``
+#: ``group_part`` makes them from rows, ``combine_parts`` merges two partials' (``m2``
 #: by Chan's formula, the sketch's counts added bucket by bucket).
 STATISTICS = ("n", "sum", "m2", "min", "max", "sketch")
 
@@ -345,9 +344,9 @@ class Aggregation:
         As users name it (``aggregate(values={"speed": [name]})``, ``--value speed:name``, the
         column ``speed_name`` of the result).
     needs : tuple of str
-        The per-group statistics (:data:`STATISTICS`) it is finalized from: each chunk of rows is
-        reduced to them (:func:`group_part`) and partials are merged (:func:`combine_parts`)
-        before ``finalize`` sees them.
+        The per-group statistics (``STATISTICS``) it is finalized from: each chunk of rows is
+        reduced to them (``group_part``) and partials are merged (``combine_parts``) before
+        ``finalize`` sees them.
     finalize : callable ``(Stats) -> array``
         A value per group of the merged partial (its groups have rows; NaN values skipped).
     fill_value : float
