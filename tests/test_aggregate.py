@@ -702,6 +702,37 @@ def test_xarray_declared_reductions_equal_xarrays_own(edge_ds):
         )
 
 
+def test_xarray_declared_reductions_leave_out_keys_that_are_no_label():
+    """Keys outside a coordinate's known values (its CF ``flag_values``, not a range; its
+    ``valid_range``) are left out of every group by the declared path, as xarray's groupers leave
+    them out: the same results as xarray's own groupby."""
+    import dask.array as da
+    import xarray as xr
+
+    import l5dask.prediction.accessor  # noqa: F401 - registers .l5 (opening a dataset's views does)
+
+    rng = np.random.default_rng(5)
+    n = 20_000
+    a, b = rng.integers(-2, 9, n).astype(np.int16), rng.integers(0, 6, n).astype(np.int64)
+    x = rng.normal(size=n)
+    x[rng.random(n) < 0.1] = np.nan
+    obj = xr.DataArray(
+        da.from_array(x, chunks=3_000),
+        dims="row",
+        coords={
+            "a": ("row", da.from_array(a, chunks=3_000), {"flag_values": np.array([0, 2, 5, 7])}),
+            "b": ("row", da.from_array(b, chunks=3_000), {"valid_range": np.array([1, 4])}),
+        },
+    )
+    for op in ("sum", "count", "mean", "max"):
+        got = getattr(obj.l5.groupby("a", "b"), op)().compute()
+        want = getattr(obj.groupby(obj.l5.groupers("a", "b")), op)().compute()
+        xr.testing.assert_allclose(got, want, rtol=1e-12)
+        xr.testing.assert_identical(got.isnull(), want.isnull())
+    keep = np.isin(a, [0, 2, 5, 7]) & (b >= 1) & (b <= 4)
+    np.testing.assert_allclose(float(obj.l5.groupby("a", "b").sum().sum()), np.nansum(x[keep]), rtol=1e-12)
+
+
 def _refuse(*args, **kwargs):
     raise AssertionError("computed while building")
 

@@ -102,34 +102,42 @@ def name_categories(result):
     return result
 
 
+def label_codes(k: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each value's position in ``labels`` (int64), -1 for a value that is none of them: one
+    compiled pass for labels ``lo .. lo + n - 1`` (:func:`~l5dask.prediction.kernels.range_codes`),
+    else a search of the sorted labels."""
+    if _is_range(labels) and k.dtype.kind in "iu":
+        return range_codes(k, int(labels[0]), len(labels))
+    order = np.argsort(labels, kind="stable")
+    pos = np.minimum(np.searchsorted(labels, k, sorter=order), len(labels) - 1)
+    return np.where(labels[order[pos]] == k, order[pos], -1).astype(np.int64)
+
+
 def _block_part(
     labels: tuple[np.ndarray, ...], needs: frozenset[str], bits: int, blocks: list[np.ndarray], i: int, parent
 ) -> GroupPart:
     """The partial of one block of a 1-D variable (``blocks``: its values, then each grouping
-    coordinate's block), per group of the coordinates' values; rows whose key is none of its
-    coordinate's ``labels`` left out (as xarray's groupers leave them)."""
+    coordinate's block), per group of the coordinates' values, keyed by their positions in each
+    coordinate's ``labels``; rows whose key is none of its labels left out (as xarray's groupers
+    leave them)."""
     values, *keys = blocks
+    codes = [label_codes(k, lab) for k, lab in zip(keys, labels)]
     keep = None
-    for k, lab in zip(keys, labels):
-        ok = (k >= lab[0]) & (k <= lab[-1]) if _is_range(lab) else np.isin(k, lab)
-        keep = ok if keep is None else keep & ok
-    return group_part(list(keys), {"v": values}, {"v": set(needs)}, bits, keep)
+    if len(values) and min(int(c.min()) for c in codes) < 0:
+        keep = np.logical_and.reduce([c >= 0 for c in codes])
+    return group_part(codes, {"v": values}, {"v": set(needs)}, bits, keep)
 
 
 def _grid(aggs: tuple[Aggregation, ...], labels: tuple[np.ndarray, ...], bits: int, part: GroupPart) -> np.ndarray:
-    """The aggregations of each group of a merged partial on the grid of the groups' labels (the
-    last axis: one per aggregation; a group without values, no rows or only NaN ones, holds the
-    aggregation's fill value, as in xarray's results)."""
+    """The aggregations of each group of a merged partial (keyed by positions in the ``labels``)
+    on the grid of the groups' labels (the last axis: one per aggregation; a group without
+    values, no rows or only NaN ones, holds the aggregation's fill value, as in xarray's results)."""
     out = np.empty((*[len(x) for x in labels], len(aggs)))
-    pos: list[np.ndarray] = []
-    for j, x in enumerate(labels):
-        order = np.argsort(x, kind="stable")
-        pos.append(order[np.searchsorted(x, part.keys[:, j], sorter=order)])
     stats = stats_of(part, "v", bits)
     for i, agg in enumerate(aggs):
         out[..., i] = agg.fill_value
         values = agg.finalize(stats)
-        where: tuple[Any, ...] = (*pos, i)
+        where: tuple[Any, ...] = (*part.keys.T, i)
         out[where] = values if stats.n is None else np.where(stats.n > 0, values, agg.fill_value)
     return out
 
