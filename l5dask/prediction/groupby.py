@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import Reduction, tree_reduce
+from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
 from l5dask.prediction.kernels import group_reduce, int_range, mix_codes
 
@@ -258,23 +258,21 @@ def reduce_parts(leaves: Sequence[Sequence[Any]], reduction: Reduction, name: st
     """A ``Delayed`` of ``reduction``'s finalized result over the blocks of other collections
     (dask's ``Bag.reduction`` shape): leaf ``i`` is ``reduction.chunk(args, i, None)``, ``args`` the
     outputs of the keys ``leaves[i]`` lists (a block of a dask array and its coordinates' blocks,
-    a partition of a DataFrame); the partials are merged by the engine's ordered tree
-    (:func:`l5dask.core.engine.tree_reduce`, fan-in from dask's ``split_every``), as a pass's are.
+    a partition of a DataFrame); the partials are merged by the engine's one ordered tree
+    (:func:`l5dask.core.engine.tree_combine`, fan-in from dask's ``split_every``), as a pass's are.
     ``dependencies``: the collections that hold the keys. Nothing is computed here."""
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
     from dask.task_spec import List, Task, TaskRef
 
+    layer = f"{name}-chunk"
     graph: dict = {}
-    keys = []
     for i, deps in enumerate(leaves):
-        key = (f"{name}-chunk", i)
+        key = (layer, i)
         graph[key] = Task(key, reduction.chunk, List(*[TaskRef(d) for d in deps]), i, None)
-        keys.append(key)
-    root = tree_reduce(graph, f"{name}-combine", keys, reduction)
-    fin = f"{name}-finalize"
-    graph[fin] = Task(fin, reduction.finalize, TaskRef(root))
-    return Delayed(fin, HighLevelGraph.from_collections(fin, graph, dependencies=list(dependencies)))
+    hlg = HighLevelGraph.from_collections(layer, graph, dependencies=list(dependencies))
+    parts = [Delayed(key, hlg, layer=layer) for key in graph]
+    return tree_combine(parts, reduction, finalize=True, name=f"{name}-combine")
 
 
 def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
