@@ -28,11 +28,13 @@ shapely) relative to the boxes' areas and volumes; an IoU within ``EPS`` (1e-9) 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 from l5dask.core.lazy import compiled
+from l5dask.core.policy import thread_pool
 from l5dask.errors import FormatError, UsageError
 
 __all__ = [
@@ -62,8 +64,9 @@ THRESHOLDS = (0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 #: computed with the SDK's own arithmetic. The compiled IoU differs from GEOS's by about 1e-15.
 EPS = 1e-9
 
-#: Pairs a call of the compiled loop computes at most (all pairs are computed in blocks of rows).
-_BLOCK_PAIRS = 1 << 20
+#: Pairs a call of the compiled loop computes at most (all pairs: in blocks of whole rows); the blocks
+#: run on the cores' threads.
+_BLOCK_PAIRS = 1 << 18
 
 
 def check_geometry(geometry: str) -> str:
@@ -199,17 +202,37 @@ def _pairs(a: Any, b: Any, what: int, outer: bool, geometry: str, thresholds=())
     flat = out.reshape(-1)
     near = np.zeros(len(flat) if len(thr) else 0, np.uint8)
     corrected = geometry == "corrected"
-    # in blocks of rows of a (all pairs): at most _BLOCK_PAIRS pairs a call
-    rows = max(1, _BLOCK_PAIRS // max(1, nb)) if outer else max(1, na)
-    for i in range(0, max(na, 1), rows):
-        lo, hi = (i * nb, min(na, i + rows) * nb) if outer else (0, len(flat))
+
+    def block(lo: int, hi: int) -> tuple[int, int]:
+        """Pairs [lo, hi) (of flat indices; all pairs: whole rows of a), their first bad boxes."""
+        xa: list[np.ndarray]
+        xb: list[np.ndarray]
+        if outer:
+            i, j = lo // max(nb, 1), hi // max(nb, 1)
+            xa, xb = [x[i:j] for x in ca], list(cb)
+        else:
+            xa = list(ca) if na == 1 else [x[lo:hi] for x in ca]
+            xb = list(cb) if nb == 1 else [x[lo:hi] for x in cb]
         _, bad_a, bad_b = _compiled.box_pairs(
-            *(x[i : i + rows] for x in ca), *cb, corrected, what, outer, flat[lo:hi], thr, EPS, near[lo:hi]
+            *xa, *xb, corrected, what, outer, flat[lo:hi], thr, EPS, near[lo:hi] if len(near) else near
         )
-        if bad_a >= 0:
-            _check(a, "a", *ca, first=i + bad_a)
-        if bad_b >= 0:
-            _check(b, "b", *cb, first=bad_b)
+        return bad_a, bad_b
+
+    # blocks of at most _BLOCK_PAIRS pairs (all pairs: of whole rows of a), on the cores' threads (the
+    # compiled loop lets the GIL go)
+    step = max(1, _BLOCK_PAIRS // max(nb, 1)) * max(nb, 1) if outer else _BLOCK_PAIRS
+    cuts = list(range(0, len(flat), step)) + [len(flat)]
+    spans = list(zip(cuts[:-1], cuts[1:])) or [(0, 0)]
+    threads = min(len(spans), os.cpu_count() or 1)
+    if threads > 1:
+        with thread_pool(threads, "l5-geometry") as pool:
+            bads = list(pool.map(lambda span: block(*span), spans))
+    else:
+        bads = [block(*span) for span in spans]
+    if any(ba >= 0 for ba, _ in bads):
+        _check(a, "a", *ca)
+    if any(bb >= 0 for _, bb in bads):
+        _check(b, "b", *cb)
     return out, np.flatnonzero(near)
 
 
