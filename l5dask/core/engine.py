@@ -55,6 +55,7 @@ from l5dask.core.policy import (
     task_groups,
     worker_threads,
 )
+from l5dask.core.progress import passes_label, stage_name
 from l5dask.errors import L5DaskError
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
@@ -652,7 +653,12 @@ class Job:
             collections += built[-1][1]
         remote = any(getattr(spec.source, "remote", False) for spec in specs)
         done = persist(
-            collections, client=self.client, progress=self.progress, threads=remote_threads(remote), **self.kw
+            collections,
+            client=self.client,
+            progress=self.progress,
+            threads=remote_threads(remote),
+            label=passes_label(spec.label for spec in specs),
+            **self.kw,
         )
         out: list[Persisted] = []
         i = 0
@@ -713,6 +719,7 @@ class Job:
             client=self.client,
             progress=self.progress,
             threads=remote_threads(remote),
+            label=stage_name(name),
             **self.kw,
         )
 
@@ -735,6 +742,7 @@ class Job:
             client=self.client,
             progress=self.progress,
             threads=remote_threads(remote),
+            label=stage_name(name),
             **self.kw,
         )
 
@@ -783,6 +791,12 @@ class Job:
             hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
         sources = [s.spec.source if isinstance(s, Persisted) else s.source for s in specs]
         threads = remote_threads(any(getattr(s, "remote", False) for s in sources))
+        labels = [s.spec.label if isinstance(s, Persisted) else s.label for s in specs]
         return compute(
-            Delayed(key, hlg, layer=key), client=self.client, progress=self.progress, threads=threads, **self.kw
+            Delayed(key, hlg, layer=key),
+            client=self.client,
+            progress=self.progress,
+            threads=threads,
+            label=passes_label(labels),
+            **self.kw,
         )

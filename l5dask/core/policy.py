@@ -36,6 +36,7 @@ from typing import Any, ContextManager
 
 from l5dask.core import config
 from l5dask.core.cluster import WORKER_ENV
+from l5dask.core.progress import Progress, on_cluster
 from l5dask.core.store import CANCELLED, cancel_reads, while_waiting
 
 # --- sizing ---------------------------------------------------------------------------------
@@ -375,47 +376,55 @@ def _local_pool(kw: dict, threads: int | None) -> Iterator[dict]:
 
 
 @contextlib.contextmanager
-def _progress_bar(progress: bool) -> Iterator[None]:
-    """dask's progress bar on stderr around a local run, if asked for."""
+def _progress_bar(progress: bool, label: str) -> Iterator[None]:
+    """The progress of a local run on stderr, named ``label``, if asked for (:mod:`l5dask.core.progress`)."""
     if not progress:
         yield
         return
-    from dask.diagnostics import ProgressBar
-
-    with ProgressBar(out=sys.stderr, dt=0.5):
+    with Progress(label):
         yield
 
 
 def persist(
-    collections: list, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any
+    collections: list,
+    client: Any = None,
+    progress: bool = False,
+    threads: int | None = None,
+    label: str = "compute",
+    **kw: Any,
 ) -> list:
     """Persist on ``client`` if given (results stay on the workers), else locally on the threads
-    of :func:`compute` (there, persisting runs the tasks before it returns)."""
+    of :func:`compute` (there, persisting runs the tasks before it returns, its progress named
+    ``label``)."""
     import dask
 
     if not collections:
         return []
     if client is not None:
         return list(client.persist(collections))
-    with _local_pool(kw, threads) as kw, _progress_bar(progress):
+    with _local_pool(kw, threads) as kw, _progress_bar(progress, label):
         return list(dask.persist(*collections, **kw))
 
 
-def compute(collection: Any, client: Any = None, progress: bool = False, threads: int | None = None, **kw: Any) -> Any:
-    """Compute on ``client`` if given (with a progress bar on stderr), else with dask's scheduler.
+def compute(
+    collection: Any,
+    client: Any = None,
+    progress: bool = False,
+    threads: int | None = None,
+    label: str = "compute",
+    **kw: Any,
+) -> Any:
+    """Compute on ``client`` if given, else with dask's scheduler; ``progress``: on stderr, named
+    ``label`` (:mod:`l5dask.core.progress`).
 
     On local threads the tasks run in a pool of this call's own (``threads`` of them, else one a
     core): see ``_local_pool``."""
     import dask
 
     if client is None:
-        with _local_pool(kw, threads) as kw, _progress_bar(progress):
+        with _local_pool(kw, threads) as kw, _progress_bar(progress, label):
             return dask.compute(collection, **kw)[0]
     futures = client.compute(collection)
     if progress:
-        from distributed import progress as show
-
-        with contextlib.redirect_stdout(sys.stderr):
-            show(futures)
-            print(file=sys.stderr)
+        on_cluster([futures], label, tasks=len(collection.__dask_graph__()))
     return client.gather(futures)

@@ -218,6 +218,7 @@ def export(
             Delayed(top, HighLevelGraph.from_collections(top, graph, dependencies=[])),
             client=job.client,
             progress=job.progress,
+            label=f"export {fmt_name}",
             **job.kw,
         )
         if fmt_name == "zarr3":
