@@ -377,7 +377,7 @@ def _local_pool(kw: dict, threads: int | None) -> Iterator[dict]:
 
 @contextlib.contextmanager
 def _progress_bar(progress: bool, label: str) -> Iterator[None]:
-    """The progress of a local run on stderr, named ``label``, if asked for (:mod:`l5dask.core.progress`)."""
+    """The progress of a local run on stderr, named ``label``, if asked for (``l5dask.core.progress``)."""
     if not progress:
         yield
         return
@@ -415,7 +415,7 @@ def compute(
     **kw: Any,
 ) -> Any:
     """Compute on ``client`` if given, else with dask's scheduler; ``progress``: on stderr, named
-    ``label`` (:mod:`l5dask.core.progress`).
+    ``label`` (``l5dask.core.progress``).
 
     On local threads the tasks run in a pool of this call's own (``threads`` of them, else one a
     core): see ``_local_pool``."""
