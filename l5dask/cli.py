@@ -19,7 +19,20 @@ from l5dask.core.commands import EXIT_USER_ERROR  # noqa: E402
 SYSTEMS = {
     **{
         c: "prediction"
-        for c in ("agg", "concat", "demo", "export", "info", "report", "split", "stats", "subset", "synth", "validate")
+        for c in (
+            "agg",
+            "catalog",
+            "concat",
+            "demo",
+            "export",
+            "info",
+            "report",
+            "split",
+            "stats",
+            "subset",
+            "synth",
+            "validate",
+        )
     },
     "evaluate": "evaluation",
     "select-agents": "evaluation",

@@ -1,5 +1,5 @@
 """The prediction data's commands (``stats``, ``report``, ``agg``, ``info``, ``synth``, ``demo``,
-``concat``, ``subset``, ``split``, ``export``, ``validate``), added to ``l5dask``'s command line with
+``concat``, ``subset``, ``split``, ``export``, ``validate``, ``catalog``), added to ``l5dask``'s command line with
 its one error path (:mod:`l5dask.core.commands`)."""
 
 from __future__ import annotations
@@ -433,4 +433,47 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
     click.echo(f"{dataset}: no faults ({'every chunk decoded' if full else 'chunk headers and sizes'}, intervals)")
 
 
-COMMANDS = [synth, info, stats, report, agg, demo, concat, subset, split, export, validate]
+@click.command()
+@click.argument("dataset")
+@click.option("--output", "-O", "output", required=True, help="write the catalog (Parquet) here: a path or a URL")
+@click.option(
+    "--tz",
+    default="America/Los_Angeles",
+    show_default=True,
+    help="the time zone (IANA name) of the local hour and weekday columns",
+)
+@click.option("--overwrite", is_flag=True, help="replace the file that exists at the output")
+@chunks_option
+@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
+@scheduler_option
+@storage_option
+@friendly
+def catalog(
+    dataset: str, output, tz: str, overwrite: bool, chunks_per_task, quiet: bool, scheduler, storage_options
+) -> None:
+    """Write the scene catalog of DATASET (a row per scene: time, ego motion, turn, agents near the
+    ego, traffic lights) from one parallel pass."""
+    from l5dask.core.cluster import connect
+    from l5dask.prediction.catalog import catalog as make
+    from l5dask.prediction.catalog import check_output, check_tz, write_catalog
+
+    options = parse_storage_options(storage_options)
+    check_tz(tz)
+    check_output(output, options, overwrite)
+    t0 = time.perf_counter()
+    with connect(scheduler, quiet=True) as client:
+        table = make(
+            dataset,
+            tz=tz,
+            storage_options=options,
+            chunks_per_task=chunks_per_task,
+            progress=not quiet,
+            client=client,
+        )
+    write_catalog(table, output, options, overwrite=overwrite)
+    click.echo(
+        f"wrote {output}: {len(table):,} scenes, {len(table.columns)} columns ({time.perf_counter() - t0:.1f} s)"
+    )
+
+
+COMMANDS = [synth, info, stats, report, agg, demo, concat, subset, split, export, validate, catalog]
