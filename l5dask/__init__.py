@@ -24,6 +24,7 @@ _LAZY = {
     "L5Dataset": "prediction.dataset",
     "L5Array": "prediction.reading",
     "aggregate": "prediction.aggregation",
+    "catalog": "prediction.catalog",
 }
 
 
@@ -41,6 +42,7 @@ __all__ = [
     "NotADatasetError",
     "StoreError",
     "aggregate",
+    "catalog",
     "concat",
     "open_dataset",
     "split",

@@ -28,6 +28,7 @@ from l5dask.core.intervals import check_intervals
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.joins import scene_rows
+from l5dask.prediction.kernels import gather
 
 #: L5Kit's ``categorize_scenes.py``: a turn is a yaw change of at least this (rad) ...
 TURN_THRESH = 1.0
@@ -291,6 +292,40 @@ def finish_counts(part: KeyPart, opens: list, nkinds: int) -> KeyPart:
     return part
 
 
+#: Bits of the one sort key of (scene, kind, track) triples (the fast path of :func:`distinct_triples`).
+_KIND_BITS, _KEY_BITS = 5, 40
+
+
+def distinct_triples(scene: np.ndarray, kind: np.ndarray, key: np.ndarray, nkinds: int) -> tuple:
+    """The distinct ``(scene, kind, key)`` triples, sorted: one sort of a uint64 that packs them
+    when they fit (``scene`` from 0, under 2**19; ``kind`` under 32; integer keys under 2**40, as
+    track ids are), else a lexsort of the three."""
+    if (
+        len(key)
+        and key.dtype.kind in "iu"
+        and nkinds <= 1 << _KIND_BITS
+        and int(scene.max()) < 1 << (64 - _KIND_BITS - _KEY_BITS)
+        and int(key.min()) >= 0
+        and int(key.max()) < 1 << _KEY_BITS
+    ):
+        packed = (
+            (scene.astype(np.uint64) << np.uint64(_KIND_BITS + _KEY_BITS))
+            | (key.astype(np.uint64) << np.uint64(_KIND_BITS))
+            | kind.astype(np.uint64)
+        )
+        u = np.unique(packed)
+        return (
+            (u >> np.uint64(_KIND_BITS + _KEY_BITS)).astype(np.int64),
+            (u & np.uint64((1 << _KIND_BITS) - 1)).astype(np.int64),
+            ((u >> np.uint64(_KIND_BITS)) & np.uint64((1 << _KEY_BITS) - 1)).astype(key.dtype),
+        )
+    order = np.lexsort((key, kind, scene))
+    ms, mk, mx = scene[order], kind[order], key[order]
+    keep = np.ones(len(ms), bool)
+    keep[1:] = (ms[1:] != ms[:-1]) | (mk[1:] != mk[:-1]) | (mx[1:] != mx[:-1])
+    return ms[keep], mk[keep], mx[keep]
+
+
 def keyed_part(n: int, scene: np.ndarray, m_scene, m_kind, m_key, nkinds: int, mins, sums) -> KeyPart:
     """A chunk's partial: rows' ``scene`` (sorted), memberships ``(m_scene, m_kind, m_key)``,
     per-row ``mins`` and ``sums``."""
@@ -298,21 +333,19 @@ def keyed_part(n: int, scene: np.ndarray, m_scene, m_kind, m_key, nkinds: int, m
     k = s1 - s0 + 1
     local = scene - s0
     part = KeyPart(n, s0)
+    a, _ = runs(scene)  # (rows are ordered by scene: a run each)
+    at = local[a]
     part.mins = np.full((k, mins.shape[1]), np.inf)
-    for j in range(mins.shape[1]):
-        np.minimum.at(part.mins[:, j], local, mins[:, j])
     part.sums = np.zeros((k, sums.shape[1]), np.int64)
-    for j in range(sums.shape[1]):
-        part.sums[:, j] = np.bincount(local, weights=sums[:, j], minlength=k).astype(np.int64)
-    # distinct (scene, kind, key)
-    order = np.lexsort((m_key, m_kind, m_scene))
-    ms, mk, mx = m_scene[order], m_kind[order], m_key[order]
-    keep = np.ones(len(ms), bool)
-    keep[1:] = (ms[1:] != ms[:-1]) | (mk[1:] != mk[:-1]) | (mx[1:] != mx[:-1])
-    ms, mk, mx = ms[keep], mk[keep], mx[keep]
+    if mins.shape[1]:
+        part.mins[at] = np.minimum.reduceat(mins, a, axis=0)
+    if sums.shape[1]:
+        part.sums[at] = np.add.reduceat(sums, a, axis=0)
+    ms, mk, mx = distinct_triples(m_scene - s0, m_kind, m_key, nkinds)
+    ms = ms + s0
     part.counts = np.zeros((k, nkinds), np.int64)
     inner = (ms != s0) & (ms != s1)
-    np.add.at(part.counts, (ms[inner] - s0, mk[inner]), 1)
+    part.counts += np.bincount((ms[inner] - s0) * nkinds + mk[inner], minlength=k * nkinds).reshape(k, nkinds)
     for s in sorted({s0, s1}):
         at = ms == s
         part.open.append((s, (mk[at], mx[at])))
@@ -353,13 +386,17 @@ def agents_chunk(agents: np.ndarray, lo: int, frames: Rows, nlabels: int, groups
     pos = frames.locate(lo, lo + n, "agent_start")
     scene = frames["scene"][pos]
     ego = frames["ego_xy"][pos]
-    c = agents["centroid"].astype(np.float64)
-    dist = np.sqrt((c[:, 0] - ego[:, 0]) ** 2 + (c[:, 1] - ego[:, 1]) ** 2)
-    lp = agents["label_probabilities"]
-    label = np.argmax(lp, axis=1)
-    top = np.take_along_axis(lp, label[:, None], axis=1)[:, 0]
+    elements = [("centroid", (0,)), ("centroid", (1,)), ("track_id", ())]
+    elements += [("label_probabilities", (k,)) for k in range(nlabels)]
+    if isinstance(agents, np.ndarray):
+        columns, (label,) = gather(agents, elements, ["label_probabilities"])
+    else:  # (the stored bytes: the columns gathered without making records)
+        columns, (label,) = agents.gather(elements, ["label_probabilities"])
+    cx, cy, track = columns[:3]
+    dist = np.sqrt((cx - ego[:, 0]) ** 2 + (cy - ego[:, 1]) ** 2)
+    top = np.maximum.reduce(columns[3:]) if nlabels else np.zeros(n, np.float32)
+    label = label.astype(np.int64)
     group = groups[label]
-    track = agents["track_id"].astype(np.uint64)
     kinds, keys, owners = [label.astype(np.int64)], [track], [scene]
     for i, radius in enumerate(NEAR_M):
         near = (group >= 0) & (dist <= radius)
@@ -572,6 +609,7 @@ def catalog(
             agents,
             agents_reduction(ds.labels),
             parent=frames_done.link("agent_index_interval", "agent_start"),
+            encoded=True,  # the columns it needs gathered from each chunk's bytes, no records made
             name="catalog-agents",
         ),
     ]
