@@ -25,8 +25,10 @@ import numpy as np
 
 from l5dask.core.engine import Job, Link, Pass, Reduction, Rows
 from l5dask.core.intervals import check_intervals
+from l5dask.core.outputs import check_writable, filesystem, table_format, write_table
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
+from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
 from l5dask.prediction.kernels import gather
 
@@ -573,9 +575,8 @@ def catalog(
     tz : str
         The time zone (IANA name) of ``local_hour`` and ``local_weekday``: Palo Alto's by default.
     storage_options, chunks_per_task, progress, scheduler, client
-        As for :func:`l5dask.compute_report`.
+        As for :func:`l5dask.prediction.report.compute_report`.
     """
-    from l5dask.prediction.dataset import L5Dataset, open_dataset
 
     check_tz(tz)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
@@ -629,7 +630,6 @@ def catalog(
 
 def check_output(path: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
     """Refuse (one line) an output that cannot be written, or that exists unless ``overwrite``."""
-    from l5dask.core.outputs import check_writable, filesystem, table_format
 
     if table_format(path) != ".parquet":
         raise UsageError(f"{path}: the catalog is written as Parquet; name the file *.parquet")
@@ -641,12 +641,10 @@ def check_output(path: str, storage_options: dict | None = None, overwrite: bool
 
 def write_catalog(table, path: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
     """The catalog as Parquet, written atomically (refused if ``path`` exists, unless ``overwrite``),
-    the dataset's :func:`fingerprint` in its metadata (key ``l5dask.catalog``, JSON)."""
+    the dataset's ``fingerprint`` in its metadata (key ``l5dask.catalog``, JSON)."""
     import json
 
     import pyarrow as pa
-
-    from l5dask.core.outputs import write_table
 
     check_output(path, storage_options, overwrite)
     t = pa.Table.from_pandas(table, preserve_index=False)
