@@ -344,7 +344,7 @@ def test_bad_time_zone_is_one_line(edge_ds, tmp_path):
         catalog(edge_ds, tz="Mars/Olympus")
     out = tmp_path / "c.parquet"
     r = subprocess.run(
-        [sys.executable, "-m", "l5dask.cli", "catalog", edge_ds, "--output", str(out), "--tz", "Mars/Olympus", "-q"],
+        [sys.executable, "-m", "l5dask.cli", "catalog", edge_ds, "-o", str(out), "--tz", "Mars/Olympus", "-q"],
         capture_output=True,
         text=True,
     )
@@ -355,7 +355,7 @@ def test_bad_time_zone_is_one_line(edge_ds, tmp_path):
 def test_command_writes_parquet_with_fingerprint(edge_ds, want, tmp_path):
     out = tmp_path / "c.parquet"
     r = subprocess.run(
-        [sys.executable, "-m", "l5dask.cli", "catalog", edge_ds, "--output", str(out), "-q"],
+        [sys.executable, "-m", "l5dask.cli", "catalog", edge_ds, "-o", str(out), "-q"],
         capture_output=True,
         text=True,
     )
@@ -368,7 +368,7 @@ def test_command_writes_parquet_with_fingerprint(edge_ds, want, tmp_path):
         assert meta["arrays"][name]["length"] == len(a[name])
         assert meta["arrays"][name]["chunk_rows"] == CHUNKS[name]
     again = subprocess.run(
-        [sys.executable, "-m", "l5dask.cli", "catalog", edge_ds, "--output", str(out), "-q"],
+        [sys.executable, "-m", "l5dask.cli", "catalog", edge_ds, "-o", str(out), "-q"],
         capture_output=True,
         text=True,
     )

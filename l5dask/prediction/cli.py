@@ -435,21 +435,21 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
 
 @click.command()
 @click.argument("dataset")
-@click.option("--output", "-O", "output", required=True, help="write the catalog (Parquet) here: a path or a URL")
 @click.option(
     "--tz",
     default="America/Los_Angeles",
     show_default=True,
     help="the time zone (IANA name) of the local hour and weekday columns",
 )
-@click.option("--overwrite", is_flag=True, help="replace the file that exists at the output")
-@chunks_option
-@click.option("--quiet", "-q", is_flag=True, help="no progress bar")
-@scheduler_option
-@storage_option
-@friendly
+@shared(
+    output="write the catalog (Parquet) here: a path or a URL",
+    output_required=True,
+    overwrite="the file that exists at the output",
+    chunks=True,
+    scheduler=True,
+)
 def catalog(
-    dataset: str, output, tz: str, overwrite: bool, chunks_per_task, quiet: bool, scheduler, storage_options
+    dataset: str, tz: str, quiet: bool, output, overwrite: bool, chunks_per_task, scheduler, storage_options
 ) -> None:
     """Write the scene catalog of DATASET (a row per scene: time, ego motion, turn, agents near the
     ego, traffic lights) from one parallel pass."""
