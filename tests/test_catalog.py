@@ -28,7 +28,7 @@ from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.catalog import GROUPS, catalog, label_column, write_catalog
 
-from .conftest import l5kit_data, read_all
+from .conftest import l5kit_data, read_all, require
 
 CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 40, fmt.AGENTS: 700, fmt.TL_FACES: 300}
 
@@ -259,8 +259,8 @@ def _identify_turn():
     """L5Kit 1.5.0's ``identify_turn`` (scripts/categorize_scenes.py), verbatim, with L5Kit's own
     ``rotation33_as_yaw`` (its ``geometry/transform.py``, loaded alone)."""
     l5kit_data()
-    pytest.importorskip("transforms3d")
-    pytest.importorskip("pymap3d")
+    for name in ("transforms3d", "pymap3d"):  # (what L5Kit's geometry/transform.py imports)
+        require(importlib.util.find_spec(name) is not None, f"{name} (the test extra)")
     root = list(sys.modules["l5kit"].__path__)[0]
     spec = importlib.util.spec_from_file_location(
         "l5kit_geometry_transform", os.path.join(root, "geometry/transform.py")
