@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import click
 import numpy as np
@@ -97,6 +98,38 @@ def test_a_storage_option_given_as_the_output_is_refused(small_ds, tmp_path, val
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.count("\n") == 1 and "-s/--storage-option" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+REQUIRED_OUTPUT = [path for path, c in COMMANDS if any(p.name == "output" and p.required for p in c.params)]
+
+
+@pytest.mark.parametrize("path", REQUIRED_OUTPUT)
+def test_a_missing_required_output_is_one_line_and_nothing_is_written(path, small_ds, tmp_path):
+    """click 8.5 ran a command whose required -o was not given with None (a traceback, or chop's
+    output written to a folder named None): refused in one line, exit 2, nothing written."""
+    from click.testing import CliRunner
+
+    command = dict(COMMANDS)[path]
+    # the command's arguments given (any values: the missing -o is refused before they are read)
+    args = [
+        small_ds if p.name in ("dataset", "datasets", "gt", "pred", "predictions") else "x"
+        for p in command.params
+        if isinstance(p, click.Argument)
+        for _ in range(1 if p.nargs == 1 else 2)
+    ]
+    with CliRunner().isolated_filesystem(temp_dir=tmp_path) as here:
+        r = CliRunner().invoke(main, [*path.split()[1:], *map(str, args)])
+        assert r.exit_code == 2, (path, r.output)
+        assert "Missing option '" in r.output, (path, r.output)  # (-o, or another required option before it)
+        assert "Traceback" not in r.output and not any(Path(here).iterdir()), path
+    assert len(REQUIRED_OUTPUT) >= 10
+
+
+def test_chop_without_output_writes_no_folder_named_none(small_ds, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "chop", small_ds, "--frames", "100", "-q"],
+                       capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 2 and "Missing option '--output' / '-o'" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and not any(tmp_path.iterdir())
 
 
 def test_agg_value_has_no_v_and_info_has_q(small_ds):

@@ -323,3 +323,22 @@ def test_an_endpoint_that_refuses_the_connection_fails_after_a_few_attempts_each
     assert not out.exists()
     quiet = subprocess.run(cmd + ["-q"], capture_output=True, text=True, env=env, timeout=120)
     assert quiet.returncode == 2 and quiet.stderr.splitlines() == lines[2:], quiet.stderr
+
+
+@pytest.mark.parametrize("command", ["synth", "export"])
+def test_a_dataset_written_to_an_endpoint_that_refuses_the_connection_is_one_line(command, small_ds, tmp_path):
+    """A writer that goes through the store's client itself (botocore's EndpointConnectionError is
+    no OSError) printed a traceback of 119 lines: one line, exit 2 (found by a new user's trial)."""
+    import os
+    import subprocess
+    import sys
+
+    port = free_port()
+    env = dict(os.environ, AWS_ACCESS_KEY_ID="l5dask", AWS_SECRET_ACCESS_KEY="l5dask", AWS_DEFAULT_REGION="us-east-1")
+    env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
+    args = [command, "-o", "s3://l5-nowhere/out", "-q"] + (["--scenes", "2"] if command == "synth" else [small_ds])
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=120)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.startswith("l5dask: error: ") and f"127.0.0.1:{port}" in r.stderr, r.stderr

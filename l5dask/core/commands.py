@@ -59,8 +59,20 @@ def friendly(func):
         except OSError as exc:
             click.echo(f"l5dask: error: {exc}", err=True)
             sys.exit(EXIT_USER_ERROR)
+        except Exception as exc:
+            # an object store's endpoint that cannot be reached, met by a writer that goes through
+            # the store's client itself (botocore's and aiohttp's errors are no OSError): one line
+            if type(exc).__name__ not in _UNREACHABLE:
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            click.echo(f"l5dask: error: could not reach the object store's endpoint ({first})", err=True)
+            sys.exit(EXIT_USER_ERROR)
 
     return wrapper
+
+
+#: the object stores' clients' errors for an endpoint that cannot be reached
+_UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError", "ConnectionClosedError"}
 
 
 # --- the one convention --------------------------------------------------------------------
@@ -84,6 +96,10 @@ _LOOKS_LIKE_OPTION = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*=")
 
 
 def _checked_output(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # (click 8.5 calls the callback of a required option that was not given with None instead of
+    # refusing the command line: refused here, before anything is written)
+    if value is None and param.required:
+        raise click.UsageError("Missing option '--output' / '-o': the output is given as -o/--output", ctx=ctx)
     # (year=2020/part.parquet is an output; anon=true and client_kwargs.endpoint_url=http://... are not)
     if value is not None and _LOOKS_LIKE_OPTION.match(value) and ("/" not in value or "://" in value):
         raise click.BadParameter(
