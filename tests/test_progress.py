@@ -112,3 +112,19 @@ def test_a_cluster_log_gets_one_line_a_stage(small_ds, dask_cluster):
 )
 def test_stage_names(labels, name):
     assert progress.passes_label(labels) == name and progress.stage_name("l5-mask-at") == "mask-at"
+
+
+def test_perception_commands_log_one_named_line_a_stage(tmp_path):
+    """perception stats and evaluate said 'parsing the 13 tables of ...' then 'done in 0.7 s' (a new
+    user's trial): one named line a stage, as every other command; nothing under -q."""
+    data = tmp_path / "lyft"
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "perception", "synth", "-o", str(data), "--scenes", "1",
+                        "--no-images", "-q"], capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    args = ["perception", "stats", str(data), "-o", str(tmp_path / "p.json")]
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and re.fullmatch(r"l5dask: tables: the 13 tables of \S+ in \d+\.\d s\n", r.stderr), (
+        r.stderr
+    )
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", *args, "-q"], capture_output=True, text=True, env=ENV)
+    assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -41,12 +41,10 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
 
             job = Job(client=client, progress=not quiet and points_in_boxes)
         ds = open_perception(data, opts, job=job)
-        if not quiet:
-            click.echo(f"parsing the 13 tables of {ds.url} ...", err=True)
         report = perception_report(ds, lidar=not no_lidar, points_in_boxes=points_in_boxes)
     took = time.perf_counter() - t0
-    if not quiet:
-        click.echo(f"done in {took:.1f} s", err=True)
+    if not quiet:  # (one line a stage, named, as the passes' progress in a log)
+        click.echo(f"l5dask: tables: the 13 tables of {ds.url} in {took:.1f} s", err=True)
     return report, took, opts
 
 
@@ -169,8 +167,8 @@ def evaluate(
     for w in result.get("warnings", []):
         click.echo(f"l5dask: warning: {w}", err=True)
     click.echo(detection.summary(result))  # (the answer: -q silences the progress, not this)
-    if not quiet:
-        click.echo(f"done in {took:.1f} s", err=True)
+    if not quiet:  # (one line a stage, named, as the passes' progress in a log)
+        click.echo(f"l5dask: detection: every threshold of {pred} in {took:.1f} s", err=True)
 
 
 @perception.command("to-l5kit")
