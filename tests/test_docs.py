@@ -376,7 +376,12 @@ def render(site: Path, page: str, tmp_path: Path, query: str = "") -> str:
     probe = src.with_name(f"_probe_{src.name}")
     probe.write_text(src.read_text().replace("</body>", PROBE + "</body>"))
     url = probe.as_uri() + query
-    r = subprocess.run(
+    return dump_dom(url, tmp_path, "1280,1000", 8000, timeout=120).stdout
+
+
+def dump_dom(url: str, tmp_path: Path, window: str, budget_ms: int, timeout: int) -> subprocess.CompletedProcess:
+    """Headless chromium's DOM of ``url`` after ``budget_ms`` of virtual time, in a window of ``window``."""
+    return subprocess.run(
         [
             CHROMIUM,
             "--headless",
@@ -384,16 +389,15 @@ def render(site: Path, page: str, tmp_path: Path, query: str = "") -> str:
             "--disable-gpu",
             "--allow-file-access-from-files",
             f"--user-data-dir={tmp_path / 'profile'}",
-            "--window-size=1280,1000",
-            "--virtual-time-budget=8000",
+            f"--window-size={window}",
+            f"--virtual-time-budget={budget_ms}",
             "--dump-dom",
             url,
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
-    return r.stdout
 
 
 @pytest.mark.parametrize("page", ["index.html", "api/generated/l5dask.prediction.dataset.open_dataset.html"])
@@ -475,23 +479,7 @@ def test_nothing_is_cut_in_a_1280_px_window(site, tmp_path):
     harness = site / "_cut_probe.html"
     harness.write_text(EACH_PAGE % (CUT, json.dumps(pages)))
     try:
-        r = subprocess.run(
-            [
-                CHROMIUM,
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--allow-file-access-from-files",
-                f"--user-data-dir={tmp_path / 'profile'}",
-                "--window-size=1300,950",
-                f"--virtual-time-budget={2000 * len(pages)}",
-                "--dump-dom",
-                harness.as_uri(),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
+        r = dump_dom(harness.as_uri(), tmp_path, "1300,950", 2000 * len(pages), timeout=900)
     finally:
         harness.unlink()
     found = re.search(r'data-cut="([^"]*)"', r.stdout)
