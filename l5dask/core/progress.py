@@ -3,7 +3,7 @@
 On a terminal, a bar per stage (``l5dask: pass agents [#####   ] 61% 19/31 tasks 0.8 s``), redrawn
 in place and left on its own line when the stage ends; in a log (stderr is not a terminal), one
 line per stage when it ends: its name, its tasks and its time (``l5dask: pass agents: 31 tasks in
-0.8 s``), not bars run together on one line. Stages shorter than ``MINIMUM`` are not shown.
+0.8 s``), not bars run together on one line. Stages shorter than ``minimum()`` are not shown.
 
 What it costs: dask's ``ProgressBar`` (used before) stops by joining a timer thread that sleeps its
 tick (0.5 s here), so every compute waited up to 0.5 s at its end: ``l5dask chop`` of the demo's
@@ -20,19 +20,17 @@ import time
 from collections.abc import Iterable
 from typing import IO, Any
 
+from l5dask.core import config
+
 #: how often a terminal's bar is redrawn (s)
 TICK = 0.1
 WIDTH = 24
-#: stages shorter than this (s) are not shown (reading a few rows: a command makes several), unless
-#: dask's config ``l5dask.progress-minimum`` says otherwise
-MINIMUM = 0.1
 
 
 def minimum() -> float:
-    import dask
-
-    value = dask.config.get("l5dask.progress-minimum", None)
-    return MINIMUM if value is None else float(value)
+    """Seconds under which a stage is not shown (reading a few rows: a command makes several):
+    the setting ``l5dask.progress-minimum`` (0.1 in ``l5dask.yaml``)."""
+    return float(config.get("progress-minimum"))
 
 
 def is_terminal(out: IO[str]) -> bool:
