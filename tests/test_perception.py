@@ -272,7 +272,7 @@ def test_cli_stats_and_html_report(data, tmp_path):
     out = tmp_path / "r.json"
     r = cli("perception", "stats", root, "--output", str(out))
     assert r.returncode == 0, r.stderr
-    assert "scenes" in r.stdout and "parsing" in r.stderr  # summary on stdout, progress on stderr
+    assert "scenes" in r.stdout and "l5dask: tables: " in r.stderr  # summary on stdout, progress on stderr
     same(json.loads(out.read_text()), json.loads(json.dumps(public(perception_report(open_perception(root))))))
     page, rep = tmp_path / "r.html", tmp_path / "p.json"
     r = cli("perception", "report", root, "--output", str(page), "--json", str(rep), "--points-in-boxes", "--quiet")
