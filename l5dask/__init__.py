@@ -25,10 +25,25 @@ _LAZY = {
     "L5Array": "prediction.reading",
     "aggregate": "prediction.aggregation",
     "catalog": "prediction.catalog",
+    "analyze": "prediction.analyses",
 }
 
 
-__getattr__, __dir__, _names = attach(__name__, _LAZY)
+def _analyses():
+    """``l5dask.analyses``: the analyses :func:`l5dask.analyze` runs (``Report``, ``Catalog``, ``Aggregate``)."""
+    import importlib
+
+    return importlib.import_module("l5dask.prediction.analyses")
+
+
+_getattr, __dir__, _names = attach(__name__, _LAZY)
+
+
+def __getattr__(name: str):
+    if name == "analyses":
+        return _analyses()
+    return _getattr(name)
+
 
 __version__ = "0.1.0"
 
@@ -42,6 +57,8 @@ __all__ = [
     "NotADatasetError",
     "StoreError",
     "aggregate",
+    "analyses",
+    "analyze",
     "catalog",
     "concat",
     "open_dataset",

@@ -27,6 +27,7 @@ pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +130,8 @@ class Reduction:
     identity : callable ``() -> partial``
         The partial of no rows: ``combine(identity(), p) == p``.
     finalize : callable ``(partial) -> result``, optional
+    exact : bool
+        Its result does not depend on how chunks are grouped into tasks (see the attribute).
     """
 
     name: str
@@ -136,6 +139,11 @@ class Reduction:
     combine: Callable[[Any, Any], Any]
     identity: Callable[[], Any]
     finalize: Callable[[Any], Any] = _no_finalize
+    #: Its result is the same bits however the chunks are grouped into tasks and the tree (integer
+    #: counts, exact sums, minima, each row finished from all of its rows): a fused pass
+    #: (:meth:`Job.run`) may then group them for its other members. Each call of ``chunk`` is
+    #: still handed what the pass declares (one stored chunk at a time, or a whole block).
+    exact: bool = False
 
     def __dask_tokenize__(self):
         return ("l5dask.Reduction", self.name)
@@ -198,7 +206,7 @@ class Block(NamedTuple):
 class Link:
     """How a child pass gets its parent rows: from a persisted pass, or from rows in memory."""
 
-    parent: Any  # Persisted | Rows
+    parent: Any  # Persisted | Held | Rows | Pass (declared: persisted first by Job.run)
     start: str  # the column of parent rows holding each row's first child row
     interval: str | None = None  # the parent's interval field (a persisted parent's checked bounds)
 
@@ -241,6 +249,10 @@ class Pass:
         sources that have it; ``chunk`` then takes either.
     priority : int
         Scheduling priority of its tasks (higher first).
+    name : str, optional
+        Names its tasks (default: the source's name).
+    groups : list of (first, n), optional
+        Its tasks' chunks, fixed (default: sized by the job).
     """
 
     source: Any
@@ -252,6 +264,9 @@ class Pass:
     encoded: bool = False
     priority: int = 0
     name: str | None = None
+    #: The tasks' chunk groups ``[(first, n)]``, fixed (a fused pass keeps its members' own);
+    #: ``None``: sized by the job's policy.
+    groups: list[tuple[int, int]] | None = None
 
     def __post_init__(self) -> None:
         if self.encoded and (self.rows is not None or self.intervals):
@@ -418,6 +433,11 @@ def _finalize(reduction: Combine | Reduction, part: Any) -> Any:
     return reduction.finalize(part)
 
 
+def _finalize_member(reduction: Combine | Reduction, index: int | None, part: Any) -> Any:
+    """A member's result from a fused partial (``index``: its place; ``None``: not fused)."""
+    return reduction.finalize(part if index is None else part[index])
+
+
 def hold_blocks(parent: str, intervals: dict[str, int], *blocks: Block) -> Block:
     """The task of a :class:`Held` pass: its blocks' interval bounds checked (the first problem
     raised, as :meth:`Job.persist` does), their rows as one block."""
@@ -494,6 +514,235 @@ def tree_combine(
     return Delayed(root, HighLevelGraph.from_collections(name, graph, dependencies=parts), layer=name)
 
 
+# --- fusion: many passes over one source as one --------------------------------------------
+@dataclass(frozen=True)
+class Member:
+    """A pass fused into another (:func:`fused_reduction`): its reduction and how it takes its chunks."""
+
+    reduction: Reduction
+    blocks: bool
+    encoded: bool
+
+
+def _first_chunk(source: Any, start: int) -> int:
+    """The stored chunk whose first row is ``start`` (a search of the chunks' bounds)."""
+    lo, hi = 0, source.nchunks
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if source.chunk_bounds(mid)[0] < start:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int, parent: Any) -> tuple:
+    """The partials of every member of a fused pass over one block (read once: records, or the
+    stored chunks not decoded), each handed what its own pass would have been: the block whole
+    (``blocks``), else one stored chunk at a time (or, encoded, the groups ``source.iter_encoded``
+    makes: ``data.pieces()``); records where the member takes no encoded chunks (decoded once)."""
+    encoded = hasattr(data, "records")
+    out = []
+    for m in members:
+        red = m.reduction
+        if m.blocks:
+            p = red.chunk(data if m.encoded or not encoded else data.records(), start, parent)
+        elif m.encoded and encoded:
+            p = None
+            for lo, piece in data.pieces():
+                q = red.chunk(piece, lo, parent)
+                p = q if p is None else red.combine(p, q)
+        else:
+            records = data.records() if encoded else data
+            p, i = None, _first_chunk(source, start)
+            while i < source.nchunks and source.chunk_bounds(i)[0] < start + len(records):
+                a, b = source.chunk_bounds(i)
+                q = red.chunk(records[a - start : b - start], a, parent)
+                p = q if p is None else red.combine(p, q)
+                i += 1
+        out.append(red.identity() if p is None else p)
+    return tuple(out)
+
+
+def _fused_combine(reductions: tuple[Reduction, ...], a: tuple, b: tuple) -> tuple:
+    return tuple(r.combine(x, y) for r, x, y in zip(reductions, a, b))
+
+
+def _fused_identity(reductions: tuple[Reduction, ...]) -> tuple:
+    return tuple(r.identity() for r in reductions)
+
+
+def fused_reduction(members: Sequence[Member], source: Any) -> Reduction:
+    """One reduction of several over the same chunks: its partial is the tuple of theirs (each
+    combined by its own ``combine``, in the same order), its ``finalize`` leaves it as it is (each
+    member's result is ``members[i].reduction.finalize(partial[i])``)."""
+    members = tuple(members)
+    reds = tuple(m.reduction for m in members)
+    return Reduction(
+        "fused(" + ",".join(r.name for r in reds) + ")",
+        functools.partial(fused_chunk, members, source),
+        functools.partial(_fused_combine, reds),
+        functools.partial(_fused_identity, reds),
+        exact=all(r.exact for r in reds),
+    )
+
+
+def merged_rows(fns: tuple[Callable, ...], data: Any, start: int, parent: Any) -> Rows:
+    """The rows every member of a fused pass keeps for its children, as one :class:`Rows` (a column
+    two members keep under one name is one column: it must be the same)."""
+    return merge_rows([fn(data, start, parent) for fn in fns])
+
+
+def merge_rows(blocks: Sequence[Rows]) -> Rows:
+    """Columns of the same parent rows kept by several passes, as one :class:`Rows`."""
+    cols: dict[str, np.ndarray] = {}
+    for rows in blocks:
+        if rows.offset != blocks[0].offset or len(rows) != len(blocks[0]):
+            raise ValueError("fused passes keep rows of different parent rows")
+        for k, v in rows.cols.items():
+            if k in cols:
+                if not np.array_equal(cols[k], v):
+                    raise ValueError(f"fused passes keep two different columns named {k!r}")
+                continue
+            cols[k] = v
+    return Rows(blocks[0].offset, cols)
+
+
+class InMemory:
+    """A source this job has read whole (:meth:`Job.read`), as a source again: its passes take the
+    records held here instead of reading its chunks again (records, never encoded chunks)."""
+
+    def __init__(self, source: Any, data: Any) -> None:
+        self.source, self.data, self.name = source, data, source.name
+
+    @property
+    def nchunks(self) -> int:
+        return self.source.nchunks
+
+    def chunk_bounds(self, index: int) -> tuple[int, int]:
+        return self.source.chunk_bounds(index)
+
+    def iter_chunks(self, first: int, n: int) -> Iterator[tuple[int, Any]]:
+        for i in range(first, first + n):
+            a, b = self.source.chunk_bounds(i)
+            yield a, self.data[a:b]
+
+    def read(self, first: int, n: int) -> Any:
+        if n == 0:
+            return self.data[:0]
+        return self.data[self.source.chunk_bounds(first)[0] : self.source.chunk_bounds(first + n - 1)[1]]
+
+    def __dask_tokenize__(self):
+        return ("l5dask.InMemory", tokenize(self.source))
+
+
+@dataclass
+class Plan:
+    """One analysis, declared for :meth:`Job.run`: the passes whose results ``final`` takes
+    (``final(*args, *results)``, one task where the partials are; without ``final``, the tuple
+    of results). A pass's parent may be another declared pass (``Link(pass, start, interval)``):
+    it is persisted first (its intervals checked), and listed in ``passes`` too when its own result
+    is wanted. ``size_for``: the stored chunks of the pass that dominates the plan's work (as
+    :class:`Job`'s): each pass is grouped into tasks as if the plan ran alone."""
+
+    passes: Sequence[Pass]
+    final: Callable | None = None
+    args: tuple = ()
+    name: str = "l5-result"
+    size_for: int | None = None
+
+
+@dataclass(eq=False)
+class _Unit:
+    """Passes fused into one: their source, the parent link they share, their groups."""
+
+    passes: list[Pass]
+    source: Any
+    link: Any  # ("rows", start, Rows) | ("pass", interval, unit index) | None
+    groups: list[tuple[int, int]] | None
+    parent: bool = False  # some member keeps rows for children: persisted first
+
+    def spec(self, own: dict[int, list[tuple[int, int]]], link: Link | None) -> Pass:
+        """The one pass of these passes."""
+        groups = self.groups if self.groups is not None else own[id(self.passes[0])]
+        if len(self.passes) == 1:
+            return _replace(self.passes[0], source=self.source, parent=link, groups=groups)
+        reds = [p for p in self.passes if p.reduction is not None]
+        rows = [p.rows for p in self.passes if p.rows is not None]
+        intervals: dict[str, int] = {}
+        for p in self.passes:
+            for f, n in p.intervals.items():
+                if intervals.setdefault(f, n) != n:
+                    raise ValueError(f"fused passes check {f!r} against {intervals[f]} and {n} rows")
+        encoded = any(p.encoded for p in reds) and not rows and not intervals and hasattr(self.source, "read_encoded")
+        members = [Member(p.reduction, p.blocks, p.encoded) for p in reds]  # type: ignore[arg-type]
+        return Pass(
+            self.source,
+            fused_reduction(members, self.source) if members else None,
+            parent=link,
+            rows=(rows[0] if len(rows) == 1 else functools.partial(merged_rows, tuple(rows))) if rows else None,
+            intervals=intervals,
+            blocks=True,
+            encoded=encoded,
+            priority=max(p.priority for p in self.passes),
+            name="+".join(dict.fromkeys(p.label for p in self.passes)),
+            groups=groups,
+        )
+
+    def member(self, p: Pass) -> int | None:
+        """``p``'s place in the fused partial (``None``: the unit is ``p`` alone)."""
+        if len(self.passes) == 1:
+            return None
+        return [q for q in self.passes if q.reduction is not None].index(p)
+
+
+def _replace(spec: Pass, **kw: Any) -> Pass:
+    import dataclasses
+
+    return dataclasses.replace(spec, **kw)
+
+
+def _fuse(passes: Sequence[Pass], own: dict[int, list], links: dict[int, Any], parents: set[int]) -> list[_Unit]:
+    """Passes over one source with one parent link, as few units as can run as one pass and give
+    each member's result bit for bit: the members whose reductions are not ``exact`` keep their
+    own groups of chunks (two that differ are two units); a pass without parent joins any."""
+    units: list[_Unit] = []
+    for p in passes:
+        token = tokenize(p.source)
+        link = links.get(id(p))
+        strict = p.reduction is not None and not p.reduction.exact
+        for u in units:
+            if tokenize(u.source) != token:
+                continue
+            if link is not None and u.link is not None:
+                if link[0] != u.link[0] or link[1] != u.link[1]:
+                    continue
+                if link[0] == "pass" and link[2] != u.link[2]:
+                    continue
+            if strict and u.groups is not None and u.groups != own[id(p)]:
+                continue
+            break
+        else:
+            u = _Unit([], p.source, None, None)
+            units.append(u)
+        u.passes.append(p)
+        if strict:
+            u.groups = own[id(p)]
+        if link is not None:
+            if u.link is None:
+                u.link = link
+            elif link[0] == "rows":
+                u.link = ("rows", link[1], merge_rows([u.link[2], link[2]]))
+        if id(p) in parents:
+            u.parent = True
+    for u in units:
+        if u.groups is None:
+            # none keeps its own groups: a parent's (spread for its children), else the first's
+            first = next((p for p in u.passes if id(p) in parents), u.passes[0])
+            u.groups = own[id(first)]
+    return units
+
+
 # --- the job -------------------------------------------------------------------------------
 class Job:
     """Where and how passes run: the embedded default (local threads) or a cluster.
@@ -535,6 +784,7 @@ class Job:
         # (else every pass sized for the one that dominates the work: small passes get few tasks)
         self.size_for = size_for
         self.progress = progress
+        self._read: dict[str, Any] = {}  # (sources read whole by this job: each once)
 
     def per_task(self, spec: Pass) -> int:
         """Stored chunks per task of ``spec`` (before a parent's spread and the guided end)."""
@@ -549,6 +799,8 @@ class Job:
         """The tasks of a pass: groups of whole chunks, sized for the scheduler (and for the job's
         dominant pass when it has one); ``guided``: smaller as the end nears (a persisted pass is
         followed by more work, so its last tasks idle no thread: it needs no guided end)."""
+        if spec.groups is not None:
+            return list(spec.groups)
         n = spec.source.nchunks
         per_task = self.per_task(spec)
         if spec.rows is not None:
@@ -572,6 +824,7 @@ class Job:
             sorted(spec.intervals.items()),
             spec.rows,
             str(spec.parent.parent.key) if spec.parent is not None and isinstance(spec.parent.parent, Held) else None,
+            None if spec.groups is None else tuple(spec.groups),
         )
 
     def leaves(
@@ -613,8 +866,11 @@ class Job:
         scenes a report keeps a row of each), and its stored bytes are fewer to move than its
         records. On a cluster a task on a worker read it before, a round trip through the scheduler
         to a worker still warming up: 0.08-0.21 s of the report through the 50 ms endpoint on 2
-        worker processes, against 0.05-0.06 s here."""
-        return source.read(0, source.nchunks)
+        worker processes, against 0.05-0.06 s here. Once a job: the plans of one run share it."""
+        key = tokenize(source)
+        if key not in self._read:
+            self._read[key] = source.read(0, source.nchunks)
+        return self._read[key]
 
     def hold(self, spec: Pass) -> Held:
         """``spec`` (a pass that keeps ``rows``) declared into a graph for lazy collections, not run:
@@ -745,6 +1001,148 @@ class Job:
             label=stage_name(name),
             **self.kw,
         )
+
+    def run(self, plans: Sequence[Plan]) -> list:
+        """Each plan's result (:class:`Plan`), all plans run together: the passes over one source
+        with one parent link fused into one pass (each stored chunk read and decoded once for all
+        of them, their partials a tuple combined member by member in the same ordered tree), the
+        declared parents persisted first (one pass each, their rows the union of the members'),
+        then every reduction and every plan's ``final`` in one compute. Each result is bit for bit
+        the plan's run alone: a member keeps how its pass takes its chunks and, unless its
+        reduction is ``exact``, its own groups of chunks."""
+        import copy
+
+        plans = list(plans)
+        plan_of: dict[int, Plan] = {}
+        roots: list[Pass] = []
+        parents: dict[int, Pass] = {}
+        for plan in plans:
+            for p in plan.passes:
+                if id(p) not in plan_of:
+                    roots.append(p)
+                    plan_of[id(p)] = plan
+                if p.parent is not None and isinstance(p.parent.parent, Pass):
+                    q = p.parent.parent
+                    if q.parent is not None and isinstance(q.parent.parent, Pass):
+                        raise ValueError(f"pass {q.label!r}: a declared parent takes rows in memory or a run pass")
+                    parents.setdefault(id(q), q)
+                    plan_of.setdefault(id(q), plan)
+        jobs: dict[Any, Job] = {}
+
+        def job_for(plan: Plan) -> Job:
+            size = plan.size_for if plan.size_for is not None else self.size_for
+            if size not in jobs:
+                jobs[size] = copy.copy(self)
+                jobs[size].size_for = size
+            return jobs[size]
+
+        everything = list(parents.values()) + [r for r in roots if id(r) not in parents]
+        own = {id(p): job_for(plan_of[id(p)]).groups(p, guided=id(p) not in parents) for p in everything}
+
+        # 1. the parents, and the passes over a parent's source not linked to a declared pass
+        links: dict[int, Any] = {}
+        for p in everything:
+            if p.parent is not None and not isinstance(p.parent.parent, Pass):
+                pr = p.parent.parent
+                links[id(p)] = ("rows", p.parent.start, pr) if isinstance(pr, Rows) else ("run", id(pr), p.parent)
+        held_sources = {tokenize(q.source) for q in parents.values()}
+        first = [
+            p
+            for p in everything
+            if id(p) in parents
+            or tokenize(p.source) in held_sources
+            and (p.parent is None or not isinstance(p.parent.parent, Pass))
+        ]
+        units = _fuse(first, own, links, set(parents))
+        self._in_memory(units)
+
+        def link_of(u: _Unit) -> Link | None:
+            if u.link is None:
+                return None
+            return Link(u.link[2], u.link[1]) if u.link[0] == "rows" else u.link[-1]
+
+        held = [u for u in units if u.parent]
+        done = dict(zip(map(id, held), self.persist(*[u.spec(own, link_of(u)) for u in held]))) if held else {}
+
+        # 2. the others, given the persisted unit that holds their declared parent
+        unit_at = {id(p): i for i, u in enumerate(units) for p in u.passes}
+        firsts = set(map(id, first))
+        second = [p for p in everything if id(p) not in firsts]
+        for p in second:
+            link = p.parent
+            if link is None or not isinstance(link.parent, Pass):
+                continue
+            if link.interval is None:
+                raise ValueError(f"pass {p.label!r}: a link to a declared pass names its interval field")
+            i = unit_at[id(link.parent)]
+            links[id(p)] = ("pass", link.interval, i, done[id(units[i])].link(link.interval, link.start))
+        units2 = _fuse(second, own, links, set())
+        self._in_memory(units2)
+
+        # 3. one compute: each unit's tree, each member's result, each plan's final
+        graph: dict = {}
+        deps: list = []
+        leaves_of: list[list] = []
+        root_of: dict[int, Any] = {}
+        spec_of: dict[int, Pass] = {}
+        for u in units + units2:
+            if id(u) in done:
+                persisted = done[id(u)]
+                spec, leaves = persisted.spec, list(persisted.keys)
+                deps += persisted.collections
+            else:
+                link = link_of(u)
+                spec = u.spec(own, link)
+                tasks = f"l5-{spec.label}-{self.token(spec)}"
+                g, d, groups = self.leaves(spec, tasks)
+                graph.update(g)
+                deps += d
+                leaves = [(tasks, i) for i in range(len(groups))]
+                leaves_of.append(leaves)
+            spec_of[id(u)] = spec
+            if spec.reduction is not None:
+                root_of[id(u)] = tree_reduce(
+                    graph, f"l5-combine-{spec.label}-{tokenize(leaves)}", leaves, spec.reduction
+                )
+        unit_of = {id(p): u for u in units + units2 for p in u.passes}
+        result: dict[int, Any] = {}
+        for p in roots:
+            u = unit_of[id(p)]
+            if p.reduction is None:
+                raise ValueError(f"pass {p.label!r} declares no reduction: persist it, or give one")
+            root, member = root_of[id(u)], u.member(p)
+            fin = (f"l5-finalize-{p.label}-{tokenize(root, member)}",)
+            graph[fin] = Task(fin, _finalize_member, p.reduction, member, TaskRef(root))
+            result[id(p)] = fin
+        finals: list[tuple[str]] = []
+        for plan in plans:
+            refs = [TaskRef(result[id(p)]) for p in plan.passes]
+            fin = (f"{plan.name}-{tokenize([result[id(p)] for p in plan.passes], len(finals))}",)
+            graph[fin] = (
+                Task(fin, plan.final, *plan.args, *refs) if plan.final is not None else Task(fin, tuple, List(*refs))
+            )
+            finals.append(fin)
+        key = f"l5-run-{tokenize(finals)}"
+        graph[key] = Task(key, list, List(*[TaskRef(k) for k in finals]))
+        order = interleave(graph, leaves_of)
+        with dask.annotate(**({"priority": lambda k: order.get(k, 0)} if order else {})):
+            hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
+        specs = list(spec_of.values())
+        return compute(
+            Delayed(key, hlg, layer=key),
+            client=self.client,
+            progress=self.progress,
+            threads=remote_threads(any(getattr(s.source, "remote", False) for s in specs)),
+            label=passes_label(s.label for s in specs),
+            **self.kw,
+        )
+
+    def _in_memory(self, units: list[_Unit]) -> None:
+        """The units over a source this job has read whole take its records (not read again)."""
+        for u in units:
+            key = tokenize(u.source)
+            if key in self._read:
+                u.source = InMemory(u.source, self._read[key])
 
     def compute(
         self,

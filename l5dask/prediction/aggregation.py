@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core import config
-from l5dask.core.engine import Job, Pass, Reduction
+from l5dask.core.engine import Job, Pass, Plan, Reduction
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
@@ -52,7 +52,7 @@ from l5dask.prediction.groupby import (
     stats_of,
 )
 from l5dask.prediction.groupby import empty_part as group_empty_part
-from l5dask.prediction.joins import parent_link
+from l5dask.prediction.joins import declared_parent_link
 
 #: Groups allowed unless the caller says otherwise (checked before computing).
 MAX_GROUPS = 10_000_000
@@ -489,7 +489,30 @@ def aggregate_result(
 
     warming = warm_up(ds, storage_options, client, scheduler)
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
-    table = Table(ds, array)
+    job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress)
+    plan = aggregate_plan(ds, job, array, by, values, where, max_groups=max_groups, quantile_bits=quantile_bits)
+    job.size_for = plan.size_for
+    ((result,),) = job.run([plan])
+    del warming  # (held until the job's tasks were submitted)
+    return result
+
+
+def aggregate_plan(
+    ds: L5Dataset,
+    job: Job,
+    array: str = "agents",
+    by: Sequence[str] | str = (),
+    values: Mapping[str, Sequence[str] | str] | None = None,
+    where: str | None = None,
+    *,
+    max_groups: int = MAX_GROUPS,
+    quantile_bits: int = QUANTILE_BITS,
+) -> Plan:
+    """An aggregation declared (:class:`~l5dask.core.engine.Plan`), its arguments checked (one-line
+    :class:`~l5dask.errors.UsageError`), to run alone or with other analyses of the dataset in one
+    pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`); its result is the tuple of
+    one :class:`Result`."""
+    table = Table(ds, array, read=job.read)
     by = (by,) if isinstance(by, str) else tuple(by)
     table.resolve(by, "group column")
     for b in by:
@@ -517,14 +540,12 @@ def aggregate_result(
     selection = table.select(names)
     spec = Spec(selection, by, parsed, where, int(quantile_bits))
     source = selection.source
-    job = Job(
-        client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=source.nchunks
+    link = declared_parent_link(ds, selection, job)
+    return Plan(
+        [Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)],
+        name="l5-aggregate",
+        size_for=source.nchunks,
     )
-
-    link = parent_link(ds, selection, job)
-    (result,) = job.compute([Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)])
-    del warming  # (held until the job's tasks were submitted)
-    return result
 
 
 def parse_value_options(items: Sequence[str]) -> dict[str, list[str]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.engine import Job, Link, Pass, Reduction, Rows
+from l5dask.core.engine import Job, Link, Pass, Plan, Reduction, Rows
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import check_writable, filesystem, table_format, write_table
 from l5dask.errors import OutputError, UsageError
@@ -243,6 +243,7 @@ FRAMES_REDUCTION = Reduction(
     frames_chunk,
     functools.partial(combine_runs, join=_join_frames, finish=_finish_frames),
     RunsPart,
+    exact=True,  # (each scene's row made from all its frames at once)
 )
 
 
@@ -454,10 +455,13 @@ def agents_reduction(labels: tuple[str, ...]) -> Reduction:
         functools.partial(agents_chunk, nlabels=nlabels, groups=_groups_of(labels)),
         functools.partial(combine_keys, nkinds=nlabels + 6),
         KeyPart,
+        exact=True,  # (distinct keys, minima, integer sums)
     )
 
 
-FACES_REDUCTION = Reduction("catalog-faces", faces_chunk, functools.partial(combine_keys, nkinds=4), KeyPart)
+FACES_REDUCTION = Reduction(
+    "catalog-faces", faces_chunk, functools.partial(combine_keys, nkinds=4), KeyPart, exact=True
+)
 
 
 def _dense(part: KeyPart, nkinds: int, n_scenes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -580,36 +584,48 @@ def catalog(
 
     check_tz(tz)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
+    job = Job(
+        client=client,
+        scheduler=scheduler,
+        chunks_per_task=chunks_per_task,
+        progress=progress,
+        size_for=ds[fmt.AGENTS].nchunks,
+    )
+    (table,) = job.run([catalog_plan(ds, job, tz)])
+    table.attrs["l5dask"] = fingerprint(ds)
+    return table
+
+
+def catalog_plan(ds: L5Dataset, job: Job, tz: str = DEFAULT_TZ) -> Plan:
+    """The catalog declared (:class:`~l5dask.core.engine.Plan`), to run alone or with other
+    analyses of the dataset in one pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`):
+    the scenes read whole, the frames pass (persisted), then agents and faces, each task given only
+    the frame rows it overlaps. Its result lacks the fingerprint (``attrs``)."""
     counts = ds.counts()
     frames = ds[fmt.FRAMES]
     frames = frames.select([f for f in FRAME_FIELDS if f in fmt.names_of(frames.dtype)])
     agents = ds[fmt.AGENTS].select(CATALOG_AGENT_FIELDS)
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in fmt.names_of(frames.dtype)
-    job = Job(
-        client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=agents.nchunks
-    )
     scenes = job.read(ds[fmt.SCENES])
     check_intervals(scenes["frame_index_interval"].reshape(-1, 2), fmt.SCENES, "frame_index_interval", counts["frames"])
     intervals = {"agent_index_interval": counts["agents"]}
     if has_tl:
         intervals["traffic_light_faces_index_interval"] = counts["tl_faces"]
-    (frames_done,) = job.persist(
-        Pass(
-            frames,
-            FRAMES_REDUCTION,
-            parent=Link(scene_rows(scenes), "start"),
-            rows=functools.partial(catalog_frame_rows, has_tl=has_tl),
-            intervals=intervals,
-            blocks=True,
-            name="catalog-frames",
-        )
+    frame_pass = Pass(
+        frames,
+        FRAMES_REDUCTION,
+        parent=Link(scene_rows(scenes), "start"),
+        rows=functools.partial(catalog_frame_rows, has_tl=has_tl),
+        intervals=intervals,
+        blocks=True,
+        name="catalog-frames",
     )
     passes: list = [
-        frames_done,
+        frame_pass,
         Pass(
             agents,
             agents_reduction(ds.labels),
-            parent=frames_done.link("agent_index_interval", "agent_start"),
+            parent=Link(frame_pass, "agent_start", "agent_index_interval"),
             encoded=True,  # the columns it needs gathered from each chunk's bytes, no records made
             name="catalog-agents",
         ),
@@ -619,13 +635,11 @@ def catalog(
             Pass(
                 ds[fmt.TL_FACES].select(["face_id", "traffic_light_face_status"]),
                 FACES_REDUCTION,
-                parent=frames_done.link("traffic_light_faces_index_interval", "tl_start"),
+                parent=Link(frame_pass, "tl_start", "traffic_light_faces_index_interval"),
                 name="catalog-faces",
             )
         )
-    table = job.compute(passes, final=assemble, name="l5-catalog", args=(scenes, ds.labels, tz))
-    table.attrs["l5dask"] = fingerprint(ds)
-    return table
+    return Plan(passes, final=assemble, args=(scenes, ds.labels, tz), name="l5-catalog", size_for=agents.nchunks)
 
 
 def check_output(path: str, storage_options: dict | None = None, overwrite: bool = False) -> None:

@@ -245,12 +245,15 @@ class Table:
         ``agents``, ``frames``, ``scenes``, ``tl_faces`` (or the stored names).
     hosts : sequence of str, optional
         The host names (categories of ``host``); read from the scenes when first needed.
+    read : callable, optional
+        How the scenes are read whole for them (a job's ``read``, which each job does once).
     """
 
     ds: Any
     array: str
     hosts: tuple[str, ...] | None = None
     columns: dict[str, Column] = field(default_factory=dict)
+    read: Any = None
 
     def __post_init__(self) -> None:
         self.array = {v: k for k, v in fmt.SHORT_NAMES.items()}.get(self.array, self.array)
@@ -394,7 +397,7 @@ class Table:
         dask computation, so that building a view computes nothing)."""
         if self.hosts is None:
             array = self.ds[fmt.SCENES]
-            scenes = array.read(0, array.meta.nchunks, ["host"])
+            scenes = self.read(array) if self.read is not None else array.read(0, array.meta.nchunks, ["host"])
             self.hosts = tuple(np.unique(scenes["host"]).tolist())
         return self.hosts
 

@@ -349,3 +349,16 @@ def parent_link(ds, selection, job: Job) -> Link | None:
         return Link(frames.scene_rows(), "start")
     persisted, _ = frames.run()
     return persisted.link(selection.parent_start, selection.parent_start)
+
+
+def declared_parent_link(ds, selection, job: Job) -> Link | None:
+    """How each chunk of ``selection``'s array gets its parent rows, declared (for
+    :meth:`l5dask.core.engine.Job.run`): the scene rows in memory (frames), or the frames pass
+    keeping the rows asked for, persisted by the run (agents, faces: fused there with the other
+    analyses' frames passes)."""
+    frames = parent_frames(ds, selection, job)
+    if frames is None:
+        return None
+    if selection.array == fmt.FRAMES:
+        return Link(frames.scene_rows(), "start")
+    return Link(frames.spec(), selection.parent_start, selection.parent_start)

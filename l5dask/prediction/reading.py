@@ -215,6 +215,16 @@ class Encoded:
     def __len__(self) -> int:
         return self.stop - self.start
 
+    def pieces(self) -> list[tuple[int, Encoded]]:
+        """``(start row, Encoded)`` of these chunks in the groups :meth:`L5Array.iter_encoded`
+        hands a streaming pass (``ENCODED_CHUNKS`` at a time): what a pass fused with others
+        (:func:`l5dask.core.engine.fused_chunk`) hands a member that streams, from one block."""
+        out = []
+        for i in range(0, len(self.chunks), ENCODED_CHUNKS):
+            group = self.chunks[i : i + ENCODED_CHUNKS]
+            out.append((self.meta.chunk_bounds(group[0][0])[0], Encoded(self.meta, self.compressed, group)))
+        return out
+
     def spans(self) -> list[tuple[int, int]]:
         """Each stored chunk's rows ``[a, b)`` among these rows, in order."""
         out = []

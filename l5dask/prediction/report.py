@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.cluster import connect, scheduler_address
-from l5dask.core.engine import Job, Link, Pass
+from l5dask.core.engine import Job, Link, Pass, Plan
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
 from l5dask.core.policy import default_client
@@ -66,21 +66,32 @@ def compute_report(
                 )
     warming = warm_up(dataset, storage_options, client, scheduler)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
-    frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS].select(AGENT_FIELDS)
-    frames = frames.select([f for f in FRAME_FIELDS if f in fmt.names_of(frames.dtype)])
+    agents = ds[fmt.AGENTS]
     job = Job(
         client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=agents.nchunks
     )  # the agents are most of the work
+    (report,) = job.run([report_plan(ds, job)])
+    report["dataset"] = ds.url
+    del warming  # (held until the job's tasks were submitted)
+    return report
+
+
+def report_plan(ds: L5Dataset, job: Job) -> Plan:
+    """The report declared (:class:`~l5dask.core.engine.Plan`), to run alone or with other analyses
+    of the dataset in one pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`): the
+    scenes read whole, the frames pass (persisted: its partials and interval bounds; the rows agents
+    need of their frames are made again by the tasks that need them, see ``Job.persist``), the
+    agents (each task given only the frame rows it overlaps) and the traffic-light faces (their
+    partials combined as they come, never held all at once: 150 MB of face ids at 1 G agents);
+    the combines and the report, one compute. Its result lacks ``dataset``."""
+    frames, agents = ds[fmt.FRAMES], ds[fmt.AGENTS].select(AGENT_FIELDS)
+    frames = frames.select([f for f in FRAME_FIELDS if f in fmt.names_of(frames.dtype)])
     counts = ds.counts()
     has_tl = ds.has(fmt.TL_FACES) and "traffic_light_faces_index_interval" in fmt.names_of(frames.dtype)
 
-    # 1. scenes, whole: the report holds a row per scene anyway
-    scenes = job.read(ds[fmt.SCENES])
+    scenes = job.read(ds[fmt.SCENES])  # whole: the report holds a row per scene anyway
     siv = scenes["frame_index_interval"].reshape(-1, 2)
     check_intervals(siv, fmt.SCENES, "frame_index_interval", counts["frames"])
-
-    # 2. the frames pass (persisted: its partials and interval bounds; the rows agents need of their
-    #    frames are made again by the tasks that need them, see Job.persist)
     samples = np.linspace(0, len(siv) - 1, min(SAMPLE_SCENES, len(siv))).astype(np.int64)
     samples = samples[np.diff(samples, prepend=-1) != 0]  # (sorted: np.unique imports numpy.ma, 35 ms)
     intervals = {"agent_index_interval": counts["agents"]}
@@ -94,24 +105,20 @@ def compute_report(
         intervals=intervals,
         blocks=True,
     )
-    (frames_done,) = job.persist(frame_pass)
-
-    # 3. agents, each task given only the frame rows it overlaps, and the traffic-light faces (their
-    #    partials combined as they come, never held all at once: 150 MB of face ids at 1 G agents);
-    #    the combines and the report, one compute
-    tl_done = [Pass(ds[fmt.TL_FACES], TL_FACES, encoded=True)] if ds.has(fmt.TL_FACES) else []
+    tl = [Pass(ds[fmt.TL_FACES], TL_FACES, encoded=True)] if ds.has(fmt.TL_FACES) else []
     agent_pass = Pass(
         agents,
         agents_reduction(agents.dtype["label_probabilities"].shape[0]),
-        parent=frames_done.link("agent_index_interval", "agent_start"),
+        parent=Link(frame_pass, "agent_start", "agent_index_interval"),
         encoded=True,  # the columns it needs gathered from each chunk's bytes, no records made
     )
-    report = job.compute(
-        [frames_done, agent_pass, *tl_done], final=finalize, name="l5-report", args=(counts, list(ds.labels), scenes)
+    return Plan(
+        [frame_pass, agent_pass, *tl],
+        final=finalize,
+        args=(counts, list(ds.labels), scenes),
+        name="l5-report",
+        size_for=agents.nchunks,
     )
-    report["dataset"] = ds.url
-    del warming  # (held until the job's tasks were submitted)
-    return report
 
 
 def write_scene_table(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:

@@ -465,6 +465,7 @@ def agents_reduction(nlabels: int) -> Reduction:
         functools.partial(AgentStats.chunk, nlabels=nlabels),
         AgentStats.combine,
         functools.partial(_empty_agent_part, nlabels),
+        exact=True,  # (counts, histograms, distinct tracks, and the speed sum added exactly)
     )
 
 
@@ -472,7 +473,7 @@ def _empty_agent_part(nlabels: int) -> AgentPart:
     return AgentPart(labels=np.zeros(nlabels, np.int64))
 
 
-TL_FACES = Reduction("tl-faces", TLStats.chunk, TLStats.combine, TLPart)
+TL_FACES = Reduction("tl-faces", TLStats.chunk, TLStats.combine, TLPart, exact=True)
 
 
 # --- the report ------------------------------------------------------------------------

@@ -1,0 +1,241 @@
+"""Many analyses of one dataset in one pass (``l5dask.analyze``, ``Job.run``): each result bit for
+bit the analysis run alone (several chunks a task and several tasks, threads and a real cluster),
+each stored chunk read once (counted at the store), bad input refused before any chunk is read."""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import l5dask
+from l5dask.core.engine import Job, Pass, Plan, Reduction
+from l5dask.core.store import Store
+from l5dask.errors import UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
+from l5dask.prediction.report import compute_report
+
+CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 40, fmt.AGENTS: 700, fmt.TL_FACES: 300}
+
+#: Aggregations over every array, with parent columns (scene, host, hour, ego distance), a where,
+#: float sums (whose bits follow the grouping of chunks into tasks) and quantiles.
+AGGREGATIONS = {
+    "speed": Aggregate(by=["scene_index", "label"], values={"speed": ["mean", "var", "max", "sum"]}),
+    "near": Aggregate(by=["host", "hour", "label"], values={"agent_index": ["count"]}, where="distance_to_ego < 20"),
+    "extent": Aggregate(by=["label"], values={"extent_length": ["q50", "q90", "mean"]}),
+    "frames": Aggregate("frames", by=["scene_index"], values={"timestamp": ["min", "max"], "ego_x": ["sum", "mean"]}),
+    "faces": Aggregate("tl_faces", by=["status", "scene_index"], values={"ego_x": ["mean"]}),
+    "scenes": Aggregate("scenes", by=["host"], values={"num_frames": ["sum", "mean"]}),
+}
+
+
+@pytest.fixture(scope="module")
+def ds(tmp_path_factory) -> str:
+    """Many small chunks of every array (scenes cut across frame and agent chunks)."""
+    path = str(tmp_path_factory.mktemp("analyses") / "d.zarr")
+    l5dask.synthesize(path, scenes=9, seed=11, chunk_rows=CHUNKS)
+    return path
+
+
+def same(a, b, where: str = "") -> None:
+    """Bit for bit: dicts, sequences, arrays (NaN where NaN), floats by their bits, DataFrames exactly."""
+    if isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+        assert a.attrs == b.attrs, where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            same(x, y, f"{where}[{i}]")
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        assert a.tobytes() == b.tobytes(), where
+    elif isinstance(a, float):
+        assert isinstance(b, float) and (
+            math.isnan(a) and math.isnan(b) or np.float64(a).tobytes() == np.float64(b).tobytes()
+        ), (
+            where,
+            a,
+            b,
+        )
+    else:
+        assert a == b, (where, a, b)
+
+
+def alone(path: str, name: str, analysis, **kw):
+    """The analysis run by its own function."""
+    if isinstance(analysis, Report):
+        return compute_report(path, **kw)
+    if isinstance(analysis, Catalog):
+        return l5dask.catalog(path, tz=analysis.tz, **kw)
+    a = analysis
+    return l5dask.aggregate(path, a.array, by=a.by, values=a.values, where=a.where, quantile_bits=a.quantile_bits, **kw)
+
+
+ALL = {"report": Report(), "catalog": Catalog(tz="Europe/London"), **AGGREGATIONS}
+
+
+@pytest.mark.parametrize("kw", [{}, {"chunks_per_task": 3}, {"scheduler": "sync", "chunks_per_task": 1}])
+def test_each_result_is_the_analysis_alone(ds, kw):
+    """Every analysis run together with all the others gives the bits of its own function."""
+    got = analyze(ds, ALL, **kw)
+    assert list(got) == list(ALL)
+    for name, analysis in ALL.items():
+        same(got[name], alone(ds, name, analysis, **kw), name)
+
+
+def test_subsets_and_repeats(ds):
+    """Any subset, and one analysis twice under two names: the same results."""
+    want = {name: alone(ds, name, a) for name, a in ALL.items()}
+    for names in (["report"], ["catalog", "speed"], ["speed", "extent", "near"], ["frames", "report"]):
+        got = analyze(ds, {n: ALL[n] for n in names})
+        for n in names:
+            same(got[n], want[n], n)
+    got = analyze(ds, {"a": ALL["speed"], "b": ALL["speed"]})
+    same(got["a"], want["speed"])
+    same(got["b"], want["speed"])
+
+
+@pytest.fixture
+def reads(monkeypatch):
+    """Every stored key read through a store in this process, counted."""
+    counts: collections.Counter = collections.Counter()
+    original = Store.iter_many
+
+    def iter_many(self, keys, *args, **kwargs):
+        keys = list(keys)
+        counts.update(keys)
+        return original(self, keys, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "iter_many", iter_many)
+    return counts
+
+
+def chunk_reads(counts: collections.Counter, array: str) -> dict[str, int]:
+    return {k: n for k, n in counts.items() if k.startswith(f"{array}/") and not k.rsplit("/", 1)[1].startswith(".")}
+
+
+def test_each_chunk_is_read_once(ds, reads):
+    """The report, the catalog and five aggregations (over agents, faces and scenes): each stored
+    chunk of the scenes, agents and faces read once; the frames as often as for the report alone
+    (once for the pass, once for the rows its children's tasks make again). An aggregation over the
+    frames, its float sums grouped as when it runs alone, reads them once more."""
+    ds_ = l5dask.open_dataset(ds)
+    compute_report(ds_)
+    report_frames = chunk_reads(reads, fmt.FRAMES)
+    assert set(report_frames.values()) == {2} and len(report_frames) == ds_[fmt.FRAMES].nchunks
+    for extra in ([], ["frames"]):
+        reads.clear()
+        analyze(ds_, {n: a for n, a in ALL.items() if n != "frames" or extra})
+        for array in (fmt.SCENES, fmt.AGENTS, fmt.TL_FACES):
+            got = chunk_reads(reads, array)
+            assert len(got) == ds_[array].nchunks, array
+            assert set(got.values()) == {1}, (array, collections.Counter(got.values()))
+        assert chunk_reads(reads, fmt.FRAMES) == {k: n + len(extra) for k, n in report_frames.items()}
+
+
+def test_five_separate_calls_read_each_agent_chunk_five_times(ds, reads):
+    """(What the one pass saves: the baseline of the test above.)"""
+    ds_ = l5dask.open_dataset(ds)
+    for name in ("report", "catalog", "speed", "near", "extent"):
+        alone(ds_, name, ALL[name])
+    assert set(chunk_reads(reads, fmt.AGENTS).values()) == {5}
+
+
+def test_on_a_cluster(dask_cluster, ds):
+    """Worker processes of a real scheduler (fused partials pickled, combined on the workers):
+    each result is the analysis alone on the same cluster."""
+    from distributed import Client
+
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        got = analyze(ds, ALL, client=client)
+        for name, analysis in ALL.items():
+            same(got[name], alone(ds, name, analysis, client=client), name)
+
+
+def test_bad_input_is_one_line(ds):
+    with pytest.raises(UsageError, match="non-empty mapping"):
+        analyze(ds, {})
+    with pytest.raises(UsageError, match="'x' is int, not an analysis"):
+        analyze(ds, {"x": 3})
+    with pytest.raises(UsageError, match="unknown time zone"):
+        Catalog(tz="Mars/Olympus")
+    with pytest.raises(UsageError, match="no_such"):
+        analyze(ds, {"report": Report(), "bad": Aggregate(by=["no_such"], values={"speed": ["mean"]})})
+
+
+def test_l5dask_namespace():
+    assert l5dask.analyze is analyze
+    assert l5dask.analyses.Report is Report and l5dask.analyses.Aggregate is Aggregate
+
+
+# --- the engine's fusion, on plain rows ----------------------------------------------------
+class Numbers:
+    """A source of consecutive integers in chunks of 10 (float sums depend on their grouping)."""
+
+    name = "numbers"
+
+    def __init__(self, n: int, reads: collections.Counter) -> None:
+        self.n, self.reads = n, reads
+
+    @property
+    def nchunks(self) -> int:
+        return -(-self.n // 10)
+
+    def chunk_bounds(self, i: int) -> tuple[int, int]:
+        return i * 10, min(self.n, i * 10 + 10)
+
+    def _rows(self, i: int) -> np.ndarray:
+        self.reads[i] += 1
+        a, b = self.chunk_bounds(i)
+        return 1.0 / (1.0 + np.arange(a, b, dtype=np.float64)) ** 1.5
+
+    def iter_chunks(self, first: int, n: int):
+        for i in range(first, first + n):
+            yield self.chunk_bounds(i)[0], self._rows(i)
+
+    def read(self, first: int, n: int) -> np.ndarray:
+        return np.concatenate([self._rows(i) for i in range(first, first + n)])
+
+    def __dask_tokenize__(self):
+        return ("Numbers", self.n)
+
+
+def _sum(name: str, exact: bool = False) -> Reduction:
+    return Reduction(name, lambda x, s, p: float(x.sum()), lambda a, b: a + b, float, exact=exact)
+
+
+def test_engine_fuses_passes_of_one_source():
+    """Three plans over one source, one streaming and two in blocks, sums whose bits follow the
+    grouping: run together, each chunk read once and each result the plan's alone."""
+    counts: collections.Counter = collections.Counter()
+    src = Numbers(997, counts)
+    job = Job(scheduler="sync", chunks_per_task=7)
+
+    def plans():
+        return [
+            Plan([Pass(src, _sum("a"))], final=lambda x: ("a", x)),
+            Plan([Pass(src, _sum("b"), blocks=True)]),
+            Plan([Pass(src, _sum("c", exact=True), blocks=True, name="c")]),
+        ]
+
+    want = [job.run([p])[0] for p in plans()]
+    counts.clear()
+    got = job.run(plans())
+    assert got == want
+    assert set(counts.values()) == {1} and len(counts) == src.nchunks
+    # the first and second take their chunks differently and keep their own groups: not exact,
+    # with a sizing of its own the streaming one is a pass of its own; the exact one joins any
+    counts.clear()
+    job = Job(scheduler="sync")
+    want = [job.run([p])[0] for p in plans()]
+    counts.clear()
+    assert job.run(plans()) == want
+    assert max(counts.values()) <= 2
