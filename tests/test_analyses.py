@@ -141,6 +141,32 @@ def test_each_chunk_is_read_once(ds, reads):
         assert chunk_reads(reads, fmt.FRAMES) == {k: n + len(extra) for k, n in report_frames.items()}
 
 
+def test_each_chunk_is_decoded_once(ds, monkeypatch):
+    """The report, the catalog and three aggregations of agents gather all their numbers from each
+    stored agent chunk in one pass over its compressed bytes (five separate calls: five passes)."""
+    from l5dask.prediction.kernels import Gather
+
+    passes: collections.Counter = collections.Counter()
+    original = Gather.blosc
+
+    def blosc(self, raw, *args, **kwargs):
+        passes[bytes(raw)] += 1
+        return original(self, raw, *args, **kwargs)
+
+    monkeypatch.setattr(Gather, "blosc", blosc)
+    ds_ = l5dask.open_dataset(ds)
+    names = ("report", "catalog", "speed", "near", "extent")
+    analyze(ds_, {n: ALL[n] for n in names})
+    agents = {
+        bytes(raw) for raw in ds_.store.iter_many([ds_[fmt.AGENTS].meta.key(i) for i in range(ds_[fmt.AGENTS].nchunks)])
+    }
+    assert {passes[raw] for raw in agents} == {1}
+    passes.clear()
+    for n in names:
+        alone(ds_, n, ALL[n])
+    assert {passes[raw] for raw in agents} == {len(names)}
+
+
 def test_five_separate_calls_read_each_agent_chunk_five_times(ds, reads):
     """(What the one pass saves: the baseline of the test above.)"""
     ds_ = l5dask.open_dataset(ds)

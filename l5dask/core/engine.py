@@ -144,6 +144,10 @@ class Reduction:
     #: (:meth:`Job.run`) may then group them for its other members. Each call of ``chunk`` is
     #: still handed what the pass declares (one stored chunk at a time, or a whole block).
     exact: bool = False
+    #: What ``chunk`` reads of each chunk, as its source names it (for stored chunks read encoded:
+    #: ``(elements, argmaxes)`` gathered): a fused pass hands the block the union (``expect``), so
+    #: that one pass over its bytes serves every member. ``None``: not declared.
+    reads: Any = None
 
     def __dask_tokenize__(self):
         return ("l5dask.Reduction", self.name)
@@ -542,6 +546,10 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     (``blocks``), else one stored chunk at a time (or, encoded, the groups ``source.iter_encoded``
     makes: ``data.pieces()``); records where the member takes no encoded chunks (decoded once)."""
     encoded = hasattr(data, "records")
+    if encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1:
+        for m in members:  # (what each will gather of the block, gathered once for all)
+            if m.encoded and m.reduction.reads is not None:
+                data.expect(*m.reduction.reads)
     out = []
     for m in members:
         red = m.reduction

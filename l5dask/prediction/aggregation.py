@@ -377,12 +377,14 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
 def reduction(spec: Spec) -> Reduction:
     from dask.base import tokenize
 
+    columns = spec.selection.columns.values()
     return Reduction(
         f"aggregate-{tokenize(spec)}",
         functools.partial(chunk_part, spec),
         combine_parts,
         functools.partial(empty_part, spec),
         functools.partial(finalize_part, spec),
+        reads=([c.element for c in columns if c.element is not None], [c.argmax for c in columns if c.argmax]),
     )
 
 

@@ -389,8 +389,7 @@ def agents_chunk(agents: np.ndarray, lo: int, frames: Rows, nlabels: int, groups
     pos = frames.locate(lo, lo + n, "agent_start")
     scene = frames["scene"][pos]
     ego = frames["ego_xy"][pos]
-    elements = [("centroid", (0,)), ("centroid", (1,)), ("track_id", ())]
-    elements += [("label_probabilities", (k,)) for k in range(nlabels)]
+    elements = agent_elements(nlabels)
     if isinstance(agents, np.ndarray):
         columns, (label,) = gather(agents, elements, ["label_probabilities"])
     else:  # (the stored bytes: the columns gathered without making records)
@@ -411,6 +410,13 @@ def agents_chunk(agents: np.ndarray, lo: int, frames: Rows, nlabels: int, groups
     return keyed_part(
         n, scene, np.concatenate(owners), np.concatenate(kinds), np.concatenate(keys), nlabels + 6, mins, sums
     )
+
+
+def agent_elements(nlabels: int) -> list[tuple[str, tuple[int, ...]]]:
+    """The numbers the agents' partials gather: centroid, track and each label's probability."""
+    return [("centroid", (0,)), ("centroid", (1,)), ("track_id", ())] + [
+        ("label_probabilities", (k,)) for k in range(nlabels)
+    ]
 
 
 def as_key(values: np.ndarray) -> np.ndarray:
@@ -456,6 +462,7 @@ def agents_reduction(labels: tuple[str, ...]) -> Reduction:
         functools.partial(combine_keys, nkinds=nlabels + 6),
         KeyPart,
         exact=True,  # (distinct keys, minima, integer sums)
+        reads=(agent_elements(nlabels), ("label_probabilities",)),
     )
 
 

@@ -211,6 +211,11 @@ class Encoded:
         self.start = meta.chunk_bounds(chunks[0][0])[0] if chunks else 0
         self.stop = meta.chunk_bounds(chunks[-1][0])[1] if chunks else 0
         self._records: np.ndarray | None = None
+        # what the readers of a fused pass will gather (expect), what was gathered for them, and
+        # the block a piece belongs to (its gathers are the block's, sliced)
+        self._expected: dict[tuple, None] = {}
+        self._shared: dict[tuple, np.ndarray] = {}
+        self._base: tuple[Encoded, int] | None = None
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -222,8 +227,48 @@ class Encoded:
         out = []
         for i in range(0, len(self.chunks), ENCODED_CHUNKS):
             group = self.chunks[i : i + ENCODED_CHUNKS]
-            out.append((self.meta.chunk_bounds(group[0][0])[0], Encoded(self.meta, self.compressed, group)))
+            piece = Encoded(self.meta, self.compressed, group)
+            if self._records is not None:  # (decoded already: its rows, not decoded again)
+                piece._records = self._records[piece.start - self.start : piece.stop - self.start]
+            if self._expected:  # (its gathers served by the block's one pass)
+                piece._base = (self, piece.start - self.start)
+            out.append((piece.start, piece))
         return out
+
+    def expect(self, elements: Sequence[tuple[str, tuple[int, ...]]] = (), argmax: Sequence[str] = ()) -> None:
+        """Numbers and argmaxes that readers of these chunks will gather (the members of a fused
+        pass, :func:`l5dask.core.engine.fused_chunk`): the first gather makes all that are expected
+        in one pass over the bytes (each chunk decompressed once for all of them), the others are
+        served from it (read-only arrays)."""
+        for f, idx in elements:
+            self._expected[("e", f, tuple(idx))] = None
+        for f in argmax:
+            self._expected[("m", f)] = None
+
+    def _gather_shared(
+        self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """:meth:`gather` served by one gather of everything expected (see :meth:`expect`)."""
+        if self._base is not None:
+            base, at = self._base
+            outs, maxes = base._gather_shared(elements, argmax)
+            n = len(self)
+            return [o[at : at + n] for o in outs], [m[at : at + n] for m in maxes]
+        keys = [("e", f, tuple(i)) for f, i in elements] + [("m", f) for f in argmax]
+        if any(k not in self._shared for k in keys):
+            todo = [k for k in {**self._expected, **dict.fromkeys(keys)} if k not in self._shared]
+            els = [(k[1], k[2]) for k in todo if k[0] == "e"]
+            maxed = [k[1] for k in todo if k[0] == "m"]
+            saved, self._expected = self._expected, {}
+            try:
+                outs, maxes = self.gather(els, maxed)
+            finally:
+                self._expected = saved
+            for k, v in zip([k for k in todo if k[0] == "e"] + [k for k in todo if k[0] == "m"], outs + maxes):
+                v.flags.writeable = False  # (one array for every reader: none may write into it)
+                self._shared[k] = v
+        got = [self._shared[k] for k in keys]
+        return got[: len(elements)], got[len(elements) :]
 
     def spans(self) -> list[tuple[int, int]]:
         """Each stored chunk's rows ``[a, b)`` among these rows, in order."""
@@ -281,6 +326,8 @@ class Encoded:
         ``distinct``, the distinct values of that field (each chunk's, as arrays of the field's
         dtype: a value may be in several) are appended to ``found``."""
 
+        if distinct is None and (self._expected or self._base is not None):
+            return self._gather_shared(elements, argmax)
         plan = Gather.of(self.meta.dtype, elements, argmax, distinct)
         outs, maxes = plan.outputs(len(self))
         if self._records is not None or not self.compressed:

@@ -466,6 +466,7 @@ def agents_reduction(nlabels: int) -> Reduction:
         AgentStats.combine,
         functools.partial(_empty_agent_part, nlabels),
         exact=True,  # (counts, histograms, distinct tracks, and the speed sum added exactly)
+        reads=(AGENT_ELEMENTS, ("label_probabilities",)),
     )
 
 
