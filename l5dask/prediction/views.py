@@ -1,11 +1,14 @@
 """The xarray face: one Dataset per stored array, a DataTree for the whole dataset.
 
-Variables are made from one dask array of records per stored array, so computing
-several variables together decodes each chunk once.
+Variables are made from one dask layer of stored chunks per array, fetched but not decoded
+(:class:`Block`): computing several variables together reads each chunk once, and their numbers
+(and the label argmax of a joined view) are gathered straight from the compressed bytes in one
+pass (:meth:`l5dask.prediction.reading.Encoded.gather`), the records never made.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,10 +16,11 @@ import xarray as xr
 
 import l5dask.prediction.accessor  # noqa: F401 - registers the .l5 accessor of the views
 from l5dask.core.policy import collection_chunks_per_task
+from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import Table, hour_of_day
 from l5dask.prediction.joins import Joins
-from l5dask.prediction.kernels import argmax_rows
+from l5dask.prediction.kernels import gather
 
 #: The row dimension of each array.
 ROW_DIMS = {fmt.SCENES: "scene", fmt.FRAMES: "frame", fmt.AGENTS: "agent", fmt.TL_FACES: "tl_face"}
@@ -34,16 +38,164 @@ def _field_dims(field: str, shape: tuple[int, ...]) -> tuple[tuple[str, ...], di
     return tuple(f"{field}_dim_{i}" for i in range(len(shape))), {}
 
 
-def array_to_dataset(ds, name: str, fields: Sequence[str] | None = None, chunks_per_task: int = 1) -> xr.Dataset:
-    """An ``xarray.Dataset`` of one stored array, a variable per field, lazily backed."""
+#: The field of each array whose argmax is a coordinate of its joined view.
+ARGMAX = {fmt.AGENTS: "label_probabilities", fmt.TL_FACES: "traffic_light_face_status"}
+
+
+class Block:
+    """One task's stored chunks of an array, fetched but not decoded (``data``: an
+    :class:`~l5dask.prediction.reading.Encoded`, or records for a layout that reads them so), and
+    the view's variables made from them: on the first one asked for, every number of ``fields``
+    (but the ``argmax`` fields, of which the argmax) gathered in one pass, without making the
+    records (q1 of ``benchmarks/aggregate_benchmark.py`` through the xarray view: 3.5 s of CPU
+    with the records decoded, of which 1.4 s decoding 3.5 GB of them; see the CHANGELOG for
+    the figures after). Any other field comes from the records (decoded once). Threads share
+    a block: a lock makes each column once."""
+
+    def __init__(self, data, fields: tuple[str, ...], argmax: tuple[str, ...]) -> None:
+        self.data, self.fields, self.argmax = data, fields, argmax
+        self._lock = threading.Lock()
+        self._columns: dict[str, list[np.ndarray]] | None = None
+
+    def __reduce__(self):  # (to another worker: the bytes, not the lock or the columns)
+        return Block, (self.data, self.fields, self.argmax)
+
+    def _numbers(self) -> list[str]:
+        fields = fmt.fields_of(self.data.dtype)
+        return [
+            f
+            for f in self.fields
+            if f not in self.argmax and fields[f][0].base.kind in "biuf" and fields[f][0].base.isnative
+        ]
+
+    def _gather(self) -> dict[str, list[np.ndarray]]:
+        with self._lock:
+            if self._columns is None:
+                fields = fmt.fields_of(self.data.dtype)
+                numbers = self._numbers()
+                elements = [(f, tuple(int(i) for i in idx)) for f in numbers for idx in np.ndindex(fields[f][0].shape)]
+                argmax = [f for f in self.argmax if f in fields]
+                data = self.data
+                outs, maxes = (
+                    gather(data, elements, argmax) if isinstance(data, np.ndarray) else data.gather(elements, argmax)
+                )
+                columns: dict[str, list[np.ndarray]] = {}
+                at = 0
+                for f in numbers:
+                    k = int(np.prod(fields[f][0].shape, dtype=np.int64))
+                    columns[f], at = outs[at : at + k], at + k
+                columns.update({f"argmax:{f}": [m] for f, m in zip(argmax, maxes)})
+                self._columns = columns
+            return self._columns
+
+    def field(self, name: str) -> np.ndarray:
+        """The values of the field ``name`` (rows, then the field's own shape)."""
+        if name in self._numbers():
+            shape = fmt.fields_of(self.data.dtype)[name][0].shape
+            parts = self._gather()[name]
+            return parts[0] if not shape else np.stack(parts, axis=1).reshape(-1, *shape)
+        with self._lock:
+            records = self.data if isinstance(self.data, np.ndarray) else self.data.records()
+        return records[name]
+
+    def argmax_of(self, name: str) -> np.ndarray:
+        """The argmax of each row's ``name`` (int8; first maximum, as numpy)."""
+        return self._gather()[f"argmax:{name}"][0]
+
+
+def _read_block(array, chunks_per_task: int, fields: tuple[str, ...], argmax: tuple[str, ...], block_id=None) -> Block:
+    first = block_id[0] * chunks_per_task
+    return Block(array.read_encoded(first, min(chunks_per_task, array.meta.nchunks - first)), fields, argmax)
+
+
+def _field_block(block: Block, name: str) -> np.ndarray:
+    return block.field(name)
+
+
+def _argmax_of_block(block: Block, name: str) -> np.ndarray:
+    return block.argmax_of(name)
+
+
+def field_names(array, fields: Sequence[str] | str | None) -> tuple[str, ...]:
+    """``fields`` (checked: one ``UsageError`` line for a field the array has not), or all of them."""
+    if fields is None:
+        return fmt.names_of(array.dtype)
+    names = (fields,) if isinstance(fields, str) else tuple(fields)
+    array.select(names)
+    return names
+
+
+def blocks(array, fields: Sequence[str] | None, chunks_per_task: int, argmax: Sequence[str] = ()):
+    """The stored chunks of ``array``, ``chunks_per_task`` a block, as a dask array of
+    :class:`Block` (one task each, its rows as its chunk: never computed itself, only through
+    :func:`field_array` and :func:`argmax_array`)."""
+    import dask.array as da
+    from dask.base import tokenize
+
+    names = field_names(array, fields)
+    argmax = tuple(argmax)
+    if chunks_per_task < 1:
+        raise UsageError("chunks_per_task must be >= 1")
+    meta = array.meta
+    firsts = list(range(0, meta.nchunks, chunks_per_task))
+    chunks = tuple(
+        meta.chunk_bounds(min(f + chunks_per_task, meta.nchunks) - 1)[1] - meta.chunk_bounds(f)[0] for f in firsts
+    )
+    token = tokenize(array, names, argmax, chunks_per_task)
+    return da.map_blocks(
+        _read_block,
+        array.select(names),
+        chunks_per_task,
+        names,
+        argmax,
+        chunks=(chunks or (0,),),
+        dtype=object,
+        meta=np.empty(0, dtype=object),
+        name=f"l5-chunks-{meta.name}-{token}",
+    )
+
+
+def field_array(array, chunked, name: str):
+    """The field ``name`` of ``array`` as a dask array over the blocks ``chunked`` (:func:`blocks`)."""
+    import dask.array as da
+
+    sub = fmt.fields_of(array.dtype)[name][0]
+    if not chunked.npartitions or not len(array):
+        return da.from_array(np.empty((0, *sub.shape), sub.base), chunks=(0, *sub.shape))
+    extra = tuple(range(1, 1 + len(sub.shape)))
+    return da.map_blocks(
+        _field_block,
+        chunked,
+        name,
+        chunks=(chunked.chunks[0], *[(n,) for n in sub.shape]),
+        new_axis=list(extra) or None,
+        dtype=sub.base,
+        meta=np.empty((0,) * (1 + len(sub.shape)), sub.base),
+    )
+
+
+def argmax_array(array, chunked, name: str):
+    """The argmax of each row's field ``name`` of ``array`` (int8) over the blocks ``chunked``."""
+    import dask.array as da
+
+    if not chunked.npartitions or not len(array):
+        return da.from_array(np.empty(0, np.int8), chunks=(0,))
+    return da.map_blocks(_argmax_of_block, chunked, name, dtype=np.int8, meta=np.empty(0, np.int8))
+
+
+def array_to_dataset(
+    ds, name: str, fields: Sequence[str] | None = None, chunks_per_task: int = 1, argmax: Sequence[str] = ()
+) -> xr.Dataset:
+    """An ``xarray.Dataset`` of one stored array, a variable per field, lazily backed (``argmax``:
+    fields whose argmax is also gathered, for :func:`argmax_array` over the same blocks)."""
     array = ds[name]
-    records = array.to_dask(fields=fields, chunks_per_task=chunks_per_task)
+    chunked = blocks(array, fields, chunks_per_task, argmax)
     row = ROW_DIMS[name]
     variables = {}
     coords: dict[str, object] = {}
-    for field in fmt.names_of(records.dtype):
-        sub = fmt.fields_of(records.dtype)[field][0]
-        data = records[field]
+    for field in field_names(array, fields):
+        sub = fmt.fields_of(array.dtype)[field][0]
+        data = field_array(array, chunked, field)
         dims, field_coords = _field_dims(field, sub.shape)
         if name == fmt.AGENTS and field == "label_probabilities":
             field_coords = {"label": list(ds.labels)}
@@ -54,11 +206,6 @@ def array_to_dataset(ds, name: str, fields: Sequence[str] | None = None, chunks_
     if name == fmt.AGENTS:
         out.attrs["labels"] = list(ds.labels)
     return out
-
-
-def _argmax_block(records: np.ndarray, field: str) -> np.ndarray:
-
-    return argmax_rows(records, field)
 
 
 def _hour_block(timestamp: np.ndarray) -> np.ndarray:
@@ -95,7 +242,8 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
 
     per_task = chunks_per_task or collection_chunks_per_task(ds[name].nchunks)
     j = Joins(ds, chunks_per_task=per_task)
-    out = array_to_dataset(ds, name, chunks_per_task=per_task)
+    argmax = (ARGMAX[name],) if name in ARGMAX else ()
+    out = array_to_dataset(ds, name, chunks_per_task=per_task, argmax=argmax)
     row = ROW_DIMS[name]
     n_scenes, n_frames = len(ds[fmt.SCENES]), len(ds[fmt.FRAMES])
     if name == fmt.SCENES:
@@ -116,13 +264,13 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
         "host": (row, j.column(name, "host"), categorical_attrs(hosts)),
     }
     coords["hour"] = (row, da.map_blocks(_hour_block, coords["timestamp"][1], dtype=np.int8), range_attrs(24))
-    records = ds[name].to_dask(chunks_per_task=per_task)
+    chunked = blocks(ds[name], None, per_task, argmax)  # (the variables' own layer: each chunk read once)
     if name == fmt.AGENTS:
         # the argmax is the coordinate "label": the probabilities' dimension becomes "label_name"
         out = out.rename({"label": "label_name"})
         coords["label"] = (
             row,
-            da.map_blocks(_argmax_block, records, "label_probabilities", dtype=np.int8),
+            argmax_array(ds[name], chunked, "label_probabilities"),
             categorical_attrs(ds.labels),
         )
         # a variable, not a coordinate: a coordinate travels into every result, and where two
@@ -132,7 +280,7 @@ def joined_dataset(ds, name: str, chunks_per_task: int | None = None) -> xr.Data
     out = out.rename({"status": "status_name"})
     coords["status"] = (
         row,
-        da.map_blocks(_argmax_block, records, "traffic_light_face_status", dtype=np.int8),
+        argmax_array(ds[name], chunked, "traffic_light_face_status"),
         categorical_attrs(fmt.TL_FACE_STATUSES),
     )
     return out.assign_coords(coords)
