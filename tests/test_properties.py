@@ -220,3 +220,31 @@ def test_the_token_index_equals_a_dict(table, queries, splits):
     assert (index.dup_row >= 0) == bool(dups)
     if dups:
         assert (index.dup_first, index.dup_row) == (first[table[dups[0]]], dups[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    counts=st.lists(st.integers(0, 7), min_size=0, max_size=40),
+    before=st.integers(0, 5),
+    bounds=st.tuples(st.integers(-3, 300), st.integers(-3, 300)),
+    width=st.sampled_from([0, 1, 3]),
+)
+def test_spreading_parent_values_equals_taking_them_at_the_located_rows(counts, before, bounds, width):
+    """``Rows.spread`` (each parent's value repeated over its child rows in one pass) against
+    numpy's ``values[searchsorted(starts, rows, "right") - 1]``: parents with no rows, child
+    rows before the first parent, past the last child, empty ranges; values of any shape."""
+    from l5dask.core.engine import Rows
+
+    starts = (
+        before + np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if counts else np.zeros(0, np.int64)
+    )
+    shape = (len(starts), width) if width else (len(starts),)
+    values = np.arange(np.prod(shape), dtype=np.float64).reshape(shape) * 1.5
+    rows = Rows(11, {"start": starts, "v": values})
+    lo, hi = min(bounds), max(bounds)
+    lo = max(lo, 0)
+    pos = np.searchsorted(starts, np.arange(lo, max(hi, lo)), side="right") - 1
+    if len(starts) == 0 or (len(pos) and pos.min() < 0):
+        return  # (no parent: not a child row of these)
+    np.testing.assert_array_equal(rows.spread(lo, max(hi, lo), "start", values), values[pos])
+    np.testing.assert_array_equal(rows.locate(lo, max(hi, lo), "start"), pos)

@@ -136,6 +136,10 @@ class Chunk:
             raise ValueError("a join column of a chunk given no parent rows")
         return self.parent
 
+    def spread(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (one per parent row) of each row's parent: ``values[self.pos]``, in one pass."""
+        return self.parent_rows.spread(self.start, self.start + len(self), self.parent_start, values)
+
     @property
     def pos(self) -> np.ndarray:
         """Position, in the parent rows, of each row's parent."""
@@ -199,12 +203,13 @@ def _distance(c: Chunk) -> np.ndarray:
 
 
 def _parent_index(c: Chunk) -> np.ndarray:
-    return c.parent_rows.offset + c.pos
+    rows = c.parent_rows
+    return c.spread(np.arange(rows.offset, rows.offset + len(rows), dtype=np.int64))
 
 
 def _parent_col(name: str, index: tuple, dtype: np.dtype, c: Chunk) -> np.ndarray:
     col = c.parent_rows[name]
-    return np.asarray(col[(slice(None), *index)].take(c.pos) if index else col.take(c.pos), dtype=dtype)
+    return np.asarray(c.spread(col[(slice(None), *index)] if index else col), dtype=dtype)
 
 
 def _partial(func, *args):

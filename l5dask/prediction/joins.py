@@ -76,10 +76,9 @@ def frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str,
 def _take(lo: int, hi: int, start: str, column: str, rows: Rows | None, *blocks: Block) -> np.ndarray:
     """``column`` of the parent of each child row ``lo .. hi - 1``."""
     rows = rows if rows is not None else Rows.concat([b.rows for b in blocks if b.rows is not None])
-    pos = rows.locate(lo, hi, start)
     if column == "index":
-        return rows.offset + pos
-    return rows[column][pos]
+        return rows.spread(lo, hi, start, np.arange(rows.offset, rows.offset + len(rows), dtype=np.int64))
+    return rows.spread(lo, hi, start, rows[column])
 
 
 class FramesPass:
