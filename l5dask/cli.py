@@ -12,7 +12,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import click  # noqa: E402
 
-from l5dask.core.commands import EXIT_USER_ERROR  # noqa: E402
+from l5dask.core.commands import EXIT_USER_ERROR, shared  # noqa: E402
 
 #: Each system's commands live in its subpackage (they share this module's error path), imported
 #: only when one of them runs or is listed (``l5dask info`` took 0.32 s instead of 0.36 s here).
@@ -64,6 +64,61 @@ def main() -> None:
 
     tune_malloc()
     tune_gc()
+
+
+@main.command("run")
+@click.argument("job")
+@click.option(
+    "--check", "check_only", is_flag=True, help="check the job (datasets, outputs) and list its plan; run nothing"
+)
+@click.option("--record", default=None, help="write the run record (JSON) here (over the job's [run] record)")
+@click.option(
+    "--cache", default=None, metavar="DIR_OR_URL", help="the cache of the passes (over the job's [cache] url)"
+)
+@click.option(
+    "--date", "date", default=None, metavar="YYYY-MM-DD", help="the run's date for {date} (default: today, UTC)"
+)
+@shared(chunks=True, scheduler=True, storage=False)
+def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, scheduler) -> None:
+    """Run the analyses of the job file JOB (TOML or YAML: docs/jobs.md), all of one dataset in one
+    pass. The job is checked whole first (its datasets, analyses and outputs). Exit 0 when every
+    analysis is written, 1 when some failed (each said in one line; the others are written), 2 when
+    the job cannot run."""
+    import datetime
+
+    from l5dask import jobs
+    from l5dask.core import runs
+    from l5dask.errors import UsageError
+
+    now = None
+    if date is not None:
+        try:
+            day = datetime.date.fromisoformat(date)
+        except ValueError:
+            raise UsageError(f"--date {date!r}: expected YYYY-MM-DD") from None
+        now = datetime.datetime.combine(day, datetime.datetime.now(datetime.timezone.utc).timetz())
+    loaded = jobs.load_job(job)
+    if check_only:
+        plan = runs.plan(loaded, now=now, record=record)
+        for t in plan.tasks:
+            click.echo(f"{t.analysis.name} on {t.dataset}: {', '.join(t.outputs.values()) or 'into the dataset'}")
+        click.echo(f"{job}: {len(plan.tasks)} analyses on {len(plan.inputs)} datasets: the job can run")
+        return
+    rec = jobs.run_job(
+        loaded,
+        scheduler=scheduler,
+        record=record,
+        cache=cache,
+        chunks_per_task=chunks_per_task,
+        progress=not quiet,
+        now=now,
+        say=click.echo,
+        fail=lambda line: click.echo(f"l5dask: failed: {line}", err=True),
+    )
+    failed = sum(a["status"] != "written" for a in rec["analyses"])
+    if failed:
+        click.echo(f"l5dask: {failed} of {len(rec['analyses'])} analyses failed", err=True)
+        sys.exit(1)
 
 
 #: The flags that 0.1.0's convention renamed (CHANGELOG, "Breaking changes"): named when one is given.

@@ -98,6 +98,26 @@ async def _cat_parts(fs: Any, path: str, start: int | None, end: int | None) -> 
 #: object without a lock (threads reading at once got each other's bytes: found by a test).
 _ARCHIVE_READS = threading.Lock()
 
+#: What this process read through stores: objects (or ranges of them) and bytes, the metadata's
+#: (:meth:`Store.get_metadata`) apart. A run record sums it over the processes that read.
+_READS = {"objects": 0, "bytes": 0, "metadata_objects": 0, "metadata_bytes": 0}
+_READS_LOCK = threading.Lock()
+
+
+def _counted(data: Any, metadata: bool = False) -> Any:
+    n = len(data) if data is not None else 0
+    with _READS_LOCK:
+        _READS["metadata_objects" if metadata else "objects"] += 1
+        _READS["metadata_bytes" if metadata else "bytes"] += n
+    return data
+
+
+def read_counts() -> dict[str, int]:
+    """What this process has read through stores so far: ``objects`` and ``bytes`` (chunks, tables,
+    files), ``metadata_objects`` and ``metadata_bytes`` (metadata objects)."""
+    with _READS_LOCK:
+        return dict(_READS)
+
 
 #: errno values of store errors that may pass: s3fs maps 503 ServiceUnavailable and SlowDown to
 #: EBUSY and 500 InternalError to EREMOTEIO (their messages need not say the status code).
@@ -259,6 +279,7 @@ class Store:
         end: int | None = None,
         tried: int = 0,
         failed: BaseException | None = None,
+        metadata: bool = False,
     ) -> bytes:
         """Read one object (or its bytes ``[start, end)``; a negative ``start`` counts from the
         end), retrying transient store errors; map failures to clear errors. ``tried``: attempts
@@ -278,7 +299,7 @@ class Store:
                 return _wait(asyncio.run_coroutine_threadsafe(coro, self.fs.loop), path)
             return self.fs.cat_file(path, start=start, end=end)
 
-        return self._retrying(read, key, what, tried, failed)
+        return _counted(self._retrying(read, key, what, tried, failed), metadata)
 
     def _retrying(
         self, op: Any, key: str, what: str | None = None, tried: int = 0, failed: BaseException | None = None
@@ -349,6 +370,7 @@ class Store:
                     if not got:
                         break
                     n += got
+                _counted(memoryview(buffer)[:n])
                 return n
         except FileNotFoundError as exc:
             raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
@@ -495,7 +517,7 @@ class Store:
                         failed=exc if transient else None,
                     )
                     continue
-                yield got
+                yield _counted(got)
         finally:
             for fut in pending:  # (a caller that stops early: nothing left running for it)
                 if fut is not None:
@@ -504,7 +526,7 @@ class Store:
     def get_metadata(self, key: str) -> bytes | None:
         """Read a metadata object, ``None`` when absent."""
         try:
-            return self.get(key)
+            return self.get(key, metadata=True)
         except ChunkError:
             return None
 
@@ -743,7 +765,7 @@ def open_store(url: str | os.PathLike, storage_options: dict[str, Any] | None = 
     """Open a dataset location, raising :class:`NotADatasetError` if it holds no dataset."""
     store = Store(os.fspath(url), storage_options)
     try:
-        raw = store.get(".zgroup")
+        raw = store.get(".zgroup", metadata=True)
     except (ChunkError, StoreError) as exc:
         if isinstance(exc, StoreError) and not isinstance(exc.__cause__, (NotADirectoryError, IsADirectoryError)):
             raise

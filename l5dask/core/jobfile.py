@@ -1,0 +1,514 @@
+"""The job file of ``l5dask run``: read (TOML or YAML), checked against its schema with the line of
+each key, its output templates expanded. It knows no dataset format: the analyses a job can run
+are declared by the systems (:class:`Kind`, registered in :data:`ANALYSES`; the prediction system
+registers the report, the catalog, the aggregations and the exports, evaluation ``select-agents``).
+
+A job is refused before anything runs, in one line that names the file and the line: an unknown
+key (with the keys that exist there), a value of the wrong type, an unknown analysis kind, a
+template naming an unknown field, two outputs that would be the same file. The reference page of
+the schema is ``docs/jobs.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import string
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from l5dask.errors import UsageError
+
+#: A key's path in the job: ("analyses", "speeds", "by").
+Path = tuple[str, ...]
+
+
+class JobError(UsageError):
+    """A job file that cannot run: one line naming the file and the line."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a table of the job file.
+
+    ``type``: ``str``, ``int``, ``float``, ``bool``, ``strings`` (a string or a list of strings),
+    ``table`` (any table: storage options), ``reductions`` (a table of column = a reduction or a
+    list of them), ``template`` (a string with ``{date}``, ``{dataset}``... fields: an output's path).
+    """
+
+    name: str
+    type: str
+    doc: str
+    required: bool = False
+    default: Any = None
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """An analysis a job can run, declared by a system.
+
+    ``keys``: its own keys (besides ``kind`` and ``datasets``); the ``template`` keys are its
+    outputs (files; a folder when its name is in ``folders``). ``open(url, storage_options)``
+    opens a dataset (reading its metadata only); ``check(ds, params)`` refuses what cannot run on
+    that dataset (a column that is not there...) before any pass, raising a
+    :class:`~l5dask.errors.UsageError`; ``run(ds, params, outputs, context)`` computes the
+    analysis and writes its outputs (each atomically), and returns what the run record says of
+    it (a small dict); ``fingerprint(ds)`` what identifies the dataset (the run record's).
+    ``needs_output``: the analysis must be given one of its outputs. ``together``, when set, runs several analyses of one dataset in one pass:
+    ``together(ds, [(kind, params, outputs), ...], context)`` returns, in order, each one's
+    record or the exception that failed it.
+    """
+
+    name: str
+    doc: str
+    keys: tuple[Key, ...]
+    open: Callable[[str, dict], Any]
+    run: Callable[[Any, dict, dict, Any], dict]
+    check: Callable[[Any, dict], None] | None = None
+    folders: tuple[str, ...] = ()
+    together: Callable[[Any, list, Any], list] | None = None
+    fingerprint: Callable[[Any], dict] | None = None
+    needs_output: bool = True
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(k.name for k in self.keys if k.type == "template")
+
+
+#: The analyses a job can run, by kind (filled by the systems' ``analyses`` modules).
+ANALYSES: dict[str, Kind] = {}
+
+
+def register(kind: Kind) -> Kind:
+    ANALYSES[kind.name] = kind
+    return kind
+
+
+# --- the schema of the job's own tables ---------------------------------------------------------
+RUN_KEYS = (
+    Key("name", "str", "the job's name (the run record's and the ``{job}`` field of templates)", default="job"),
+    Key("record", "template", "write the run record (JSON) here; fields as the outputs' (not ``{dataset}``)"),
+    Key("date", "str", "the run's date (``YYYY-MM-DD``) for ``{date}``; default: today's (UTC)"),
+)
+CLUSTER_KEYS = (
+    Key("scheduler", "str", "a dask.distributed scheduler's address (``tcp://host:8786``)"),
+    Key("workers", "int", "start a local cluster of this many worker processes", minimum=1),
+    Key("threads-per-worker", "int", "threads of each local worker (with ``workers``)", default=1, minimum=1),
+    Key("memory-limit", "str", "memory of each local worker (with ``workers``), e.g. ``4GB``"),
+    Key("chunks-per-task", "int", "stored chunks per task (default: sized for the scheduler)", minimum=1),
+)
+CACHE_KEYS = (Key("url", "str", "the cache: a local folder or a bucket's prefix (``s3://bucket/cache``)", True),)
+DATASET_KEYS = (
+    Key("path", "str", "a folder, a ``.zip``, an ``s3://`` URL, or a glob of them (``data/*.zarr``)", True),
+    Key("storage-options", "table", "fsspec options of this dataset's store (over the job's)"),
+)
+COMMON_ANALYSIS_KEYS = (
+    Key("kind", "str", "what the analysis is", True),
+    Key("datasets", "strings", "the datasets it runs on (names of ``[datasets]``); default: every one"),
+)
+TOP = {
+    "run": RUN_KEYS,
+    "cluster": CLUSTER_KEYS,
+    "cache": CACHE_KEYS,
+    "storage-options": None,
+    "datasets": None,
+    "analyses": None,
+}
+#: The fields of templates.
+FIELDS = {
+    "date": "the run's date, YYYY-MM-DD",
+    "time": "the run's start time (UTC), HHMMSS",
+    "job": "the job's name",
+    "dataset": "the dataset's name",
+    "analysis": "the analysis' name",
+}
+
+
+# --- reading, with the line of each key ---------------------------------------------------------
+@dataclass
+class Source:
+    """The job file's text, its values, and the line of each key's path."""
+
+    name: str
+    data: dict
+    lines: dict[Path, int] = field(default_factory=dict)
+
+    def line(self, path: Path) -> int:
+        while path and path not in self.lines:
+            path = path[:-1]
+        return self.lines.get(path, 1)
+
+    def error(self, path: Path, message: str) -> JobError:
+        return JobError(f"{self.name}:{self.line(path)}: {message}")
+
+
+def load(path: str | os.PathLike) -> Source:
+    """The job file at ``path`` (``.toml``, ``.yaml``/``.yml``), with the line of each key."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise JobError(f"{path}: no such job file") from None
+    except OSError as exc:
+        raise JobError(f"{path}: cannot read the job file: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError:
+        raise JobError(f"{path}: the job file is not UTF-8 text") from None
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".toml":
+        return parse_toml(text, path)
+    if ext in (".yaml", ".yml"):
+        return parse_yaml(text, path)
+    raise JobError(f"{path}: a job file is TOML (.toml) or YAML (.yaml, .yml)")
+
+
+def parse_toml(text: str, name: str = "job.toml") -> Source:
+    import tomllib
+
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\(at line (\d+), column \d+\)|at line (\d+)", msg)
+        line = next((g for g in (m.groups() if m else ()) if g), None)
+        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg)
+        raise JobError(f"{name}:{line or 1}: not valid TOML: {msg}") from None
+    return Source(name, data, toml_lines(text))
+
+
+_BARE = r"[A-Za-z0-9_-]+"
+_KEY = rf'(?:{_BARE}|"[^"]*"|\'[^\']*\')'
+_DOTTED = rf"{_KEY}(?:\s*\.\s*{_KEY})*"
+_HEADER = re.compile(rf"^\s*(\[\[?)\s*({_DOTTED})\s*\]\]?")
+_ASSIGN = re.compile(rf"\s*({_DOTTED})\s*=")
+
+
+def _split_key(dotted: str) -> Path:
+    return tuple(p.strip().strip("\"'") for p in re.findall(_KEY, dotted))
+
+
+def toml_lines(text: str) -> dict[Path, int]:
+    """The line of each key's path in TOML ``text`` (tables, arrays of tables as their index,
+    dotted keys, the keys of one-line inline tables). Only lines are looked for: the values are
+    tomllib's."""
+    lines: dict[Path, int] = {}
+    table: Path = ()
+    counts: dict[Path, int] = {}
+    in_string = None
+    for n, line in enumerate(text.splitlines(), 1):
+        if in_string:
+            if in_string in line:
+                in_string = None
+            continue
+        for quote in ('"""', "'''"):
+            if line.count(quote) % 2 == 1:
+                in_string = quote
+        m = _HEADER.match(line)
+        if m:
+            path = _split_key(m.group(2))
+            if m.group(1) == "[[":
+                counts[path] = counts.get(path, -1) + 1
+                for i in range(1, len(path)):
+                    lines.setdefault(path[:i], n)
+                lines.setdefault(path, n)
+                path = (*path, str(counts[path]))
+            for i in range(1, len(path) + 1):
+                lines.setdefault(path[:i], n)
+            table = path
+            continue
+        m = _ASSIGN.match(line)
+        if not m:
+            continue
+        key = (*table, *_split_key(m.group(1)))
+        for i in range(len(table) + 1, len(key) + 1):
+            lines.setdefault(key[:i], n)
+        rest = line[m.end() :]
+        # one-line inline tables: their keys, nested as the braces say
+        stack = [key]
+        pos = 0
+        while pos < len(rest):
+            ch = rest[pos]
+            if ch in "\"'":
+                end = rest.find(ch, pos + 1)
+                pos = len(rest) if end < 0 else end + 1
+                continue
+            if ch == "#":
+                break
+            if ch == "{":
+                inner = _ASSIGN.match(rest, pos + 1)
+                stack.append(stack[-1])
+                if inner:
+                    stack[-1] = (*stack[-2], *_split_key(inner.group(1)))
+                    lines.setdefault(stack[-1], n)
+                    pos = inner.end()
+                    continue
+            elif ch == "}":
+                stack.pop() if len(stack) > 1 else None
+            elif ch == "," and len(stack) > 1:
+                inner = _ASSIGN.match(rest, pos + 1)
+                if inner:
+                    stack[-1] = (*stack[-2], *_split_key(inner.group(1)))
+                    lines.setdefault(stack[-1], n)
+                    pos = inner.end()
+                    continue
+            pos += 1
+    return lines
+
+
+def parse_yaml(text: str, name: str = "job.yaml") -> Source:
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        line = mark.line + 1 if mark is not None else 1
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise JobError(f"{name}:{line}: not valid YAML: {what}") from None
+    lines: dict[Path, int] = {}
+
+    def walk(n: Any, path: Path) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                p = (*path, str(k.value))
+                lines.setdefault(p, k.start_mark.line + 1)
+                walk(v, p)
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                lines.setdefault((*path, str(i)), v.start_mark.line + 1)
+                walk(v, (*path, str(i)))
+
+    if node is not None:
+        walk(node, ())
+    if data is None:
+        data = {}
+    return Source(name, data, lines)
+
+
+# --- the checked job ----------------------------------------------------------------------------
+@dataclass
+class Dataset:
+    name: str
+    path: str
+    storage_options: dict
+    line: Path
+
+
+@dataclass
+class Analysis:
+    name: str
+    kind: Kind
+    params: dict
+    datasets: list[str]
+    line: Path
+
+
+@dataclass
+class Job:
+    """A job file, checked: its tables with defaults filled in."""
+
+    source: Source
+    run: dict
+    cluster: dict
+    cache: dict | None
+    storage_options: dict
+    datasets: dict[str, Dataset]
+    analyses: dict[str, Analysis]
+
+    @property
+    def name(self) -> str:
+        return str(self.run["name"])
+
+
+def _type_name(v: Any) -> str:
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "a table",
+    }.get(type(v), type(v).__name__)
+
+
+def _checked_table(src: Source, path: Path, value: Any, keys: tuple[Key, ...], what: str) -> dict:
+    """``value`` (a table) checked against ``keys``: unknown keys, types, required keys; defaults set."""
+    if not isinstance(value, Mapping):
+        raise src.error(path, f"{what} must be a table, not {_type_name(value)}")
+    known = {k.name: k for k in keys}
+    for k in value:
+        if k not in known:
+            names = ", ".join(sorted(known))
+            raise src.error((*path, str(k)), f"unknown key {k!r} in {what}; the keys are: {names}")
+    out = {}
+    for key in keys:
+        p = (*path, key.name)
+        if key.name not in value:
+            if key.required:
+                raise src.error(path, f"{what} has no {key.name!r} ({key.doc})")
+            out[key.name] = key.default
+            continue
+        out[key.name] = _checked_value(src, p, value[key.name], key, what)
+    return out
+
+
+def _checked_value(src: Source, path: Path, v: Any, key: Key, what: str) -> Any:
+    def bad(expected: str) -> JobError:
+        return src.error(path, f"{what} {key.name}: expected {expected}, not {_type_name(v)} {v!r}")
+
+    t = key.type
+    if t in ("str", "template"):
+        if not isinstance(v, str):
+            raise bad("a string")
+        if key.choices and v not in key.choices:
+            raise src.error(path, f"{what} {key.name}: {v!r} is not one of {', '.join(key.choices)}")
+        if t == "template":
+            check_template(src, path, v, f"{what} {key.name}")
+        return v
+    if t == "int":
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise bad("an integer")
+    elif t == "float":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise bad("a number")
+        v = float(v)
+    elif t == "bool":
+        if not isinstance(v, bool):
+            raise bad("true or false")
+    elif t == "strings":
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+            raise bad("a string or a list of strings")
+        return list(v)
+    elif t == "table":
+        if not isinstance(v, Mapping):
+            raise bad("a table")
+        return dict(v)
+    elif t == "reductions":
+        if not isinstance(v, Mapping) or not v:
+            raise bad('a table of column = reductions (e.g. speed = ["mean", "max"])')
+        out = {}
+        for col, reds in v.items():
+            reds = [reds] if isinstance(reds, str) else reds
+            if not isinstance(reds, list) or not reds or not all(isinstance(r, str) for r in reds):
+                raise src.error((*path, str(col)), f"{what} {key.name}.{col}: expected a reduction or a list of them")
+            out[str(col)] = list(reds)
+        return out
+    if key.minimum is not None and v < key.minimum:
+        raise src.error(path, f"{what} {key.name}: {v} is less than {key.minimum:g}")
+    return v
+
+
+def check_template(src: Source, path: Path, text: str, what: str) -> None:
+    try:
+        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+    except ValueError as exc:
+        raise src.error(path, f"{what}: {text!r} is not a template ({exc})") from None
+    for f in names:
+        if f not in FIELDS:
+            raise src.error(path, f"{what}: unknown field {{{f}}}; the fields are: {', '.join(FIELDS)}")
+
+
+def expand(template: str, fields: Mapping[str, str]) -> str:
+    """A template with its fields given (:data:`FIELDS`)."""
+    return template.format_map(dict(fields))
+
+
+def check(src: Source) -> Job:
+    """The job, checked (one :class:`JobError` naming the file and the line for the first fault)."""
+    data = src.data
+    if not isinstance(data, Mapping):
+        raise src.error((), "a job file is a table of tables (run, cluster, cache, datasets, analyses)")
+    for k in data:
+        if k not in TOP:
+            raise src.error((str(k),), f"unknown key {k!r}; the keys are: {', '.join(TOP)}")
+    run = _checked_table(src, ("run",), data.get("run", {}), RUN_KEYS, "[run]")
+    if run["date"] is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", run["date"]):
+        raise src.error(("run", "date"), f"[run] date: {run['date']!r} is not a date YYYY-MM-DD")
+    if any(f"{{{f}}}" in (run["record"] or "") for f in ("dataset", "analysis")):
+        raise src.error(("run", "record"), "[run] record: one a run: {dataset} and {analysis} have no value there")
+    cluster = _checked_table(src, ("cluster",), data.get("cluster", {}), CLUSTER_KEYS, "[cluster]")
+    if cluster["scheduler"] is not None and cluster["workers"] is not None:
+        raise src.error(("cluster", "workers"), "[cluster]: give a scheduler or local workers, not both")
+    cache = None
+    if "cache" in data:
+        raw = data["cache"]
+        if isinstance(raw, str):
+            raw = {"url": raw}
+        cache = _checked_table(src, ("cache",), raw, CACHE_KEYS, "[cache]")
+    options = data.get("storage-options", {})
+    if not isinstance(options, Mapping):
+        raise src.error(("storage-options",), "storage-options must be a table of fsspec options")
+    datasets = _datasets(src, data.get("datasets"))
+    analyses = _analyses(src, data.get("analyses"), datasets)
+    return Job(src, run, cluster, cache, dict(options), datasets, analyses)
+
+
+def _datasets(src: Source, raw: Any) -> dict[str, Dataset]:
+    if not raw:
+        raise src.error(("datasets",), "the job has no [datasets] (a name = a path, a URL or a glob)")
+    if not isinstance(raw, Mapping):
+        raise src.error(("datasets",), "[datasets] must be a table: a name = a path, or [datasets.NAME] path = ...")
+    out = {}
+    for name, value in raw.items():
+        path = ("datasets", str(name))
+        if isinstance(value, str):
+            value = {"path": value}
+            src.lines.setdefault((*path, "path"), src.line(path))
+        t = _checked_table(src, path, value, DATASET_KEYS, f"[datasets.{name}]")
+        out[str(name)] = Dataset(str(name), t["path"], t["storage-options"] or {}, (*path, "path"))
+    return out
+
+
+def _analyses(src: Source, raw: Any, datasets: Mapping[str, Dataset]) -> dict[str, Analysis]:
+    if not raw:
+        raise src.error(("analyses",), "the job has no [analyses]")
+    if not isinstance(raw, Mapping):
+        raise src.error(("analyses",), "[analyses] must be a table: [analyses.NAME] kind = ...")
+    out = {}
+    for name, value in raw.items():
+        path = ("analyses", str(name))
+        what = f"[analyses.{name}]"
+        if not isinstance(value, Mapping):
+            raise src.error(path, f"{what} must be a table, not {_type_name(value)}")
+        kind_name = value.get("kind")
+        if kind_name is None:
+            raise src.error(path, f"{what} has no 'kind'; the kinds are: {', '.join(sorted(ANALYSES))}")
+        if kind_name not in ANALYSES:
+            raise src.error(
+                (*path, "kind"),
+                f"{what} kind: unknown kind {kind_name!r}; the kinds are: {', '.join(sorted(ANALYSES))}",
+            )
+        kind = ANALYSES[kind_name]
+        params = _checked_table(src, path, value, COMMON_ANALYSIS_KEYS + kind.keys, f"{what} (kind {kind_name})")
+        names = params.pop("datasets") or list(datasets)
+        for d in names:
+            if d not in datasets:
+                raise src.error(
+                    (*path, "datasets"), f"{what} datasets: no dataset {d!r}; the datasets are: {', '.join(datasets)}"
+                )
+        params.pop("kind")
+        if kind.needs_output and not any(params.get(o) for o in kind.outputs):
+            raise src.error(path, f"{what} writes nothing: give {' or '.join(kind.outputs)}")
+        out[str(name)] = Analysis(str(name), kind, params, names, path)
+    return out
+
+
+def schema_keys() -> dict[str, tuple[Key, ...]]:
+    """Every table of the schema and its keys (the reference page is checked against this)."""
+    out: dict[str, tuple[Key, ...]] = {
+        "[run]": RUN_KEYS,
+        "[cluster]": CLUSTER_KEYS,
+        "[cache]": CACHE_KEYS,
+        "[datasets.NAME]": DATASET_KEYS,
+    }
+    for name, kind in sorted(ANALYSES.items()):
+        out[f"[analyses.NAME] kind = {name!r}"] = COMMON_ANALYSIS_KEYS + kind.keys
+    return out

@@ -1,0 +1,369 @@
+"""A checked job (:mod:`l5dask.core.jobfile`) run: its plan made and checked whole before the first
+pass, then its analyses run dataset by dataset, and its run record.
+
+The plan (:func:`plan`) expands the datasets' globs and opens each dataset (its metadata only: a
+dataset that does not exist is refused here), asks each analysis' kind to check it against each
+dataset, expands the outputs' templates, refuses two analyses writing one file, and checks every
+output can be written (a local output's folders are made). Only then does :func:`execute` run the
+analyses: all of one dataset together when their system declares how (``Kind.together``: one pass
+over its chunks), else one after the other. An analysis that fails is one line and one entry of
+the record; the others are written. Every output is written whole or not at all (each kind writes
+through :func:`l5dask.core.outputs.atomic_output`).
+
+The run record (JSON, :func:`l5dask.core.outputs.json_text`) says what ran on what: the job, the
+start and end, each input with its fingerprint, each analysis' outputs, status and time, the bytes
+read by every process that read (the store's counters, :func:`l5dask.core.store.read_counts`) and
+the cache's counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import glob
+import os
+import posixpath
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from l5dask.core import store as store_mod
+from l5dask.core.jobfile import Analysis, Job, JobError, expand
+from l5dask.core.outputs import check_writable, json_text
+from l5dask.errors import L5DaskError
+
+#: The run record's format.
+RECORD_VERSION = 1
+
+
+@dataclass
+class Task:
+    """One analysis on one dataset: its outputs expanded."""
+
+    analysis: Analysis
+    dataset: str
+    outputs: dict[str, str]
+
+
+@dataclass
+class Input:
+    name: str
+    url: str
+    storage_options: dict
+    ds: Any
+    line: tuple
+    fingerprint: Callable[[Any], dict] | None = None
+
+
+@dataclass
+class Plan:
+    job: Job
+    started: datetime.datetime
+    inputs: dict[str, Input]
+    tasks: list[Task]
+    record: str | None
+    fields: dict[str, str]
+
+
+@dataclass
+class Context:
+    """What the analyses run with: the client (``None``: local threads), the chunks a task, whether
+    progress is shown, the storage options of the outputs."""
+
+    client: Any = None
+    chunks_per_task: int | None = None
+    progress: bool = False
+    storage_options: dict = field(default_factory=dict)
+
+
+def _options(job: Job, extra: dict | None = None) -> dict:
+    return {**job.storage_options, **(extra or {})}
+
+
+_GLOB = set("*?[")
+
+
+def _stem(url: str) -> str:
+    name = posixpath.basename(url.rstrip("/"))
+    for ext in (".zip", ".zarr"):
+        name = name.removesuffix(ext)
+    return name
+
+
+def expand_datasets(job: Job) -> list[tuple[str, str, dict, tuple]]:
+    """``(name, url, storage options, line path)`` of every dataset, globs expanded (sorted; each
+    match named by its file name without ``.zarr``/``.zip``)."""
+    out = []
+    for d in job.datasets.values():
+        options = _options(job, d.storage_options)
+        if not (_GLOB & set(d.path)):
+            out.append((d.name, d.path, options, d.line))
+            continue
+        if "://" in d.path and not d.path.startswith("file://"):
+            from l5dask.core.outputs import filesystem
+
+            try:
+                fs, pattern = filesystem(d.path, options)
+                protocol = d.path.split("://", 1)[0]
+                matches = [f"{protocol}://{m}" for m in sorted(fs.glob(pattern))]
+            except (OSError, ValueError) as exc:
+                raise job.source.error(d.line, f"[datasets.{d.name}] path: {d.path}: cannot list: {exc}") from None
+        else:
+            matches = sorted(glob.glob(d.path.removeprefix("file://")))
+        if not matches:
+            raise job.source.error(d.line, f"[datasets.{d.name}] path: {d.path!r} matches nothing")
+        out.extend((_stem(m), m, options, d.line) for m in matches)
+    seen: dict[str, str] = {}
+    for name, url, _, line in out:
+        if name in seen:
+            raise job.source.error(line, f"two datasets are named {name!r} ({seen[name]} and {url}): rename one")
+        seen[name] = url
+    return out
+
+
+def _check_output(path: str, folder: bool, options: dict) -> None:
+    """Refuse (one line) an output that cannot be written; make a local output's folders."""
+    remote = "://" in path and not path.startswith("file://")
+    if not remote:
+        path = os.path.abspath(path.removeprefix("file://"))
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+        except OSError as exc:
+            raise JobError(f"{path}: cannot make its folder: {exc.strerror or exc}") from None
+        if folder:
+            if os.path.exists(path) and not os.path.isdir(path):
+                raise JobError(f"{path}: is a file, not a folder")
+            if not os.access(os.path.dirname(path), os.W_OK | os.X_OK):
+                raise JobError(f"{path}: the folder {os.path.dirname(path)} is not writable")
+            return
+    if folder and remote:
+        check_writable(path.rstrip("/") + "/.l5dask", options)
+        return
+    check_writable(path, options)
+
+
+def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None = None) -> Plan:
+    """The job's plan, checked whole before anything runs (one :class:`JobError` for the first
+    fault: the file and the line where it is said)."""
+    src = job.source
+    started = now or datetime.datetime.now(datetime.timezone.utc)
+    fields = {
+        "date": job.run["date"] or started.strftime("%Y-%m-%d"),
+        "time": started.strftime("%H%M%S"),
+        "job": job.name,
+    }
+    inputs: dict[str, Input] = {}
+    by_job_name: dict[str, list[str]] = {}
+    for name, url, options, line in expand_datasets(job):
+        inputs[name] = Input(name, url, options, None, line)
+        by_job_name.setdefault(line[1], []).append(name)
+    tasks = []
+    for a in job.analyses.values():
+        for d in a.datasets:
+            for name in by_job_name[d]:
+                values = {**fields, "dataset": name, "analysis": a.name}
+                outputs = {k: expand(a.params[k], values) for k in a.kind.outputs if a.params.get(k)}
+                tasks.append(Task(a, name, outputs))
+    # the datasets, opened (their metadata) by the kind of their analyses, and each analysis checked
+    openers: dict[tuple[str, Callable], Any] = {}
+    for t in tasks:
+        inp = inputs[t.dataset]
+        opener = (t.dataset, t.analysis.kind.open)
+        if opener not in openers:
+            try:
+                openers[opener] = t.analysis.kind.open(inp.url, inp.storage_options)
+            except L5DaskError as exc:
+                raise src.error(inp.line, f"dataset {t.dataset}: {exc}") from None
+            except OSError as exc:
+                raise src.error(inp.line, f"dataset {t.dataset}: {inp.url}: {exc.strerror or exc}") from None
+        inp.ds = openers[opener]
+        inp.fingerprint = inp.fingerprint or t.analysis.kind.fingerprint
+        if t.analysis.kind.check is not None:
+            try:
+                t.analysis.kind.check(inp.ds, t.analysis.params)
+            except L5DaskError as exc:
+                raise src.error(t.analysis.line, f"[analyses.{t.analysis.name}] on {t.dataset}: {exc}") from None
+    # the outputs: no two the same, each writable
+    written: dict[str, str] = {}
+    record_path = record or (expand(job.run["record"], fields) if job.run["record"] else None)
+    if record_path:
+        written[record_path] = "the run record"
+    for t in tasks:
+        for key, path in t.outputs.items():
+            where = f"[analyses.{t.analysis.name}] {key} on {t.dataset}"
+            if path in written:
+                raise src.error(
+                    (*t.analysis.line, key),
+                    f"{where}: {path} is also written by {written[path]}: "
+                    "put {dataset} (or {analysis}) in the template",
+                )
+            written[path] = where
+    for path, where in written.items():
+        t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
+        try:
+            _check_output(path, t_folder, job.storage_options)
+        except L5DaskError as exc:
+            line = ("run", "record")
+            for t in tasks:
+                for key, p in t.outputs.items():
+                    if p == path:
+                        line = (*t.analysis.line, key)
+            raise src.error(line, f"{where}: {exc}") from None
+    return Plan(job, started, inputs, tasks, record_path, fields)
+
+
+# --- running ----------------------------------------------------------------------------------
+def _read_counts(client: Any) -> dict[str, dict[str, int]]:
+    """The store's read counters of this process and of each worker of ``client``."""
+    out = {"local": store_mod.read_counts()}
+    if client is not None:
+        try:
+            out.update(client.run(store_mod.read_counts))
+        except Exception:  # noqa: BLE001 - a worker lost while asked: its reads are not known
+            pass
+    return out
+
+
+def _reads_between(before: dict, after: dict) -> dict[str, int]:
+    total = dict.fromkeys(store_mod.read_counts(), 0)
+    for who, counts in after.items():
+        was = before.get(who, {})
+        for k, v in counts.items():
+            total[k] += v - was.get(k, 0) if v >= was.get(k, 0) else v  # (a restarted worker: from zero)
+    return total
+
+
+@contextlib.contextmanager
+def cluster(job: Job, scheduler: str | None = None, quiet: bool = True) -> Iterator[Any]:
+    """The client the job runs on: ``scheduler`` (the command line's), else the job's
+    ``[cluster] scheduler``, else a local cluster of ``[cluster] workers`` processes, else the
+    default (``DASK_SCHEDULER_ADDRESS``, else local threads: ``None``)."""
+    from l5dask.core.cluster import connect
+
+    c = job.cluster
+    if scheduler is None and c["scheduler"] is None and c["workers"]:
+        from distributed import Client, LocalCluster
+
+        kw = {"memory_limit": c["memory-limit"]} if c["memory-limit"] else {}
+        with (
+            LocalCluster(
+                n_workers=c["workers"],
+                threads_per_worker=c["threads-per-worker"],
+                processes=True,
+                dashboard_address=None,
+                host="127.0.0.1",
+                **kw,
+            ) as local,
+            Client(local, set_as_default=False) as client,
+        ):
+            yield client
+        return
+    with connect(scheduler or c["scheduler"], quiet=quiet) as client:
+        yield client
+
+
+def execute(
+    p: Plan,
+    ctx: Context,
+    *,
+    say: Callable[[str], None] = print,
+    fail: Callable[[str], None] = print,
+    cache: Callable[[], dict] | None = None,
+) -> dict:
+    """Run the plan's analyses; return the run record (also written where the plan says).
+
+    ``say`` is told each analysis written, ``fail`` each failure (one line each); ``cache``, when
+    given, returns the cache's counts for the record."""
+    t0 = time.perf_counter()
+    before = _read_counts(ctx.client)
+    entries = []
+    for name, inp in p.inputs.items():
+        tasks = [t for t in p.tasks if t.dataset == name]
+        if not tasks:
+            continue
+        results = _run_dataset(inp, tasks, ctx)
+        for t, (result, seconds) in zip(tasks, results):
+            entry: dict[str, Any] = {
+                "analysis": t.analysis.name,
+                "kind": t.analysis.kind.name,
+                "dataset": name,
+                "outputs": t.outputs,
+                "seconds": round(seconds, 3),
+            }
+            if isinstance(result, BaseException):
+                entry.update(status="failed", error=one_line(result))
+                fail(f"{t.analysis.name} on {name}: {one_line(result)}")
+            else:
+                entry.update(status="written", **({"result": result} if result else {}))
+                say(f"{t.analysis.name} on {name}: wrote {', '.join(t.outputs.values())} ({seconds:.1f} s)")
+            entries.append(entry)
+    finished = datetime.datetime.now(datetime.timezone.utc)
+    record = {
+        "version": RECORD_VERSION,
+        "job": {"name": p.job.name, "file": os.path.abspath(p.job.source.name), **p.fields},
+        "started": p.started.isoformat(timespec="seconds"),
+        "finished": finished.isoformat(timespec="seconds"),
+        "seconds": round(time.perf_counter() - t0, 3),
+        "status": "written" if all(e["status"] == "written" for e in entries) else "failed",
+        "inputs": [
+            {"dataset": inp.name, "url": inp.url, "fingerprint": _fingerprint(inp)} for inp in p.inputs.values()
+        ],
+        "analyses": entries,
+        "reads": _reads_between(before, _read_counts(ctx.client)),
+        "cache": cache() if cache is not None else None,
+    }
+    if p.record:
+        write_record(record, p.record, p.job.storage_options)
+    return record
+
+
+def _fingerprint(inp: Input) -> Any:
+    """What identifies a dataset (its analyses' kind says), else its URL."""
+    return inp.fingerprint(inp.ds) if inp.fingerprint is not None else {"url": inp.url}
+
+
+def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any, float]]:
+    """Each task's record (or the exception that failed it) and its seconds."""
+    kinds = {t.analysis.kind.together for t in tasks}
+    if len(tasks) > 1 and len(kinds) == 1 and None not in kinds:
+        together = tasks[0].analysis.kind.together
+        assert together is not None
+        t0 = time.perf_counter()
+        try:
+            results = together(inp.ds, [(t.analysis.kind, t.analysis.params, t.outputs) for t in tasks], ctx)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the pass failed: every analysis of it did
+            results = [exc] * len(tasks)
+        took = time.perf_counter() - t0
+        return [(r, took) for r in results]
+    out = []
+    for t in tasks:
+        t0 = time.perf_counter()
+        try:
+            result: Any = t.analysis.kind.run(inp.ds, t.analysis.params, t.outputs, ctx)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # noqa: BLE001 - one analysis failed: said, and the others run
+            result = exc
+        out.append((result, time.perf_counter() - t0))
+    return out
+
+
+def one_line(exc: BaseException) -> str:
+    """An analysis' failure in one line (an error that is not a user's says its type too)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, L5DaskError):
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def write_record(record: dict, path: str, storage_options: dict | None = None) -> None:
+    from l5dask.core.outputs import atomic_write
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(json_text(record, indent=1))
+
+    atomic_write(path, write, storage_options)

@@ -1,0 +1,180 @@
+"""The prediction data's analyses a job file can run (``l5dask run``, :mod:`l5dask.core.jobfile`):
+``report``, ``catalog``, ``aggregate`` and ``export``, each declared once (its keys, its check
+before any pass, how it runs and writes its outputs) and registered in the job's registry."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from l5dask.core.jobfile import Key, Kind, register
+from l5dask.core.outputs import table_format, write_json, write_table
+from l5dask.errors import UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.aggregation import MAX_GROUPS, aggregate_result, parse_values, where_columns
+from l5dask.prediction.catalog import DEFAULT_TZ, check_tz, fingerprint, write_catalog
+from l5dask.prediction.catalog import catalog as make_catalog
+from l5dask.prediction.columns import Table
+from l5dask.prediction.dataset import open_dataset
+from l5dask.prediction.exports import FORMATS, export
+from l5dask.prediction.groupby import QUANTILE_BITS
+from l5dask.prediction.html import write_html
+from l5dask.prediction.report import compute_report, write_scene_table
+
+
+def open_l5(url: str, storage_options: dict) -> Any:
+    """A job's dataset: an L5Kit zarr dataset (its metadata read; refused if there is none)."""
+    return open_dataset(url, storage_options=storage_options)
+
+
+def _pass_kw(ctx: Any) -> dict:
+    return {"client": ctx.client, "chunks_per_task": ctx.chunks_per_task, "progress": ctx.progress}
+
+
+def _suffix(path: str | None, allowed: tuple[str, ...], what: str) -> None:
+    if path and not any(path.lower().endswith(e) for e in allowed):
+        raise UsageError(f"{what} {path!r}: name the file {' or '.join('*' + e for e in allowed)}")
+
+
+# --- the report ---------------------------------------------------------------------------------
+def check_report(ds: Any, params: dict) -> None:
+    _suffix(params["output"], (".json",), "output")
+    _suffix(params["html"], (".html", ".htm"), "html")
+    _suffix(params["scenes-table"], (".parquet",), "scenes-table")
+
+
+def run_report(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
+    t0 = time.perf_counter()
+    report = compute_report(ds, **_pass_kw(ctx))
+    options = ctx.storage_options
+    if "output" in outputs:
+        write_json(report, outputs["output"], options)
+    if "html" in outputs:
+        write_html(report, outputs["html"], elapsed_s=time.perf_counter() - t0, storage_options=options)
+    if "scenes-table" in outputs:
+        write_scene_table(report, outputs["scenes-table"], options)
+    return {"agents": report["counts"]["agents"], "scenes": report["counts"]["scenes"]}
+
+
+REPORT = register(
+    Kind(
+        "report",
+        "the statistics report (``l5dask stats``, ``l5dask report``)",
+        (
+            Key("output", "template", "the report as JSON (``*.json``)"),
+            Key("html", "template", "the report as a self-contained HTML page (``*.html``)"),
+            Key("scenes-table", "template", "the per-scene table (``*.parquet``)"),
+        ),
+        open=open_l5,
+        run=run_report,
+        check=check_report,
+        fingerprint=fingerprint,
+    )
+)
+
+
+# --- the catalog --------------------------------------------------------------------------------
+def check_catalog(ds: Any, params: dict) -> None:
+    _suffix(params["output"], (".parquet",), "output")
+    check_tz(params["tz"])
+
+
+def run_catalog(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
+    table = make_catalog(ds, tz=params["tz"], **_pass_kw(ctx))
+    write_catalog(table, outputs["output"], ctx.storage_options, overwrite=True)
+    return {"scenes": len(table)}
+
+
+CATALOG = register(
+    Kind(
+        "catalog",
+        "the scene catalog (``l5dask catalog``): a row per scene, as Parquet",
+        (
+            Key("output", "template", "the catalog (``*.parquet``)", required=True),
+            Key("tz", "str", "the time zone (IANA name) of the local hour and weekday", default=DEFAULT_TZ),
+        ),
+        open=open_l5,
+        run=run_catalog,
+        check=check_catalog,
+        fingerprint=fingerprint,
+    )
+)
+
+
+# --- aggregations -------------------------------------------------------------------------------
+def check_aggregate(ds: Any, params: dict) -> None:
+    table_format(params["output"])
+    table = Table(ds, params["array"])
+    table.resolve(params["by"], "group column")
+    parse_values(params["values"], table)
+    if params["where"] is not None:
+        where_columns(params["where"], table)
+    if not 0 <= params["quantile-bits"] <= 52:
+        raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
+
+
+def run_aggregate(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
+    result = aggregate_result(
+        ds,
+        params["array"],
+        by=params["by"],
+        values=params["values"],
+        where=params["where"],
+        max_groups=params["max-groups"],
+        quantile_bits=params["quantile-bits"],
+        **_pass_kw(ctx),
+    )
+    table = result.to_arrow()
+    write_table(table, outputs["output"], ctx.storage_options)
+    return {"groups": table.num_rows}
+
+
+AGGREGATE = register(
+    Kind(
+        "aggregate",
+        "an aggregation (``l5dask agg``): rows of one array grouped, columns reduced",
+        (
+            Key("output", "template", "the groups as a table (``*.parquet`` or ``*.csv``)", required=True),
+            Key(
+                "array",
+                "str",
+                "the array whose rows are grouped",
+                default="agents",
+                choices=tuple(fmt.SHORT_NAMES[n] for n in fmt.ARRAY_NAMES),
+            ),
+            Key("by", "strings", "the columns to group by (``[]``: one group)", default=[]),
+            Key("values", "reductions", 'each column and its reductions: ``speed = ["mean", "q99"]``', required=True),
+            Key("where", "str", 'keep the rows where this holds, e.g. ``"distance_to_ego < 20"``'),
+            Key("max-groups", "int", "refuse groupings that may make more groups", default=MAX_GROUPS, minimum=1),
+            Key("quantile-bits", "int", "mantissa bits of the quantile sketch (52: exact)", default=QUANTILE_BITS),
+        ),
+        open=open_l5,
+        run=run_aggregate,
+        check=check_aggregate,
+        fingerprint=fingerprint,
+    )
+)
+
+
+# --- exports ------------------------------------------------------------------------------------
+def run_export(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
+    rows = export(
+        ds, outputs["output"], params["format"], storage_options=ctx.storage_options, overwrite=True, **_pass_kw(ctx)
+    )
+    return {"rows": rows}
+
+
+EXPORT = register(
+    Kind(
+        "export",
+        "every array in a columnar format (``l5dask export``): Parquet or zarr v3",
+        (
+            Key("output", "template", "the export's folder", required=True),
+            Key("format", "str", "``parquet`` or ``zarr3``", default="parquet", choices=tuple(FORMATS)),
+        ),
+        open=open_l5,
+        run=run_export,
+        folders=("output",),
+        fingerprint=fingerprint,
+    )
+)
