@@ -1,0 +1,421 @@
+"""``l5dask run JOB``: the job file checked whole (one line naming the file and the line), the
+analyses' outputs equal to what each one's own function computes, failures one line each with the
+others written, the run record (inputs' fingerprints, outputs, bytes read) and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import l5dask
+from l5dask.core import jobfile
+from l5dask.core.jobfile import JobError
+from l5dask.jobs import load_job, run_job
+from l5dask.prediction.catalog import fingerprint
+from l5dask.prediction.report import compute_report
+from tests import damage
+from tests.conftest import read_all
+
+DATE = "2026-01-02"
+
+JOB = """\
+[run]
+name = "nightly"
+record = "{out}/{{date}}/run.json"
+date = "2026-01-02"
+
+[datasets]
+small = "{ds}"
+
+[analyses.report]
+kind = "report"
+output = "{out}/{{date}}/{{dataset}}/report.json"
+scenes-table = "{out}/{{date}}/{{dataset}}/scenes.parquet"
+
+[analyses.catalog]
+kind = "catalog"
+output = "{out}/{{date}}/{{dataset}}/catalog.parquet"
+
+[analyses.speeds]
+kind = "aggregate"
+by = ["label"]
+values = {{ speed = ["mean", "max"], extent_length = "q99" }}
+where = "distance_to_ego < 50"
+output = "{out}/{{date}}/{{dataset}}/speeds.parquet"
+
+[analyses.frames]
+kind = "aggregate"
+array = "frames"
+by = "scene_index"
+values = {{ num_agents = "sum" }}
+output = "{out}/{{date}}/{{dataset}}/frames.csv"
+
+[analyses.mask]
+kind = "select-agents"
+output = "{out}/{{date}}/{{dataset}}/mask"
+report = "{out}/{{date}}/{{dataset}}/mask.json"
+"""
+
+
+def cli(*args, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "run", *map(str, args)], capture_output=True, text=True, **kw
+    )
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def stored_bytes(ds_path: str, arrays=("scenes", "frames", "agents", "traffic_light_faces")) -> int:
+    return sum(f.stat().st_size for a in arrays for f in (Path(ds_path) / a).iterdir() if not f.name.startswith("."))
+
+
+def test_a_job_writes_each_analysis_as_its_own_function_computes_it(small_ds, tmp_path):
+    out = tmp_path / "out"
+    job = write(tmp_path / "job.toml", JOB.format(ds=small_ds, out=out))
+    r = cli(job, "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    day = out / DATE / "small"
+    # the report, byte for byte as `l5dask stats -o` writes it
+    ref = tmp_path / "ref.json"
+    l5dask.prediction.report.write_json(compute_report(small_ds), str(ref))
+    assert (day / "report.json").read_bytes() == ref.read_bytes()
+    assert pq.read_table(day / "scenes.parquet").num_rows == json.loads(ref.read_text())["counts"]["scenes"]
+    # the catalog, the aggregations
+    pd.testing.assert_frame_equal(pd.read_parquet(day / "catalog.parquet"), l5dask.catalog(small_ds))
+    want = l5dask.aggregate(
+        small_ds, "agents", by="label", values={"speed": ["mean", "max"], "extent_length": ["q99"]},
+        where="distance_to_ego < 50",
+    )  # fmt: skip
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(day / "speeds.parquet"), want, check_dtype=False, check_categorical=False
+    )
+    frames = pd.read_csv(day / "frames.csv")
+    got = np.asarray(frames["num_agents_sum"])
+    raw = read_all(small_ds)
+    num = np.diff(raw["frames"]["agent_index_interval"], axis=1)[:, 0]
+    np.testing.assert_array_equal(got, [num[a:b].sum() for a, b in raw["scenes"]["frame_index_interval"]])
+    # the mask: L5Kit's report and the mask array as select-agents writes them elsewhere
+    from l5dask.evaluation.agents import select_agents
+
+    rep = select_agents(small_ds, output=str(tmp_path / "refmask"))
+    assert json.loads((day / "mask.json").read_text()) == json.loads(l5dask.core.outputs.json_text(rep))
+    for f in os.listdir(tmp_path / "refmask"):
+        assert (day / "mask" / f).read_bytes() == (tmp_path / "refmask" / f).read_bytes(), f
+    # the record
+    record = json.loads((out / DATE / "run.json").read_text())
+    assert record["status"] == "written" and record["job"]["name"] == "nightly" and record["job"]["date"] == DATE
+    assert record["inputs"] == [
+        {
+            "dataset": "small",
+            "url": small_ds,
+            "fingerprint": json.loads(json.dumps(fingerprint(l5dask.open_dataset(small_ds)))),
+        }
+    ]
+    assert [(a["analysis"], a["status"]) for a in record["analyses"]] == [
+        (n, "written") for n in ("report", "catalog", "speeds", "frames", "mask")
+    ]
+    assert record["analyses"][0]["outputs"] == {
+        "output": str(day / "report.json"),
+        "scenes-table": str(day / "scenes.parquet"),
+    }
+    # every stored chunk was read (at least once), the metadata apart
+    assert record["reads"]["bytes"] >= stored_bytes(small_ds)
+    assert record["reads"]["metadata_objects"] >= 5
+    assert [line.split(":")[0] for line in r.stdout.splitlines()] == [
+        f"{n} on small" for n in ("report", "catalog", "speeds", "frames", "mask")
+    ]
+
+
+def test_toml_and_yaml_say_the_same_job(small_ds, tmp_path):
+    import tomllib
+
+    import yaml
+
+    text = JOB.format(ds=small_ds, out=tmp_path / "out")
+    write(tmp_path / "job.yaml", yaml.safe_dump(tomllib.loads(text), sort_keys=False))
+    a, b = jobfile.load(tmp_path / "job.yaml"), jobfile.parse_toml(text, "job.toml")
+    assert a.data == b.data
+    # every key has its line, in both
+    assert a.line(("analyses", "speeds", "where")) == yaml_line(tmp_path / "job.yaml", "where:")
+    assert b.line(("analyses", "speeds", "where")) == 1 + text.splitlines().index('where = "distance_to_ego < 50"')
+    assert b.line(("analyses", "speeds", "values", "extent_length")) == b.line(("analyses", "speeds", "values"))
+
+
+def yaml_line(path: Path, start: str) -> int:
+    return 1 + [line.strip().startswith(start) for line in path.read_text().splitlines()].index(True)
+
+
+BAD = [
+    # (what, the job's text after [datasets], the line, the message)
+    (
+        "unknown-key-in-analysis",
+        '[analyses.r]\nkind = "report"\noutput = "r.json"\noutptu = "x"\n',
+        7,
+        "unknown key 'outptu' in [analyses.r] (kind report); the keys are: datasets, html, kind, output, scenes-table",
+    ),
+    (
+        "unknown-top-key",
+        '[analysis.r]\nkind = "report"\n',
+        4,
+        "unknown key 'analysis'; the keys are: run, cluster, cache, storage-options, datasets, analyses",
+    ),
+    (
+        "unknown-key-inline",
+        '[analyses.r]\nkind = "report"\noutput = "r.json"\n[cluster]\nworkers = 2\nthreads = 1\n',
+        9,
+        "unknown key 'threads' in [cluster]; the keys are: chunks-per-task, memory-limit, scheduler, "
+        "threads-per-worker, workers",
+    ),
+    (
+        "unknown-kind",
+        '[analyses.r]\nkind = "reprot"\n',
+        5,
+        "[analyses.r] kind: unknown kind 'reprot'; the kinds are: aggregate, catalog, export, report, select-agents",
+    ),
+    (
+        "wrong-type",
+        '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\noutput = "a.csv"\nmax-groups = "10"\n',
+        8,
+        "[analyses.a] (kind aggregate) max-groups: expected an integer, not a string '10'",
+    ),
+    (
+        "unknown-field",
+        '[analyses.r]\nkind = "report"\noutput = "{day}/r.json"\n',
+        6,
+        "[analyses.r] (kind report) output: unknown field {day}; the fields are: date, time, job, dataset, analysis",
+    ),
+    (
+        "unknown-column",
+        '[analyses.a]\nkind = "aggregate"\nby = "lable"\nvalues = { speed = "mean" }\noutput = "a.csv"\n',
+        4,
+        "[analyses.a] on small: unknown group column 'lable' for agents; the columns are: ",
+    ),
+    (
+        "writes-nothing",
+        '[analyses.r]\nkind = "report"\n',
+        4,
+        "[analyses.r] writes nothing: give output or html or scenes-table",
+    ),
+    (
+        "no-such-dataset-named",
+        '[analyses.r]\nkind = "report"\noutput = "r.json"\ndatasets = ["big"]\n',
+        7,
+        "[analyses.r] datasets: no dataset 'big'; the datasets are: small",
+    ),
+]
+
+
+@pytest.mark.parametrize("what, text, line, message", BAD, ids=[b[0] for b in BAD])
+def test_a_job_that_cannot_run_is_one_line_naming_the_file_and_the_line(small_ds, tmp_path, what, text, line, message):
+    job = write(tmp_path / "job.toml", f'[datasets]\nsmall = "{small_ds}"\n\n{text}')
+    r = cli(job, "-q", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+    assert r.stderr.startswith(f"l5dask: error: {job}:{line}: {message}"), r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["job.toml"]  # nothing written
+
+
+def test_an_unknown_key_in_yaml_names_its_line(small_ds, tmp_path):
+    job = write(
+        tmp_path / "job.yml",
+        f"""\
+        datasets:
+          small: {small_ds}
+        analyses:
+          r:
+            kind: catalog
+            output: r.parquet
+            timezone: UTC
+        """,
+    )
+    r = cli(job, "-q", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"l5dask: error: {job}:7: unknown key 'timezone' in [analyses.r] (kind catalog); "
+        "the keys are: datasets, kind, output, tz\n"
+    )
+
+
+def test_a_dataset_that_does_not_exist_is_refused_before_anything_runs(small_ds, tmp_path):
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+        gone = "{tmp_path}/gone.zarr"
+
+        [analyses.r]
+        kind = "report"
+        output = "{{dataset}}/r.json"
+        """,
+    )
+    r = cli(job, "-q", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == (f"l5dask: error: {job}:3: dataset gone: {tmp_path}/gone.zarr: no such file, folder or bucket\n")
+    assert sorted(os.listdir(tmp_path)) == ["job.toml"]
+    # a glob that matches nothing
+    write(job, f'[datasets]\nnightly = "{tmp_path}/drops/*.zarr"\n[analyses.r]\nkind = "report"\noutput = "r.json"\n')
+    r = cli(job, "-q", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr == f"l5dask: error: {job}:2: [datasets.nightly] path: '{tmp_path}/drops/*.zarr' matches nothing\n"
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(small_ds, tmp_path):
+    (tmp_path / "blocked").write_text("a file where a folder is needed")
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.c]
+        kind = "catalog"
+        output = "{tmp_path}/ok/c.parquet"
+
+        [analyses.r]
+        kind = "report"
+        output = "{tmp_path}/blocked/{{date}}/r.json"
+        """,
+    )
+    r = cli(job, "-q", "--date", DATE)
+    assert r.returncode == 2
+    assert r.stderr.startswith(
+        f"l5dask: error: {job}:10: [analyses.r] output on small: {tmp_path}/blocked/{DATE}/r.json: cannot make its folder"
+    ), r.stderr
+    assert not (tmp_path / "ok" / "c.parquet").exists()  # the catalog did not run
+    # two analyses writing one file
+    text = job.read_text().replace("blocked/{date}/r.json", "ok/c.parquet").replace('"report"', '"catalog"')
+    write(job, text)
+    r = cli(job, "-q")
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"l5dask: error: {job}:10: [analyses.r] output on small: {tmp_path}/ok/c.parquet is also written by "
+        "[analyses.c] output on small: put {dataset} (or {analysis}) in the template\n"
+    )
+
+
+def test_an_analysis_that_fails_is_one_line_and_the_others_are_written(small_ds, tmp_path):
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(small_ds, bad)
+    name, damage_fn, pattern = damage.CHUNK[-2]  # a truncated agents chunk
+    damage_fn(bad)
+    out = tmp_path / "out"
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [run]
+        record = "{out}/run.json"
+
+        [datasets]
+        bad = "{bad}"
+
+        [analyses.frames]
+        kind = "aggregate"
+        array = "frames"
+        values = {{ num_agents = "sum" }}
+        output = "{out}/frames.parquet"
+
+        [analyses.agents]
+        kind = "aggregate"
+        values = {{ speed = "mean" }}
+        output = "{out}/agents.parquet"
+        """,
+    )
+    r = cli(job, "-q")
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 2 and lines[1] == "l5dask: 1 of 2 analyses failed"
+    assert lines[0].startswith("l5dask: failed: agents on bad: ") and "array 'agents', chunk '0'" in lines[0], lines
+    assert (out / "frames.parquet").exists() and not (out / "agents.parquet").exists()
+    assert [p for p in os.listdir(out) if p.startswith(".")] == []  # no partial file left
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "failed"
+    assert [(a["analysis"], a["status"]) for a in record["analyses"]] == [("frames", "written"), ("agents", "failed")]
+    assert record["analyses"][1]["error"] == lines[0].removeprefix("l5dask: failed: agents on bad: ")
+
+
+def test_a_glob_makes_a_dataset_of_each_match_named_by_its_file(small_ds, default_ds, tmp_path):
+    drops = tmp_path / "drops"
+    drops.mkdir()
+    shutil.copytree(small_ds, drops / "2026-01-01.zarr")
+    shutil.copytree(default_ds, drops / "2026-01-02.zarr")
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        drops = "{drops}/*.zarr"
+
+        [analyses.count]
+        kind = "aggregate"
+        array = "scenes"
+        values = {{ scene_index = "count" }}
+        output = "{tmp_path}/out/{{dataset}}-{{analysis}}.csv"
+        """,
+    )
+    record = run_job(job)
+    assert [i["dataset"] for i in record["inputs"]] == ["2026-01-01", "2026-01-02"]
+    for name, src in (("2026-01-01", small_ds), ("2026-01-02", default_ds)):
+        got = pd.read_csv(tmp_path / "out" / f"{name}-count.csv")
+        assert got["scene_index_count"].tolist() == [len(l5dask.open_dataset(src)["scenes"])]
+
+
+def test_check_lists_the_plan_and_runs_nothing(small_ds, tmp_path):
+    out = tmp_path / "out"
+    job = write(tmp_path / "job.toml", JOB.format(ds=small_ds, out=out))
+    r = cli(job, "--check")
+    assert r.returncode == 0, r.stderr
+    assert (
+        r.stdout.splitlines()[0]
+        == f"report on small: {out}/{DATE}/small/report.json, {out}/{DATE}/small/scenes.parquet"
+    )
+    assert r.stdout.splitlines()[-1] == f"{job}: 5 analyses on 1 datasets: the job can run"
+    assert not any(p.is_file() for p in out.rglob("*"))
+
+
+def test_a_job_on_a_local_cluster_counts_the_workers_reads(small_ds, tmp_path):
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [cluster]
+        workers = 2
+
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.speeds]
+        kind = "aggregate"
+        values = {{ speed = ["mean"] }}
+        output = "{tmp_path}/speeds.parquet"
+        """,
+    )
+    record = run_job(job)
+    assert record["status"] == "written"
+    # the agents' chunks were read by the workers, and counted there
+    assert record["reads"]["bytes"] >= stored_bytes(small_ds, ("agents",))
+    want = l5dask.aggregate(small_ds, values={"speed": ["mean"]})
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "speeds.parquet"), want, check_dtype=False)
+
+
+def test_load_job_refuses_what_is_not_a_job(tmp_path):
+    with pytest.raises(JobError, match=r"job.json: a job file is TOML \(.toml\) or YAML"):
+        load_job(write(tmp_path / "job.json", "{}"))
+    with pytest.raises(JobError, match=r"job.toml:2: not valid TOML: "):
+        load_job(write(tmp_path / "job.toml", "[datasets]\nx = \n"))
+    with pytest.raises(JobError, match=r"job.yaml:2: not valid YAML: found character"):
+        load_job(write(tmp_path / "job.yaml", "datasets:\n\tx: 1\n"))
+    with pytest.raises(JobError, match=r"no-such.toml: no such job file"):
+        load_job(tmp_path / "no-such.toml")
