@@ -57,11 +57,11 @@ def _containers(obj):
 
 def test_every_yaml_loads():
     docs = yaml_docs()
-    assert {"docker-compose.yml", "dask.yaml", "k8s/daskcluster.yaml", "k8s/report-cronjob.yaml"} <= set(docs)
+    assert {"docker-compose.yml", "dask.yaml", "k8s/daskcluster.yaml", "k8s/nightly-cronjob.yaml"} <= set(docs)
     cluster = docs["k8s/daskcluster.yaml"][0]
     assert cluster["apiVersion"] == "kubernetes.dask.org/v1" and cluster["kind"] == "DaskCluster"
-    kinds = {d["kind"] for d in docs["k8s/report-cronjob.yaml"]}
-    assert kinds == {"CronJob", "PersistentVolumeClaim"}
+    kinds = {d["kind"] for d in docs["k8s/nightly-cronjob.yaml"]}
+    assert kinds == {"CronJob", "ConfigMap"}
 
 
 def test_every_image_is_ours_and_built_by_the_dockerfile():
@@ -113,12 +113,31 @@ def test_dask_config_is_what_the_code_reads():
     assert scheduler_address("tcp://x:1") == "tcp://x:1"
 
 
-def test_cronjob_writes_where_the_volume_is():
-    cron = [d for d in yaml_docs()["k8s/report-cronjob.yaml"] if d["kind"] == "CronJob"][0]
+def nightly() -> tuple[list[str], str, str]:
+    """The CronJob's command line, the job file it runs (the ConfigMap's) and that file's path."""
+    docs = yaml_docs()["k8s/nightly-cronjob.yaml"]
+    cron = [d for d in docs if d["kind"] == "CronJob"][0]
+    config = [d for d in docs if d["kind"] == "ConfigMap"][0]
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
-    mount = pod["containers"][0]["volumeMounts"][0]["mountPath"]
+    (volume,) = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == config["metadata"]["name"]]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
     argv = pod["containers"][0]["command"]
-    assert argv[argv.index("--output") + 1].startswith(mount + "/")
+    (name,) = config["data"]
+    return argv, config["data"][name], f"{mount['mountPath']}/{name}"
+
+
+def test_the_cronjob_runs_the_job_file_of_its_config_map_with_a_cache_in_a_bucket():
+    from l5dask.core import jobfile
+    from l5dask.jobs import SYSTEMS
+
+    assert SYSTEMS  # (the analyses registered)
+    argv, text, path = nightly()
+    assert argv[:3] == ["l5dask", "run", path]
+    job = jobfile.check(jobfile.parse_toml(text, "nightly.toml"))  # the schema's checks, no dataset opened
+    assert job.cache is not None and job.cache["url"].startswith("s3://")
+    outputs = [p for a in job.analyses.values() for k in a.kind.outputs if (p := a.params.get(k))]
+    assert outputs and all(p.startswith("s3://") and "{date}/{dataset}/" in p for p in outputs)
+    assert job.run["record"].startswith("s3://") and "{date}" in job.run["record"]
 
 
 def test_worker_settings_everywhere(dask_cluster):

@@ -12,7 +12,8 @@ warning, and a real browser renders it.
   a bucket of the reader's (``your-bucket``, which its page says) has a
   ``<!-- docs-test: bucket (why) -->`` line: it runs with the usual AWS environment naming a local
   S3 endpoint (moto's server) that has an empty ``your-bucket``; no other block sees that
-  environment.
+  environment. A block with a ``<!-- docs-test: file (NAME) -->`` line (a job file, in TOML or
+  YAML) is written to ``NAME`` in that folder, for the blocks after it.
 - ``python docs/build.py`` (``sphinx-build -W --keep-going -n``: every warning and broken reference
   an error) builds the site from the notebooks executed once here; the notebook tests check those
   same runs (tests/test_notebooks.py).
@@ -38,13 +39,13 @@ from .conftest import require
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
 FENCE = re.compile(r"^```(\w*)\s*$")
-MARK = re.compile(r"^<!-- docs-test: (skip|bucket) \((.+)\) -->$")
+MARK = re.compile(r"^<!-- docs-test: (skip|bucket|file) \((.+)\) -->$")
 BUCKET = "your-bucket"  # the bucket the examples say stands for the reader's
 
 
 def blocks(path: Path) -> list[tuple[int, str, str, tuple[str, str] | None]]:
     """``(line, language, code, mark)`` of each fenced block of a Markdown page, ``mark`` the
-    ``(kind, why)`` of its ``docs-test`` line (``skip`` or ``bucket``) or None."""
+    ``(kind, why)`` of its ``docs-test`` line (``skip``, ``bucket`` or ``file``) or None."""
     out, lines, i = [], path.read_text().splitlines(), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -100,8 +101,13 @@ import os, subprocess, sys, traceback
 blocks = eval(open(sys.argv[1]).read())
 bucket_env = eval(open(sys.argv[3]).read())
 ns = {"__name__": "__docs__"}
-for line, lang, code, bucket in blocks:
+for line, lang, code, mark in blocks:
     where = f"{sys.argv[2]}:{line}"
+    if mark and mark[0] == "file":
+        with open(mark[1], "w") as f:
+            f.write(code)
+        continue
+    bucket = bool(mark and mark[0] == "bucket")
     saved = dict(os.environ)
     if bucket:
         os.environ.update(bucket_env)
@@ -138,15 +144,15 @@ def test_every_example_of_the_page_runs(page, after_first_command, s3, tmp_path)
         if re.search(r"s3://(?!(your-bucket|bucket)/)[a-z0-9][a-z0-9.-]{2,}/", code) and mark is None:
             pytest.fail(f"{page.name}:{line}: a bucket the reader does not have (say your-bucket, and mark the block)")
     runnable = [
-        (line, lang, code, mark is not None)
+        (line, lang, code, mark)
         for line, lang, code, mark in found
-        if lang in ("python", "console") and (mark is None or mark[0] == "bucket")
+        if (lang in ("python", "console") and (mark is None or mark[0] == "bucket")) or (mark and mark[0] == "file")
     ]
     if not runnable:
         pytest.skip("no runnable block")
     work = tmp_path / "work"
     shutil.copytree(after_first_command, work, copy_function=os.link)
-    if any(bucket for *_, bucket in runnable):
+    if any(mark and mark[0] == "bucket" for *_, mark in runnable):
         s3.make_bucket(BUCKET)
         fs = s3.s3fs()
         if fs.exists(BUCKET):  # empty, as a reader's new bucket (pages do not see each other's objects)

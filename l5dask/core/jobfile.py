@@ -351,7 +351,7 @@ def _checked_table(src: Source, path: Path, value: Any, keys: tuple[Key, ...], w
         p = (*path, key.name)
         if key.name not in value:
             if key.required:
-                raise src.error(path, f"{what} has no {key.name!r} ({key.doc})")
+                raise src.error(path, f"{what} has no {key.name!r} ({key.doc.replace('``', '')})")
             out[key.name] = key.default
             continue
         out[key.name] = _checked_value(src, p, value[key.name], key, what)

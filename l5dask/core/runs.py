@@ -10,7 +10,7 @@ over its chunks), else one after the other. An analysis that fails is one line a
 the record; the others are written. Every output is written whole or not at all (each kind writes
 through :func:`l5dask.core.outputs.atomic_output`).
 
-The run record (JSON, :func:`l5dask.core.outputs.json_text`) says what ran on what: the job, the
+The run record (strict JSON, ``l5dask.core.outputs.json_text``) says what ran on what: the job, the
 start and end, each input with its fingerprint, each analysis' outputs, status and time, the bytes
 read by every process that read (the store's counters, :func:`l5dask.core.store.read_counts`) and
 the cache's counts.
