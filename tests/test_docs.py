@@ -139,7 +139,7 @@ def test_every_example_of_the_page_runs(page, after_first_command, s3, tmp_path)
             pytest.fail(f"{page.name}:{line}: a CLI example in a bash block: make it a console block, or mark it")
         if BUCKET not in code and mark and mark[0] == "bucket":
             pytest.fail(f"{page.name}:{line}: a block marked as needing a bucket names no {BUCKET}")
-        if BUCKET in code and not (mark and mark[0] in ("bucket", "skip")):
+        if BUCKET in code and not (mark and mark[0] in ("bucket", "skip", "file")):
             pytest.fail(f"{page.name}:{line}: a block that reads {BUCKET} needs a docs-test: bucket line")
         if re.search(r"s3://(?!(your-bucket|bucket)/)[a-z0-9][a-z0-9.-]{2,}/", code) and mark is None:
             pytest.fail(f"{page.name}:{line}: a bucket the reader does not have (say your-bucket, and mark the block)")

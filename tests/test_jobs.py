@@ -419,3 +419,25 @@ def test_load_job_refuses_what_is_not_a_job(tmp_path):
         load_job(write(tmp_path / "job.yaml", "datasets:\n\tx: 1\n"))
     with pytest.raises(JobError, match=r"no-such.toml: no such job file"):
         load_job(tmp_path / "no-such.toml")
+
+
+def test_the_reference_page_documents_every_key_of_the_schema():
+    """docs/jobs.md has a table of each table of the schema, listing each of its keys."""
+    import re
+
+    page = (Path(__file__).parent.parent / "docs" / "jobs.md").read_text()
+    sections = re.split(r"^#{2,4} ", page, flags=re.M)
+    titles = {s.splitlines()[0].strip(): s for s in sections[1:]}
+
+    def keys_of(title: str) -> set[str]:
+        return set(re.findall(r"^\| `([a-z-]+)` \|", titles[title], flags=re.M))
+
+    common = keys_of("`[analyses]`")
+    for section, keys in jobfile.schema_keys().items():
+        if section.startswith("[analyses.NAME]"):
+            kind = section.split("'")[1]
+            documented = keys_of(f'`kind = "{kind}"`') | common
+        else:
+            documented = keys_of(f"`{section.replace('.NAME', '')}`")
+        assert {k.name for k in keys} == documented, section
+    assert set(re.findall(r"^\| `([a-z]+)` \|", titles["Templates"], flags=re.M)) == set(jobfile.FIELDS)
