@@ -1,6 +1,6 @@
 """The job file of ``l5dask run``: read (TOML or YAML), checked against its schema with the line of
 each key, its output templates expanded. It knows no dataset format: the analyses a job can run
-are declared by the systems (:class:`Kind`, registered in :data:`ANALYSES`; the prediction system
+are declared by the systems (:class:`Kind`, registered in ``ANALYSES``; the prediction system
 registers the report, the catalog, the aggregations and the exports, evaluation ``select-agents``).
 
 A job is refused before anything runs, in one line that names the file and the line: an unknown
@@ -422,7 +422,7 @@ def expand(template: str, fields: Mapping[str, str]) -> str:
 
 
 def check(src: Source) -> Job:
-    """The job, checked (one :class:`JobError` naming the file and the line for the first fault)."""
+    """The job, checked (one :class:`~l5dask.core.jobfile.JobError` naming the file and the line for the first fault)."""
     data = src.data
     if not isinstance(data, Mapping):
         raise src.error((), "a job file is a table of tables (run, cluster, cache, datasets, analyses)")

@@ -144,7 +144,7 @@ def _check_output(path: str, folder: bool, options: dict) -> None:
 
 
 def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None = None) -> Plan:
-    """The job's plan, checked whole before anything runs (one :class:`JobError` for the first
+    """The job's plan, checked whole before anything runs (one :class:`~l5dask.core.jobfile.JobError` for the first
     fault: the file and the line where it is said)."""
     src = job.source
     started = now or datetime.datetime.now(datetime.timezone.utc)
