@@ -441,3 +441,53 @@ def test_the_reference_page_documents_every_key_of_the_schema():
             documented = keys_of(f"`{section.replace('.NAME', '')}`")
         assert {k.name for k in keys} == documented, section
     assert set(re.findall(r"^\| `([a-z]+)` \|", titles["Templates"], flags=re.M)) == set(jobfile.FIELDS)
+
+
+def test_the_analyses_of_a_dataset_run_in_one_pass(small_ds, tmp_path):
+    """The report, the catalog and two aggregations of one dataset read its chunks once (the
+    frames, whose rows the others join, a few times): four separate passes would read every
+    agent chunk three times."""
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.report]
+        kind = "report"
+        output = "{tmp_path}/report.json"
+
+        [analyses.catalog]
+        kind = "catalog"
+        output = "{tmp_path}/catalog.parquet"
+
+        [analyses.speeds]
+        kind = "aggregate"
+        by = ["scene_index", "label"]
+        values = {{ speed = ["mean", "max"] }}
+        output = "{tmp_path}/speeds.parquet"
+
+        [analyses.frames]
+        kind = "aggregate"
+        array = "frames"
+        values = {{ num_agents = "sum" }}
+        output = "{tmp_path}/frames.parquet"
+        """,
+    )
+    record = run_job(job)
+    assert record["status"] == "written"
+    every, frames, agents = (
+        stored_bytes(small_ds),
+        stored_bytes(small_ds, ("frames",)),
+        stored_bytes(small_ds, ("agents",)),
+    )
+    assert every <= record["reads"]["bytes"] <= every + 3 * frames < 2 * agents + every
+    # the same results as each one's own function
+    ref = tmp_path / "ref.json"
+    l5dask.prediction.report.write_json(compute_report(small_ds), str(ref))
+    assert (tmp_path / "report.json").read_bytes() == ref.read_bytes()
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "catalog.parquet"), l5dask.catalog(small_ds))
+    want = l5dask.aggregate(small_ds, by=["scene_index", "label"], values={"speed": ["mean", "max"]})
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "speeds.parquet"), want, check_dtype=False, check_categorical=False
+    )

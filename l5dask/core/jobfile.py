@@ -1,7 +1,8 @@
 """The job file of ``l5dask run``: read (TOML or YAML), checked against its schema with the line of
 each key, its output templates expanded. It knows no dataset format: the analyses a job can run
-are declared by the systems (:class:`Kind`, registered in ``ANALYSES``; the prediction system
-registers the report, the catalog, the aggregations and the exports, evaluation ``select-agents``).
+are declared by the systems (:class:`Kind`, registered in ``ANALYSES`` by their ``jobs`` modules:
+prediction's the report, the catalog, the aggregations and the exports, evaluation's
+``select-agents``).
 
 A job is refused before anything runs, in one line that names the file and the line: an unknown
 key (with the keys that exist there), a value of the wrong type, an unknown analysis kind, a
@@ -78,7 +79,7 @@ class Kind:
         return tuple(k.name for k in self.keys if k.type == "template")
 
 
-#: The analyses a job can run, by kind (filled by the systems' ``analyses`` modules).
+#: The analyses a job can run, by kind (filled by the systems' ``jobs`` modules).
 ANALYSES: dict[str, Kind] = {}
 
 

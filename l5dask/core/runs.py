@@ -6,8 +6,9 @@ dataset that does not exist is refused here), asks each analysis' kind to check 
 dataset, expands the outputs' templates, refuses two analyses writing one file, and checks every
 output can be written (a local output's folders are made). Only then does :func:`execute` run the
 analyses: all of one dataset together when their system declares how (``Kind.together``: one pass
-over its chunks), else one after the other. An analysis that fails is one line and one entry of
-the record; the others are written. Every output is written whole or not at all (each kind writes
+over its chunks), the others one after the other. When a pass of several analyses fails, each of
+them is run alone (what the fault does not touch is written). An analysis that fails is one line
+and one entry of the record; the others are written. Every output is written whole or not at all (each kind writes
 through :func:`l5dask.core.outputs.atomic_output`).
 
 The run record (strict JSON, ``l5dask.core.outputs.json_text``) says what ran on what: the job, the
@@ -29,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from l5dask.core import store as store_mod
+from l5dask.core.cluster import connect
 from l5dask.core.jobfile import Analysis, Job, JobError, expand
-from l5dask.core.outputs import check_writable, json_text
+from l5dask.core.outputs import atomic_write, check_writable, filesystem, json_text
 from l5dask.errors import L5DaskError
 
 #: The run record's format.
@@ -101,8 +103,6 @@ def expand_datasets(job: Job) -> list[tuple[str, str, dict, tuple]]:
             out.append((d.name, d.path, options, d.line))
             continue
         if "://" in d.path and not d.path.startswith("file://"):
-            from l5dask.core.outputs import filesystem
-
             try:
                 fs, pattern = filesystem(d.path, options)
                 protocol = d.path.split("://", 1)[0]
@@ -239,8 +239,6 @@ def cluster(job: Job, scheduler: str | None = None, quiet: bool = True) -> Itera
     """The client the job runs on: ``scheduler`` (the command line's), else the job's
     ``[cluster] scheduler``, else a local cluster of ``[cluster] workers`` processes, else the
     default (``DASK_SCHEDULER_ADDRESS``, else local threads: ``None``)."""
-    from l5dask.core.cluster import connect
-
     c = job.cluster
     if scheduler is None and c["scheduler"] is None and c["workers"]:
         from distributed import Client, LocalCluster
@@ -324,31 +322,40 @@ def _fingerprint(inp: Input) -> Any:
 
 
 def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any, float]]:
-    """Each task's record (or the exception that failed it) and its seconds."""
-    kinds = {t.analysis.kind.together for t in tasks}
-    if len(tasks) > 1 and len(kinds) == 1 and None not in kinds:
-        together = tasks[0].analysis.kind.together
-        assert together is not None
+    """Each task's record (or the exception that failed it) and its seconds: the tasks whose kinds
+        run together (the same ``Kind.together``) in one call, the others one after the other. When a pass of several analyses fails, each of them is run alone
+    (what the fault does not touch is written)."""
+    results: dict[int, tuple[Any, float]] = {}
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(tasks):
+        groups.setdefault(t.analysis.kind.together or ("alone", i), []).append(i)
+    for key, members in groups.items():
         t0 = time.perf_counter()
-        try:
-            results = together(inp.ds, [(t.analysis.kind, t.analysis.params, t.outputs) for t in tasks], ctx)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the pass failed: every analysis of it did
-            results = [exc] * len(tasks)
+        if callable(key):
+            try:
+                got = key(
+                    inp.ds, [(tasks[i].analysis.kind, tasks[i].analysis.params, tasks[i].outputs) for i in members], ctx
+                )
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the pass failed: each analysis is run alone,
+                # so that those the fault does not touch (another array's) are written
+                got = [exc] if len(members) == 1 else [_alone(inp, tasks[i], ctx) for i in members]
+        else:
+            got = [_alone(inp, tasks[members[0]], ctx)]
         took = time.perf_counter() - t0
-        return [(r, took) for r in results]
-    out = []
-    for t in tasks:
-        t0 = time.perf_counter()
-        try:
-            result: Any = t.analysis.kind.run(inp.ds, t.analysis.params, t.outputs, ctx)
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except Exception as exc:  # noqa: BLE001 - one analysis failed: said, and the others run
-            result = exc
-        out.append((result, time.perf_counter() - t0))
-    return out
+        for i, r in zip(members, got):
+            results[i] = (r, took)
+    return [results[i] for i in range(len(tasks))]
+
+
+def _alone(inp: Input, t: Task, ctx: Context) -> Any:
+    try:
+        return t.analysis.kind.run(inp.ds, t.analysis.params, t.outputs, ctx)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - said in the record and in one line
+        return exc
 
 
 def one_line(exc: BaseException) -> str:
@@ -360,8 +367,6 @@ def one_line(exc: BaseException) -> str:
 
 
 def write_record(record: dict, path: str, storage_options: dict | None = None) -> None:
-    from l5dask.core.outputs import atomic_write
-
     def write(tmp: str) -> None:
         with open(tmp, "w") as f:
             f.write(json_text(record, indent=1))

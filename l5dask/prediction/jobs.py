@@ -1,9 +1,14 @@
 """The prediction data's analyses a job file can run (``l5dask run``, :mod:`l5dask.core.jobfile`):
 ``report``, ``catalog``, ``aggregate`` and ``export``, each declared once (its keys, its check
-before any pass, how it runs and writes its outputs) and registered in the job's registry."""
+before any pass, how it runs and writes its outputs) and registered in the job's registry.
+
+The report, the catalog and the aggregations of one dataset run together, in one pass
+(:func:`~l5dask.prediction.analyses.analyze`): each stored chunk is read and decoded once
+whatever their number. An export writes as it reads: it runs alone."""
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -11,15 +16,15 @@ from l5dask.core.jobfile import Key, Kind, register
 from l5dask.core.outputs import table_format, write_json, write_table
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.aggregation import MAX_GROUPS, aggregate_result, parse_values, where_columns
+from l5dask.prediction.aggregation import MAX_GROUPS, parse_values, where_columns
+from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
 from l5dask.prediction.catalog import DEFAULT_TZ, check_tz, fingerprint, write_catalog
-from l5dask.prediction.catalog import catalog as make_catalog
 from l5dask.prediction.columns import Table
 from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.exports import FORMATS, export
 from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.html import write_html
-from l5dask.prediction.report import compute_report, write_scene_table
+from l5dask.prediction.report import write_scene_table
 
 
 def open_l5(url: str, storage_options: dict) -> Any:
@@ -43,34 +48,15 @@ def check_report(ds: Any, params: dict) -> None:
     _suffix(params["scenes-table"], (".parquet",), "scenes-table")
 
 
-def run_report(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
-    t0 = time.perf_counter()
-    report = compute_report(ds, **_pass_kw(ctx))
+def write_report(report: dict, params: dict, outputs: dict, ctx: Any, seconds: float) -> dict:
     options = ctx.storage_options
     if "output" in outputs:
         write_json(report, outputs["output"], options)
     if "html" in outputs:
-        write_html(report, outputs["html"], elapsed_s=time.perf_counter() - t0, storage_options=options)
+        write_html(report, outputs["html"], elapsed_s=seconds, storage_options=options)
     if "scenes-table" in outputs:
         write_scene_table(report, outputs["scenes-table"], options)
     return {"agents": report["counts"]["agents"], "scenes": report["counts"]["scenes"]}
-
-
-REPORT = register(
-    Kind(
-        "report",
-        "the statistics report (``l5dask stats``, ``l5dask report``)",
-        (
-            Key("output", "template", "the report as JSON (``*.json``)"),
-            Key("html", "template", "the report as a self-contained HTML page (``*.html``)"),
-            Key("scenes-table", "template", "the per-scene table (``*.parquet``)"),
-        ),
-        open=open_l5,
-        run=run_report,
-        check=check_report,
-        fingerprint=fingerprint,
-    )
-)
 
 
 # --- the catalog --------------------------------------------------------------------------------
@@ -79,26 +65,9 @@ def check_catalog(ds: Any, params: dict) -> None:
     check_tz(params["tz"])
 
 
-def run_catalog(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
-    table = make_catalog(ds, tz=params["tz"], **_pass_kw(ctx))
+def write_catalog_output(table: Any, params: dict, outputs: dict, ctx: Any, seconds: float) -> dict:
     write_catalog(table, outputs["output"], ctx.storage_options, overwrite=True)
     return {"scenes": len(table)}
-
-
-CATALOG = register(
-    Kind(
-        "catalog",
-        "the scene catalog (``l5dask catalog``): a row per scene, as Parquet",
-        (
-            Key("output", "template", "the catalog (``*.parquet``)", required=True),
-            Key("tz", "str", "the time zone (IANA name) of the local hour and weekday", default=DEFAULT_TZ),
-        ),
-        open=open_l5,
-        run=run_catalog,
-        check=check_catalog,
-        fingerprint=fingerprint,
-    )
-)
 
 
 # --- aggregations -------------------------------------------------------------------------------
@@ -113,20 +82,104 @@ def check_aggregate(ds: Any, params: dict) -> None:
         raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
 
 
-def run_aggregate(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
-    result = aggregate_result(
-        ds,
-        params["array"],
-        by=params["by"],
-        values=params["values"],
-        where=params["where"],
-        max_groups=params["max-groups"],
-        quantile_bits=params["quantile-bits"],
-        **_pass_kw(ctx),
-    )
-    table = result.to_arrow()
+class AggregateTable(Aggregate):
+    """An aggregation whose result is its Arrow table (what ``l5dask agg -o`` writes)."""
+
+    def result(self, ds: Any, out: Any) -> Any:
+        (result,) = out
+        return result.to_arrow()
+
+
+def write_aggregate(table: Any, params: dict, outputs: dict, ctx: Any, seconds: float) -> dict:
     write_table(table, outputs["output"], ctx.storage_options)
     return {"groups": table.num_rows}
+
+
+def analysis(kind: str, params: dict) -> Any:
+    """The analysis (:mod:`l5dask.prediction.analyses`) a job's ``[analyses.NAME]`` declares."""
+    if kind == "report":
+        return Report()
+    if kind == "catalog":
+        return Catalog(tz=params["tz"])
+    return AggregateTable(
+        params["array"],
+        params["by"],
+        params["values"],
+        params["where"],
+        max_groups=params["max-groups"],
+        quantile_bits=params["quantile-bits"],
+    )
+
+
+#: How each analysis run together writes its result.
+WRITERS = {"report": write_report, "catalog": write_catalog_output, "aggregate": write_aggregate}
+
+
+def run_together(ds: Any, members: list, ctx: Any) -> list:
+    """The job's report, catalog and aggregations of one dataset in one pass; each one's record
+    (or what failed its writing)."""
+    t0 = time.perf_counter()
+    named = {str(i): analysis(kind.name, params) for i, (kind, params, _) in enumerate(members)}
+    results = analyze(ds, named, **_pass_kw(ctx))
+    seconds = time.perf_counter() - t0
+    out: list = []
+    for i, (kind, params, outputs) in enumerate(members):
+        try:
+            out.append(WRITERS[kind.name](results[str(i)], params, outputs, ctx, seconds))
+        except Exception as exc:  # noqa: BLE001 - an output that failed: said, the others written
+            out.append(exc)
+    return out
+
+
+def run_one(ds: Any, params: dict, outputs: dict, ctx: Any, kind: str) -> dict:
+    (result,) = run_together(ds, [(KINDS[kind], params, outputs)], ctx)
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+# --- exports ------------------------------------------------------------------------------------
+def run_export(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
+    rows = export(
+        ds, outputs["output"], params["format"], storage_options=ctx.storage_options, overwrite=True, **_pass_kw(ctx)
+    )
+    return {"rows": rows}
+
+
+# --- the kinds, registered -------------------------------------------------------------------
+REPORT = register(
+    Kind(
+        "report",
+        "the statistics report (``l5dask stats``, ``l5dask report``)",
+        (
+            Key("output", "template", "the report as JSON (``*.json``)"),
+            Key("html", "template", "the report as a self-contained HTML page (``*.html``)"),
+            Key("scenes-table", "template", "the per-scene table (``*.parquet``)"),
+        ),
+        open=open_l5,
+        run=functools.partial(run_one, kind="report"),
+        together=run_together,
+        check=check_report,
+        fingerprint=fingerprint,
+    )
+)
+
+
+CATALOG = register(
+    Kind(
+        "catalog",
+        "the scene catalog (``l5dask catalog``): a row per scene, as Parquet",
+        (
+            Key("output", "template", "the catalog (``*.parquet``)", required=True),
+            Key("tz", "str", "the time zone (IANA name) of the local hour and weekday", default=DEFAULT_TZ),
+        ),
+        open=open_l5,
+        run=functools.partial(run_one, kind="catalog"),
+        together=run_together,
+        check=check_catalog,
+        fingerprint=fingerprint,
+    )
+)
 
 
 AGGREGATE = register(
@@ -149,19 +202,12 @@ AGGREGATE = register(
             Key("quantile-bits", "int", "mantissa bits of the quantile sketch (52: exact)", default=QUANTILE_BITS),
         ),
         open=open_l5,
-        run=run_aggregate,
+        run=functools.partial(run_one, kind="aggregate"),
+        together=run_together,
         check=check_aggregate,
         fingerprint=fingerprint,
     )
 )
-
-
-# --- exports ------------------------------------------------------------------------------------
-def run_export(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
-    rows = export(
-        ds, outputs["output"], params["format"], storage_options=ctx.storage_options, overwrite=True, **_pass_kw(ctx)
-    )
-    return {"rows": rows}
 
 
 EXPORT = register(
@@ -178,3 +224,6 @@ EXPORT = register(
         fingerprint=fingerprint,
     )
 )
+
+#: The kinds that run together in one pass, by name.
+KINDS = {k.name: k for k in (REPORT, CATALOG, AGGREGATE)}
