@@ -3,7 +3,7 @@
 before any pass, how it runs and writes its outputs) and registered in the job's registry.
 
 The report, the catalog and the aggregations of one dataset run together, in one pass
-(:func:`~l5dask.prediction.analyses.analyze`): each stored chunk is read and decoded once
+(``l5dask.prediction.analyses.analyze``): each stored chunk is read and decoded once
 whatever their number. An export writes as it reads: it runs alone."""
 
 from __future__ import annotations
