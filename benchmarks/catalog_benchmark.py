@@ -4,8 +4,9 @@
 
 Both as whole processes on the embedded default (``l5dask catalog`` and ``l5dask stats``, each
 writing its output), in interleaved rounds (these shared machines change speed from one minute to
-the next): each round's times and peak RSS, the best of each and the median of the per-round
-ratios catalog / stats.
+the next): each round's wall and CPU times (user + system, all threads: on a machine shared by
+many, a process's wall time depends on its share of the cores, its CPU time much less) and peak RSS,
+the best of each and the median of the per-round ratios catalog / stats.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset, run  # noqa: E402
+from common import dataset, run_measured  # noqa: E402
 
 
 def command(name: str, path: str, out: str) -> list[str]:
@@ -33,20 +34,24 @@ def main() -> None:
     agents = int(__import__("l5dask").open_dataset(path).counts()["agents"])
     print(f"dataset: {path}: {agents:,} agents, {os.cpu_count()} cores", flush=True)
     times: dict[str, list[float]] = {"stats": [], "catalog": []}
+    cpus: dict[str, list[float]] = {"stats": [], "catalog": []}
     peaks: dict[str, list[float]] = {"stats": [], "catalog": []}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeat):
             order = ("stats", "catalog") if r % 2 == 0 else ("catalog", "stats")
             for name in order:
                 out = f"{tmp}/{name}-{r}." + ("json" if name == "stats" else "parquet")
-                wall, rss = run(command(name, path, out))
+                _, wall, rss, cpu = run_measured(command(name, path, out))
                 times[name].append(wall)
+                cpus[name].append(cpu)
                 peaks[name].append(rss)
-                print(f"round {r + 1}: {name:<8} {wall:7.2f} s  peak RSS {rss:.2f} GB", flush=True)
+                print(f"round {r + 1}: {name:<8} {wall:7.2f} s  CPU {cpu:6.2f} s  peak RSS {rss:.2f} GB", flush=True)
     ratios = [c / s for c, s in zip(times["catalog"], times["stats"])]
+    cpu_ratios = [c / s for c, s in zip(cpus["catalog"], cpus["stats"])]
     print(
         f"best: stats {min(times['stats']):.2f} s, catalog {min(times['catalog']):.2f} s; "
-        f"catalog / stats: median of rounds {statistics.median(ratios):.2f}x (goal <= 1.2x); "
+        f"catalog / stats: median of rounds {statistics.median(ratios):.2f}x wall, "
+        f"{statistics.median(cpu_ratios):.2f}x CPU (goal <= 1.2x); "
         f"peak RSS: stats {max(peaks['stats']):.2f} GB, catalog {max(peaks['catalog']):.2f} GB"
     )
 

@@ -156,13 +156,13 @@ def reference(path: str) -> pd.DataFrame:
         fin = lambda v: [x for x in v if not np.isnan(x)]  # noqa: E731
         duration = (ts[-1] - ts[0]) / 1e9 if len(ts) else 0.0
         stopped = [not np.isnan(v) and v < 0.5 for v in speeds]
-        stops, run = 0, 0.0
-        for st, dt in zip(stopped + [False], dts + [0.0]):
+        stops, run = 0, 0  # (a stop's length in ns, from the timestamps: exact)
+        for st, dt in zip(stopped + [False], list(np.diff(ts)) + [0]):
             if st:
-                run += dt
+                run += int(dt)
             else:
-                stops += run >= 1.0
-                run = 0.0
+                stops += run >= 1_000_000_000
+                run = 0
         row.update(
             duration_s=duration,
             timestamp_gaps=int(sum(abs(int(t) - 100_000_000) > 50_000_000 for t in np.diff(ts))),

@@ -99,6 +99,16 @@ def test_agents_gathered_from_compressed_chunks_equal_numpy(codec, direct, noisy
         assert done == (direct or stored)
         if done:
             _assert_same([o[row0:] for o in outs + maxes], _want(rec[:rows], ELEMENTS, ["label_probabilities"]))
+        # with each row's maximum too (numpy's max: NaN where the row holds one), from the bytes and the records
+        values = plan.value_outputs(rows + row0)
+        outs, maxes = plan.outputs(rows + row0)
+        done, _ = plan.blosc(raw, chunk_rows, rows, outs, maxes, row0, np.empty(0, np.uint8), None, values)
+        if done:
+            _assert_same([values[0][row0:]], [rec["label_probabilities"][:rows].max(1)])
+            _assert_same([o[row0:] for o in maxes], _want(rec[:rows], [], ["label_probabilities"]))
+        values = plan.value_outputs(rows + row0)
+        plan.records(rec[:rows], *plan.outputs(rows + row0), row0, None, values)
+        _assert_same([values[0][row0:]], [rec["label_probabilities"][:rows].max(1)])
 
 
 @pytest.mark.parametrize("blocksize", [0, 1536, 2000])
@@ -320,6 +330,38 @@ def test_distinct_face_ids_from_compressed_chunks_equal_numpy(kind, codec):
         want_outs, want_maxes = plan.outputs(rows)
         plan.records(rec[:rows], want_outs, want_maxes, 0, found)
         assert sorted(found[0].tolist()) == np.unique(rec["face_id"][:rows]).tolist()
+        # each row's value as a code: its index among the values found (rows from row0 on)
+        for records in (False, True):
+            row0 = 3
+            codes = np.full(rows + row0, -1, np.int32)
+            found = []
+            if records:
+                plan.records(rec[:rows], *plan.outputs(rows + row0), row0, found, None, codes)
+            else:
+                plan.blosc(
+                    raw, chunk_rows, rows, *plan.outputs(rows + row0), row0, np.empty(0, np.uint8), found, None, codes
+                )
+            (values,) = found
+            assert len(values) == len(set(values.tolist())) and (codes[:row0] == -1).all()
+            assert values[codes[row0:]].tolist() == rec["face_id"][:rows].tolist()
+
+
+def test_codes_of_distinct_values_across_the_chunks_of_a_block(small_ds):
+    """An Encoded block of several chunks: each row's code indexes the concatenation of the values
+    every chunk found (a value found in two chunks has two codes, each its own)."""
+    from l5dask.prediction.kernels import gather
+
+    faces = l5dask.open_dataset(small_ds)[fmt.TL_FACES]
+    block = faces.read_encoded(0, faces.nchunks)
+    assert len(block.chunks) > 2
+    for source in (block, block.records()):
+        found: list[np.ndarray] = []
+        codes: list[np.ndarray] = []
+        if isinstance(source, np.ndarray):
+            gather(source, [], ["traffic_light_face_status"], "face_id", found, codes=codes)
+        else:
+            source.gather([], ["traffic_light_face_status"], "face_id", found, codes=codes)
+        assert np.concatenate(found)[codes[0]].tolist() == block.records()["face_id"].tolist()
 
 
 def test_distinct_values_of_a_number_field_and_what_a_plan_refuses():

@@ -7,7 +7,7 @@ import pytest
 
 from l5dask.core.engine import Rows
 from l5dask.prediction import format as fmt
-from l5dask.prediction.kernels import distinct_values, layout, track_runs
+from l5dask.prediction.kernels import byte_codes, catalog_agents, distinct_values, key_runs, layout, track_runs
 from l5dask.prediction.stats import DISTANCE_EDGES, SPEED_EDGES, AgentStats, TLStats, exact_total
 
 
@@ -101,6 +101,89 @@ def test_track_runs_match_numpy(id_kind, scenes_of_frames):
     np.testing.assert_array_equal(counts, [len(np.unique(ids[row_scene == s])) for s in want_scenes])
     np.testing.assert_array_equal(first_ids, np.unique(ids[row_scene == want_scenes[0]]))
     np.testing.assert_array_equal(last_ids, np.unique(ids[row_scene == want_scenes[-1]]))
+
+
+@pytest.mark.parametrize("id_kind", ["dense", "sparse", "huge"])
+def test_key_runs_match_numpy(id_kind):
+    """The catalog's distinct keys per run, their masks OR'd: each run's count of keys per bit,
+    and the first and last runs' keys and masks, as numpy's ``unique`` and a per-key OR."""
+    rng = np.random.default_rng(11)
+    n = 6_000
+    keys = {
+        "dense": lambda: rng.integers(1, 300, n).astype(np.uint64),
+        "sparse": lambda: rng.integers(0, 10**12, n).astype(np.uint64) * np.uint64(1000),
+        "huge": lambda: np.where(
+            rng.random(n) < 0.5, np.uint64(1), np.uint64(2**64 - 1) - rng.integers(0, 5, n).astype(np.uint64)
+        ),
+    }[id_kind]()
+    masks = (np.uint64(1) << rng.integers(0, 23, n).astype(np.uint64)) | np.where(
+        rng.random(n) < 0.3, np.uint64(1) << np.uint64(22), np.uint64(0)
+    )
+    masks[rng.random(n) < 0.05] = 0  # (keys whose masks are all 0 count nowhere)
+    cuts = np.concatenate([[0], np.sort(rng.choice(np.arange(1, n), 6, replace=False)), [n]]).astype(np.int64)
+    counts, first, last = key_runs(keys, masks, cuts, 23)
+    for r in range(len(cuts) - 1):
+        k, m = keys[cuts[r] : cuts[r + 1]], masks[cuts[r] : cuts[r + 1]]
+        u, inv = np.unique(k, return_inverse=True)
+        ored = np.zeros(len(u), np.uint64)
+        np.bitwise_or.at(ored, inv, m)
+        u, ored = u[ored != 0], ored[ored != 0]
+        want = [int(((ored >> np.uint64(b)) & np.uint64(1)).sum()) for b in range(23)]
+        assert counts[r].tolist() == want
+        if r in (0, len(cuts) - 2):
+            got = first if r == 0 else last
+            assert got[0].tolist() == u.tolist() and got[1].tolist() == ored.tolist()
+    with pytest.raises(ValueError, match="bits"):
+        key_runs(keys, masks, cuts, 20)  # masks beyond the bits
+
+
+def test_catalog_agents_match_numpy():
+    """Each agent's mask, its run's scene, least distances and low-confidence count: numpy's."""
+    rng = np.random.default_rng(5)
+    n, m = 4_000, 60
+    starts = np.sort(rng.integers(0, n, m))
+    starts[0] = 0
+    ego = rng.normal(0, 20, (m, 2))
+    frame_scene = np.repeat(np.arange(6), 10) + 40
+    label = rng.integers(0, 17, n).astype(np.int8)
+    groups = rng.integers(-1, 3, 17).astype(np.int8)
+    pos = np.searchsorted(starts, np.arange(n), side="right") - 1
+    cx, cy = ego[pos, 0] + rng.normal(0, 20, n), ego[pos, 1] + rng.normal(0, 20, n)
+    cx[:50] = ego[pos[:50], 0] + 10.0  # at the 10 m edge exactly
+    cy[:50] = ego[pos[:50], 1]
+    top = rng.random(n).astype(np.float32)
+    top[::17] = np.nan
+    masks = np.empty(n, np.uint64)
+    cuts, scenes, mins, lows = catalog_agents(
+        label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks
+    )
+    d = np.sqrt((cx - ego[pos, 0]) ** 2 + (cy - ego[pos, 1]) ** 2)
+    g = groups[label]
+    want = (
+        (np.uint64(1) << label.astype(np.uint64))
+        | np.where((g >= 0) & (d <= 10), np.uint64(1) << (17 + g).astype(np.uint64), np.uint64(0))
+        | np.where((g >= 0) & (d <= 30), np.uint64(1) << (20 + g).astype(np.uint64), np.uint64(0))
+    )
+    assert masks.tolist() == want.tolist()
+    row_scene = frame_scene[pos]
+    assert scenes.tolist() == np.unique(row_scene).tolist()
+    for r, sc in enumerate(scenes):
+        at = row_scene == sc
+        assert (cuts[r], cuts[r + 1]) == (np.flatnonzero(at)[0], np.flatnonzero(at)[-1] + 1)
+        for k, grp in enumerate((1, 2)):
+            sel = at & (g == grp)
+            assert mins[r, k] == (d[sel].min() if sel.any() else np.inf)
+        assert lows[r] == np.count_nonzero(top[at] < 0.5)
+
+
+def test_byte_codes_are_exact():
+    rng = np.random.default_rng(2)
+    base = rng.integers(0, 256, (40, 64), dtype=np.uint8)
+    rows = base[rng.integers(0, 40, 3000)]
+    rows[-20:, -1] ^= np.arange(1, 21, dtype=np.uint8)  # values one byte apart
+    codes, first = byte_codes(np.ascontiguousarray(rows))
+    assert (rows[first][codes] == rows).all()
+    assert len(first) == len(np.unique(rows, axis=0)) and (np.diff(first) > 0).all()
 
 
 def test_distinct_values_exact_under_collisions():

@@ -50,6 +50,8 @@ typedef struct {
     const int64_t* aoffsets;  /*   byte offset of the field */
     const int64_t* acols;     /*   k */
     const int64_t* adests;    /*   the address of its output (row 0) */
+    const int64_t* vdests;    /*   NULL, or the address of a float32 output (row 0) for its maximum
+                                   (0: none): numpy's max of the row (NaN if it holds one) */
 } l5_columns;
 
 #define L5_TILE 256
@@ -115,7 +117,7 @@ __attribute__((target("avx2"))) static inline void l5_load32(const uint8_t* q, p
    Returns the records done. It adds 2.0 ns an agent (17 values) to the agents' gather, against
    5.1 ns by the SSE2 loop, which is NaN-aware at every step (12 M agents, 2026-11-26). */
 __attribute__((target("avx2"))) static ptrdiff_t l5_argmax32(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows,
-                                                            ptrdiff_t k, int8_t* out, ptrdiff_t* nan_at) {
+                                                            ptrdiff_t k, int8_t* out, float* vout, ptrdiff_t* nan_at) {
     ptrdiff_t start = 0;
     *nan_at = -1;
     for (; start + 32 <= rows; start += 32) {
@@ -142,6 +144,12 @@ __attribute__((target("avx2"))) static ptrdiff_t l5_argmax32(const uint8_t* base
         }
         __m256i lo = _mm256_packs_epi32(a[0], a[1]), hi = _mm256_packs_epi32(a[2], a[3]);
         _mm256_storeu_si256((__m256i*)(out + start), _mm256_packs_epi16(lo, hi));
+        if (vout) {  /* the maxima back in record order (see l5_load32) */
+            _mm256_storeu_ps(vout + start, _mm256_permute2f128_ps(b[0], b[1], 0x20));
+            _mm256_storeu_ps(vout + start + 8, _mm256_permute2f128_ps(b[2], b[3], 0x20));
+            _mm256_storeu_ps(vout + start + 16, _mm256_permute2f128_ps(b[0], b[1], 0x31));
+            _mm256_storeu_ps(vout + start + 24, _mm256_permute2f128_ps(b[2], b[3], 0x31));
+        }
     }
     return start;
 }
@@ -149,7 +157,8 @@ __attribute__((target("avx2"))) static ptrdiff_t l5_argmax32(const uint8_t* base
 
 /* the SSE2 loop (every x86-64) of l5_argmax_streams: 16 records at a time, NaN-aware at every
    step; returns the records done */
-static ptrdiff_t l5_argmax16(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t k, int8_t* out) {
+static ptrdiff_t l5_argmax16(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t k, int8_t* out,
+                             float* vout) {
     ptrdiff_t start = 0;
 #if defined(__SSE2__)
     for (; start + 16 <= rows; start += 16) {
@@ -171,6 +180,8 @@ static ptrdiff_t l5_argmax16(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, 
         }
         _mm_storeu_si128((__m128i*)(out + start),
                          _mm_packs_epi16(_mm_packs_epi32(a[0], a[1]), _mm_packs_epi32(a[2], a[3])));
+        if (vout)
+            for (int t = 0; t < 4; t++) _mm_storeu_ps(vout + start + 4 * t, b[t]);
     }
 #endif
     return start;
@@ -180,7 +191,8 @@ static ptrdiff_t l5_argmax16(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, 
    32 records at a time on AVX2 (where a NaN is met, those 32 again by the SSE2 loop), then 16
    (SSE2), their k values compared in registers; the rest, and other CPUs, a tile of records at
    a time, one element of all of them per step */
-static void l5_argmax_streams(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t k, int8_t* out) {
+static void l5_argmax_streams(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows, ptrdiff_t k, int8_t* out,
+                              float* vout) {
     float best[L5_TILE];
     int32_t arg[L5_TILE];
     ptrdiff_t start = 0;
@@ -188,13 +200,13 @@ static void l5_argmax_streams(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows,
     if (__builtin_cpu_supports("avx2")) {
         ptrdiff_t nan_at;
         while (start + 32 <= rows) {
-            start += l5_argmax32(base + start, ne, rows - start, k, out + start, &nan_at);
+            start += l5_argmax32(base + start, ne, rows - start, k, out + start, vout ? vout + start : NULL, &nan_at);
             if (nan_at < 0) break;
-            start += l5_argmax16(base + start, ne, 32, k, out + start);
+            start += l5_argmax16(base + start, ne, 32, k, out + start, vout ? vout + start : NULL);
         }
     }
 #endif
-    start += l5_argmax16(base + start, ne, rows - start, k, out + start);
+    start += l5_argmax16(base + start, ne, rows - start, k, out + start, vout ? vout + start : NULL);
     for (ptrdiff_t t0 = start; t0 < rows; t0 += L5_TILE) {
         ptrdiff_t tl = rows - t0 < L5_TILE ? rows - t0 : L5_TILE;
         const uint8_t* p = base + t0;
@@ -212,6 +224,8 @@ static void l5_argmax_streams(const uint8_t* base, ptrdiff_t ne, ptrdiff_t rows,
             }
         }
         for (ptrdiff_t i = 0; i < tl; i++) out[t0 + i] = (int8_t)arg[i];
+        if (vout)
+            for (ptrdiff_t i = 0; i < tl; i++) vout[t0 + i] = best[i];
     }
 }
 
@@ -243,7 +257,8 @@ L5_CLONES static void l5_gather_streams(const uint8_t* __restrict tmp, ptrdiff_t
         }
     }
     for (ptrdiff_t j = 0; j < c->m; j++)
-        l5_argmax_streams(tmp + c->aoffsets[j] * ne, ne, rows, c->acols[j], (int8_t*)(uintptr_t)c->adests[j] + row0);
+        l5_argmax_streams(tmp + c->aoffsets[j] * ne, ne, rows, c->acols[j], (int8_t*)(uintptr_t)c->adests[j] + row0,
+                          c->vdests && c->vdests[j] ? (float*)(uintptr_t)c->vdests[j] + row0 : NULL);
 }
 
 /* the columns of `rows` records (`stride` bytes apart) into rows row0.. of the outputs (also
@@ -261,8 +276,12 @@ static void l5_gather_records(const uint8_t* buf, ptrdiff_t rows, ptrdiff_t stri
             else
                 memcpy(out + (row0 + i) * s, row + c->offsets[j], (size_t)s);
         }
-        for (ptrdiff_t j = 0; j < c->m; j++)
-            ((int8_t*)(uintptr_t)c->adests[j])[row0 + i] = (int8_t)l5_argmax_f32(row + c->aoffsets[j], c->acols[j]);
+        for (ptrdiff_t j = 0; j < c->m; j++) {
+            ptrdiff_t arg = l5_argmax_f32(row + c->aoffsets[j], c->acols[j]);
+            ((int8_t*)(uintptr_t)c->adests[j])[row0 + i] = (int8_t)arg;
+            if (c->vdests && c->vdests[j])
+                memcpy((float*)(uintptr_t)c->vdests[j] + row0 + i, row + c->aoffsets[j] + 4 * arg, 4);
+        }
     }
 }
 
@@ -287,7 +306,7 @@ static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize,
     if (flags & 0x02) {  /* stored (memcpyed): the records themselves, after the header */
         if (cbytes != nbytes + 16) return -1;
         l5_gather_records(src + 16, rows, itemsize, row0, c);
-        if (found) l5_found_records(found, src + 16, rows, itemsize);
+        if (found) l5_found_records(found, src + 16, rows, itemsize, row0);
         return 0;
     }
     if (((flags & 0xe0) >> 5) != 1) return 1;  /* not LZ4 */
@@ -329,10 +348,10 @@ static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize,
             continue;
         if (doshuffle) {
             l5_gather_streams(tmp, ne, want, row0 + first, c);
-            if (found) l5_found_streams(found, tmp, ne, want);
+            if (found) l5_found_streams(found, tmp, ne, want, row0 + first);
         } else {
             l5_gather_records(tmp, want, itemsize, row0 + first, c);
-            if (found) l5_found_records(found, tmp, want, itemsize);
+            if (found) l5_found_records(found, tmp, want, itemsize, row0 + first);
         }
     }
     return 0;

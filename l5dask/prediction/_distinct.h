@@ -28,6 +28,9 @@ typedef struct {
     int32_t* btable;      /* the block's keys: row indices (-1 empty), `bmask + 1` slots */
     int64_t bmask, block_rows;
     uint8_t* row;         /* one value, being made */
+    int32_t* bcodes;      /* the value index of the block's rows that the block table holds */
+    int32_t* codes;       /* NULL, or (set by the caller) each row's value: its index among those
+                             found, at the row's place counted from the call's row 0 */
 } l5_found;
 
 static inline uint64_t l5_mix(uint64_t h, uint64_t w) {
@@ -61,7 +64,8 @@ static void l5_found_free(l5_found* f) {
     free(f->keys);
     free(f->btable);
     free(f->row);
-    f->table = NULL, f->varying = NULL, f->keys = NULL, f->btable = NULL, f->row = NULL;
+    free(f->bcodes);
+    f->table = NULL, f->varying = NULL, f->keys = NULL, f->btable = NULL, f->row = NULL, f->bcodes = NULL;
 }
 
 /* Ready for a chunk of at most `rows` rows in blocks of at most `block_rows`: 0, or -1 out of memory. */
@@ -75,7 +79,9 @@ static int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) {
     f->keys = (uint64_t*)malloc((size_t)(block_rows > 0 ? block_rows : 1) * (size_t)words * sizeof(uint64_t));
     f->btable = (int32_t*)malloc((size_t)bcap * sizeof(int32_t));
     f->row = (uint8_t*)malloc((size_t)(f->width > 0 ? f->width : 1));
-    if (!f->table || !f->varying || !f->keys || !f->btable || !f->row || rows > INT32_MAX || block_rows > INT32_MAX) {
+    f->bcodes = (int32_t*)malloc((size_t)(block_rows > 0 ? block_rows : 1) * sizeof(int32_t));
+    if (!f->table || !f->varying || !f->keys || !f->btable || !f->row || !f->bcodes || rows > INT32_MAX ||
+        block_rows > INT32_MAX) {
         l5_found_free(f);
         return -1;
     }
@@ -83,29 +89,43 @@ static int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) {
     return 0;
 }
 
-/* Add one value (width bytes at v) to the chunk's set; whether it was not in it. (Also the set
-   of _kernels.pyx's distinct_rows, over decoded records.) */
-static inline int l5_found_add(l5_found* f, const uint8_t* v) {
+/* Add one value (width bytes at v) to the chunk's set: its index among the values found, and
+   (`added`) whether it was not in it. */
+static inline int32_t l5_found_index(l5_found* f, const uint8_t* v, int* added) {
     int64_t s = (int64_t)(l5_hash_bytes(v, f->width) & (uint64_t)f->mask);
+    *added = 0;
     for (;;) {
         int32_t j = f->table[s];
         if (j < 0) break;
-        if (memcmp(f->out + (int64_t)j * f->width, v, (size_t)f->width) == 0) return 0;
+        if (memcmp(f->out + (int64_t)j * f->width, v, (size_t)f->width) == 0) return j;
         s = (s + 1) & f->mask;
     }
     f->table[s] = (int32_t)f->n;
     memcpy(f->out + f->n * f->width, v, (size_t)f->width);
-    f->n++;
-    return 1;
+    *added = 1;
+    return (int32_t)f->n++;
 }
 
-/* `rows` records, `stride` bytes apart, from buf. */
-static void l5_found_records(l5_found* f, const uint8_t* buf, int64_t rows, int64_t stride) {
-    for (int64_t i = 0; i < rows; i++) l5_found_add(f, buf + i * stride + f->off);
+/* Add one value to the chunk's set; whether it was not in it. (Also the set of _kernels.pyx's
+   distinct_rows, over decoded records.) */
+static inline int l5_found_add(l5_found* f, const uint8_t* v) {
+    int added;
+    l5_found_index(f, v, &added);
+    return added;
 }
 
-/* The first `rows` of a block of `ne` shuffled records (streams `ne` bytes long) at tmp. */
-static void l5_found_streams(l5_found* f, const uint8_t* tmp, int64_t ne, int64_t rows) {
+/* `rows` records, `stride` bytes apart, from buf: rows row0.. of the call. */
+static void l5_found_records(l5_found* f, const uint8_t* buf, int64_t rows, int64_t stride, int64_t row0) {
+    int added;
+    for (int64_t i = 0; i < rows; i++) {
+        int32_t code = l5_found_index(f, buf + i * stride + f->off, &added);
+        if (f->codes) f->codes[row0 + i] = code;
+    }
+}
+
+/* The first `rows` of a block of `ne` shuffled records (streams `ne` bytes long) at tmp: rows
+   row0.. of the call. */
+static void l5_found_streams(l5_found* f, const uint8_t* tmp, int64_t ne, int64_t rows, int64_t row0) {
     const uint8_t* base = tmp + f->off * ne;
     int64_t nv = 0;
     if (rows <= 0) return;
@@ -115,7 +135,10 @@ static void l5_found_streams(l5_found* f, const uint8_t* tmp, int64_t ne, int64_
         if (rows > 1 && memcmp(p, p + 1, (size_t)(rows - 1)) != 0) f->varying[nv++] = b;
     }
     if (nv == 0) {  /* one value throughout */
-        l5_found_add(f, f->row);
+        int added;
+        int32_t code = l5_found_index(f, f->row, &added);
+        if (f->codes)
+            for (int64_t i = 0; i < rows; i++) f->codes[row0 + i] = code;
         return;
     }
     int64_t words = (nv + 7) / 8, bcap = l5_pow2_at_least(2 * rows);
@@ -140,12 +163,17 @@ static void l5_found_streams(l5_found* f, const uint8_t* tmp, int64_t ne, int64_
         for (;;) {
             int32_t j = f->btable[s];
             if (j < 0) {  /* a new value: made whole, added to the chunk's */
+                int added;
                 f->btable[s] = (int32_t)i;
                 for (int64_t m = 0; m < nv; m++) f->row[f->varying[m]] = base[f->varying[m] * ne + i];
-                l5_found_add(f, f->row);
+                f->bcodes[i] = l5_found_index(f, f->row, &added);
+                if (f->codes) f->codes[row0 + i] = f->bcodes[i];
                 break;
             }
-            if (memcmp(keys + (int64_t)j * words, k, (size_t)words * sizeof(uint64_t)) == 0) break;
+            if (memcmp(keys + (int64_t)j * words, k, (size_t)words * sizeof(uint64_t)) == 0) {
+                if (f->codes) f->codes[row0 + i] = f->bcodes[j];
+                break;
+            }
             s = (s + 1) & bmask;
         }
     }

@@ -9,8 +9,11 @@ What it beats, and by how much: the same definitions in plain numpy (``benchmark
 which copies each field out, joins with ``np.repeat`` and sorts for the distinct tracks):
 ``l5dask stats`` on 30 M agents 2.18 s against 58.9 s (``python benchmarks/stats_benchmark.py``);
 the compressed gather (``_blosc.h``) 1.97-2.11x numcodecs' decode and a gather
-(``python benchmarks/compressed_gather.py``). When to delete a loop: when a numpy or flox
-formulation of it runs within 10% of it in those benchmarks.
+(``python benchmarks/compressed_gather.py``); the catalog's loops (``catalog_agents``, ``key_runs``,
+``byte_codes``, with the gather's maxima and codes) against its numpy formulation (one sort of packed
+(scene, kind, track) keys, face ids decoded and sorted): ``l5dask catalog`` on 30 M agents, the whole
+process, 1.8-2.1 s of CPU against 5.6 s (``python benchmarks/catalog_benchmark.py``, 2026-11-27).
+When to delete a loop: when a numpy or flox formulation of it runs within 10% of it in those benchmarks.
 """
 
 import numpy as np
@@ -39,6 +42,7 @@ cdef extern from "_blosc.h":
         const int64_t* aoffsets
         const int64_t* acols
         const int64_t* adests
+        const int64_t* vdests
     void l5_gather_records(const uint8_t* buf, Py_ssize_t rows, Py_ssize_t stride, Py_ssize_t row0,
                            const l5_columns* c) noexcept nogil
     ctypedef struct l5_found:
@@ -46,6 +50,7 @@ cdef extern from "_blosc.h":
         int64_t width
         uint8_t* out
         int64_t n
+        int32_t* codes
     int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) noexcept nogil
     void l5_found_free(l5_found* f) noexcept nogil
     int l5_found_add(l5_found* f, const uint8_t* v) noexcept nogil
@@ -414,10 +419,11 @@ def mix_codes(int64_t[::1] codes, const int_t[::1] k, int64_t lo, int64_t stride
 
 cdef l5_columns _columns(const int64_t[::1] offsets, const int64_t[::1] sizes, const int64_t[::1] dests,
                         const int64_t[::1] argmax_offsets, const int64_t[::1] argmax_ncols,
-                        const int64_t[::1] argmax_dests):
+                        const int64_t[::1] argmax_dests, const int64_t[::1] argmax_values):
     cdef l5_columns c
     if sizes.shape[0] != offsets.shape[0] or dests.shape[0] != offsets.shape[0] or \
-            argmax_ncols.shape[0] != argmax_offsets.shape[0] or argmax_dests.shape[0] != argmax_offsets.shape[0]:
+            argmax_ncols.shape[0] != argmax_offsets.shape[0] or argmax_dests.shape[0] != argmax_offsets.shape[0] or \
+            (argmax_values is not None and argmax_values.shape[0] != argmax_offsets.shape[0]):
         raise ValueError("gather: one offset, size and output per column expected")
     c.n, c.m = offsets.shape[0], argmax_offsets.shape[0]
     c.offsets = &offsets[0] if c.n else NULL
@@ -426,16 +432,19 @@ cdef l5_columns _columns(const int64_t[::1] offsets, const int64_t[::1] sizes, c
     c.aoffsets = &argmax_offsets[0] if c.m else NULL
     c.acols = &argmax_ncols[0] if c.m else NULL
     c.adests = &argmax_dests[0] if c.m else NULL
+    c.vdests = &argmax_values[0] if c.m and argmax_values is not None else NULL
     return c
 
 
 def gather_fields(const uint8_t[::1] buf, Py_ssize_t n, Py_ssize_t stride, const int64_t[::1] offsets,
                   const int64_t[::1] sizes, const int64_t[::1] dests, const int64_t[::1] argmax_offsets,
-                  const int64_t[::1] argmax_ncols, const int64_t[::1] argmax_dests):
+                  const int64_t[::1] argmax_ncols, const int64_t[::1] argmax_dests,
+                  const int64_t[::1] argmax_values=None):
     """In one pass over the rows: copy the ``sizes[j]`` bytes at ``offsets[j]`` of each row to
     row ``i`` of the contiguous output at address ``dests[j]``, and write the argmax (int8) of the
-    ``float32[argmax_ncols[j]]`` at ``argmax_offsets[j]`` to the output at ``argmax_dests[j]``."""
-    cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests)
+    ``float32[argmax_ncols[j]]`` at ``argmax_offsets[j]`` to the output at ``argmax_dests[j]``
+    (and its maximum, float32, to the output at ``argmax_values[j]`` where that is not 0)."""
+    cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests, argmax_values)
     if n == 0:
         return
     if buf.shape[0] < n * stride:
@@ -453,15 +462,16 @@ def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_r
                  Py_ssize_t row0, uint8_t[::1] scratch, const int64_t[::1] offsets, const int64_t[::1] sizes,
                  const int64_t[::1] dests, const int64_t[::1] argmax_offsets, const int64_t[::1] argmax_ncols,
                  const int64_t[::1] argmax_dests, Py_ssize_t distinct_offset=0, Py_ssize_t distinct_width=0,
-                 uint8_t[::1] found=None):
+                 uint8_t[::1] found=None, const int64_t[::1] argmax_values=None, int32_t[::1] codes=None):
     """As :func:`gather_fields` for the first ``rows`` records of one blosc-compressed chunk of
     ``chunk_rows`` records, into rows ``row0 ..`` of the outputs, straight from the compressed
     bytes (``_blosc.h``; ``scratch``: a block), and (``distinct_width`` > 0) the distinct values
     of the field of that many bytes at ``distinct_offset`` of those rows into ``found`` (room for
-    ``rows`` of them; ``_distinct.h``). ``(status, values found)``; status 0: done; 1: not a chunk
+    ``rows`` of them; ``_distinct.h``), and with ``codes`` (room for ``row0 + rows``), each row's
+    value's index among them. ``(status, values found)``; status 0: done; 1: not a chunk
     of this kind; -1: corrupt (then nothing is promised of the outputs: the caller decodes the
     chunk with numcodecs)."""
-    cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests)
+    cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests, argmax_values)
     cdef l5_found f
     cdef l5_found* fp = NULL
     cdef int status
@@ -473,6 +483,10 @@ def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_r
             raise ValueError("gather_blosc: a field within the record, and room for a value per row, expected")
         memset(&f, 0, sizeof(f))
         f.off, f.width, f.out = distinct_offset, distinct_width, &found[0] if found.shape[0] else NULL
+        if codes is not None:
+            if codes.shape[0] < row0 + rows:
+                raise ValueError("gather_blosc: room for a code per row expected")
+            f.codes = &codes[0]
         if l5_found_init(&f, rows, scratch.shape[0] // itemsize if itemsize > 0 else 0) != 0:
             raise MemoryError()
         fp = &f
@@ -540,3 +554,214 @@ def distance_to_parent(const double[::1] x, const double[::1] y, const double[:,
             dy = y[i] - parent_xy[p, 1]
             out[i] = sqrt(dx * dx + dy * dy)
 
+
+
+# --- the scene catalog (l5dask.prediction.catalog) ----------------------------------------
+cdef extern from "_distinct.h":
+    uint64_t l5_hash_bytes(const uint8_t* v, int64_t width) noexcept nogil
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long) nogil
+
+
+cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
+    cdef uint64_t a = (<const uint64_t*>x)[0], b = (<const uint64_t*>y)[0]
+    return (a > b) - (a < b)
+
+
+cdef Py_ssize_t _mask_run(const uint64_t* keys, const uint64_t* masks, Py_ssize_t a, Py_ssize_t b,
+                          int64_t* counts, uint64_t* out) noexcept nogil:
+    """The distinct keys of rows ``a..b-1`` (``a < b``), each with the OR of its rows' masks (keys
+    whose masks are all 0 are left out): ``counts[bit]`` gains one per key whose mask has that bit,
+    and with ``out``, the keys and masks are written there (key, mask: two words a key, sorted
+    by key). A table of masks per key when the keys are dense (``DENSE_SPAN``), else a sort of
+    (key, mask) pairs. Returns how many keys, -1 out of memory."""
+    cdef Py_ssize_t i, k = 0
+    cdef uint64_t lo = keys[a], hi = keys[a], v, span, m
+    cdef uint64_t* table
+    cdef uint64_t* tmp
+    for i in range(a, b):
+        if keys[i] < lo:
+            lo = keys[i]
+        if keys[i] > hi:
+            hi = keys[i]
+    if hi - lo < <uint64_t>(DENSE_SPAN * (b - a) + 1024):
+        span = hi - lo + 1
+        table = <uint64_t*>calloc(span, sizeof(uint64_t))
+        if table == NULL:
+            return -1
+        for i in range(a, b):
+            table[keys[i] - lo] |= masks[i]
+        for v in range(span):
+            m = table[v]
+            if m == 0:
+                continue
+            if out != NULL:
+                out[2 * k], out[2 * k + 1] = lo + v, m
+            k += 1
+            while m:
+                counts[__builtin_ctzll(m)] += 1
+                m &= m - 1
+        free(table)
+        return k
+    tmp = <uint64_t*>malloc((b - a) * 2 * sizeof(uint64_t))
+    if tmp == NULL:
+        return -1
+    for i in range(a, b):
+        tmp[2 * (i - a)], tmp[2 * (i - a) + 1] = keys[i], masks[i]
+    qsort(tmp, b - a, 2 * sizeof(uint64_t), _cmp_key)
+    i = 0
+    while i < b - a:
+        v, m = tmp[2 * i], tmp[2 * i + 1]
+        i += 1
+        while i < b - a and tmp[2 * i] == v:
+            m |= tmp[2 * i + 1]
+            i += 1
+        if m == 0:
+            continue
+        if out != NULL:
+            out[2 * k], out[2 * k + 1] = v, m
+        k += 1
+        while m:
+            counts[__builtin_ctzll(m)] += 1
+            m &= m - 1
+    free(tmp)
+    return k
+
+
+def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[::1] cuts, Py_ssize_t nbits):
+    """Per run of rows (``cuts[r] .. cuts[r + 1] - 1``, ``cuts`` increasing from 0 to the rows),
+    the distinct keys, each with the OR of its rows' masks (bits ``0 .. nbits - 1``): ``(counts,
+    first, last)``, ``counts[r, bit]`` the keys of run ``r`` whose mask has that bit, ``first`` and
+    ``last`` the ``(keys, masks)`` of the first and the last run (sorted by key: those runs may go
+    on in the neighbouring chunks). Keys whose masks are all 0 count nowhere."""
+    cdef Py_ssize_t r, k, n = keys.shape[0], nruns = cuts.shape[0] - 1, nfirst = 0, nlast = 0
+    cdef int problem = 0
+    cdef uint64_t every = 0
+    if masks.shape[0] != n or nruns < 1 or cuts[0] != 0 or cuts[nruns] != n or not 0 < nbits <= 64:
+        raise ValueError("key_runs: a mask per key, runs from 0 to the rows, 1 to 64 bits expected")
+    counts = np.zeros((nruns, nbits), np.int64)
+    first, last = np.empty((n, 2), np.uint64), np.empty((n, 2), np.uint64)
+    cdef int64_t[:, ::1] counts_v = counts
+    cdef uint64_t[:, ::1] first_v = first, last_v = last
+    with nogil:
+        for r in range(nruns):
+            if cuts[r + 1] <= cuts[r]:
+                problem = 1
+                break
+        for r in range(n):
+            every |= masks[r]
+        if nbits < 64 and every >> nbits:
+            problem = 1
+        if not problem and n:
+            for r in range(nruns):
+                if r == 0:
+                    k = nfirst = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], &first_v[0, 0])
+                elif r == nruns - 1:
+                    k = nlast = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], &last_v[0, 0])
+                else:
+                    k = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], NULL)
+                if k < 0:
+                    problem = 2
+                    break
+    if problem == 1:
+        raise ValueError("key_runs: runs of at least a row, masks within the bits, expected")
+    if problem == 2:
+        raise MemoryError()
+    head = (first[:nfirst, 0].copy(), first[:nfirst, 1].copy())
+    tail = head if nruns == 1 else (last[:nlast, 0].copy(), last[:nlast, 1].copy())
+    return counts, head, tail
+
+
+def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[::1] cx, const double[::1] cy,
+                   const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, const int64_t[::1] frame_scene,
+                   int64_t lo, const int8_t[::1] groups, double near0, double near1, float low,
+                   uint64_t[::1] masks):
+    """The catalog's per-agent work, one pass over a chunk of agents (first row ``lo``, ordered by
+    frame; ``frame_starts``, ``ego_xy``, ``frame_scene``: the agent start, ego x/y and scene of the
+    frames overlapping them): each row's mask (bit ``label``; bit ``L + g`` when its label's group
+    ``g = groups[label]`` (0, 1, 2; -1 none) is within ``near0`` of the ego, ``L + 3 + g`` within
+    ``near1``, ``L`` the number of labels: distances ``sqrt(dx * dx + dy * dy)``, as numpy's), and
+    per run of rows of one scene: ``(cuts, scenes, mins, lows)``, the runs' bounds and scenes, the
+    least distance of group 1 and of group 2 (inf: none) and the rows whose ``top`` (the label's
+    probability) is under ``low``."""
+    cdef Py_ssize_t i, j = 0, r = 0, n = label.shape[0], m = frame_starts.shape[0], nl = groups.shape[0]
+    cdef int problem = 0
+    cdef int8_t l, g
+    cdef int64_t scene
+    cdef double d, dx, dy
+    cdef uint64_t mk
+    if n == 0 or m == 0 or ego_xy.shape[0] != m or frame_scene.shape[0] != m or masks.shape[0] < n or \
+            top.shape[0] != n or cx.shape[0] != n or cy.shape[0] != n or nl + 6 > 64 or frame_starts[0] > lo:
+        raise ValueError("catalog_agents: columns of the rows, their frames, at most 58 labels and a mask a row expected")
+    cuts, scenes = np.empty(n + 1, np.int64), np.empty(n, np.int64)
+    mins, lows = np.full((n, 2), np.inf), np.zeros(n, np.int64)
+    cdef int64_t[::1] cuts_v = cuts, scenes_v = scenes, lows_v = lows
+    cdef double[:, ::1] mins_v = mins
+    with nogil:
+        for i in range(n):
+            while j + 1 < m and frame_starts[j + 1] <= lo + i:
+                j += 1
+            scene = frame_scene[j]
+            if i == 0 or scene != scenes_v[r - 1]:
+                cuts_v[r], scenes_v[r] = i, scene
+                r += 1
+            l = label[i]
+            if l < 0 or l >= nl:
+                problem = 1
+                break
+            mk = (<uint64_t>1) << l
+            g = groups[l]
+            if g >= 0:
+                dx, dy = cx[i] - ego_xy[j, 0], cy[i] - ego_xy[j, 1]
+                d = sqrt(dx * dx + dy * dy)
+                if d <= near0:
+                    mk |= (<uint64_t>1) << (nl + g)
+                if d <= near1:
+                    mk |= (<uint64_t>1) << (nl + 3 + g)
+                if (g == 1 or g == 2) and d < mins_v[r - 1, g - 1]:
+                    mins_v[r - 1, g - 1] = d
+            masks[i] = mk
+            if top[i] < low:
+                lows_v[r - 1] += 1
+        cuts_v[r] = n
+    if problem:
+        raise ValueError(f"catalog_agents: labels from 0 to {nl - 1} expected")
+    return cuts[: r + 1].copy(), scenes[:r].copy(), mins[:r].copy(), lows[:r].copy()
+
+
+def byte_codes(const uint8_t[:, ::1] values):
+    """Codes of values compared as bytes (a row each): ``(codes, first)``, each row's code (its
+    value's rank of first appearance) and the first row of each value. An open-addressing table
+    whose values that hash alike are compared byte for byte: exact whatever the hash does."""
+    cdef Py_ssize_t i, s, n = values.shape[0], w = values.shape[1], k = 0
+    cdef int64_t cap = 16, mask, j
+    cdef int64_t* table
+    codes, first = np.empty(n, np.int64), np.empty(n, np.int64)
+    cdef int64_t[::1] codes_v = codes, first_v = first
+    if n == 0:
+        return codes, first[:0]
+    while cap < 2 * n:
+        cap <<= 1
+    mask = cap - 1
+    table = <int64_t*>malloc(cap * sizeof(int64_t))
+    if table == NULL:
+        raise MemoryError()
+    with nogil:
+        memset(table, 0xff, cap * sizeof(int64_t))
+        for i in range(n):
+            s = <Py_ssize_t>(l5_hash_bytes(&values[i, 0], w) & <uint64_t>mask) if w else 0
+            while True:
+                j = table[s]
+                if j < 0:
+                    table[s] = k
+                    first_v[k] = i
+                    codes_v[i] = k
+                    k += 1
+                    break
+                if w == 0 or memcmp(&values[first_v[j], 0], &values[i, 0], w) == 0:
+                    codes_v[i] = j
+                    break
+                s = (s + 1) & mask
+    free(table)
+    return codes, first[:k].copy()

@@ -21,7 +21,7 @@ from l5dask.core.policy import default_client
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import MAX_GROUPS, aggregate_plan
-from l5dask.prediction.catalog import DEFAULT_TZ, catalog_plan, check_tz, fingerprint
+from l5dask.prediction.catalog import DEFAULT_TZ, as_frame, catalog_plan, check_tz, with_fingerprint
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.report import report_plan
@@ -72,8 +72,7 @@ class Catalog:
         return catalog_plan(ds, job, self.tz)
 
     def result(self, ds: L5Dataset, out: Any) -> Any:
-        out.attrs["l5dask"] = fingerprint(ds)
-        return out
+        return as_frame(with_fingerprint(out, ds))
 
 
 @dataclass(frozen=True)

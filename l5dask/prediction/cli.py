@@ -454,7 +454,7 @@ def catalog(
     """Write the scene catalog of DATASET (a row per scene: time, ego motion, turn, agents near the
     ego, traffic lights) from one parallel pass."""
     from l5dask.core.cluster import connect
-    from l5dask.prediction.catalog import catalog as make
+    from l5dask.prediction.catalog import catalog_table as make
     from l5dask.prediction.catalog import check_output, check_tz, write_catalog
 
     options = parse_storage_options(storage_options)

@@ -42,6 +42,9 @@ _mix_codes = _compiled.mix_codes
 _norm2_f32 = _compiled.norm2_f32
 _range_codes = _compiled.range_codes
 _track_runs = _compiled.track_runs
+byte_codes = _compiled.byte_codes
+catalog_agents = _compiled.catalog_agents
+key_runs = _compiled.key_runs
 uniform_histogram = _compiled.uniform_histogram
 union_sorted = _compiled.union_sorted
 
@@ -336,7 +339,8 @@ class Gather:
         self.distinct_offset = fields[distinct][1] if distinct is not None else 0
         self.distinct_dtype = fields[distinct][0] if distinct is not None else None
         self.dtypes = [fields[f][0].base for f, _ in self.elements]
-        self.native = all(dt.isnative and dt.kind in "biuf" for dt in self.dtypes) and all(
+        # (fixed-size strings and bytes are copied as they are stored: a face id's 64 bytes)
+        self.native = all(dt.isnative and dt.kind in "biufSUV" and not dt.hasobject for dt in self.dtypes) and all(
             fields[f][0].base == np.dtype(np.float32) and 0 < fields[f][0].shape[0] <= 127 for f in self.argmax
         )
         offsets = []
@@ -383,18 +387,31 @@ class Gather:
         maxes: list[np.ndarray],
         row0: int = 0,
         found: list[np.ndarray] | None = None,
+        values: list[np.ndarray] | None = None,
+        codes: np.ndarray | None = None,
     ) -> None:
-        """From decoded records, into rows ``row0 ..`` of the outputs (and ``found``)."""
+        """From decoded records, into rows ``row0 ..`` of the outputs (and ``found``; and with
+        ``values``, a float32 output per argmax field, each row's maximum: numpy's ``max``, NaN
+        where the row holds one; and with ``codes``, an int32 output, each row's distinct value as
+        its index among those this call adds to ``found``)."""
         n = len(records)
         if not n:
             return
         if self.distinct is not None:
-            self._found(found).append(records[self.distinct][distinct_values(records, self.distinct)])
+            if codes is None:
+                self._found(found).append(records[self.distinct][distinct_values(records, self.distinct)])
+            else:
+                field = np.ascontiguousarray(records[self.distinct])
+                local, first = byte_codes(field.view(np.uint8).reshape(n, -1))
+                self._found(found).append(field[first])
+                codes[row0 : row0 + n] = local
         if not self.native or not records.flags.c_contiguous:
             for out, (f, idx) in zip(outs, self.elements):
                 out[row0 : row0 + n] = records[f][(slice(None), *idx)]  # type: ignore[arg-type]
             for out, f in zip(maxes, self.argmax):
                 out[row0 : row0 + n] = argmax_rows(records, f)
+            for out, f in zip(values or (), self.argmax):
+                out[row0 : row0 + n] = records[f].max(axis=1)
             return
         dests, adests = self._addresses([o[row0:] for o in outs], [o[row0:] for o in maxes], n)
         _gather_fields(
@@ -407,7 +424,24 @@ class Gather:
             self.argmax_offsets,
             self.argmax_ncols,
             adests,
+            self._value_addresses(values, row0, row0 + n),
         )
+
+    def value_outputs(self, n: int) -> list[np.ndarray]:
+        """A float32 output per argmax field, for its rows' maxima (``values`` of the gathers)."""
+        return [np.empty(n, np.float32) for _ in self.argmax]
+
+    def _value_addresses(self, values: list[np.ndarray] | None, start: int, end: int) -> np.ndarray | None:
+        """The addresses of the maxima's outputs from row ``start`` on, which the compiled loops
+        write up to row ``end``: checked as :meth:`_addresses` checks the others."""
+        if values is None:
+            return None
+        if len(values) != len(self.argmax) or not all(
+            isinstance(v, np.ndarray) and v.dtype == np.float32 and v.flags.c_contiguous and len(v) >= end
+            for v in values
+        ):
+            raise ValueError(f"gather: a contiguous float32 output of at least {end} rows per argmax expected")
+        return np.array([v[start:].ctypes.data for v in values], np.int64)
 
     def blosc(
         self,
@@ -419,13 +453,15 @@ class Gather:
         row0: int,
         scratch: np.ndarray,
         found: list[np.ndarray] | None = None,
+        values: list[np.ndarray] | None = None,
+        codes: np.ndarray | None = None,
     ) -> tuple[bool, np.ndarray]:
         """Straight from one blosc-compressed chunk of ``chunk_rows`` records: its first ``rows``
         into rows ``row0 ..`` of the outputs (and ``found``), without decoding the records
         (``_blosc.h``). ``(done, scratch)``: not done for a chunk of another kind, or corrupt
         (decode it instead; nothing was added to ``found``); ``scratch`` (a block of bytes, grown
         to the chunk's blocks) is handed back for the next."""
-        status, scratch = self.blosc_status(raw, chunk_rows, rows, outs, maxes, row0, scratch, found)
+        status, scratch = self.blosc_status(raw, chunk_rows, rows, outs, maxes, row0, scratch, found, values, codes)
         return status == 0, scratch
 
     def blosc_status(
@@ -438,6 +474,8 @@ class Gather:
         row0: int,
         scratch: np.ndarray,
         found: list[np.ndarray] | None = None,
+        values: list[np.ndarray] | None = None,
+        codes: np.ndarray | None = None,
     ) -> tuple[int, np.ndarray]:
         """As :meth:`blosc`, with the compiled reader's status: 0 done, 1 a chunk of another kind,
         -1 corrupt (one c-blosc refuses too: ``tests/test_properties.py``)."""
@@ -455,7 +493,7 @@ class Gather:
             raise ValueError("gather: rows of the chunk out of range")
         dests, adests = self._addresses(outs, maxes, row0 + rows)
         width = self.distinct_dtype.itemsize if self.distinct_dtype is not None else 0
-        values = np.empty(rows * width, np.uint8) if width else None
+        seen = np.empty(rows * width, np.uint8) if width else None
         status, nfound = _gather_blosc(
             buf,
             self.dtype.itemsize,
@@ -471,12 +509,14 @@ class Gather:
             adests,
             self.distinct_offset,
             width,
-            values,
+            seen,
+            self._value_addresses(values, 0, row0 + rows),
+            codes if width else None,
         )
         dt = self.distinct_dtype
-        if status == 0 and values is not None and found is not None and dt is not None:
+        if status == 0 and seen is not None and found is not None and dt is not None:
             # (a copy: the buffer has room for every row, the values found are few)
-            found.append(values[: nfound * width].view(dt.base).reshape(nfound, *dt.shape).copy())
+            found.append(seen[: nfound * width].view(dt.base).reshape(nfound, *dt.shape).copy())
         return status, scratch
 
     def _found(self, found: list[np.ndarray] | None) -> list[np.ndarray]:
@@ -499,12 +539,23 @@ def gather(
     argmax: Sequence[str] = (),
     distinct: str | None = None,
     found: list[np.ndarray] | None = None,
+    values: list[np.ndarray] | None = None,
+    codes: list[np.ndarray] | None = None,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """In one pass over the records: elements of fields of each row (``(field, index)``; ``()``
     for a scalar field) as contiguous arrays of their base dtype, the argmax (int8; first
     maximum, as numpy) of each float32 field in ``argmax``, and the distinct values of the field
-    ``distinct``, appended to ``found`` (see :class:`Gather`)."""
+    ``distinct``, appended to ``found`` (see :class:`Gather`); with a list ``values``, the maximum
+    (float32, NaN where the row holds one) of each ``argmax`` field appended to it; with a list
+    ``codes`` (and ``distinct``), each row's distinct value as an index into the concatenation of
+    the arrays this call appends to ``found`` (int32), appended to it."""
     plan = Gather.of(records.dtype, elements, argmax, distinct)
     outs, maxes = plan.outputs(len(records))
-    plan.records(records, outs, maxes, 0, found)
+    vals = plan.value_outputs(len(records)) if values is not None else None
+    out_codes = np.empty(len(records), np.int32) if codes is not None and distinct is not None else None
+    plan.records(records, outs, maxes, 0, found, vals, out_codes)
+    if codes is not None and out_codes is not None:
+        codes.append(out_codes)
+    if values is not None and vals is not None:
+        values.extend(vals)
     return outs, maxes

@@ -235,39 +235,63 @@ class Encoded:
             out.append((piece.start, piece))
         return out
 
-    def expect(self, elements: Sequence[tuple[str, tuple[int, ...]]] = (), argmax: Sequence[str] = ()) -> None:
-        """Numbers and argmaxes that readers of these chunks will gather (the members of a fused
-        pass, :func:`l5dask.core.engine.fused_chunk`): the first gather makes all that are expected
-        in one pass over the bytes (each chunk decompressed once for all of them), the others are
-        served from it (read-only arrays)."""
+    def expect(
+        self,
+        elements: Sequence[tuple[str, tuple[int, ...]]] = (),
+        argmax: Sequence[str] = (),
+        maxima: Sequence[str] = (),
+    ) -> None:
+        """Numbers, argmaxes and maxima (``values`` of :meth:`gather`) that readers of these chunks
+        will gather (the members of a fused pass, :func:`l5dask.core.engine.fused_chunk`): the
+        first gather makes all that are expected in one pass over the bytes (each chunk
+        decompressed once for all of them), the others are served from it (read-only arrays)."""
         for f, idx in elements:
             self._expected[("e", f, tuple(idx))] = None
         for f in argmax:
             self._expected[("m", f)] = None
+        for f in maxima:
+            self._expected[("m", f)] = None
+            self._expected[("v", f)] = None
 
     def _gather_shared(
-        self, elements: Sequence[tuple[str, tuple[int, ...]]], argmax: Sequence[str]
+        self,
+        elements: Sequence[tuple[str, tuple[int, ...]]],
+        argmax: Sequence[str],
+        values: list[np.ndarray] | None = None,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """:meth:`gather` served by one gather of everything expected (see :meth:`expect`)."""
         if self._base is not None:
             base, at = self._base
-            outs, maxes = base._gather_shared(elements, argmax)
+            vals: list[np.ndarray] | None = [] if values is not None else None
+            outs, maxes = base._gather_shared(elements, argmax, vals)
             n = len(self)
+            if values is not None and vals is not None:
+                values.extend(v[at : at + n] for v in vals)
             return [o[at : at + n] for o in outs], [m[at : at + n] for m in maxes]
-        keys = [("e", f, tuple(i)) for f, i in elements] + [("m", f) for f in argmax]
-        if any(k not in self._shared for k in keys):
-            todo = [k for k in {**self._expected, **dict.fromkeys(keys)} if k not in self._shared]
+        keys: list[tuple] = [("e", f, tuple(i)) for f, i in elements] + [("m", f) for f in argmax]
+        maxima: list[tuple] = [("v", f) for f in argmax] if values is not None else []
+        if any(k not in self._shared for k in keys + maxima):
+            todo = [k for k in {**self._expected, **dict.fromkeys(keys + maxima)} if k not in self._shared]
+            for k in todo:  # (a field's maxima come with its argmax)
+                if k[0] == "v" and ("m", k[1]) not in todo:
+                    todo.append(("m", k[1]))
             els = [(k[1], k[2]) for k in todo if k[0] == "e"]
             maxed = [k[1] for k in todo if k[0] == "m"]
+            want_values = any(k[0] == "v" for k in todo)
             saved, self._expected = self._expected, {}
+            found_values: list[np.ndarray] = []
             try:
-                outs, maxes = self.gather(els, maxed)
+                outs, maxes = self.gather(els, maxed, values=found_values if want_values else None)
             finally:
                 self._expected = saved
-            for k, v in zip([k for k in todo if k[0] == "e"] + [k for k in todo if k[0] == "m"], outs + maxes):
+            made = [k for k in todo if k[0] == "e"] + [k for k in todo if k[0] == "m"]
+            made += [("v", f) for f in maxed] if want_values else []
+            for k, v in zip(made, outs + maxes + found_values):
                 v.flags.writeable = False  # (one array for every reader: none may write into it)
-                self._shared[k] = v
+                self._shared.setdefault(k, v)
         got = [self._shared[k] for k in keys]
+        if values is not None:
+            values.extend(self._shared[k] for k in maxima)
         return got[: len(elements)], got[len(elements) :]
 
     def spans(self) -> list[tuple[int, int]]:
@@ -321,28 +345,44 @@ class Encoded:
         argmax: Sequence[str] = (),
         distinct: str | None = None,
         found: list[np.ndarray] | None = None,
+        values: list[np.ndarray] | None = None,
+        codes: list[np.ndarray] | None = None,
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """As ``l5dask.prediction.kernels.gather`` of ``records()``, without making them; with
         ``distinct``, the distinct values of that field (each chunk's, as arrays of the field's
-        dtype: a value may be in several) are appended to ``found``."""
+        dtype: a value may be in several) are appended to ``found``, and with a list ``codes``,
+        each row's value as an index into the concatenation of the arrays appended (int32); with
+        a list ``values``, the maximum of each ``argmax`` field's row (float32) is appended to it."""
 
         if distinct is None and (self._expected or self._base is not None):
-            return self._gather_shared(elements, argmax)
+            return self._gather_shared(elements, argmax, values)
         plan = Gather.of(self.meta.dtype, elements, argmax, distinct)
         outs, maxes = plan.outputs(len(self))
+        vals = plan.value_outputs(len(self)) if values is not None else None
+        out_codes = np.empty(len(self), np.int32) if codes is not None and distinct is not None else None
         if self._records is not None or not self.compressed:
-            plan.records(self.records(), outs, maxes, 0, found)
-            return outs, maxes
-        blocks, scratch = np.empty(0, np.uint8), None
-        for index, raw in self.chunks:
-            lo, hi = self.meta.chunk_bounds(index)
-            check_chunk(raw, self.meta, self.compressed, str(index))
-            done, blocks = plan.blosc(raw, self.meta.chunk_rows, hi - lo, outs, maxes, lo - self.start, blocks, found)
-            if not done:
-                if scratch is None:
-                    scratch = np.empty(self.meta.chunk_rows, self.meta.dtype)
-                decode_chunk(raw, self.meta, self.compressed, str(index), out=scratch)
-                plan.records(scratch[: hi - lo], outs, maxes, lo - self.start, found)
+            plan.records(self.records(), outs, maxes, 0, found, vals, out_codes)
+        else:
+            blocks, scratch = np.empty(0, np.uint8), None
+            before = len(found) if found is not None else 0
+            for index, raw in self.chunks:
+                lo, hi = self.meta.chunk_bounds(index)
+                check_chunk(raw, self.meta, self.compressed, str(index))
+                done, blocks = plan.blosc(
+                    raw, self.meta.chunk_rows, hi - lo, outs, maxes, lo - self.start, blocks, found, vals, out_codes
+                )
+                if not done:
+                    if scratch is None:
+                        scratch = np.empty(self.meta.chunk_rows, self.meta.dtype)
+                    decode_chunk(raw, self.meta, self.compressed, str(index), out=scratch)
+                    plan.records(scratch[: hi - lo], outs, maxes, lo - self.start, found, vals, out_codes)
+                if out_codes is not None and found is not None and len(found) > before + 1:
+                    # (a chunk's codes count from its own values: after those of the chunks before)
+                    out_codes[lo - self.start : hi - self.start] += sum(len(x) for x in found[before:-1])
+        if values is not None and vals is not None:
+            values.extend(vals)
+        if codes is not None and out_codes is not None:
+            codes.append(out_codes)
         return outs, maxes
 
 
