@@ -4,6 +4,7 @@ others written, the run record (inputs' fingerprints, outputs, bytes read) and i
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -491,3 +492,49 @@ def test_the_analyses_of_a_dataset_run_in_one_pass(small_ds, tmp_path):
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "speeds.parquet"), want, check_dtype=False, check_categorical=False
     )
+
+
+def s3_options_toml(s3) -> str:
+    o = s3.storage_options()
+    return (
+        f'[storage-options]\nkey = "{o["key"]}"\nsecret = "{o["secret"]}"\nskip_instance_cache = true\n'
+        f'client_kwargs = {{ endpoint_url = "{s3.endpoint}", region_name = "us-east-1" }}\n'
+    )
+
+
+def test_on_s3_a_missing_dataset_or_bucket_is_refused_before_anything_runs(s3, s3_small, tmp_path):
+    s3.make_bucket("l5-out")
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{s3_small}"
+
+        [analyses.c]
+        kind = "catalog"
+        output = "s3://l5-out/{{date}}/c.parquet"
+
+        [analyses.r]
+        kind = "report"
+        output = "s3://no-such-bucket/{{date}}/r.json"
+        """
+        + s3_options_toml(s3),
+    )
+    r = cli(job, "-q", "--date", DATE)
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"l5dask: error: {job}:10: [analyses.r] output on small: s3://no-such-bucket/{DATE}/r.json: the bucket "
+        "'no-such-bucket' does not exist (or is not visible with these credentials)\n"
+    )
+    assert not s3.s3fs().exists(f"l5-out/{DATE}")  # the catalog did not run
+    write(job, job.read_text().replace(s3_small, "s3://l5-test/gone.zarr").replace("no-such-bucket", "l5-out"))
+    r = cli(job, "-q")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"l5dask: error: {job}:2: dataset small: s3://l5-test/gone.zarr: "), r.stderr
+    assert len(r.stderr.splitlines()) == 1
+    # and a job whose dataset and outputs are there runs (its outputs objects of the bucket)
+    write(job, job.read_text().replace("s3://l5-test/gone.zarr", s3_small))
+    r = cli(job, "-q", "--date", DATE)
+    assert r.returncode == 0, r.stderr
+    got = pd.read_parquet(io.BytesIO(s3.s3fs().cat(f"l5-out/{DATE}/c.parquet")))
+    pd.testing.assert_frame_equal(got, l5dask.catalog(s3_small, storage_options=s3.storage_options()))
