@@ -354,11 +354,13 @@ def test_a_glob_makes_a_dataset_of_each_match_named_by_its_file(small_ds, defaul
     drops.mkdir()
     shutil.copytree(small_ds, drops / "2026-01-01.zarr")
     shutil.copytree(default_ds, drops / "2026-01-02.zarr")
+    zipped = shutil.make_archive(str(tmp_path / "zipped"), "zip", root_dir=small_ds)
     job = write(
         tmp_path / "job.toml",
         f"""\
         [datasets]
         drops = "{drops}/*.zarr"
+        zipped = "{zipped}"
 
         [analyses.count]
         kind = "aggregate"
@@ -368,8 +370,8 @@ def test_a_glob_makes_a_dataset_of_each_match_named_by_its_file(small_ds, defaul
         """,
     )
     record = run_job(job)
-    assert [i["dataset"] for i in record["inputs"]] == ["2026-01-01", "2026-01-02"]
-    for name, src in (("2026-01-01", small_ds), ("2026-01-02", default_ds)):
+    assert [i["dataset"] for i in record["inputs"]] == ["2026-01-01", "2026-01-02", "zipped"]
+    for name, src in (("2026-01-01", small_ds), ("2026-01-02", default_ds), ("zipped", small_ds)):
         got = pd.read_csv(tmp_path / "out" / f"{name}-count.csv")
         assert got["scene_index_count"].tolist() == [len(l5dask.open_dataset(src)["scenes"])]
 
