@@ -1,7 +1,7 @@
 """The statistics report in plain single-process numpy, straight from the definitions.
 
 This is what a user writes today with L5Kit: load the arrays, join with ``np.repeat``,
-compute. It is the reference of the tests (``tests/test_stats.py``) and baseline (b) of
+compute. It is the reference of the tests (``tests/prediction/test_stats.py``) and baseline (b) of
 ``benchmarks/stats_benchmark.py``. It needs every array in memory.
 """
 

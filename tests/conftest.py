@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import dask
 import numpy as np
 import pytest
 
@@ -430,3 +433,50 @@ def executed_notebooks(tmp_path_factory, s3, s3_small, dask_cluster):
             NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(cwd)}}).execute()
         nbformat.write(nb, out / path.name)
     return out
+
+
+# --- shared guards -------------------------------------------------------------------------
+
+
+class _Raising:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, dsk, keys, **kwargs):
+        self.calls += 1
+        raise RuntimeError("a dask computation while nothing should compute")
+
+
+@contextlib.contextmanager
+def raise_if_dask_computes():
+    scheduler = _Raising()
+    with dask.config.set(scheduler=scheduler):
+        yield scheduler
+    assert scheduler.calls == 0
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=5000",
+]
+
+
+def chromium(args, tmp_path, timeout=120):
+    """Headless chromium (Debian's package) run on ``args``, with a profile of its own in ``tmp_path``."""
+    require(CHROMIUM is not None, "chromium (Debian's package)")
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

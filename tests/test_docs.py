@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import require
+from .conftest import CHROMIUM, require
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)]
@@ -354,7 +354,6 @@ def test_the_site_builds_with_every_page(site):
     )
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PROBE = """
 <script>
 window.addEventListener("load", function () {

@@ -22,7 +22,7 @@ files cost as much (9.7 s of system time), so the buffer a thread reads into is 
   own bytes before they could be read again from the cache; ``true`` for every dataset; ``false``
   for none.
 
-Every read returns the same bytes as the slice of the whole file (``tests/test_diskread.py``
+Every read returns the same bytes as the slice of the whole file (``tests/core/test_diskread.py``
 compares them on ranges drawn at random, cold and in the page cache).
 
 Measured by ``python benchmarks/direct_reads.py --copies 10 --threads 8`` (as root: it drops the

@@ -192,7 +192,7 @@ def call_keys(name: str, n: int) -> list[tuple[str, str]]:
     the longest first): dask's ordering starts sibling leaves in descending key order, so call
     ``i`` is named ``n - 1 - i``, zero-padded (with ``(name, i)``, 9 ran before 12 and call 0
     last: the largest perception table parsed last cost 0.3-0.5 s of a 2.3 s load);
-    ``tests/test_engine.py`` holds the order."""
+    ``tests/core/test_engine.py`` holds the order."""
     return [(name, f"{n - 1 - i:09d}") for i in range(n)]
 
 

@@ -3,7 +3,7 @@
 
 Its formulas operation for operation (squared errors masked by availability, numpy's pairwise sums
 over time, a log-sum-exp over modes), so that each row's values are numpy's bit for bit
-(``tests/test_evaluation.py`` against L5Kit's own functions). What this beats, and by how much:
+(``tests/evaluation/test_evaluation.py`` against L5Kit's own functions). What this beats, and by how much:
 numpy's vectorised form of the same formulas over all rows at once (temporary arrays of every step
 of every mode), 9.3x (0.203 against 1.885 s for 100,000 rows of 3 modes and 50 steps, one thread:
 ``python benchmarks/handwritten_layers.py --part metrics --rows 100000``, 2026-11-27); L5Kit's own

@@ -22,7 +22,7 @@ Only what this module writes is read back (the codecs above; never a pickle or o
 
 Why not zarr-python 3: l5dask cannot depend on it. L5Kit's own stack, which l5dask's users have
 beside it, needs zarr-python 2, and the two cannot be installed in one environment; what zarr-python
-3 reads (it opens this layout natively: ``tests/test_exports.py`` checks it in a venv of its own) is
+3 reads (it opens this layout natively: ``tests/prediction/test_exports.py`` checks it in a venv of its own) is
 what matters. The writer is the shard layout's ~60 lines around numcodecs' codecs, and it is
 faster: every field of 7.0 M agents (816 MB) from memory, the same shards, chunks and codecs, all
 cores: 13.3 s against 19.8 s for zarr-python 3.1.6 (1.49x; ``python benchmarks/handwritten_layers.py

@@ -3,7 +3,7 @@ readers (:mod:`~l5dask.prediction.reading`), the zarr v3 export's reader
 (:mod:`~l5dask.prediction.columnar`), the xarray views (:mod:`~l5dask.prediction.views`) and the
 dataframes (:mod:`~l5dask.prediction.dataframe`); none of them imports it. The views and the
 dataframes are imported when one is made: they bring xarray and pandas (half a second of every
-command's start-up otherwise; ``tests/test_stats.py`` keeps the report's process free of them)."""
+command's start-up otherwise; ``tests/prediction/test_stats.py`` keeps the report's process free of them)."""
 
 from __future__ import annotations
 

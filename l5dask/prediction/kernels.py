@@ -5,11 +5,11 @@ their byte offsets, so nothing is copied out of the chunk; the loops release the
 threads scale. The numpy formulation of the same maths made many passes over each chunk
 (argmax over the 17 labels, speed, two histograms, frame lookup, a sort per scene for the
 distinct tracks). Definitions are exactly those of ``docs/statistics-report.md``;
-``tests/test_kernels.py`` and ``tests/test_stats.py`` check them against numpy.
+``tests/prediction/test_kernels.py`` and ``tests/prediction/test_stats.py`` check them against numpy.
 
 :class:`Gather` makes the columns of named numbers and argmaxes in one pass, from decoded records
 or straight from a blosc-compressed chunk (``l5dask/_blosc.h``: no records are made;
-``tests/test_encoded.py`` checks it against numcodecs' decode).
+``tests/prediction/test_encoded.py`` checks it against numcodecs' decode).
 
 Compiled with Cython when the package is installed: the module loads in a millisecond,
 where numba (used before) cost 0.75 s per process to import and load its cache.

@@ -17,8 +17,7 @@ import l5dask
 from l5dask.core.store import Store
 from l5dask.prediction import format as fmt
 from l5dask.prediction.report import compute_report, public
-
-from .conftest import DaskCluster
+from tests.conftest import DaskCluster
 
 
 def cli(*args, env=None, **kw):
@@ -230,7 +229,7 @@ def test_environment_credentials_reach_the_workers(dask_cluster, s3, s3_small, l
 def _scheduler_with_dashboard(bokeh: bool):
     """A scheduler (its dashboard asked for) and a worker, as processes; ``bokeh=False``: bokeh
     cannot be imported where the scheduler runs (dask then serves a page that says it needs it)."""
-    from .conftest import free_port
+    from tests.conftest import free_port
 
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
@@ -300,7 +299,7 @@ def test_lazy_joins_compute_on_a_cluster(dask_cluster, small_ds):
     import dask
     import numpy as np
 
-    from .conftest import read_all
+    from tests.conftest import read_all
 
     ref = read_all(small_ds)
     siv, fiv = ref["scenes"]["frame_index_interval"], ref["frames"]["agent_index_interval"]

@@ -21,10 +21,9 @@ from l5dask.errors import L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.exports import export
 from l5dask.prediction.report import compute_report
+from tests.conftest import SMALL_CHUNKS, read_all, require
 
-from .conftest import SMALL_CHUNKS, read_all, require
-
-ZARR3_PYTHON = Path(__file__).resolve().parents[1] / ".venv-zarr3" / "bin" / "python"
+ZARR3_PYTHON = Path(__file__).resolve().parents[2] / ".venv-zarr3" / "bin" / "python"
 
 
 def joins_of(d: dict) -> dict[str, dict[str, np.ndarray]]:

@@ -15,8 +15,7 @@ from l5dask.cli import main
 from l5dask.errors import L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction import surgery
-
-from .conftest import SMALL_CHUNKS, l5kit_data, read_all
+from tests.conftest import SMALL_CHUNKS, l5kit_data, read_all
 
 
 def _zarr_utils():

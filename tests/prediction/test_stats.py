@@ -18,10 +18,9 @@ from l5dask.errors import IntervalError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.joins import Joins
 from l5dask.prediction.report import compute_report, public
+from tests.conftest import read_all
 
-from .conftest import read_all
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 from numpy_reference import reference_report  # noqa: E402
 
 

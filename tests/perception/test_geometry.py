@@ -12,8 +12,7 @@ import pytest
 
 from l5dask.errors import UsageError
 from l5dask.perception import geometry as G
-
-from .perception_reference import sdk_map
+from tests.perception_reference import sdk_map
 
 
 def box3d(geometry, t, s, r):
@@ -171,8 +170,7 @@ def test_unknown_geometry_and_mismatched_pairs():
 
 def test_boxes_of_a_file(tmp_path):
     from l5dask.perception.detection import read_boxes
-
-    from .detection_data import generate, write_json
+    from tests.detection_data import generate, write_json
 
     gt, pred = generate(2, seed=1, yaws=True)
     write_json(gt, tmp_path / "gt.json")

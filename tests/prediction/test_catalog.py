@@ -27,8 +27,7 @@ import l5dask
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.catalog import GROUPS, catalog, label_column, write_catalog
-
-from .conftest import l5kit_data, read_all, require
+from tests.conftest import l5kit_data, read_all, require
 
 CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 40, fmt.AGENTS: 700, fmt.TL_FACES: 300}
 

@@ -9,8 +9,7 @@ import numpy as np
 
 import l5dask
 from l5dask.prediction import format as fmt
-
-from .conftest import read_all
+from tests.conftest import read_all
 
 
 def test_deterministic_for_a_seed(tmp_path):

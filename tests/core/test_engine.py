@@ -15,8 +15,7 @@ import l5dask
 from l5dask.core import engine
 from l5dask.core.engine import Combine, Job, Link, Pass, Reduction, Rows
 from l5dask.prediction import format as fmt
-
-from .conftest import read_all
+from tests.conftest import read_all
 
 
 def _cat(a, b):
@@ -311,7 +310,7 @@ def test_tree_combine_merges_lazy_partials_in_order_through_the_engine_tree():
     none; ``finalize`` applies the combine's finalize once, at the root."""
     from dask.delayed import delayed
 
-    from .test_laziness import raise_if_dask_computes
+    from tests.conftest import raise_if_dask_computes
 
     parts = [delayed(lambda i: [i])(i) for i in range(37)]
     combine = Combine("cat", _cat, list, finalize=len)

@@ -20,10 +20,9 @@ import pytest
 
 from l5dask.errors import FormatError
 from l5dask.perception import open_perception, perception_report
-
-from .conftest import l5kit_data, require
-from .perception_data import edge_perception, load, save
-from .perception_reference import lyft, reference_points_in_boxes, reference_report
+from tests.conftest import l5kit_data, require
+from tests.perception_data import edge_perception, load, save
+from tests.perception_reference import lyft, reference_points_in_boxes, reference_report
 
 
 def _sdk():
@@ -281,7 +280,7 @@ def test_cli_stats_and_html_report(data, tmp_path):
     from l5dask.perception.plots import PERCEPTION_FIGURES
 
     assert text.count("<figure>") == len(PERCEPTION_FIGURES) and "http" not in text.split("<body")[1]
-    from .test_html import chromium
+    from tests.conftest import chromium
 
     d = chromium(["--dump-dom", page.as_uri()], tmp_path)
     assert f'data-figures-loaded="{len(PERCEPTION_FIGURES)}"' in d.stdout, d.stderr[-2000:]

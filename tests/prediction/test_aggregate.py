@@ -18,8 +18,7 @@ from l5dask.errors import L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction import reading
 from l5dask.prediction.aggregation import aggregate
-
-from .conftest import SMALL_CHUNKS, read_all
+from tests.conftest import SMALL_CHUNKS, read_all
 
 
 @pytest.fixture(scope="module")

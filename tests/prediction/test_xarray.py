@@ -10,8 +10,7 @@ import xarray as xr
 import l5dask
 import l5dask.prediction.reading as reading
 from l5dask.prediction import format as fmt
-
-from .conftest import read_all
+from tests.conftest import read_all
 
 
 def test_views_have_named_dims_and_coords(small_ds):

@@ -14,8 +14,7 @@ import l5dask
 import l5dask.prediction.reading as reading
 from l5dask.core.store import Store
 from l5dask.prediction import format as fmt
-
-from .conftest import SMALL_CHUNKS, read_all
+from tests.conftest import SMALL_CHUNKS, read_all
 
 
 @pytest.fixture

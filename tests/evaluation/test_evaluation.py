@@ -22,10 +22,9 @@ from l5dask.evaluation import metrics as M
 from l5dask.evaluation.agents import KEEP, select_agents
 from l5dask.evaluation.ground_truth import export_zarr_to_csv
 from l5dask.prediction import format as fmt
-
-from .conftest import l5kit_data, l5kit_evaluation, l5kit_select_agents, read_all
-from .evaluation_data import edge_dataset
-from .l5kit_reference import ground_truth
+from tests.conftest import l5kit_data, l5kit_evaluation, l5kit_select_agents, read_all
+from tests.evaluation_data import edge_dataset
+from tests.l5kit_reference import ground_truth
 
 T = 12  # future frames of the generated pairs (the competition's 50 is covered by the GT tests)
 

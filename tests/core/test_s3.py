@@ -12,8 +12,7 @@ import xarray as xr
 
 import l5dask
 from l5dask.errors import NotADatasetError, StoreError
-
-from .conftest import read_all
+from tests.conftest import read_all
 
 
 def test_open_s3_matches_local(s3, s3_small, small_ds):

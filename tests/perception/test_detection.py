@@ -19,10 +19,9 @@ import pytest
 from l5dask.errors import FormatError, UsageError
 from l5dask.perception import detection
 from l5dask.perception.detection import THRESHOLDS, evaluate
-
-from .conftest import require
-from .detection_data import edge_cases, generate, write_csv, write_json
-from .perception_reference import sdk_map
+from tests.conftest import require
+from tests.detection_data import edge_cases, generate, write_csv, write_json
+from tests.perception_reference import sdk_map
 
 
 def sdk(geometry: str = "corrected"):

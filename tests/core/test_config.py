@@ -20,7 +20,7 @@ import yaml
 import l5dask
 from l5dask.core import config
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = Path(l5dask.__file__).parent
 
 

@@ -17,23 +17,7 @@ from l5dask.cli import main
 from l5dask.prediction import format as fmt
 from l5dask.prediction import plots as plot
 from l5dask.prediction.report import compute_report
-
-from .conftest import require
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--enable-logging=stderr",
-    "--v=0",
-    "--virtual-time-budget=5000",
-]
+from tests.conftest import chromium
 
 
 @pytest.fixture(scope="module")
@@ -46,16 +30,6 @@ def page(small_ds, tmp_path_factory):
     )
     assert r.returncode == 0, r.stderr
     return out
-
-
-def chromium(args, tmp_path):
-    require(CHROMIUM is not None, "chromium (Debian's package)")
-    return subprocess.run(
-        [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_page_is_self_contained(page, small_ds):

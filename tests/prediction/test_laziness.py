@@ -3,30 +3,12 @@ checks: a scheduler that raises is in force while they are built; they compute w
 
 from __future__ import annotations
 
-import contextlib
-
 import dask
 import numpy as np
 import pytest
 
 import l5dask
-
-
-class _Raising:
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self, dsk, keys, **kwargs):
-        self.calls += 1
-        raise RuntimeError("a dask computation while nothing should compute")
-
-
-@contextlib.contextmanager
-def raise_if_dask_computes():
-    scheduler = _Raising()
-    with dask.config.set(scheduler=scheduler):
-        yield scheduler
-    assert scheduler.calls == 0
+from tests.conftest import raise_if_dask_computes
 
 
 def test_views_dataframes_and_groupings_are_lazy(small_ds):

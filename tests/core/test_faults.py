@@ -13,8 +13,7 @@ import pytest
 
 from l5dask.errors import StoreError
 from l5dask.prediction.report import compute_report, public
-
-from .conftest import free_port
+from tests.conftest import free_port
 
 ERROR_503 = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 import l5dask
 from l5dask.errors import L5DaskError, NotADatasetError
 from l5dask.prediction import format as fmt
-
-from .conftest import l5kit_data, read_all
+from tests.conftest import l5kit_data, read_all
 
 
 def _l5kit_chunked_dataset():
