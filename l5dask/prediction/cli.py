@@ -107,17 +107,42 @@ def stats(dataset: str, scenes_table, quiet: bool, output, chunks_per_task, sche
 @click.argument("dataset")
 @click.option("--json", "json_path", help="also write the report (JSON) here")
 @click.option("--scenes-table", help="also write the per-scene table (Parquet)")
+@click.option(
+    "--catalog/--no-catalog",
+    "with_catalog",
+    default=True,
+    show_default=True,
+    help="a section with the scene catalog (its pass fused with the report's: each chunk read once)",
+)
 @shared(output="write the HTML report here: a path or a URL", output_required=True, chunks=True, scheduler=True)
-def report(dataset: str, json_path, scenes_table, quiet, output, chunks_per_task, scheduler, storage_options) -> None:
+def report(
+    dataset: str, json_path, scenes_table, with_catalog, quiet, output, chunks_per_task, scheduler, storage_options
+) -> None:
     """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
     from l5dask.prediction.html import write_html
     from l5dask.prediction.report import write_json, write_scene_table
 
     check_outputs(storage_options, output, json_path, scenes_table)
     start = time.perf_counter()
-    rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
+    table = None
+    if with_catalog:
+        from l5dask.core.cluster import connect
+        from l5dask.prediction.analyses import Catalog, Report, analyze
+
+        with connect(scheduler, quiet=True) as client:
+            both = analyze(
+                dataset,
+                {"report": Report(), "catalog": Catalog()},
+                storage_options=parse_storage_options(storage_options),
+                chunks_per_task=chunks_per_task,
+                progress=not quiet,
+                client=client,
+            )
+        rep, table = both["report"], both["catalog"]
+    else:
+        rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
     options = parse_storage_options(storage_options)
-    write_html(rep, output, elapsed_s=time.perf_counter() - start, storage_options=options)
+    write_html(rep, output, elapsed_s=time.perf_counter() - start, storage_options=options, catalog=table)
     if json_path:
         write_json(rep, json_path, options)
     if scenes_table:
@@ -441,6 +466,9 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
     show_default=True,
     help="the time zone (IANA name) of the local hour and weekday columns",
 )
+@click.option(
+    "--html", "html_path", help="also write the catalog's page (HTML: figures, a table that sorts and filters)"
+)
 @shared(
     output="write the catalog (Parquet) here: a path or a URL",
     output_required=True,
@@ -449,7 +477,7 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
     scheduler=True,
 )
 def catalog(
-    dataset: str, tz: str, quiet: bool, output, overwrite: bool, chunks_per_task, scheduler, storage_options
+    dataset: str, tz: str, html_path, quiet: bool, output, overwrite: bool, chunks_per_task, scheduler, storage_options
 ) -> None:
     """Write the scene catalog of DATASET (a row per scene: time, ego motion, turn, agents near the
     ego, traffic lights) from one parallel pass."""
@@ -460,6 +488,8 @@ def catalog(
     options = parse_storage_options(storage_options)
     check_tz(tz)
     check_output(output, options, overwrite)
+    if html_path:
+        check_outputs(storage_options, html_path)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         table = make(
@@ -471,6 +501,10 @@ def catalog(
             client=client,
         )
     write_catalog(table, output, options, overwrite=overwrite)
+    if html_path:
+        from l5dask.prediction.html import write_catalog_html
+
+        write_catalog_html(table, html_path, dataset, time.perf_counter() - t0, options)
     click.echo(
         f"wrote {output}: {len(table):,} scenes, {len(table.columns)} columns ({time.perf_counter() - t0:.1f} s)"
     )

@@ -173,3 +173,121 @@ REPORT_FIGURES = (
     ("scene durations", scene_durations),
     ("scene map", scene_map),
 )
+
+
+# --- the scene catalog's figures: the distribution of each column over the scenes ------------
+def catalog_tags(columns: dict[str, np.ndarray], ax=None):
+    """Scenes by turn tag: L5Kit's (``turn``) and the corrected one (``turn_unwrapped``)."""
+    ax = axes(ax)
+    names = ["left", "straight", "right", "none"]
+    width = 0.4
+    for k, col in enumerate(("turn", "turn_unwrapped")):
+        tags = [t if isinstance(t, str) else "none" for t in columns[col]]
+        counts = [tags.count(n) for n in names]
+        ax.bar(np.arange(4) + (k - 0.5) * width, counts, width=width, label=col, color=("#3b6ea8", "#e08a3c")[k])
+    ax.set_xticks(np.arange(4), names)
+    ax.set_ylabel("scenes")
+    ax.set_title("Turn tags (none: under 50 frames)")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def _counts_of(column: str, values: range, xlabel: str, title: str):
+    def draw(columns: dict[str, np.ndarray], ax=None):
+        ax = axes(ax)
+        v = np.asarray(columns[column], np.int64)
+        ax.bar(list(values), [int(np.count_nonzero(v == k)) for k in values], color="#3b6ea8")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("scenes")
+        ax.set_title(title)
+        return ax
+
+    return draw
+
+
+def catalog_hosts(columns: dict[str, np.ndarray], ax=None):
+    """Scenes by host (the car that recorded them)."""
+    ax = axes(ax)
+    hosts, counts = np.unique(np.asarray(columns["host"], str), return_counts=True)
+    ax.barh(hosts, counts, color="#3b6ea8")
+    ax.set_xlabel("scenes")
+    ax.set_title("Hosts")
+    return ax
+
+
+def catalog_histogram(column: str):
+    """The distribution of one numeric column over the scenes (NaN left out, counted in the title)."""
+
+    def draw(columns: dict[str, np.ndarray], ax=None):
+        ax = axes(ax)
+        v = np.asarray(columns[column], float)
+        finite = v[np.isfinite(v)]
+        if len(finite):
+            lo, hi = float(finite.min()), float(finite.max())
+            integers = bool(np.all(finite == np.round(finite))) and hi - lo <= 60
+            bins = np.arange(lo - 0.5, hi + 1.5) if integers else np.linspace(lo, hi if hi > lo else lo + 1, 31)
+            ax.hist(finite, bins=bins, color="#3b6ea8")
+        missing = len(v) - len(finite)
+        ax.set_xlabel(column)
+        ax.set_ylabel("scenes")
+        ax.set_title(column + (f" ({missing:,} scenes without one)" if missing else ""))
+        return ax
+
+    return draw
+
+
+def catalog_tracks(columns: dict[str, np.ndarray], ax=None):
+    """Distinct tracks per label, summed over the scenes (log scale)."""
+    ax = axes(ax)
+    items = [(c[len("tracks_") :], int(np.sum(columns[c]))) for c in columns if c.startswith("tracks_")]
+    items = sorted((kv for kv in items if kv[1]), key=lambda kv: kv[1])
+    if items:
+        ax.barh([k for k, _ in items], [v for _, v in items], color="#3b6ea8")
+        ax.set_xscale("log")
+    ax.set_xlabel("tracks, summed over scenes (log scale)")
+    ax.set_title("Distinct tracks per label")
+    return ax
+
+
+#: The catalog's numeric columns drawn as histograms, in the page's order.
+CATALOG_HISTOGRAMS = (
+    "frames",
+    "duration_s",
+    "timestamp_gaps",
+    "path_length_m",
+    "mean_speed_mps",
+    "max_speed_mps",
+    "max_accel_mps2",
+    "max_decel_mps2",
+    "max_abs_yaw_rate_rps",
+    "time_stopped_s",
+    "stops",
+    "max_agents_in_frame",
+    "vehicles_within_10m",
+    "vehicles_within_30m",
+    "pedestrians_within_10m",
+    "pedestrians_within_30m",
+    "cyclists_within_10m",
+    "cyclists_within_30m",
+    "closest_pedestrian_m",
+    "closest_cyclist_m",
+    "tl_faces_seen",
+    "tl_active_share",
+    "tl_inactive_share",
+    "tl_unknown_share",
+    "low_confidence_agents",
+)
+
+
+def catalog_figures(columns: dict[str, np.ndarray]) -> list:
+    """``(caption, draw)`` of each figure of the catalog page: the tags, hour, weekday and hosts,
+    the tracks per label, and a histogram of each numeric column the catalog has."""
+    out = [
+        ("turn tags", catalog_tags),
+        ("local hour", _counts_of("local_hour", range(24), "local hour of the start", "Scenes by local hour")),
+        ("weekday", _counts_of("local_weekday", range(7), "weekday (0 = Monday)", "Scenes by local weekday")),
+        ("hosts", catalog_hosts),
+        ("tracks per label", catalog_tracks),
+    ]
+    out += [(name, catalog_histogram(name)) for name in CATALOG_HISTOGRAMS if name in columns]
+    return out

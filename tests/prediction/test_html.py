@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -32,9 +33,17 @@ def page(small_ds, tmp_path_factory):
     return out
 
 
+def figures_of_the_report(path: str) -> int:
+    """The report's figures and its catalog section's (a figure per distribution)."""
+    from l5dask.prediction.catalog import catalog_table
+    from l5dask.prediction.html import catalog_columns
+
+    return len(plot.REPORT_FIGURES) + len(plot.catalog_figures(catalog_columns(catalog_table(path))))
+
+
 def test_page_is_self_contained(page, small_ds):
     text = page.read_text()
-    assert text.count("<figure>") == len(plot.REPORT_FIGURES)
+    assert text.count("<figure>") == figures_of_the_report(small_ds)
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", text)  # nothing fetched from a network
     assert "<link" not in text
     n = l5dask.open_dataset(small_ds).counts()
@@ -44,7 +53,7 @@ def test_page_is_self_contained(page, small_ds):
 def test_chromium_renders_title_and_figures_without_console_errors(page, tmp_path, small_ds):
     r = chromium(["--dump-dom", page.as_uri()], tmp_path)
     assert f"<title>l5dask report: {small_ds}</title>" in r.stdout
-    assert f'data-figures-loaded="{len(plot.REPORT_FIGURES)}"' in r.stdout
+    assert f'data-figures-loaded="{figures_of_the_report(small_ds)}"' in r.stdout
     assert "CONSOLE" not in r.stderr, r.stderr
     shot = tmp_path / "shot.png"
     chromium([f"--screenshot={shot}", "--window-size=1280,2400", page.as_uri()], tmp_path)
@@ -143,3 +152,115 @@ def test_plots_draw_the_report_numbers(small_ds):
     np.testing.assert_array_equal(ax.lines[-1].get_xdata(), ego[:, 0])
     ax = plot.traffic_lights(ds, 1)
     assert ax.images and ax.images[0].get_array().shape[1] == len(ego)
+
+
+# --- the scene catalog's page --------------------------------------------------------------
+CATALOG_PROBE = """
+<script>
+window.addEventListener("load", function () {
+  setTimeout(function () {
+    var t = document.getElementById("catalog-table");
+    function shown() { return Array.from(t.tBodies[0].rows).map(function (r) { return r.cells[0].textContent; }).join(","); }
+    var ths = t.querySelectorAll("th.sort"), inputs = t.querySelectorAll("input.filter");
+    var names = Array.from(ths).map(function (th) { return th.textContent; });
+    function type(name, text) {
+      var box = inputs[names.indexOf(name)];
+      box.value = text;
+      box.dispatchEvent(new Event("input"));
+    }
+    var out = {initial: shown()};
+    ths[names.indexOf("duration_s")].click();
+    out.ascending = shown();
+    ths[names.indexOf("duration_s")].click();
+    out.descending = shown();
+    type("host", "=HOST");
+    out.host = shown();
+    out.host_matching = t.getAttribute("data-matching");
+    type("max_speed_mps", ">= SPEED");
+    out.both = shown();
+    out.status = document.getElementById("catalog-status").textContent;
+    type("host", "");
+    type("max_speed_mps", "");
+    type("frames", "LO..HI");
+    out.range = shown();
+    document.documentElement.setAttribute("data-probe", JSON.stringify(out));
+  }, 300);
+});
+</script>
+"""
+
+
+@pytest.fixture(scope="module")
+def catalog_page(small_ds, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("catalog-page")
+    out, page_path = tmp / "c.parquet", tmp / "c.html"
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "catalog", small_ds, "-o", str(out), "--html", str(page_path), "-q"],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    import pandas as pd
+
+    return page_path, pd.read_parquet(out)
+
+
+def test_catalog_page_sorts_and_filters_in_chromium(catalog_page, tmp_path):
+    """Headless chromium clicks a column's name (twice) and types in the filter boxes (the page's
+    own handlers): the rows shown are the catalog's, sorted and filtered as pandas does."""
+    import html as htmlmod
+    import json
+
+    path, cat = catalog_page
+    assert len(cat) > 3
+    host = str(cat["host"].value_counts().index[0])
+    speed = float(cat["max_speed_mps"].median())
+    lo, hi = int(cat["frames"].min()), int(cat["frames"].median())
+    probe = (
+        CATALOG_PROBE.replace("HOST", host).replace("SPEED", repr(speed)).replace("LO", str(lo)).replace("HI", str(hi))
+    )
+    page_copy = tmp_path / "probe.html"
+    page_copy.write_text(path.read_text().replace("</body>", probe + "</body>"))
+    r = chromium(["--dump-dom", page_copy.as_uri()], tmp_path)
+    m = re.search(r'data-probe="([^"]*)"', r.stdout)
+    assert m, r.stderr[-2000:]
+    got = json.loads(htmlmod.unescape(m.group(1)))
+
+    def ids(frame) -> str:
+        return ",".join(str(i) for i in frame["scene_index"])
+
+    by_duration = cat.sort_values(["duration_s", "scene_index"], kind="stable")
+    assert got["initial"] == ids(cat)
+    assert got["ascending"] == ids(by_duration)
+    desc = cat.assign(neg=-cat["duration_s"]).sort_values(["neg", "scene_index"], kind="stable")
+    assert got["descending"] == ids(desc) != got["ascending"]
+    on_host = desc[desc["host"] == host]
+    assert got["host"] == ids(on_host) and got["host_matching"] == str(len(on_host)) and len(on_host) < len(cat)
+    both = on_host[on_host["max_speed_mps"] >= speed]
+    assert got["both"] == ids(both) and f"{len(both)} of {len(cat)} scenes match" in got["status"]
+    in_range = desc[(desc["frames"] >= lo) & (desc["frames"] <= hi)]
+    assert got["range"] == ids(in_range)
+    assert "CONSOLE" not in r.stderr
+
+
+def test_catalog_page_is_self_contained_and_bounded(catalog_page, monkeypatch, small_ds):
+    """No network; a figure per distribution; the embedded rows bounded (the first scenes only,
+    said on the page)."""
+    from l5dask.prediction import html as page_module
+    from l5dask.prediction.catalog import catalog_table
+    from l5dask.prediction.plots import catalog_figures
+
+    path, cat = catalog_page
+    text = path.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", text) and "<link" not in text
+    columns = page_module.catalog_columns(cat)
+    assert text.count("<figure>") == len(catalog_figures(columns))
+    monkeypatch.setattr(page_module, "MAX_PAGE_SCENES", 2)
+    small = page_module.render_catalog(catalog_table(small_ds), small_ds)
+    data = json.loads(re.search(r'id="catalog-data">(.*?)</script>', small).group(1))
+    assert [r[0] for r in data["rows"]] == [0, 1] and f"first 2 of {len(cat):,} scenes" in small
+
+
+def test_report_has_the_catalog_section(page, small_ds):
+    text = page.read_text()
+    assert "Scene catalog" in text and 'id="catalog-table"' in text
