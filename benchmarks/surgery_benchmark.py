@@ -88,7 +88,7 @@ def main() -> None:
             [l5, "concat", big, small, "--output", out, "-q"],
             [(big, 0, n_agents), (small, 0, len(l5dask.open_dataset(small)["agents"]))],
         ),
-        "subset": ([l5, "subset", big, "-o", out, "--scenes", f"{lo_s}:{hi_s}", "-q"], [(big, *sub_rows)]),
+        "subset": ([l5, "subset", big, "-o", out, "--ranges", f"{lo_s}:{hi_s}", "-q"], [(big, *sub_rows)]),
     }
     times: dict[str, list[float]] = {k: [] for k in ops}
     floors: dict[str, list[float]] = {k: [] for k in ops}

@@ -143,7 +143,7 @@ def test_outputs_are_options_everywhere(small_ds, tmp_path):
     """synth, subset, split, export and demo take their output as -o/--output, as the others."""
     ds = tmp_path / "s.zarr"
     assert cli("synth", "-o", ds, "--scenes", "3", "-q").returncode == 0
-    r = cli("subset", ds, "--output", tmp_path / "sub.zarr", "--scenes", "0:2", "-q")
+    r = cli("subset", ds, "--output", tmp_path / "sub.zarr", "--ranges", "0:2", "-q")
     assert r.returncode == 0, r.stderr
     r = cli("split", ds, "-o", tmp_path / "parts", "--part", "a=1", "--part", "b=rest", "-q")
     assert r.returncode == 0, r.stderr

@@ -47,7 +47,7 @@ def friendly(func):
             return func(*args, **kwargs)
         except L5DaskError as exc:
             click.echo(f"l5dask: error: {exc}", err=True)
-            sys.exit(EXIT_USER_ERROR)
+            sys.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))  # (an answer such as "no scene": 1)
         except KeyboardInterrupt:
             # the main thread has unwound (its outputs are atomic: nothing half-written is left);
             # end now: an interpreter exit would wait for the worker threads' reads in flight,
@@ -88,6 +88,9 @@ CONVENTION: dict[str, tuple[str, ...]] = {
     "storage_options": ("--storage-option", "-s"),
     "scheduler": ("--scheduler",),
     "chunks_per_task": ("--chunks-per-task",),
+    "scenes": ("--scenes",),
+    "scenes_from": ("--scenes-from",),
+    "catalog_file": ("--catalog",),
 }
 
 # (a storage option that an old command line gives with -o, e.g. anon=true or
@@ -173,6 +176,35 @@ chunks_option = click.option(
 )
 
 
+#: The scene filters of the commands that read a dataset: plain strings here, read by the system
+#: that knows the dataset (``l5dask.prediction.cli.scene_filter``).
+scene_options = [
+    click.option(
+        *CONVENTION["scenes"],
+        "scenes",
+        default=None,
+        metavar="EXPR",
+        help="only the scenes where EXPR holds over the scene catalog's columns (the where language of agg), "
+        "e.g. \"turn == 'left' and local_hour >= 19\"",
+    ),
+    click.option(
+        *CONVENTION["scenes_from"],
+        "scenes_from",
+        default=None,
+        metavar="FILE",
+        help="only the scenes listed in FILE (scene indices, one a line) or flagged by the one boolean column of "
+        "a catalog Parquet of the dataset",
+    ),
+    click.option(
+        *CONVENTION["catalog_file"],
+        "catalog_file",
+        default=None,
+        metavar="FILE",
+        help="the scene catalog --scenes reads (l5dask catalog DATASET -o FILE); default: computed on the fly",
+    ),
+]
+
+
 def shared(
     *,
     output: str | None = None,
@@ -182,12 +214,14 @@ def shared(
     storage: bool = True,
     scheduler: bool = False,
     chunks: bool = False,
+    scenes: bool = False,
 ) -> Any:
     """Every command's one declaration of its shared options (after its own) and of the one error
     path (:func:`friendly`): ``-q/--quiet`` always; ``-o/--output`` with ``output`` as its help;
     ``--overwrite`` with ``overwrite`` saying what it replaces; ``-s/--storage-option`` unless
     ``storage`` is false (a command that writes only local files); ``--scheduler`` and
-    ``--chunks-per-task`` for the commands that run passes."""
+    ``--chunks-per-task`` for the commands that run passes; ``--scenes``, ``--scenes-from`` and
+    ``--catalog`` (``scenes``) for the commands that read a dataset."""
 
     def apply(func: Any) -> Any:
         func = friendly(func)
@@ -196,6 +230,8 @@ def shared(
             options.append(output_option(output, required=output_required, default=output_default))
         if overwrite is not None:
             options.append(overwrite_option(overwrite))
+        if scenes:
+            options.extend(scene_options)
         if chunks:
             options.append(chunks_option)
         if scheduler:

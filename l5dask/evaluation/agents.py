@@ -33,7 +33,7 @@ from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
 from l5dask.core.policy import auto_chunks_per_task
 from l5dask.core.store import Store
-from l5dask.errors import FormatError, OutputError
+from l5dask.errors import FormatError, OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.surgery import scene_table
@@ -264,6 +264,11 @@ def select_agents(
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(threshold), float(yaw_degrees), float(extent_ratio), float(distance_m))
     name = mask_name(th.threshold)
+    if output is None and getattr(ds, "parent", None) is not None:
+        raise UsageError(
+            "select_agents on a dataset restricted to some scenes writes the mask of their agents: give output= "
+            "(it cannot go into the stored dataset, whose agents are all the scenes')"
+        )
     if output is None:
         store, array_name = ds.store, name
         exists = name.split("/", 1)[1] in ds.masks

@@ -83,6 +83,7 @@ def _shown(name: str, v) -> str:
     overwrite="an existing mask",
     chunks=True,
     scheduler=True,
+    scenes=True,
 )
 def select_agents(
     dataset,
@@ -93,6 +94,9 @@ def select_agents(
     quiet,
     output,
     overwrite,
+    scenes,
+    scenes_from,
+    catalog_file,
     chunks_per_task,
     scheduler,
     storage_options,
@@ -101,13 +105,20 @@ def select_agents(
     its report and past/future table."""
     from l5dask.core.cluster import connect
     from l5dask.core.outputs import json_text
+    from l5dask.errors import UsageError
     from l5dask.evaluation.agents import mask_name, table_text
     from l5dask.evaluation.agents import select_agents as run
+    from l5dask.prediction.cli import scene_filter
 
+    if (scenes is not None or scenes_from is not None) and not output:
+        raise UsageError(
+            "select-agents with --scenes or --scenes-from writes the mask of those scenes' agents: give -o for it "
+            "(it cannot go into DATASET, whose agents are all the scenes')"
+        )
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rep = run(
-            dataset,
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
             threshold,
             yaw_degrees,
             extent_ratio,
@@ -130,7 +141,7 @@ def select_agents(
 @click.option("--mask", "mask", help="L5Kit's mask.npz (key arr_0): the agents to export")
 @click.option("--min-history", default=None, type=click.IntRange(0), help="with the agents mask [default: 10]")
 @click.option("--min-future", default=None, type=click.IntRange(0), help="with the agents mask [default: 1]")
-@shared(output="the GT CSV: a path or a URL", output_required=True, chunks=True, scheduler=True)
+@shared(output="the GT CSV: a path or a URL", output_required=True, chunks=True, scheduler=True, scenes=True)
 def gt(
     dataset,
     future_frames,
@@ -140,11 +151,15 @@ def gt(
     min_future,
     quiet,
     output,
+    scenes,
+    scenes_from,
+    catalog_file,
     chunks_per_task,
     scheduler,
     storage_options,
 ) -> None:
-    """The ground-truth CSV of DATASET as L5Kit's export_zarr_to_csv writes it."""
+    """The ground-truth CSV of DATASET (or of the scenes --scenes and --scenes-from keep) as
+    L5Kit's export_zarr_to_csv writes it."""
     from l5dask.core.cluster import connect
     from l5dask.errors import UsageError
     from l5dask.evaluation.ground_truth import (
@@ -152,6 +167,7 @@ def gt(
         MIN_FRAME_HISTORY,
         export_zarr_to_csv,
     )
+    from l5dask.prediction.cli import scene_filter
 
     if mask and (min_history is not None or min_future is not None):
         raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
@@ -159,7 +175,7 @@ def gt(
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rows = export_zarr_to_csv(
-            dataset,
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
             output,
             future_frames,
             threshold,
@@ -190,6 +206,7 @@ def gt(
     overwrite="what exists there",
     chunks=True,
     scheduler=True,
+    scenes=True,
 )
 def chop(
     dataset,
@@ -200,6 +217,9 @@ def chop(
     quiet,
     output,
     overwrite,
+    scenes,
+    scenes_from,
+    catalog_file,
     chunks_per_task,
     scheduler,
     storage_options,
@@ -207,11 +227,12 @@ def chop(
     """L5Kit's create_chopped_dataset: OUTPUT/<dataset name> chopped at --frames, mask.npz, gt.csv."""
     from l5dask.core.cluster import connect
     from l5dask.evaluation.chop import create_chopped_dataset
+    from l5dask.prediction.cli import scene_filter
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         out = create_chopped_dataset(
-            dataset,
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
             threshold,
             frames,
             future_frames,

@@ -26,8 +26,6 @@ holds one float32 value), with ``quantile_bits=52`` every column is.
 
 from __future__ import annotations
 
-import ast
-import copy
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -35,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core import config
 from l5dask.core.engine import Job, Pass, Plan, Reduction
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.errors import UsageError
@@ -53,6 +50,7 @@ from l5dask.prediction.groupby import (
 )
 from l5dask.prediction.groupby import empty_part as group_empty_part
 from l5dask.prediction.joins import declared_parent_link
+from l5dask.prediction.where import evaluate_where, where_columns
 
 #: Groups allowed unless the caller says otherwise (checked before computing).
 MAX_GROUPS = 10_000_000
@@ -106,194 +104,6 @@ class Spec:
             self.where,
             self.quantile_bits,
         )
-
-
-# --- where ----------------------------------------------------------------------------------
-_CMP = {
-    ast.Eq: np.equal,
-    ast.NotEq: np.not_equal,
-    ast.Lt: np.less,
-    ast.LtE: np.less_equal,
-    ast.Gt: np.greater,
-    ast.GtE: np.greater_equal,
-}
-_BIN = {
-    ast.Add: np.add,
-    ast.Sub: np.subtract,
-    ast.Mult: np.multiply,
-    ast.Div: np.true_divide,
-    ast.FloorDiv: np.floor_divide,
-    ast.Mod: np.mod,
-    ast.Pow: np.power,
-    ast.BitAnd: np.logical_and,
-    ast.BitOr: np.logical_or,
-}
-
-
-@functools.lru_cache(maxsize=64)
-def _parse(text: str) -> ast.Expression:
-    try:
-        return ast.parse(text.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise UsageError(f"where {text!r} does not parse: {exc.msg} (at column {exc.offset})") from None
-
-
-config.on_reset(_parse.cache_clear)
-
-
-@functools.lru_cache(maxsize=64)
-def _named(text: str, categories: tuple[tuple[str, tuple[str, ...]], ...]) -> ast.Expression:
-    """The parsed ``where`` with each bare name compared with a categorical column (``categories``:
-    its names) that is one of its categories read as that category, as if quoted: ``label ==
-    PERCEPTION_LABEL_CAR``, ``label in [PERCEPTION_LABEL_CAR, PERCEPTION_LABEL_VAN]``. Unambiguous:
-    the only other reading, the column of that name (the label's probability), cannot be compared
-    with a category."""
-    cats = dict(categories)
-    tree = copy.deepcopy(_parse(text))
-
-    def as_category(node: ast.expr, names: tuple[str, ...]) -> ast.expr:
-        if isinstance(node, ast.Name) and node.id in names:
-            return ast.copy_location(ast.Constant(node.id), node)
-        if isinstance(node, (ast.List, ast.Tuple)):
-            node.elts = [as_category(e, names) for e in node.elts]
-        return node
-
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            for i in range(len(operands) - 1):
-                for x, y in ((i, i + 1), (i + 1, i)):
-                    a = operands[x]
-                    if isinstance(a, ast.Name) and a.id in cats:
-                        operands[y] = as_category(operands[y], cats[a.id])
-            node.left, node.comparators = operands[0], operands[1:]
-    return tree
-
-
-config.on_reset(_named.cache_clear)
-
-
-def where_columns(text: str, table: Table) -> list[str]:
-    """The columns a ``where`` names, checked (its syntax too) before any computation."""
-    named = {
-        n.id
-        for n in ast.walk(_parse(text))
-        if isinstance(n, ast.Name) and n.id in table.columns and table.columns[n.id].categorical
-    }
-    tree = _named(text, tuple((n, tuple(table.categories(n) or ())) for n in sorted(named)))
-    names: list[str] = []
-
-    def check(node: ast.AST) -> None:
-        if isinstance(node, ast.Name):
-            names.append(node.id)
-        elif isinstance(node, ast.Constant):
-            if not isinstance(node.value, (int, float, str, bool)):
-                raise UsageError(f"where {text!r}: {node.value!r} is not a number or a string")
-        elif (
-            isinstance(node, ast.BoolOp)
-            and isinstance(node.op, (ast.And, ast.Or))
-            or isinstance(node, ast.UnaryOp)
-            and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd, ast.Invert))
-            or isinstance(node, ast.BinOp)
-            and type(node.op) in _BIN
-            or isinstance(node, (ast.List, ast.Tuple))
-        ):
-            pass
-        elif isinstance(node, ast.Compare):
-            if not all(type(op) in _CMP or isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-                raise UsageError(f"where {text!r}: only ==, !=, <, <=, >, >=, in and not in compare")
-        elif not isinstance(node, (ast.Expression, ast.Load, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)):
-            raise UsageError(
-                f"where {text!r}: {ast.unparse(node)!r} is not allowed (columns, numbers, strings, "
-                "comparisons, and/or/not, arithmetic)"
-            )
-        for child in ast.iter_child_nodes(node):
-            check(child)
-
-    check(tree)
-    # a bare name compared with a categorical column that is none of its categories is said to be
-    # no category (below), not an unknown column
-    compared = {
-        e.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Compare)
-        and any(isinstance(o, ast.Name) and o.id in named for o in (node.left, *node.comparators))
-        for o in (node.left, *node.comparators)
-        for e in (o.elts if isinstance(o, (ast.List, ast.Tuple)) else [o])
-        if isinstance(e, ast.Name) and e.id not in named
-    }
-    unknown = [n for n in dict.fromkeys(names) if n not in table.columns and n not in compared]
-    if unknown:
-        raise UsageError(
-            f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}; the columns of {fmt.SHORT_NAMES[table.array]} are: "
-            f"{', '.join(table.columns)}"
-        )
-    if not names:
-        raise UsageError(f"where {text!r} names no column")
-    # categorical columns compare with their category names, and only by (in)equality
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            for op, a, b in zip(node.ops, operands, operands[1:]):
-                for x, y in ((a, b), (b, a)):
-                    if isinstance(x, ast.Name) and table.columns[x.id].categorical:
-                        if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
-                            raise UsageError(f"where {text!r}: {x.id} is categorical: compare it with == or in")
-                        cats = list(table.categories(x.id) or ())
-                        consts = y.elts if isinstance(y, (ast.List, ast.Tuple)) else [y]
-                        for c in consts:
-                            if not (isinstance(c, ast.Constant) and c.value in cats):
-                                raise UsageError(
-                                    f"where {text!r}: {ast.unparse(c)} is not a {x.id}; they are: {', '.join(cats)}"
-                                )
-    return list(dict.fromkeys(names))
-
-
-def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None = None):
-    """The value of a node of a ``where`` over one chunk (module level: no reference cycle keeps
-    the chunk's columns alive)."""
-    if isinstance(node, ast.Expression):
-        return _value(node.body, chunk, categories)
-    if isinstance(node, ast.Name):
-        return chunk[node.id]
-    if isinstance(node, ast.Constant):
-        return cats.index(node.value) if cats is not None and isinstance(node.value, str) else node.value
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return [_value(e, chunk, categories, cats) for e in node.elts]
-    if isinstance(node, ast.BoolOp):
-        parts = [np.asarray(_value(v, chunk, categories), bool) for v in node.values]
-        return functools.reduce(np.logical_and if isinstance(node.op, ast.And) else np.logical_or, parts)
-    if isinstance(node, ast.UnaryOp):
-        v = _value(node.operand, chunk, categories)
-        if isinstance(node.op, (ast.Not, ast.Invert)):
-            return np.logical_not(v)
-        return -v if isinstance(node.op, ast.USub) else v
-    if isinstance(node, ast.BinOp):
-        return _BIN[type(node.op)](_value(node.left, chunk, categories), _value(node.right, chunk, categories))
-    if isinstance(node, ast.Compare):
-        operands = [node.left, *node.comparators]
-        out = None
-        for op, a, b in zip(node.ops, operands, operands[1:]):
-            ca = categories.get(a.id) if isinstance(a, ast.Name) else None
-            cb = categories.get(b.id) if isinstance(b, ast.Name) else None
-            left, right = _value(a, chunk, categories, cb), _value(b, chunk, categories, ca)
-            if isinstance(op, (ast.In, ast.NotIn)):
-                r = np.isin(left, np.asarray(right))
-                r = ~r if isinstance(op, ast.NotIn) else r
-            else:
-                r = _CMP[type(op)](left, right)
-            out = r if out is None else out & r
-        return out
-    raise UsageError(f"where: {ast.unparse(node)!r} is not allowed")
-
-
-def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> np.ndarray:
-    """The rows of a chunk (:class:`l5dask.prediction.columns.Chunk`) that ``text`` keeps."""
-    keep = np.asarray(_value(_named(text, tuple(sorted(categories.items()))), chunk, categories))
-    if keep.dtype != bool:
-        raise UsageError(f"where {text!r} is not a condition (it gives {keep.dtype} values)")
-    return np.broadcast_to(keep, (len(chunk),))
 
 
 # --- the partial ----------------------------------------------------------------------------

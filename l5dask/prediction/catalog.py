@@ -23,7 +23,6 @@ by the same function, whatever the chunks and tasks.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +37,7 @@ from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
 from l5dask.prediction.kernels import catalog_agents, gather, key_runs
+from l5dask.prediction.scenes import fingerprint, scenes_digest
 
 #: L5Kit's ``categorize_scenes.py``: a turn is a yaw change of at least this (rad) ...
 TURN_THRESH = 1.0
@@ -60,6 +60,8 @@ LOW_CONFIDENCE = 0.5
 DEFAULT_TZ = "America/Los_Angeles"
 #: The key of the dataset's fingerprint in a catalog's Parquet metadata.
 CATALOG_KEY = "l5dask.catalog"
+#: The key of the scenes' digest in the schema metadata of a catalog not yet fingerprinted.
+SCENES_KEY = "l5dask.scenes_sha256"
 #: Label groups, by L5Kit label name.
 GROUPS: dict[str, tuple[str, ...]] = {
     "vehicles": tuple(
@@ -578,9 +580,11 @@ def assemble(
     for k, status in enumerate(fmt.TL_FACE_STATUSES):
         cols[f"tl_{status.lower()}_share"] = np.where(frames > 0, fc[:, 1 + k] / np.maximum(frames, 1), np.nan)
     cols["low_confidence_agents"] = sums[:, 0] if sums.shape[1] else np.zeros(n, np.int64)
-    return pa.Table.from_arrays(
+    table = pa.Table.from_arrays(
         [c if isinstance(c, pa.Array) else arrow_numbers(np.asarray(c)) for c in cols.values()], names=list(cols)
     )
+    # (the digest of the scenes' records, for the fingerprint: from the records read here)
+    return table.replace_schema_metadata({SCENES_KEY: scenes_digest(scenes).encode()})
 
 
 def arrow_numbers(values: np.ndarray):
@@ -606,21 +610,6 @@ def arrow_strings(values: list[str], valid: np.ndarray | None = None):
 
 
 CATALOG_AGENT_FIELDS = ("centroid", "track_id", "label_probabilities")
-
-
-def fingerprint(ds) -> dict[str, Any]:
-    """What identifies the dataset a catalog was made of: its path, each array's length and chunk
-    size, and a digest of each array's stored metadata (``.zarray``)."""
-    arrays = {}
-    for name, arr in ds.arrays.items():
-        raw = ds.store.get_metadata(f"{name}/.zarray") or b""
-        arrays[name] = {
-            "length": len(arr),
-            "chunk_rows": arr.meta.chunk_rows,
-            "nchunks": arr.meta.nchunks,
-            "zarray_sha256": hashlib.sha256(raw).hexdigest(),
-        }
-    return {"dataset": ds.url, "arrays": arrays}
 
 
 def catalog_table(
@@ -708,8 +697,12 @@ def catalog_plan(ds: L5Dataset, job: Job, tz: str = DEFAULT_TZ) -> Plan:
 
 def with_fingerprint(table, ds: L5Dataset):
     """The catalog (a pyarrow Table) with the dataset's :func:`fingerprint` in its schema metadata."""
-    meta = {CATALOG_KEY: json.dumps({"version": 1, **fingerprint(ds)}).encode()}
-    return table.replace_schema_metadata({**(table.schema.metadata or {}), **meta})
+    meta = dict(table.schema.metadata or {})
+    digest = meta.pop(SCENES_KEY.encode(), None)
+    meta[CATALOG_KEY.encode()] = json.dumps(
+        {"version": 1, **fingerprint(ds, digest.decode() if digest else None)}
+    ).encode()
+    return table.replace_schema_metadata(meta)
 
 
 def as_frame(table):

@@ -14,6 +14,52 @@ import click
 from l5dask.core.commands import check_outputs, parse_storage_options, shared
 
 
+def scene_filter(
+    dataset: str, scenes, scenes_from, catalog_file, storage_options, quiet: bool = False, client: Any = None
+) -> Any:
+    """What a command reads: ``dataset`` as given when no scene filter is, else the dataset
+    restricted to the scenes ``--scenes`` and ``--scenes-from`` choose (both: the scenes both
+    choose), made before any output is written. ``--scenes`` reads the ``--catalog`` FILE (checked
+    against the dataset), else the catalog computed here, said on stderr."""
+    from l5dask.errors import UsageError
+
+    if scenes is None and scenes_from is None:
+        if catalog_file is not None:
+            raise UsageError("--catalog is read by --scenes: give --scenes EXPR too")
+        return dataset
+    import numpy as np
+
+    from l5dask.prediction import format as fmt
+    from l5dask.prediction.catalog import catalog as make
+    from l5dask.prediction.dataset import open_dataset
+    from l5dask.prediction.scenes import NoScenesError, query_indices, read_scene_list
+
+    options = parse_storage_options(storage_options)
+    ds = open_dataset(dataset, storage_options=options)
+    n = len(ds[fmt.SCENES])
+    keep = np.ones(n, bool)
+    if scenes_from is not None:
+        chosen = np.zeros(n, bool)
+        chosen[read_scene_list(scenes_from, ds, options)] = True
+        keep &= chosen
+    if scenes is not None:
+        table: Any = catalog_file
+        if table is None:
+            if not quiet:
+                click.echo(
+                    f"l5dask: no --catalog given: computing the scene catalog of {dataset} for --scenes "
+                    "(l5dask catalog DATASET -o FILE makes one to reuse)",
+                    err=True,
+                )
+            table = make(ds, storage_options=options, progress=not quiet, client=client)
+        chosen = np.zeros(n, bool)
+        chosen[query_indices(ds, scenes, table, options)] = True
+        keep &= chosen
+    if not keep.any():
+        raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
+    return ds.isel(scene=keep, client=client)
+
+
 @click.command()
 @click.option("--scenes", default=10, show_default=True, type=click.IntRange(0), help="number of scenes")
 @click.option("--seed", default=0, show_default=True, type=int)
@@ -68,8 +114,9 @@ def info(dataset: str, quiet: bool, storage_options) -> None:
         )
 
 
-def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler) -> dict:
-    """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr)."""
+def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler, filters=(None, None, None)) -> dict:
+    """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr),
+    over the scenes ``filters`` (``--scenes``, ``--scenes-from``, ``--catalog``) choose."""
     from l5dask.core.cluster import connect, dashboard
     from l5dask.prediction.report import compute_report
 
@@ -77,7 +124,7 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
         if client is not None and not quiet:
             click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {dashboard(client)}", err=True)
         return compute_report(
-            dataset,
+            scene_filter(dataset, filters[0], filters[1], filters[2], storage_options, quiet, client),
             storage_options=parse_storage_options(storage_options),
             chunks_per_task=chunks_per_task,
             progress=not quiet,
@@ -88,13 +135,27 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
 @click.command()
 @click.argument("dataset")
 @click.option("--scenes-table", help="write the per-scene table (Parquet) here: a path or a URL")
-@shared(output="write the report (JSON) here: a path or an s3:// (fsspec) URL", chunks=True, scheduler=True)
-def stats(dataset: str, scenes_table, quiet: bool, output, chunks_per_task, scheduler, storage_options) -> None:
-    """Compute the standard statistics report of DATASET in one parallel pass."""
+@shared(
+    output="write the report (JSON) here: a path or an s3:// (fsspec) URL", chunks=True, scheduler=True, scenes=True
+)
+def stats(
+    dataset: str,
+    scenes_table,
+    quiet: bool,
+    output,
+    scenes,
+    scenes_from,
+    catalog_file,
+    chunks_per_task,
+    scheduler,
+    storage_options,
+) -> None:
+    """Compute the standard statistics report of DATASET (or of the scenes --scenes and
+    --scenes-from choose) in one parallel pass."""
     from l5dask.prediction.report import summary_text, write_json, write_scene_table
 
     check_outputs(storage_options, output, scenes_table)
-    report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
+    report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler, (scenes, scenes_from, catalog_file))
     options = parse_storage_options(storage_options)
     if output:
         write_json(report, output, options)
@@ -108,15 +169,27 @@ def stats(dataset: str, scenes_table, quiet: bool, output, chunks_per_task, sche
 @click.option("--json", "json_path", help="also write the report (JSON) here")
 @click.option("--scenes-table", help="also write the per-scene table (Parquet)")
 @click.option(
-    "--catalog/--no-catalog",
-    "with_catalog",
-    default=True,
-    show_default=True,
-    help="a section with the scene catalog (its pass fused with the report's: each chunk read once)",
+    "--no-catalog",
+    "no_catalog",
+    is_flag=True,
+    help="leave out the section of the scene catalog (its pass is fused with the report's: each chunk read once)",
 )
-@shared(output="write the HTML report here: a path or a URL", output_required=True, chunks=True, scheduler=True)
+@shared(
+    output="write the HTML report here: a path or a URL", output_required=True, chunks=True, scheduler=True, scenes=True
+)
 def report(
-    dataset: str, json_path, scenes_table, with_catalog, quiet, output, chunks_per_task, scheduler, storage_options
+    dataset: str,
+    json_path,
+    scenes_table,
+    no_catalog,
+    quiet,
+    output,
+    scenes,
+    scenes_from,
+    catalog_file,
+    chunks_per_task,
+    scheduler,
+    storage_options,
 ) -> None:
     """A self-contained HTML report of DATASET (figures inlined), from the same one pass as stats."""
     from l5dask.prediction.html import write_html
@@ -125,13 +198,14 @@ def report(
     check_outputs(storage_options, output, json_path, scenes_table)
     start = time.perf_counter()
     table = None
-    if with_catalog:
+    filters = (scenes, scenes_from, catalog_file)
+    if not no_catalog:
         from l5dask.core.cluster import connect
         from l5dask.prediction.analyses import Catalog, Report, analyze
 
         with connect(scheduler, quiet=True) as client:
             both = analyze(
-                dataset,
+                scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
                 {"report": Report(), "catalog": Catalog()},
                 storage_options=parse_storage_options(storage_options),
                 chunks_per_task=chunks_per_task,
@@ -140,7 +214,7 @@ def report(
             )
         rep, table = both["report"], both["catalog"]
     else:
-        rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler)
+        rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler, filters)
     options = parse_storage_options(storage_options)
     write_html(rep, output, elapsed_s=time.perf_counter() - start, storage_options=options, catalog=table)
     if json_path:
@@ -179,6 +253,7 @@ def report(
     output="write the result here (.parquet or .csv; a path or an s3:// URL); default: print it",
     chunks=True,
     scheduler=True,
+    scenes=True,
 )
 def agg(
     dataset: str,
@@ -190,6 +265,9 @@ def agg(
     quantile_bits,
     quiet: bool,
     output,
+    scenes,
+    scenes_from,
+    catalog_file,
     chunks_per_task,
     scheduler,
     storage_options,
@@ -213,7 +291,7 @@ def agg(
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
     with connect(scheduler, quiet=True) as client:
         result = agg_mod.aggregate_result(
-            dataset,
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
             array,
             by=[b.strip() for b in by.split(",") if b.strip()],
             values=values_map,
@@ -288,25 +366,31 @@ def _written(ds, seconds: float) -> None:
     click.echo(f"wrote {ds.url}: {counts}{masks} ({seconds:.1f} s)")
 
 
-def _surgery(op, *args, scheduler, storage_options, quiet, **kw):
-    """Run one surgery operation (:mod:`l5dask.prediction.surgery`) on the embedded default or a cluster."""
+def _surgery(op, *args, scheduler, storage_options, quiet, filters=None, **kw):
+    """Run one surgery operation (:mod:`l5dask.prediction.surgery`) on the embedded default or a
+    cluster; ``filters`` (``--scenes``, ``--scenes-from``, ``--catalog``): on its first argument, the dataset."""
     from l5dask.core.cluster import connect
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
+        if filters is not None:
+            args = (scene_filter(args[0], *filters, storage_options, quiet, client), *args[1:])
         out = op(*args, storage_options=parse_storage_options(storage_options), client=client, progress=not quiet, **kw)
     for ds in out.values() if isinstance(out, dict) else [out]:
         _written(ds, time.perf_counter() - t0)
 
 
-def writer_options(output: str) -> Any:
-    """The shared options of the commands that write a dataset or an export."""
-    return shared(output=output, output_required=True, overwrite="what exists there", chunks=True, scheduler=True)
+def writer_options(output: str, scenes: bool = True) -> Any:
+    """The shared options of the commands that write a dataset or an export (``scenes``: with the
+    scene filters, for those that read one dataset)."""
+    return shared(
+        output=output, output_required=True, overwrite="what exists there", chunks=True, scheduler=True, scenes=scenes
+    )
 
 
 @click.command()
 @click.argument("inputs", nargs=-1, required=True)
-@writer_options("the concatenated dataset: a folder or a URL")
+@writer_options("the concatenated dataset: a folder or a URL", scenes=False)
 def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage_options) -> None:
     """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
     parallel; agent masks that every input holds are concatenated too. Inputs that cannot be
@@ -327,7 +411,7 @@ def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage
 
 @click.command()
 @click.argument("dataset")
-@click.option("--scenes", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
+@click.option("--ranges", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
 @click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
 @click.option(
     "--start",
@@ -338,17 +422,40 @@ def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage
 @click.option("--end", default=None, metavar="ISO", help="... and before this time")
 @writer_options("the dataset of the scenes kept: a folder or a URL")
 def subset(
-    dataset, scenes, hosts, start, end, quiet, output, overwrite, chunks_per_task, scheduler, storage_options
+    dataset,
+    ranges,
+    hosts,
+    start,
+    end,
+    quiet,
+    output,
+    overwrite,
+    scenes,
+    scenes_from,
+    catalog_file,
+    chunks_per_task,
+    scheduler,
+    storage_options,
 ) -> None:
     """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
-    intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold."""
+    intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold (the
+    ranges, hosts and times then count the scenes --scenes and --scenes-from keep)."""
+    from l5dask.errors import UsageError
     from l5dask.prediction.surgery import subset as op
 
+    filters = (scenes, scenes_from, catalog_file)
+    if catalog_file is not None and scenes is None:
+        raise UsageError("--catalog is read by --scenes: give --scenes EXPR too")
+    if scenes is None and scenes_from is None and ranges is None and hosts is None and start is None and end is None:
+        raise UsageError("say which scenes to keep: --scenes, --scenes-from, --ranges, --hosts, or --start/--end")
+    if ranges is None and hosts is None and start is None and end is None:
+        ranges = "0:"  # (every scene the filters keep)
     _surgery(
         op,
         dataset,
         output,
-        scenes=scenes,
+        filters=filters,
+        scenes=ranges,
         hosts=hosts,
         start=start,
         end=end,
@@ -372,8 +479,21 @@ def subset(
     "(GB of 1024^3 bytes), or the rest (last); repeatable, in order",
 )
 @writer_options("the folder of the parts (OUTPUT/NAME each): a path or a URL")
-def split(dataset, parts, quiet, output, overwrite, chunks_per_task, scheduler, storage_options) -> None:
-    """Split DATASET into consecutive parts of scenes, each a dataset under OUTPUT."""
+def split(
+    dataset,
+    parts,
+    quiet,
+    output,
+    overwrite,
+    scenes,
+    scenes_from,
+    catalog_file,
+    chunks_per_task,
+    scheduler,
+    storage_options,
+) -> None:
+    """Split DATASET (or the scenes --scenes and --scenes-from keep) into consecutive parts of
+    scenes, each a dataset under OUTPUT."""
     from l5dask.prediction.surgery import split as op
 
     _surgery(
@@ -381,6 +501,7 @@ def split(dataset, parts, quiet, output, overwrite, chunks_per_task, scheduler, 
         dataset,
         output,
         list(parts),
+        filters=(scenes, scenes_from, catalog_file),
         overwrite=overwrite,
         chunks_per_task=chunks_per_task,
         scheduler=scheduler,
@@ -402,15 +523,28 @@ def split(dataset, parts, quiet, output, overwrite, chunks_per_task, scheduler, 
     "a zarr v3 group, one sharded array per field (zarr-python 3, xarray; l5dask reads it back)",
 )
 @writer_options("the export: a folder or a URL")
-def export(dataset, format_, quiet, output, overwrite, chunks_per_task, scheduler, storage_options) -> None:
-    """Export every array of DATASET to OUTPUT (a folder or URL) in a columnar format."""
+def export(
+    dataset,
+    format_,
+    quiet,
+    output,
+    overwrite,
+    scenes,
+    scenes_from,
+    catalog_file,
+    chunks_per_task,
+    scheduler,
+    storage_options,
+) -> None:
+    """Export every array of DATASET (or of the scenes --scenes and --scenes-from keep) to OUTPUT
+    (a folder or URL) in a columnar format."""
     from l5dask.core.cluster import connect
     from l5dask.prediction.exports import export as op
 
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rows = op(
-            dataset,
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
             output,
             format_,
             storage_options=parse_storage_options(storage_options),
@@ -475,9 +609,21 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
     overwrite="the file that exists at the output",
     chunks=True,
     scheduler=True,
+    scenes=True,
 )
 def catalog(
-    dataset: str, tz: str, html_path, quiet: bool, output, overwrite: bool, chunks_per_task, scheduler, storage_options
+    dataset: str,
+    tz: str,
+    html_path,
+    quiet: bool,
+    output,
+    overwrite: bool,
+    scenes,
+    scenes_from,
+    catalog_file,
+    chunks_per_task,
+    scheduler,
+    storage_options,
 ) -> None:
     """Write the scene catalog of DATASET (a row per scene: time, ego motion, turn, agents near the
     ego, traffic lights) from one parallel pass."""
@@ -493,7 +639,7 @@ def catalog(
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         table = make(
-            dataset,
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
             tz=tz,
             storage_options=options,
             chunks_per_task=chunks_per_task,

@@ -13,14 +13,18 @@ from collections.abc import Sequence
 from functools import cached_property
 from typing import Any
 
+import numpy as np
+
 from l5dask.core.cluster import warm_workers
 from l5dask.core.diskread import memory_bytes
+from l5dask.core.engine import Job
 from l5dask.core.policy import default_client, thread_pool
 from l5dask.core.store import Store, open_store
-from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
+from l5dask.errors import FormatError, NotADatasetError, UnknownNameError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columnar import columnar_arrays, is_columnar
 from l5dask.prediction.reading import L5Array, check_last_chunk, touch
+from l5dask.prediction.scenes import query_indices, restriction, scene_indices
 
 
 class L5Dataset:
@@ -29,8 +33,21 @@ class L5Dataset:
     Use :func:`~l5dask.prediction.dataset.open_dataset` to make one.
     """
 
-    def __init__(self, store: Store, arrays: dict[str, L5Array], attrs: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        arrays: dict[str, L5Array],
+        attrs: dict[str, Any],
+        masks: dict[str, L5Array] | None = None,
+        parent: L5Dataset | None = None,
+        scene_indices: np.ndarray | None = None,
+    ) -> None:
         self.store, self.arrays, self.attrs = store, arrays, attrs
+        #: The stored dataset this one restricts to some scenes (``None``: it is stored), and the
+        #: indices of those scenes there (:meth:`isel`, :meth:`query`).
+        self.parent, self.scene_indices = parent, scene_indices
+        if masks is not None:
+            self.__dict__["masks"] = masks  # (the cached property's value)
 
     @property
     def url(self) -> str:
@@ -70,6 +87,54 @@ class L5Dataset:
                 out[name] = L5Array(self.store, meta, fmt.is_compressed(raw))
                 check_last_chunk(self.store, meta, out[name].compressed)
         return out
+
+    # scenes ------------------------------------------------------------------------------
+    def isel(
+        self, scene: Any = None, *, client: Any = None, scheduler: Any = None, progress: bool = False
+    ) -> L5Dataset:
+        """This dataset restricted to some scenes, as xarray's ``isel`` along ``scene``: ``scene``
+        their indices (in any order; each kept once, in the dataset's order) or a boolean per
+        scene. The result is the dataset L5Kit's ``zarr_utils`` would write for those scenes
+        (``l5dask subset``: intervals rebased, chunked as L5Kit writes), read in place: its arrays,
+        views, joins, report, exports and commands see only those scenes' frames, agents, faces
+        and agent masks, and the stored chunks that hold none of them are never read. Making it
+        reads the scenes array and the frames at the chosen scenes' ends (one pass, run where
+        ``client``/``scheduler`` say); see :mod:`l5dask.prediction.scenes`."""
+        if scene is None:
+            raise UsageError("isel: say which scenes (scene=[indices] or a boolean per scene)")
+        root = self.parent or self
+        job = Job(client=client, scheduler=scheduler, progress=progress)
+        if self.parent is not None and self.scene_indices is not None:  # (a restriction of a restriction)
+            scene = self.scene_indices[scene_indices(self, scene)]
+        arrays, masks, idx = restriction(root, scene, job=job)
+        return L5Dataset(root.store, arrays, root.attrs, masks, root, idx)
+
+    def query(
+        self,
+        scene: str | None = None,
+        *,
+        catalog: Any = None,
+        storage_options: dict[str, Any] | None = None,
+        client: Any = None,
+        scheduler: Any = None,
+        progress: bool = False,
+    ) -> L5Dataset:
+        """This dataset restricted to the scenes where ``scene`` holds, as xarray's ``query``
+        along ``scene``: an expression in the ``where`` language of ``l5dask agg`` over the scene
+        catalog's columns (``"turn == 'left' and local_hour >= 19 and pedestrians_within_30m >= 5"``).
+        ``catalog``: the catalog of this dataset, a DataFrame (``l5dask.catalog(ds)``) or the
+        Parquet ``l5dask catalog`` writes (its fingerprint checked against this dataset): made
+        once, reused by every query. Then as :meth:`isel`."""
+        if scene is None:
+            raise UsageError("query: give the expression that chooses the scenes (scene=\"turn == 'left'\")")
+        if catalog is None:
+            raise UsageError(
+                "query: give the scene catalog of this dataset (catalog=l5dask.catalog(ds), or the Parquet "
+                "l5dask catalog writes): it is made once and reused by every query"
+            )
+        return self.isel(
+            query_indices(self, scene, catalog, storage_options), client=client, scheduler=scheduler, progress=progress
+        )
 
     def counts(self) -> dict[str, int]:
         return {fmt.SHORT_NAMES[n]: (len(self.arrays[n]) if n in self.arrays else 0) for n in fmt.ARRAY_NAMES}
@@ -128,7 +193,10 @@ class L5Dataset:
 
     def __repr__(self) -> str:
         parts = ", ".join(f"{k}={v}" for k, v in self.counts().items())
-        return f"<L5Dataset {self.url!r} {parts}>"
+        of = ""
+        if self.parent is not None and self.scene_indices is not None:
+            of = f" ({len(self.scene_indices):,} scenes of {len(self.parent[fmt.SCENES]):,})"
+        return f"<L5Dataset {self.url!r} {parts}{of}>"
 
 
 def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5Dataset:

@@ -38,12 +38,11 @@ from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.reading import L5Array
+from l5dask.prediction.scenes import OUT_CHUNK_ROWS
 from l5dask.prediction.writing import finish, prepare_target, write_chunks
 
 #: L5Kit's gigabyte (``zarr_utils.GIGABYTE``): 1024 ** 3 bytes.
 GIGABYTE = 1024**3
-#: Rows per output chunk: L5Kit's (as its ``ChunkedDataset.initialize``), 10 000 for agent masks.
-OUT_CHUNK_ROWS = {**fmt.CHUNK_ROWS, fmt.MASKS: 10_000}
 
 
 # --- what each scene covers -------------------------------------------------------------------

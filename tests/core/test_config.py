@@ -106,15 +106,15 @@ def test_the_reference_page_lists_every_key_with_its_default():
 
 def test_reset_empties_the_process_wide_caches(tmp_path):
     from l5dask.core import diskread, objects, policy
-    from l5dask.prediction import aggregation, kernels
+    from l5dask.prediction import kernels, where
 
     kernels._plan(np.dtype([("a", "<i4")]), (), (), None)
-    aggregation._parse("a > 1")
+    where._parse("a > 1")
     objects._STORES["bucket"] = object()
     diskread._REFUSED.add(12345)
     policy._WAITING = (1, 1, None)  # type: ignore[assignment]
-    assert kernels._plan.cache_info().currsize and aggregation._parse.cache_info().currsize
+    assert kernels._plan.cache_info().currsize and where._parse.cache_info().currsize
     config.reset()
-    assert kernels._plan.cache_info().currsize == 0 and aggregation._parse.cache_info().currsize == 0
-    assert aggregation._named.cache_info().currsize == 0 and objects._bucket_region.cache_info().currsize == 0
+    assert kernels._plan.cache_info().currsize == 0 and where._parse.cache_info().currsize == 0
+    assert where._named.cache_info().currsize == 0 and objects._bucket_region.cache_info().currsize == 0
     assert not objects._STORES and not diskread._REFUSED and policy._WAITING is None

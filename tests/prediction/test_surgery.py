@@ -358,7 +358,7 @@ def test_cli_surgery(inputs, tmp_path):
     assert r.exit_code == 0, r.output
     assert "c.zarr" in r.output and "scenes" in r.output
     assert len(l5dask.open_dataset(str(tmp_path / "c.zarr"))["scenes"]) == 11
-    r = runner.invoke(main, ["subset", a, "-o", str(tmp_path / "s.zarr"), "--scenes", "1:3"])
+    r = runner.invoke(main, ["subset", a, "-o", str(tmp_path / "s.zarr"), "--ranges", "1:3"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["split", a, "-o", str(tmp_path / "parts"), "--part", "a=2", "--part", "b=rest"])
     assert r.exit_code == 0, r.output
@@ -368,9 +368,9 @@ def test_cli_surgery(inputs, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["subset", "{a}", "-o", "{out}", "--scenes", "0:0"], "is empty"),
-        (["subset", "{a}", "-o", "{out}", "--scenes", "2:20"], "out of range"),
-        (["subset", "{a}", "-o", "{a}", "--scenes", "0:2"], "the output is an input"),
+        (["subset", "{a}", "-o", "{out}", "--ranges", "0:0"], "is empty"),
+        (["subset", "{a}", "-o", "{out}", "--ranges", "2:20"], "out of range"),
+        (["subset", "{a}", "-o", "{a}", "--ranges", "0:2"], "the output is an input"),
         (["subset", "{a}", "-o", "{out}"], "say which scenes"),
         (["concat", "{a}", "{a}", "--output", "{b}"], "a dataset already exists there"),
         (["split", "{a}", "-o", "{out}", "--part", "x=rest", "--part", "y=1"], "only the last part"),

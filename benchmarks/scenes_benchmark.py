@@ -1,0 +1,143 @@
+"""``l5dask stats --scenes`` on 5% of the scenes against the full report (issue 47: spread over the
+dataset, at most 10% of the stored bytes read and 0.15x the full report's time; in one run of
+consecutive scenes, at most 7% of the bytes).
+
+    python benchmarks/scenes_benchmark.py [--scenes 1700] [--repeat 3]
+
+The catalog is made once (``l5dask catalog``, its time printed) and given with ``--catalog``, as a
+user reuses it. Times: whole processes on the embedded default, the three commands interleaved in
+each round (these shared machines change speed from one minute to the next); the best of each and
+the median of the per-round ratios to the full run. Bytes: counted at the store (every
+``Store.get``, ``get_into`` and read-ahead fetch of the command, run once more in a process that
+counts them), against the stored bytes of the dataset's chunks and the bytes the full run reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import dataset, record, run, run_measured  # noqa: E402
+
+#: Runs an l5dask command in this process with every byte the store reads counted (written to argv[1]).
+COUNTING = """
+import json, sys
+from l5dask.core.store import Store
+n = {"bytes": 0, "reads": 0}
+get, get_into, fetched = Store.get, Store.get_into, Store._fetched
+def counting_get(self, key, **kw):
+    data = get(self, key, **kw)
+    n["bytes"] += len(data); n["reads"] += 1
+    return data
+def counting_get_into(self, key, buffer, **kw):
+    got = get_into(self, key, buffer, **kw)
+    n["bytes"] += got; n["reads"] += 1
+    return got
+def counting_fetched(self, *a, **kw):
+    for data in fetched(self, *a, **kw):
+        n["bytes"] += len(data); n["reads"] += 1
+        yield data
+Store.get, Store.get_into, Store._fetched = counting_get, counting_get_into, counting_fetched
+from l5dask.cli import main
+try:
+    main(sys.argv[2:], standalone_mode=False)
+finally:
+    with open(sys.argv[1], "w") as f:
+        json.dump(n, f)
+"""
+
+
+def stored_bytes(path: str) -> int:
+    """The bytes of the dataset's chunk files (its metadata objects left out)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if not f.startswith("."))
+    return total
+
+
+def counted(args: list[str], tmp: str) -> dict:
+    out = os.path.join(tmp, "count.json")
+    subprocess.run([sys.executable, "-c", COUNTING, out, *args], check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        return json.load(f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenes", type=int, default=1700)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--record", action="store_true", help="write the figures to docs/figures/scenes.json")
+    args = parser.parse_args()
+    path = dataset(args.scenes)
+    n = args.scenes
+    k = max(1, n // 20)
+    first = (n - k) // 2
+    total = stored_bytes(path)
+    agents = int(__import__("l5dask").open_dataset(path).counts()["agents"])
+    print(f"dataset: {path}: {n:,} scenes, {agents:,} agents, {total / 1e9:.2f} GB stored, {os.cpu_count()} cores")
+    with tempfile.TemporaryDirectory() as tmp:
+        cat = os.path.join(tmp, "catalog.parquet")
+        wall, _ = run([sys.executable, "-m", "l5dask.cli", "catalog", path, "-o", cat, "-q"])
+        print(f"catalog made once: {wall:.2f} s ({cat})", flush=True)
+        runs = {
+            "full": [],
+            "spread": ["--scenes", "scene_index % 20 == 0", "--catalog", cat],
+            "consecutive": ["--scenes", f"scene_index >= {first} and scene_index < {first + k}", "--catalog", cat],
+        }
+
+        def command(name: str, r: int) -> list[str]:
+            return ["stats", path, "-o", os.path.join(tmp, f"{name}-{r}.json"), "-q", *runs[name]]
+
+        reads = {name: counted(command(name, 0), tmp) for name in runs}
+        chosen = {name: json.load(open(os.path.join(tmp, f"{name}-0.json")))["counts"]["scenes"] for name in runs}
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        cpus: dict[str, list[float]] = {name: [] for name in runs}
+        for r in range(args.repeat):
+            order = list(runs) if r % 2 == 0 else list(reversed(runs))
+            for name in order:
+                _, wall, _, cpu = run_measured([sys.executable, "-m", "l5dask.cli", *command(name, r + 1)])
+                times[name].append(wall)
+                cpus[name].append(cpu)
+                print(f"round {r + 1}: {name:<12} {wall:7.2f} s wall, {cpu:7.2f} s CPU", flush=True)
+    for name in runs:
+        b = reads[name]["bytes"]
+        ratios = [t / f for t, f in zip(times[name], times["full"])]
+        cpu_ratios = [t / f for t, f in zip(cpus[name], cpus["full"])]
+        print(
+            f"{name:<12} {chosen[name]:>5,} scenes: read {b / 1e6:9.1f} MB = {b / total:6.1%} of the stored bytes "
+            f"({b / reads['full']['bytes']:6.1%} of the full run's) in {reads[name]['reads']:,} reads; "
+            f"best {min(times[name]):.2f} s; median of rounds {statistics.median(ratios):.3f}x the full report's "
+            f"wall time, {statistics.median(cpu_ratios):.3f}x its CPU"
+        )
+    print("goals: spread <= 10% of the bytes and <= 0.15x the full report's time; consecutive <= 7% of the bytes")
+    if args.record:
+        ratio = {n: [t / f for t, f in zip(times[n], times["full"])] for n in runs}
+        figures = {
+            "agents_n": agents,
+            "full_s": round(min(times["full"]), 2),
+            "spread_s": round(min(times["spread"]), 2),
+            "consecutive_s": round(min(times["consecutive"]), 2),
+            "spread_time_x": [round(min(ratio["spread"]), 3), round(max(ratio["spread"]), 3)],
+            "consecutive_time_x": [round(min(ratio["consecutive"]), 3), round(max(ratio["consecutive"]), 3)],
+            "spread_bytes_x": round(reads["spread"]["bytes"] / total, 4),
+            "consecutive_bytes_x": round(reads["consecutive"]["bytes"] / total, 4),
+        }
+        load = os.getloadavg()[0]
+        print(
+            record(
+                "scenes",
+                f"python benchmarks/scenes_benchmark.py --scenes {n} --repeat {args.repeat}",
+                figures,
+                f"load {load:.0f} on {os.cpu_count()} cores",
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

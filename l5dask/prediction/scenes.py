@@ -1,0 +1,555 @@
+"""A dataset restricted to some of its scenes (``docs/guide/catalog.md``, "finding scenes").
+
+:meth:`L5Dataset.isel(scene=...) <l5dask.prediction.dataset.L5Dataset.isel>` (scene indices, or a
+boolean per scene) and :meth:`L5Dataset.query(scene=...) <l5dask.prediction.dataset.L5Dataset.query>`
+(the ``where`` language of ``l5dask agg`` over the scene catalog's columns) return the dataset that
+``l5dask subset`` (L5Kit's ``_append_zarr_subset``: every interval rebased) would write for those
+scenes, read in place. Its arrays are :class:`SceneView` s: the runs of rows of the chosen scenes,
+numbered from 0 and cut in L5Kit's chunk sizes, as the written subset's; a task reads only the
+stored chunks that hold its rows, each once, so chunks holding none of the chosen scenes' rows
+are never read, and every pass, view, join, report and export of the package runs on it unchanged.
+
+Making one reads the scenes array (small) and the frames at the ends of each run of consecutive
+chosen scenes (for the agents and faces they cover), nothing else. The catalog an expression
+reads is given: a DataFrame (:func:`l5dask.catalog`), or the Parquet ``l5dask catalog`` writes,
+checked against the dataset's :func:`fingerprint` (the commands make one when none is given).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from dask.base import tokenize
+
+from l5dask.core.engine import Job, Pass, Reduction
+from l5dask.core.intervals import check_intervals
+from l5dask.core.outputs import filesystem
+from l5dask.errors import IntervalError, UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.reading import L5Array, project, read_chunk_rows
+from l5dask.prediction.where import evaluate_where, names_in, where_columns
+
+#: Rows per chunk of a restricted dataset's arrays: those L5Kit writes a subset with (its
+#: ``ChunkedDataset`` sizes; 10 000 for agent masks), so that it is chunked as the written subset.
+OUT_CHUNK_ROWS = {**fmt.CHUNK_ROWS, fmt.MASKS: 10_000}
+#: A stored chunk of which the rows wanted are fewer than this share is read in part: the blosc
+#: blocks that hold them (the others whole, fetched ahead with their neighbours).
+PARTIAL_BELOW = 0.75
+#: The categories of the catalog's string columns that do not depend on the data (L5Kit's turn tags).
+KNOWN_CATEGORIES = {"turn": ("left", "right", "straight"), "turn_unwrapped": ("left", "right", "straight")}
+
+
+class NoScenesError(UsageError):
+    """A filter that selects no scene (the CLI exits with code 1: an answer, not a mistake)."""
+
+    exit_code = 1
+
+
+# --- the view of one array --------------------------------------------------------------------
+class SceneView(L5Array):
+    """Rows of one stored array: the pieces ``[lo[i], hi[i])`` of ``base`` (sorted, disjoint), one
+    after the other from row 0, ``shifts`` (``{field: one value a piece}``) added to interval fields.
+    Chunks of ``chunk_rows`` rows of these; a chunk is made from the stored chunks its rows come
+    from, each read and decoded once a task."""
+
+    def __init__(
+        self,
+        base: L5Array,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        shifts: dict[str, np.ndarray] | None = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        lo, hi = np.asarray(lo, np.int64), np.asarray(hi, np.int64)
+        keep = hi > lo
+        self.base, self.lo, self.hi = base, lo[keep], hi[keep]
+        self.shifts = {f: np.asarray(s, np.int64)[keep] for f, s in (shifts or {}).items() if np.any(s)}
+        self.out = np.concatenate([[0], np.cumsum(self.hi - self.lo)]).astype(np.int64)
+        meta = base.meta
+        rows = chunk_rows or meta.chunk_rows
+        super().__init__(
+            base.store, fmt.ArrayMeta(meta.name, meta.dtype, int(self.out[-1]), rows, meta.tail), base.compressed
+        )
+
+    def select(self, fields: Sequence[str]) -> SceneView:
+        view = SceneView.__new__(SceneView)
+        view.__dict__.update(self.__dict__)
+        view.base = self.base.select(fields)
+        return view
+
+    def __dask_tokenize__(self):
+        return (
+            "l5dask.SceneView",
+            self.base.__dask_tokenize__(),
+            self.meta.chunk_rows,
+            tokenize(self.lo, self.hi, self.shifts),
+        )
+
+    # reading --------------------------------------------------------------------------------
+    def _stream(self, a: int, b: int, step: int = 0, fresh: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, records)`` of rows ``[a, b)`` cut at multiples of ``step`` (0: not cut): the stored chunks
+        they come from read in order, each once; one buffer reused (a new one each if ``fresh``)."""
+        if b <= a:
+            return
+        p0 = int(np.searchsorted(self.out, a, "right")) - 1
+        p1 = int(np.searchsorted(self.out, b, "left"))
+        # the base rows of each piece within [a, b)
+        blo = self.lo[p0:p1] + np.maximum(0, a - self.out[p0:p1])
+        bhi = self.hi[p0:p1] - np.maximum(0, self.out[p0 + 1 : p1 + 1] - b)
+        vat = self.out[p0:p1] + (blo - self.lo[p0:p1])
+        base_rows = self.base.meta.chunk_rows
+        chunks = np.unique(
+            np.concatenate([np.arange(x // base_rows, (y - 1) // base_rows + 1) for x, y in zip(blo, bhi)])
+        )
+        if not step:
+            step = b
+        buf: np.ndarray | None = None
+        cstart, cend = a, min(b, (a // step + 1) * step)
+        seg = 0
+        for bstart, recs in self._base_rows(chunks, blo, bhi):
+            bstop = bstart + len(recs)
+            if buf is None:
+                buf = np.empty(min(step, b - a), recs.dtype)
+            while seg < len(blo) and blo[seg] < bstop:
+                x, y = max(int(blo[seg]), bstart), min(int(bhi[seg]), bstop)
+                while x < y:
+                    v = int(vat[seg]) + x - int(blo[seg])
+                    take = min(y - x, cend - v)
+                    at = v - cstart
+                    out = buf[at : at + take]
+                    out.view(np.uint8)[:] = recs[x - bstart : x - bstart + take].view(np.uint8)
+                    for f, s in self.shifts.items():
+                        if s[p0 + seg]:
+                            out[f] += s[p0 + seg]
+                    x += take
+                    if v + take == cend:
+                        yield cstart, buf[: cend - cstart]
+                        if fresh and b > cend:
+                            buf = np.empty(min(step, b - cend), recs.dtype)
+                        cstart, cend = cend, min(b, cend + step)
+                if bhi[seg] <= bstop:
+                    seg += 1
+                else:
+                    break
+
+    def _base_rows(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, records)`` of the stored ``chunks`` (sorted) of the base, in order: runs of chunks
+        wanted (nearly) whole read together, ahead (:meth:`L5Array.iter_chunks`); of the others
+        only the blosc blocks holding the wanted rows ``[blo[i], bhi[i])`` (:func:`~l5dask.prediction.reading.read_chunk_rows`)."""
+        base = self.base
+        rows = base.meta.chunk_rows
+        partial = type(base) is L5Array and base.compressed
+        run: list[int] = []
+        for c in chunks.tolist():
+            a, b = base.meta.chunk_bounds(c)
+            i0, i1 = int(np.searchsorted(bhi, a, "right")), int(np.searchsorted(blo, b, "left"))
+            ranges = [(max(int(x), a), min(int(y), b)) for x, y in zip(blo[i0:i1], bhi[i0:i1])]
+            if not partial or sum(y - x for x, y in ranges) > PARTIAL_BELOW * rows:
+                if run and run[-1] != c - 1:
+                    yield from base.iter_chunks(run[0], len(run))
+                    run = []
+                run.append(c)
+                continue
+            if run:
+                yield from base.iter_chunks(run[0], len(run))
+                run = []
+            for (x, _), records in zip(ranges, read_chunk_rows(base.store, base.meta, c, ranges)):
+                yield x, records
+        if run:
+            yield from base.iter_chunks(run[0], len(run))
+
+    def iter_chunks(self, first: int, n: int):
+        a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
+        return self._stream(a, b, self.meta.chunk_rows)
+
+    def iter_encoded(self, first: int, n: int):
+        """As :meth:`iter_chunks` (records: the stored chunks hold other scenes' rows too), each
+        chunk in a buffer of its own."""
+        a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
+        return self._stream(a, b, self.meta.chunk_rows, fresh=True)
+
+    def read_encoded(self, first: int, n: int) -> np.ndarray:  # type: ignore[override]
+        return self.read(first, n)
+
+    def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
+        names = self._fields(fields)
+        dtype = self.dtype if names is None else project(np.empty(0, self.dtype), names).dtype
+        if n == 0:
+            return np.empty(0, dtype)
+        a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
+        out = np.empty(b - a, dtype)
+        for start, recs in self._stream(a, b):
+            if names is None:
+                out[start - a : start - a + len(recs)] = recs
+            else:
+                for f in names:
+                    out[f][start - a : start - a + len(recs)] = recs[f]
+        return out
+
+    def read_rows(self, lo: int, hi: int, out: np.ndarray) -> np.ndarray:
+        for start, recs in self._stream(lo, hi):
+            out[start - lo : start - lo + len(recs)].view(np.uint8)[:] = recs.view(np.uint8)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<SceneView {self.name} len={len(self)} of {len(self.base)} rows, {len(self.lo)} runs>"
+
+
+# --- the restriction ----------------------------------------------------------------------------
+def scene_indices(ds: Any, scenes: Any, what: str = "scenes") -> np.ndarray:
+    """``scenes`` (indices, or a boolean per scene) as sorted, distinct indices of ``ds``'s scenes;
+    out of range, a mask of the wrong length, or none selected: one line."""
+    n = len(ds[fmt.SCENES])
+    arr = np.asarray(scenes)
+    if arr.dtype == bool:
+        if arr.shape != (n,):
+            raise UsageError(f"{what}: a boolean mask of {arr.size:,} values; the dataset has {n:,} scenes")
+        idx = np.flatnonzero(arr)
+    else:
+        if arr.size and arr.dtype.kind not in "iu":
+            raise UsageError(f"{what}: scene indices are integers (got {arr.dtype} values)")
+        idx = np.unique(arr.astype(np.int64).ravel())
+        bad = idx[(idx < 0) | (idx >= n)]
+        if len(bad):
+            raise UsageError(
+                f"{what}: scene index {int(bad[0])} is out of range (the dataset has {n:,} scenes: 0 to {n - 1})"
+            )
+    if not len(idx):
+        raise NoScenesError(f"{what} selects no scene (of {n:,})")
+    return idx
+
+
+def _rows_chunk(fields: tuple[str, ...], data: np.ndarray, start: int, parent: Any) -> dict[str, np.ndarray]:
+    return {f: np.ascontiguousarray(data[f]) for f in fields}
+
+
+def _rows_combine(a: dict, b: dict) -> dict:
+    return {f: np.concatenate([a[f], b[f]]) for f in a} if a else b
+
+
+def _rows_identity() -> dict:
+    return {}
+
+
+def read_rows_checked(view: SceneView, fields: tuple[str, ...], intervals: dict[str, int], job: Job) -> dict:
+    """``fields`` of every row of ``view``, in one pass; each row's ``intervals`` (``{field: child
+    length}``) checked to lie in its child array (the rows are not consecutive: the full check of
+    contiguity is the passes' over the restricted arrays)."""
+    red = Reduction(
+        f"scene-ends-{'-'.join(fields)}", functools.partial(_rows_chunk, fields), _rows_combine, _rows_identity
+    )
+    got = job.compute([Pass(view, red, blocks=True, name=f"{view.name}-scene-ends")])[0]
+    for f, total in intervals.items():
+        iv = got[f].reshape(-1, 2).astype(np.int64)
+        bad = np.flatnonzero((iv[:, 0] < 0) | (iv[:, 1] < iv[:, 0]) | (iv[:, 1] > total))
+        if len(bad):
+            row = int(view.lo[bad[0]])
+            raise IntervalError(
+                f"{view.name}.{f}: row {row}: [{iv[bad[0], 0]}, {iv[bad[0], 1]}) is not within the {total:,} rows it indexes"
+            )
+    return got
+
+
+def interval_field(ds: Any) -> str | None:
+    """The frames' face interval field, when the dataset has traffic lights."""
+    f = "traffic_light_faces_index_interval"
+    return f if ds.has(fmt.TL_FACES) and f in fmt.names_of(ds[fmt.FRAMES].dtype) else None
+
+
+def restriction(
+    ds: Any, scenes: Any, *, job: Job | None = None, what: str = "scenes"
+) -> tuple[dict[str, L5Array], dict[str, L5Array], np.ndarray]:
+    """The arrays and agent masks of ``ds`` (a stored dataset) restricted to ``scenes`` (indices,
+    or a boolean per scene), and the scenes' indices: the subset's intervals as L5Kit's
+    ``_append_zarr_subset`` writes them (``+ output offset - input offset``, a run of consecutive
+    scenes at a time). Reads the scenes array and the frames at the chosen scenes' two ends."""
+    idx = scene_indices(ds, scenes, what)
+    job = job or Job()
+    counts = ds.counts()
+    scenes_rec = ds[fmt.SCENES].read(0, ds[fmt.SCENES].nchunks, ["frame_index_interval"])
+    iv = scenes_rec["frame_index_interval"].reshape(-1, 2).astype(np.int64)
+    check_intervals(iv, fmt.SCENES, "frame_index_interval", counts["frames"])
+    tl = interval_field(ds)
+    fields = ("agent_index_interval",) + ((tl,) if tl else ())
+    intervals = {"agent_index_interval": counts["agents"], **({tl: counts["tl_faces"]} if tl else {})}
+    # runs of consecutive chosen scenes: their frames [f0, f1), agents [a0, a1), faces [c0, c1)
+    cut = np.flatnonzero(np.diff(idx) != 1) + 1
+    s0, s1 = idx[np.r_[0, cut]], idx[np.r_[cut, len(idx)] - 1] + 1
+    f0, f1 = iv[s0, 0], iv[s1 - 1, 1]
+    nonempty = f1 > f0
+    has_first = f0 < counts["frames"]  # (an empty run's agents start where its next frame's do)
+    wanted = np.unique(np.concatenate([f0[has_first], f1[nonempty] - 1]))
+    got = (
+        read_rows_checked(SceneView(ds[fmt.FRAMES], wanted, wanted + 1), fields, intervals, job) if len(wanted) else {}
+    )
+
+    def span(f: str, total: int) -> tuple[np.ndarray, np.ndarray]:
+        start = np.full(len(s0), total, np.int64)
+        if len(wanted):
+            col = got[f].reshape(-1, 2).astype(np.int64)
+            start[has_first] = col[np.searchsorted(wanted, f0[has_first]), 0]
+        end = start.copy()
+        if len(wanted):
+            end[nonempty] = col[np.searchsorted(wanted, f1[nonempty] - 1), 1]
+        return start, end
+
+    a0, a1 = span("agent_index_interval", counts["agents"])
+    c0, c1 = span(tl, counts["tl_faces"]) if tl else (np.zeros(len(s0), np.int64), np.zeros(len(s0), np.int64))
+
+    def out_starts(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(hi - lo)[:-1]]).astype(np.int64)
+
+    def view(name: str, source: L5Array, lo, hi, shifts=None) -> SceneView:
+        return SceneView(source, lo, hi, shifts, OUT_CHUNK_ROWS[name])
+
+    frame_shifts = {"agent_index_interval": out_starts(a0, a1) - a0}
+    if tl:
+        frame_shifts[tl] = out_starts(c0, c1) - c0
+    arrays: dict[str, L5Array] = {
+        fmt.SCENES: view(fmt.SCENES, ds[fmt.SCENES], s0, s1, {"frame_index_interval": out_starts(f0, f1) - f0}),
+        fmt.FRAMES: view(fmt.FRAMES, ds[fmt.FRAMES], f0, f1, frame_shifts),
+        fmt.AGENTS: view(fmt.AGENTS, ds[fmt.AGENTS], a0, a1),
+    }
+    if ds.has(fmt.TL_FACES):
+        arrays[fmt.TL_FACES] = view(fmt.TL_FACES, ds[fmt.TL_FACES], c0, c1)
+    masks: dict[str, L5Array] = {name: view(fmt.MASKS, m, a0, a1) for name, m in ds.masks.items()}
+    return {k: arrays[k] for k in ds.arrays}, masks, idx
+
+
+# --- the catalog a filter reads -------------------------------------------------------------------
+def _is_text(typ: Any) -> bool:
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return bool(pa.types.is_string(typ) or pa.types.is_large_string(typ))
+
+
+def catalog_columns(table: Any, names: Any = None) -> dict[str, tuple[np.ndarray, tuple[str, ...] | None]]:
+    """Columns ``names`` (default: all) of a catalog (a pandas DataFrame, an Arrow table, or a
+    ``pyarrow.parquet.ParquetFile``: only those columns read) as ``{column: (values, categories)}``
+    for the ``where`` language: strings as codes of their sorted values (``-1``: null), times as
+    nanoseconds since the epoch (UTC), numbers as they are (null: NaN)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if isinstance(table, pq.ParquetFile):
+        t = table.read(columns=[n for n in table.schema_arrow.names if names is None or n in names])
+    elif isinstance(table, pa.Table):
+        t = table
+    else:
+        t = pa.Table.from_pandas(table, preserve_index=False)
+    out: dict[str, tuple[np.ndarray, tuple[str, ...] | None]] = {}
+    for name in t.column_names:
+        if names is not None and name not in names:
+            continue
+        col = t.column(name).combine_chunks()
+        typ = col.type
+        if pa.types.is_dictionary(typ):
+            col = col.cast(typ.value_type)
+            typ = col.type
+        if _is_text(typ):
+            values = col.to_pylist()
+            cats = tuple(sorted({v for v in values if v is not None} | set(KNOWN_CATEGORIES.get(name, ()))))
+            codes = {c: i for i, c in enumerate(cats)}
+            out[name] = (np.array([codes.get(v, -1) if v is not None else -1 for v in values], np.int64), cats)
+        elif pa.types.is_timestamp(typ):
+            out[name] = (_numpy(col.cast(pa.timestamp("ns", typ.tz)).cast(pa.int64())), None)
+        elif pa.types.is_boolean(typ) or pa.types.is_integer(typ) or pa.types.is_floating(typ):
+            out[name] = (_numpy(col), None)
+    return out
+
+
+def _bits(buf: Any, offset: int, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")[offset : offset + n].astype(bool)
+
+
+def _numpy(col: Any) -> np.ndarray:
+    """An Arrow array of numbers or booleans as numpy, nulls as NaN (its buffers read as they
+    are: pyarrow's own conversion imports pandas, half a second of a command's start)."""
+    import pyarrow as pa
+
+    n, off = len(col), col.offset
+    validity, data = col.buffers()[:2]
+    if pa.types.is_boolean(col.type):
+        values: np.ndarray = _bits(data, off, n)
+    else:
+        dtype = np.dtype(col.type.to_pandas_dtype())
+        values = np.frombuffer(data, dtype, n, off * dtype.itemsize).copy()
+    if col.null_count:
+        values = np.where(_bits(validity, off, n), values.astype(np.float64), np.nan)
+    return values
+
+
+def _schema(table: Any) -> tuple[list[str], set[str], int]:
+    """A catalog's column names, its text columns and its rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if isinstance(table, pq.ParquetFile):
+        schema, rows = table.schema_arrow, table.metadata.num_rows
+    elif isinstance(table, pa.Table):
+        schema, rows = table.schema, table.num_rows
+    else:
+        schema, rows = pa.Schema.from_pandas(table, preserve_index=False), len(table)
+    return schema.names, {f.name for f in schema if _is_text(f.type)}, rows
+
+
+class _Catalog:
+    """The catalog's columns, as the ``where`` checks (:func:`~l5dask.prediction.where.where_columns`)
+    look at a table's: every column's name and kind; the values of those an expression names."""
+
+    class _Col:
+        def __init__(self, categorical: bool) -> None:
+            self.categorical = categorical
+
+    def __init__(self, table: Any, expr: str) -> None:
+        names, text, self.rows = _schema(table)
+        self.columns = {n: self._Col(n in text) for n in names}
+        named = names_in(expr) & set(names)
+        self.cols = catalog_columns(table, named)
+
+    def categories(self, name: str) -> tuple[str, ...] | None:
+        return self.cols[name][1]
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.cols[name][0]
+
+
+def evaluate(expr: str, table: Any) -> np.ndarray:
+    """The scenes (a boolean per catalog row) where ``expr`` holds over ``table`` (a pandas
+    DataFrame, an Arrow table or a ``ParquetFile``); unknown columns, an expression that is not a
+    condition: one line."""
+    cat = _Catalog(table, expr)
+    where_columns(expr, cat, what="the catalog")
+    cats = {k: c for k, (_, c) in cat.cols.items() if c is not None}
+    return np.asarray(evaluate_where(expr, cat, cats))
+
+
+def scenes_digest(records: np.ndarray) -> str:
+    """The SHA-256 of a dataset's scene records (all their fields, as stored), a part of its :func:`fingerprint`."""
+    return hashlib.sha256(np.ascontiguousarray(records).view(np.uint8).tobytes()).hexdigest()
+
+
+def fingerprint(ds: Any, scenes_sha256: str | None = None) -> dict[str, Any]:
+    """What identifies the dataset a catalog was made of: its path, each array's length and chunk
+    size, a digest of each array's stored metadata (``.zarray``) and one of its scenes' records
+    (:func:`scenes_digest`, small; two datasets of one shape differ there, in their times and
+    hosts: ``scenes_sha256`` when the caller has it, else the scenes are read). A catalog is
+    checked against all but the path (a dataset copied elsewhere keeps its catalog)."""
+    arrays = {}
+    for name, arr in ds.arrays.items():
+        raw = ds.store.get_metadata(f"{name}/.zarray") or b""
+        arrays[name] = {
+            "length": len(arr),
+            "chunk_rows": arr.meta.chunk_rows,
+            "nchunks": arr.meta.nchunks,
+            "zarray_sha256": hashlib.sha256(raw).hexdigest(),
+        }
+    if scenes_sha256 is None:
+        scenes = ds[fmt.SCENES]
+        scenes_sha256 = scenes_digest(scenes.read(0, scenes.nchunks))
+    return {"dataset": ds.url, "arrays": arrays, "scenes_sha256": scenes_sha256}
+
+
+def check_fingerprint(theirs: dict, ds: Any, what: str) -> None:
+    """A catalog's fingerprint (``theirs``) against ``ds``'s: one line if it was made from another dataset."""
+    mine = fingerprint(ds)
+    if theirs.get("arrays") != mine["arrays"] or theirs.get("scenes_sha256") != mine["scenes_sha256"]:
+        raise UsageError(
+            f"{what} was made from another dataset ({theirs.get('dataset', '?')}), not {ds.url}: its "
+            "fingerprint differs (make the catalog of this one: l5dask catalog DATASET -o FILE)"
+        )
+
+
+def _open_input(path: str, storage_options: dict | None):
+    """A file to read: a local one opened as it is (no fsspec), a URL through fsspec."""
+    if "://" not in path:
+        return open(path, "rb")
+    fs, target = filesystem(path, storage_options)
+    return fs.open(target, "rb")
+
+
+def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: str = "--catalog"):
+    """The catalog Parquet at ``path`` (a ``pyarrow.parquet.ParquetFile``: columns read when asked for), refused in one line if it is no catalog of
+    ``ds`` (its fingerprint, written by ``l5dask catalog``, differs)."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    p = os.fspath(path)
+    try:
+        t = pq.ParquetFile(_open_input(p, storage_options))
+    except FileNotFoundError:
+        raise UsageError(f"{what} {p}: no such file") from None
+    except Exception as exc:  # (pyarrow's ArrowInvalid: not Parquet)
+        if not type(exc).__name__.startswith("Arrow"):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"{what} {p}: not a Parquet file ({first})") from None
+    raw = (t.schema_arrow.metadata or {}).get(b"l5dask.catalog")
+    if raw is None:
+        raise UsageError(f"{what} {p}: not a catalog written by l5dask catalog (no fingerprint in its metadata)")
+    check_fingerprint(json.loads(raw), ds, f"{what} {p}")
+    return t
+
+
+def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> np.ndarray:
+    """``--scenes-from``: a text file of scene indices (one a line; blank lines and ``#`` comments
+    skipped), or a catalog Parquet of ``ds`` with one boolean column (its true rows)."""
+    p = os.fspath(path)
+    n = len(ds[fmt.SCENES])
+    what = f"--scenes-from {p}"
+    if p.endswith(".parquet"):
+        import pyarrow as pa
+
+        t = read_catalog(p, ds, storage_options, "--scenes-from")
+        flags = [f.name for f in t.schema_arrow if pa.types.is_boolean(f.type)]
+        if len(flags) != 1:
+            has = f"{len(flags)} ({', '.join(flags)})" if flags else "none"
+            raise UsageError(f"{what}: a catalog with one boolean column says which scenes; it has {has}")
+        col = t.read(columns=flags).column(0)
+        keep = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), bool)
+        return scene_indices(ds, keep, f"{what} (column {flags[0]})")
+    try:
+        with _open_input(p, storage_options) as f:
+            text = f.read().decode("utf-8", "replace")
+    except FileNotFoundError:
+        raise UsageError(f"{what}: no such file") from None
+    out = []
+    for i, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            k = int(line)
+        except ValueError:
+            raise UsageError(f"{what}, line {i}: {line[:40]!r} is not a scene index") from None
+        if not 0 <= k < n:
+            raise UsageError(
+                f"{what}, line {i}: scene index {k} is out of range (the dataset has {n:,} scenes: 0 to {n - 1})"
+            )
+        out.append(k)
+    return scene_indices(ds, np.asarray(out, np.int64), what)
+
+
+def query_indices(ds: Any, expr: str, catalog: Any, storage_options: dict | None = None) -> np.ndarray:
+    """The indices of ``ds``'s scenes where ``expr`` holds over the columns of ``catalog`` (a
+    pandas DataFrame or an Arrow table with a row per scene, or a catalog Parquet of ``ds``)."""
+    if isinstance(catalog, (str, os.PathLike)):
+        catalog = read_catalog(catalog, ds, storage_options)
+    elif getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
+        check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog")
+    keep = evaluate(expr, catalog)
+    n = len(ds[fmt.SCENES])
+    if len(keep) != n:
+        raise UsageError(f"the catalog has {len(keep):,} rows; the dataset has {n:,} scenes")
+    return scene_indices(ds, keep, f"--scenes {expr!r}")

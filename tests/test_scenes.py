@@ -1,0 +1,432 @@
+"""Scene filters: a dataset restricted to some scenes (``ds.isel(scene=...)``, ``ds.query(scene=...)``,
+``--scenes``, ``--scenes-from``, ``--catalog``) against the subset L5Kit 1.5.0's own ``zarr_utils``
+writes for those scenes (``_append_zarr_subset``, run by run), value for value: its arrays and
+agent masks, its report, aggregations, exports and catalog; the stored chunks read (counted at the
+store) are exactly those holding the chosen scenes' rows; each bad input one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import l5dask
+from l5dask.core.store import Store
+from l5dask.errors import UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.catalog import write_catalog
+from l5dask.prediction.exports import export
+from l5dask.prediction.report import compute_report
+from l5dask.prediction.scenes import NoScenesError
+
+from .conftest import read_all
+from .test_surgery import assert_same, l5kit_subset, read_mask, write_mask
+
+#: small chunks: scenes, runs and tasks straddle chunk edges (an agents chunk holds about a third
+#: of a scene, a frames chunk a scene and a half)
+CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 300, fmt.AGENTS: 5_000, fmt.TL_FACES: 2_000}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """12 scenes with an agents mask, and its catalog (a DataFrame and its Parquet)."""
+    base = tmp_path_factory.mktemp("scenes")
+    path = str(base / "ds.zarr")
+    l5dask.synthesize(path, scenes=12, seed=21, chunk_rows=CHUNKS)
+    n = len(read_all(path)["agents"])
+    write_mask(path, "0.5", np.random.default_rng(1).integers(0, 50, (n, 2)).astype(np.uint32))
+    cat = l5dask.catalog(path)
+    write_catalog(cat, str(base / "catalog.parquet"))
+    return path, cat, str(base / "catalog.parquet")
+
+
+def ref_subset(path: str, scenes, tmp_path, name: str = "ref.zarr") -> str:
+    out = str(tmp_path / name)
+    l5kit_subset(path, out, np.asarray(scenes))
+    return out
+
+
+def same_report(a: dict, b: dict) -> None:
+    a, b = dict(a), dict(b)
+    a.pop("dataset"), b.pop("dataset")
+    assert json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+
+
+SELECTIONS = {
+    "spread": [1, 4, 9],
+    "run": [3, 4, 5, 6],
+    "first": [0],
+    "last": [11],
+    "runs": [0, 1, 5, 10, 11],
+    "all": list(range(12)),
+}
+
+
+@pytest.mark.parametrize("which", SELECTIONS)
+def test_isel_is_the_subset_l5kit_writes(data, tmp_path, which):
+    path, _, _ = data
+    sel = SELECTIONS[which]
+    ref = ref_subset(path, sel, tmp_path)
+    want = read_all(ref)
+    ds = l5dask.open_dataset(path).isel(scene=sel)
+    assert ds.parent is not None and list(ds.scene_indices) == sel
+    for name, values in want.items():
+        arr = ds[name]
+        # chunked as the written subset (L5Kit's ChunkedDataset sizes), every chunk one way or another
+        assert arr.meta.chunk_rows == fmt.CHUNK_ROWS[name] and len(arr) == len(values)
+        np.testing.assert_array_equal(arr.read(0, arr.nchunks), values, err_msg=name)
+        np.testing.assert_array_equal(arr.to_dask(chunks_per_task=2).compute(), values, err_msg=name)
+        got = np.concatenate([r.copy() for _, r in arr.iter_chunks(0, arr.nchunks)]) if arr.nchunks else values[:0]
+        np.testing.assert_array_equal(got, values, err_msg=name)
+    # the agent masks come with their agents (as l5dask subset slices them)
+    full = read_mask(path, "0.5")
+    d = read_all(path)
+    iv = d["scenes"]["frame_index_interval"]
+    agents = np.concatenate(
+        [
+            np.arange(
+                d["frames"]["agent_index_interval"][iv[s][0]][0], d["frames"]["agent_index_interval"][iv[s][1] - 1][1]
+            )
+            for s in sel
+        ]
+    )
+    m = ds.masks["0.5"]
+    np.testing.assert_array_equal(m.read(0, m.nchunks)["value"], full[agents])
+
+
+def test_a_restricted_dataset_behaves_as_the_subset(data, tmp_path):
+    """The report, an aggregation, the catalog, the xarray join, both exports and a written subset
+    of the restricted dataset equal those of L5Kit's subset (scenes in three runs)."""
+    path, _, _ = data
+    sel = [1, 2, 6, 9, 10]
+    ref = ref_subset(path, sel, tmp_path)
+    ds = l5dask.open_dataset(path).isel(scene=sel)
+    for cpt in (1, None):
+        same_report(compute_report(ds, chunks_per_task=cpt), compute_report(ref))
+    by = ["scene_index", "label"]
+    values = {"speed": ["mean", "max", "count"], "distance_to_ego": ["q50"]}
+    pd.testing.assert_frame_equal(
+        l5dask.aggregate(ds, "agents", by=by, values=values, where="distance_to_ego < 30"),
+        l5dask.aggregate(ref, "agents", by=by, values=values, where="distance_to_ego < 30"),
+    )
+    mine, theirs = l5dask.catalog(ds), l5dask.catalog(ref)
+    pd.testing.assert_frame_equal(mine, theirs)
+    j1 = ds.joined("agents")[["scene_index", "frame_index", "centroid"]].compute()
+    j2 = l5dask.open_dataset(ref).joined("agents")[["scene_index", "frame_index", "centroid"]].compute()
+    for v in ("scene_index", "frame_index", "centroid"):
+        np.testing.assert_array_equal(j1[v].values, j2[v].values)
+    for form in ("parquet", "zarr3"):
+        export(ds, str(tmp_path / f"mine-{form}"), form)
+        export(ref, str(tmp_path / f"ref-{form}"), form)
+    for name in ("scenes", "frames", "agents", "traffic_light_faces"):
+        a = pq.read_table(str(tmp_path / "mine-parquet" / name)).to_pandas()
+        b = pq.read_table(str(tmp_path / "ref-parquet" / name)).to_pandas()
+        pd.testing.assert_frame_equal(a, b)
+    back, ref_back = l5dask.open_dataset(str(tmp_path / "mine-zarr3")), l5dask.open_dataset(str(tmp_path / "ref-zarr3"))
+    for name in back.arrays:
+        np.testing.assert_array_equal(
+            back[name].read(0, back[name].nchunks), ref_back[name].read(0, ref_back[name].nchunks)
+        )
+    # a subset written from it is L5Kit's (and its masks)
+    out = l5dask.subset(ds, str(tmp_path / "written.zarr"), scenes="0:")
+    assert_same(out.url, ref)
+    np.testing.assert_array_equal(read_mask(out.url, "0.5"), ds.masks["0.5"].read(0, ds.masks["0.5"].nchunks)["value"])
+
+
+def test_a_restriction_of_a_restriction(data, tmp_path):
+    path, _, _ = data
+    ds = l5dask.open_dataset(path)
+    inner = ds.isel(scene=[2, 3, 7, 8, 11]).isel(scene=[0, 2, 4])
+    assert list(inner.scene_indices) == [2, 7, 11] and inner.parent is ds
+    ref = ref_subset(path, [2, 7, 11], tmp_path)
+    for name, values in read_all(ref).items():
+        np.testing.assert_array_equal(inner[name].read(0, inner[name].nchunks), values, err_msg=name)
+
+
+def _chunks_holding(path: str, sel) -> dict[str, set[int]]:
+    """The stored chunks of each array that hold a row of the scenes ``sel`` (numpy, from the
+    intervals), and the frames chunks holding the first and last frame of each run."""
+    d = read_all(path)
+    iv = d["scenes"]["frame_index_interval"]
+    fa = d["frames"]["agent_index_interval"]
+    ft = d["frames"]["traffic_light_faces_index_interval"]
+    rows = {"frames": [], "agents": [], "traffic_light_faces": []}
+    for s in sel:
+        f0, f1 = iv[s]
+        rows["frames"].append(np.arange(f0, f1))
+        rows["agents"].append(np.arange(fa[f0][0], fa[f1 - 1][1]))
+        rows["traffic_light_faces"].append(np.arange(ft[f0][0], ft[f1 - 1][1]))
+    size = {"frames": CHUNKS[fmt.FRAMES], "agents": CHUNKS[fmt.AGENTS], "traffic_light_faces": CHUNKS[fmt.TL_FACES]}
+    return {k: set((np.concatenate(v) // size[k]).tolist()) for k, v in rows.items()}
+
+
+@pytest.mark.parametrize("chunks_per_task", [1, 3, None])
+def test_chunks_holding_none_of_the_scenes_are_never_read(data, monkeypatch, chunks_per_task):
+    path, _, _ = data
+    sel = [1, 6, 7, 11]
+    ds = l5dask.open_dataset(path)
+    keys: list[str] = []
+    get = Store.get
+
+    def counting(self, key, **kw):
+        keys.append(key)
+        return get(self, key, **kw)
+
+    monkeypatch.setattr(Store, "get", counting)
+    rep = compute_report(ds.isel(scene=sel), chunks_per_task=chunks_per_task)
+    monkeypatch.undo()
+    assert rep["counts"]["scenes"] == len(sel)
+    want = _chunks_holding(path, sel)
+    for name, chunks in want.items():
+        read = {int(k.split("/")[1]) for k in keys if k.startswith(name + "/") and not k.split("/")[1].startswith(".")}
+        assert read == chunks, name
+        assert len(chunks) < -(
+            -len(read_all(path)[name]) // CHUNKS[{"frames": fmt.FRAMES, "agents": fmt.AGENTS}.get(name, fmt.TL_FACES)]
+        ), name
+    # each agent chunk is read at most once a task that needs it: never more often than the tasks
+    agent_reads = [k for k in keys if k.startswith("agents/")]
+    assert len(agent_reads) <= 2 * len(want["agents"])
+
+
+def test_query_reads_the_catalog(data, tmp_path):
+    path, cat, cat_path = data
+    ds = l5dask.open_dataset(path)
+    expr = "turn == 'straight' and local_hour >= 19 and pedestrians_within_30m >= 4 or frames == 249"
+    want = np.flatnonzero(
+        (
+            (cat["turn"] == "straight").fillna(False) & (cat["local_hour"] >= 19) & (cat["pedestrians_within_30m"] >= 4)
+            | (cat["frames"] == 249)
+        ).to_numpy()
+    )
+    assert 0 < len(want) < 12
+    for c in (cat, cat_path):
+        got = ds.query(scene=expr, catalog=c)
+        assert list(got.scene_indices) == want.tolist()
+    same_report(compute_report(ds.query(scene=expr, catalog=cat)), compute_report(ds.isel(scene=want)))
+    # a boolean mask is an isel too; the catalog is not computed behind the caller's back
+    assert (
+        list(ds.isel(scene=cat["frames"].to_numpy() >= 249).scene_indices)
+        == np.flatnonzero(cat["frames"] >= 249).tolist()
+    )
+    with pytest.raises(UsageError, match="give the scene catalog"):
+        ds.query(scene=expr)
+    with pytest.raises(NoScenesError, match=r"selects no scene \(of 12\)"):
+        ds.query(scene="frames < 0", catalog=cat)
+    with pytest.raises(UsageError, match="out of range"):
+        ds.isel(scene=[3, 12])
+    with pytest.raises(UsageError, match="boolean mask of 5 values"):
+        ds.isel(scene=np.ones(5, bool))
+
+
+# --- the command line --------------------------------------------------------------------------------
+def cli(*args, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", *map(str, args)], capture_output=True, text=True, cwd=cwd
+    )
+
+
+def test_subset_with_a_filter_writes_what_l5kit_writes(data, tmp_path):
+    path, cat, cat_path = data
+    expr = "turn == 'straight' and local_hour >= 0 and tracks_pedestrian >= 1 and scene_index != 4"
+    want = np.flatnonzero(
+        ((cat["turn"] == "straight") & (cat["tracks_pedestrian"] >= 1) & (cat["scene_index"] != 4))
+        .fillna(False)
+        .to_numpy()
+    )
+    assert 0 < len(want) < 12
+    ref = ref_subset(path, want, tmp_path)
+    out = tmp_path / "sub.zarr"
+    r = cli("subset", path, "--scenes", expr, "--catalog", cat_path, "-o", out, "-q")
+    assert r.returncode == 0, r.stderr
+    assert_same(str(out), ref)
+    # with --ranges: the ranges count the scenes the filter keeps
+    r = cli("subset", path, "--scenes", expr, "--catalog", cat_path, "--ranges", "1:3", "-o", tmp_path / "r.zarr", "-q")
+    assert r.returncode == 0, r.stderr
+    assert_same(str(tmp_path / "r.zarr"), ref_subset(path, want[1:3], tmp_path, "ref2.zarr"))
+
+
+def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
+    path, cat, _ = data
+    listing = tmp_path / "scenes.txt"
+    listing.write_text("# chosen\n7\n2\n\n10\n2\n")
+    flagged = tmp_path / "flagged.parquet"
+    c = cat.copy()
+    c["keep"] = c["scene_index"].isin([2, 7, 10])
+    c.attrs = cat.attrs
+    write_catalog(c, str(flagged))
+    assert cli("stats", ref_subset(path, [2, 7, 10], tmp_path), "-o", tmp_path / "ref.json", "-q").returncode == 0
+    ref = json.loads((tmp_path / "ref.json").read_text())
+    for source in (listing, flagged):
+        out = tmp_path / f"{source.stem}.json"
+        r = cli("stats", path, "--scenes-from", source, "-o", out, "-q")
+        assert r.returncode == 0, r.stderr
+        same_report(json.loads(out.read_text()), ref)
+    # both filters: the scenes both keep; without --catalog, the catalog is computed and said
+    r = cli("stats", path, "--scenes-from", listing, "--scenes", "scene_index >= 5", "-o", tmp_path / "both.json")
+    assert r.returncode == 0, r.stderr
+    assert "no --catalog given: computing the scene catalog" in r.stderr
+    assert json.loads((tmp_path / "both.json").read_text())["counts"]["scenes"] == 2
+
+
+def test_every_reading_command_takes_the_filters(data, tmp_path):
+    path, _, cat_path = data
+    listing = tmp_path / "s.txt"
+    listing.write_text("3\n8\n")
+    ref = ref_subset(path, [3, 8], tmp_path)
+    runs = {
+        "stats": ["stats", path, "-o", tmp_path / "s.json"],
+        "report": ["report", path, "-o", tmp_path / "r.html"],
+        "agg": ["agg", path, "--by", "scene_index", "--value", "speed:count", "-o", tmp_path / "a.parquet"],
+        "export": ["export", path, "-o", tmp_path / "e"],
+        "split": ["split", path, "--part", "x=1", "--part", "y=rest", "-o", tmp_path / "parts"],
+        "select-agents": ["select-agents", path, "-o", tmp_path / "mask.zarr"],
+        "gt": ["gt", path, "-o", tmp_path / "gt.csv", "--threshold", "0.8"],
+        "chop": ["chop", path, "--frames", "100", "-o", tmp_path / "chop", "--threshold", "0.8"],
+        "catalog": ["catalog", path, "-o", tmp_path / "c.parquet"],
+    }
+    for name, args in runs.items():
+        r = cli(*args, "--scenes-from", listing, "-q")
+        assert r.returncode == 0, (name, r.stderr)
+    assert json.loads((tmp_path / "s.json").read_text())["counts"] == {
+        k: len(v) for k, v in zip(["scenes", "frames", "agents", "tl_faces"], read_all(ref).values())
+    }
+    a = pd.read_parquet(tmp_path / "a.parquet")
+    assert (
+        a["speed_count"].tolist()
+        == l5dask.aggregate(ref, "agents", by=["scene_index"], values={"speed": ["count"]})["speed_count"].tolist()
+    )
+    assert_same(str(tmp_path / "parts" / "x"), ref_subset(path, [3], tmp_path, "x.zarr"))
+    assert_same(str(tmp_path / "parts" / "y"), ref_subset(path, [8], tmp_path, "y.zarr"))
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "c.parquet"), l5dask.catalog(ref), check_like=True)
+    # the GT CSV and the mask: those of the subset
+    r = cli("gt", ref, "-o", tmp_path / "gt-ref.csv", "--threshold", "0.8", "-q")
+    assert r.returncode == 0 and (tmp_path / "gt.csv").read_text() == (tmp_path / "gt-ref.csv").read_text()
+    # select-agents into the dataset itself is refused: the mask is the chosen scenes' agents'
+    r = cli("select-agents", path, "--scenes-from", listing, "-q")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "give -o" in r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, code, says",
+    [
+        (
+            ["--scenes", "turnx == 'left'"],
+            2,
+            "names unknown column 'turnx'; the columns of the catalog are: scene_index, host",
+        ),
+        (["--scenes", "local_hour + 1"], 2, "is not a condition (it gives int64 values)"),
+        (["--scenes", "frames > 1000000"], 1, "selects no scene (of 12)"),
+        (["--scenes", "turn == 'lefty'"], 2, "'lefty' is not a turn; they are: left, right, straight"),
+        (["--scenes-from", "{list}"], 2, "line 2: scene index 12 is out of range (the dataset has 12 scenes: 0 to 11)"),
+        (["--scenes", "frames > 0", "--catalog", "{other}"], 2, "was made from another dataset"),
+        (["--catalog", "{catalog}"], 2, "--catalog is read by --scenes"),
+    ],
+)
+def test_bad_filters_are_one_line(data, tmp_path_factory, args, code, says):
+    path, _, cat_path = data
+    tmp = tmp_path_factory.mktemp("bad")
+    other = tmp / "other.zarr"
+    l5dask.synthesize(str(other), scenes=12, seed=22, chunk_rows=CHUNKS)  # (same shape, other data)
+    write_catalog(l5dask.catalog(str(other)), str(tmp / "other.parquet"))
+    (tmp / "list.txt").write_text("3\n12\n")
+    args = [a.format(list=tmp / "list.txt", other=tmp / "other.parquet", catalog=cat_path) for a in args]
+    for command in (["stats", path, "-o", tmp / "out.json"], ["subset", path, "-o", tmp / "out.zarr"]):
+        if command[0] == "stats" and "--catalog" not in args and "--scenes" in args:
+            args = [*args, "--catalog", cat_path]
+        r = cli(*command, *args, "-q")
+        assert r.returncode == code, r.stderr
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith("l5dask: error: ") and says in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and r.stdout == ""
+        assert not os.path.exists(command[-1])
+
+
+# --- reading part of a stored chunk -----------------------------------------------------------------
+def _reorder_blocks(raw: bytes, order: list[int]) -> bytes:
+    """The same blosc chunk with its blocks' bytes stored in another order (as c-blosc's threads
+    may store them), its block starts following them."""
+    import struct
+
+    nbytes, blocksize, cbytes = struct.unpack_from("<iii", raw, 4)
+    n = -(-nbytes // blocksize)
+    starts = list(struct.unpack_from(f"<{n}i", raw, 16))
+    ends = [min([s for s in starts + [cbytes] if s > a]) for a in starts]
+    top = 16 + 4 * n
+    body, new = b"", [0] * n
+    for k in order:
+        new[k] = top + len(body)
+        body += raw[starts[k] : ends[k]]
+    return raw[:16] + struct.pack(f"<{n}i", *new) + body
+
+
+@pytest.mark.parametrize("how", ["lz4-shuffled", "zstd-bitshuffle", "memcpyed", "reordered", "big-records"])
+def test_reading_part_of_a_chunk_is_reading_it_whole(tmp_path, how):
+    from numcodecs import Blosc
+
+    from l5dask.prediction.reading import decode_chunk, read_chunk_rows
+
+    rng = np.random.default_rng(3)
+    dtype = np.dtype([("a", "<f8", (3,)), ("b", "<u4")]) if how != "big-records" else np.dtype([("a", "<f4", (80,))])
+    rows = 9_000
+    meta = fmt.ArrayMeta("arr", dtype, 3 * rows - 1234, rows)
+    codec = {
+        "lz4-shuffled": Blosc("lz4", 5, Blosc.SHUFFLE, blocksize=8192),
+        "zstd-bitshuffle": Blosc("zstd", 3, Blosc.BITSHUFFLE, blocksize=4096),
+        "memcpyed": Blosc("lz4", 0, Blosc.NOSHUFFLE),
+        "reordered": Blosc("lz4", 5, Blosc.SHUFFLE, blocksize=8192),
+        "big-records": Blosc("lz4", 5, Blosc.SHUFFLE, blocksize=16000),
+    }[how]
+    values = np.zeros(meta.nchunks * rows, dtype)
+    values.view(np.uint8)[:] = rng.integers(0, 4, values.nbytes, dtype=np.uint8)  # (compressible)
+    os.makedirs(tmp_path / "arr")
+    for i in range(meta.nchunks):
+        raw = codec.encode(values[i * rows : (i + 1) * rows])
+        if how == "reordered":
+            n = -(-meta.chunk_nbytes // int.from_bytes(raw[8:12], "little"))
+            raw = _reorder_blocks(raw, list(rng.permutation(n)))
+            assert np.array_equal(decode_chunk(raw, meta, True, str(i)), values[i * rows : (i + 1) * rows])
+        (tmp_path / "arr" / str(i)).write_bytes(raw)
+    store = Store(str(tmp_path))
+    for _ in range(60):
+        i = int(rng.integers(meta.nchunks))
+        a, b = meta.chunk_bounds(i)
+        cuts = np.sort(rng.choice(np.arange(a, b + 1), 2 * int(rng.integers(1, 4)), replace=False))
+        ranges = [(int(x), int(y)) for x, y in zip(cuts[::2], cuts[1::2])]
+        for (x, y), got in zip(ranges, read_chunk_rows(store, meta, i, ranges)):
+            np.testing.assert_array_equal(got, values[x:y])
+    # the last rows of the last chunk (its short block alone), the first row of the first
+    last = meta.nchunks - 1
+    np.testing.assert_array_equal(
+        read_chunk_rows(store, meta, last, [(meta.length - 3, meta.length)])[0], values[meta.length - 3 : meta.length]
+    )
+    np.testing.assert_array_equal(read_chunk_rows(store, meta, 0, [(0, 1)])[0], values[:1])
+
+
+def test_a_damaged_chunk_read_in_part_is_one_line(tmp_path):
+    from numcodecs import Blosc
+
+    from l5dask.errors import ChunkError
+    from l5dask.prediction.reading import read_chunk_rows
+
+    dtype = np.dtype([("a", "<f8", (3,))])
+    meta = fmt.ArrayMeta("arr", dtype, 4000, 4000)
+    values = np.zeros(4000, dtype)
+    values["a"] = np.arange(12000).reshape(-1, 3)
+    raw = bytearray(Blosc("lz4", 5, Blosc.SHUFFLE, blocksize=4800).encode(values))
+    os.makedirs(tmp_path / "arr")
+    store = Store(str(tmp_path))
+    for damage, says in (
+        (lambda r: r.__setitem__(slice(16, 20), (10**9).to_bytes(4, "little")), "a block starts outside its bytes"),
+        (lambda r: r.__setitem__(slice(4, 8), (5).to_bytes(4, "little")), "header says 5 bytes decoded"),
+        (lambda r: r.__delitem__(slice(len(r) - 100, len(r))), "chunk '0'"),
+    ):
+        broken = bytearray(raw)
+        damage(broken)
+        (tmp_path / "arr" / "0").write_bytes(bytes(broken))
+        with pytest.raises(ChunkError, match=says):
+            read_chunk_rows(store, meta, 0, [(3900, 4000)])
