@@ -37,7 +37,7 @@ from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
 from l5dask.prediction.kernels import catalog_agents, gather, key_runs
-from l5dask.prediction.scenes import fingerprint, scenes_digest
+from l5dask.prediction.scenes import CATALOG_KEY, fingerprint, scenes_digest
 
 #: L5Kit's ``categorize_scenes.py``: a turn is a yaw change of at least this (rad) ...
 TURN_THRESH = 1.0
@@ -58,8 +58,6 @@ NEAR_M = (10.0, 30.0)
 LOW_CONFIDENCE = 0.5
 #: The default time zone of the local hour and weekday (the dataset's: Palo Alto).
 DEFAULT_TZ = "America/Los_Angeles"
-#: The key of the dataset's fingerprint in a catalog's Parquet metadata.
-CATALOG_KEY = "l5dask.catalog"
 #: The key of the scenes' digest in the schema metadata of a catalog not yet fingerprinted.
 SCENES_KEY = "l5dask.scenes_sha256"
 #: Label groups, by L5Kit label name.

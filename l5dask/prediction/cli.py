@@ -30,7 +30,7 @@ def scene_filter(
     import numpy as np
 
     from l5dask.prediction import format as fmt
-    from l5dask.prediction.catalog import catalog as make
+    from l5dask.prediction.catalog import catalog_table as make
     from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.scenes import NoScenesError, query_indices, read_scene_list
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,6 +38,8 @@ from l5dask.prediction.where import evaluate_where, names_in, where_columns
 #: Rows per chunk of a restricted dataset's arrays: those L5Kit writes a subset with (its
 #: ``ChunkedDataset`` sizes; 10 000 for agent masks), so that it is chunked as the written subset.
 OUT_CHUNK_ROWS = {**fmt.CHUNK_ROWS, fmt.MASKS: 10_000}
+#: The key of the dataset's fingerprint in a catalog's Parquet (and Arrow) schema metadata.
+CATALOG_KEY = "l5dask.catalog"
 #: A stored chunk of which the rows wanted are fewer than this share is read in part: the blosc
 #: blocks that hold them (the others whole, fetched ahead with their neighbours).
 PARTIAL_BELOW = 0.75
@@ -481,8 +484,6 @@ def _open_input(path: str, storage_options: dict | None):
 def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: str = "--catalog"):
     """The catalog Parquet at ``path`` (a ``pyarrow.parquet.ParquetFile``: columns read when asked for), refused in one line if it is no catalog of
     ``ds`` (its fingerprint, written by ``l5dask catalog``, differs)."""
-    import json
-
     import pyarrow.parquet as pq
 
     p = os.fspath(path)
@@ -495,7 +496,7 @@ def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: 
             raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"{what} {p}: not a Parquet file ({first})") from None
-    raw = (t.schema_arrow.metadata or {}).get(b"l5dask.catalog")
+    raw = (t.schema_arrow.metadata or {}).get(CATALOG_KEY.encode())
     if raw is None:
         raise UsageError(f"{what} {p}: not a catalog written by l5dask catalog (no fingerprint in its metadata)")
     check_fingerprint(json.loads(raw), ds, f"{what} {p}")
@@ -543,11 +544,14 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
 
 def query_indices(ds: Any, expr: str, catalog: Any, storage_options: dict | None = None) -> np.ndarray:
     """The indices of ``ds``'s scenes where ``expr`` holds over the columns of ``catalog`` (a
-    pandas DataFrame or an Arrow table with a row per scene, or a catalog Parquet of ``ds``)."""
+    pandas DataFrame or an Arrow table with a row per scene, or a catalog Parquet of ``ds``); a
+    catalog that holds a fingerprint is checked against ``ds``."""
     if isinstance(catalog, (str, os.PathLike)):
         catalog = read_catalog(catalog, ds, storage_options)
     elif getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
         check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog")
+    elif CATALOG_KEY.encode() in (getattr(getattr(catalog, "schema", None), "metadata", None) or {}):
+        check_fingerprint(json.loads(catalog.schema.metadata[CATALOG_KEY.encode()]), ds, "the catalog")
     keep = evaluate(expr, catalog)
     n = len(ds[fmt.SCENES])
     if len(keep) != n:
