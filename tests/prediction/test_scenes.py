@@ -24,9 +24,8 @@ from l5dask.prediction.catalog import write_catalog
 from l5dask.prediction.exports import export
 from l5dask.prediction.report import compute_report
 from l5dask.prediction.scenes import NoScenesError
-
-from .conftest import read_all
-from .test_surgery import assert_same, l5kit_subset, read_mask, write_mask
+from tests.conftest import read_all
+from tests.prediction.test_surgery import assert_same, l5kit_subset, read_mask, write_mask
 
 #: small chunks: scenes, runs and tasks straddle chunk edges (an agents chunk holds about a third
 #: of a scene, a frames chunk a scene and a half)
