@@ -53,6 +53,29 @@ finally:
 """
 
 
+#: The same work in one process, its imports done: the full report against the filtered one (the
+#: catalog read, the scenes chosen, the dataset restricted, its report), interleaved; prints JSON.
+IN_PROCESS = """
+import json, sys, time
+import l5dask
+from l5dask.prediction.report import compute_report
+from l5dask.prediction.scenes import query_indices
+path, cat, rounds, exprs = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
+compute_report(path)  # (warm: the page cache, the kernels' first calls)
+out = {"full": [], **{name: [] for name in exprs}}
+for r in range(rounds):
+    for name in (["full", *exprs] if r % 2 == 0 else [*exprs, "full"]):
+        t = time.perf_counter()
+        if name == "full":
+            compute_report(path)
+        else:
+            ds = l5dask.open_dataset(path)
+            compute_report(ds.isel(scene=query_indices(ds, exprs[name], cat)))
+        out[name].append(time.perf_counter() - t)
+print(json.dumps(out))
+"""
+
+
 def stored_bytes(path: str) -> int:
     """The bytes of the dataset's chunk files (its metadata objects left out)."""
     total = 0
@@ -105,6 +128,14 @@ def main() -> None:
                 times[name].append(wall)
                 cpus[name].append(cpu)
                 print(f"round {r + 1}: {name:<12} {wall:7.2f} s wall, {cpu:7.2f} s CPU", flush=True)
+        exprs = {name: runs[name][1] for name in runs if name != "full"}
+        done = subprocess.run(
+            [sys.executable, "-c", IN_PROCESS, path, cat, str(args.repeat), json.dumps(exprs)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        inproc = json.loads(done.stdout.strip().splitlines()[-1])
     for name in runs:
         b = reads[name]["bytes"]
         ratios = [t / f for t, f in zip(times[name], times["full"])]
@@ -114,6 +145,12 @@ def main() -> None:
             f"({b / reads['full']['bytes']:6.1%} of the full run's) in {reads[name]['reads']:,} reads; "
             f"best {min(times[name]):.2f} s; median of rounds {statistics.median(ratios):.3f}x the full report's "
             f"wall time, {statistics.median(cpu_ratios):.3f}x its CPU"
+        )
+    for name in exprs:
+        r = [t / f for t, f in zip(inproc[name], inproc["full"])]
+        print(
+            f"in one process, imports done: {name:<12} {min(inproc[name]):.2f} s against the full report's "
+            f"{min(inproc['full']):.2f} s; median of rounds {statistics.median(r):.3f}x"
         )
     print("goals: spread <= 10% of the bytes and <= 0.15x the full report's time; consecutive <= 7% of the bytes")
     if args.record:
@@ -126,6 +163,12 @@ def main() -> None:
             "spread_time_x": [round(min(ratio["spread"]), 3), round(max(ratio["spread"]), 3)],
             "consecutive_time_x": [round(min(ratio["consecutive"]), 3), round(max(ratio["consecutive"]), 3)],
             "spread_bytes_x": round(reads["spread"]["bytes"] / total, 4),
+            "spread_in_process_x": round(
+                statistics.median([t / f for t, f in zip(inproc["spread"], inproc["full"])]), 3
+            ),
+            "consecutive_in_process_x": round(
+                statistics.median([t / f for t, f in zip(inproc["consecutive"], inproc["full"])]), 3
+            ),
             "consecutive_bytes_x": round(reads["consecutive"]["bytes"] / total, 4),
         }
         load = os.getloadavg()[0]
