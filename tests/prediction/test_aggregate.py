@@ -265,6 +265,79 @@ def test_dataframe_quantiles_exact_and_within_the_bound_without_a_shuffle(edge_d
     assert one.index.name == "label" and isinstance(one.index.dtype, pd.CategoricalDtype)
 
 
+@pytest.mark.parametrize("by", [["scene_index", "label"], "label", ["host", "hour", "label"], ["frame_index"]])
+def test_dataframe_groupby_reductions_are_the_declared_ones_and_equal_pandas(edge_ds, by, monkeypatch):
+    """``df.groupby(by, observed=True).speed.mean()`` (count, sum, min, max) of a float64 column:
+    the declared aggregations merged by the engine's tree (pandas' groupby of each partition was
+    a third of the query's CPU), lazy until computed, the same Series as pandas' groupby of the
+    whole frame (NaN speeds skipped, a group of only NaN ones NaN, its count 0); with arguments,
+    or by an unobserved category, dask's own."""
+    import l5dask.prediction.dataframe as dataframe
+
+    from .test_laziness import raise_if_dask_computes
+
+    parts = []
+    original = dataframe.group_part
+    monkeypatch.setattr(dataframe, "group_part", lambda *a, **kw: parts.append(1) or original(*a, **kw))
+    ds = l5dask.open_dataset(edge_ds)
+    df = ds.to_dask_dataframe(
+        "agents", columns=["speed", "label", "yaw"], joins=["scene_index", "frame_index", "host", "hour"]
+    )
+    whole = df.compute()
+    assert whole.speed.isna().any()
+    for name in dataframe.DECLARED:
+        parts.clear()
+        with raise_if_dask_computes():
+            lazy = getattr(df.groupby(by, observed=True).speed, name)()
+        got = lazy.compute()
+        assert parts, name  # (the declared partials made it, not pandas)
+        want = getattr(whole.groupby(by, observed=True).speed, name)()
+        pd.testing.assert_series_equal(got, want, check_exact=False, rtol=1e-12)
+    # dask's own: arguments, a float32 column, an unobserved category
+    parts.clear()
+    got = df.groupby(by, observed=True).speed.sum(min_count=1).compute()
+    pd.testing.assert_series_equal(
+        got.sort_index(), whole.groupby(by, observed=True).speed.sum(min_count=1), check_exact=False, rtol=1e-12
+    )
+    pd.testing.assert_series_equal(
+        df.groupby(by, observed=True).yaw.mean().compute().sort_index(),
+        whole.groupby(by, observed=True).yaw.mean(),
+        check_exact=False,
+        check_dtype=False,  # (dask's mean of float32 is float64, pandas' float32)
+        rtol=1e-4,
+    )
+    assert not parts
+
+
+def test_declared_groupby_of_any_dask_dataframe_equals_pandas():
+    """The declared reductions of a dask DataFrame's float64 column by categorical and integer
+    keys: groups of only NaN values (mean, min and max NaN, count 0, sum 0), rows with a missing
+    category left out, categories without rows absent, as pandas' ``observed=True`` groupby."""
+    import dask.dataframe as dd
+
+    from l5dask.prediction.dataframe import DECLARED, declared_groupby
+    from l5dask.prediction.groupby import AGGREGATIONS
+
+    rng = np.random.default_rng(3)
+    n = 5_000
+    cats = pd.CategoricalDtype(["a", "b", "c", "d"])
+    frame = pd.DataFrame(
+        {
+            "k": pd.Categorical.from_codes(rng.integers(-1, 3, n), dtype=cats),  # (-1: missing; "d" never)
+            "j": rng.integers(-2, 5, n).astype(np.int32),
+            "v": np.where(rng.random(n) < 0.2, np.nan, rng.normal(size=n)),
+        }
+    )
+    frame.loc[frame.j == 4, "v"] = np.nan  # groups of NaN only
+    ddf = dd.from_pandas(frame, npartitions=7)
+    for by in (["k", "j"], ["j"], ["k"]):
+        for name in DECLARED:
+            want = getattr(frame.groupby(by, observed=True).v, name)()
+            meta = getattr(ddf.groupby(by, observed=True).v, name)()._meta
+            got = declared_groupby(ddf, by, "v", AGGREGATIONS[name], meta).compute()
+            pd.testing.assert_series_equal(got, want, check_exact=False, rtol=1e-12)
+
+
 def test_dataframe_quantiles_bad_input(edge_ds):
     from l5dask.prediction.dataframe import quantiles
 
