@@ -45,17 +45,21 @@ ARGMAX = {fmt.AGENTS: "label_probabilities", fmt.TL_FACES: "traffic_light_face_s
 class Block:
     """One task's stored chunks of an array, fetched but not decoded (``data``: an
     :class:`~l5dask.prediction.reading.Encoded`, or records for a layout that reads them so), and
-    the view's variables made from them: on the first one asked for, every number of ``fields``
-    (but the ``argmax`` fields, of which the argmax) gathered in one pass, without making the
-    records (q1 of ``benchmarks/aggregate_benchmark.py`` through the xarray view: 3.5 s of CPU
-    with the records decoded, of which 1.4 s decoding 3.5 GB of them; see the CHANGELOG for
-    the figures after). Any other field comes from the records (decoded once). Threads share
-    a block: a lock makes each column once."""
+    the view's variables made from them, their numbers (and the argmax of the ``argmax`` fields)
+    gathered straight from the compressed bytes, the records never made (q1 of
+    ``benchmarks/aggregate_benchmark.py`` through the xarray view: 3.5 s of CPU with the records
+    decoded, 1.4 s of it decoding 3.5 GB of them; see the CHANGELOG for the figures after).
+
+    A query asks for a field or two: the first pass gathers the field asked for and the argmaxes,
+    the second the next field asked for, the third every number of ``fields`` still missing (a
+    pass costs its decompression, each column a little more). Any other field comes from the
+    records (decoded once). Threads share a block: a lock makes each column once."""
 
     def __init__(self, data, fields: tuple[str, ...], argmax: tuple[str, ...]) -> None:
         self.data, self.fields, self.argmax = data, fields, argmax
         self._lock = threading.Lock()
-        self._columns: dict[str, list[np.ndarray]] | None = None
+        self._columns: dict[str, list[np.ndarray]] = {}
+        self._passes = 0
 
     def __reduce__(self):  # (to another worker: the bytes, not the lock or the columns)
         return Block, (self.data, self.fields, self.argmax)
@@ -68,31 +72,34 @@ class Block:
             if f not in self.argmax and fields[f][0].base.kind in "biuf" and fields[f][0].base.isnative
         ]
 
-    def _gather(self) -> dict[str, list[np.ndarray]]:
+    def _column(self, key: str) -> list[np.ndarray]:
+        """The gathered parts of ``key`` (a number field's elements, or ``argmax:<field>``)."""
         with self._lock:
-            if self._columns is None:
+            if key not in self._columns:
                 fields = fmt.fields_of(self.data.dtype)
-                numbers = self._numbers()
+                missing = [f for f in self._numbers() if f not in self._columns]
+                numbers = missing if self._passes >= 2 else [key] if key in missing else []
+                argmax = [f for f in self.argmax if f in fields and f"argmax:{f}" not in self._columns]
+                if self._passes == 1 and not key.startswith("argmax:"):
+                    argmax = []
                 elements = [(f, tuple(int(i) for i in idx)) for f in numbers for idx in np.ndindex(fields[f][0].shape)]
-                argmax = [f for f in self.argmax if f in fields]
                 data = self.data
                 outs, maxes = (
                     gather(data, elements, argmax) if isinstance(data, np.ndarray) else data.gather(elements, argmax)
                 )
-                columns: dict[str, list[np.ndarray]] = {}
                 at = 0
                 for f in numbers:
                     k = int(np.prod(fields[f][0].shape, dtype=np.int64))
-                    columns[f], at = outs[at : at + k], at + k
-                columns.update({f"argmax:{f}": [m] for f, m in zip(argmax, maxes)})
-                self._columns = columns
-            return self._columns
+                    self._columns[f], at = outs[at : at + k], at + k
+                self._columns.update({f"argmax:{f}": [m] for f, m in zip(argmax, maxes)})
+                self._passes += 1
+            return self._columns[key]
 
     def field(self, name: str) -> np.ndarray:
         """The values of the field ``name`` (rows, then the field's own shape)."""
         if name in self._numbers():
             shape = fmt.fields_of(self.data.dtype)[name][0].shape
-            parts = self._gather()[name]
+            parts = self._column(name)
             return parts[0] if not shape else np.stack(parts, axis=1).reshape(-1, *shape)
         with self._lock:
             records = self.data if isinstance(self.data, np.ndarray) else self.data.records()
@@ -100,7 +107,7 @@ class Block:
 
     def argmax_of(self, name: str) -> np.ndarray:
         """The argmax of each row's ``name`` (int8; first maximum, as numpy)."""
-        return self._gather()[f"argmax:{name}"][0]
+        return self._column(f"argmax:{name}")[0]
 
 
 def _read_block(array, chunks_per_task: int, fields: tuple[str, ...], argmax: tuple[str, ...], block_id=None) -> Block:
