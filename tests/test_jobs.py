@@ -166,7 +166,8 @@ BAD = [
         "unknown-key-in-analysis",
         '[analyses.r]\nkind = "report"\noutput = "r.json"\noutptu = "x"\n',
         7,
-        "unknown key 'outptu' in [analyses.r] (kind report); the keys are: datasets, html, kind, output, scenes-table",
+        "unknown key 'outptu' in [analyses.r] (kind report); the keys are: datasets, html, kind, output, scene-catalog, "
+        "scenes, scenes-table",
     ),
     (
         "unknown-top-key",
@@ -540,3 +541,58 @@ def test_on_s3_a_missing_dataset_or_bucket_is_refused_before_anything_runs(s3, s
     assert r.returncode == 0, r.stderr
     got = pd.read_parquet(io.BytesIO(s3.s3fs().cat(f"l5-out/{DATE}/c.parquet")))
     pd.testing.assert_frame_equal(got, l5dask.catalog(s3_small, storage_options=s3.storage_options()))
+
+
+def test_an_analysis_of_some_scenes_reads_the_catalog_the_run_writes(small_ds, tmp_path):
+    """``scenes`` restricts an aggregation (or a report) to the scenes its expression chooses over
+    the scene catalog: the one the run writes of the dataset, else one computed for the run."""
+    ds = l5dask.open_dataset(small_ds)
+    table = l5dask.catalog(ds)
+    expr = f"mean_speed_mps >= {float(table['mean_speed_mps'].median())!r}"
+    chosen = ds.query(expr, catalog=table)
+    assert 0 < len(chosen["scenes"]) < len(ds["scenes"])
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.catalog]
+        kind = "catalog"
+        output = "{tmp_path}/catalog.parquet"
+
+        [analyses.long]
+        kind = "aggregate"
+        by = "label"
+        values = {{ speed = ["mean", "count"] }}
+        scenes = "{expr}"
+        output = "{tmp_path}/long.parquet"
+
+        [analyses.long-report]
+        kind = "report"
+        scenes = "{expr}"
+        output = "{tmp_path}/long-report.json"
+        """,
+    )
+    record = run_job(job)
+    assert record["status"] == "written", record["analyses"]
+    want = l5dask.aggregate(chosen, by="label", values={"speed": ["mean", "count"]})
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "long.parquet"), want, check_dtype=False, check_categorical=False
+    )
+    ref = tmp_path / "ref.json"
+    l5dask.prediction.report.write_json(compute_report(chosen), str(ref))
+    assert json.loads((tmp_path / "long-report.json").read_text())["counts"] == json.loads(ref.read_text())["counts"]
+    # without a catalog analysis in the job, one is computed for the run; a bad expression is
+    # refused before anything runs
+    catalog_block = f'[analyses.catalog]\nkind = "catalog"\noutput = "{tmp_path}/catalog.parquet"\n'
+    assert catalog_block in job.read_text()
+    write(job, job.read_text().replace(catalog_block, ""))
+    (tmp_path / "long.parquet").unlink()
+    assert run_job(job)["status"] == "written"
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(tmp_path / "long.parquet"), want, check_dtype=False, check_categorical=False
+    )
+    write(job, job.read_text().replace(expr, "frames >="))
+    r = cli(job, "-q")
+    assert r.returncode == 2 and "[analyses.long] on small: " in r.stderr and len(r.stderr.splitlines()) == 1

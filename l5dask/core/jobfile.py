@@ -61,6 +61,11 @@ class Kind:
     ``needs_output``: the analysis must be given one of its outputs. ``together``, when set, runs several analyses of one dataset in one pass:
     ``together(ds, [(kind, params, outputs), ...], context)`` returns, in order, each one's
     record or the exception that failed it.
+
+    ``restriction(params)``, when set, says what part of the dataset the analysis reads (a
+    hashable key, ``None``: all of it); the analyses of one part run together, after those of the
+    whole dataset, on ``restrict(ds, key, context, written)`` (``written``: the outputs of the
+    analyses of the whole dataset written in this run, by kind).
     """
 
     name: str
@@ -73,6 +78,8 @@ class Kind:
     together: Callable[[Any, list, Any], list] | None = None
     fingerprint: Callable[[Any], dict] | None = None
     needs_output: bool = True
+    restriction: Callable[[dict], Any] | None = None
+    restrict: Callable[[Any, Any, Any, dict], Any] | None = None
 
     @property
     def outputs(self) -> tuple[str, ...]:

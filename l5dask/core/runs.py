@@ -77,6 +77,9 @@ class Context:
     chunks_per_task: int | None = None
     progress: bool = False
     storage_options: dict = field(default_factory=dict)
+    cache: Any = None
+    #: what the kinds keep for the rest of the run (a dataset's scene catalog...)
+    memo: dict = field(default_factory=dict)
 
 
 def _options(job: Job, extra: dict | None = None) -> dict:
@@ -323,35 +326,63 @@ def _fingerprint(inp: Input) -> Any:
 
 def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any, float]]:
     """Each task's record (or the exception that failed it) and its seconds: the tasks whose kinds
-        run together (the same ``Kind.together``) in one call, the others one after the other. When a pass of several analyses fails, each of them is run alone
-    (what the fault does not touch is written)."""
+    run together (the same ``Kind.together``) in one call, the others one after the other; the
+    tasks on a part of the dataset (``Kind.restriction``) after those on the whole of it, those of
+    one part together."""
+    results: dict[int, tuple[Any, float]] = {}
+    parts: dict[Any, list[int]] = {}
+    for i, t in enumerate(tasks):
+        key = t.analysis.kind.restriction(t.analysis.params) if t.analysis.kind.restriction else None
+        parts.setdefault(None if key is None else (t.analysis.kind.restrict, key), []).append(i)
+    written: dict[str, list[dict]] = {}
+    for part, members in sorted(parts.items(), key=lambda kv: kv[0] is not None):
+        ds = inp.ds
+        if part is not None:
+            restrict, key = part
+            t0 = time.perf_counter()
+            try:
+                ds = restrict(inp.ds, key, ctx, written)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the part cannot be read: its analyses fail
+                results.update(dict.fromkeys(members, (exc, time.perf_counter() - t0)))
+                continue
+        results.update(_run_part(ds, inp, {i: tasks[i] for i in members}, ctx))
+        if part is None:
+            for i in members:
+                if not isinstance(results[i][0], BaseException):
+                    written.setdefault(tasks[i].analysis.kind.name, []).append(tasks[i].outputs)
+    return [results[i] for i in range(len(tasks))]
+
+
+def _run_part(ds: Any, inp: Input, tasks: dict[int, Task], ctx: Context) -> dict[int, tuple[Any, float]]:
     results: dict[int, tuple[Any, float]] = {}
     groups: dict[Any, list[int]] = {}
-    for i, t in enumerate(tasks):
+    for i, t in tasks.items():
         groups.setdefault(t.analysis.kind.together or ("alone", i), []).append(i)
     for key, members in groups.items():
         t0 = time.perf_counter()
         if callable(key):
             try:
                 got = key(
-                    inp.ds, [(tasks[i].analysis.kind, tasks[i].analysis.params, tasks[i].outputs) for i in members], ctx
+                    ds, [(tasks[i].analysis.kind, tasks[i].analysis.params, tasks[i].outputs) for i in members], ctx
                 )
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as exc:  # noqa: BLE001 - the pass failed: each analysis is run alone,
                 # so that those the fault does not touch (another array's) are written
-                got = [exc] if len(members) == 1 else [_alone(inp, tasks[i], ctx) for i in members]
+                got = [exc] if len(members) == 1 else [_alone(ds, tasks[i], ctx) for i in members]
         else:
-            got = [_alone(inp, tasks[members[0]], ctx)]
+            got = [_alone(ds, tasks[members[0]], ctx)]
         took = time.perf_counter() - t0
         for i, r in zip(members, got):
             results[i] = (r, took)
-    return [results[i] for i in range(len(tasks))]
+    return results
 
 
-def _alone(inp: Input, t: Task, ctx: Context) -> Any:
+def _alone(ds: Any, t: Task, ctx: Context) -> Any:
     try:
-        return t.analysis.kind.run(inp.ds, t.analysis.params, t.outputs, ctx)
+        return t.analysis.kind.run(ds, t.analysis.params, t.outputs, ctx)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # noqa: BLE001 - said in the record and in one line

@@ -18,13 +18,15 @@ from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import MAX_GROUPS, parse_values, where_columns
 from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
-from l5dask.prediction.catalog import DEFAULT_TZ, check_tz, fingerprint, write_catalog
+from l5dask.prediction.catalog import DEFAULT_TZ, catalog_table, check_tz, fingerprint, write_catalog
 from l5dask.prediction.columns import Table
 from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.exports import FORMATS, export
 from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.html import write_html
 from l5dask.prediction.report import write_scene_table
+from l5dask.prediction.scenes import read_catalog
+from l5dask.prediction.where import names_in
 
 
 def open_l5(url: str, storage_options: dict) -> Any:
@@ -41,8 +43,52 @@ def _suffix(path: str | None, allowed: tuple[str, ...], what: str) -> None:
         raise UsageError(f"{what} {path!r}: name the file {' or '.join('*' + e for e in allowed)}")
 
 
+# --- a part of the scenes ---------------------------------------------------------------------
+SCENE_KEYS = (
+    Key(
+        "scenes",
+        "str",
+        "only the scenes where this holds over the scene catalog's columns, e.g. ``\"turn == 'left'\"``",
+    ),
+    Key(
+        "scene-catalog",
+        "str",
+        "the catalog Parquet ``scenes`` reads; default: the catalog this run writes of the dataset, else one computed",
+    ),
+)
+
+
+def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
+    if params["scene-catalog"] is not None and params["scenes"] is None:
+        raise UsageError("scene-catalog is read by scenes: give scenes too")
+    if params["scenes"] is not None:
+        names_in(params["scenes"])  # (its syntax, before any pass)
+    if params["scene-catalog"] is not None:
+        read_catalog(params["scene-catalog"], ds, options, "scene-catalog")  # (there, and of this dataset)
+
+
+def scene_part(params: dict) -> Any:
+    """The scenes an analysis reads (``None``: all)."""
+    return None if params["scenes"] is None else (params["scenes"], params["scene-catalog"])
+
+
+def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
+    """``ds`` restricted to the scenes where the expression holds over its catalog: the one given,
+    else the one this run wrote of the dataset, else one computed once for the run."""
+    expr, table = key
+    if table is None and written.get("catalog"):
+        table = written["catalog"][0]["output"]
+    if table is None:
+        memo = ("scene-catalog", id(ds))
+        if memo not in ctx.memo:
+            ctx.memo[memo] = catalog_table(ds, **_pass_kw(ctx))
+        table = ctx.memo[memo]
+    return ds.query(expr, catalog=table, storage_options=ctx.storage_options, client=ctx.client, progress=ctx.progress)
+
+
 # --- the report ---------------------------------------------------------------------------------
 def check_report(ds: Any, params: dict) -> None:
+    check_scenes(ds, params)
     _suffix(params["output"], (".json",), "output")
     _suffix(params["html"], (".html", ".htm"), "html")
     _suffix(params["scenes-table"], (".parquet",), "scenes-table")
@@ -72,6 +118,7 @@ def write_catalog_output(table: Any, params: dict, outputs: dict, ctx: Any, seco
 
 # --- aggregations -------------------------------------------------------------------------------
 def check_aggregate(ds: Any, params: dict) -> None:
+    check_scenes(ds, params)
     table_format(params["output"])
     table = Table(ds, params["array"])
     table.resolve(params["by"], "group column")
@@ -155,10 +202,13 @@ REPORT = register(
             Key("output", "template", "the report as JSON (``*.json``)"),
             Key("html", "template", "the report as a self-contained HTML page (``*.html``)"),
             Key("scenes-table", "template", "the per-scene table (``*.parquet``)"),
+            *SCENE_KEYS,
         ),
         open=open_l5,
         run=functools.partial(run_one, kind="report"),
         together=run_together,
+        restriction=scene_part,
+        restrict=restrict_scenes,
         check=check_report,
         fingerprint=fingerprint,
     )
@@ -200,10 +250,13 @@ AGGREGATE = register(
             Key("where", "str", 'keep the rows where this holds, e.g. ``"distance_to_ego < 20"``'),
             Key("max-groups", "int", "refuse groupings that may make more groups", default=MAX_GROUPS, minimum=1),
             Key("quantile-bits", "int", "mantissa bits of the quantile sketch (52: exact)", default=QUANTILE_BITS),
+            *SCENE_KEYS,
         ),
         open=open_l5,
         run=functools.partial(run_one, kind="aggregate"),
         together=run_together,
+        restriction=scene_part,
+        restrict=restrict_scenes,
         check=check_aggregate,
         fingerprint=fingerprint,
     )
