@@ -765,3 +765,54 @@ def byte_codes(const uint8_t[:, ::1] values):
                 s = (s + 1) & mask
     free(table)
     return codes, first[:k].copy()
+
+
+def union_masks(const uint64_t[::1] a, const uint64_t[::1] am, const uint64_t[::1] b, const uint64_t[::1] bm):
+    """The union of two sorted arrays of distinct keys, each with its mask (a key in both: the OR
+    of its masks): ``(keys, masks)``, sorted (a merge, as :func:`union_sorted`)."""
+    if am.shape[0] != a.shape[0] or bm.shape[0] != b.shape[0]:
+        raise ValueError("union_masks: a mask per key expected")
+    keys, masks = np.empty(a.shape[0] + b.shape[0], np.uint64), np.empty(a.shape[0] + b.shape[0], np.uint64)
+    cdef uint64_t[::1] ko = keys, mo = masks
+    cdef Py_ssize_t i = 0, j = 0, k = 0
+    with nogil:
+        while i < a.shape[0] and j < b.shape[0]:
+            if a[i] < b[j]:
+                ko[k], mo[k] = a[i], am[i]
+                i += 1
+            elif b[j] < a[i]:
+                ko[k], mo[k] = b[j], bm[j]
+                j += 1
+            else:
+                ko[k], mo[k] = a[i], am[i] | bm[j]
+                i += 1
+                j += 1
+            k += 1
+        while i < a.shape[0]:
+            ko[k], mo[k] = a[i], am[i]
+            i += 1
+            k += 1
+        while j < b.shape[0]:
+            ko[k], mo[k] = b[j], bm[j]
+            j += 1
+            k += 1
+    return keys[:k], masks[:k]
+
+
+def mask_counts(const uint64_t[::1] masks, Py_ssize_t nbits):
+    """How many masks have each of bits ``0 .. nbits - 1`` (int64)."""
+    if not 0 < nbits <= 64:
+        raise ValueError("mask_counts: 1 to 64 bits expected")
+    counts = np.zeros(64, np.int64)
+    cdef int64_t[::1] c = counts
+    cdef Py_ssize_t i
+    cdef uint64_t m
+    with nogil:
+        for i in range(masks.shape[0]):
+            m = masks[i]
+            while m:
+                c[__builtin_ctzll(m)] += 1
+                m &= m - 1
+    if counts[nbits:].any():
+        raise ValueError("mask_counts: masks beyond the bits")
+    return counts[:nbits].copy()

@@ -36,7 +36,7 @@ from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
-from l5dask.prediction.kernels import catalog_agents, gather, key_runs
+from l5dask.prediction.kernels import catalog_agents, gather, key_runs, mask_counts, union_masks
 from l5dask.prediction.scenes import CATALOG_KEY, fingerprint, scenes_digest
 
 #: L5Kit's ``categorize_scenes.py``: a turn is a yaw change of at least this (rad) ...
@@ -266,7 +266,8 @@ def frames_chunk(frames: np.ndarray, offset: int, scenes: Rows) -> RunsPart:
     part = RunsPart(n)
     edge = [0] + ([len(starts) - 1] if len(starts) > 1 else [])
     for i in edge:
-        part.open.append((int(scene[starts[i]]), tuple(c[starts[i] : ends[i]] for c in cols)))
+        # (copies: a view would keep the whole block's columns alive as long as the partial)
+        part.open.append((int(scene[starts[i]]), tuple(c[starts[i] : ends[i]].copy() for c in cols)))
     if len(starts) > 2:  # (the inner runs: their scenes are whole here)
         a, b = int(starts[1]), int(ends[-2])
         part.done_scenes = scene[starts[1:-1]].astype(np.int64)
@@ -317,6 +318,8 @@ def _merge_dense(a: np.ndarray, alo: int, b: np.ndarray, blo: int, lo: int, hi: 
 
 def _join_space(a: tuple, b: tuple) -> tuple:
     """Two key spaces' ``(keys, masks)`` of one scene as one: the union of the keys, masks OR'd."""
+    if a[0].dtype == np.uint64 and b[0].dtype == np.uint64:  # (track ids, frames: a merge)
+        return union_masks(a[0], a[1], b[0], b[1])
     keys, inverse = np.unique(np.concatenate([a[0], b[0]]), return_inverse=True)
     masks = np.zeros(len(keys), np.uint64)
     np.bitwise_or.at(masks, inverse.reshape(-1), np.concatenate([a[1], b[1]]))
@@ -325,7 +328,7 @@ def _join_space(a: tuple, b: tuple) -> tuple:
 
 def _space_counts(masks: np.ndarray, nbits: int) -> np.ndarray:
     """How many keys have each bit of their mask."""
-    return ((masks[:, None] >> np.arange(nbits, dtype=np.uint64)) & np.uint64(1)).sum(0).astype(np.int64)
+    return mask_counts(np.ascontiguousarray(masks, np.uint64), nbits)
 
 
 def finish_counts(part: KeyPart, opens: list, bits: tuple[int, ...]) -> KeyPart:

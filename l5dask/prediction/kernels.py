@@ -45,6 +45,8 @@ _track_runs = _compiled.track_runs
 byte_codes = _compiled.byte_codes
 catalog_agents = _compiled.catalog_agents
 key_runs = _compiled.key_runs
+mask_counts = _compiled.mask_counts
+union_masks = _compiled.union_masks
 uniform_histogram = _compiled.uniform_histogram
 union_sorted = _compiled.union_sorted
 

@@ -7,7 +7,16 @@ import pytest
 
 from l5dask.core.engine import Rows
 from l5dask.prediction import format as fmt
-from l5dask.prediction.kernels import byte_codes, catalog_agents, distinct_values, key_runs, layout, track_runs
+from l5dask.prediction.kernels import (
+    byte_codes,
+    catalog_agents,
+    distinct_values,
+    key_runs,
+    layout,
+    mask_counts,
+    track_runs,
+    union_masks,
+)
 from l5dask.prediction.stats import DISTANCE_EDGES, SPEED_EDGES, AgentStats, TLStats, exact_total
 
 
@@ -135,6 +144,21 @@ def test_key_runs_match_numpy(id_kind):
             assert got[0].tolist() == u.tolist() and got[1].tolist() == ored.tolist()
     with pytest.raises(ValueError, match="bits"):
         key_runs(keys, masks, cuts, 20)  # masks beyond the bits
+
+
+def test_union_masks_and_mask_counts_match_numpy():
+    rng = np.random.default_rng(4)
+    a = np.unique(rng.integers(0, 500, 300).astype(np.uint64))
+    b = np.unique(rng.integers(200, 900, 300).astype(np.uint64))
+    am, bm = (rng.integers(1, 2**40, len(x)).astype(np.uint64) for x in (a, b))
+    keys, masks = union_masks(a, am, b, bm)
+    want = {int(k): int(m) for k, m in zip(a, am)}
+    for k, m in zip(b.tolist(), bm.tolist()):
+        want[k] = want.get(k, 0) | m
+    assert keys.tolist() == sorted(want) and masks.tolist() == [want[k] for k in sorted(want)]
+    assert mask_counts(masks, 40).tolist() == [int(((masks >> np.uint64(i)) & np.uint64(1)).sum()) for i in range(40)]
+    with pytest.raises(ValueError, match="beyond"):
+        mask_counts(masks, 8)
 
 
 def test_catalog_agents_match_numpy():
