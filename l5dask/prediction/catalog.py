@@ -625,7 +625,7 @@ def catalog_table(
 ):
     """The scene catalog of ``dataset`` as a pyarrow Table, one row per scene, from one parallel
     pass over its frames, agents and traffic-light faces (columns: ``docs/guide/catalog.md``); the
-    dataset's :func:`fingerprint` in its schema metadata (key ``l5dask.catalog``, JSON).
+    dataset's :func:`~l5dask.prediction.scenes.fingerprint` in its schema metadata (key ``l5dask.catalog``, JSON).
 
     Parameters
     ----------
@@ -697,7 +697,7 @@ def catalog_plan(ds: L5Dataset, job: Job, tz: str = DEFAULT_TZ) -> Plan:
 
 
 def with_fingerprint(table, ds: L5Dataset):
-    """The catalog (a pyarrow Table) with the dataset's :func:`fingerprint` in its schema metadata."""
+    """The catalog (a pyarrow Table) with the dataset's :func:`~l5dask.prediction.scenes.fingerprint` in its schema metadata."""
     meta = dict(table.schema.metadata or {})
     digest = meta.pop(SCENES_KEY.encode(), None)
     meta[CATALOG_KEY.encode()] = json.dumps(
@@ -716,7 +716,7 @@ def as_frame(table):
 def catalog(dataset: Any, **options: Any):
     """The scene catalog of ``dataset``: a pandas DataFrame, one row per scene, from one parallel
     pass over its frames, agents and traffic-light faces (columns: ``docs/guide/catalog.md``); the
-    dataset's :func:`fingerprint` in its ``attrs["l5dask"]``. The options are
+    dataset's :func:`~l5dask.prediction.scenes.fingerprint` in its ``attrs["l5dask"]``. The options are
     :func:`catalog_table`'s."""
     return as_frame(catalog_table(dataset, **options))
 
@@ -744,7 +744,7 @@ def check_output(path: str, storage_options: dict | None = None, overwrite: bool
 
 
 def write_catalog(table, path: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
-    """The catalog (a pyarrow Table, or a pandas DataFrame from :func:`catalog`) as Parquet, written
+    """The catalog (a pyarrow Table, or a pandas DataFrame from :func:`~l5dask.prediction.catalog.catalog`) as Parquet, written
     atomically (refused if ``path`` exists, unless ``overwrite``), the dataset's ``fingerprint`` in
     its metadata (key ``l5dask.catalog``, JSON)."""
     import pyarrow as pa

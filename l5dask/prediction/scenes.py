@@ -11,7 +11,7 @@ are never read, and every pass, view, join, report and export of the package run
 
 Making one reads the scenes array (small) and the frames at the ends of each run of consecutive
 chosen scenes (for the agents and faces they cover), nothing else. The catalog an expression
-reads is given: a DataFrame (:func:`l5dask.catalog`), or the Parquet ``l5dask catalog`` writes,
+reads is given: a DataFrame (:func:`~l5dask.prediction.catalog.catalog`), or the Parquet ``l5dask catalog`` writes,
 checked against the dataset's :func:`fingerprint` (the commands make one when none is given).
 """
 
@@ -177,6 +177,7 @@ class SceneView(L5Array):
         return self._stream(a, b, self.meta.chunk_rows, fresh=True)
 
     def read_encoded(self, first: int, n: int) -> np.ndarray:  # type: ignore[override]
+        """As :meth:`read`: records (see :meth:`iter_encoded`)."""
         return self.read(first, n)
 
     def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
@@ -445,7 +446,7 @@ def scenes_digest(records: np.ndarray) -> str:
 def fingerprint(ds: Any, scenes_sha256: str | None = None) -> dict[str, Any]:
     """What identifies the dataset a catalog was made of: its path, each array's length and chunk
     size, a digest of each array's stored metadata (``.zarray``) and one of its scenes' records
-    (:func:`scenes_digest`, small; two datasets of one shape differ there, in their times and
+    (``scenes_digest``, small; two datasets of one shape differ there, in their times and
     hosts: ``scenes_sha256`` when the caller has it, else the scenes are read). A catalog is
     checked against all but the path (a dataset copied elsewhere keeps its catalog)."""
     arrays = {}

@@ -1,7 +1,7 @@
 """The ``where`` language of :func:`~l5dask.prediction.aggregation.aggregate` (``l5dask agg
 --where``) and of the scene filters (``--scenes``, :meth:`L5Dataset.query
 <l5dask.prediction.dataset.L5Dataset.query>`): a Python expression of columns, numbers and strings,
-comparisons, ``and``/``or``/``not`` and arithmetic, parsed with :mod:`ast` and evaluated over numpy
+comparisons, ``and``/``or``/``not`` and arithmetic, parsed with Python's ``ast`` and evaluated over numpy
 columns (never ``eval``). A table's categorical columns compare with their category names."""
 
 from __future__ import annotations
