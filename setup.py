@@ -12,8 +12,14 @@ setup(
                    # are vector loops: the same values; LZ4's symbols stay inside the module)
                    define_macros=[("LZ4LIB_VISIBILITY", "")],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]),
-         Extension("l5dask.perception._kernels", ["l5dask/perception/_kernels.pyx"], include_dirs=["l5dask/perception"],
+         # perception: one module a job (token lookups and chains, lidar points in boxes, JSON scans,
+         # detection's matching, box geometry's pairs)
+         Extension("l5dask.perception._links", ["l5dask/perception/_links.pyx"], extra_compile_args=["-O3"]),
+         Extension("l5dask.perception._lidar", ["l5dask/perception/_lidar.pyx"], extra_compile_args=["-O3"]),
+         Extension("l5dask.perception._jsonscan", ["l5dask/perception/_jsonscan.pyx"], include_dirs=["l5dask/perception"],
                    depends=["l5dask/perception/_jsontypes.h"], extra_compile_args=["-O3"]),
+         Extension("l5dask.perception._matching", ["l5dask/perception/_matching.pyx"], extra_compile_args=["-O3"]),
+         Extension("l5dask.perception._geometry", ["l5dask/perception/_geometry.pyx"], extra_compile_args=["-O3"]),
          # evaluation: one module a job (the agents mask's pass, L5Kit's CSV rows, the metrics)
          Extension("l5dask.evaluation._mask", ["l5dask/evaluation/_mask.pyx"], depends=["l5dask/core/_records.pxd"],
                    extra_compile_args=["-O3"]),

@@ -1,7 +1,7 @@
 """Each hand-written layer of l5dask beside the maintained library it replaces (issue 46), in one
 process, rounds interleaved; the layer stays only where it wins by 10% or more.
 
-    python benchmarks/handwritten_layers.py [--part argmax,metrics,zarr3] [--rows 200000] [--scenes 400] [--rounds 5]
+    python benchmarks/handwritten_layers.py [--part argmax,metrics,zarr3,tokens] [--rows 200000] [--scenes 400] [--rounds 5]
 
 - ``argmax``: the label argmax of the report (``_argmax.h``, rows read in place from the records)
   against numpy's ``argmax(axis=1)`` of the records' field and of a contiguous copy; one thread,
@@ -14,6 +14,10 @@ process, rounds interleaved; the layer stays only where it wins by 10% or more.
   same shards, chunks and codecs (``zarr.create_array``: sharding, blosc), in a venv of its own
   (``--zarr3-python``, default ``.venv-zarr3/bin/python``: zarr-python 3 cannot be installed
   beside zarr-python 2, which L5Kit's stack needs).
+- ``tokens``: the perception tables' token lookups (``l5dask.perception.links``: ``token_index``
+  and ``lookup``, the hash table of ``_links.pyx``) against pyarrow's ``pc.index_in``, the link
+  column of ``--rows`` rows of 32-hex tokens looked up in a table of as many (5 % not in it); one
+  thread; the row indices checked equal.
 
 The other two layers have their own scripts: the compressed gather's LZ4 against numcodecs'
 blosc (``benchmarks/compressed_gather.py``) and the reads around the page cache against plain
@@ -212,6 +216,33 @@ def part_zarr3(args) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def part_tokens(args) -> None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from l5dask.perception.links import lookup, token_index
+
+    rng = np.random.default_rng(0)
+    n = args.rows
+    table = pa.array([rng.bytes(16).hex() for _ in range(n)])
+    picks = rng.integers(0, n, n)
+    values = [table[int(i)].as_py() if rng.random() > 0.05 else f"{int(i):032x}" for i in picks]
+    values = pa.array(values)
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        t = time.thread_time()
+        got = lookup(values, token_index(table))
+        ours.append(time.thread_time() - t)
+        t = time.thread_time()
+        want = pc.index_in(values, value_set=table).to_numpy(zero_copy_only=False)
+        theirs.append(time.thread_time() - t)
+    want = np.where(np.isnan(want.astype(float)), -1, want).astype(np.int64)
+    assert (got == want).all()
+    print(f"tokens: {n:,} lookups in a table of {n:,} (best of {args.rounds}, one thread's CPU)")
+    print(f"  l5dask (token_index + lookup): {min(ours) * 1e3:.1f} ms")
+    print(f"  pyarrow pc.index_in: {min(theirs) * 1e3:.1f} ms -> {min(theirs) / min(ours):.2f}x l5dask's time")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--part", default="argmax,metrics,zarr3")
@@ -221,7 +252,7 @@ def main() -> None:
     ap.add_argument("--zarr3-python", default=os.path.join(os.path.dirname(HERE), ".venv-zarr3", "bin", "python"))
     args = ap.parse_args()
     for part in args.part.split(","):
-        {"argmax": part_argmax, "metrics": part_metrics, "zarr3": part_zarr3}[part](args)
+        {"argmax": part_argmax, "metrics": part_metrics, "zarr3": part_zarr3, "tokens": part_tokens}[part](args)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ def run(args: list[str], root: Path) -> subprocess.CompletedProcess:
     [
         ("l5dask.prediction.kernels", "l5dask.prediction._kernels"),
         ("l5dask.evaluation.csvfiles", "l5dask.evaluation._csvrows"),
-        ("l5dask.perception.tables", "l5dask.perception._kernels"),
+        ("l5dask.perception.geometry", "l5dask.perception._geometry"),
     ],
 )
 def test_an_import_names_the_missing_module_and_the_rebuild(broken, module, missing):

@@ -1,7 +1,7 @@
 """The built artefacts hold what users need: ``python tests/wheel_contents.py WHEEL SDIST``.
 
 The wheel: every module of the package (as tracked by git) and its settings' defaults and schema
-(``l5dask/core/l5dask.yaml``), the three compiled modules, both
+(``l5dask/core/l5dask.yaml``), the compiled modules, both
 licences, the console script and the xarray backend's entry point, and no sources or tests. The
 sdist: everything the wheel is built from (the ``.pyx``, ``.pxd`` and headers, the vendored LZ4
 and its licence, ``setup.py``, ``pyproject.toml``, ``MANIFEST.in``) and no generated C or binary.
@@ -22,7 +22,11 @@ COMPILED = (
     "l5dask/evaluation/_mask",
     "l5dask/evaluation/_csvrows",
     "l5dask/evaluation/_metrics",
-    "l5dask/perception/_kernels",
+    "l5dask/perception/_links",
+    "l5dask/perception/_lidar",
+    "l5dask/perception/_jsonscan",
+    "l5dask/perception/_matching",
+    "l5dask/perception/_geometry",
 )
 BUILD_SOURCES = ("setup.py", "pyproject.toml", "MANIFEST.in", "LICENSE", "README.md")
 

@@ -6,7 +6,7 @@ scan; Python's ``csv`` for the competition's CSV), checked, and any fault named 
 file, the row or line, the field).
 
 In blocks (:class:`Blocks`): a JSON file is cut at *seams*, a ``}``, a comma and a ``{`` with only
-whitespace between, found by a compiled scan (``json_seams`` in ``_kernels.pyx``) from
+whitespace between, found by a compiled scan (``json_seams`` in ``_jsonscan.pyx``) from
 each block's nominal offset, so that each task finds its own two ends. A seam is a guess, not a
 parse: one inside a string cuts a box in two. But each block is parsed strictly on its own
 (``[`` + block + ``]``), and blocks that each parse as a list of values, joined by the commas of
@@ -34,7 +34,7 @@ from l5dask.errors import FormatError
 from l5dask.perception import joins, tables
 from l5dask.perception.geometry import check_values
 
-_compiled = compiled("l5dask.perception._kernels")
+_compiled = compiled("l5dask.perception._jsonscan")
 
 _JSON_GT = {
     "sample_token": "VARCHAR",

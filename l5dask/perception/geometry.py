@@ -19,9 +19,9 @@ rotations of 4 numbers and a norm that is not 0; the first bad box is named in o
 
 Pairs are element-wise (``a[k]`` with ``b[k]``; one side may be a single box) or, with
 ``outer=True``, every pair (``len(a) x len(b)``, a sample's boxes against another's). The pairs are
-computed by a compiled loop (``box_pairs`` in ``_kernels.pyx``: the ground rectangles clipped in
-float64, each pair placed relative to its first box's centre), within 1e-12 of GEOS's (the SDK's
-shapely) relative to the boxes' areas and volumes; an IoU within ``EPS`` (1e-9) of one of
+computed by a compiled loop (``box_pairs`` in ``_geometry.pyx``: in float64, the second box's
+rectangle taken into the first's axes and its edges integrated against the first's rectangle),
+within 1e-12 of GEOS's (the SDK's shapely) relative to the boxes' areas and volumes; an IoU within ``EPS`` (1e-9) of one of
 ``thresholds`` is computed again with the SDK's own arithmetic (pyquaternion and shapely), so that
 ``iou(a, b) > t`` is decided as the SDK (and ``evaluate``) decides it.
 """
@@ -52,7 +52,7 @@ __all__ = [
     "volume",
 ]
 
-_compiled = compiled("l5dask.perception._kernels")
+_compiled = compiled("l5dask.perception._geometry")
 
 #: The geometries a box's ground rectangle can be drawn in (see the module's text).
 GEOMETRIES = ("corrected", "sdk-0.0.8")

@@ -8,7 +8,7 @@ files live in (points = size / 20; a paginated listing on S3, not a request per 
 points in boxes reads each sample's key-frame sweeps in a task per group of samples, moves the
 points to the world frame through the sweep's calibrated_sensor and ego_pose exactly as the SDK's
 point clouds do (float32 points, float64 transforms), and applies the SDK's ``points_in_box`` test
-to every box, in one compiled pass a sweep (``_kernels.count_sweep``).
+to every box, in one compiled pass a sweep (``_lidar.count_sweep``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from l5dask.core.lazy import compiled
 from l5dask.errors import ChunkError, FormatError, UsageError
 from l5dask.perception import joins
 
-_compiled = compiled("l5dask.perception._kernels")
+_compiled = compiled("l5dask.perception._lidar")
 count = _compiled.count_in_boxes
 count_sweep = _compiled.count_sweep
 sweep_to_world = _compiled.sweep_to_world
@@ -123,7 +123,7 @@ _SIGN = np.array([[1, 1, 1, 1, -1, -1, -1, -1], [1, -1, -1, 1, 1, -1, -1, 1], [1
 
 
 def box_frames(centers: np.ndarray, sizes: np.ndarray, rots: np.ndarray) -> np.ndarray:
-    """Per box, what the compiled test reads (``_kernels.count_in_boxes``): the SDK's first corner
+    """Per box, what the compiled test reads (``_lidar.count_in_boxes``): the SDK's first corner
     ``p1``, edges ``i, j, k`` (corners 4, 1, 3 minus p1), their squared lengths and the box's
     axis-aligned bounds."""
     local = np.stack(
@@ -153,7 +153,7 @@ def count_in_boxes(points: np.ndarray, centers: np.ndarray, sizes: np.ndarray, r
 
 
 def count_in_boxes_compiled(points: np.ndarray, frames: np.ndarray, out: np.ndarray) -> list:
-    """``_kernels.count_in_boxes``: counts added to ``out``, the undecided (box, point) pairs returned."""
+    """``_lidar.count_in_boxes``: counts added to ``out``, the undecided (box, point) pairs returned."""
 
     return count(np.ascontiguousarray(points, np.float32), frames, out, BAND)
 

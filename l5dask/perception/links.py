@@ -13,7 +13,7 @@ from l5dask.core.lazy import compiled
 from l5dask.core.outputs import numpy_array, valid_rows
 from l5dask.errors import FormatError
 
-_compiled = compiled("l5dask.perception._kernels")
+_compiled = compiled("l5dask.perception._links")
 StringIndex = _compiled.StringIndex
 walk_chains = _compiled.walk_chains
 

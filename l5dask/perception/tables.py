@@ -23,7 +23,7 @@ from l5dask.core.policy import thread_pool
 from l5dask.errors import ChunkError, FormatError
 from l5dask.perception.links import indices
 
-_compiled = compiled("l5dask.perception._kernels")
+_compiled = compiled("l5dask.perception._jsonscan")
 json_types = _compiled.json_types
 
 #: Column types of what l5dask reads of each table (DuckDB types); other fields are skipped.

@@ -166,7 +166,7 @@ def _csv_seeds() -> list[bytes]:
 def perception_table(data: bytes) -> None:
     """A sample_annotation table: parsed with its types vouched for, or one FormatError; the
     compiled type scan agrees with ``json`` wherever it claims an answer."""
-    from l5dask.perception._kernels import json_types
+    from l5dask.perception._jsonscan import json_types
 
     from l5dask.perception import tables
 

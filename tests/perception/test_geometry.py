@@ -99,6 +99,45 @@ def test_every_quantity_against_box3d(geometry, seed, far):
     assert (np.abs(outer - ref_outer) <= 1e-12).all()
 
 
+@pytest.mark.parametrize("geometry", G.GEOMETRIES)
+def test_edges_on_edges_and_boxes_inside_boxes_against_box3d(geometry):
+    # the compiled area integrates the second box's edges against the first's rectangle: boxes whose
+    # edges lie on each other's (yaws 90 degrees apart or equal, offsets of half sizes), edges
+    # parallel to an axis (vertical in the first box's axes), one box inside the other (touching
+    # or not), corners on edges, and boxes just apart
+    rng = np.random.default_rng(7)
+    a_rows, b_rows = [], []
+    for yaw in (0.0, math.pi / 2, math.pi / 3, -2.5):
+        for turn in (0.0, math.pi / 2, math.pi, 0.3):
+            for size_b in ([2.0, 4.0, 1.5], [1.0, 2.0, 1.5], [4.0, 8.0, 1.5], [2.0, 1.0, 1.5]):
+                for off in ((0, 0), (1, 0), (0, 2), (1, 2), (2, 0), (3, 3), (0.5, 1), (2.0000001, 0), (1.5, 3)):
+                    c, s = math.cos(yaw), math.sin(yaw)
+                    dx, dy = off[0] * c - off[1] * s, off[0] * s + off[1] * c
+                    a_rows.append(([100.0, -50.0, 0.0], [2.0, 4.0, 1.5], yaw_q(yaw)))
+                    b_rows.append(([100.0 + dx, -50.0 + dy, 0.2], size_b, yaw_q(yaw + turn)))
+    inner = rng.uniform(0.2, 0.45, 40)  # small boxes well inside, and large boxes around
+    for f in inner:
+        yaw = rng.uniform(-math.pi, math.pi)
+        a_rows.append(([5.0, 5.0, 0.0], [3.0, 6.0, 2.0], yaw_q(yaw)))
+        b_rows.append(([5.0 + f, 5.0 - f, 0.0], [3.0 * f, 6.0 * f, 1.0], yaw_q(yaw + rng.normal(0, 0.3))))
+        a_rows.append(([5.0, 5.0, 0.0], [3.0 * f, 6.0 * f, 1.0], yaw_q(yaw)))
+        b_rows.append(([5.0 + f / 4, 5.0, 0.0], [3.0, 6.0, 2.0], yaw_q(yaw + rng.normal(0, 0.3))))
+    a = tuple(np.array(v, float) for v in zip(*a_rows))
+    b = tuple(np.array(v, float) for v in zip(*b_rows))
+    A = [box3d(geometry, *x) for x in a_rows]
+    B = [box3d(geometry, *x) for x in b_rows]
+    ref = np.array([x.ground_bbox_coords.intersection(y.ground_bbox_coords).area for x, y in zip(A, B)])
+    smaller = np.minimum([x.ground_bbox_coords.area for x in A], [y.ground_bbox_coords.area for y in B])
+    got = G.area_intersection(a, b, geometry=geometry)
+    assert (np.abs(got - ref) <= 1e-12 * smaller).all(), np.abs(got - ref).max()
+    assert (ref == 0).sum() > 20 and ((ref > 0) & (ref < smaller * 0.999)).sum() > 100 and (ref == smaller).sum() > 40
+    np.testing.assert_array_equal(got[ref == 0], 0.0)  # boxes apart or touching: 0, not a rounding's crumb
+    ref_iou = np.array([x.get_iou(y) for x, y in zip(A, B)])
+    assert (np.abs(G.iou(a, b, geometry=geometry) - ref_iou) <= 1e-12).all()
+    outer = G.area_intersection(a, b, outer=True, geometry=geometry)
+    np.testing.assert_array_equal(np.diag(outer), got)  # all pairs: the same numbers
+
+
 def test_all_pairs_in_blocks(monkeypatch):
     a, b = random_boxes(64, 5, 50.0)
     whole = G.intersection(a, b, outer=True)

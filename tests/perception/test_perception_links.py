@@ -165,7 +165,7 @@ def test_compiled_move_rounds_as_numpy():
     """The compiled move to the world frame against the SDK's numpy steps (``to_world``), bit for
     bit, on sweeps with cancellations to zero (ground points at the sensor's height, points on the
     axes), far translations and NaN; a sweep it cannot decide says so instead of guessing."""
-    from l5dask.perception._kernels import sweep_to_world
+    from l5dask.perception._lidar import sweep_to_world
 
     from l5dask.perception.lidar import WIDE_ADD, quaternion_matrices, to_world
 
@@ -197,7 +197,7 @@ def test_one_pass_sweep_count_equals_the_numpy_path():
     test for those) against numpy's move and the compiled count of every point, on sweeps whose
     points sit on the boxes' faces, edges and corners in the world frame (moved back into the
     sensor's frame), with flat boxes; and a sweep it leaves to numpy counts nothing."""
-    from l5dask.perception._kernels import count_sweep
+    from l5dask.perception._lidar import count_sweep
 
     from l5dask.perception.lidar import (
         _SIGN,
