@@ -33,6 +33,7 @@ global order.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,7 @@ __all__ = [
     "GEOMETRIES",
     "THRESHOLDS",
     "Boxes",
+    "ReadPlan",
     "average_precision",
     "boxes_of_dataset",
     "by_distance",
@@ -70,12 +72,13 @@ __all__ = [
     "match_flags",
     "match_task",
     "read_boxes",
+    "read_plan",
     "summary",
     "take",
     "yaw_quaternions",
 ]
 
-_compiled = compiled("l5dask.perception._kernels")
+_compiled = compiled("l5dask.perception._matching")
 match_boxes = _compiled.match_boxes
 
 #: Samples per matching task (about 100 predictions a sample: tens of milliseconds a task).
@@ -243,6 +246,46 @@ def match_flags(p: Boxes, g: Boxes, thresholds, geometry: str = DEFAULT_GEOMETRY
     return tp
 
 
+@dataclass(frozen=True)
+class ReadPlan:
+    """How :func:`evaluate` reads its two inputs, chosen before any box is read: ``how`` is
+    ``"blocks"`` (two JSON lists, each cut into ``Blocks``: ``pred`` and ``gt``, read by the tasks
+    that match them) or ``"whole"`` (each input read, or taken, whole); ``why`` says why in a line.
+
+    A plan of blocks rests on guesses that only the reading can check (the predictions grouped by
+    sample, no seam inside a string, each run of ground truth the sample guessed): where one does
+    not hold, the blocks' pass says so and the inputs are read whole (a warning says why)."""
+
+    how: str
+    why: str
+    pred: boxes.Blocks | None = None
+    gt: boxes.Blocks | None = None
+
+
+def read_plan(
+    pred: str | Boxes, gt: str | Boxes, storage_options: dict | None = None, block_bytes: int | None = None
+) -> ReadPlan:
+    """The :class:`ReadPlan` of ``evaluate(pred, gt)``, from what is known before reading: the
+    inputs' kind (boxes given, or paths) and each file's first and last bytes and size (a JSON list
+    ``[...]`` is cut into blocks of ``block_bytes``; a CSV, or anything else, is read whole)."""
+    if not isinstance(pred, str) or not isinstance(gt, str):
+        given = " and ".join(k for k, x in (("pred", pred), ("gt", gt)) if not isinstance(x, str))
+        return ReadPlan("whole", f"boxes given ({given}), not files")
+    pb = boxes.plan(pred, "pred", storage_options, block_bytes)
+    if pb is None:
+        return ReadPlan("whole", f"{pred}: not a JSON list (a CSV, or a fault the whole read names)")
+    gb = boxes.plan(gt, "gt", storage_options, block_bytes)
+    if gb is None:
+        return ReadPlan("whole", f"{gt}: not a JSON list (a CSV, or a fault the whole read names)")
+    return ReadPlan(
+        "blocks",
+        f"two JSON lists: {pb.n} block(s) of predictions and {gb.n} of ground truth, "
+        f"{pb.stop - pb.first:,} and {gb.stop - gb.first:,} bytes",
+        pb,
+        gb,
+    )
+
+
 def _check_thresholds(iou_thresholds) -> list[float]:
     thresholds = [float(t) for t in iou_thresholds]
     if not thresholds or any(not (0 <= t <= 1) for t in thresholds):
@@ -286,14 +329,13 @@ def evaluate(
     check_geometry(geometry)
     job = job or Job(client=client)
     warnings: list[str] = []
-    if isinstance(pred, str) and isinstance(gt, str):
-        pb = boxes.plan(pred, "pred", storage_options, block_bytes)
-        gb = boxes.plan(gt, "gt", storage_options, block_bytes)
-        if pb is not None and gb is not None:
-            try:
-                return _in_blocks(pb, gb, thresholds, job, curves, geometry)
-            except (boxes.Unsure, FormatError) as exc:  # read whole: it names the fault, or cuts no box
-                warnings.append(f"read whole, not in blocks: {exc}")
+    plan = read_plan(pred, gt, storage_options, block_bytes)
+    if plan.how == "blocks":
+        assert plan.pred is not None and plan.gt is not None
+        result, fault = _in_blocks(plan.pred, plan.gt, thresholds, job, curves, geometry)
+        if result is not None:
+            return result
+        warnings.append(f"read whole, not in blocks: {fault}")
     p = pred if isinstance(pred, Boxes) else read_boxes(pred, "pred", storage_options)
     g = gt if isinstance(gt, Boxes) else read_boxes(gt, "gt", storage_options)
     return _whole(p, g, thresholds, job, curves, allow_unknown_samples, samples_per_task, warnings, geometry)
@@ -457,6 +499,17 @@ def ground_counts(index: boxes.GroundIndex, samples: np.ndarray) -> dict[str, in
 
 
 def _in_blocks(
+    pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool, geometry: str
+) -> tuple[dict[str, Any] | None, str]:
+    """The result of a plan of blocks, or ``None`` and why: where a guess of the plan does not hold,
+    or a block's strict parse fails (the whole read names the fault, or cuts no box)."""
+    try:
+        return _blocks_result(pb, gb, thresholds, job, curves, geometry), ""
+    except (boxes.Unsure, FormatError) as exc:
+        return None, str(exc)
+
+
+def _blocks_result(
     pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool, geometry: str
 ) -> dict[str, Any]:
     remote = pb.store()[0].remote or gb.store()[0].remote  # (each task reads its block)

@@ -183,6 +183,40 @@ def test_in_blocks_the_edge_cases(tmp_path):
     np.testing.assert_array_equal(ours(r), ref)
 
 
+def test_the_read_plan_is_chosen_before_reading(files, tmp_path):
+    # how evaluate reads its inputs, from their kinds, first and last bytes and sizes only: two
+    # JSON lists in blocks (their counts from the sizes), anything else whole; evaluate follows it
+    root, (gt, pred), _ = files
+    pj, gj, pc, gc = (str(root / n) for n in ("pred.json", "gt.json", "pred.csv", "gt.csv"))
+    size = (root / "pred.json").stat().st_size
+    boxes_given = detection.read_boxes(pj, "pred")
+    (tmp_path / "object.json").write_text('{"boxes": []}')
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "open.json").write_text('[{"sample_token": "a"}')  # a list that does not end
+    cases = [
+        ((pj, gj), "blocks", "two JSON lists: "),
+        ((pc, gc), "whole", "pred.csv: not a JSON list"),
+        ((pj, gc), "whole", "gt.csv: not a JSON list"),
+        ((boxes_given, gj), "whole", "boxes given (pred), not files"),
+        ((pj, boxes_given), "whole", "boxes given (gt), not files"),
+        ((str(tmp_path / "object.json"), gj), "whole", "object.json: not a JSON list"),
+        ((str(tmp_path / "empty.json"), gj), "whole", "empty.json: not a JSON list"),
+        ((str(tmp_path / "open.json"), gj), "whole", "open.json: not a JSON list"),
+    ]
+    for (p, g), how, why in cases:
+        plan = detection.read_plan(p, g, block_bytes=2000)
+        assert plan.how == how and why in plan.why, (how, plan)
+        assert (plan.pred is not None) == (plan.gt is not None) == (how == "blocks")
+    plan = detection.read_plan(pj, gj, block_bytes=2000)
+    assert plan.pred.n == -(-(size - 2) // 2000) and f"{plan.pred.n} block(s) of predictions" in plan.why
+    # evaluate follows the plan: blocks where it says so, whole elsewhere, the same answer
+    ref = reference(gt, pred)[1]
+    for (p, g), how, _ in cases[:5]:
+        r = evaluate(p, g, block_bytes=2000)
+        assert ("blocks" in r) == (how == "blocks") and "warnings" not in r
+    np.testing.assert_array_equal(ours(evaluate(pj, gj, block_bytes=2000)), ref)
+
+
 def test_in_blocks_falls_back_to_whole_where_a_guess_does_not_hold(files, tmp_path):
     root, (gt, pred), _ = files
     classes, ref = reference(gt, pred)
