@@ -248,9 +248,10 @@ def match_flags(p: Boxes, g: Boxes, thresholds, geometry: str = DEFAULT_GEOMETRY
 
 @dataclass(frozen=True)
 class ReadPlan:
-    """How :func:`evaluate` reads its two inputs, chosen before any box is read: ``how`` is
-    ``"blocks"`` (two JSON lists, each cut into ``Blocks``: ``pred`` and ``gt``, read by the tasks
-    that match them) or ``"whole"`` (each input read, or taken, whole); ``why`` says why in a line.
+    """How :func:`~l5dask.perception.detection.evaluate` reads its two inputs, chosen before any
+    box is read: ``how`` is ``"blocks"`` (two JSON lists, each cut into ``Blocks``: ``pred`` and
+    ``gt``, read by the tasks that match them) or ``"whole"`` (each input read, or taken, whole);
+    ``why`` says why in a line.
 
     A plan of blocks rests on guesses that only the reading can check (the predictions grouped by
     sample, no seam inside a string, each run of ground truth the sample guessed): where one does
@@ -265,9 +266,10 @@ class ReadPlan:
 def read_plan(
     pred: str | Boxes, gt: str | Boxes, storage_options: dict | None = None, block_bytes: int | None = None
 ) -> ReadPlan:
-    """The :class:`ReadPlan` of ``evaluate(pred, gt)``, from what is known before reading: the
-    inputs' kind (boxes given, or paths) and each file's first and last bytes and size (a JSON list
-    ``[...]`` is cut into blocks of ``block_bytes``; a CSV, or anything else, is read whole)."""
+    """The :class:`~l5dask.perception.detection.ReadPlan` of ``evaluate(pred, gt)``, from what is
+    known before reading: the inputs' kind (boxes given, or paths) and each file's first and last
+    bytes and size (a JSON list ``[...]`` is cut into blocks of ``block_bytes``; a CSV, or anything
+    else, is read whole)."""
     if not isinstance(pred, str) or not isinstance(gt, str):
         given = " and ".join(k for k, x in (("pred", pred), ("gt", gt)) if not isinstance(x, str))
         return ReadPlan("whole", f"boxes given ({given}), not files")
