@@ -26,23 +26,11 @@ _LAZY = {
     "aggregate": "prediction.aggregation",
     "catalog": "prediction.catalog",
     "analyze": "prediction.analyses",
+    "analyses": "analyses",
 }
 
 
-def _analyses():
-    """``l5dask.analyses``: the analyses :func:`l5dask.analyze` runs (``Report``, ``Catalog``, ``Aggregate``)."""
-    import importlib
-
-    return importlib.import_module("l5dask.prediction.analyses")
-
-
-_getattr, __dir__, _names = attach(__name__, _LAZY)
-
-
-def __getattr__(name: str):
-    if name == "analyses":
-        return _analyses()
-    return _getattr(name)
+__getattr__, __dir__, _names = attach(__name__, _LAZY)
 
 
 __version__ = "0.1.0"

@@ -141,7 +141,7 @@ class Reduction:
     finalize: Callable[[Any], Any] = _no_finalize
     #: Its result is the same bits however the chunks are grouped into tasks and the tree (integer
     #: counts, exact sums, minima, each row finished from all of its rows): a fused pass
-    #: (:meth:`Job.run`) may then group them for its other members. Each call of ``chunk`` is
+    #: (:meth:`~l5dask.core.engine.Job.run`) may then group them for its other members. Each call of ``chunk`` is
     #: still handed what the pass declares (one stored chunk at a time, or a whole block).
     exact: bool = False
     #: What ``chunk`` reads of each chunk, as its source names it (for stored chunks read encoded:
@@ -530,7 +530,7 @@ def tree_combine(
 # --- fusion: many passes over one source as one --------------------------------------------
 @dataclass(frozen=True)
 class Member:
-    """A pass fused into another (:func:`fused_reduction`): its reduction and how it takes its chunks."""
+    """A pass fused into another (:func:`~l5dask.core.engine.fused_reduction`): its reduction and how it takes its chunks."""
 
     reduction: Reduction
     blocks: bool
@@ -626,7 +626,7 @@ def merge_rows(blocks: Sequence[Rows]) -> Rows:
 
 
 class InMemory:
-    """A source this job has read whole (:meth:`Job.read`), as a source again: its passes take the
+    """A source this job has read whole (:meth:`~l5dask.core.engine.Job.read`), as a source again: its passes take the
     records held here instead of reading its chunks again (records, never encoded chunks)."""
 
     def __init__(self, source: Any, data: Any) -> None:
@@ -655,7 +655,7 @@ class InMemory:
 
 @dataclass
 class Plan:
-    """One analysis, declared for :meth:`Job.run`: the passes whose results ``final`` takes
+    """One analysis, declared for :meth:`~l5dask.core.engine.Job.run`: the passes whose results ``final`` takes
     (``final(*args, *results)``, one task where the partials are; without ``final``, the tuple
     of results). A pass's parent may be another declared pass (``Link(pass, start, interval)``):
     it is persisted first (its intervals checked), and listed in ``passes`` too when its own result

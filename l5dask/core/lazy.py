@@ -15,11 +15,12 @@ from l5dask.errors import InstallError
 
 def attach(package: str, table: dict[str, str]) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``(__getattr__, __dir__, __all__)`` for ``package`` whose public names are ``table``'s keys,
-    each found in the module ``package.<table[name]>``."""
+    each found in the module ``package.<table[name]>`` (a name mapped to itself: that module)."""
 
     def __getattr__(name: str) -> Any:
         if name in table:
-            return getattr(importlib.import_module(f"{package}.{table[name]}"), name)
+            module = importlib.import_module(f"{package}.{table[name]}")
+            return module if table[name] == name else getattr(module, name)
         raise AttributeError(f"module {package!r} has no attribute {name!r}")
 
     def __dir__() -> list[str]:

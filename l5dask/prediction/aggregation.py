@@ -323,7 +323,7 @@ def aggregate_plan(
     """An aggregation declared (:class:`~l5dask.core.engine.Plan`), its arguments checked (one-line
     :class:`~l5dask.errors.UsageError`), to run alone or with other analyses of the dataset in one
     pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`); its result is the tuple of
-    one :class:`Result`."""
+    one ``Result``."""
     table = Table(ds, array, read=job.read)
     by = (by,) if isinstance(by, str) else tuple(by)
     table.resolve(by, "group column")

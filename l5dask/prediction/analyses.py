@@ -6,7 +6,7 @@ aggregation's) and runs them together (:meth:`l5dask.core.engine.Job.run`): the 
 array with one parent are fused into one pass, so each stored chunk is read and decoded once
 whatever the number of analyses; the frames' rows that agents and faces need are made by one
 frames pass for all of them. Each result is bit for bit the one its own function returns
-(:func:`l5dask.prediction.report.compute_report`, :func:`l5dask.catalog`, :func:`l5dask.aggregate`).
+(:func:`l5dask.prediction.report.compute_report`, :func:`l5dask.catalog <l5dask.prediction.catalog.catalog>`, :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["Aggregate", "Analysis", "Catalog", "Report", "analyze"]
 
 
 class Analysis(Protocol):
-    """What :func:`analyze` runs: an analysis declared over a dataset (its plan), and its result
+    """What :func:`~l5dask.prediction.analyses.analyze` runs: an analysis declared over a dataset (its plan), and its result
     made of the plan's."""
 
     def plan(self, ds: L5Dataset, job: Job) -> Plan:
@@ -55,7 +55,7 @@ class Report:
 
 @dataclass(frozen=True)
 class Catalog:
-    """The scene catalog: the DataFrame :func:`l5dask.catalog` returns (a row per scene).
+    """The scene catalog: the DataFrame :func:`l5dask.catalog <l5dask.prediction.catalog.catalog>` returns (a row per scene).
 
     Parameters
     ----------
@@ -77,7 +77,7 @@ class Catalog:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """An aggregation: the DataFrame :func:`l5dask.aggregate` returns with these arguments (a row
+    """An aggregation: the DataFrame :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>` returns with these arguments (a row
     per group that has rows, sorted by the keys).
 
     Parameters
@@ -89,9 +89,9 @@ class Aggregate:
     values : mapping
         ``{column: [reductions]}``, e.g. ``{"speed": ["mean", "max"]}``.
     where : str, optional
-        Keep the rows where this holds (see :func:`l5dask.aggregate`).
+        Keep the rows where this holds (see :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`).
     max_groups, quantile_bits
-        As :func:`l5dask.aggregate`.
+        As :func:`l5dask.aggregate <l5dask.prediction.aggregation.aggregate>`.
     """
 
     array: str = "agents"
