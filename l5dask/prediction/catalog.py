@@ -653,7 +653,7 @@ def catalog_plan(ds: L5Dataset, job: Job, tz: str = DEFAULT_TZ) -> Plan:
     """The catalog declared (:class:`~l5dask.core.engine.Plan`), to run alone or with other
     analyses of the dataset in one pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`):
     the scenes read whole, the frames pass (persisted), then agents and faces, each task given only
-    the frame rows it overlaps. Its result (a pyarrow Table) lacks the fingerprint (:func:`with_fingerprint`)."""
+    the frame rows it overlaps. Its result (a pyarrow Table) lacks the fingerprint (``with_fingerprint``)."""
     counts = ds.counts()
     frames = ds[fmt.FRAMES]
     frames = frames.select([f for f in FRAME_FIELDS if f in fmt.names_of(frames.dtype)])
@@ -717,7 +717,7 @@ def catalog(dataset: Any, **options: Any):
     """The scene catalog of ``dataset``: a pandas DataFrame, one row per scene, from one parallel
     pass over its frames, agents and traffic-light faces (columns: ``docs/guide/catalog.md``); the
     dataset's :func:`~l5dask.prediction.scenes.fingerprint` in its ``attrs["l5dask"]``. The options are
-    :func:`catalog_table`'s."""
+    ``catalog_table``'s."""
     return as_frame(catalog_table(dataset, **options))
 
 

@@ -1,7 +1,7 @@
 """The xarray face: one Dataset per stored array, a DataTree for the whole dataset.
 
 Variables are made from one dask layer of stored chunks per array, fetched but not decoded
-(:class:`Block`): computing several variables together reads each chunk once, and their numbers
+(``Block``): computing several variables together reads each chunk once, and their numbers
 (and the label argmax of a joined view) are gathered straight from the compressed bytes in one
 pass (:meth:`l5dask.prediction.reading.Encoded.gather`), the records never made.
 """
@@ -134,7 +134,7 @@ def field_names(array, fields: Sequence[str] | str | None) -> tuple[str, ...]:
 
 def blocks(array, fields: Sequence[str] | None, chunks_per_task: int, argmax: Sequence[str] = ()):
     """The stored chunks of ``array``, ``chunks_per_task`` a block, as a dask array of
-    :class:`Block` (one task each, its rows as its chunk: never computed itself, only through
+    ``Block`` (one task each, its rows as its chunk: never computed itself, only through
     :func:`field_array` and :func:`argmax_array`)."""
     import dask.array as da
     from dask.base import tokenize
