@@ -217,7 +217,7 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
 
 
 # --- running ----------------------------------------------------------------------------------
-def _read_counts(client: Any) -> dict[str, dict[str, int]]:
+def _read_counts(client: Any) -> dict[str, dict[str, Any]]:
     """The store's read counters of this process and of each worker of ``client``."""
     out = {"local": store_mod.read_counts()}
     if client is not None:
@@ -228,12 +228,23 @@ def _read_counts(client: Any) -> dict[str, dict[str, int]]:
     return out
 
 
-def _reads_between(before: dict, after: dict) -> dict[str, int]:
-    total = dict.fromkeys(store_mod.read_counts(), 0)
+def _reads_between(before: dict, after: dict) -> dict[str, Any]:
+    """What was read between two snapshots (by process: a process restarted since counts from zero)."""
+    total: dict[str, Any] = {k: 0 for k in store_mod.read_counts() if k != "by_folder"}
+    folders: dict[str, list[int]] = {}
     for who, counts in after.items():
         was = before.get(who, {})
+        fresh = any(v < was.get(k, 0) for k, v in counts.items() if k != "by_folder")
         for k, v in counts.items():
-            total[k] += v - was.get(k, 0) if v >= was.get(k, 0) else v  # (a restarted worker: from zero)
+            if k == "by_folder":
+                for name, (n, b) in v.items():
+                    n0, b0 = (0, 0) if fresh else was.get(k, {}).get(name, (0, 0))
+                    got = folders.setdefault(name, [0, 0])
+                    got[0] += n - n0
+                    got[1] += b - b0
+            else:
+                total[k] += v if fresh else v - was.get(k, 0)
+    total["by_folder"] = {k: {"objects": n, "bytes": b} for k, (n, b) in sorted(folders.items()) if n}
     return total
 
 
@@ -271,13 +282,17 @@ def execute(
     say: Callable[[str], None] = print,
     fail: Callable[[str], None] = print,
     cache: Callable[[], dict] | None = None,
+    since: dict | None = None,
 ) -> dict:
     """Run the plan's analyses; return the run record (also written where the plan says).
 
     ``say`` is told each analysis written, ``fail`` each failure (one line each); ``cache``, when
-    given, returns the cache's counts for the record."""
+    given, returns the cache's counts for the record; ``since``: this process's read counts when
+    the run began (:func:`l5dask.core.store.read_counts` before its plan opened the datasets)."""
     t0 = time.perf_counter()
     before = _read_counts(ctx.client)
+    if since is not None:
+        before["local"] = since
     entries = []
     for name, inp in p.inputs.items():
         tasks = [t for t in p.tasks if t.dataset == name]

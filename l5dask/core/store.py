@@ -99,24 +99,30 @@ async def _cat_parts(fs: Any, path: str, start: int | None, end: int | None) -> 
 _ARCHIVE_READS = threading.Lock()
 
 #: What this process read through stores: objects (or ranges of them) and bytes, the metadata's
-#: (:meth:`Store.get_metadata`) apart. A run record sums it over the processes that read.
-_READS = {"objects": 0, "bytes": 0, "metadata_objects": 0, "metadata_bytes": 0}
+#: (:meth:`Store.get_metadata`) apart, and the objects and bytes by the first part of their key
+#: (a dataset's array). A run record sums it over the processes that read.
+_READS: dict[str, Any] = {"objects": 0, "bytes": 0, "metadata_objects": 0, "metadata_bytes": 0, "by_folder": {}}
 _READS_LOCK = threading.Lock()
 
 
-def _counted(data: Any, metadata: bool = False) -> Any:
+def _counted(data: Any, key: str, metadata: bool = False) -> Any:
     n = len(data) if data is not None else 0
     with _READS_LOCK:
         _READS["metadata_objects" if metadata else "objects"] += 1
         _READS["metadata_bytes" if metadata else "bytes"] += n
+        if not metadata:
+            folder = _READS["by_folder"].setdefault(key.split("/", 1)[0] if "/" in key else "", [0, 0])
+            folder[0] += 1
+            folder[1] += n
     return data
 
 
-def read_counts() -> dict[str, int]:
+def read_counts() -> dict[str, Any]:
     """What this process has read through stores so far: ``objects`` and ``bytes`` (chunks, tables,
-    files), ``metadata_objects`` and ``metadata_bytes`` (metadata objects)."""
+    files), ``metadata_objects`` and ``metadata_bytes`` (metadata objects), and ``by_folder``: the
+    objects and bytes (not metadata) by the first folder of their key (``{"agents": [3, 8046]}``)."""
     with _READS_LOCK:
-        return dict(_READS)
+        return {**_READS, "by_folder": {k: list(v) for k, v in _READS["by_folder"].items()}}
 
 
 #: errno values of store errors that may pass: s3fs maps 503 ServiceUnavailable and SlowDown to
@@ -299,7 +305,7 @@ class Store:
                 return _wait(asyncio.run_coroutine_threadsafe(coro, self.fs.loop), path)
             return self.fs.cat_file(path, start=start, end=end)
 
-        return _counted(self._retrying(read, key, what, tried, failed), metadata)
+        return _counted(self._retrying(read, key, what, tried, failed), key, metadata)
 
     def _retrying(
         self, op: Any, key: str, what: str | None = None, tried: int = 0, failed: BaseException | None = None
@@ -370,7 +376,7 @@ class Store:
                     if not got:
                         break
                     n += got
-                _counted(memoryview(buffer)[:n])
+                _counted(memoryview(buffer)[:n], key)
                 return n
         except FileNotFoundError as exc:
             raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
@@ -517,7 +523,7 @@ class Store:
                         failed=exc if transient else None,
                     )
                     continue
-                yield _counted(got)
+                yield _counted(got, k)
         finally:
             for fut in pending:  # (a caller that stops early: nothing left running for it)
                 if fut is not None:
