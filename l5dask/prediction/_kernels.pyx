@@ -12,7 +12,7 @@ the compressed gather (``_blosc.h``) 1.97-2.11x numcodecs' decode and a gather
 (``python benchmarks/compressed_gather.py``); the catalog's loops (``catalog_agents``, ``key_runs``,
 ``byte_codes``, with the gather's maxima and codes) against its numpy formulation (one sort of packed
 (scene, kind, track) keys, face ids decoded and sorted): ``l5dask catalog`` on 30 M agents, the whole
-process, 1.8-2.1 s of CPU against 5.6 s (``python benchmarks/catalog_benchmark.py``, 2026-11-27).
+process, 1.6-1.7 s of CPU against 5.6 s (``python benchmarks/catalog_benchmark.py``, 2026-11-27).
 When to delete a loop: when a numpy or flox formulation of it runs within 10% of it in those benchmarks.
 """
 

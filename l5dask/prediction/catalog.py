@@ -31,7 +31,7 @@ import numpy as np
 
 from l5dask.core.engine import Job, Link, Pass, Plan, Reduction, Rows
 from l5dask.core.intervals import check_intervals
-from l5dask.core.outputs import check_writable, filesystem, table_format, write_table
+from l5dask.core.outputs import check_writable, exists, table_format, write_table
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
@@ -188,7 +188,8 @@ def frame_table(ts: np.ndarray, xy: np.ndarray, yaw: np.ndarray, agents: np.ndar
     out[:, 11] = _tags(yaw, run, r, long)
     out[:, 12] = out[:, 11]
     # the corrected tag: where a run's yaw jumps by pi or more (np.unwrap changes nothing elsewhere)
-    for i in np.unique(run[:-1][inner[:-1] & (np.abs(np.diff(yaw)) >= np.pi)]).tolist():
+    wraps = run[:-1][inner[:-1] & (np.abs(np.diff(yaw)) >= np.pi)]  # (sorted: np.unique imports numpy.ma)
+    for i in wraps[np.diff(wraps, prepend=-1) != 0].tolist():
         a, b = int(starts[i]), int(ends[i])
         out[i, 12] = _tags(np.unwrap(yaw[a:b]), np.zeros(b - a, np.int64), 1, long[i : i + 1])[0]
     return out
@@ -320,10 +321,22 @@ def _join_space(a: tuple, b: tuple) -> tuple:
     """Two key spaces' ``(keys, masks)`` of one scene as one: the union of the keys, masks OR'd."""
     if a[0].dtype == np.uint64 and b[0].dtype == np.uint64:  # (track ids, frames: a merge)
         return union_masks(a[0], a[1], b[0], b[1])
-    keys, inverse = np.unique(np.concatenate([a[0], b[0]]), return_inverse=True)
+    keys, inverse = unique_inverse(np.concatenate([a[0], b[0]]))
     masks = np.zeros(len(keys), np.uint64)
-    np.bitwise_or.at(masks, inverse.reshape(-1), np.concatenate([a[1], b[1]]))
+    np.bitwise_or.at(masks, inverse, np.concatenate([a[1], b[1]]))
     return keys, masks
+
+
+def unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` by one stable sort (``np.unique`` imports
+    numpy.ma, 35 ms of a command's start)."""
+    order = np.argsort(values, kind="stable")
+    ordered = values[order]
+    first = np.ones(len(values), bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    inverse = np.empty(len(values), np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return ordered[first], inverse
 
 
 def _space_counts(masks: np.ndarray, nbits: int) -> np.ndarray:
@@ -450,8 +463,8 @@ def faces_chunk(faces: Any, lo: int, frames: Rows) -> KeyPart:
     else:  # (the ids' codes and the statuses found in the stored bytes: no ids copied out)
         _, (status,) = faces.gather([], argmax, "face_id", found, codes=found_codes)
     # each chunk's values and codes, as codes of the task's distinct values
-    ids, inverse = np.unique(np.concatenate(found), return_inverse=True)
-    codes = inverse.reshape(-1).astype(np.uint64)[found_codes[0]]
+    ids, inverse = unique_inverse(np.concatenate(found))
+    codes = inverse.astype(np.uint64)[found_codes[0]]
     pos = frames.locate(lo, lo + n, "tl_start")
     scene = frames["scene"][pos]
     starts, _ = runs(scene)
@@ -738,8 +751,7 @@ def check_output(path: str, storage_options: dict | None = None, overwrite: bool
     if table_format(path) != ".parquet":
         raise UsageError(f"{path}: the catalog is written as Parquet; name the file *.parquet")
     check_writable(path, storage_options)
-    fs, target = filesystem(path, storage_options)
-    if not overwrite and fs.exists(target):
+    if not overwrite and exists(path, storage_options):
         raise OutputError(f"{path}: already exists (pass overwrite=True / --overwrite)")
 
 
