@@ -39,6 +39,7 @@ SYSTEMS = {
     "gt": "evaluation",
     "chop": "evaluation",
     "perception": "perception",
+    "cache": "core",
 }
 
 

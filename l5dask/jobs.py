@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from l5dask.core import cache as cachelib
 from l5dask.core import jobfile, runs
 from l5dask.core.jobfile import Job
 from l5dask.evaluation import jobs as evaluation_jobs
@@ -53,9 +54,11 @@ def run_job(
     p = runs.plan(job, now=now, record=record)
     chunks = chunks_per_task or job.cluster["chunks-per-task"]
     cache_url = cache or (job.cache or {}).get("url")
-    with runs.cluster(job, scheduler) as client, _cache(cache_url):
+    with runs.cluster(job, scheduler) as client, _cache(cache_url), cachelib.counting() as counts:
         ctx = runs.Context(client, chunks, progress, dict(job.storage_options))
-        return runs.execute(p, ctx, say=say, fail=fail, cache=(lambda: {"url": cache_url}) if cache_url else None)
+        return runs.execute(
+            p, ctx, say=say, fail=fail, cache=(lambda: {"url": cache_url, **counts.as_dict()}) if cache_url else None
+        )
 
 
 @contextlib.contextmanager

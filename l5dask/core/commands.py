@@ -91,6 +91,7 @@ CONVENTION: dict[str, tuple[str, ...]] = {
     "scenes": ("--scenes",),
     "scenes_from": ("--scenes-from",),
     "catalog_file": ("--catalog",),
+    "cache": ("--cache",),
 }
 
 # (a storage option that an old command line gives with -o, e.g. anon=true or
@@ -204,6 +205,16 @@ scene_options = [
     ),
 ]
 
+cache_option = click.option(
+    *CONVENTION["cache"],
+    "cache",
+    metavar="DIR_OR_URL",
+    default=None,
+    help="a cache of partial results (a folder or a bucket's URL, with the -s options): what the pass "
+    "computed before over the same stored chunks is read from it, the rest is kept there; default: dask "
+    "config l5dask.cache (none)",
+)
+
 
 def shared(
     *,
@@ -215,12 +226,14 @@ def shared(
     scheduler: bool = False,
     chunks: bool = False,
     scenes: bool = False,
+    cache: bool = False,
 ) -> Any:
     """Every command's one declaration of its shared options (after its own) and of the one error
     path (:func:`friendly`): ``-q/--quiet`` always; ``-o/--output`` with ``output`` as its help;
     ``--overwrite`` with ``overwrite`` saying what it replaces; ``-s/--storage-option`` unless
     ``storage`` is false (a command that writes only local files); ``--scheduler`` and
-    ``--chunks-per-task`` for the commands that run passes; ``--scenes``, ``--scenes-from`` and
+    ``--chunks-per-task`` for the commands that run passes; ``--cache`` for those whose passes
+    reduce a dataset (:mod:`l5dask.core.cache`); ``--scenes``, ``--scenes-from`` and
     ``--catalog`` (``scenes``) for the commands that read a dataset."""
 
     def apply(func: Any) -> Any:
@@ -234,6 +247,8 @@ def shared(
             options.extend(scene_options)
         if chunks:
             options.append(chunks_option)
+        if cache:
+            options.append(cache_option)
         if scheduler:
             options.append(scheduler_option)
         if storage:

@@ -28,6 +28,8 @@ pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
 from __future__ import annotations
 
 import functools
+import posixpath
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
+from l5dask.core import cache as cachelib
 from l5dask.core import config
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
 from l5dask.core.policy import (
@@ -57,6 +60,7 @@ from l5dask.core.policy import (
     worker_threads,
 )
 from l5dask.core.progress import passes_label, stage_name
+from l5dask.core.store import Store
 from l5dask.errors import L5DaskError
 
 #: Fan-in of the tree combines, unless dask's ``split_every`` config says otherwise.
@@ -132,6 +136,13 @@ class Reduction:
     finalize : callable ``(partial) -> result``, optional
     exact : bool
         Its result does not depend on how chunks are grouped into tasks (see the attribute).
+    cache_token : optional
+        What ``chunk`` computes apart from the data it is given (its parameters, JSON-able or
+        tokenizable), for the cache of partials' keys (:mod:`l5dask.core.cache`): declared by a
+        reduction whose name or bound arguments hold the dataset itself (its length changes as it
+        grows); a callable ``(parent rows) -> token`` when what a task computes depends on which
+        parent rows (held in memory) it is given. ``None``: the name and the functions with their
+        bound arguments.
     """
 
     name: str
@@ -148,6 +159,7 @@ class Reduction:
     #: ``(elements, argmaxes)`` gathered): a fused pass hands the block the union (``expect``), so
     #: that one pass over its bytes serves every member. ``None``: not declared.
     reads: Any = None
+    cache_token: Any = None
 
     def __dask_tokenize__(self):
         return ("l5dask.Reduction", self.name)
@@ -308,6 +320,12 @@ class Persisted:
     #: Block index -> the task that makes its rows again, when the blocks do not hold them (see
     #: :meth:`Job.persist`); ``None`` when they do.
     remake: list[Task] | None = None
+    #: Block index -> the identity of the rows it makes (for the cache's keys of child tasks);
+    #: ``None`` when the job has no cache or the pass cannot be cached.
+    row_ids: list[str] | None = None
+    #: Block index -> ``run_group``'s arguments that make its rows again (a damaged cache entry of a
+    #: child task is computed again with them).
+    remake_calls: list[tuple] | None = None
 
     def link(self, interval: str, start: str) -> Link:
         """Hand child passes the rows of this pass, placed by ``interval`` (checked), found by ``start``."""
@@ -430,6 +448,55 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     )
 
 
+def run_group_cached(
+    entry: cachelib.Entry, spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_blocks: Block
+) -> Block:
+    """:func:`run_group`, its block (partial and interval bounds) then kept in the cache's ``entry``."""
+    block = run_group(spec, first, n, link_rows, *parent_blocks)
+    cachelib.store(entry, (block, dict(spec.intervals)))
+    return block
+
+
+def _still_valid(got: Any, intervals: dict[str, int]) -> bool:
+    """Whether a cached ``(block, child lengths)`` holds what the task computes now: its interval
+    checks found no bad row against child arrays no longer than they are now (a block's checks
+    against longer children are then the same: its key leaves the children's lengths out, which
+    change as a dataset grows), or were made against the same lengths."""
+    if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], Block) and isinstance(got[1], dict)):
+        return False
+    block, then = got
+    if set(then) != set(intervals):
+        return False
+    for f, now in intervals.items():
+        table = (block.bounds or {}).get(f)
+        if table is None:
+            return False
+        if then[f] != now and (then[f] > now or bool(table[:, 3].any())):
+            return False
+    return True
+
+
+def load_group(
+    entry: cachelib.Entry,
+    remake: Sequence[tuple],
+    spec: Stage,
+    first: int,
+    n: int,
+    link_rows: Rows | None,
+    *parent_blocks: Block,
+) -> Block:
+    """The block a cache's ``entry`` holds; when it is damaged (one warning, counted), computed
+    again as :func:`run_group_cached`, the parent rows made again by ``remake`` (``run_group``'s
+    arguments for each parent block it overlaps) unless they are given."""
+    ok, got = cachelib.load(entry)
+    if ok and _still_valid(got, spec.intervals):
+        return got[0]
+    cachelib.count(hits=-1, misses=1)
+    if remake:
+        parent_blocks = tuple(run_group(*call) for call in remake)
+    return run_group_cached(entry, spec, first, n, link_rows, *parent_blocks)
+
+
 def _partial(x: Any) -> Any:
     return x.partial if isinstance(x, Block) else x
 
@@ -527,6 +594,11 @@ def tree_combine(
     return Delayed(root, HighLevelGraph.from_collections(name, graph, dependencies=parts), layer=name)
 
 
+def _pow2(n: int) -> int:
+    """The least power of two at or above ``n`` (1 for none)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 # --- fusion: many passes over one source as one --------------------------------------------
 @dataclass(frozen=True)
 class Member:
@@ -601,7 +673,21 @@ def fused_reduction(members: Sequence[Member], source: Any) -> Reduction:
         functools.partial(_fused_combine, reds),
         functools.partial(_fused_identity, reds),
         exact=all(r.exact for r in reds),
+        cache_token=functools.partial(_fused_token, members),
     )
+
+
+def _fused_token(members: tuple[Member, ...], parent: Any) -> tuple:
+    """What a task of a fused pass computes (for the cache's keys): each member's token (given the
+    task's parent rows when it depends on them) and how it takes its chunks."""
+    out = []
+    for m in members:
+        red = m.reduction
+        token = red.cache_token(parent) if callable(red.cache_token) else cachelib.reduction_token(red)
+        if token is None:
+            raise TypeError(f"{red.name}: no token")
+        out.append((token, m.blocks, m.encoded))
+    return ("fused", out)
 
 
 def merged_rows(fns: tuple[Callable, ...], data: Any, start: int, parent: Any) -> Rows:
@@ -648,6 +734,14 @@ class InMemory:
         if n == 0:
             return self.data[:0]
         return self.data[self.source.chunk_bounds(first)[0] : self.source.chunk_bounds(first + n - 1)[1]]
+
+    def chunk_identities(self) -> list:
+        """Its source's (the records held here are those chunks' rows): see :mod:`l5dask.core.cache`."""
+        return self.source.chunk_identities()
+
+    @property
+    def store(self) -> Any:
+        return getattr(self.source, "store", None)
 
     def __dask_tokenize__(self):
         return ("l5dask.InMemory", tokenize(self.source))
@@ -777,6 +871,9 @@ class Job:
         (as a tree reduction is sized for its largest input).
     progress : bool
         A progress bar on stderr.
+    cache : str, path or l5dask.core.cache.Cache, optional
+        Keep each task's partial in this cache of partials, and take from it those already kept
+        (:mod:`l5dask.core.cache`); default: dask config ``l5dask.cache`` (none).
     """
 
     def __init__(
@@ -786,6 +883,7 @@ class Job:
         chunks_per_task: int | None = None,
         progress: bool = False,
         size_for: int | None = None,
+        cache: Any = None,
     ) -> None:
         self.client = default_client(client) if scheduler is None else None
         if self.client is None and scheduler is None and dask.config.get("scheduler", None) is None:
@@ -802,20 +900,31 @@ class Job:
         self.size_for = size_for
         self.progress = progress
         self._read: dict[str, Any] = {}  # (sources read whole by this job: each once)
+        self.cache = cachelib.open_cache(cache)
+        self._ids: dict[int, tuple[Any, list | None]] = {}  # source -> its chunks' identities
+        self._present: dict[str, dict[str, str]] = {}  # cache folder -> its entries' names by key
+        self._events_since = time.time()
 
     def per_task(self, spec: Pass) -> int:
-        """Stored chunks per task of ``spec`` (before a parent's spread and the guided end)."""
+        """Stored chunks per task of ``spec`` (before a parent's spread and the guided end): sized
+        for the next power of two of its chunks, so that the size does not change as a dataset
+        grows (the tasks of a cached pass are then the same over the chunks that were there)."""
         if self.chunks_per_task:
             return int(self.chunks_per_task)
         kind = self.scheduler_kind
         if kind == "threads" and not spec.blocks and not getattr(spec.source, "remote", False):
             kind = "threads-streaming"
-        return auto_chunks_per_task(self.size_for or spec.source.nchunks, self.threads, kind)
+        return auto_chunks_per_task(_pow2(self.size_for or spec.source.nchunks), self.threads, kind)
 
     def groups(self, spec: Pass, guided: bool = True) -> list[tuple[int, int]]:
         """The tasks of a pass: groups of whole chunks, sized for the scheduler (and for the job's
         dominant pass when it has one); ``guided``: smaller as the end nears (a persisted pass is
-        followed by more work, so its last tasks idle no thread: it needs no guided end)."""
+        followed by more work, so its last tasks idle no thread: it needs no guided end).
+
+        With a cache, a pass whose chunks can be identified runs in groups aligned to multiples
+        of one size (no guided end), stable as the dataset grows: the tasks over the chunks that
+        were there before are the same, and found in the cache. (A pass that is not guided runs
+        in the same groups with or without a cache.)"""
         if spec.groups is not None:
             return list(spec.groups)
         n = spec.source.nchunks
@@ -824,11 +933,135 @@ class Job:
             # a parent's rows place its child tasks: spread them over the workers
             per_task = min(
                 per_task,
-                auto_chunks_per_task(n, self.threads, self.scheduler_kind, tasks_per_thread=PARENT_TASKS_PER_THREAD),
+                auto_chunks_per_task(
+                    _pow2(n), self.threads, self.scheduler_kind, tasks_per_thread=PARENT_TASKS_PER_THREAD
+                ),
             )
-        if spec.rows is not None or not guided:
+        aligned = self.cache is not None and hasattr(spec.source, "chunk_identities")
+        if spec.rows is not None or not guided or aligned:
             return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
         return task_groups(n, per_task, self.threads)
+
+    # -- the cache ---------------------------------------------------------------------------
+    def _chunk_ids(self, source: Any) -> list[str] | None:
+        """The identity of each of ``source``'s chunks (a digest of its ``chunk_identities()``,
+        asked once a job); ``None`` when it has none."""
+        got = self._ids.get(id(source))
+        if got is None:
+            ids = source.chunk_identities() if hasattr(source, "chunk_identities") else None
+            try:
+                digests = None if ids is None else [cachelib.digest(i) for i in ids]
+            except TypeError:
+                digests = None
+            got = self._ids[id(source)] = (source, digests)
+        return got[1]
+
+    def group_ids(self, spec: Pass, groups: Sequence[tuple[int, int]], keep: str = "all") -> list[str] | None:
+        """The identity of what each task of ``spec`` computes (``keep`` as :meth:`leaves`): the
+        cache's key (:mod:`l5dask.core.cache`); ``None`` when the pass cannot be cached."""
+        if self.cache is None:
+            return None
+        source, link = spec.source, spec.parent
+        ids = self._chunk_ids(source)
+        if ids is None or (link is not None and isinstance(link.parent, Held)):
+            return None
+        red = spec.reduction if keep != "rows" else None
+        per_group = red is not None and callable(red.cache_token)  # (a token of the parent rows given)
+        token = cachelib.reduction_token(red) if red is not None and not per_group else None
+        if red is not None and not per_group and token is None:
+            return None
+        rows = None
+        if keep == "rows" or (keep == "all" and spec.rows is not None):
+            rows = cachelib.function_token(spec.rows)
+            if rows is None:
+                return None
+        what = (
+            cachelib.FORMAT,
+            cachelib.version(),
+            keep,
+            token,
+            rows,
+            sorted(spec.intervals) if keep != "rows" else [],  # (their children's lengths: _still_valid)
+            spec.blocks,
+            spec.encoded,
+            link.start if link is not None else None,
+        )
+        out = []
+        for first, n in groups:
+            lo, hi = source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1]
+            parent: Any = None
+            got = None
+            if link is not None and isinstance(link.parent, Rows):
+                got = link.parent.overlapping(lo, hi, link.start)
+                parent = cachelib.rows_digest(got.offset, got.cols)
+            elif link is not None:
+                if link.parent.row_ids is None:
+                    return None
+                parent = [link.parent.row_ids[k] for k in link.parent.overlapping(link.interval, lo, hi)]
+            try:
+                own = red.cache_token(got) if per_group and red is not None else None
+                out.append(cachelib.digest(what, own, ids[first : first + n], parent))
+            except Exception:  # noqa: BLE001 - a token that cannot be made: not cached
+                return None
+        return out
+
+    def _folder(self, spec: Pass) -> str:
+        assert self.cache is not None
+        source = spec.source
+        store = getattr(source, "store", None)
+        dataset = str((store.root if store.local else store.url) if isinstance(store, Store) else "")
+        name = f"{dataset.rstrip('/').rsplit('/', 1)[-1]}-{source.name}"
+        folder = self.cache.folder_of(f"{cachelib.slug(name, 40)}-{cachelib.digest(dataset, source.name)[:12]}")
+        if folder not in self._present:
+            self._present[folder] = {cachelib.key_of(f): f for f in self.cache.present(folder)}
+            self.cache.describe(folder, {"dataset": dataset, "source": source.name})
+        return folder
+
+    def _cached_tasks(self, spec: Pass, groups: list, keep: str, name: str, graph: dict) -> None:
+        """Each task of ``spec`` in ``graph`` made a cached one: its block loaded from the cache when
+        it is there (no read of its chunks, nor of its parent rows), else computed and kept."""
+        if (
+            keep == "rows"
+            or (keep == "all" and spec.rows is not None)
+            or (spec.reduction is None and not spec.intervals)
+        ):
+            return  # (rows are not kept: they would grow with the dataset)
+        ids = self.group_ids(spec, groups, keep)
+        if ids is None:
+            return
+        folder = self._folder(spec)
+        cache = self.cache
+        assert cache is not None
+        present = self._present[folder]
+        red_name = spec.reduction.name if spec.reduction is not None else "intervals"
+        link = spec.parent
+        stage = spec.stage()
+        if keep == "no rows":
+            stage = stage._replace(rows=None)
+        hits = 0
+        for i, ((first, n), ident) in enumerate(zip(groups, ids)):
+            key = (name, i)
+            args = graph[key].args  # (stage, first, n, link_rows, *refs) of run_group
+            entry = cachelib.Entry(
+                cache,
+                posixpath.join(folder, present.get(ident) or cache.entry_name(red_name, ident)),
+                {"source": spec.source.name, "reduction": red_name, "chunks": [first, n]},
+            )
+            if ident in present:
+                hits += 1
+                remake: list[tuple] = []
+                refs: tuple = ()
+                if link is not None and isinstance(link.parent, Persisted):
+                    lo, hi = spec.source.chunk_bounds(first)[0], spec.source.chunk_bounds(first + n - 1)[1]
+                    if link.parent.remake is not None and link.parent.remake_calls is not None:
+                        calls, interval = link.parent.remake_calls, link.interval or ""
+                        remake = [calls[k] for k in link.parent.overlapping(interval, lo, hi)]
+                    else:
+                        refs = tuple(args[4:])
+                graph[key] = Task(key, load_group, entry, remake, stage, first, n, args[3], *refs)
+            else:
+                graph[key] = Task(key, run_group_cached, entry, *args)
+        cachelib.count(hits=hits, misses=len(groups) - hits)
 
     def token(self, spec: Pass) -> str:
         return tokenize(
@@ -875,6 +1108,10 @@ class Job:
                 graph[key] = Task(key, run_group, stage, first, n, None, *link.parent.refs(link.interval, lo, hi))
             else:
                 graph[key] = Task(key, run_group, stage, first, n, link.parent.overlapping(lo, hi, link.start))
+        if self.cache is not None:
+            self._cached_tasks(spec, groups, keep, name, graph)
+            needed = set().union(*(t.dependencies for t in graph.values())) | {k for k in graph if k[0] == name}
+            graph = {k: t for k, t in graph.items() if k in needed}  # (the parent rows only hits' tasks needed)
         return graph, deps, groups
 
     # -- running ---------------------------------------------------------------------------
@@ -883,11 +1120,36 @@ class Job:
         scenes a report keeps a row of each), and its stored bytes are fewer to move than its
         records. On a cluster a task on a worker read it before, a round trip through the scheduler
         to a worker still warming up: 0.08-0.21 s of the report through the 50 ms endpoint on 2
-        worker processes, against 0.05-0.06 s here. Once a job: the plans of one run share it."""
+        worker processes, against 0.05-0.06 s here. Once a job: the plans of one run share it.
+        With a cache, the records are kept there too (read again only when a chunk changed)."""
         key = tokenize(source)
         if key not in self._read:
-            self._read[key] = source.read(0, source.nchunks)
+            self._read[key] = self._read_whole(source)
         return self._read[key]
+
+    def _read_whole(self, source: Any) -> Any:
+        if self.cache is None or not hasattr(source, "chunk_identities"):
+            return source.read(0, source.nchunks)
+        ids = self._chunk_ids(source)
+        if ids is None:
+            return source.read(0, source.nchunks)
+        ident = cachelib.digest(cachelib.FORMAT, cachelib.version(), "read", ids)
+        folder = self._folder(Pass(source))
+        present = self._present[folder]
+        entry = cachelib.Entry(
+            self.cache,
+            posixpath.join(folder, present.get(ident) or self.cache.entry_name("read", ident)),
+            {"source": source.name, "reduction": "read", "chunks": [0, source.nchunks]},
+        )
+        if ident in present:
+            ok, got = cachelib.load(entry)
+            if ok and isinstance(got, np.ndarray):
+                cachelib.count(hits=1)
+                return got
+        cachelib.count(misses=1)
+        got = source.read(0, source.nchunks)
+        cachelib.store(entry, got)
+        return got
 
     def hold(self, spec: Pass) -> Held:
         """``spec`` (a pass that keeps ``rows``) declared into a graph for lazy collections, not run:
@@ -913,13 +1175,15 @@ class Job:
         collections: list = []
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
-            remake, keep = None, "all"
+            remake, keep, calls = None, "all", None
             if spec.rows is not None and (spec.parent is None or isinstance(spec.parent.parent, Rows)):
                 # the rows alone (the reduction and the checks run in the pass), in the same groups
                 again, _, _ = self.leaves(spec, f"{name}-rows", guided=False, keep="rows")
                 remake, keep = list(again.values()), "no rows"
+                calls = [tuple(t.args) for t in remake]  # (plain arguments: no reference)
             graph, deps, groups = self.leaves(spec, name, guided=False, keep=keep)
-            remakes.append(remake)
+            row_ids = self.group_ids(spec, groups, "rows") if spec.rows is not None else None
+            remakes.append((remake, row_ids, calls))
             with dask.annotate(priority=spec.priority):
                 hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
             built.append((spec, [Delayed(k, hlg, layer=name) for k in graph], groups))
@@ -938,7 +1202,10 @@ class Job:
         for spec, parts, groups in built:
             held = done[i : i + len(parts)]
             i += len(parts)
-            out.append(Persisted(spec, [p.key for p in held], held, groups, remake=remakes[len(out)]))
+            remake, row_ids, calls = remakes[len(out)]
+            out.append(
+                Persisted(spec, [p.key for p in held], held, groups, remake=remake, row_ids=row_ids, remake_calls=calls)
+            )
         found = self._bounds(out)
         if problems is not None:
             problems += found
@@ -1145,7 +1412,7 @@ class Job:
         with dask.annotate(**({"priority": lambda k: order.get(k, 0)} if order else {})):
             hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)
         specs = list(spec_of.values())
-        return compute(
+        out = compute(
             Delayed(key, hlg, layer=key),
             client=self.client,
             progress=self.progress,
@@ -1153,6 +1420,8 @@ class Job:
             label=passes_label(s.label for s in specs),
             **self.kw,
         )
+        self._worker_counts()
+        return out
 
     def _in_memory(self, units: list[_Unit]) -> None:
         """The units over a source this job has read whole take its records (not read again)."""
@@ -1207,7 +1476,7 @@ class Job:
         sources = [s.spec.source if isinstance(s, Persisted) else s.source for s in specs]
         threads = remote_threads(any(getattr(s, "remote", False) for s in sources))
         labels = [s.spec.label if isinstance(s, Persisted) else s.label for s in specs]
-        return compute(
+        result = compute(
             Delayed(key, hlg, layer=key),
             client=self.client,
             progress=self.progress,
@@ -1215,3 +1484,20 @@ class Job:
             label=passes_label(labels),
             **self.kw,
         )
+        self._worker_counts()
+        return result
+
+    def _worker_counts(self) -> None:
+        """The cache's counts from the cluster's workers (their events) since the last look."""
+        if self.cache is None or self.client is None:
+            return
+        try:
+            events = self.client.get_events("l5dask-cache")
+        except Exception:  # noqa: BLE001 - counts are a report, never a failure
+            return
+        since, totals = self._events_since, cachelib.Stats()
+        for stamp, counts in events:
+            if stamp > since and isinstance(counts, dict):
+                totals.add(**{k: v for k, v in counts.items() if k in cachelib.Stats.__dataclass_fields__})
+                self._events_since = max(self._events_since, stamp)
+        cachelib.count_remote(totals.as_dict())

@@ -571,6 +571,38 @@ class Store:
 
         return self._retrying(listing, folder)
 
+    def identities(self, folder: str) -> dict[str, tuple]:
+        """What identifies each object directly in ``folder`` (a key prefix), by name, from one
+        listing, for the cache of partials (:mod:`l5dask.core.cache`): its size and what the store
+        says changes with its bytes: on a local disk its mtime, ctime and inode (nanoseconds), on
+        an object store its ETag (else its last-modified time), in a zip its CRC. An object the
+        listing says none of this about is left out (its reader hashes its bytes instead)."""
+        path = self.path(folder)
+
+        def listing() -> dict[str, tuple]:
+            if self.local:
+                with os.scandir(path) as entries:
+                    out: dict[str, tuple] = {}
+                    for e in entries:
+                        if e.is_file():
+                            st = e.stat()
+                            out[e.name] = ("stat", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                    return out
+            self.fs.invalidate_cache(path)
+            out = {}
+            for d in self.fs.ls(path, detail=True):
+                if d.get("type") != "file":
+                    continue
+                name = posixpath.basename(d["name"].rstrip("/"))
+                for field in ("ETag", "etag", "md5Hash", "crc32c", "CRC", "LastModified", "last_modified", "mtime"):
+                    value = d.get(field)
+                    if value not in (None, ""):
+                        out[name] = (field, int(d["size"]), str(value))
+                        break
+            return out
+
+        return self._retrying(listing, folder)
+
     def with_root(self, root: str) -> Store:
         """This store's filesystem (and URL) at another root path: a folder inside it."""
         return _rebuild_store(self.url, self._fs, root)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Pass, Plan, Reduction
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.errors import UsageError
@@ -187,7 +188,9 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
 def reduction(spec: Spec) -> Reduction:
     from dask.base import tokenize
 
-    columns = spec.selection.columns.values()
+    sel = spec.selection
+    columns = sel.columns.values()
+    cats = {n: list(c.categories) for n, c in sel.columns.items() if c.categories is not None}
     return Reduction(
         f"aggregate-{tokenize(spec)}",
         functools.partial(chunk_part, spec),
@@ -195,6 +198,17 @@ def reduction(spec: Spec) -> Reduction:
         functools.partial(empty_part, spec),
         functools.partial(finalize_part, spec),
         reads=([c.element for c in columns if c.element is not None], [c.argmax for c in columns if c.argmax]),
+        # what it computes apart from the dataset (whose length its name holds): the cache's key
+        cache_token=(
+            sel.array,
+            list(sel.names),
+            cats,
+            sel.parent_start,
+            list(spec.by),
+            [[c, list(r)] for c, r in spec.values],
+            spec.where,
+            int(spec.quantile_bits),
+        ),
     )
 
 
@@ -232,6 +246,7 @@ def aggregate(
     client: Any = None,
     scheduler: Any = None,
     progress: bool = False,
+    cache: Any = None,
 ) -> Any:
     """Group the rows of one array by some columns and reduce others, in one pass.
 
@@ -255,6 +270,9 @@ def aggregate(
         Mantissa bits of the quantile sketch (see the module's docstring; 52: exact).
     client, scheduler, chunks_per_task, progress
         As :class:`l5dask.core.engine.Job`.
+    cache : str, path or l5dask.core.cache.Cache, optional
+        A cache of partial results (a folder or a bucket's URL, opened with ``storage_options``),
+        as for :func:`l5dask.prediction.report.compute_report`.
 
     Returns
     -------
@@ -277,6 +295,7 @@ def aggregate(
         client=client,
         scheduler=scheduler,
         progress=progress,
+        cache=cache,
     )
     return result.to_pandas()
 
@@ -295,13 +314,20 @@ def aggregate_result(
     client: Any = None,
     scheduler: Any = None,
     progress: bool = False,
+    cache: Any = None,
 ):
     """:func:`~l5dask.prediction.aggregation.aggregate`'s pass with its parameters, the groups as a
     ``Result`` (whose ``to_pandas()`` is that function's DataFrame)."""
 
     warming = warm_up(ds, storage_options, client, scheduler)
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
-    job = Job(client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress)
+    job = Job(
+        client=client,
+        scheduler=scheduler,
+        chunks_per_task=chunks_per_task,
+        progress=progress,
+        cache=open_cache(cache, storage_options),
+    )
     plan = aggregate_plan(ds, job, array, by, values, where, max_groups=max_groups, quantile_bits=quantile_bits)
     job.size_for = plan.size_for
     ((result,),) = job.run([plan])

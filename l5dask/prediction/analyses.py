@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from l5dask.core.cache import open_cache
 from l5dask.core.cluster import connect, scheduler_address
 from l5dask.core.engine import Job, Plan
 from l5dask.core.policy import default_client
@@ -127,6 +128,7 @@ def analyze(
     progress: bool = False,
     scheduler: Any = None,
     client: Any = None,
+    cache: Any = None,
 ) -> dict[str, Any]:
     """Run several analyses of one dataset together, in one pass over its stored chunks.
 
@@ -136,8 +138,9 @@ def analyze(
     analyses : mapping
         ``{name: analysis}``: :class:`Report`, :class:`Catalog`, :class:`Aggregate` (any number).
         Each is checked (a one-line :class:`~l5dask.errors.UsageError`) before any chunk is read.
-    storage_options, chunks_per_task, progress, scheduler, client
-        As :func:`l5dask.prediction.report.compute_report`.
+    storage_options, chunks_per_task, progress, scheduler, client, cache
+        As :func:`l5dask.prediction.report.compute_report` (a cache's entries of a fused pass are
+        its own: they are not shared with the analyses' runs alone).
 
     Returns
     -------
@@ -164,6 +167,7 @@ def analyze(
                 chunks_per_task=chunks_per_task,
                 progress=progress,
                 client=own,
+                cache=cache,
             )
     warming = warm_up(dataset, storage_options, client, scheduler)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
@@ -173,6 +177,7 @@ def analyze(
         chunks_per_task=chunks_per_task,
         progress=progress,
         size_for=ds[fmt.AGENTS].nchunks,
+        cache=open_cache(cache, storage_options),
     )
     plans = {name: a.plan(ds, job) for name, a in analyses.items()}
     outs = job.run(list(plans.values()))

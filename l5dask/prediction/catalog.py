@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Link, Pass, Plan, Reduction, Rows
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import check_writable, exists, table_format, write_table
@@ -635,6 +636,7 @@ def catalog_table(
     progress: bool = False,
     scheduler: Any = None,
     client: Any = None,
+    cache: Any = None,
 ):
     """The scene catalog of ``dataset`` as a pyarrow Table, one row per scene, from one parallel
     pass over its frames, agents and traffic-light faces (columns: ``docs/guide/catalog.md``); the
@@ -645,7 +647,7 @@ def catalog_table(
     dataset : str, path or L5Dataset
     tz : str
         The time zone (IANA name) of ``local_hour`` and ``local_weekday``: Palo Alto's by default.
-    storage_options, chunks_per_task, progress, scheduler, client
+    storage_options, chunks_per_task, progress, scheduler, client, cache
         As for :func:`l5dask.prediction.report.compute_report`.
     """
 
@@ -657,6 +659,7 @@ def catalog_table(
         chunks_per_task=chunks_per_task,
         progress=progress,
         size_for=ds[fmt.AGENTS].nchunks,
+        cache=open_cache(cache, storage_options),
     )
     (table,) = job.run([catalog_plan(ds, job, tz)])
     return with_fingerprint(table, ds)

@@ -114,7 +114,9 @@ def info(dataset: str, quiet: bool, storage_options) -> None:
         )
 
 
-def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler, filters=(None, None, None)) -> dict:
+def _report(
+    dataset: str, storage_options, chunks_per_task, quiet: bool, scheduler, filters=(None, None, None), cache=None
+) -> dict:
     """The report's one pass, on the embedded default or the cluster (its dashboard link on stderr),
     over the scenes ``filters`` (``--scenes``, ``--scenes-from``, ``--catalog``) choose."""
     from l5dask.core.cluster import connect, dashboard
@@ -129,6 +131,7 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
             chunks_per_task=chunks_per_task,
             progress=not quiet,
             client=client,
+            cache=cache,
         )
 
 
@@ -136,7 +139,11 @@ def _report(dataset: str, storage_options, chunks_per_task, quiet: bool, schedul
 @click.argument("dataset")
 @click.option("--scenes-table", help="write the per-scene table (Parquet) here: a path or a URL")
 @shared(
-    output="write the report (JSON) here: a path or an s3:// (fsspec) URL", chunks=True, scheduler=True, scenes=True
+    output="write the report (JSON) here: a path or an s3:// (fsspec) URL",
+    chunks=True,
+    cache=True,
+    scheduler=True,
+    scenes=True,
 )
 def stats(
     dataset: str,
@@ -147,6 +154,7 @@ def stats(
     scenes_from,
     catalog_file,
     chunks_per_task,
+    cache,
     scheduler,
     storage_options,
 ) -> None:
@@ -155,7 +163,9 @@ def stats(
     from l5dask.prediction.report import summary_text, write_json, write_scene_table
 
     check_outputs(storage_options, output, scenes_table)
-    report = _report(dataset, storage_options, chunks_per_task, quiet, scheduler, (scenes, scenes_from, catalog_file))
+    report = _report(
+        dataset, storage_options, chunks_per_task, quiet, scheduler, (scenes, scenes_from, catalog_file), cache
+    )
     options = parse_storage_options(storage_options)
     if output:
         write_json(report, output, options)
@@ -175,7 +185,12 @@ def stats(
     help="leave out the section of the scene catalog (its pass is fused with the report's: each chunk read once)",
 )
 @shared(
-    output="write the HTML report here: a path or a URL", output_required=True, chunks=True, scheduler=True, scenes=True
+    output="write the HTML report here: a path or a URL",
+    output_required=True,
+    chunks=True,
+    cache=True,
+    scheduler=True,
+    scenes=True,
 )
 def report(
     dataset: str,
@@ -188,6 +203,7 @@ def report(
     scenes_from,
     catalog_file,
     chunks_per_task,
+    cache,
     scheduler,
     storage_options,
 ) -> None:
@@ -211,10 +227,11 @@ def report(
                 chunks_per_task=chunks_per_task,
                 progress=not quiet,
                 client=client,
+                cache=cache,
             )
         rep, table = both["report"], both["catalog"]
     else:
-        rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler, filters)
+        rep = _report(dataset, storage_options, chunks_per_task, quiet, scheduler, filters, cache)
     options = parse_storage_options(storage_options)
     write_html(rep, output, elapsed_s=time.perf_counter() - start, storage_options=options, catalog=table)
     if json_path:
@@ -252,6 +269,7 @@ def report(
 @shared(
     output="write the result here (.parquet or .csv; a path or an s3:// URL); default: print it",
     chunks=True,
+    cache=True,
     scheduler=True,
     scenes=True,
 )
@@ -269,6 +287,7 @@ def agg(
     scenes_from,
     catalog_file,
     chunks_per_task,
+    cache,
     scheduler,
     storage_options,
 ) -> None:
@@ -300,6 +319,7 @@ def agg(
             chunks_per_task=chunks_per_task,
             client=client,
             progress=not quiet,
+            cache=cache,
             **kw,
         )
     if output:
@@ -608,6 +628,7 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
     output_required=True,
     overwrite="the file that exists at the output",
     chunks=True,
+    cache=True,
     scheduler=True,
     scenes=True,
 )
@@ -622,6 +643,7 @@ def catalog(
     scenes_from,
     catalog_file,
     chunks_per_task,
+    cache,
     scheduler,
     storage_options,
 ) -> None:
@@ -645,6 +667,7 @@ def catalog(
             chunks_per_task=chunks_per_task,
             progress=not quiet,
             client=client,
+            cache=cache,
         )
     write_catalog(table, output, options, overwrite=overwrite)
     if html_path:

@@ -578,6 +578,30 @@ class L5Array:
         """Stored chunks ``first .. first + n - 1`` fetched, not decoded (see :class:`Encoded`)."""
         return Encoded(self.meta, self.compressed, fetch_chunks(self.store, self.meta, first, n) if n else [])
 
+    def chunk_identities(self) -> list[tuple]:
+        """What identifies each stored chunk's bytes without reading them, for the cache of partials
+        (:mod:`l5dask.core.cache`): the array's record layout, the chunk's path and rows, and its
+        size with the store's ETag or mtime (one listing of the array's folder,
+        ``Store.identities``); a chunk the listing says nothing trusted about, a hash of its
+        bytes (read for it)."""
+        import hashlib
+
+        meta = self.meta
+        layout = (meta.name, str(meta.dtype.descr), meta.chunk_rows, self.compressed)
+        listed: dict[str, dict[str, tuple]] = {}
+        out = []
+        for i in range(meta.nchunks):
+            key = meta.key(i)
+            folder, _, name = key.rpartition("/")
+            if folder not in listed:
+                listed[folder] = self.store.identities(folder) if meta.nchunks else {}
+            ident = listed[folder].get(name)
+            if ident is None:
+                data = self.store.get(key, what=f"array {meta.name!r}, chunk {str(i)!r}")
+                ident = ("blake2b", len(data), hashlib.blake2b(data, digest_size=20).hexdigest())
+            out.append((layout, self.store.url, self.store.path(key), meta.chunk_bounds(i), ident))
+        return out
+
     def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
         """Stored chunks ``first .. first + n - 1`` as one array of records (each decoded once)."""
         if n == 0:

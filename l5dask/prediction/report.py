@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core.cache import open_cache
 from l5dask.core.cluster import connect, scheduler_address
 from l5dask.core.engine import Job, Link, Pass, Plan
 from l5dask.core.intervals import check_intervals
@@ -37,6 +38,7 @@ def compute_report(
     progress: bool = False,
     scheduler: Any = None,
     client: Any = None,
+    cache: Any = None,
 ) -> dict[str, Any]:
     """The standard statistics report of a dataset, as a dict (contract version 1).
 
@@ -53,6 +55,10 @@ def compute_report(
         at ``DASK_SCHEDULER_ADDRESS`` (connected for this call, then closed), else local threads.
     client : distributed.Client, optional
         Run on this cluster.
+    cache : str, path or l5dask.core.cache.Cache, optional
+        A cache of partial results (a folder or a bucket's URL, opened with ``storage_options``):
+        what was computed before over the same chunks is read from it, what is computed is kept
+        there (:mod:`l5dask.core.cache`). Default: dask config ``l5dask.cache`` (none).
     """
     if client is None and scheduler is None and scheduler_address():
         if default_client() is None:
@@ -63,13 +69,19 @@ def compute_report(
                     chunks_per_task=chunks_per_task,
                     progress=progress,
                     client=own,
+                    cache=cache,
                 )
     warming = warm_up(dataset, storage_options, client, scheduler)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     agents = ds[fmt.AGENTS]
     job = Job(
-        client=client, scheduler=scheduler, chunks_per_task=chunks_per_task, progress=progress, size_for=agents.nchunks
-    )  # the agents are most of the work
+        client=client,
+        scheduler=scheduler,
+        chunks_per_task=chunks_per_task,
+        progress=progress,
+        size_for=agents.nchunks,  # the agents are most of the work
+        cache=open_cache(cache, storage_options),
+    )
     (report,) = job.run([report_plan(ds, job)])
     report["dataset"] = ds.url
     del warming  # (held until the job's tasks were submitted)

@@ -455,7 +455,15 @@ def frames_reduction(has_tl: bool, sample_scenes: np.ndarray) -> Reduction:
         functools.partial(FrameStats.chunk, has_tl=has_tl, sample_scenes=samples),
         FrameStats.combine,
         FramePart,
+        cache_token=functools.partial(_frames_token, has_tl, tuple(samples.tolist())),
     )
+
+
+def _frames_token(has_tl: bool, samples: tuple[int, ...], scenes: Rows) -> tuple:
+    """What a task of the frames pass computes, given its scene rows: only the sample scenes among
+    them count (the samples move as a dataset grows; a task of other scenes is the same)."""
+    lo, hi = scenes.offset, scenes.offset + len(scenes)
+    return ("frames", int(has_tl), [s for s in samples if lo <= s < hi])
 
 
 def agents_reduction(nlabels: int) -> Reduction:

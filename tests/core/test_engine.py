@@ -202,7 +202,12 @@ def test_a_pass_streaming_a_local_store_takes_larger_tasks_on_local_threads():
     assert Job(scheduler=get, chunks_per_task=5).per_task(Pass(local)) == 5
     small = Job(scheduler=get, size_for=40)
     small.threads = 2
-    assert small.per_task(Pass(local)) == 1  # sized for the job's dominant pass
+    # sized for the job's dominant pass, its chunks to the next power of two (stable as it grows)
+    assert small.per_task(Pass(local)) == 2  # (64 over 16 tasks a thread on 2 threads)
+    small.size_for = 33
+    assert small.per_task(Pass(local)) == 2
+    small.size_for = 32
+    assert small.per_task(Pass(local)) == 1
 
 
 def test_task_groups_cover_every_chunk_once_and_shrink_at_the_end():

@@ -1,0 +1,450 @@
+"""The cache of partial results (l5dask.core.cache): entries without pickle, keys by content, reruns
+that read no chunk, growth, runs killed part way, damaged entries, S3 and a real cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+import filecmp
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+import l5dask
+from l5dask.core import cache as cachelib
+from l5dask.core import store as storemod
+from l5dask.core.engine import Block
+from l5dask.core.outputs import public
+from l5dask.errors import UsageError
+from l5dask.prediction import format as fmt
+from l5dask.prediction.report import compute_report
+from l5dask.prediction.stats import AgentPart, FramePart, SceneSeries, TLPart
+
+#: Chunks small enough for many tasks (and scenes across them), the same in every dataset here.
+CHUNKS = {fmt.SCENES: 4, fmt.FRAMES: 300, fmt.AGENTS: 2_000, fmt.TL_FACES: 1_000}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> str:
+    path = str(tmp_path_factory.mktemp("cache") / "base.zarr")
+    l5dask.synthesize(path, scenes=12, seed=31, chunk_rows=CHUNKS)
+    return path
+
+
+@pytest.fixture()
+def dataset(base, tmp_path) -> str:
+    """A copy of ``base`` of the test's own (mtimes kept: the same chunks to the cache)."""
+    path = str(tmp_path / "d.zarr")
+    shutil.copytree(base, path)
+    return path
+
+
+class Reads:
+    """The stored chunks read at the store (whole or in part), by key: local reads (Store.get) and
+    object-store GETs (the store's one coroutine, _cat_parts)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.keys: list[tuple[str, int | None, int | None]] = []
+        get, cat = storemod.Store.get, storemod._cat_parts
+        reads = self
+
+        def counted_get(store, key, **kw):
+            reads.keys.append((key, kw.get("start"), kw.get("end")))
+            return get(store, key, **kw)
+
+        async def counted_cat(fs, path, start, end):
+            reads.keys.append((path, start, end))
+            return await cat(fs, path, start, end)
+
+        monkeypatch.setattr(storemod.Store, "get", counted_get)
+        monkeypatch.setattr(storemod, "_cat_parts", counted_cat)
+
+    def chunks(self) -> list[tuple[str, int | None, int | None]]:
+        """The reads of chunks (not of metadata, nor of the cache's entries)."""
+        return [
+            r
+            for r in self.keys
+            if cachelib.FOLDER not in r[0] and not r[0].rsplit("/", 1)[-1].startswith(".") and "/" in r[0]
+        ]
+
+
+def header_probes_only(reads: list, dataset: str) -> bool:
+    """Whether every chunk read is the 16-byte check of an array's last chunk that opening a
+    dataset makes (l5dask.prediction.reading.check_last_chunk), at most one an array."""
+    ds = l5dask.open_dataset(dataset)
+    last = {ds[name].meta.key(ds[name].nchunks - 1) for name in ds.arrays}
+    probes = {(r[0].split(".zarr/", 1)[-1], r[1], r[2]) for r in reads}  # (on S3 a GET is seen twice: get, then cat)
+    return all(key in last and (a, b) == (0, 16) for key, a, b in probes) and len(probes) <= len(last)
+
+
+# --- entries ---------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Outside:  # a dataclass of another package (this test module): not decoded from an entry
+    x: int = 0
+
+
+def test_entries_keep_every_bit_without_pickle():
+    structured = np.zeros(3, np.dtype([("id", "<U8"), ("xy", "<f4", (2,)), ("n", "<i8")]))
+    structured["id"], structured["xy"], structured["n"] = ["a", "bb", "ccc"], [[1, 2], [3, 4], [5, 6]], [7, 8, 9]
+    floats = (0.0, -0.0, math.inf, -math.inf, math.nan, 5e-324, 1.0000000000000002)
+    value = {
+        "frames": FramePart(n=3, series=SceneSeries(4, {"x": np.arange(3.0)}), first=(1, 2, 3.5, -0.0)),
+        "agents": AgentPart(n=2, speed_sum=floats, open=[(3, np.array([5, 9], np.uint64))]),
+        "faces": TLPart(4, np.array([1, 2, 1]), frozenset({"f1", "f22"})),
+        7: Block(frozenset({-(2**62), 3}), {1, 2}, {"f": np.ones((2, 6), np.int64)}),
+        "big": 2**100,
+        "scalars": (np.float32(1.5), np.int16(-3), np.bool_(True), None, True, "é"),
+        "records": structured,
+        "empty": np.zeros((0, 6), np.int64),
+    }
+    got = cachelib.decode(cachelib.encode(value))
+    assert got.keys() == value.keys() and got[7][:2] == value[7][:2] and isinstance(got[7], Block)
+    assert got[7].bounds["f"].tobytes() == value[7].bounds["f"].tobytes()
+    assert got["big"] == 2**100 and got["scalars"][:3] == value["scalars"][:3]
+    assert [type(v) for v in got["scalars"]] == [type(v) for v in value["scalars"]]
+    assert got["scalars"][3:] == (None, True, "é")
+    assert [struct_bits(x) for x in got["agents"].speed_sum] == [struct_bits(x) for x in floats]
+    assert got["faces"].faces == frozenset({"f1", "f22"}) and isinstance(got["faces"].faces, frozenset)
+    assert got["records"].dtype == structured.dtype and got["records"].tobytes() == structured.tobytes()
+    assert got["frames"].series.lo == 4 and got["frames"].first == (1, 2, 3.5, -0.0)
+    np.testing.assert_array_equal(got["agents"].open[0][1], value["agents"].open[0][1])
+    assert got["agents"].open[0][1].dtype == np.uint64 and got["empty"].shape == (0, 6)
+
+
+def struct_bits(x: float) -> bytes:
+    return np.float64(x).tobytes()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [np.array([object()], dtype=object), lambda: 1, Outside(), {1.5: 2} | {"f": Outside()}, range(3)],
+    ids=["object-array", "function", "foreign-dataclass", "nested-foreign", "range"],
+)
+def test_what_cannot_be_encoded_is_refused(value):
+    with pytest.raises(cachelib.Unencodable):
+        cachelib.encode(value)
+
+
+def _forged(manifest: dict) -> bytes:
+    """An entry with a valid checksum around ``manifest``."""
+    import hashlib
+    import json
+    import struct
+
+    text = json.dumps({"arrays": [], **manifest}).encode()
+    body = struct.pack("<I", len(text)) + text
+    return cachelib._HEAD.pack(cachelib.MAGIC, cachelib.FORMAT, hashlib.blake2b(body, digest_size=16).digest()) + body
+
+
+def test_damaged_entries_are_refused():
+    good = cachelib.encode(AgentPart(n=5))
+    flipped = bytearray(good)
+    flipped[len(good) // 2] ^= 0x40
+    other_format = bytearray(good)
+    other_format[8:12] = (cachelib.FORMAT + 1).to_bytes(4, "little")
+    damaged = {
+        "flipped": bytes(flipped),
+        "truncated": good[: len(good) - 7],
+        "header only": good[:20],
+        "empty": b"",
+        "other format": bytes(other_format),
+        "foreign": b"PK\x03\x04" + b"\0" * 64,
+        "an object array": _forged({"format": 1, "arrays": [{"dtype": "|O", "shape": [1], "offset": 0}], "tree": None}),
+        "an array past the end": _forged(
+            {"format": 1, "arrays": [{"dtype": "<i8", "shape": [4], "offset": 0}], "tree": {"t": "nd", "i": 0}}
+        ),
+        "class outside l5dask": _forged({"format": 1, "tree": {"t": "dc", "c": "os:system", "v": {}}}),
+        "not a dataclass": _forged({"format": 1, "tree": {"t": "dc", "c": "l5dask.core.cache:Stats", "v": {"x": 1}}}),
+        "unknown kind": _forged({"format": 1, "tree": {"t": "pickle", "v": "gASVAAAA"}}),
+    }
+    for what, data in damaged.items():
+        with pytest.raises(cachelib.Damaged):
+            cachelib.decode(data)
+        assert what  # (each kind refused)
+    assert cachelib.decode(good).n == 5  # (the sound entry is read)
+
+
+# --- runs ----------------------------------------------------------------------------------------
+def test_rerun_reads_no_chunk_and_is_bit_for_bit(dataset, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    want = public(compute_report(dataset))
+    with cachelib.counting() as cold:
+        first = public(compute_report(dataset, cache=cache))
+    assert first == want
+    assert cold.hits == 0 and cold.misses == cold.written > 10 and cold.damaged == 0
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as warm:
+        again = public(compute_report(dataset, cache=cache))
+    assert again == want
+    assert warm.hits == cold.misses and warm.misses == 0 and warm.written == 0
+    assert header_probes_only(reads.chunks(), dataset), reads.chunks()
+
+
+def test_the_aggregations_the_catalog_and_their_keys(dataset, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    kw = {"by": ["scene_index", "label"], "values": {"speed": ["mean", "max", "q50"]}, "where": "distance_to_ego < 30"}
+    with cachelib.counting() as cold:
+        first = l5dask.aggregate(dataset, cache=cache, **kw)
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as warm:
+        again = l5dask.aggregate(dataset, cache=cache, **kw)
+    assert warm.hits == cold.misses > 5 and warm.misses == 0 and header_probes_only(reads.chunks(), dataset)
+    assert first.equals(again)  # bit for bit, NaNs in the same places
+    # another where, another by: none of the agents' entries is theirs (the frames' join rows are)
+    for other in (
+        {**kw, "where": "distance_to_ego < 20"},
+        {**kw, "by": ["label"]},
+        {**kw, "values": {"speed": ["sum"]}},
+    ):
+        before = {e["path"] for e in cachelib.Cache(cache).entries()}
+        with cachelib.counting() as st:
+            l5dask.aggregate(dataset, cache=cache, **other)
+        new = {e["path"] for e in cachelib.Cache(cache).entries()} - before
+        assert st.misses == len(new) > 5 and all(".aggregate." in p or "/aggregate." in p for p in new), new
+    # the catalog: its rerun, too
+    want = l5dask.catalog(dataset)
+    l5dask.catalog(dataset, cache=cache)
+    reads.keys.clear()
+    with cachelib.counting() as st:
+        got = l5dask.catalog(dataset, cache=cache)
+    assert got.equals(want) and st.misses == 0 and header_probes_only(reads.chunks(), dataset)
+
+
+def append_in_place(base: str, extra: str, tmp: str, monkeypatch) -> set[str]:
+    """``base`` grown by the scenes of ``extra`` as an appender does it: concatenated (l5dask.concat,
+    in ``base``'s chunks), then only the files whose bytes differ moved into ``base`` (the others
+    left as they were: ``rsync --checksum`` without ``-t``). Returns the keys replaced."""
+    from l5dask.prediction import surgery
+
+    monkeypatch.setattr(surgery, "OUT_CHUNK_ROWS", {**surgery.OUT_CHUNK_ROWS, **CHUNKS})
+    grown = os.path.join(tmp, "grown.zarr")
+    l5dask.concat([base, extra], grown)
+    replaced = set()
+    for root, _, files in os.walk(grown):
+        for f in files:
+            p = os.path.join(root, f)
+            rel = os.path.relpath(p, grown)
+            q = os.path.join(base, rel)
+            if not (os.path.exists(q) and filecmp.cmp(p, q, shallow=False)):
+                os.replace(p, q)
+                replaced.add(rel)
+    shutil.rmtree(grown)
+    return replaced
+
+
+def test_after_growth_only_new_chunks_are_computed(dataset, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    kw = {"by": ["label"], "values": {"speed": ["mean", "count"]}}
+    compute_report(dataset, cache=cache, chunks_per_task=4)
+    agg_before = l5dask.aggregate(dataset, cache=cache, **kw)
+    extra = str(tmp_path / "extra.zarr")
+    l5dask.synthesize(extra, scenes=1, seed=77, chunk_rows=CHUNKS)
+    replaced = append_in_place(dataset, extra, str(tmp_path), monkeypatch)
+    changed = {r for r in replaced if r.startswith("agents/") and not r.endswith(".zarray")}
+    nagents = l5dask.open_dataset(dataset)["agents"].nchunks
+    assert 0 < len(changed) < nagents // 3  # (a small growth: most agent chunks are untouched)
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache, chunks_per_task=4))
+    read_agents = {int(k.rsplit("/", 1)[-1]) for k, a, b in reads.chunks() if k.split("/")[-2] == "agents" and b != 16}
+    monkeypatch.undo()
+    assert got == public(
+        compute_report(dataset, chunks_per_task=4)
+    )  # bit for bit the uncached report of the grown data
+    # only the tasks over changed chunks ran: those holding a changed agent chunk, or agents of the
+    # frames of a changed frame chunk (the last frame chunk took rows): a run of whole tasks to the end
+    groups = {c // 4 for c in read_agents}  # (4 chunks a task)
+    assert read_agents == set(range(4 * min(groups), nagents)), read_agents
+    assert 0 < min(read_agents) <= min(int(r.split("/")[1]) for r in changed) and len(read_agents) < 0.4 * nagents
+    assert st.hits > st.misses, st
+    agg_after = l5dask.aggregate(dataset, cache=cache, **kw)
+    assert agg_after.speed_count.sum() > agg_before.speed_count.sum()
+    fresh = l5dask.aggregate(dataset, cache=str(tmp_path / "fresh"), **kw)
+    assert agg_after.equals(fresh)  # the same tasks cached or not: the same bits
+
+
+def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, caplog):
+    cache = str(tmp_path / "cache")
+    want = public(compute_report(dataset, cache=cache))
+    entries = sorted(e["path"] for e in cachelib.Cache(cache).entries())
+    root = os.path.join(cache, "")
+    damage = {
+        entries[0]: lambda b: b[: len(b) // 2],  # truncated
+        entries[1]: lambda b: b[:-3] + bytes([b[-3] ^ 1]) + b[-2:],  # a flipped bit
+        entries[2]: lambda b: b[:8] + (cachelib.FORMAT + 5).to_bytes(4, "little") + b[12:],  # another version
+        entries[3]: lambda b: b"",
+    }
+    for path, how in damage.items():
+        with open(root + path, "rb") as f:
+            data = f.read()
+        with open(root + path, "wb") as f:
+            f.write(how(data))
+    cachelib.reset_warnings()
+    with caplog.at_level(logging.WARNING, logger="l5dask.cache"), cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache))
+    assert got == want
+    assert st.damaged == 4 and st.misses == 4 and st.written == 4
+    assert len([r for r in caplog.records if "damaged" in r.getMessage()]) == 1, caplog.text
+    with cachelib.counting() as st:  # rewritten whole
+        assert public(compute_report(dataset, cache=cache)) == want
+    assert st.damaged == 0 and st.misses == 0
+
+
+def test_a_cache_that_cannot_be_written_is_one_warning(dataset, tmp_path, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    cachelib.reset_warnings()
+    with caplog.at_level(logging.WARNING, logger="l5dask.cache"), cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=str(blocker / "cache")))
+    assert got == public(compute_report(dataset))
+    assert len(caplog.records) == 1 and "cannot write to the cache" in caplog.text, caplog.text
+    assert st.hits == st.written == 0 and st.write_failures == 1
+    for url in ("http://example.com/cache", "/tmp/x.zip", "memory://a::s3://b"):
+        with pytest.raises(UsageError, match="cannot write a cache"):
+            cachelib.open_cache(url)
+
+
+def test_the_command_line(dataset, tmp_path):
+    cache = str(tmp_path / "cache")
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "l5dask.cli", *a], capture_output=True, text=True, env=dict(os.environ)
+    )
+    cold = run("stats", dataset, "--cache", cache, "-q", "-o", str(tmp_path / "a.json"))
+    assert cold.returncode == 0, cold.stderr
+    warm = run("stats", dataset, "--cache", cache, "-q", "-o", str(tmp_path / "b.json"))
+    assert warm.returncode == 0 and warm.stdout == cold.stdout
+    assert (tmp_path / "a.json").read_text() == (tmp_path / "b.json").read_text()
+    info = run("cache", "info", cache)
+    assert info.returncode == 0 and "agents" in info.stdout and "entries" in info.stdout, info.stderr
+    total = cachelib.info(cachelib.Cache(cache))
+    assert f"{total['entries']:,} entries" in info.stdout
+    assert {r["source"] for r in total["by"]} == {"agents", "frames", "scenes", "traffic_light_faces"}
+    entries = sorted(cachelib.Cache(cache).entries(), key=lambda e: (e["mtime"], e["path"]))
+    keep = sum(e["size"] for e in entries[len(entries) // 2 :])
+    pruned = run("cache", "prune", cache, "--max-size", str(keep))
+    assert pruned.returncode == 0, pruned.stderr
+    left = cachelib.Cache(cache).entries()
+    assert sum(e["size"] for e in left) <= keep and {e["path"] for e in left} <= {
+        e["path"] for e in entries[-len(left) :]
+    }
+    bad = run("stats", dataset, "--cache", "http://example.com/c", "-q")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "cannot write a cache" in bad.stderr
+    bad = run("cache", "prune", cache, "--max-size", "lots")
+    assert bad.returncode == 2 and "expected a size" in bad.stderr and "Traceback" not in bad.stderr
+
+
+KILLED = """
+import sys, time
+from l5dask.prediction import reading
+gather = reading.Encoded.gather
+def slow(*a, **k):  # (slower reads: the reductions, and so the keys, are the same)
+    time.sleep(0.02)
+    return gather(*a, **k)
+reading.Encoded.gather = slow
+from l5dask.prediction.report import compute_report
+compute_report(sys.argv[1], cache=sys.argv[2], chunks_per_task=1)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT], ids=["SIGKILL", "Ctrl-C"])
+def test_a_killed_run_computes_only_what_it_had_not_stored(dataset, tmp_path, sig):
+    cache = str(tmp_path / "cache")
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(KILLED))
+    total = l5dask.open_dataset(dataset)["agents"].nchunks
+    proc = subprocess.Popen([sys.executable, str(script), dataset, cache], stderr=subprocess.PIPE)
+    agents = lambda: [e for e in cachelib.Cache(cache).entries() if e["reduction"] == "agents-17"]  # noqa: E731
+    deadline = time.time() + 120
+    while len(agents()) < total // 3 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    proc.wait(60)
+    assert proc.returncode != 0  # (killed before it was done)
+    assert 0 < len(agents()) < total
+    stored = len(cachelib.Cache(cache).entries())
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache, chunks_per_task=1))
+    with cachelib.counting() as whole:  # (the tasks of the run, in a cache of their own)
+        assert got == public(compute_report(dataset, cache=str(tmp_path / "other"), chunks_per_task=1))
+    assert st.damaged == 0  # (nothing half-written was left visible)
+    # every task the killed run stored is read, not computed; only the others are computed
+    assert st.hits == stored and st.misses == whole.misses - stored and len(agents()) == total
+
+
+def test_two_jobs_sharing_a_cache_at_once(dataset, tmp_path):
+    cache = str(tmp_path / "cache")
+    code = "import sys; from l5dask.prediction.report import compute_report as r; r(sys.argv[1], cache=sys.argv[2])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, dataset, cache], stderr=subprocess.PIPE) for _ in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0 and b"damaged" not in err, err
+    with cachelib.counting() as st:
+        assert public(compute_report(dataset, cache=cache)) == public(compute_report(dataset))
+    assert st.misses == 0 and st.damaged == 0
+
+
+def same(report: dict) -> dict:
+    """A report without its private keys nor the dataset's name (the same data on S3 and locally)."""
+    return {k: v for k, v in public(report).items() if k != "dataset"}
+
+
+def test_on_s3_threads_and_a_cluster(s3, s3_small, small_ds, dask_cluster, monkeypatch, tmp_path):
+    """The dataset and the cache in buckets of a real S3 endpoint; on threads, then on a real
+    cluster whose workers write and read the entries."""
+    from distributed import Client
+
+    s3.make_bucket("l5-cache")
+    options = s3.storage_options()
+    want = same(compute_report(small_ds))
+    with cachelib.counting() as cold:
+        assert same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/c")) == want
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as warm:
+        assert same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/c")) == want
+    assert warm.hits == cold.misses and warm.misses == 0
+    assert header_probes_only([(k.split("small.zarr/", 1)[-1], a, b) for k, a, b in reads.chunks()], small_ds)
+    monkeypatch.undo()
+    with Client(dask_cluster.address, set_as_default=False) as client:
+        with cachelib.counting() as cold:
+            got = same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/k", client=client))
+        assert got == want and cold.written == cold.misses > 5  # (counted from the workers' events)
+        with cachelib.counting() as warm:
+            got = same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/k", client=client))
+        assert got == want and warm.hits == cold.misses and warm.misses == 0 and warm.bytes_read > 0
+        local = str(tmp_path / "local-cache")  # (a folder the workers share with this process)
+        compute_report(small_ds, cache=local, client=client)
+        with cachelib.counting() as warm:
+            assert same(compute_report(small_ds, cache=local, client=client)) == want
+        assert warm.misses == 0 and warm.hits > 5
+
+
+def test_many_analyses_in_one_pass_are_cached_too(dataset, tmp_path, monkeypatch):
+    """A fused pass (the report, the catalog and two aggregations of one dataset: l5dask.analyze)
+    keeps its entries as a pass alone does: its rerun reads no chunk, its results bit for bit."""
+    from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
+
+    cache = str(tmp_path / "cache")
+    analyses = {
+        "report": Report(),
+        "catalog": Catalog(),
+        "near": Aggregate("agents", by=["label"], values={"speed": ["mean", "q90"]}, where="distance_to_ego < 20"),
+        "far": Aggregate("agents", by=["label"], values={"speed": ["mean", "q90"]}, where="distance_to_ego >= 20"),
+    }
+    with cachelib.counting() as cold:
+        first = analyze(dataset, analyses, cache=cache)
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as warm:
+        again = analyze(dataset, analyses, cache=cache)
+    assert warm.hits == cold.misses > 5 and warm.misses == 0 and header_probes_only(reads.chunks(), dataset)
+    assert public(again["report"]) == public(first["report"])
+    assert again["catalog"].equals(first["catalog"])
+    assert again["near"].equals(first["near"]) and again["far"].equals(first["far"])
+    assert not again["near"].equals(again["far"])  # (each member of the fused entry its own where)
