@@ -11,15 +11,16 @@ The core reads and checks the file and runs the plan (:mod:`l5dask.core.jobfile`
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import os
 from collections.abc import Callable
 from typing import Any
 
 from l5dask.core import cache as cachelib
-from l5dask.core import jobfile, runs
+from l5dask.core import config, jobfile, runs
 from l5dask.core.jobfile import Job
+from l5dask.core.store import read_counts
+from l5dask.errors import UsageError
 from l5dask.evaluation import jobs as evaluation_jobs
 from l5dask.prediction import jobs as prediction_jobs
 
@@ -48,26 +49,24 @@ def run_job(
     """Run a job: check it whole (datasets opened, outputs checked), then run its analyses; return
     the run record (a dict; also written at ``record`` or the job's ``[run] record``).
 
-    ``scheduler``, ``cache`` and ``chunks_per_task`` override the job's; ``say`` and ``fail`` are
+    ``scheduler``, ``cache`` and ``chunks_per_task`` override the job's (without a cache in the
+    job or here, dask config ``l5dask.cache``'s); ``say`` and ``fail`` are
     given one line for each analysis written and each failed."""
     job = job if isinstance(job, Job) else load_job(job)
+    since = read_counts()  # (the run's reads: from its plan's, which opens the datasets)
+    cache_url = cache or (job.cache or {}).get("url") or config.get("cache") or None
+    try:  # (a location l5dask cannot write a cache at is refused before anything runs)
+        store = cachelib.open_cache(cache_url, job.storage_options) if cache_url else None
+    except UsageError as exc:
+        if cache:
+            raise
+        raise job.source.error(("cache", "url"), f"[cache] url: {exc}") from None
     p = runs.plan(job, now=now, record=record)
     chunks = chunks_per_task or job.cluster["chunks-per-task"]
-    cache_url = cache or (job.cache or {}).get("url")
-    with runs.cluster(job, scheduler) as client, _cache(cache_url), cachelib.counting() as counts:
-        ctx = runs.Context(client, chunks, progress, dict(job.storage_options))
-        return runs.execute(
-            p, ctx, say=say, fail=fail, cache=(lambda: {"url": cache_url, **counts.as_dict()}) if cache_url else None
-        )
+    with runs.cluster(job, scheduler) as client, cachelib.counting() as counts:
+        ctx = runs.Context(client, chunks, progress, dict(job.storage_options), cache=store)
 
+        def cache_counts() -> dict:
+            return {"url": cache_url, "writable": store is not None, **counts.as_dict()}
 
-@contextlib.contextmanager
-def _cache(url: str | None):
-    """The cache of the run's passes (the ``l5dask.cache`` setting), when there is one."""
-    if not url:
-        yield
-        return
-    import dask
-
-    with dask.config.set({"l5dask.cache": url}):
-        yield
+        return runs.execute(p, ctx, say=say, fail=fail, cache=cache_counts if cache_url else None, since=since)

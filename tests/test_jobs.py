@@ -596,3 +596,126 @@ def test_an_analysis_of_some_scenes_reads_the_catalog_the_run_writes(small_ds, t
     write(job, job.read_text().replace(expr, "frames >="))
     r = cli(job, "-q")
     assert r.returncode == 2 and "[analyses.long] on small: " in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+CACHED_JOB = """\
+[run]
+record = "{out}/run.json"
+
+[cache]
+url = "{cache}"
+
+[datasets]
+small = "{ds}"
+
+[analyses.report]
+kind = "report"
+output = "{out}/report.json"
+
+[analyses.speeds]
+kind = "aggregate"
+by = "label"
+values = {{ speed = ["mean", "q99"] }}
+output = "{out}/speeds.parquet"
+"""
+
+
+def test_a_cache_that_cannot_be_written_is_one_warning_and_the_run_goes_on(small_ds, tmp_path):
+    (tmp_path / "a-file").write_text("not a folder")
+    out = tmp_path / "out"
+    job = write(tmp_path / "job.toml", CACHED_JOB.format(ds=small_ds, out=out, cache=tmp_path / "a-file" / "cache"))
+    r = cli(job, "-q")
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("l5dask: cache: "), lines
+    record = json.loads((out / "run.json").read_text())
+    assert record["status"] == "written" and record["cache"]["hits"] == 0 and record["cache"]["written"] == 0
+    ref = tmp_path / "ref.json"
+    l5dask.prediction.report.write_json(compute_report(small_ds), str(ref))
+    assert (out / "report.json").read_bytes() == ref.read_bytes()
+
+
+def test_a_cache_url_l5dask_cannot_write_is_refused_before_anything_runs(small_ds, tmp_path):
+    out = tmp_path / "out"
+    job = write(tmp_path / "job.toml", CACHED_JOB.format(ds=small_ds, out=out, cache="http://127.0.0.1:9/cache"))
+    r = cli(job, "-q")
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"l5dask: error: {job}:5: [cache] url: "), r.stderr
+    assert "cannot write a cache on http://" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not out.exists()
+    r = cli(write(tmp_path / "plain.toml", job.read_text().replace("[cache]\n", "").replace(
+        'url = "http://127.0.0.1:9/cache"\n', "")), "-q", "--cache", "http://127.0.0.1:9/cache")  # fmt: skip
+    assert r.returncode == 2 and "cannot write a cache on http://" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_damaged_cache_entries_are_recomputed_and_counted_in_the_record(small_ds, tmp_path):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    job = write(tmp_path / "job.toml", CACHED_JOB.format(ds=small_ds, out=out, cache=cache))
+    r = cli(job, "-q")
+    assert r.returncode == 0, r.stderr
+    first = json.loads((out / "run.json").read_text())
+    assert first["cache"]["written"] > 0 and first["cache"]["hits"] == 0
+    report, speeds = (out / "report.json").read_bytes(), (out / "speeds.parquet").read_bytes()
+    entries = sorted(cache.rglob("*.l5c"))
+    entries[0].write_bytes(entries[0].read_bytes()[:-7])  # truncated
+    entries[1].write_bytes(b"\0" * entries[1].stat().st_size)  # zeroed
+    r = cli(job, "-q")
+    assert r.returncode == 0, r.stderr
+    assert all(line.startswith("l5dask: cache: ") for line in r.stderr.splitlines()) and r.stderr
+    second = json.loads((out / "run.json").read_text())
+    assert second["cache"]["damaged"] == 2 and second["cache"]["hits"] == first["cache"]["written"] - 2
+    assert (out / "report.json").read_bytes() == report
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "speeds.parquet"), pd.read_parquet(io.BytesIO(speeds)))
+    assert second["reads"]["bytes"] < first["reads"]["bytes"]
+
+
+def test_the_nightly_job_twice_on_a_cluster_over_s3_reads_no_chunk_the_second_time(s3, s3_small, dask_cluster):
+    """The CronJob's own job file (cluster/k8s), its buckets the test's, run twice on a real
+    cluster over a real S3 endpoint: the second run reads the cache's entries and no chunk, and
+    writes the same outputs."""
+    import datetime
+
+    from tests.test_deploy import nightly
+
+    for bucket in ("l5-reports", "l5-cache"):
+        s3.make_bucket(bucket)
+    _, text, _ = nightly()
+    text = (
+        text.replace("s3://lyft-l5/train_full.zarr", s3_small)
+        .replace("lyft-l5-reports", "l5-reports")
+        .replace("lyft-l5-cache", "l5-cache/" + os.urandom(4).hex())
+    )
+    options = s3.storage_options()
+    text += (
+        f'\n[storage-options]\nkey = "{options["key"]}"\nsecret = "{options["secret"]}"\n'
+        f'skip_instance_cache = true\nclient_kwargs = {{ endpoint_url = "{s3.endpoint}", region_name = "us-east-1" }}\n'
+    )
+    src = jobfile.parse_toml(text, "nightly.toml")
+    job = jobfile.check(src)
+    day = datetime.datetime(2026, 1, 2, 3, tzinfo=datetime.timezone.utc)
+    fs = s3.s3fs()
+    first = run_job(job, scheduler=dask_cluster.address, now=day)
+    assert first["status"] == "written", first["analyses"]
+    outputs = {p: fs.cat(p) for a in first["analyses"] for p in a["outputs"].values()}
+    assert first["reads"]["bytes"] >= sum(
+        fs.size(f) for a in ("agents", "frames", "scenes", "traffic_light_faces")
+        for f in fs.ls(f"{s3_small}/{a}") if not f.rsplit("/", 1)[1].startswith(".")
+    )  # fmt: skip
+    second = run_job(job, scheduler=dask_cluster.address, now=day)
+    assert second["status"] == "written", second["analyses"]
+    # no chunk of frames, agents or faces read: only the 16 bytes of each one's last chunk's header
+    # that opening a dataset checks; the scenes (a few hundred bytes, read whole by the client)
+    # and the cache's entries
+    folders = second["reads"]["by_folder"]
+    for array in ("frames", "agents", "traffic_light_faces"):
+        assert folders[array] == {"objects": 1, "bytes": 16}, folders
+    assert set(folders) == {"frames", "agents", "traffic_light_faces", "scenes", "l5dask-cache-v1"}, folders
+    assert folders["scenes"]["bytes"] <= sum(fs.size(f) for f in fs.ls(f"{s3_small}/scenes")), folders
+    assert second["cache"]["hits"] > 0 and second["cache"]["misses"] == 0, second["cache"]
+    for p, data in outputs.items():
+        if p.endswith((".json", ".csv")) and not p.endswith("run.json"):
+            assert fs.cat(p) == data, p
+        elif p.endswith(".parquet"):
+            pd.testing.assert_frame_equal(pd.read_parquet(io.BytesIO(fs.cat(p))), pd.read_parquet(io.BytesIO(data)))
+    record = json.loads(fs.cat("l5-reports/2026-01-02/run.json"))
+    assert record["reads"] == second["reads"] and record["inputs"][0]["url"] == s3_small

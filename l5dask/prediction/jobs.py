@@ -38,6 +38,11 @@ def _pass_kw(ctx: Any) -> dict:
     return {"client": ctx.client, "chunks_per_task": ctx.chunks_per_task, "progress": ctx.progress}
 
 
+def _cached_kw(ctx: Any) -> dict:
+    """A pass's keywords, with the run's cache (``False``: none, not dask config's)."""
+    return {**_pass_kw(ctx), "cache": ctx.cache if ctx.cache is not None else False}
+
+
 def _suffix(path: str | None, allowed: tuple[str, ...], what: str) -> None:
     if path and not any(path.lower().endswith(e) for e in allowed):
         raise UsageError(f"{what} {path!r}: name the file {' or '.join('*' + e for e in allowed)}")
@@ -81,7 +86,7 @@ def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
     if table is None:
         memo = ("scene-catalog", id(ds))
         if memo not in ctx.memo:
-            ctx.memo[memo] = catalog_table(ds, **_pass_kw(ctx))
+            ctx.memo[memo] = catalog_table(ds, **_cached_kw(ctx))
         table = ctx.memo[memo]
     return ds.query(expr, catalog=table, storage_options=ctx.storage_options, client=ctx.client, progress=ctx.progress)
 
@@ -167,7 +172,7 @@ def run_together(ds: Any, members: list, ctx: Any) -> list:
     (or what failed its writing)."""
     t0 = time.perf_counter()
     named = {str(i): analysis(kind.name, params) for i, (kind, params, _) in enumerate(members)}
-    results = analyze(ds, named, **_pass_kw(ctx))
+    results = analyze(ds, named, **_cached_kw(ctx))
     seconds = time.perf_counter() - t0
     out: list = []
     for i, (kind, params, outputs) in enumerate(members):
