@@ -1,17 +1,27 @@
-"""Builds the compiled kernels (l5dask/prediction/_kernels.pyx); everything else is in pyproject.toml."""
+"""Builds the compiled modules (one a job: each .pyx says at its top what it beats); everything else is in pyproject.toml."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 setup(
     ext_modules=cythonize(
-        [Extension("l5dask.prediction._kernels", ["l5dask/prediction/_kernels.pyx", "l5dask/prediction/_vendor/lz4/lz4.c"],
+        # prediction: one module a job (the report's loops, the compressed gather, the aggregate's
+        # columns, the scene catalog's); sums as numpy's: no fused multiply-adds; sqrt without
+        # errno, so that its loops are vector loops: the same values
+        [Extension("l5dask.prediction._report", ["l5dask/prediction/_report.pyx"], include_dirs=["l5dask/prediction"],
+                   depends=["l5dask/prediction/_agents.h", "l5dask/prediction/_argmax.h"],
+                   extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
+         # (LZ4's symbols stay inside the module)
+         Extension("l5dask.prediction._gather", ["l5dask/prediction/_gather.pyx", "l5dask/prediction/_vendor/lz4/lz4.c"],
                    include_dirs=["l5dask/prediction", "l5dask/prediction/_vendor/lz4"],
-                   depends=["l5dask/prediction/_agents.h", "l5dask/prediction/_argmax.h", "l5dask/prediction/_blosc.h", "l5dask/prediction/_distinct.h", "l5dask/core/_records.pxd", "l5dask/prediction/_vendor/lz4/lz4.h"],
-                   # (sums as numpy's: no fused multiply-adds; sqrt without errno, so that its loops
-                   # are vector loops: the same values; LZ4's symbols stay inside the module)
+                   depends=["l5dask/prediction/_argmax.h", "l5dask/prediction/_blosc.h", "l5dask/prediction/_distinct.h", "l5dask/prediction/_vendor/lz4/lz4.h"],
                    define_macros=[("LZ4LIB_VISIBILITY", "")],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden"]),
+         Extension("l5dask.prediction._columns", ["l5dask/prediction/_columns.pyx"],
+                   extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
+         Extension("l5dask.prediction._catalog", ["l5dask/prediction/_catalog.pyx"], include_dirs=["l5dask/prediction"],
+                   depends=["l5dask/prediction/_distinct.h"],
+                   extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
          # perception: one module a job (token lookups and chains, lidar points in boxes, JSON scans,
          # detection's matching, box geometry's pairs)
          Extension("l5dask.perception._links", ["l5dask/perception/_links.pyx"], extra_compile_args=["-O3"]),

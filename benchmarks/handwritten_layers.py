@@ -48,7 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def part_argmax(args) -> None:
     from l5dask.core.lazy import compiled
 
-    k = compiled("l5dask.prediction._kernels")
+    k = compiled("l5dask.prediction._gather")
     rng = np.random.default_rng(0)
     n = 20_000
     dt = np.dtype([("centroid", "<f8", (2,)), ("extent", "<f4", (3,)), ("label_probabilities", "<f4", (17,))])

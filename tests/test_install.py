@@ -32,7 +32,7 @@ def run(args: list[str], root: Path) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "module,missing",
     [
-        ("l5dask.prediction.kernels", "l5dask.prediction._kernels"),
+        ("l5dask.prediction.kernels", "l5dask.prediction._report"),
         ("l5dask.evaluation.csvfiles", "l5dask.evaluation._csvrows"),
         ("l5dask.perception.geometry", "l5dask.perception._geometry"),
     ],
@@ -49,6 +49,6 @@ def test_an_import_names_the_missing_module_and_the_rebuild(broken, module, miss
 def test_a_command_says_it_in_one_line(broken, small_ds, tmp_path):
     r = run(["-m", "l5dask.cli", "stats", small_ds, "--output", str(tmp_path / "r.json")], broken)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.count("\n") == 1 and "l5dask.prediction._kernels is missing" in r.stderr
+    assert r.stderr.count("\n") == 1 and "l5dask.prediction._report is missing" in r.stderr
     assert not (tmp_path / "r.json").exists()
     assert run(["-m", "l5dask.cli", "--help"], broken).returncode == 0  # the rest of the install works

@@ -18,7 +18,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPILED = (
-    "l5dask/prediction/_kernels",
+    "l5dask/prediction/_report",
+    "l5dask/prediction/_gather",
+    "l5dask/prediction/_columns",
+    "l5dask/prediction/_catalog",
     "l5dask/evaluation/_mask",
     "l5dask/evaluation/_csvrows",
     "l5dask/evaluation/_metrics",

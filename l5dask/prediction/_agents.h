@@ -1,4 +1,4 @@
-/* The report's per-agent numbers, for _kernels.pyx's agent_columns: speeds and distances to the
+/* The report's per-agent numbers, for _report.pyx's agent_columns: speeds and distances to the
    ego as straight loops over columns, which the compiler turns into vector instructions (four
    doubles at a time on AVX2; `restrict`: the columns never overlap the outputs). The scalar loop
    they replace computed both per agent among the label count and two histograms (8.0 ns an

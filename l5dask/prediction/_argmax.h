@@ -1,4 +1,4 @@
-/* numpy's argmax of n float32 at p (the first maximum; a NaN counts as the maximum), for _kernels.pyx.
+/* numpy's argmax of n float32 at p (the first maximum; a NaN counts as the maximum), for _report.pyx and _gather.pyx.
    SSE2 (every x86-64): the maximum four lanes at a time, then the first lane equal to it; rows
    holding a NaN, and other CPUs, take the scalar loop. What it beats, and by how much: numpy's
    argmax(axis=1) of the 17 labels, 2.64x on the records' field and 2.28x on a contiguous copy

@@ -1,4 +1,4 @@
-/* Number columns straight out of blosc-compressed chunks of records, for _kernels.pyx.
+/* Number columns straight out of blosc-compressed chunks of records, for _gather.pyx.
 
    A chunk of L5Kit's records is blosc 1.x (format version 2) with LZ4 and byte shuffle by the
    record size: each block of the chunk is a whole number of records, compressed after its bytes

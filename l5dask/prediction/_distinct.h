@@ -106,7 +106,7 @@ static inline int32_t l5_found_index(l5_found* f, const uint8_t* v, int* added) 
     return (int32_t)f->n++;
 }
 
-/* Add one value to the chunk's set; whether it was not in it. (Also the set of _kernels.pyx's
+/* Add one value to the chunk's set; whether it was not in it. (Also the set of _gather.pyx's
    distinct_rows, over decoded records.) */
 static inline int l5_found_add(l5_found* f, const uint8_t* v) {
     int added;

@@ -1,0 +1,121 @@
+"""The aggregate's per-row loops (``l5dask/prediction/_columns.pyx``) beside the numpy a user would
+write for the same values, in one process, one thread, rounds interleaved; the results checked equal.
+
+    python benchmarks/prediction_kernels.py [--rows 200000] [--rounds 30]
+
+Each loop through its public wrapper in :mod:`l5dask.prediction.kernels` (the path ``aggregate``,
+the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block of agents):
+
+- ``group_reduce``: per group, the count, sum, minimum and maximum of the values that are not NaN,
+  against ``np.bincount`` (count, weighted sum: the same row order) and ``np.minimum.at`` /
+  ``np.maximum.at``;
+- ``int_range``: ``(min, max)`` of an int8 key, against ``k.min(), k.max()``;
+- ``mix_codes``: ``codes += (k - lo) * stride`` of an int8 key, against the same in numpy (which
+  widens ``k`` first);
+- ``range_codes``: ``k - lo`` in ``[0, n)`` else -1, against ``np.where`` of the two comparisons;
+- ``distance_to_parent``: each row's distance to its parent row's point, against numpy's takes of
+  the parent's columns and the formula;
+- ``norm2``: ``sqrt(x * x + y * y)`` of float32 pairs in float64, against numpy's casts and formula.
+
+The other two modules have their own benchmarks: the report's loops (``_report.pyx``) in
+``benchmarks/stats_benchmark.py`` (against ``benchmarks/numpy_reference.py``) and
+``benchmarks/handwritten_layers.py --part argmax``; the compressed gather (``_gather.pyx``) in
+``benchmarks/compressed_gather.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+
+def cases(n: int) -> dict[str, tuple]:
+    from l5dask.prediction import kernels as k
+
+    rng = np.random.default_rng(0)
+    ngroups = 17 * 64
+    codes = rng.integers(0, ngroups, n).astype(np.int64)
+    values = rng.normal(size=n)
+    values[rng.random(n) < 0.01] = np.nan
+    key = rng.integers(-3, 17, n).astype(np.int8)
+    x, y = rng.normal(size=n) * 50, rng.normal(size=n) * 50
+    parent = rng.normal(size=(n // 50, 3)) * 50
+    pos = np.sort(rng.integers(0, len(parent), n))
+    vx, vy = rng.normal(size=n).astype(np.float32), rng.normal(size=n).astype(np.float32)
+
+    def np_group_reduce():
+        ok = ~np.isnan(values)
+        c, v = codes[ok], values[ok]
+        lo, hi = np.full(ngroups, np.inf), np.full(ngroups, -np.inf)
+        np.minimum.at(lo, c, v)
+        np.maximum.at(hi, c, v)
+        return np.bincount(c, minlength=ngroups), np.bincount(c, weights=v, minlength=ngroups), lo, hi
+
+    def np_mix():
+        out = codes.copy()
+        out += (key.astype(np.int64) + 3) * 7
+        return out
+
+    def l5_mix():
+        out = codes.copy()
+        k.mix_codes(out, key, -3, 7)
+        return out
+
+    def np_distance():
+        px, py = parent[pos, 0], parent[pos, 1]
+        dx, dy = x - px, y - py
+        return np.sqrt(dx * dx + dy * dy)
+
+    def np_norm2():
+        a, b = vx.astype(np.float64), vy.astype(np.float64)
+        return np.sqrt(a * a + b * b)
+
+    return {
+        "group_reduce": (lambda: k.group_reduce(codes, values, ngroups, True, True, True), np_group_reduce),
+        "int_range": (lambda: k.int_range(key), lambda: (int(key.min()), int(key.max()))),
+        "mix_codes": (l5_mix, np_mix),
+        "range_codes": (
+            lambda: k.range_codes(key, 0, 10),
+            lambda: np.where((key >= 0) & (key < 10), key.astype(np.int64), -1),
+        ),
+        "distance_to_parent": (lambda: k.distance_to_parent(x, y, parent, pos), np_distance),
+        "norm2": (lambda: k.norm2(vx, vy), np_norm2),
+    }
+
+
+def same(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(same(u, v) for u, v in zip(a, b))
+    return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args()
+    import threadpoolctl
+
+    with threadpoolctl.threadpool_limits(1):
+        found = cases(args.rows)
+        best = {name: [float("inf"), float("inf")] for name in found}
+        for name, (ours, theirs) in found.items():
+            assert same(ours(), theirs()), name
+        for _ in range(args.rounds):
+            for name, pair in found.items():
+                for i, fn in enumerate(pair):
+                    t0 = time.perf_counter()
+                    fn()
+                    best[name][i] = min(best[name][i], time.perf_counter() - t0)
+    print(f"{args.rows:,} rows, one thread, best of {args.rounds} interleaved rounds (results equal)")
+    for name, (ours, theirs) in best.items():
+        print(
+            f"  {name:20s} compiled {ours * 1e3:7.3f} ms   numpy {theirs * 1e3:7.3f} ms   "
+            f"{theirs / ours:5.2f}x  ({ours / args.rows * 1e9:.2f} vs {theirs / args.rows * 1e9:.2f} ns a row)"
+        )
+
+
+if __name__ == "__main__":
+    main()

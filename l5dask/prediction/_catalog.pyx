@@ -1,0 +1,287 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The scene catalog's per-chunk loops (:mod:`l5dask.prediction.catalog`), compiled to C, the GIL
+released: each agent's mask of kinds and each scene's run its least distances and low-probability
+rows (``catalog_agents``), the distinct (track, kinds) of each run of a scene (``key_runs``) and
+codes of values compared as bytes (``byte_codes``, ``_distinct.h``'s hash), and the tree's joins of
+open scenes (``union_masks``, ``mask_counts``). Wrapped by
+:mod:`l5dask.prediction.kernels`.
+
+What it beats, and by how much: the catalog's numpy formulation (one sort of packed (scene, kind,
+track) keys, face ids decoded and sorted), these loops with the gather's maxima and codes
+(``_gather.pyx``): ``l5dask catalog`` on 30 M agents, the whole process, 1.6-1.7 s of CPU against
+5.6 s (``python benchmarks/catalog_benchmark.py``, 2026-11-27). When to delete a loop: when a numpy
+or flox formulation of it runs within 10% of it in that benchmark.
+"""
+
+import numpy as np
+
+from libc.math cimport sqrt
+from libc.stdint cimport int8_t, int64_t, uint8_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, qsort
+from libc.string cimport memcmp, memset
+
+cdef enum:
+    # ids of a run are marked in a table when they span at most this many slots per row (else sorted)
+    DENSE_SPAN = 8
+
+
+cdef extern from "_distinct.h":
+    uint64_t l5_hash_bytes(const uint8_t* v, int64_t width) noexcept nogil
+
+
+cdef extern from *:
+    int __builtin_ctzll(unsigned long long) nogil
+
+
+cdef int _cmp_key(const void* x, const void* y) noexcept nogil:
+    cdef uint64_t a = (<const uint64_t*>x)[0], b = (<const uint64_t*>y)[0]
+    return (a > b) - (a < b)
+
+
+cdef Py_ssize_t _mask_run(const uint64_t* keys, const uint64_t* masks, Py_ssize_t a, Py_ssize_t b,
+                          int64_t* counts, uint64_t* out) noexcept nogil:
+    """The distinct keys of rows ``a..b-1`` (``a < b``), each with the OR of its rows' masks (keys
+    whose masks are all 0 are left out): ``counts[bit]`` gains one per key whose mask has that bit,
+    and with ``out``, the keys and masks are written there (key, mask: two words a key, sorted
+    by key). A table of masks per key when the keys are dense (``DENSE_SPAN``), else a sort of
+    (key, mask) pairs. Returns how many keys, -1 out of memory."""
+    cdef Py_ssize_t i, k = 0
+    cdef uint64_t lo = keys[a], hi = keys[a], v, span, m
+    cdef uint64_t* table
+    cdef uint64_t* tmp
+    for i in range(a, b):
+        if keys[i] < lo:
+            lo = keys[i]
+        if keys[i] > hi:
+            hi = keys[i]
+    if hi - lo < <uint64_t>(DENSE_SPAN * (b - a) + 1024):
+        span = hi - lo + 1
+        table = <uint64_t*>calloc(span, sizeof(uint64_t))
+        if table == NULL:
+            return -1
+        for i in range(a, b):
+            table[keys[i] - lo] |= masks[i]
+        for v in range(span):
+            m = table[v]
+            if m == 0:
+                continue
+            if out != NULL:
+                out[2 * k], out[2 * k + 1] = lo + v, m
+            k += 1
+            while m:
+                counts[__builtin_ctzll(m)] += 1
+                m &= m - 1
+        free(table)
+        return k
+    tmp = <uint64_t*>malloc((b - a) * 2 * sizeof(uint64_t))
+    if tmp == NULL:
+        return -1
+    for i in range(a, b):
+        tmp[2 * (i - a)], tmp[2 * (i - a) + 1] = keys[i], masks[i]
+    qsort(tmp, b - a, 2 * sizeof(uint64_t), _cmp_key)
+    i = 0
+    while i < b - a:
+        v, m = tmp[2 * i], tmp[2 * i + 1]
+        i += 1
+        while i < b - a and tmp[2 * i] == v:
+            m |= tmp[2 * i + 1]
+            i += 1
+        if m == 0:
+            continue
+        if out != NULL:
+            out[2 * k], out[2 * k + 1] = v, m
+        k += 1
+        while m:
+            counts[__builtin_ctzll(m)] += 1
+            m &= m - 1
+    free(tmp)
+    return k
+
+
+def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[::1] cuts, Py_ssize_t nbits):
+    """Per run of rows (``cuts[r] .. cuts[r + 1] - 1``, ``cuts`` increasing from 0 to the rows),
+    the distinct keys, each with the OR of its rows' masks (bits ``0 .. nbits - 1``): ``(counts,
+    first, last)``, ``counts[r, bit]`` the keys of run ``r`` whose mask has that bit, ``first`` and
+    ``last`` the ``(keys, masks)`` of the first and the last run (sorted by key: those runs may go
+    on in the neighbouring chunks). Keys whose masks are all 0 count nowhere."""
+    cdef Py_ssize_t r, k, n = keys.shape[0], nruns = cuts.shape[0] - 1, nfirst = 0, nlast = 0
+    cdef int problem = 0
+    cdef uint64_t every = 0
+    if masks.shape[0] != n or nruns < 1 or cuts[0] != 0 or cuts[nruns] != n or not 0 < nbits <= 64:
+        raise ValueError("key_runs: a mask per key, runs from 0 to the rows, 1 to 64 bits expected")
+    counts = np.zeros((nruns, nbits), np.int64)
+    first, last = np.empty((n, 2), np.uint64), np.empty((n, 2), np.uint64)
+    cdef int64_t[:, ::1] counts_v = counts
+    cdef uint64_t[:, ::1] first_v = first, last_v = last
+    with nogil:
+        for r in range(nruns):
+            if cuts[r + 1] <= cuts[r]:
+                problem = 1
+                break
+        for r in range(n):
+            every |= masks[r]
+        if nbits < 64 and every >> nbits:
+            problem = 1
+        if not problem and n:
+            for r in range(nruns):
+                if r == 0:
+                    k = nfirst = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], &first_v[0, 0])
+                elif r == nruns - 1:
+                    k = nlast = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], &last_v[0, 0])
+                else:
+                    k = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], NULL)
+                if k < 0:
+                    problem = 2
+                    break
+    if problem == 1:
+        raise ValueError("key_runs: runs of at least a row, masks within the bits, expected")
+    if problem == 2:
+        raise MemoryError()
+    head = (first[:nfirst, 0].copy(), first[:nfirst, 1].copy())
+    tail = head if nruns == 1 else (last[:nlast, 0].copy(), last[:nlast, 1].copy())
+    return counts, head, tail
+
+
+def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[::1] cx, const double[::1] cy,
+                   const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, const int64_t[::1] frame_scene,
+                   int64_t lo, const int8_t[::1] groups, double near0, double near1, float low,
+                   uint64_t[::1] masks):
+    """The catalog's per-agent work, one pass over a chunk of agents (first row ``lo``, ordered by
+    frame; ``frame_starts``, ``ego_xy``, ``frame_scene``: the agent start, ego x/y and scene of the
+    frames overlapping them): each row's mask (bit ``label``; bit ``L + g`` when its label's group
+    ``g = groups[label]`` (0, 1, 2; -1 none) is within ``near0`` of the ego, ``L + 3 + g`` within
+    ``near1``, ``L`` the number of labels: distances ``sqrt(dx * dx + dy * dy)``, as numpy's), and
+    per run of rows of one scene: ``(cuts, scenes, mins, lows)``, the runs' bounds and scenes, the
+    least distance of group 1 and of group 2 (inf: none) and the rows whose ``top`` (the label's
+    probability) is under ``low``."""
+    cdef Py_ssize_t i, j = 0, r = 0, n = label.shape[0], m = frame_starts.shape[0], nl = groups.shape[0]
+    cdef int problem = 0
+    cdef int8_t l, g
+    cdef int64_t scene
+    cdef double d, dx, dy
+    cdef uint64_t mk
+    if n == 0 or m == 0 or ego_xy.shape[0] != m or frame_scene.shape[0] != m or masks.shape[0] < n or \
+            top.shape[0] != n or cx.shape[0] != n or cy.shape[0] != n or nl + 6 > 64 or frame_starts[0] > lo:
+        raise ValueError("catalog_agents: columns of the rows, their frames, at most 58 labels and a mask a row expected")
+    cuts, scenes = np.empty(n + 1, np.int64), np.empty(n, np.int64)
+    mins, lows = np.full((n, 2), np.inf), np.zeros(n, np.int64)
+    cdef int64_t[::1] cuts_v = cuts, scenes_v = scenes, lows_v = lows
+    cdef double[:, ::1] mins_v = mins
+    with nogil:
+        for i in range(n):
+            while j + 1 < m and frame_starts[j + 1] <= lo + i:
+                j += 1
+            scene = frame_scene[j]
+            if i == 0 or scene != scenes_v[r - 1]:
+                cuts_v[r], scenes_v[r] = i, scene
+                r += 1
+            l = label[i]
+            if l < 0 or l >= nl:
+                problem = 1
+                break
+            mk = (<uint64_t>1) << l
+            g = groups[l]
+            if g >= 0:
+                dx, dy = cx[i] - ego_xy[j, 0], cy[i] - ego_xy[j, 1]
+                d = sqrt(dx * dx + dy * dy)
+                if d <= near0:
+                    mk |= (<uint64_t>1) << (nl + g)
+                if d <= near1:
+                    mk |= (<uint64_t>1) << (nl + 3 + g)
+                if (g == 1 or g == 2) and d < mins_v[r - 1, g - 1]:
+                    mins_v[r - 1, g - 1] = d
+            masks[i] = mk
+            if top[i] < low:
+                lows_v[r - 1] += 1
+        cuts_v[r] = n
+    if problem:
+        raise ValueError(f"catalog_agents: labels from 0 to {nl - 1} expected")
+    return cuts[: r + 1].copy(), scenes[:r].copy(), mins[:r].copy(), lows[:r].copy()
+
+
+def byte_codes(const uint8_t[:, ::1] values):
+    """Codes of values compared as bytes (a row each): ``(codes, first)``, each row's code (its
+    value's rank of first appearance) and the first row of each value. An open-addressing table
+    whose values that hash alike are compared byte for byte: exact whatever the hash does."""
+    cdef Py_ssize_t i, s, n = values.shape[0], w = values.shape[1], k = 0
+    cdef int64_t cap = 16, mask, j
+    cdef int64_t* table
+    codes, first = np.empty(n, np.int64), np.empty(n, np.int64)
+    cdef int64_t[::1] codes_v = codes, first_v = first
+    if n == 0:
+        return codes, first[:0]
+    while cap < 2 * n:
+        cap <<= 1
+    mask = cap - 1
+    table = <int64_t*>malloc(cap * sizeof(int64_t))
+    if table == NULL:
+        raise MemoryError()
+    with nogil:
+        memset(table, 0xff, cap * sizeof(int64_t))
+        for i in range(n):
+            s = <Py_ssize_t>(l5_hash_bytes(&values[i, 0], w) & <uint64_t>mask) if w else 0
+            while True:
+                j = table[s]
+                if j < 0:
+                    table[s] = k
+                    first_v[k] = i
+                    codes_v[i] = k
+                    k += 1
+                    break
+                if w == 0 or memcmp(&values[first_v[j], 0], &values[i, 0], w) == 0:
+                    codes_v[i] = j
+                    break
+                s = (s + 1) & mask
+    free(table)
+    return codes, first[:k].copy()
+
+
+def union_masks(const uint64_t[::1] a, const uint64_t[::1] am, const uint64_t[::1] b, const uint64_t[::1] bm):
+    """The union of two sorted arrays of distinct keys, each with its mask (a key in both: the OR
+    of its masks): ``(keys, masks)``, sorted (a merge, as :func:`union_sorted`)."""
+    if am.shape[0] != a.shape[0] or bm.shape[0] != b.shape[0]:
+        raise ValueError("union_masks: a mask per key expected")
+    keys, masks = np.empty(a.shape[0] + b.shape[0], np.uint64), np.empty(a.shape[0] + b.shape[0], np.uint64)
+    cdef uint64_t[::1] ko = keys, mo = masks
+    cdef Py_ssize_t i = 0, j = 0, k = 0
+    with nogil:
+        while i < a.shape[0] and j < b.shape[0]:
+            if a[i] < b[j]:
+                ko[k], mo[k] = a[i], am[i]
+                i += 1
+            elif b[j] < a[i]:
+                ko[k], mo[k] = b[j], bm[j]
+                j += 1
+            else:
+                ko[k], mo[k] = a[i], am[i] | bm[j]
+                i += 1
+                j += 1
+            k += 1
+        while i < a.shape[0]:
+            ko[k], mo[k] = a[i], am[i]
+            i += 1
+            k += 1
+        while j < b.shape[0]:
+            ko[k], mo[k] = b[j], bm[j]
+            j += 1
+            k += 1
+    return keys[:k], masks[:k]
+
+
+def mask_counts(const uint64_t[::1] masks, Py_ssize_t nbits):
+    """How many masks have each of bits ``0 .. nbits - 1`` (int64)."""
+    if not 0 < nbits <= 64:
+        raise ValueError("mask_counts: 1 to 64 bits expected")
+    counts = np.zeros(64, np.int64)
+    cdef int64_t[::1] c = counts
+    cdef Py_ssize_t i
+    cdef uint64_t m
+    with nogil:
+        for i in range(masks.shape[0]):
+            m = masks[i]
+            while m:
+                c[__builtin_ctzll(m)] += 1
+                m &= m - 1
+    if counts[nbits:].any():
+        raise ValueError("mask_counts: masks beyond the bits")
+    return counts[:nbits].copy()
