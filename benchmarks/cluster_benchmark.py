@@ -55,8 +55,8 @@ def main() -> None:
             LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None) as lc,
             Client(lc) as client,
         ):
-            compute_report(path, client=client)  # warm the workers' imports
-            return min(timed(lambda: compute_report(path, client=client)) for _ in range(2))
+            compute_report(path, scheduler=client)  # warm the workers' imports
+            return min(timed(lambda: compute_report(path, scheduler=client)) for _ in range(2))
 
     def on_threads(n: int) -> float:
         with dask.config.set(num_workers=n):

@@ -42,7 +42,7 @@ def main() -> None:
             Client(lc) as client,
         ):
             started = time.perf_counter() - t
-            compute_report(path, client=client)
+            compute_report(path, scheduler=client)
         procs = time.perf_counter() - t
         print(f"threads: {threads:6.2f} s   {cores} worker processes: {procs:6.2f} s (start-up {started:.2f} s)")
 

@@ -190,15 +190,22 @@ def test_object_store_libraries_are_used_from_one_module():
 #: the store's read-ahead threads (which the policy module imports) keep their own pool.
 RUNS_GRAPHS = "l5dask.core.policy"
 OWN_POOL = {"l5dask.core.policy", "l5dask.core.diskread"}
+#: The engine, the one place that makes lazy calls (``lazy_map``) and trees of them (``tree_combine``).
+BUILDS_TREES = "l5dask.core.engine"
 
 
 def test_graphs_run_and_threads_start_only_in_the_engines_policy():
     """No ``dask.compute``/``dask.persist`` call (nor a ``ThreadPoolExecutor``) outside
     :mod:`l5dask.core.policy` (and the store's read-ahead): every run has its client, progress bar
-    and Ctrl-C there."""
+    and Ctrl-C there. No ``dask.delayed`` call outside :mod:`l5dask.core.engine` either: lazy
+    calls are the engine's (``lazy_map``, ``Job.map`` of dask collections), and their partials merge
+    in its one tree (``tree_combine``), never in a tree of ``delayed`` calls of a module's own."""
     bad = []
     for name, path in _modules().items():
         for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("dask", "dask.delayed") and name != BUILDS_TREES:
+                if any(a.name == "delayed" for a in node.names):
+                    bad.append(f"{name}:{node.lineno} imports dask's delayed")
             if not isinstance(node, ast.Call):
                 continue
             f = node.func
@@ -208,6 +215,8 @@ def test_graphs_run_and_threads_start_only_in_the_engines_policy():
                 else getattr(f, "id", getattr(f, "attr", ""))
             )
             if called in ("dask.compute", "dask.persist") and name != RUNS_GRAPHS:
+                bad.append(f"{name}:{node.lineno} calls {called}")
+            if called == "dask.delayed" and name != BUILDS_TREES:
                 bad.append(f"{name}:{node.lineno} calls {called}")
             if called.endswith("ThreadPoolExecutor") and name not in OWN_POOL:
                 bad.append(f"{name}:{node.lineno} starts a ThreadPoolExecutor")
@@ -229,3 +238,127 @@ def test_outputs_are_moved_into_place_only_by_the_one_helper():
                 if called in ("os.replace", "os.rename") and name != "l5dask.core.outputs":
                     bad.append(f"{name}:{node.lineno} calls {called}")
     assert bad == []
+
+
+# --- where to run: one keyword on every public function ---------------------------------------
+#: Names of parameters that would say where to run another way than ``scheduler=`` (dask's own).
+NOT_WHERE = {"client", "job", "cluster", "address", "scheduler_address", "executor", "pool", "get"}
+#: Parameters so named that do not say where to run: a scheduled job's file and its ``[cluster]`` table
+#: (``docs/jobs.md``), whose runs take where to run as ``scheduler=`` too; and the engine's
+#: vocabulary, an analysis declared into the job :func:`l5dask.analyze` runs (``plan(ds, job)``: the
+#: caller chose where, through ``analyze(..., scheduler=)``).
+NAMED_SO_BUT_NOT_WHERE = {
+    ("l5dask.jobs.run_job", "job"),
+    ("l5dask.core.runs.plan", "job"),
+    ("l5dask.core.jobfile.Job", "cluster"),
+    ("l5dask.prediction.analyses.Report.plan", "job"),
+    ("l5dask.prediction.analyses.Catalog.plan", "job"),
+    ("l5dask.prediction.analyses.Aggregate.plan", "job"),
+}
+
+
+def _public_callables() -> dict[str, object]:
+    """Every public function, class and public method of the package: the names the API page lists
+    (``docs/api.md``; not its "Internals", the helpers the modules' own documentation names for
+    readers of the code, which hand a :class:`~l5dask.core.engine.Job` or a client on) and the
+    packages' ``__all__``."""
+    import importlib
+    import inspect
+    import re
+
+    import l5dask.evaluation
+    import l5dask.perception
+
+    api = (PACKAGE.parent / "docs" / "api.md").read_text()
+    head, internals = api.split("## Internals", 1)
+    api = head + "## " + internals.split("\n## ", 1)[1]
+    names = []
+    for mod, items in re.findall(
+        r"currentmodule:: (\S+)\n\n\.\. autosummary::\n   :toctree: \S+\n\n((?:   \S+\n)+)", api
+    ):
+        names += [f"{mod}.{it}" for it in items.split()]
+    for pkg in (l5dask, l5dask.evaluation, l5dask.perception):
+        names += [f"{pkg.__name__}.{n}" for n in pkg.__all__ if not n.startswith("_")]
+    assert len(names) > 100  # (the page's layout was read)
+
+    def resolve(path: str) -> object:
+        parts = path.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for p in parts[i:]:
+                obj = getattr(obj, p)
+            return obj
+        raise AssertionError(path)
+
+    out: dict[str, object] = {}
+    for n in names:
+        obj = resolve(n)
+        if inspect.ismodule(obj) or not callable(obj):
+            continue
+        out[n] = obj
+        if inspect.isclass(obj):
+            for m, v in vars(obj).items():
+                if not m.startswith("_") and callable(v) or isinstance(v, staticmethod | classmethod):
+                    out[f"{n}.{m}"] = getattr(obj, m)
+    return out
+
+
+def test_every_public_function_takes_where_to_run_as_scheduler():
+    """Where a public function runs is said one way, ``scheduler=`` (as ``dask.compute``: a
+    ``distributed.Client`` or its address, ``"threads"``, ``"sync"``...): no parameter names it
+    otherwise (``client``, ``job``...); a function that shows progress runs work, so takes
+    ``scheduler`` too; ``scheduler`` defaults to ``None`` (the active client, else local threads)."""
+    import inspect
+
+    bad = []
+    checked = 0
+    for name, f in _public_callables().items():
+        try:
+            params = inspect.signature(f).parameters
+        except (TypeError, ValueError):
+            continue
+        checked += 1
+        bad += [f"{name} takes {p}=" for p in params if p in NOT_WHERE and (name, p) not in NAMED_SO_BUT_NOT_WHERE]
+        if "progress" in params and "scheduler" not in params:
+            bad.append(f"{name} shows progress but takes no scheduler=")
+        if "scheduler" in params and params["scheduler"].default is not None:
+            bad.append(f"{name}'s scheduler= defaults to {params['scheduler'].default!r}, not None")
+    assert checked > 100
+    assert bad == []
+
+
+def test_the_old_where_keywords_still_work_where_they_were_taken():
+    """Every public function that takes ``scheduler=`` and took ``client=`` or ``job=`` before
+    (their names as of 0.1.0) keeps them for one release (``where_keywords``, which warns)."""
+    took_old = {
+        "l5dask.core.engine.Job",
+        "l5dask.prediction.aggregation.aggregate",
+        "l5dask.prediction.surgery.concat",
+        "l5dask.prediction.surgery.subset",
+        "l5dask.prediction.surgery.split",
+        "l5dask.prediction.report.compute_report",
+        "l5dask.prediction.catalog.catalog",
+        "l5dask.analyze",
+        "l5dask.prediction.exports.export",
+        "l5dask.evaluation.csvfiles.read_gt_csv",
+        "l5dask.evaluation.csvfiles.read_pred_csv",
+        "l5dask.evaluation.csvfiles.write_gt_csv",
+        "l5dask.evaluation.csvfiles.write_pred_csv",
+        "l5dask.evaluation.csvfiles.scan",
+        "l5dask.evaluation.agents.select_agents",
+        "l5dask.evaluation.ground_truth.export_zarr_to_csv",
+        "l5dask.evaluation.chop.create_chopped_dataset",
+        "l5dask.evaluation.metrics.evaluate",
+        "l5dask.perception.dataset.open_perception",
+        "l5dask.perception.dataset.PerceptionDataset",
+        "l5dask.perception.detection.evaluate",
+    }
+    found = _public_callables()
+    missing = [n for n in took_old if n not in found]
+    assert missing == []
+    plain = [n for n in took_old if not getattr(getattr(found[n], "__init__", found[n]), "__l5_where__", False)]
+    plain = [n for n in plain if not getattr(found[n], "__l5_where__", False)]
+    assert plain == []

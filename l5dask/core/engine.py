@@ -37,10 +37,11 @@ from typing import Any, NamedTuple, Protocol
 
 import dask
 import numpy as np
-from dask.base import tokenize
+from dask.base import is_dask_collection, tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
+from dask.utils import funcname
 
 from l5dask.core import cache as cachelib
 from l5dask.core import config
@@ -50,13 +51,14 @@ from l5dask.core.policy import (
     auto_chunks_per_task,
     call_keys,
     compute,
-    default_client,
     interleave,
     persist,
     remote_threads,
+    resolve_scheduler,
     run_remote,
     store_waits,
     task_groups,
+    where_keywords,
     worker_threads,
 )
 from l5dask.core.progress import passes_label, stage_name
@@ -402,6 +404,33 @@ def call_task(key: Any, func: Callable, args: Sequence[Any], remote: bool) -> Ta
     are an object store's): on a dask.distributed worker, it gives its thread back at each wait for
     bytes that have not come, as a pass's task does (:func:`run_remote`)."""
     return Task(key, run_remote, func, *args) if remote else Task(key, func, *args)
+
+
+def call_graph(key: str, func: Callable, calls: Sequence[tuple], remote: bool) -> tuple[dict, list, list]:
+    """The tasks of :meth:`Job.map` and :meth:`Job.map_reduce`: ``(graph, keys, collections)``, a
+    task ``func(*args)`` a call (:func:`call_task`); calls whose arguments hold dask collections
+    (blocks of a dask array, ``Delayed``) take their computed values, as ``dask.delayed`` does, and
+    their graphs are the returned collections."""
+    keys = call_keys(key, len(calls))
+    if not any(is_dask_collection(a) for args in calls for a in args):
+        return {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}, keys, []
+    return {}, keys, lazy_map(functools.partial(run_remote, func) if remote else func, calls, keys=keys)
+
+
+def lazy_map(
+    func: Callable, calls: Sequence[tuple], name: str | None = None, keys: Sequence[Any] | None = None
+) -> list[Delayed]:
+    """``func(*args)`` of each call, lazily: one ``Delayed`` task each (arguments may be dask
+    collections, their values passed), named ``name-<token of the call>`` (the same call, the
+    same key, as ``dask.delayed(pure=True)``'s) or by ``keys``. The engine's lazy counterpart of
+    :meth:`Job.map`, for collections built of independent calls (a CSV's parsed row groups as dask
+    arrays); their partials merge through :func:`tree_combine`, never a tree of the caller's own."""
+    from dask.delayed import delayed
+
+    lazy = delayed(func, pure=True)
+    if keys is None:
+        keys = [f"{name or funcname(func)}-{tokenize(func, *args)}" for args in calls]
+    return [lazy(*args, dask_key_name=k) for k, args in zip(keys, calls)]
 
 
 def read_block_of(source: Any, first: int, n: int, encoded: bool = False) -> Any:
@@ -860,10 +889,12 @@ class Job:
 
     Parameters
     ----------
-    client : distributed.Client, optional
-        Run there (else the default client if there is one, else local threads).
     scheduler : optional
-        A dask scheduler for ``dask.compute`` (overrides the choice above).
+        Where to run, the package's one convention (as ``dask.compute``'s ``scheduler=``): a
+        ``distributed.Client`` or its address (``"tcp://host:8786"``), ``"threads"``, ``"sync"``,
+        ``"processes"``...; by default the active dask.distributed client if there is one, else
+        local threads (see :func:`~l5dask.core.policy.resolve_scheduler`). ``client=`` is its old
+        name (one release, with a ``FutureWarning``).
     chunks_per_task : int, optional
         Stored chunks per task of every pass (default: sized for the scheduler, per pass).
     size_for : int, optional
@@ -876,16 +907,19 @@ class Job:
         (:mod:`l5dask.core.cache`); default: dask config ``l5dask.cache`` (none).
     """
 
+    @where_keywords
     def __init__(
         self,
-        client: Any = None,
         scheduler: Any = None,
         chunks_per_task: int | None = None,
         progress: bool = False,
         size_for: int | None = None,
         cache: Any = None,
     ) -> None:
-        self.client = default_client(client) if scheduler is None else None
+        if isinstance(scheduler, Job):  # (where another job runs, sized and shown as this one asks)
+            self.client, scheduler = scheduler.client, scheduler.kw.get("scheduler")
+        else:
+            self.client, scheduler = resolve_scheduler(scheduler)
         if self.client is None and scheduler is None and dask.config.get("scheduler", None) is None:
             # the embedded default: local threads, named by the function itself, since dask imports
             # distributed (0.2 s) to look for a client whenever the scheduler is left to it
@@ -904,6 +938,15 @@ class Job:
         self._ids: dict[int, tuple[Any, list | None]] = {}  # source -> its chunks' identities
         self._present: dict[str, dict[str, str]] = {}  # cache folder -> its entries' names by key
         self._events_since = time.time()
+
+    @classmethod
+    def of(cls, scheduler: Any = None, chunks_per_task: int | None = None, progress: bool = False) -> Job:
+        """The job of a public function's ``scheduler=``: a :class:`Job` handed on by the package's
+        own callers as it is (its sizing and progress with it), else ``Job(scheduler,
+        chunks_per_task, progress)``."""
+        if isinstance(scheduler, Job):
+            return scheduler
+        return cls(scheduler, chunks_per_task=chunks_per_task, progress=progress)
 
     def per_task(self, spec: Pass) -> int:
         """Stored chunks per task of ``spec`` (before a parent's spread and the guided end): sized
@@ -1248,14 +1291,14 @@ class Job:
 
     def map(self, func: Callable, calls: Sequence[tuple], name: str, remote: bool = False) -> list:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each
-        writes its own output chunks); results in order. ``remote``: the tasks read an object
-        store (see ``l5dask.core.policy.remote_tasks_per_core``)."""
+        writes its own output chunks); results in order. Arguments may be dask collections (a
+        block of a dask array, a ``Delayed``): their values are passed (``call_graph``).
+        ``remote``: the tasks read an object store (see ``l5dask.core.policy.remote_tasks_per_core``)."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
-        keys = call_keys(key, len(calls))
-        graph: dict[Any, Task] = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}
+        graph, keys, deps = call_graph(key, func, calls, remote)
         graph[key] = Task(key, list, List(*[TaskRef(k) for k in keys]))
         return compute(
-            Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=[])),
+            Delayed(key, HighLevelGraph.from_collections(key, graph, dependencies=deps)),
             client=self.client,
             progress=self.progress,
             threads=remote_threads(remote),
@@ -1272,13 +1315,12 @@ class Job:
         ``reduction`` is a :class:`Combine` (a :class:`Reduction`'s ``chunk`` is not used: the calls
         make the partials). ``remote`` as for :meth:`map`."""
         key = f"{name}-{uuid.uuid4().hex}"  # (run now: a token of the calls would hash their data)
-        keys = call_keys(key, len(calls))
-        graph: dict = {k: call_task(k, func, args, remote) for k, args in zip(keys, calls)}
+        graph, keys, deps = call_graph(key, func, calls, remote)
         root = tree_reduce(graph, f"{key}-combine", keys, reduction)
         fin = f"{key}-finalize"
         graph[fin] = Task(fin, _finalize, reduction, TaskRef(root))
         return compute(
-            Delayed(fin, HighLevelGraph.from_collections(fin, graph, dependencies=[])),
+            Delayed(fin, HighLevelGraph.from_collections(fin, graph, dependencies=deps)),
             client=self.client,
             progress=self.progress,
             threads=remote_threads(remote),

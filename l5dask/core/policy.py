@@ -10,7 +10,9 @@ open, measured on this machine's schedulers:
   (:func:`collection_chunks_per_task`);
 - **priorities**: passes of one graph side by side (``interleave``), independent calls started
   longest first (``call_keys``);
-- **where it runs**: the client (``default_client``), the threads (``worker_threads``),
+- **where it runs**: the one ``scheduler=`` keyword of every public function that runs work
+  (:func:`resolve_scheduler`, with ``where_keywords`` keeping the old ``client=``/``job=`` for
+  one release), the client (``default_client``), the threads (``worker_threads``),
   and :func:`compute` / ``persist``, the only calls that hand a graph to a scheduler: on local
   threads in a pool of each run's own, which Ctrl-C stops (``threads_scheduler``);
 - **waits**: an object store's tasks, more a core on local threads (``remote_threads``) and
@@ -30,9 +32,10 @@ import functools
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, ContextManager
+from typing import Any, ContextManager, ParamSpec, TypeVar
 
 from l5dask.core import config
 from l5dask.core.cluster import WORKER_ENV
@@ -81,6 +84,77 @@ def default_client(client: Any = None) -> Any:
         except ValueError:
             pass
     return None
+
+
+#: dask's names for its distributed scheduler: the active client.
+DISTRIBUTED_NAMES = ("distributed", "dask.distributed")
+
+
+def is_client(scheduler: Any) -> bool:
+    """Whether ``scheduler`` is a dask.distributed ``Client`` (a subclass too), or recognised as
+    dask recognises one; distributed is not imported for it (0.2 s)."""
+    distributed = sys.modules.get("distributed")
+    if distributed is not None and isinstance(scheduler, distributed.Client):
+        return True
+    return "Client" in type(scheduler).__name__ and hasattr(scheduler, "get")
+
+
+def resolve_scheduler(scheduler: Any = None) -> tuple[Any, Any]:
+    """``(client, scheduler for dask.compute)`` of the one ``scheduler=`` keyword, read as dask reads
+    it, plus an address: ``None``, the active dask.distributed client if there is one (else dask's
+    ``scheduler`` config, else local threads); a ``distributed.Client``; its address
+    (``"tcp://host:8786"``: the client connected there, through ``distributed.get_client``, which
+    reuses the default one when it is that scheduler's); ``"distributed"``, the active client;
+    any other name or scheduler dask takes (``"threads"``, ``"sync"``, ``"processes"``, a
+    ``get`` function), as given, for ``dask.compute``."""
+    if scheduler is None:
+        return default_client(), None
+    if is_client(scheduler):
+        return scheduler, None
+    if isinstance(scheduler, str) and "://" in scheduler:
+        from distributed import get_client
+
+        return get_client(scheduler), None
+    if isinstance(scheduler, str) and scheduler.lower() in DISTRIBUTED_NAMES:
+        client = default_client()
+        if client is None:
+            raise ValueError(f"scheduler={scheduler!r}: no dask.distributed client is active")
+        return client, None
+    return None, scheduler
+
+
+#: The keywords that said where to run before ``scheduler=``: they keep working for one release
+#: (0.1.x), with a ``FutureWarning`` naming ``scheduler=``, and go in the next.
+OLD_WHERE = ("job", "client")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def where_keywords(func: Callable[P, R]) -> Callable[P, R]:
+    """``func`` (whose where-to-run keyword is ``scheduler=``) also taking the old ``client=`` and
+    ``job=`` for one release: each warns (``FutureWarning``, naming ``scheduler=``) and is passed
+    as ``scheduler`` (which takes a client, and a :class:`~l5dask.core.engine.Job` as the
+    package's own callers hand theirs on), unless ``scheduler`` is given (then it wins, as it did
+    over ``client``); ``job`` before ``client``, as before. The signature shows ``scheduler`` only."""
+
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        old = {k: kwargs.pop(k) for k in OLD_WHERE if k in kwargs}
+        if old:
+            given = ", ".join(f"{k}=" for k in old)
+            warnings.warn(
+                f"{func.__qualname__.removesuffix('.__init__')}: {given} is deprecated and will be removed in the next release; "
+                "pass scheduler= (a dask.distributed Client, its address, 'threads', 'sync', 'processes')",
+                FutureWarning,
+                stacklevel=2,
+            )
+            if kwargs.get("scheduler") is None:
+                kwargs["scheduler"] = next((v for v in old.values() if v is not None), None)
+        return func(*args, **kwargs)
+
+    wrapper.__l5_where__ = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def worker_threads(client: Any = None) -> int:

@@ -31,7 +31,7 @@ import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
-from l5dask.core.policy import auto_chunks_per_task
+from l5dask.core.policy import auto_chunks_per_task, where_keywords
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, OutputError, UsageError
 from l5dask.prediction import format as fmt
@@ -238,6 +238,7 @@ def mask_name(threshold: float) -> str:
     return f"{fmt.MASKS}/{float(threshold)}"
 
 
+@where_keywords
 def select_agents(
     dataset: Any,
     threshold: float = 0.5,
@@ -248,8 +249,7 @@ def select_agents(
     output: Any = None,
     overwrite: bool = False,
     storage_options: dict | None = None,
-    job: Any = None,
-    client: Any = None,
+    scheduler: Any = None,
     progress: bool = False,
 ) -> dict[str, Any]:
     """Write L5Kit's agents mask ``agents_mask/{threshold}`` into ``dataset`` (as ``select_agents``
@@ -258,9 +258,12 @@ def select_agents(
 
     The mask's chunks are written first and its metadata last: an interrupted run leaves nothing
     that opens as a mask. An existing mask is refused unless ``overwrite``.
+    ``scheduler``: where to run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads); ``job=`` and ``client=`` are its old names
+    (until the next release, with a ``FutureWarning``).
     """
 
-    job = job or Job(client=client, progress=progress)
+    job = Job.of(scheduler, progress=progress)
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(threshold), float(yaw_degrees), float(extent_ratio), float(distance_m))
     name = mask_name(th.threshold)

@@ -25,6 +25,7 @@ import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.outputs import atomic_write, check_writable, filesystem
+from l5dask.core.policy import where_keywords
 from l5dask.errors import OutputError, UsageError
 from l5dask.evaluation.agents import (
     Thresholds,
@@ -86,6 +87,7 @@ def future_counts(ds: Any, rows: np.ndarray, th: Thresholds, job: Any) -> np.nda
     return np.concatenate(parts) if parts else np.zeros((0, 2), np.uint32)
 
 
+@where_keywords
 def create_chopped_dataset(
     zarr_path: Any,
     th_agent_prob: float,
@@ -96,18 +98,22 @@ def create_chopped_dataset(
     output: Any,
     overwrite: bool = False,
     storage_options: dict | None = None,
-    client: Any = None,
+    scheduler: Any = None,
     progress: bool = False,
     chunks_per_task: int | None = None,
 ) -> str:
     """Write L5Kit's chopped test set of ``zarr_path`` into the folder ``output``: the chopped
-    dataset under the input's own name, ``mask.npz`` and ``gt.csv``; returns ``output``."""
+    dataset under the input's own name, ``mask.npz`` and ``gt.csv``; returns ``output``.
+    ``scheduler``: where to run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads); ``client=`` is its old name
+    (until the next release, with a ``FutureWarning``).
+    """
 
     ds = zarr_path if hasattr(zarr_path, "arrays") else open_dataset(zarr_path, storage_options=storage_options)
     n_copy, n_gt = int(num_frames_to_copy), int(num_frames_gt)
     if n_copy < 1:
         raise UsageError(f"--frames must be at least 1, got {n_copy}")
-    job = Job(client=client, progress=progress, chunks_per_task=chunks_per_task)
+    job = Job(scheduler, progress=progress, chunks_per_task=chunks_per_task)
     th = Thresholds(float(th_agent_prob))
     out_dir = str(output).rstrip("/")
     name = posixpath.basename(ds.url.rstrip("/")) or "chopped.zarr"
@@ -163,7 +169,7 @@ def create_chopped_dataset(
 
     written = []
     try:
-        export_zarr_to_csv(ds, gt_path, n_gt, th.threshold, orig, storage_options=storage_options, job=job)
+        export_zarr_to_csv(ds, gt_path, n_gt, th.threshold, orig, storage_options=storage_options, scheduler=job)
         written.append(gt_path)
         atomic_write(mask_path, write_mask, storage_options)
         written.append(mask_path)

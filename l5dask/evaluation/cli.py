@@ -21,7 +21,7 @@ threshold_option = click.option(
 def _job(client, quiet: bool, chunks_per_task=None):
     from l5dask.core.engine import Job
 
-    return Job(client=client, progress=not quiet, chunks_per_task=chunks_per_task)
+    return Job(client, progress=not quiet, chunks_per_task=chunks_per_task)
 
 
 @click.command()
@@ -46,7 +46,7 @@ def evaluate(gt, pred, max_modes, dataset, html_path, quiet, output, scheduler, 
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        result = run(gt, pred, max_modes, dataset=dataset, storage_options=opts, job=_job(client, quiet))
+        result = run(gt, pred, max_modes, dataset=dataset, storage_options=opts, scheduler=_job(client, quiet))
     took = time.perf_counter() - t0
     if output:
         write_json(result, output, opts)
@@ -126,7 +126,7 @@ def select_agents(
             output=output,
             overwrite=overwrite,
             storage_options=parse_storage_options(storage_options),
-            job=_job(client, quiet, chunks_per_task),
+            scheduler=_job(client, quiet, chunks_per_task),
         )
     click.echo(json_text({k: v for k, v in rep.items() if k != "past_future"}, indent=1))
     click.echo(table_text(rep))
@@ -183,7 +183,7 @@ def gt(
             min_frame_history=MIN_FRAME_HISTORY if min_history is None else min_history,
             min_frame_future=MIN_FRAME_FUTURE if min_future is None else min_future,
             storage_options=parse_storage_options(storage_options),
-            job=_job(client, quiet, chunks_per_task),
+            scheduler=_job(client, quiet, chunks_per_task),
         )
     click.echo(f"wrote {output}: {rows:,} rows in {time.perf_counter() - t0:.1f} s")
 
@@ -240,7 +240,7 @@ def chop(
             output=output,
             overwrite=overwrite,
             storage_options=parse_storage_options(storage_options),
-            client=client,
+            scheduler=client,
             progress=not quiet,
             chunks_per_task=chunks_per_task,
         )

@@ -41,10 +41,10 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.cluster import on_this_machine
-from l5dask.core.engine import Job
+from l5dask.core.engine import Job, lazy_map
 from l5dask.core.lazy import compiled
 from l5dask.core.outputs import atomic_output, atomic_write, check_writable
-from l5dask.core.policy import compute
+from l5dask.core.policy import where_keywords
 from l5dask.core.store import file_store, resolved_options
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
@@ -343,10 +343,13 @@ def _scan_block(f: CSVFile, lo: int, hi: int, data: bytes) -> tuple:
     return (lo - 1 + starts).astype(np.int64), ts, tid, bad, column
 
 
-def scan(f: CSVFile, job: Any = None) -> CSVFile:
-    """Find every row of ``f`` (its first byte and its key) in parallel byte blocks; return ``f``."""
+@where_keywords
+def scan(f: CSVFile, scheduler: Any = None) -> CSVFile:
+    """Find every row of ``f`` (its first byte and its key) in parallel byte blocks; return ``f``.
+    ``scheduler``: where the tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads; ``job=`` is its old name, until the next release)."""
 
-    job = job or Job()
+    job = Job.of(scheduler)
     calls = scan_calls(f, job)
     parts = job.map(scan_blocks, calls, name=f"l5-scan-{f.kind}", remote=f.remote) if calls else []
     return collect_scan(f, [p for task in parts for p in task])
@@ -529,17 +532,18 @@ class ParsedFile:
 
 
 def _to_dask(f: CSVFile, groups: list[tuple[int, int]]) -> ParsedFile:
-    import dask
+    """The columns of ``f``'s row groups as dask arrays: a lazy parse a group and a block of each
+    column taken out of it, both the engine's lazy calls (:func:`~l5dask.core.engine.lazy_map`)."""
     import dask.array as da
 
     bare = f.bare()
-    parts = [dask.delayed(parse_rows, pure=True)(bare, lo, hi, f.span(lo, hi)) for lo, hi in groups]
+    parts = lazy_map(parse_rows, [(bare, lo, hi, f.span(lo, hi)) for lo, hi in groups], "parse_rows")
     t, m = f.future_len, f.modes
 
     def col(name: str, shape: tuple, dtype) -> Any:
         blocks = [
-            da.from_delayed(getattr_delayed(p, name), shape=(hi - lo,) + shape, dtype=dtype)
-            for p, (lo, hi) in zip(parts, groups)
+            da.from_delayed(p, shape=(hi - lo,) + shape, dtype=dtype)
+            for p, (lo, hi) in zip(lazy_map(getattr, [(p, name) for p in parts], "getattr"), groups)
         ]
         return da.concatenate(blocks) if blocks else da.zeros((0,) + shape, dtype=dtype)
 
@@ -560,25 +564,24 @@ def _to_dask(f: CSVFile, groups: list[tuple[int, int]]) -> ParsedFile:
     )
 
 
-def getattr_delayed(obj: Any, name: str) -> Any:
-    import dask
-
-    return dask.delayed(getattr, pure=True)(obj, name)
-
-
-def read_gt_csv(csv_path: str, storage_options: dict | None = None, job: Any = None) -> ParsedFile:
+@where_keywords
+def read_gt_csv(csv_path: str, storage_options: dict | None = None, scheduler: Any = None) -> ParsedFile:
     """A GT file as dask arrays (``timestamps``, ``track_ids``, ``avails`` (N, T), ``coords``
-    (N, T, 2)): the header is checked and the rows are found now (a parallel scan); values are
-    parsed when computed, a task per byte range. L5Kit's returns an iterator of dicts."""
-    f = scan(open_csv(csv_path, "gt", storage_options=storage_options), job)
+    (N, T, 2)): the header is checked and the rows are found now (a parallel scan, run on
+    ``scheduler``); values are parsed when computed, a task per byte range. L5Kit's returns an
+    iterator of dicts. ``scheduler``: where the tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads; ``job=`` is its old name, until the next release)."""
+    f = scan(open_csv(csv_path, "gt", storage_options=storage_options), scheduler)
     return _to_dask(f, row_groups(f))
 
 
+@where_keywords
 def read_pred_csv(
-    csv_path: str, max_modes: int = MAX_MODES, storage_options: dict | None = None, job: Any = None
+    csv_path: str, max_modes: int = MAX_MODES, storage_options: dict | None = None, scheduler: Any = None
 ) -> ParsedFile:
-    """A PRED file as dask arrays (``confs`` (N, M), ``coords`` (N, M, T, 2)); see :func:`~l5dask.evaluation.csvfiles.read_gt_csv`."""
-    f = scan(open_csv(csv_path, "pred", max_modes, storage_options), job)
+    """A PRED file as dask arrays (``confs`` (N, M), ``coords`` (N, M, T, 2)); see
+    :func:`~l5dask.evaluation.csvfiles.read_gt_csv`."""
+    f = scan(open_csv(csv_path, "pred", max_modes, storage_options), scheduler)
     return _to_dask(f, row_groups(f))
 
 
@@ -741,34 +744,26 @@ def write_ordered(path: str, header: list[str], parts, storage_options: dict | N
 
 
 def windows(job: Any, func, calls: list[tuple], name: str, window: int | None = None):
-    """``func(*call)`` of each call, yielded in order, computed ``window`` tasks at a time."""
+    """``func(*call)`` of each call, yielded in order, computed ``window`` tasks at a time (calls
+    may hold dask arrays' slices: :meth:`~l5dask.core.engine.Job.map` passes their values)."""
     window = window or max(WRITE_WINDOW, 2 * job.threads)
     for w in range(0, len(calls), window):
         yield from job.map(func, calls[w : w + window], name=name)
 
 
-def _dask_windows(job: Any, func, arrays: list[Any], extra: tuple, bounds: list[tuple[int, int]]):
-    import dask
-
-    for w in range(0, len(bounds), WRITE_WINDOW):
-        parts = [dask.delayed(func)(*[a[lo:hi] for a in arrays], *extra) for lo, hi in bounds[w : w + WRITE_WINDOW]]
-        yield from compute(parts, client=job.client, **job.kw)
-
-
 def _write_blocks(
-    path: str, header: list[str], func, arrays: list[Any], extra: tuple, job: Any, storage_options: dict | None
+    path: str, header: list[str], func, arrays: list[Any], extra: tuple, scheduler: Any, storage_options: dict | None
 ) -> None:
     """Format row blocks of ``arrays`` (numpy or dask) in parallel tasks, appended in order, atomically."""
     import dask.array as da
 
     check_writable(path, storage_options)
-    job = job or Job()
+    job = Job.of(scheduler)
     n = arrays[0].shape[0]
     bounds = [(lo, min(lo + WRITE_ROWS, n)) for lo in range(0, n, WRITE_ROWS)]
-    if any(isinstance(a, da.Array) for a in arrays):
-        parts = _dask_windows(job, func, arrays, extra, bounds)
-    else:
-        parts = windows(job, func, [tuple(a[lo:hi] for a in arrays) + extra for lo, hi in bounds], "l5-csv-format")
+    lazy = any(isinstance(a, da.Array) for a in arrays)  # (a window of 8 whatever the threads, as before)
+    calls = [tuple(a[lo:hi] for a in arrays) + extra for lo, hi in bounds]
+    parts = windows(job, func, calls, "l5-csv-format", WRITE_WINDOW if lazy else None)
     write_ordered(path, header, parts, storage_options)
 
 
@@ -777,20 +772,25 @@ def _check_rows(timestamps, track_ids, n: int) -> None:
         raise CSVError(f"timestamps {timestamps.shape} and track_ids {track_ids.shape} must both be ({n},)")
 
 
+@where_keywords
 def write_gt_csv(
-    csv_path: str, timestamps, track_ids, coords, avails, storage_options: dict | None = None, job: Any = None
+    csv_path: str, timestamps, track_ids, coords, avails, storage_options: dict | None = None, scheduler: Any = None
 ) -> None:
     """Write a GT file with exactly L5Kit's bytes (``write_gt_csv``), from numpy or dask arrays,
-    in parallel, atomically. ``coords`` (N, T, 2), ``avails`` (N, T)."""
+    in parallel, atomically. ``coords`` (N, T, 2), ``avails`` (N, T). ``scheduler``: where the tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads; ``job=`` is its old name, until the next release)."""
     if len(coords.shape) != 3 or coords.shape[2] != 2:
         raise CSVError(f"coords must be (examples, future_len, 2), got {coords.shape}")
     n, t, _ = coords.shape
     _check_rows(timestamps, track_ids, n)
     if avails.shape != (n, t):
         raise CSVError(f"avails must be {(n, t)}, got {avails.shape}")
-    _write_blocks(csv_path, gt_header(t), gt_bytes, [timestamps, track_ids, coords, avails], (), job, storage_options)
+    _write_blocks(
+        csv_path, gt_header(t), gt_bytes, [timestamps, track_ids, coords, avails], (), scheduler, storage_options
+    )
 
 
+@where_keywords
 def write_pred_csv(
     csv_path: str,
     timestamps,
@@ -799,10 +799,12 @@ def write_pred_csv(
     confs=None,
     max_modes: int = MAX_MODES,
     storage_options: dict | None = None,
-    job: Any = None,
+    scheduler: Any = None,
 ) -> None:
     """Write a PRED file with exactly L5Kit's bytes (``write_pred_csv``): ``coords`` (N, modes, T, 2)
-    with ``confs`` (N, modes) summing to 1 per row, or single-mode ``coords`` (N, T, 2) and no confs."""
+    with ``confs`` (N, modes) summing to 1 per row, or single-mode ``coords`` (N, T, 2) and no confs.
+    ``scheduler``: where the tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads; ``job=`` is its old name, until the next release)."""
     import dask.array as da
 
     if len(coords.shape) == 3:
@@ -833,6 +835,6 @@ def write_pred_csv(
         pred_bytes,
         [timestamps, track_ids, coords, confs],
         (max_modes,),
-        job,
+        scheduler,
         storage_options,
     )

@@ -24,6 +24,7 @@ import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.outputs import check_writable
+from l5dask.core.policy import where_keywords
 from l5dask.core.store import file_store
 from l5dask.errors import ChunkError, L5DaskError, StoreError, UsageError
 from l5dask.evaluation.agents import (
@@ -227,6 +228,7 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
     return mask
 
 
+@where_keywords
 def export_zarr_to_csv(
     dataset: Any,
     csv_file_path: str,
@@ -237,8 +239,7 @@ def export_zarr_to_csv(
     min_frame_history: int = MIN_FRAME_HISTORY,
     min_frame_future: int = MIN_FRAME_FUTURE,
     storage_options: dict | None = None,
-    job: Any = None,
-    client: Any = None,
+    scheduler: Any = None,
     progress: bool = False,
 ) -> int:
     """The GT CSV that L5Kit's ``export_zarr_to_csv`` writes (same rows, order and header).
@@ -246,12 +247,15 @@ def export_zarr_to_csv(
     ``agents_mask``: a boolean array (or a ``mask.npz`` path) of the agents to export; else the
     dataset's ``agents_mask/{threshold}`` with ``min_frame_history`` / ``min_frame_future`` (as
     ``AgentDataset``), computed on the fly when the dataset has none. Returns the rows written.
+    ``scheduler``: where to run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads); ``job=`` and ``client=`` are its old names
+    (until the next release, with a ``FutureWarning``).
     """
 
     check_writable(csv_file_path, storage_options)
     if int(future_num_frames) < 1:
         raise UsageError(f"future frames must be at least 1, got {future_num_frames}")
-    job = job or Job(client=client, progress=progress)
+    job = Job.of(scheduler, progress=progress)
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(filter_agents_threshold))
     n = len(ds[fmt.AGENTS])

@@ -31,7 +31,7 @@ def run_select_agents(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
         output=outputs.get("output"),
         overwrite=True,
         storage_options=ctx.storage_options,
-        job=Job(client=ctx.client, chunks_per_task=ctx.chunks_per_task, progress=ctx.progress),
+        scheduler=Job(ctx.client, chunks_per_task=ctx.chunks_per_task, progress=ctx.progress),
     )
     if "report" in outputs:
         write_json(rep, outputs["report"], ctx.storage_options)

@@ -22,6 +22,7 @@ import numpy as np
 
 from l5dask.core.engine import Combine, Job
 from l5dask.core.lazy import compiled
+from l5dask.core.policy import where_keywords
 from l5dask.evaluation import csvfiles
 from l5dask.evaluation.breakdown import SHOW_KEYS, agent_groups
 from l5dask.evaluation.csvfiles import (
@@ -201,14 +202,14 @@ def join(gt: CSVFile, pred: CSVFile) -> np.ndarray:
     return match
 
 
+@where_keywords
 def evaluate(
     gt_path: str,
     pred_path: str,
     max_modes: int = MAX_MODES,
     dataset: Any = None,
     storage_options: dict | None = None,
-    job: Any = None,
-    client: Any = None,
+    scheduler: Any = None,
     task_bytes: int = 8 << 20,
 ) -> dict[str, Any]:
     """L5Kit's metrics of a GT/PRED pair (``compute_metrics_csv`` with its eight functions).
@@ -217,9 +218,12 @@ def evaluate(
     ``time_displace``). With ``dataset`` (a path, URL or :class:`~l5dask.prediction.dataset.L5Dataset`),
     also ``by_label`` (the agent's most probable label at its current frame) and ``by_scene``:
     every metric's mean per group.
+    ``scheduler``: where to run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads); ``job=`` and ``client=`` are its old names
+    (until the next release, with a ``FutureWarning``).
     """
 
-    job = job or Job(client=client)
+    job = Job.of(scheduler)
     gt = open_csv(gt_path, "gt", storage_options=storage_options)
     pred = open_csv(pred_path, "pred", max_modes, storage_options)
     if gt.future_len != pred.future_len:

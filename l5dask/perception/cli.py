@@ -39,8 +39,8 @@ def _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes):
         if client or points_in_boxes:
             from l5dask.core.engine import Job
 
-            job = Job(client=client, progress=not quiet and points_in_boxes)
-        ds = open_perception(data, opts, job=job)
+            job = Job(client, progress=not quiet and points_in_boxes)
+        ds = open_perception(data, opts, scheduler=job)
         report = perception_report(ds, lidar=not no_lidar, points_in_boxes=points_in_boxes)
     took = time.perf_counter() - t0
     if not quiet:  # (one line a stage, named, as the passes' progress in a log)
@@ -143,8 +143,10 @@ def evaluate(
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
-        job = Job(client=client)
-        kw = dict(iou_thresholds=thresholds, job=job, allow_unknown_samples=allow_unknown_samples, geometry=geometry)
+        job = Job(client)
+        kw = dict(
+            iou_thresholds=thresholds, scheduler=job, allow_unknown_samples=allow_unknown_samples, geometry=geometry
+        )
         if dataset is not None:  # (the dataset's boxes are in memory: the predictions too, for the bands)
             from l5dask.perception import open_perception
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.outputs import numpy_array
+from l5dask.core.policy import where_keywords
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.perception import links, tables
@@ -73,9 +74,12 @@ class PerceptionDataset:
     DataFrame of stored and joined columns (see :data:`l5dask.perception.joins.COLUMNS`).
     """
 
-    def __init__(self, store: Store, job: Any = None) -> None:
+    @where_keywords
+    def __init__(self, store: Store, scheduler: Any = None) -> None:
         self.store = store
-        self.job = job
+        #: where its passes run (the report's lidar, points in boxes); ``None``: the tables on
+        #: local threads, the rest on the active client, else local threads
+        self.job = None if scheduler is None else Job.of(scheduler)
         self._raw: dict[str, tables.RawTable] = {}
         self._tables: dict[str, Table] = {}
 
@@ -229,11 +233,16 @@ def _weight(name: str) -> int:
     return {"sample_annotation": 4, "sample_data": 3, "ego_pose": 2}.get(name, 0)
 
 
+@where_keywords
 def open_perception(
-    url: str | os.PathLike, storage_options: dict[str, Any] | None = None, job: Any = None
+    url: str | os.PathLike, storage_options: dict[str, Any] | None = None, scheduler: Any = None
 ) -> PerceptionDataset:
     """Open a Lyft perception dataset: a folder holding ``data/*.json`` (or one level above it), a
-    ``.zip`` or ``.tar`` of it, ``s3://`` or any fsspec URL. Nothing is parsed yet."""
+    ``.zip`` or ``.tar`` of it, ``s3://`` or any fsspec URL. Nothing is parsed yet.
+
+    ``scheduler``: where its passes run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: its tables on local threads, its lidar on the active client, else local threads);
+    ``job=`` is its old name (until the next release, with a ``FutureWarning``)."""
     store = Store(os.fspath(url), storage_options)
     if not _has(store, "data/scene.json"):
         sub = _find_root(store)
@@ -252,7 +261,7 @@ def open_perception(
                 )
             raise NotADatasetError(f"{store.url}: not a Lyft perception dataset (no data/scene.json)")
         store = sub
-    return PerceptionDataset(store, job)
+    return PerceptionDataset(store, scheduler)
 
 
 def _has(store: Store, key: str) -> bool:

@@ -40,6 +40,7 @@ import numpy as np
 
 from l5dask.core.engine import Job
 from l5dask.core.lazy import compiled
+from l5dask.core.policy import where_keywords
 from l5dask.errors import FormatError, UsageError
 from l5dask.perception import boxes
 from l5dask.perception.boxes import Boxes, boxes_of_dataset, check_boxes, read_boxes, take, yaw_quaternions
@@ -295,13 +296,13 @@ def _check_thresholds(iou_thresholds) -> list[float]:
     return thresholds
 
 
+@where_keywords
 def evaluate(
     pred: str | Boxes,
     gt: str | Boxes,
     iou_thresholds=THRESHOLDS,
     storage_options: dict | None = None,
-    job: Any = None,
-    client: Any = None,
+    scheduler: Any = None,
     curves: bool = False,
     allow_unknown_samples: bool = False,
     samples_per_task: int = SAMPLES_PER_TASK,
@@ -326,10 +327,14 @@ def evaluate(
     since its PR #64, by default; ``"sdk-0.0.8"`` reproduces the PyPI release bit for bit), and
     with ``curves`` each class's recall and precision per threshold (a class without predictions
     too: no point, recall 0).
+
+    ``scheduler``: where its tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
+    default: the active client, else local threads); ``job=`` and ``client=`` are its old names
+    (until the next release, with a ``FutureWarning``).
     """
     thresholds = _check_thresholds(iou_thresholds)
     check_geometry(geometry)
-    job = job or Job(client=client)
+    job = Job.of(scheduler)
     warnings: list[str] = []
     plan = read_plan(pred, gt, storage_options, block_bytes)
     if plan.how == "blocks":

@@ -36,6 +36,7 @@ import numpy as np
 from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Pass, Plan, Reduction
 from l5dask.core.outputs import arrow_array, arrow_strings
+from l5dask.core.policy import where_keywords
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
@@ -232,6 +233,7 @@ def group_bound(table: Table, by: Sequence[str]) -> int:
     return min(bound, max(rows, 1)) if by else 1
 
 
+@where_keywords
 def aggregate(
     ds,
     array: str = "agents",
@@ -243,7 +245,6 @@ def aggregate(
     quantile_bits: int = QUANTILE_BITS,
     storage_options: dict | None = None,
     chunks_per_task: int | None = None,
-    client: Any = None,
     scheduler: Any = None,
     progress: bool = False,
     cache: Any = None,
@@ -268,8 +269,9 @@ def aggregate(
         Refuse (before computing) a grouping that may make more groups than this.
     quantile_bits : int
         Mantissa bits of the quantile sketch (see the module's docstring; 52: exact).
-    client, scheduler, chunks_per_task, progress
-        As :class:`l5dask.core.engine.Job`.
+    scheduler, chunks_per_task, progress
+        Where to run (a ``distributed.Client`` or its address, ``"threads"``...; ``client=`` is
+        its old name), as :class:`l5dask.core.engine.Job`.
     cache : str, path or l5dask.core.cache.Cache, optional
         A cache of partial results (a folder or a bucket's URL, opened with ``storage_options``),
         as for :func:`l5dask.prediction.report.compute_report`.
@@ -292,7 +294,6 @@ def aggregate(
         quantile_bits=quantile_bits,
         storage_options=storage_options,
         chunks_per_task=chunks_per_task,
-        client=client,
         scheduler=scheduler,
         progress=progress,
         cache=cache,
@@ -300,6 +301,7 @@ def aggregate(
     return result.to_pandas()
 
 
+@where_keywords
 def aggregate_result(
     ds,
     array: str = "agents",
@@ -311,7 +313,6 @@ def aggregate_result(
     quantile_bits: int = QUANTILE_BITS,
     storage_options: dict | None = None,
     chunks_per_task: int | None = None,
-    client: Any = None,
     scheduler: Any = None,
     progress: bool = False,
     cache: Any = None,
@@ -319,11 +320,10 @@ def aggregate_result(
     """:func:`~l5dask.prediction.aggregation.aggregate`'s pass with its parameters, the groups as a
     ``Result`` (whose ``to_pandas()`` is that function's DataFrame)."""
 
-    warming = warm_up(ds, storage_options, client, scheduler)
+    warming = warm_up(ds, storage_options, scheduler)
     ds = ds if isinstance(ds, L5Dataset) else open_dataset(ds, storage_options=storage_options)
     job = Job(
-        client=client,
-        scheduler=scheduler,
+        scheduler,
         chunks_per_task=chunks_per_task,
         progress=progress,
         cache=open_cache(cache, storage_options),

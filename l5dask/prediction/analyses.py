@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from l5dask.core.cache import open_cache
 from l5dask.core.cluster import connect, scheduler_address
 from l5dask.core.engine import Job, Plan
-from l5dask.core.policy import default_client
+from l5dask.core.policy import default_client, where_keywords
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import MAX_GROUPS, aggregate_plan
@@ -119,6 +119,7 @@ class Aggregate:
         return result.to_pandas()
 
 
+@where_keywords
 def analyze(
     dataset: Any,
     analyses: Mapping[str, Analysis],
@@ -127,7 +128,6 @@ def analyze(
     chunks_per_task: int | None = None,
     progress: bool = False,
     scheduler: Any = None,
-    client: Any = None,
     cache: Any = None,
 ) -> dict[str, Any]:
     """Run several analyses of one dataset together, in one pass over its stored chunks.
@@ -138,7 +138,7 @@ def analyze(
     analyses : mapping
         ``{name: analysis}``: :class:`Report`, :class:`Catalog`, :class:`Aggregate` (any number).
         Each is checked (a one-line :class:`~l5dask.errors.UsageError`) before any chunk is read.
-    storage_options, chunks_per_task, progress, scheduler, client, cache
+    storage_options, chunks_per_task, progress, scheduler, cache
         As :func:`l5dask.prediction.report.compute_report` (a cache's entries of a fused pass are
         its own: they are not shared with the analyses' runs alone).
 
@@ -158,7 +158,7 @@ def analyze(
             raise UsageError(
                 f"analyze: {name!r} is {type(a).__name__}, not an analysis (Report(), Catalog(), Aggregate(...))"
             )
-    if client is None and scheduler is None and scheduler_address() and default_client() is None:
+    if scheduler is None and scheduler_address() and default_client() is None:
         with connect() as own:  # DASK_SCHEDULER_ADDRESS: the API runs there too, as the CLI does
             return analyze(
                 dataset,
@@ -166,14 +166,13 @@ def analyze(
                 storage_options=storage_options,
                 chunks_per_task=chunks_per_task,
                 progress=progress,
-                client=own,
+                scheduler=own,
                 cache=cache,
             )
-    warming = warm_up(dataset, storage_options, client, scheduler)
+    warming = warm_up(dataset, storage_options, scheduler)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     job = Job(
-        client=client,
-        scheduler=scheduler,
+        scheduler,
         chunks_per_task=chunks_per_task,
         progress=progress,
         size_for=ds[fmt.AGENTS].nchunks,

@@ -33,6 +33,7 @@ from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Link, Pass, Plan, Reduction, Rows
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import check_writable, exists, table_format, write_table
+from l5dask.core.policy import where_keywords
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
@@ -627,6 +628,7 @@ def arrow_strings(values: list[str], valid: np.ndarray | None = None):
 CATALOG_AGENT_FIELDS = ("centroid", "track_id", "label_probabilities")
 
 
+@where_keywords
 def catalog_table(
     dataset: Any,
     *,
@@ -635,7 +637,6 @@ def catalog_table(
     chunks_per_task: int | None = None,
     progress: bool = False,
     scheduler: Any = None,
-    client: Any = None,
     cache: Any = None,
 ):
     """The scene catalog of ``dataset`` as a pyarrow Table, one row per scene, from one parallel
@@ -647,15 +648,14 @@ def catalog_table(
     dataset : str, path or L5Dataset
     tz : str
         The time zone (IANA name) of ``local_hour`` and ``local_weekday``: Palo Alto's by default.
-    storage_options, chunks_per_task, progress, scheduler, client, cache
+    storage_options, chunks_per_task, progress, scheduler, cache
         As for :func:`l5dask.prediction.report.compute_report`.
     """
 
     check_tz(tz)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     job = Job(
-        client=client,
-        scheduler=scheduler,
+        scheduler,
         chunks_per_task=chunks_per_task,
         progress=progress,
         size_for=ds[fmt.AGENTS].nchunks,
@@ -729,6 +729,7 @@ def as_frame(table):
     return frame
 
 
+@where_keywords
 def catalog(dataset: Any, **options: Any):
     """The scene catalog of ``dataset``: a pandas DataFrame, one row per scene, from one parallel
     pass over its frames, agents and traffic-light faces (columns: ``docs/guide/catalog.md``); the

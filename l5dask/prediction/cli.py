@@ -51,13 +51,13 @@ def scene_filter(
                     "(l5dask catalog DATASET -o FILE makes one to reuse)",
                     err=True,
                 )
-            table = make(ds, storage_options=options, progress=not quiet, client=client)
+            table = make(ds, storage_options=options, progress=not quiet, scheduler=client)
         chosen = np.zeros(n, bool)
         chosen[query_indices(ds, scenes, table, options)] = True
         keep &= chosen
     if not keep.any():
         raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
-    return ds.isel(scene=keep, client=client)
+    return ds.isel(scene=keep, scheduler=client)
 
 
 @click.command()
@@ -130,7 +130,7 @@ def _report(
             storage_options=parse_storage_options(storage_options),
             chunks_per_task=chunks_per_task,
             progress=not quiet,
-            client=client,
+            scheduler=client,
             cache=cache,
         )
 
@@ -226,7 +226,7 @@ def report(
                 storage_options=parse_storage_options(storage_options),
                 chunks_per_task=chunks_per_task,
                 progress=not quiet,
-                client=client,
+                scheduler=client,
                 cache=cache,
             )
         rep, table = both["report"], both["catalog"]
@@ -317,7 +317,7 @@ def agg(
             where=where,
             storage_options=options,
             chunks_per_task=chunks_per_task,
-            client=client,
+            scheduler=client,
             progress=not quiet,
             cache=cache,
             **kw,
@@ -395,7 +395,9 @@ def _surgery(op, *args, scheduler, storage_options, quiet, filters=None, **kw):
     with connect(scheduler, quiet=True) as client:
         if filters is not None:
             args = (scene_filter(args[0], *filters, storage_options, quiet, client), *args[1:])
-        out = op(*args, storage_options=parse_storage_options(storage_options), client=client, progress=not quiet, **kw)
+        out = op(
+            *args, storage_options=parse_storage_options(storage_options), scheduler=client, progress=not quiet, **kw
+        )
     for ds in out.values() if isinstance(out, dict) else [out]:
         _written(ds, time.perf_counter() - t0)
 
@@ -570,7 +572,7 @@ def export(
             storage_options=parse_storage_options(storage_options),
             overwrite=overwrite,
             chunks_per_task=chunks_per_task,
-            client=client,
+            scheduler=client,
             progress=not quiet,
         )
     click.echo(
@@ -603,7 +605,7 @@ def validate(dataset: str, full: bool, quiet: bool, scheduler, storage_options) 
         problems = [str(exc)]
     else:
         with connect(scheduler, quiet=True) as client:
-            problems = check(ds, full=full, client=client, progress=not quiet)
+            problems = check(ds, full=full, scheduler=client, progress=not quiet)
     for p in problems:
         click.echo(p)
     if problems:
@@ -666,7 +668,7 @@ def catalog(
             storage_options=options,
             chunks_per_task=chunks_per_task,
             progress=not quiet,
-            client=client,
+            scheduler=client,
             cache=cache,
         )
     write_catalog(table, output, options, overwrite=overwrite)

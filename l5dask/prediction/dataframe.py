@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 import dask.dataframe as dd
 import numpy as np
@@ -267,7 +268,9 @@ def _group_partition(
     return group_part(keys, {"v": values}, {"v": set(needs)}, bits, keep)
 
 
-def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | None = None) -> pd.DataFrame:
+def quantiles(
+    df, by: Sequence[str] | str, column: str, q, quantile_bits: int | None = None, scheduler: Any = None
+) -> pd.DataFrame:
     """Quantiles of ``column`` per group of ``by`` of a dask DataFrame, in one pass and no shuffle
     (dask's groupby has no quantile; ``groupby.apply`` moves every row to its group's partition).
 
@@ -286,6 +289,9 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
         A numeric column.
     q : float or sequence of float
         Probabilities in [0, 1].
+    scheduler : optional
+        Where the sketch runs (a ``distributed.Client`` or its address, ``"threads"``...; default:
+        the active client, else local threads), as every function of the package takes it.
 
     Returns
     -------
@@ -319,7 +325,7 @@ def quantiles(df, by: Sequence[str] | str, column: str, q, quantile_bits: int | 
         functools.partial(empty_part, len(by), {"v": {"sketch"}}),
     )
     root = reduce_parts([[p.key] for p in parts], sketch, f"{sketch.name}-{tokenize(parts)}", parts)
-    job = Job()  # (the result is a pandas DataFrame: computed here)
+    job = Job(scheduler)  # (the result is a pandas DataFrame: computed here)
     part = compute(root, client=job.client, **job.kw)
     stats = stats_of(part, "v", int(bits))
     data = {qq: quantile(float(qq)).finalize(stats) for qq in qs}

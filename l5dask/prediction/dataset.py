@@ -18,7 +18,7 @@ import numpy as np
 from l5dask.core.cluster import warm_workers
 from l5dask.core.diskread import memory_bytes
 from l5dask.core.engine import Job
-from l5dask.core.policy import default_client, thread_pool
+from l5dask.core.policy import resolve_scheduler, thread_pool, where_keywords
 from l5dask.core.store import Store, open_store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError, UsageError
 from l5dask.prediction import format as fmt
@@ -89,9 +89,8 @@ class L5Dataset:
         return out
 
     # scenes ------------------------------------------------------------------------------
-    def isel(
-        self, scene: Any = None, *, client: Any = None, scheduler: Any = None, progress: bool = False
-    ) -> L5Dataset:
+    @where_keywords
+    def isel(self, scene: Any = None, *, scheduler: Any = None, progress: bool = False) -> L5Dataset:
         """This dataset restricted to some scenes, as xarray's ``isel`` along ``scene``: ``scene``
         their indices (in any order; each kept once, in the dataset's order) or a boolean per
         scene. The result is the dataset L5Kit's ``zarr_utils`` would write for those scenes
@@ -99,23 +98,24 @@ class L5Dataset:
         views, joins, report, exports and commands see only those scenes' frames, agents, faces
         and agent masks, and the stored chunks that hold none of them are never read. Making it
         reads the scenes array and the frames at the chosen scenes' ends (one pass, run where
-        ``client``/``scheduler`` say); see :mod:`l5dask.prediction.scenes`."""
+        ``scheduler`` says: a ``distributed.Client`` or its address, ``"threads"``...; ``client=``
+        is its old name, until the next release); see :mod:`l5dask.prediction.scenes`."""
         if scene is None:
             raise UsageError("isel: say which scenes (scene=[indices] or a boolean per scene)")
         root = self.parent or self
-        job = Job(client=client, scheduler=scheduler, progress=progress)
+        job = Job(scheduler, progress=progress)
         if self.parent is not None and self.scene_indices is not None:  # (a restriction of a restriction)
             scene = self.scene_indices[scene_indices(self, scene)]
         arrays, masks, idx = restriction(root, scene, job=job)
         return L5Dataset(root.store, arrays, root.attrs, masks, root, idx)
 
+    @where_keywords
     def query(
         self,
         scene: str | None = None,
         *,
         catalog: Any = None,
         storage_options: dict[str, Any] | None = None,
-        client: Any = None,
         scheduler: Any = None,
         progress: bool = False,
     ) -> L5Dataset:
@@ -132,9 +132,7 @@ class L5Dataset:
                 "query: give the scene catalog of this dataset (catalog=l5dask.catalog(ds), or the Parquet "
                 "l5dask catalog writes): it is made once and reused by every query"
             )
-        return self.isel(
-            query_indices(self, scene, catalog, storage_options), client=client, scheduler=scheduler, progress=progress
-        )
+        return self.isel(query_indices(self, scene, catalog, storage_options), scheduler=scheduler, progress=progress)
 
     def counts(self) -> dict[str, int]:
         return {fmt.SHORT_NAMES[n]: (len(self.arrays[n]) if n in self.arrays else 0) for n in fmt.ARRAY_NAMES}
@@ -239,14 +237,15 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
     return L5Dataset(store, arrays, attrs)
 
 
-def warm_up(dataset: Any, storage_options: dict[str, Any] | None, client: Any = None, scheduler: Any = None) -> list:
-    """On a cluster (``client``, else the default one; none with an explicit ``scheduler``), start
-    each worker's first read of ``dataset`` while this process opens it (``warm_workers`` of
+def warm_up(dataset: Any, storage_options: dict[str, Any] | None, scheduler: Any = None) -> list:
+    """On a cluster (``scheduler``'s client, else the default one; none on another scheduler),
+    start each worker's first read of ``dataset`` while this process opens it (``warm_workers`` of
     ``touch``): the futures, to hold until the job's tasks are submitted. Nothing for a dataset
     already open."""
-    if isinstance(dataset, L5Dataset) or scheduler is not None:
+    if isinstance(dataset, L5Dataset):
         return []
-    return warm_workers(default_client(client), touch, dataset, storage_options)
+    client = scheduler.client if isinstance(scheduler, Job) else resolve_scheduler(scheduler)[0]
+    return warm_workers(client, touch, dataset, storage_options)
 
 
 def _stored_bytes(store: Store, meta: fmt.ArrayMeta) -> int:

@@ -33,9 +33,9 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from l5dask.core.engine import Job, Pass
+from l5dask.core.engine import Combine, Job, Pass, tree_reduce
 from l5dask.core.outputs import arrow_array, arrow_strings, atomic_output, json_text
-from l5dask.core.policy import compute
+from l5dask.core.policy import compute, where_keywords
 from l5dask.core.store import Store, same_place
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
@@ -103,8 +103,16 @@ def _write_shards(
     return len(data)
 
 
-def _done(*counts: int) -> int:
-    return int(sum(counts))
+def _add_rows(a: int, b: int) -> int:
+    return int(a) + int(b)
+
+
+def _no_rows() -> int:
+    return 0
+
+
+#: The rows written by an array's tasks, summed in the engine's one tree.
+ROWS_WRITTEN = Combine("l5-export-rows", _add_rows, _no_rows)
 
 
 def _named(names: list[str], *counts: int) -> dict[str, int]:
@@ -163,6 +171,7 @@ def _output_folder(final: Store) -> Iterator[Store]:
         raise
 
 
+@where_keywords
 def export(
     dataset: Any,
     output: Any,
@@ -170,7 +179,7 @@ def export(
     *,
     storage_options: dict | None = None,
     overwrite: bool = False,
-    client: Any = None,
+    scheduler: Any = None,
     chunks_per_task: int | None = None,
     progress: bool = False,
 ) -> dict[str, int]:
@@ -182,6 +191,10 @@ def export(
     dataset : path, URL or L5Dataset
     output : path or URL
         A folder (refused if it exists, unless ``overwrite``).
+    scheduler : optional
+        Where to run (a ``distributed.Client`` or its address, ``"threads"``...; default: the
+        active client, else local threads), as :class:`l5dask.core.engine.Job`; ``client=`` is its
+        old name (until the next release, with a ``FutureWarning``).
     """
     fmt_name = str(format).lower()
     if fmt_name not in FORMATS:
@@ -189,7 +202,7 @@ def export(
     ds = open_dataset(dataset, storage_options)
     final = _target(os.fspath(output), ds, storage_options, overwrite)
     with _output_folder(final) as out:
-        job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
+        job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
         graph: dict = {}
         roots: dict[str, list] = {}
         metas_of: dict[str, dict[str, FieldMeta]] = {}
@@ -211,9 +224,8 @@ def export(
             graph.update(chunk_tasks(ds, selection, groups, keys, func, job))
             roots[name] = keys
         top = f"l5-export-{tokenize(sorted(graph, key=str))}"
-        for n, ks in roots.items():
-            graph[(top, n)] = Task((top, n), _done, *[TaskRef(k) for k in ks])
-        graph[top] = Task(top, _named, list(fmt.SHORT_NAMES[n] for n in roots), *[TaskRef((top, n)) for n in roots])
+        sums = [tree_reduce(graph, f"{top}-{fmt.SHORT_NAMES[n]}", ks, ROWS_WRITTEN) for n, ks in roots.items()]
+        graph[top] = Task(top, _named, list(fmt.SHORT_NAMES[n] for n in roots), *[TaskRef(k) for k in sums])
         rows = compute(
             Delayed(top, HighLevelGraph.from_collections(top, graph, dependencies=[])),
             client=job.client,

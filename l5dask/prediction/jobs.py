@@ -35,7 +35,7 @@ def open_l5(url: str, storage_options: dict) -> Any:
 
 
 def _pass_kw(ctx: Any) -> dict:
-    return {"client": ctx.client, "chunks_per_task": ctx.chunks_per_task, "progress": ctx.progress}
+    return {"scheduler": ctx.client, "chunks_per_task": ctx.chunks_per_task, "progress": ctx.progress}
 
 
 def _cached_kw(ctx: Any) -> dict:
@@ -88,7 +88,9 @@ def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
         if memo not in ctx.memo:
             ctx.memo[memo] = catalog_table(ds, **_cached_kw(ctx))
         table = ctx.memo[memo]
-    return ds.query(expr, catalog=table, storage_options=ctx.storage_options, client=ctx.client, progress=ctx.progress)
+    return ds.query(
+        expr, catalog=table, storage_options=ctx.storage_options, scheduler=ctx.client, progress=ctx.progress
+    )
 
 
 # --- the report ---------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from dask.task_spec import Task, TaskRef
 
 from l5dask.core.engine import Block, Held, Job, Link, Pass, Rows
 from l5dask.core.intervals import check_intervals
+from l5dask.core.policy import where_keywords
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.reading import decode_faults, header_faults
@@ -262,12 +263,14 @@ class Joins:
         return self.column(fmt.TL_FACES, field)
 
 
-def validate(ds, full: bool = False, client: Any = None, progress: bool = False) -> list[str]:
+@where_keywords
+def validate(ds, full: bool = False, scheduler: Any = None, progress: bool = False) -> list[str]:
     """Every fault of a dataset (empty when it is sound), a line each: each stored chunk of every
     array against its ``.zarray`` (stored, its size and blosc header: a 16-byte read a chunk;
     ``full``: every chunk decoded, on the job's workers), then every index interval (one pass per
     parent array, reading only its interval fields' bounds) of the arrays whose chunks are sound,
-    on ``client`` (default: the embedded default). Reports, never repairs."""
+    on ``scheduler`` (a ``distributed.Client`` or its address, ``"threads"``...: as every
+    function of the package takes it; default: the active client, else local threads). Reports, never repairs."""
     faults: list[str] = []
     bad: set[str] = set()
     sound_chunks = {}
@@ -277,7 +280,7 @@ def validate(ds, full: bool = False, client: Any = None, progress: bool = False)
         sound_chunks[name] = sound
         bad |= {name} if found else set()
     if full:
-        job = Job(client=client, progress=progress)
+        job = Job(scheduler, progress=progress)
         calls = [
             (a.store, a.meta, a.compressed, sound_chunks[n][i : i + FULL_CHUNKS_PER_TASK])
             for n, a in ds.arrays.items()
@@ -294,7 +297,7 @@ def validate(ds, full: bool = False, client: Any = None, progress: bool = False)
             specs.append(Pass(ds[parent], intervals={fld: len(ds[child])}, blocks=True, name=f"{parent}-{fld}"))
     problems: list[str] = []
     try:
-        Job(client=client).persist(*specs, check=False, problems=problems)
+        Job(scheduler).persist(*specs, check=False, problems=problems)
     except ChunkError as exc:  # (a chunk whose header is sound but whose blocks are not)
         problems.append(str(exc))
     return faults + problems

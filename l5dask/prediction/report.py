@@ -12,7 +12,7 @@ from l5dask.core.cluster import connect, scheduler_address
 from l5dask.core.engine import Job, Link, Pass, Plan
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import public, write_json, write_table  # noqa: F401 (public, write_json: their home was here)
-from l5dask.core.policy import default_client
+from l5dask.core.policy import default_client, where_keywords
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.joins import scene_rows
@@ -30,6 +30,7 @@ from l5dask.prediction.stats import (
 SAMPLE_SCENES = 4
 
 
+@where_keywords
 def compute_report(
     dataset: Any,
     *,
@@ -37,7 +38,6 @@ def compute_report(
     chunks_per_task: int | None = None,
     progress: bool = False,
     scheduler: Any = None,
-    client: Any = None,
     cache: Any = None,
 ) -> dict[str, Any]:
     """The standard statistics report of a dataset, as a dict (contract version 1).
@@ -51,16 +51,17 @@ def compute_report(
     progress : bool
         Show a progress bar on stderr.
     scheduler : optional
-        Passed to ``dask.compute``; by default an active ``distributed.Client``, else the cluster
-        at ``DASK_SCHEDULER_ADDRESS`` (connected for this call, then closed), else local threads.
-    client : distributed.Client, optional
-        Run on this cluster.
+        Where to run, as ``dask.compute``'s ``scheduler=``: a ``distributed.Client`` or its
+        address (``"tcp://host:8786"``), ``"threads"``, ``"sync"``, ``"processes"``...; by default
+        an active ``distributed.Client``, else the cluster at ``DASK_SCHEDULER_ADDRESS``
+        (connected for this call, then closed), else local threads. (``client=``, its old name,
+        works until the next release, with a ``FutureWarning``.)
     cache : str, path or l5dask.core.cache.Cache, optional
         A cache of partial results (a folder or a bucket's URL, opened with ``storage_options``):
         what was computed before over the same chunks is read from it, what is computed is kept
         there (:mod:`l5dask.core.cache`). Default: dask config ``l5dask.cache`` (none).
     """
-    if client is None and scheduler is None and scheduler_address():
+    if scheduler is None and scheduler_address():
         if default_client() is None:
             with connect() as own:  # DASK_SCHEDULER_ADDRESS: the API runs there too, as the CLI does
                 return compute_report(
@@ -68,15 +69,14 @@ def compute_report(
                     storage_options=storage_options,
                     chunks_per_task=chunks_per_task,
                     progress=progress,
-                    client=own,
+                    scheduler=own,
                     cache=cache,
                 )
-    warming = warm_up(dataset, storage_options, client, scheduler)
+    warming = warm_up(dataset, storage_options, scheduler)
     ds = dataset if isinstance(dataset, L5Dataset) else open_dataset(dataset, storage_options=storage_options)
     agents = ds[fmt.AGENTS]
     job = Job(
-        client=client,
-        scheduler=scheduler,
+        scheduler,
         chunks_per_task=chunks_per_task,
         progress=progress,
         size_for=agents.nchunks,  # the agents are most of the work

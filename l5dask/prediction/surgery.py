@@ -32,7 +32,7 @@ from dask.base import tokenize
 
 from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.intervals import check_intervals
-from l5dask.core.policy import auto_chunks_per_task
+from l5dask.core.policy import auto_chunks_per_task, where_keywords
 from l5dask.core.store import Store, same_place
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
@@ -340,13 +340,14 @@ def _open(url: Any, storage_options: dict | None) -> L5Dataset:
 
 
 # --- the operations -------------------------------------------------------------------------------
+@where_keywords
 def concat(
     inputs: Sequence[Any],
     output: Any,
     *,
     storage_options: dict | None = None,
     overwrite: bool = False,
-    client: Any = None,
+    scheduler: Any = None,
     chunks_per_task: int | None = None,
     progress: bool = False,
 ) -> L5Dataset:
@@ -359,14 +360,18 @@ def concat(
     inputs : sequence of paths, URLs or :class:`~l5dask.prediction.dataset.L5Dataset`
     output : path or URL
         Refused if a dataset is there, unless ``overwrite``.
+    scheduler : optional
+        Where to run (a ``distributed.Client`` or its address, ``"threads"``...; default: the
+        active client, else local threads), as :class:`l5dask.core.engine.Job`; ``client=`` is its
+        old name (until the next release, with a ``FutureWarning``).
     """
     if not inputs:
         raise UsageError("concat needs at least one input dataset")
     datasets = [_open(u, storage_options) for u in inputs]
     check_compatible(datasets)
     check_target(output, datasets, storage_options, overwrite)
-    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
-    tables = [scene_table(ds, Job(client=client)) for ds in datasets]
+    job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
+    tables = [scene_table(ds, Job(job)) for ds in datasets]
     store = target(output, datasets, storage_options, overwrite)
     out = plan(store, [(ds, t, np.arange(len(t))) for ds, t in zip(datasets, tables)], common_masks(datasets))
     write_outputs([out], job)
@@ -451,6 +456,7 @@ def select_scenes(
     return selected
 
 
+@where_keywords
 def subset(
     input: Any,
     output: Any,
@@ -461,13 +467,14 @@ def subset(
     end: Any = None,
     storage_options: dict | None = None,
     overwrite: bool = False,
-    client: Any = None,
+    scheduler: Any = None,
     chunks_per_task: int | None = None,
     progress: bool = False,
 ) -> L5Dataset:
     """Keep some scenes of a dataset (with their frames, agents, faces and agent masks): scene
     ranges ``"START:END,..."``, hosts, and/or a time range ``[start, end)`` of their first frames
-    (ISO, UTC unless said); intervals rebased as L5Kit's ``_append_zarr_subset``."""
+    (ISO, UTC unless said); intervals rebased as L5Kit's ``_append_zarr_subset``. ``scheduler``: where
+    to run, as for :func:`~l5dask.prediction.surgery.concat`."""
     if scenes is None and hosts is None and start is None and end is None:
         raise UsageError("say which scenes to keep: scene ranges, hosts, or a time range (start/end)")
     ds = _open(input, storage_options)
@@ -477,8 +484,8 @@ def subset(
         parse_time(start, "--start") if start is not None else None
         parse_time(end, "--end") if end is not None else None
     check_target(output, [ds], storage_options, overwrite)
-    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
-    t = scene_table(ds, Job(client=client))
+    job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
+    t = scene_table(ds, Job(job))
     selected = select_scenes(t, scenes, hosts, start, end)
     store = target(output, [ds], storage_options, overwrite)
     write_outputs([plan(store, [(ds, t, selected)], sorted(ds.masks))], job)
@@ -533,6 +540,7 @@ def split_counts(parts: Sequence[tuple[str, str]], nscenes: int, nbytes: int) ->
     return counts
 
 
+@where_keywords
 def split(
     input: Any,
     outdir: Any,
@@ -540,12 +548,13 @@ def split(
     *,
     storage_options: dict | None = None,
     overwrite: bool = False,
-    client: Any = None,
+    scheduler: Any = None,
     chunks_per_task: int | None = None,
     progress: bool = False,
 ) -> dict[str, L5Dataset]:
     """Split a dataset into consecutive parts written to ``outdir/NAME``: ``NAME=N`` scenes,
-    ``NAME=1.5GB`` (L5Kit's ``zarr_split``) and a last ``NAME=rest``. Returns the parts' datasets."""
+    ``NAME=1.5GB`` (L5Kit's ``zarr_split``) and a last ``NAME=rest``. Returns the parts' datasets.
+    ``scheduler``: where to run, as for :func:`~l5dask.prediction.surgery.concat`."""
     parsed = [parse_part(p) if isinstance(p, str) else (str(p[0]), str(p[1])) for p in parts]
     if not parsed:
         raise UsageError("split needs at least one part (NAME=N, NAME=1.5GB or NAME=rest)")
@@ -556,8 +565,8 @@ def split(
     paths = [posixpath.join(base, name) if "://" in base else os.path.join(base, name) for name, _ in parsed]
     for p in paths:
         check_target(p, [ds], storage_options, overwrite)
-    job = Job(client=client, chunks_per_task=chunks_per_task, progress=progress)
-    t = scene_table(ds, Job(client=client))
+    job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
+    t = scene_table(ds, Job(job))
     stores = [target(p, [ds], storage_options, overwrite) for p in paths]
     edges = np.r_[0, np.cumsum(counts)]
     outputs = [plan(s, [(ds, t, np.arange(edges[i], edges[i + 1]))], sorted(ds.masks)) for i, s in enumerate(stores)]

@@ -12,13 +12,11 @@ from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-import dask
 import numpy as np
 from dask.base import tokenize
 from numcodecs import Blosc
 
 from l5dask.core.engine import Job
-from l5dask.core.policy import compute
 from l5dask.core.store import Store
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
@@ -133,6 +131,7 @@ def write_dataset(
     labels: tuple[str, ...] = fmt.LABELS,
     overwrite: bool = False,
     chunk_rows: Mapping[str, int] | None = None,
+    scheduler: Any = None,
 ) -> Store:
     """Write structured arrays as an L5Kit dataset, a dask task per stored chunk.
 
@@ -146,6 +145,9 @@ def write_dataset(
         the older format). Short name ``tl_faces`` is accepted too.
     chunk_rows : mapping, optional
         Rows per stored chunk, by array; L5Kit's sizes by default.
+    scheduler : optional
+        Where the tasks run (a ``distributed.Client`` or its address, ``"threads"``...; default:
+        the active client, else local threads), as every function of the package takes it.
     """
     import dask.array as da
 
@@ -157,15 +159,14 @@ def write_dataset(
     dtypes = {name: _validate(name, a) for name, a in arrays.items()}
     store = prepare_target(url, storage_options, overwrite)
     rows = {n: (chunk_rows or {}).get(n, fmt.CHUNK_ROWS.get(n, 10_000)) for n in arrays}
-    tasks = []
+    calls: list[tuple] = []
     for name, array in arrays.items():
         if not isinstance(array, da.Array):
             array = da.from_array(np.asarray(array), chunks=rows[name], name=f"l5-src-{tokenize(array)}")
         array = array.rechunk(rows[name])
         blocks = array.to_delayed().ravel()
-        tasks += [dask.delayed(write_block, pure=True)(store, name, i, b, rows[name]) for i, b in enumerate(blocks)]
-    job = Job()
-    compute(tasks, client=job.client, **job.kw)
+        calls += [(store, name, i, b, rows[name]) for i, b in enumerate(blocks)]
+    Job.of(scheduler).map(write_block, calls, "l5-write")
     finish(store, {n: (dtypes[n], len(arrays[n]), rows[n]) for n in arrays}, labels)
     return store
 

@@ -414,15 +414,15 @@ def test_on_s3_threads_and_a_cluster(s3, s3_small, small_ds, dask_cluster, monke
     monkeypatch.undo()
     with Client(dask_cluster.address, set_as_default=False) as client:
         with cachelib.counting() as cold:
-            got = same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/k", client=client))
+            got = same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/k", scheduler=client))
         assert got == want and cold.written == cold.misses > 5  # (counted from the workers' events)
         with cachelib.counting() as warm:
-            got = same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/k", client=client))
+            got = same(compute_report(s3_small, storage_options=options, cache="s3://l5-cache/k", scheduler=client))
         assert got == want and warm.hits == cold.misses and warm.misses == 0 and warm.bytes_read > 0
         local = str(tmp_path / "local-cache")  # (a folder the workers share with this process)
-        compute_report(small_ds, cache=local, client=client)
+        compute_report(small_ds, cache=local, scheduler=client)
         with cachelib.counting() as warm:
-            assert same(compute_report(small_ds, cache=local, client=client)) == want
+            assert same(compute_report(small_ds, cache=local, scheduler=client)) == want
         assert warm.misses == 0 and warm.hits > 5
 
 

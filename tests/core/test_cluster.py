@@ -78,7 +78,7 @@ def test_workers_read_the_chunks_not_the_client(dask_cluster, s3, s3_small, loca
     monkeypatch.setattr(Store, "get", guarded_get)
     monkeypatch.setattr(Store, "iter_ranges", guarded_ranges)
     with Client(dask_cluster.address, set_as_default=False) as client:
-        rep = compute_report(s3_small, storage_options=s3.storage_options(), client=client)
+        rep = compute_report(s3_small, storage_options=s3.storage_options(), scheduler=client)
         ran = client.run_on_scheduler(
             lambda dask_scheduler: sorted(
                 {ts.prefix.name for ts in dask_scheduler.tasks.values()} | set(dask_scheduler.task_prefixes)
@@ -160,7 +160,7 @@ def test_worker_killed_mid_report_same_report(many_chunks, tmp_path):
 
             def run():
                 with Client(cluster.address, set_as_default=False) as c:
-                    result["report"] = compute_report(many_chunks, client=c, chunks_per_task=1)
+                    result["report"] = compute_report(many_chunks, scheduler=c, chunks_per_task=1)
 
             job = threading.Thread(target=run)
             job.start()
@@ -329,7 +329,7 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     )
     with Client(dask_cluster.address, set_as_default=True) as client:
         remote = aggregate(
-            ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30", client=client
+            ds, "agents", by=["scene_index", "label"], values=values, where="distance_to_ego < 30", scheduler=client
         )
         df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"]).compute()
         view = ds.joined("agents")
@@ -360,7 +360,7 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
         opts = s3.storage_options()
         opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
         with Client(cluster.address, set_as_default=False) as client:
-            got = without_source(compute_report(s3_small, storage_options=opts, client=client))
+            got = without_source(compute_report(s3_small, storage_options=opts, scheduler=client))
     finally:
         proxy.close()
         cluster.close()
@@ -379,7 +379,7 @@ def test_the_passes_of_one_compute_run_side_by_side(small_ds, local_report):
     try:
         with Client(cluster.address, set_as_default=False) as client:
             with get_task_stream(client) as ts:
-                got = without_source(compute_report(small_ds, client=client, chunks_per_task=1))
+                got = without_source(compute_report(small_ds, scheduler=client, chunks_per_task=1))
     finally:
         cluster.close()
     assert got == local_report
@@ -414,7 +414,7 @@ def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_
         opts = s3.storage_options()
         opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
         with Client(cluster.address, set_as_default=False) as client:
-            got = aggregate(s3_small, storage_options=opts, client=client, **query)
+            got = aggregate(s3_small, storage_options=opts, scheduler=client, **query)
     finally:
         proxy.close()
         cluster.close()
@@ -457,8 +457,8 @@ def test_warm_workers_runs_once_on_each_worker_and_its_errors_stay_quiet(dask_cl
         assert warm_workers(None, _note_worker, str(tmp_path)) == []
         opts = s3.storage_options()
         assert [f.result(timeout=60) for f in warm_workers(client, touch, s3_small, opts)] == [None, None]
-        rep = compute_report(s3_small, storage_options=opts, client=client)
-        by_host = aggregate(s3_small, by="host", values={"speed": ["count"]}, storage_options=opts, client=client)
+        rep = compute_report(s3_small, storage_options=opts, scheduler=client)
+        by_host = aggregate(s3_small, by="host", values={"speed": ["count"]}, storage_options=opts, scheduler=client)
     local = l5dask.open_dataset(s3_small, storage_options=opts)
     assert rep["counts"]["agents"] == int(by_host["speed_count"].sum()) == local.counts()["agents"]
 

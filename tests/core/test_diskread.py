@@ -265,7 +265,7 @@ def test_worker_processes_read_a_large_dataset_around_the_page_cache(dask_cluste
     dataset = l5dask.open_dataset(ds)
     assert dataset.store.large
     with Client(dask_cluster.address, set_as_default=False) as client:
-        got = compute_report(dataset, chunks_per_task=3, client=client)
+        got = compute_report(dataset, chunks_per_task=3, scheduler=client)
     assert public(got) | {"dataset": None} == public(want) | {"dataset": None}
     cached = [f for f in files if "/agents/" in f and is_resident(f)]
     assert not cached, cached  # read by the workers, around the cache

@@ -152,7 +152,7 @@ def test_same_result_on_threads_and_a_real_cluster(small_ds, dask_cluster):
 
     local = run(Job())
     with Client(dask_cluster.address, set_as_default=False) as client:
-        remote = run(Job(client=client))
+        remote = run(Job(scheduler=client))
         ran = client.run_on_scheduler(lambda dask_scheduler: sorted(dask_scheduler.task_prefixes))
     assert local[0] == remote[0] and local[2] == remote[2]
     np.testing.assert_array_equal(local[1], remote[1])
@@ -336,3 +336,68 @@ def test_map_reduce_takes_a_combine_only_object():
     total = Job().map_reduce(lambda i: [i], [(i,) for i in range(20)], Combine("cat", _cat, list, len), name="c")
     assert total == 20
     assert Job().map_reduce(lambda i: [i], [], Combine("cat", _cat, list, len), name="none") == 0
+
+
+# --- where to run: scheduler= --------------------------------------------------------------------
+def test_scheduler_takes_what_dask_compute_takes_and_a_client_or_its_address(small_ds, dask_cluster):
+    """``scheduler=`` read as ``dask.compute`` reads it (a local scheduler's name goes to dask, a
+    client runs the job there), plus a client's address, connected through ``get_client`` and
+    closed here; the same passes give the same results everywhere."""
+    from l5dask.core.policy import default_client
+
+    ds = l5dask.open_dataset(small_ds)
+
+    def run(job):
+        return job.compute([Pass(ds[fmt.AGENTS], STARTS), Pass(ds[fmt.FRAMES], STARTS)])
+
+    want = run(Job())
+    sync = Job("sync")
+    assert sync.client is None and sync.kw == {"scheduler": "sync"} and sync.scheduler_kind == "threads"
+    assert run(sync) == want
+    on_address = Job(dask_cluster.address)
+    try:
+        assert on_address.client is not None and on_address.client.scheduler.address == dask_cluster.address
+        assert on_address.scheduler_kind == "distributed"
+        assert run(on_address) == want
+        assert Job(on_address.client).client is on_address.client  # (a Client as it is)
+        assert Job("distributed").client is on_address.client  # (dask's name: the active client)
+    finally:
+        on_address.client.close()
+    if default_client() is None:  # (unless another test left a default client)
+        with pytest.raises(ValueError, match="no dask.distributed client is active"):
+            Job("distributed")
+    again = Job(sync, chunks_per_task=3)  # a job's place, sized as asked
+    assert again.kw == sync.kw and again.chunks_per_task == 3
+    assert Job.of(sync) is sync
+
+
+def test_the_old_where_keywords_warn_and_run_where_they_did(tmp_path):
+    """``client=`` and ``job=`` still work for one release: a ``FutureWarning`` names
+    ``scheduler=``, and the result is the one ``scheduler=`` gives; ``scheduler`` wins over them."""
+    import warnings
+
+    from l5dask.evaluation import read_gt_csv, write_gt_csv
+
+    rng = np.random.default_rng(0)
+    n, t = 2500, 5
+    ts, tid = np.arange(n, dtype=np.int64) * 7, rng.integers(0, 50, n)
+    coords, avails = rng.normal(size=(n, t, 2)), (rng.random((n, t)) > 0.3).astype(np.float64)
+    with pytest.warns(FutureWarning, match=r"write_gt_csv: job= is deprecated.*pass scheduler="):
+        write_gt_csv(str(tmp_path / "old.csv"), ts, tid, coords, avails, job=Job("sync"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_gt_csv(str(tmp_path / "new.csv"), ts, tid, coords, avails, scheduler="sync")
+        new = read_gt_csv(str(tmp_path / "new.csv"), scheduler="sync")
+        new = [np.asarray(a) for a in dask.compute(new.timestamps, new.track_ids, new.coords, new.avails)]
+    assert (tmp_path / "old.csv").read_bytes() == (tmp_path / "new.csv").read_bytes()
+    with pytest.warns(FutureWarning, match=r"read_gt_csv: job= is deprecated"):
+        old = read_gt_csv(str(tmp_path / "old.csv"), job=Job())
+    old = dask.compute(old.timestamps, old.track_ids, old.coords, old.avails)
+    for a, b in zip(old, new):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(new[2], coords.round(5))
+    with pytest.warns(FutureWarning, match=r"^Job: client= is deprecated"):
+        job = Job(client=None)
+    assert job.kw == Job().kw
+    with pytest.warns(FutureWarning, match="client= is deprecated"):
+        assert Job(scheduler="sync", client=object()).kw == {"scheduler": "sync"}  # (scheduler wins)

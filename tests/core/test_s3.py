@@ -385,7 +385,7 @@ def test_the_tasks_of_a_map_over_a_bucket_give_their_thread_back_while_they_wait
 
     both = Reduction("both", chunk=None, combine=lambda a, b: a and b, identity=lambda: True)  # type: ignore[arg-type]
     with Client(dask_cluster.address, set_as_default=False) as client:
-        job = Job(client=client)
+        job = Job(scheduler=client)
         assert job.map(_waits_given_back, [()] * 3, name="l5-test-waits", remote=True) == [True] * 3
         assert job.map(_waits_given_back, [()] * 3, name="l5-test-waits", remote=False) == [False] * 3
         assert job.map_reduce(_waits_given_back, [()] * 3, both, name="l5-test-waits", remote=True) is True

@@ -343,7 +343,7 @@ def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     shutil.copytree(path, work)
     from l5dask.core.engine import Job
 
-    rep = select_agents(work, 0.5, job=Job(chunks_per_task=1))  # 12 tasks: scenes cross task edges
+    rep = select_agents(work, 0.5, scheduler=Job(chunks_per_task=1))  # 12 tasks: scenes cross task edges
     got = zarr.open(work, mode="r")["agents_mask/0.5"]
     assert got.dtype == np.uint32 and got.chunks == (10_000, 2)
     np.testing.assert_array_equal(got[:], ref)
@@ -921,7 +921,6 @@ def test_evaluate_from_s3_on_a_local_cluster_spills_in_this_machines_folder(
     from distributed import Client
 
     from l5dask.core.cluster import on_this_machine
-    from l5dask.core.engine import Job
 
     paths, opts = s3_pair
     spill_root = tmp_path / "tmp"
@@ -940,7 +939,7 @@ def test_evaluate_from_s3_on_a_local_cluster_spills_in_this_machines_folder(
     monkeypatch.setattr(M.csvfiles, "scanned", watching)
     with Client(dask_cluster.address, set_as_default=False) as client:
         assert on_this_machine(client)
-        got = M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", storage_options=opts, job=Job(client=client))
+        got = M.evaluate("s3://l5-spill/gt.csv", "s3://l5-spill/pred.csv", storage_options=opts, scheduler=client)
 
         class Elsewhere:  # the scheduler's answer for workers on other machines
             def scheduler_info(self):

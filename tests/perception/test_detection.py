@@ -266,7 +266,7 @@ def test_the_same_on_a_cluster_and_from_s3(files, s3, dask_cluster):
     fs.put(str(root / "gt.json"), "l5-detect/gt.json")
     local = evaluate(str(root / "pred.json"), str(root / "gt.csv"))
     with Client(dask_cluster.address) as client:
-        opts = dict(storage_options=s3.storage_options(), client=client)
+        opts = dict(storage_options=s3.storage_options(), scheduler=client)
         remote = evaluate("s3://l5-detect/pred.json", "s3://l5-detect/gt.csv", samples_per_task=4, **opts)
         # two JSON files in blocks, read by the workers from S3
         blocks = evaluate("s3://l5-detect/pred.json", "s3://l5-detect/gt.json", block_bytes=30_000, **opts)

@@ -181,9 +181,9 @@ def test_on_a_cluster(dask_cluster, ds):
     from distributed import Client
 
     with Client(dask_cluster.address, set_as_default=False) as client:
-        got = analyze(ds, ALL, client=client)
+        got = analyze(ds, ALL, scheduler=client)
         for name, analysis in ALL.items():
-            same(got[name], alone(ds, name, analysis, client=client), name)
+            same(got[name], alone(ds, name, analysis, scheduler=client), name)
 
 
 def test_bad_input_is_one_line(ds):

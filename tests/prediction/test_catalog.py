@@ -385,7 +385,7 @@ def test_on_a_cluster_and_from_s3(dask_cluster, s3, s3_small, small_ds, edge_ds,
     from distributed import Client
 
     with Client(dask_cluster.address, set_as_default=False) as client:
-        _compare(catalog(edge_ds, client=client, chunks_per_task=2), want)
+        _compare(catalog(edge_ds, scheduler=client, chunks_per_task=2), want)
     local = catalog(small_ds)
     remote = catalog(s3_small, storage_options=s3.storage_options())
     pd.testing.assert_frame_equal(remote, local)

@@ -441,13 +441,13 @@ def test_on_a_cluster_and_from_s3(dask_cluster, s3, s3_small, small_ds, tmp_path
     ref = compute_report(ref_subset(small_ds, sel, tmp_path))
     local = l5dask.open_dataset(small_ds).isel(scene=sel)
     with Client(dask_cluster.address, set_as_default=False) as client:
-        same_report(compute_report(local, client=client, chunks_per_task=2), ref)
+        same_report(compute_report(local, scheduler=client, chunks_per_task=2), ref)
         opts = s3.storage_options()
         remote = l5dask.open_dataset(s3_small, storage_options=opts)
         url = s3_small.rstrip("/").rsplit("/", 1)[0] + "/scenes-catalog.parquet"
         write_catalog(l5dask.catalog(small_ds), url, opts, overwrite=True)
         chosen = remote.query(
-            scene="scene_index == 1 or scene_index == 3", catalog=url, storage_options=opts, client=client
+            scene="scene_index == 1 or scene_index == 3", catalog=url, storage_options=opts, scheduler=client
         )
-        same_report(compute_report(chosen, client=client), ref)
+        same_report(compute_report(chosen, scheduler=client), ref)
     same_report(compute_report(remote.isel(scene=sel)), ref)
