@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from l5dask.core import cache as cachelib
 from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Link, Pass, Plan, Reduction, Rows
 from l5dask.core.intervals import check_intervals
@@ -774,3 +776,64 @@ def write_catalog(table, path: str, storage_options: dict | None = None, overwri
         meta[CATALOG_KEY.encode()] = json.dumps({"version": 1, **table.attrs.get("l5dask", {})}).encode()
         t = t.replace_schema_metadata(meta)
     write_table(t, path, storage_options, ".parquet")
+
+
+#: The cache's folder of scene catalogs (``--scenes`` with a cache and no ``--catalog``).
+CACHE_FOLDER = "scene-catalogs"
+
+
+def cached_catalog(
+    ds: L5Dataset,
+    cache: Any,
+    *,
+    tz: str = DEFAULT_TZ,
+    storage_options: dict | None = None,
+    progress: bool = False,
+    scheduler: Any = None,
+    say: Any = None,
+):
+    """The catalog of ``ds`` kept in ``cache`` (a :class:`~l5dask.core.cache.Cache`), by the
+    dataset's :func:`~l5dask.prediction.scenes.fingerprint` (all but its path), ``tz`` and
+    l5dask's version: read back when there (checked: the entry's digest, then the fingerprint in
+    the Parquet's metadata), else computed (:func:`catalog_table`) and stored. The entry is the
+    Parquet's bytes in one of the cache's own entries (:func:`~l5dask.core.cache.encode`: no
+    pickle, written atomically); a damaged one is one warning and computed again. ``say`` (a
+    function of one line) is told where the catalog came from. Returns a pyarrow Table."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    print_ = say or (lambda line: None)
+    mine = fingerprint(ds)
+    ident = {k: v for k, v in mine.items() if k != "dataset"}
+    key = cachelib.digest("scene-catalog", ident, tz, cachelib.version())
+    folder = cache.folder_of(CACHE_FOLDER)
+    path = posixpath.join(folder, cache.entry_name("scene-catalog", key))
+    data = cache.read(path)
+    if data is not None:
+        try:
+            raw = cachelib.decode(data)
+            table = pq.read_table(pa.BufferReader(np.ascontiguousarray(raw, np.uint8).tobytes()))
+            theirs = catalog_metadata(table)
+            if theirs.get("arrays") != ident["arrays"] or theirs.get("scenes_sha256") != ident["scenes_sha256"]:
+                raise cachelib.Damaged("its fingerprint is not the dataset's")
+            if table.num_rows != len(ds[fmt.SCENES]):
+                raise cachelib.Damaged(f"it has {table.num_rows:,} rows, not one a scene")
+        except Exception as exc:  # noqa: BLE001 - any fault of a stored catalog: computed again
+            cachelib.warn_once(
+                "damaged-catalog", f"{cache.url}: ignoring a damaged scene catalog {path} ({exc}); computing it again"
+            )
+            cachelib.count(damaged=1)
+        else:
+            cachelib.count(hits=1, bytes_read=len(data))
+            print_(f"l5dask: the scene catalog of {ds.url} for --scenes: read from the cache {cache.url}")
+            meta = dict(table.schema.metadata or {})
+            meta[CATALOG_KEY.encode()] = json.dumps({"version": 1, **mine}).encode()
+            return table.replace_schema_metadata(meta)
+    cachelib.count(misses=1)
+    print_(f"l5dask: computing the scene catalog of {ds.url} for --scenes (kept in the cache {cache.url})")
+    table = catalog_table(ds, tz=tz, storage_options=storage_options, progress=progress, scheduler=scheduler)
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    cache.describe(folder, {"dataset": ds.url, "source": "scene catalogs"})
+    cache.write(path, cachelib.encode(np.frombuffer(sink.getvalue(), np.uint8), {"reduction": "scene-catalog"}))
+    return table

@@ -15,12 +15,21 @@ from l5dask.core.commands import check_outputs, parse_storage_options, shared
 
 
 def scene_filter(
-    dataset: str, scenes, scenes_from, catalog_file, storage_options, quiet: bool = False, client: Any = None
+    dataset: str,
+    scenes,
+    scenes_from,
+    catalog_file,
+    storage_options,
+    quiet: bool = False,
+    client: Any = None,
+    cache: Any = None,
 ) -> Any:
     """What a command reads: ``dataset`` as given when no scene filter is, else the dataset
     restricted to the scenes ``--scenes`` and ``--scenes-from`` choose (both: the scenes both
     choose), made before any output is written. ``--scenes`` reads the ``--catalog`` FILE (checked
-    against the dataset), else the catalog computed here, said on stderr."""
+    against the dataset), else the one kept in the cache (``cache``: ``--cache``, else dask config
+    ``l5dask.cache``), else the catalog computed here (and kept in the cache when there is one),
+    said on stderr."""
     from l5dask.errors import UsageError
 
     if scenes is None and scenes_from is None:
@@ -29,7 +38,9 @@ def scene_filter(
         return dataset
     import numpy as np
 
+    from l5dask.core.cache import open_cache
     from l5dask.prediction import format as fmt
+    from l5dask.prediction.catalog import cached_catalog
     from l5dask.prediction.catalog import catalog_table as make
     from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.scenes import NoScenesError, query_indices, read_scene_list
@@ -44,7 +55,11 @@ def scene_filter(
         keep &= chosen
     if scenes is not None:
         table: Any = catalog_file
-        if table is None:
+        store = open_cache(cache, options) if table is None else None
+        if store is not None:
+            say = None if quiet else (lambda line: click.echo(line, err=True))
+            table = cached_catalog(ds, store, storage_options=options, progress=not quiet, scheduler=client, say=say)
+        elif table is None:
             if not quiet:
                 click.echo(
                     f"l5dask: no --catalog given: computing the scene catalog of {dataset} for --scenes "
@@ -126,7 +141,7 @@ def _report(
         if client is not None and not quiet:
             click.echo(f"l5dask: running on {client.scheduler.address}; dashboard: {dashboard(client)}", err=True)
         return compute_report(
-            scene_filter(dataset, filters[0], filters[1], filters[2], storage_options, quiet, client),
+            scene_filter(dataset, filters[0], filters[1], filters[2], storage_options, quiet, client, cache),
             storage_options=parse_storage_options(storage_options),
             chunks_per_task=chunks_per_task,
             progress=not quiet,
@@ -221,7 +236,7 @@ def report(
 
         with connect(scheduler, quiet=True) as client:
             both = analyze(
-                scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
+                scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client, cache),
                 {"report": Report(), "catalog": Catalog()},
                 storage_options=parse_storage_options(storage_options),
                 chunks_per_task=chunks_per_task,
@@ -310,7 +325,7 @@ def agg(
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
     with connect(scheduler, quiet=True) as client:
         result = agg_mod.aggregate_result(
-            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client, cache),
             array,
             by=[b.strip() for b in by.split(",") if b.strip()],
             values=values_map,
@@ -663,7 +678,7 @@ def catalog(
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         table = make(
-            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client),
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client, cache),
             tz=tz,
             storage_options=options,
             chunks_per_task=chunks_per_task,

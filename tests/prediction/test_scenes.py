@@ -451,3 +451,69 @@ def test_on_a_cluster_and_from_s3(dask_cluster, s3, s3_small, small_ds, tmp_path
         )
         same_report(compute_report(chosen, scheduler=client), ref)
     same_report(compute_report(remote.isel(scene=sel)), ref)
+
+
+def test_the_catalog_a_filter_needs_is_kept_in_the_cache(data, tmp_path, monkeypatch, caplog):
+    """``--scenes`` with a cache and no ``--catalog``: the catalog is computed once (counted: the
+    calls of ``catalog_table``, and the agent chunks read at the store), then read back from the
+    cache; a damaged one is computed again with one warning; every result is the uncached one."""
+    import logging
+
+    import dask
+    from click.testing import CliRunner
+
+    import l5dask.prediction.catalog as catalog_mod
+    from l5dask.cli import main
+    from l5dask.core import cache as cachelib
+
+    path, _, cat_path = data
+    expr = "tracks_pedestrian >= 1 and scene_index != 4"
+    made: list[int] = []
+    real = catalog_mod.catalog_table
+    monkeypatch.setattr(catalog_mod, "catalog_table", lambda *a, **k: made.append(1) or real(*a, **k))
+    agent_reads: list[str] = []
+    get = Store.get
+
+    def counting(self, key, **kw):
+        if key.startswith("agents/") and not key.split("/")[1].startswith("."):
+            agent_reads.append(key)
+        return get(self, key, **kw)
+
+    monkeypatch.setattr(Store, "get", counting)
+
+    def stats(out, *extra):
+        del agent_reads[:]
+        r = CliRunner().invoke(main, ["stats", path, "--scenes", expr, "-o", str(out), *map(str, extra)])
+        assert r.exit_code == 0, (r.output, r.stderr)
+        return json.loads(out.read_text()), r.stderr, len(agent_reads)
+
+    ref, _, _ = stats(tmp_path / "ref.json", "--catalog", cat_path)
+    assert made == [] and ref["counts"]["scenes"] < 12
+    cache = tmp_path / "cache"
+    first, said, _ = stats(tmp_path / "1.json", "--cache", cache)
+    assert made == [1] and "computing the scene catalog" in said and "kept in the cache" in said
+    second, said, reads = stats(tmp_path / "2.json", "--cache", cache)
+    assert made == [1] and "read from the cache" in said and "computing" not in said
+    # no catalog computed: the agent chunks read are at most the filtered report's (its own partials cached too)
+    _, _, report_only = stats(tmp_path / "3.json", "--catalog", cat_path)
+    assert reads <= report_only
+    for got in (first, second):
+        same_report(got, ref)
+    # a damaged catalog (a byte flipped): computed again, one warning, then read back again
+    (entry,) = (cache / cachelib.FOLDER / catalog_mod.CACHE_FOLDER).glob("*" + cachelib.SUFFIX)
+    raw = bytearray(entry.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    entry.write_bytes(bytes(raw))
+    cachelib.reset_warnings()
+    with caplog.at_level(logging.WARNING, logger="l5dask.cache"):
+        third, said, _ = stats(tmp_path / "4.json", "--cache", cache)
+    assert made == [1, 1] and "computing the scene catalog" in said
+    assert len([r for r in caplog.records if "damaged scene catalog" in r.getMessage()]) == 1, caplog.text
+    same_report(third, ref)
+    assert "read from the cache" in stats(tmp_path / "5.json", "--cache", cache)[1] and made == [1, 1]
+    # the cache of dask config l5dask.cache is used the same way
+    with dask.config.set({"l5dask.cache": str(tmp_path / "cfg")}):
+        stats(tmp_path / "6.json")
+        got, said, _ = stats(tmp_path / "7.json")
+    assert made == [1, 1, 1] and "read from the cache" in said
+    same_report(got, ref)
