@@ -355,7 +355,7 @@ def agg(
     default=200,
     show_default=True,
     type=click.IntRange(1),
-    help="scenes to generate (200 is about 3.6 M agents)",
+    help="scenes to generate (200 is about 3.5 M agents)",
 )
 @shared(output="the folder for the generated dataset and the report", output_default="l5dask-demo", storage=False)
 def demo(scenes: int, quiet: bool, output: str) -> None:
