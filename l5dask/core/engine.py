@@ -964,10 +964,12 @@ class Job:
         dominant pass when it has one); ``guided``: smaller as the end nears (a persisted pass is
         followed by more work, so its last tasks idle no thread: it needs no guided end).
 
-        With a cache, a pass whose chunks can be identified runs in groups aligned to multiples
-        of one size (no guided end), stable as the dataset grows: the tasks over the chunks that
-        were there before are the same, and found in the cache. (A pass that is not guided runs
-        in the same groups with or without a cache.)"""
+        A pass whose chunks can be identified (the ones a cache keeps) runs in groups aligned to
+        multiples of one size (no guided end), cached or not: stable as the dataset grows (the
+        tasks over the chunks that were there before are the same, and found in the cache), and
+        the same with and without a cache, so that a result's floating-point sums are grouped
+        alike and its bits are the same (issue 48: every cached result bit for bit the uncached
+        one)."""
         if spec.groups is not None:
             return list(spec.groups)
         n = spec.source.nchunks
@@ -980,7 +982,7 @@ class Job:
                     _pow2(n), self.threads, self.scheduler_kind, tasks_per_thread=PARENT_TASKS_PER_THREAD
                 ),
             )
-        aligned = self.cache is not None and hasattr(spec.source, "chunk_identities")
+        aligned = hasattr(spec.source, "chunk_identities")
         if spec.rows is not None or not guided or aligned:
             return [(f, min(per_task, n - f)) for f in range(0, n, per_task)]
         return task_groups(n, per_task, self.threads)

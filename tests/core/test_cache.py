@@ -448,3 +448,53 @@ def test_many_analyses_in_one_pass_are_cached_too(dataset, tmp_path, monkeypatch
     assert again["catalog"].equals(first["catalog"])
     assert again["near"].equals(first["near"]) and again["far"].equals(first["far"])
     assert not again["near"].equals(again["far"])  # (each member of the fused entry its own where)
+
+
+def test_cached_or_not_the_same_bits_before_and_after_growth(dataset, tmp_path, monkeypatch):
+    """Every run groups a pass's chunks into the same tasks, cached or not (aligned groups, no
+    guided end): float sums (means, variances) of an uncached run, a cold cached run, a warm one
+    and, after scenes are appended, a run that reuses the entries are the same bits (a dataset
+    whose chunk count is no power of two: the guided end of an uncached run made its last tasks
+    smaller)."""
+    from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
+
+    cache = str(tmp_path / "cache")
+    kw = {"by": ["label"], "values": {"speed": ["mean", "var", "std", "sum"]}}
+    scenes = {"by": ["scene_index"], "values": {"speed": ["mean", "var"]}, "where": "speed > 0.5"}
+    analyses = {"report": Report(), "catalog": Catalog(), "all": Aggregate("agents", **kw)}
+
+    def runs(**cached):
+        return (
+            l5dask.aggregate(dataset, **kw, **cached),
+            l5dask.aggregate(dataset, **scenes, **cached),
+            analyze(dataset, analyses, **cached),
+        )
+
+    def same(got, want) -> None:
+        import pandas as pd
+
+        for g, w in ((got[0], want[0]), (got[1], want[1]), (got[2]["all"], want[2]["all"])):
+            pd.testing.assert_frame_equal(g, w, check_exact=True)
+            for col in g.columns:
+                if g[col].dtype.kind == "f":
+                    assert np.array_equal(g[col].to_numpy(), w[col].to_numpy(), equal_nan=True), col
+        pd.testing.assert_frame_equal(got[2]["catalog"], want[2]["catalog"], check_exact=True)
+        assert public(got[2]["report"]) == public(want[2]["report"])
+
+    nagents = l5dask.open_dataset(dataset)["agents"].nchunks
+    assert nagents & (nagents - 1) and nagents > 8, nagents  # (no power of two)
+    uncached = runs()
+    with cachelib.counting() as cold:
+        same(runs(cache=cache), uncached)
+    with cachelib.counting() as warm:
+        same(runs(cache=cache), uncached)
+    assert cold.written > 10 and warm.hits == cold.hits + cold.misses and warm.misses == 0
+    extra = str(tmp_path / "extra.zarr")
+    l5dask.synthesize(extra, scenes=1, seed=78, chunk_rows=CHUNKS)
+    append_in_place(dataset, extra, str(tmp_path), monkeypatch)
+    grown = l5dask.open_dataset(dataset)["agents"].nchunks
+    assert grown > nagents and grown & (grown - 1), grown
+    with cachelib.counting() as after:
+        reused = runs(cache=cache)
+    assert after.hits > after.misses > 0, after
+    same(reused, runs())  # the uncached runs of the grown dataset
