@@ -721,6 +721,11 @@ def with_fingerprint(table, ds: L5Dataset):
     meta[CATALOG_KEY.encode()] = json.dumps(
         {"version": 1, **fingerprint(ds, digest.decode() if digest else None)}
     ).encode()
+    if ds.parent is not None and ds.scene_indices is not None and "stored_scene_index" not in table.column_names:
+        # (a restricted dataset's: its scene_index counts its scenes; the stored index maps back)
+        import pyarrow as pa
+
+        table = table.add_column(1, "stored_scene_index", pa.array(np.asarray(ds.scene_indices, np.int64)))
     return table.replace_schema_metadata(meta)
 
 

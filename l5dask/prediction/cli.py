@@ -68,7 +68,7 @@ def scene_filter(
                 )
             table = make(ds, storage_options=options, progress=not quiet, scheduler=client)
         chosen = np.zeros(n, bool)
-        chosen[query_indices(ds, scenes, table, options)] = True
+        chosen[query_indices(ds, scenes, table, options, cli=True)] = True
         keep &= chosen
     if not keep.any():
         raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
@@ -448,7 +448,9 @@ def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage
 
 @click.command()
 @click.argument("dataset")
-@click.option("--ranges", default=None, metavar="START:END[,...]", help="scene ranges [START, END), in this order")
+@click.option(
+    "--ranges", default=None, metavar="START:END[,...]", help="stored scene indices [START, END), in this order"
+)
 @click.option("--hosts", default=None, metavar="H1,H2", help="keep the scenes of these hosts")
 @click.option(
     "--start",
@@ -475,9 +477,11 @@ def subset(
     storage_options,
 ) -> None:
     """Keep some scenes of DATASET (with their frames, agents, faces and agent masks) in OUTPUT,
-    intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold (the
-    ranges, hosts and times then count the scenes --scenes and --scenes-from keep)."""
+    intervals rebased as L5Kit's _append_zarr_subset. Filters given together must all hold: a scene
+    is kept when it is in --ranges (stored scene indices, as everywhere), of --hosts, in
+    --start/--end, and chosen by --scenes and --scenes-from."""
     from l5dask.errors import UsageError
+    from l5dask.prediction.surgery import parse_ranges
     from l5dask.prediction.surgery import subset as op
 
     filters = (scenes, scenes_from, catalog_file)
@@ -485,8 +489,8 @@ def subset(
         raise UsageError("--catalog is read by --scenes: give --scenes EXPR too")
     if scenes is None and scenes_from is None and ranges is None and hosts is None and start is None and end is None:
         raise UsageError("say which scenes to keep: --scenes, --scenes-from, --ranges, --hosts, or --start/--end")
-    if ranges is None and hosts is None and start is None and end is None:
-        ranges = "0:"  # (every scene the filters keep)
+    if ranges is not None:
+        parse_ranges(ranges, sys.maxsize)  # (its form, refused before any work; its bounds when the dataset is read)
     _surgery(
         op,
         dataset,

@@ -92,8 +92,8 @@ class L5Dataset:
     @where_keywords
     def isel(self, scene: Any = None, *, scheduler: Any = None, progress: bool = False) -> L5Dataset:
         """This dataset restricted to some scenes, as xarray's ``isel`` along ``scene``: ``scene``
-        their indices (in any order; each kept once, in the dataset's order) or a boolean per
-        scene. The result is the dataset L5Kit's ``zarr_utils`` would write for those scenes
+        their indices in increasing order (negative ones count from the end; unsorted or repeated
+        ones are refused: a restriction keeps the stored order), a slice, or a boolean per scene. The result is the dataset L5Kit's ``zarr_utils`` would write for those scenes
         (``l5dask subset``: intervals rebased, chunked as L5Kit writes), read in place: its arrays,
         views, joins, report, exports and commands see only those scenes' frames, agents, faces
         and agent masks, and the stored chunks that hold none of them are never read. Making it
@@ -102,6 +102,17 @@ class L5Dataset:
         is its old name, until the next release); see :mod:`l5dask.prediction.scenes`."""
         if scene is None:
             raise UsageError("isel: say which scenes (scene=[indices] or a boolean per scene)")
+        if not isinstance(scene, slice):
+            given = np.asarray(scene)
+            if given.dtype != bool and given.ndim == 1 and len(given) > 1 and given.dtype.kind in "iu":
+                n = len(self[fmt.SCENES])
+                steps = np.diff(np.where(given < 0, given + n, given))
+                if (steps <= 0).any():
+                    k = int(np.flatnonzero(steps <= 0)[0])
+                    raise UsageError(
+                        f"isel: scene {int(given[k + 1])} after {int(given[k])}: a restriction keeps the stored order "
+                        "of its scenes, each once; give them in increasing order (sorted(set(...)))"
+                    )
         root = self.parent or self
         job = Job(scheduler, progress=progress)
         if self.parent is not None and self.scene_indices is not None:  # (a restriction of a restriction)

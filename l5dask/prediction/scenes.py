@@ -206,9 +206,12 @@ class SceneView(L5Array):
 
 # --- the restriction ----------------------------------------------------------------------------
 def scene_indices(ds: Any, scenes: Any, what: str = "scenes") -> np.ndarray:
-    """``scenes`` (indices, or a boolean per scene) as sorted, distinct indices of ``ds``'s scenes;
-    out of range, a mask of the wrong length, or none selected: one line."""
+    """``scenes`` (indices, negative ones counting from the end, a slice, or a boolean per scene)
+    as sorted, distinct indices of ``ds``'s scenes; out of range, a mask of the wrong length, or
+    none selected: one line."""
     n = len(ds[fmt.SCENES])
+    if isinstance(scenes, slice):  # (as numpy slices: negative bounds count from the end)
+        scenes = np.arange(n)[scenes]
     arr = np.asarray(scenes)
     if arr.dtype == bool:
         if arr.shape != (n,):
@@ -217,7 +220,8 @@ def scene_indices(ds: Any, scenes: Any, what: str = "scenes") -> np.ndarray:
     else:
         if arr.size and arr.dtype.kind not in "iu":
             raise UsageError(f"{what}: scene indices are integers (got {arr.dtype} values)")
-        idx = np.unique(arr.astype(np.int64).ravel())
+        idx = arr.astype(np.int64).ravel()
+        idx = np.unique(np.where((idx < 0) & (idx >= -n), idx + n, idx))  # (negative: from the end, as numpy)
         bad = idx[(idx < 0) | (idx >= n)]
         if len(bad):
             raise UsageError(
@@ -461,17 +465,35 @@ def fingerprint(ds: Any, scenes_sha256: str | None = None) -> dict[str, Any]:
     if scenes_sha256 is None:
         scenes = ds[fmt.SCENES]
         scenes_sha256 = scenes_digest(scenes.read(0, scenes.nchunks))
-    return {"dataset": ds.url, "arrays": arrays, "scenes_sha256": scenes_sha256}
+    out = {"dataset": ds.url, "arrays": arrays, "scenes_sha256": scenes_sha256}
+    if getattr(ds, "parent", None) is not None and ds.scene_indices is not None:  # (a restricted dataset)
+        out["restricted"] = {"scenes": len(ds.scene_indices), "of": len(ds.parent[fmt.SCENES])}
+    return out
 
 
 def check_fingerprint(theirs: dict, ds: Any, what: str) -> None:
-    """A catalog's fingerprint (``theirs``) against ``ds``'s: one line if it was made from another dataset."""
+    """A catalog's fingerprint (``theirs``) against ``ds``'s: one line saying what differs (a
+    catalog of some of its scenes, of the dataset as it was, of another dataset)."""
     mine = fingerprint(ds)
-    if theirs.get("arrays") != mine["arrays"] or theirs.get("scenes_sha256") != mine["scenes_sha256"]:
+    keys = ("arrays", "scenes_sha256", "restricted")
+    if all(theirs.get(k) == mine.get(k) for k in keys):
+        return
+    src, part = theirs.get("dataset", "?"), theirs.get("restricted")
+    remake = "make the catalog of the whole dataset: l5dask.catalog(ds), or l5dask catalog DATASET -o FILE"
+    if part and not mine.get("restricted"):
         raise UsageError(
-            f"{what} was made from another dataset ({theirs.get('dataset', '?')}), not {ds.url}: its "
-            "fingerprint differs (make the catalog of this one: l5dask catalog DATASET -o FILE)"
+            f"{what} was made from {part['scenes']:,} of the {part['of']:,} scenes of {src} (a filtered "
+            f"catalog); a filter needs the catalog of the whole dataset ({remake})"
         )
+    if mine.get("restricted"):
+        raise UsageError(
+            f"{what} is not the catalog of these scenes of {ds.url}: give the catalog of the whole dataset"
+        )
+    if src == ds.url:
+        raise UsageError(
+            f"{what} was made from {src} when it held other data: its fingerprint differs now (make the catalog again: {remake})"
+        )
+    raise UsageError(f"{what} was made from another dataset ({src}), not {ds.url}: its fingerprint differs ({remake})")
 
 
 def _open_input(path: str, storage_options: dict | None):
@@ -482,7 +504,7 @@ def _open_input(path: str, storage_options: dict | None):
     return fs.open(target, "rb")
 
 
-def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: str = "--catalog"):
+def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: str = "the catalog"):
     """The catalog Parquet at ``path`` (a ``pyarrow.parquet.ParquetFile``: columns read when asked for), refused in one line if it is no catalog of
     ``ds`` (its fingerprint, written by ``l5dask catalog``, differs)."""
     import pyarrow.parquet as pq
@@ -543,12 +565,15 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
     return scene_indices(ds, np.asarray(out, np.int64), what)
 
 
-def query_indices(ds: Any, expr: str, catalog: Any, storage_options: dict | None = None) -> np.ndarray:
+def query_indices(
+    ds: Any, expr: str, catalog: Any, storage_options: dict | None = None, cli: bool = False
+) -> np.ndarray:
     """The indices of ``ds``'s scenes where ``expr`` holds over the columns of ``catalog`` (a
     pandas DataFrame or an Arrow table with a row per scene, or a catalog Parquet of ``ds``); a
-    catalog that holds a fingerprint is checked against ``ds``."""
+    catalog that holds a fingerprint is checked against ``ds``. Errors name ``--scenes`` and
+    ``--catalog`` when ``cli``, else ``query`` and its ``catalog=``."""
     if isinstance(catalog, (str, os.PathLike)):
-        catalog = read_catalog(catalog, ds, storage_options)
+        catalog = read_catalog(catalog, ds, storage_options, "--catalog" if cli else "the catalog")
     elif getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
         check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog")
     elif CATALOG_KEY.encode() in (getattr(getattr(catalog, "schema", None), "metadata", None) or {}):
@@ -557,4 +582,4 @@ def query_indices(ds: Any, expr: str, catalog: Any, storage_options: dict | None
     n = len(ds[fmt.SCENES])
     if len(keep) != n:
         raise UsageError(f"the catalog has {len(keep):,} rows; the dataset has {n:,} scenes")
-    return scene_indices(ds, keep, f"--scenes {expr!r}")
+    return scene_indices(ds, keep, f"--scenes {expr!r}" if cli else f"query({expr!r})")

@@ -401,6 +401,25 @@ def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
     return ranges
 
 
+def ranges_argument(scenes: Any) -> str:
+    """:func:`subset`'s ``scenes=`` as the text of its ranges; anything but ranges refused in one line."""
+    text = None
+    if isinstance(scenes, str):
+        if all(re.fullmatch(r"\s*-?\d*\s*:\s*-?\d*\s*", part) for part in scenes.split(",")):
+            text = scenes
+    elif isinstance(scenes, (list, tuple)) and scenes:
+        pairs = [p for p in scenes if isinstance(p, (list, tuple)) and len(p) == 2]
+        if len(pairs) == len(scenes) and all(isinstance(x, (int, np.integer)) for p in pairs for x in p):
+            text = ",".join(f"{int(a)}:{int(b)}" for a, b in pairs)
+    if text is None:
+        raise UsageError(
+            f"subset: scenes={scenes!r}: scenes= takes scene ranges of stored scene indices, "
+            "'START:END,...' or [(start, end), ...] (e.g. '0:100,200:250'); to keep given scenes or "
+            "those where a condition holds, subset ds.isel(scene=[...]) or ds.query('...')"
+        )
+    return text
+
+
 def parse_time(text: Any, what: str) -> int:
     """An ISO date or time (UTC unless it says otherwise) as nanoseconds since the epoch."""
     if isinstance(text, (int, np.integer)):
@@ -423,19 +442,27 @@ def select_scenes(
     hosts: Sequence[str] | str | None = None,
     start: Any = None,
     end: Any = None,
+    stored: np.ndarray | None = None,
+    nstored: int = 0,
 ) -> np.ndarray:
-    """The scene indices that pass every filter given: in the ranges (in their order), of one of
-    ``hosts``, whose first frame's timestamp is in ``[start, end)``."""
+    """The scene indices (rows of ``t``) that pass every filter given: in the ranges (in their
+    order), of one of ``hosts``, whose first frame's timestamp is in ``[start, end)``. The ranges
+    are stored scene indices: with ``stored`` (the stored index of each row of ``t``, sorted, of
+    ``nstored`` stored scenes: ``t`` is a restricted dataset's), those rows that are in them."""
     n = len(t)
     if scenes is None:
         order = np.arange(n)
     else:
+        total = n if stored is None else nstored
         ranges = (
-            parse_ranges(scenes, n)
+            parse_ranges(scenes, total)
             if isinstance(scenes, str)
-            else parse_ranges(",".join(f"{a}:{b}" for a, b in scenes), n)
+            else parse_ranges(",".join(f"{a}:{b}" for a, b in scenes), total)
         )
         order = np.concatenate([np.arange(a, b) for a, b in ranges])
+        if stored is not None:  # (stored indices: those of the scenes ``t`` holds, at their rows)
+            pos = np.minimum(np.searchsorted(stored, order), len(stored) - 1)
+            order = pos[stored[pos] == order]
     keep = np.ones(n, bool)
     if hosts is not None:
         hosts = [h.strip() for h in hosts.split(",")] if isinstance(hosts, str) else list(hosts)
@@ -472,21 +499,32 @@ def subset(
     progress: bool = False,
 ) -> L5Dataset:
     """Keep some scenes of a dataset (with their frames, agents, faces and agent masks): scene
-    ranges ``"START:END,..."``, hosts, and/or a time range ``[start, end)`` of their first frames
-    (ISO, UTC unless said); intervals rebased as L5Kit's ``_append_zarr_subset``. ``scheduler``: where
+    ranges ``"START:END,..."`` (or ``[(start, end), ...]``) of stored scene indices, hosts, and/or a
+    time range ``[start, end)`` of their first frames (ISO, UTC unless said); filters given
+    together must all hold. A dataset restricted by :meth:`~l5dask.prediction.dataset.L5Dataset.isel`
+    or :meth:`~l5dask.prediction.dataset.L5Dataset.query` is written whole when no filter is given,
+    else the scenes of it the filters keep (its ranges still the stored indices); intervals rebased
+    as L5Kit's ``_append_zarr_subset``. ``scheduler``: where
     to run, as for :func:`~l5dask.prediction.surgery.concat`."""
-    if scenes is None and hosts is None and start is None and end is None:
-        raise UsageError("say which scenes to keep: scene ranges, hosts, or a time range (start/end)")
     ds = _open(input, storage_options)
-    if isinstance(scenes, str):
-        parse_ranges(scenes, len(ds[fmt.SCENES]))  # refused now, before any work
+    restricted = ds.parent is not None and ds.scene_indices is not None
+    if scenes is None and hosts is None and start is None and end is None and not restricted:
+        raise UsageError(
+            "subset: say which scenes to keep: scenes= (scene ranges), hosts=, or start=/end= "
+            "(or give a dataset restricted by ds.isel or ds.query)"
+        )
+    nstored = len(ds.parent[fmt.SCENES]) if ds.parent is not None and restricted else len(ds[fmt.SCENES])
+    if scenes is not None:
+        scenes = ranges_argument(scenes)
+        parse_ranges(scenes, nstored)  # refused now, before any work
     if start is not None or end is not None:
         parse_time(start, "--start") if start is not None else None
         parse_time(end, "--end") if end is not None else None
     check_target(output, [ds], storage_options, overwrite)
     job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
     t = scene_table(ds, Job(job))
-    selected = select_scenes(t, scenes, hosts, start, end)
+    stored = ds.scene_indices if restricted else None
+    selected = select_scenes(t, scenes, hosts, start, end, stored, nstored)
     store = target(output, [ds], storage_options, overwrite)
     write_outputs([plan(store, [(ds, t, selected)], sorted(ds.masks))], job)
     return _open(store.url, storage_options)

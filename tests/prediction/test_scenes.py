@@ -115,6 +115,8 @@ def test_a_restricted_dataset_behaves_as_the_subset(data, tmp_path):
         l5dask.aggregate(ref, "agents", by=by, values=values, where="distance_to_ego < 30"),
     )
     mine, theirs = l5dask.catalog(ds), l5dask.catalog(ref)
+    # (the stored index of each scene, to map the subset's scene_index back)
+    assert mine.pop("stored_scene_index").tolist() == list(sel)
     pd.testing.assert_frame_equal(mine, theirs)
     j1 = ds.joined("agents")[["scene_index", "frame_index", "centroid"]].compute()
     j2 = l5dask.open_dataset(ref).joined("agents")[["scene_index", "frame_index", "centroid"]].compute()
@@ -223,6 +225,51 @@ def test_query_reads_the_catalog(data, tmp_path):
         ds.isel(scene=np.ones(5, bool))
 
 
+def test_isel_takes_slices_and_negative_indices_and_refuses_unsorted(data, tmp_path):
+    path, cat, cat_path = data
+    ds = l5dask.open_dataset(path)
+    assert list(ds.isel(scene=slice(2, 5)).scene_indices) == [2, 3, 4]
+    assert list(ds.isel(scene=slice(-3, None)).scene_indices) == [9, 10, 11]
+    assert list(ds.isel(scene=[0, -1]).scene_indices) == [0, 11]
+    assert list(ds.isel(scene=[1, 5, 9]).isel(scene=slice(1, None)).scene_indices) == [5, 9]
+    for bad in ([7, 0], [2, 2]):
+        with pytest.raises(UsageError) as e:
+            ds.isel(scene=bad)
+        assert "increasing order" in str(e.value) and "\n" not in str(e.value)
+    # Python's errors name the API, not the command line's flags
+    for c in (cat, cat_path):
+        with pytest.raises(NoScenesError) as e:
+            ds.query(scene="frames < 0", catalog=c)
+        assert "--" not in str(e.value) and "query('frames < 0')" in str(e.value)
+    other = str(tmp_path / "other.zarr")
+    l5dask.synthesize(other, scenes=3, seed=5)
+    with pytest.raises(UsageError) as e:
+        l5dask.open_dataset(other).query(scene="frames > 0", catalog=cat_path)
+    assert "--" not in str(e.value) and "was made from another dataset" in str(e.value)
+
+
+def test_a_filtered_catalog_given_for_the_whole_dataset_says_so(data, tmp_path):
+    path, cat, cat_path = data
+    listing = tmp_path / "c.txt"
+    listing.write_text("0\n2\n")
+    part = tmp_path / "part.parquet"
+    r = cli("catalog", path, "--scenes-from", listing, "-o", part, "-q")
+    assert r.returncode == 0, r.stderr
+    # the catalog of a restricted dataset maps its scenes back to the stored ones
+    assert pd.read_parquet(part)["stored_scene_index"].tolist() == [0, 2]
+    r = cli("subset", path, "--scenes", "frames > 0", "--catalog", part, "-o", tmp_path / "o.zarr")
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
+    assert "made from 2 of the 12 scenes of" in r.stderr and "a filtered catalog" in r.stderr
+    assert "another dataset" not in r.stderr and not (tmp_path / "o.zarr").exists()
+    # the catalog of the same dataset as it was: said so, not "another dataset"
+    with pytest.raises(UsageError, match="when it held other data"):
+        from l5dask.prediction.scenes import check_fingerprint, fingerprint
+
+        theirs = fingerprint(l5dask.open_dataset(path))
+        theirs["scenes_sha256"] = "0" * 64
+        check_fingerprint(theirs, l5dask.open_dataset(path), "the catalog")
+
+
 # --- the command line --------------------------------------------------------------------------------
 def cli(*args, cwd=None):
     return subprocess.run(
@@ -244,10 +291,64 @@ def test_subset_with_a_filter_writes_what_l5kit_writes(data, tmp_path):
     r = cli("subset", path, "--scenes", expr, "--catalog", cat_path, "-o", out, "-q")
     assert r.returncode == 0, r.stderr
     assert_same(str(out), ref)
-    # with --ranges: the ranges count the scenes the filter keeps
-    r = cli("subset", path, "--scenes", expr, "--catalog", cat_path, "--ranges", "1:3", "-o", tmp_path / "r.zarr", "-q")
+    # with --ranges: stored scene indices, and both must hold (the intersection), as --help says
+    lo, hi = int(want[0]), int(want[-1]) + 1
+    both = want[(want >= lo + 1) & (want < hi)]
+    assert 0 < len(both) < len(want) and not np.array_equal(both, want[1 : 1 + len(both)] - 1)
+    r = cli(
+        "subset",
+        path,
+        "--scenes",
+        expr,
+        "--catalog",
+        cat_path,
+        "--ranges",
+        f"{lo + 1}:{hi}",
+        "-o",
+        tmp_path / "r.zarr",
+        "-q",
+    )
     assert r.returncode == 0, r.stderr
-    assert_same(str(tmp_path / "r.zarr"), ref_subset(path, want[1:3], tmp_path, "ref2.zarr"))
+    assert_same(str(tmp_path / "r.zarr"), ref_subset(path, both, tmp_path, "ref2.zarr"))
+    # the same in Python: a restricted dataset's ranges are stored indices too
+    ds = l5dask.open_dataset(path).isel(scene=want)
+    l5dask.subset(ds, str(tmp_path / "p.zarr"), scenes=f"{lo + 1}:{hi}")
+    assert_same(str(tmp_path / "p.zarr"), ref_subset(path, both, tmp_path, "ref3.zarr"))
+    # ranges outside the filter's scenes keep nothing: one line, nothing written
+    outside = [i for i in range(12) if i not in set(want.tolist())][0]
+    r = cli(
+        "subset",
+        path,
+        "--scenes",
+        expr,
+        "--catalog",
+        cat_path,
+        "--ranges",
+        f"{outside}:{outside + 1}",
+        "-o",
+        tmp_path / "n.zarr",
+    )
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 1
+    assert "no scene matches" in r.stderr
+    assert not (tmp_path / "n.zarr").exists()
+
+
+def test_subset_in_python_says_what_scenes_takes(data, tmp_path):
+    path, cat, _ = data
+    for bad in ("stops >= 0", [0, 2], "0:2,x"):
+        with pytest.raises(UsageError) as e:
+            l5dask.subset(path, str(tmp_path / "o.zarr"), scenes=bad)
+        msg = str(e.value)
+        assert "\n" not in msg and "scenes= takes scene ranges" in msg and "--" not in msg, msg
+    assert not (tmp_path / "o.zarr").exists()
+    # ranges as pairs are taken
+    l5dask.subset(path, str(tmp_path / "pairs.zarr"), scenes=[(1, 3), (5, 6)])
+    assert_same(str(tmp_path / "pairs.zarr"), ref_subset(path, [1, 2, 5], tmp_path))
+    # a restricted dataset with no filter: written whole
+    l5dask.subset(l5dask.open_dataset(path).isel(scene=[0, 2]), str(tmp_path / "r.zarr"))
+    assert_same(str(tmp_path / "r.zarr"), ref_subset(path, [0, 2], tmp_path, "ref2.zarr"))
+    with pytest.raises(UsageError, match="say which scenes to keep"):
+        l5dask.subset(path, str(tmp_path / "none.zarr"))
 
 
 def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
@@ -302,7 +403,9 @@ def test_every_reading_command_takes_the_filters(data, tmp_path):
     )
     assert_same(str(tmp_path / "parts" / "x"), ref_subset(path, [3], tmp_path, "x.zarr"))
     assert_same(str(tmp_path / "parts" / "y"), ref_subset(path, [8], tmp_path, "y.zarr"))
-    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "c.parquet"), l5dask.catalog(ref), check_like=True)
+    c = pd.read_parquet(tmp_path / "c.parquet")
+    assert c.pop("stored_scene_index").tolist() == [3, 8]
+    pd.testing.assert_frame_equal(c, l5dask.catalog(ref), check_like=True)
     # the GT CSV and the mask: those of the subset
     r = cli("gt", ref, "-o", tmp_path / "gt-ref.csv", "--threshold", "0.8", "-q")
     assert r.returncode == 0 and (tmp_path / "gt.csv").read_text() == (tmp_path / "gt-ref.csv").read_text()
