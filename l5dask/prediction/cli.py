@@ -40,8 +40,6 @@ def scene_filter(
 
     from l5dask.core.cache import open_cache
     from l5dask.prediction import format as fmt
-    from l5dask.prediction.catalog import cached_catalog
-    from l5dask.prediction.catalog import catalog_table as make
     from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.scenes import NoScenesError, query_indices, read_scene_list
 
@@ -56,6 +54,9 @@ def scene_filter(
     if scenes is not None:
         table: Any = catalog_file
         store = open_cache(cache, options) if table is None else None
+        if table is None:  # (the catalog's module imported only to make one)
+            from l5dask.prediction.catalog import cached_catalog
+            from l5dask.prediction.catalog import catalog_table as make
         if store is not None:
             say = None if quiet else (lambda line: click.echo(line, err=True))
             table = cached_catalog(ds, store, storage_options=options, progress=not quiet, scheduler=client, say=say)

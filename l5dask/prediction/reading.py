@@ -24,6 +24,13 @@ if TYPE_CHECKING:
     import dask.array as da
 
 
+def sorted_unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique(a)`` of a 1-d array of numbers (no NaN), without ``np.unique``'s import of
+    ``numpy.ma`` (8 ms of a filtered command's start)."""
+    a = np.sort(a)
+    return a[np.r_[True, a[1:] != a[:-1]]] if len(a) else a
+
+
 def project(records: np.ndarray, fields: Sequence[str] | None) -> np.ndarray:
     """A packed copy of ``records`` with only ``fields`` (all of them when ``None``)."""
     if fields is None or tuple(fields) == fmt.names_of(records.dtype):
@@ -114,7 +121,7 @@ def read_chunk_rows(
     if starts.min() < MAX_OVERHEAD + 4 * nblocks or starts.max() >= cbytes:
         raise ChunkError(chunk_fault(meta, str(index), "a block starts outside its bytes"))
     # the blocks wanted, in order; each ends where the next stored one starts (any order)
-    wanted = np.unique(
+    wanted = sorted_unique(
         np.concatenate(
             [
                 np.arange(((lo - start) * item) // blocksize, ((hi - start) * item - 1) // blocksize + 1)
@@ -126,7 +133,7 @@ def read_chunk_rows(
         # (the last, short block alone: blosc splits it otherwise than a whole one)
         whole = decode_chunk(store.get(key, what=what), meta, True, str(index))
         return [whole[lo - start : hi - start] for lo, hi in ranges]
-    ordered = np.unique(np.r_[starts, cbytes])
+    ordered = sorted_unique(np.r_[starts, cbytes])
     ends = ordered[np.searchsorted(ordered, starts[wanted], "right")]
     # the byte ranges to read: the wanted blocks' bytes, those that touch merged
     order = np.argsort(starts[wanted], kind="stable")
@@ -658,7 +665,7 @@ class L5Array:
         first, last = lo // rows, (hi - 1) // rows
         # runs of consecutive chunks that hold wanted rows
         chunks = (
-            np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+            sorted_unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
             if len(lo)
             else np.zeros(0, np.int64)
         )

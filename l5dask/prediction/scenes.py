@@ -32,7 +32,7 @@ from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import filesystem
 from l5dask.errors import IntervalError, UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.reading import L5Array, project, read_chunk_rows
+from l5dask.prediction.reading import L5Array, project, read_chunk_rows, sorted_unique
 from l5dask.prediction.where import evaluate_where, names_in, where_columns
 
 #: Rows per chunk of a restricted dataset's arrays: those L5Kit writes a subset with (its
@@ -106,7 +106,7 @@ class SceneView(L5Array):
         bhi = self.hi[p0:p1] - np.maximum(0, self.out[p0 + 1 : p1 + 1] - b)
         vat = self.out[p0:p1] + (blo - self.lo[p0:p1])
         base_rows = self.base.meta.chunk_rows
-        chunks = np.unique(
+        chunks = sorted_unique(
             np.concatenate([np.arange(x // base_rows, (y - 1) // base_rows + 1) for x, y in zip(blo, bhi)])
         )
         if not step:
@@ -221,7 +221,7 @@ def scene_indices(ds: Any, scenes: Any, what: str = "scenes") -> np.ndarray:
         if arr.size and arr.dtype.kind not in "iu":
             raise UsageError(f"{what}: scene indices are integers (got {arr.dtype} values)")
         idx = arr.astype(np.int64).ravel()
-        idx = np.unique(np.where((idx < 0) & (idx >= -n), idx + n, idx))  # (negative: from the end, as numpy)
+        idx = sorted_unique(np.where((idx < 0) & (idx >= -n), idx + n, idx))  # (negative: from the end, as numpy)
         bad = idx[(idx < 0) | (idx >= n)]
         if len(bad):
             raise UsageError(
@@ -291,7 +291,7 @@ def restriction(
     f0, f1 = iv[s0, 0], iv[s1 - 1, 1]
     nonempty = f1 > f0
     has_first = f0 < counts["frames"]  # (an empty run's agents start where its next frame's do)
-    wanted = np.unique(np.concatenate([f0[has_first], f1[nonempty] - 1]))
+    wanted = sorted_unique(np.concatenate([f0[has_first], f1[nonempty] - 1]))
     got = (
         read_rows_checked(SceneView(ds[fmt.FRAMES], wanted, wanted + 1), fields, intervals, job) if len(wanted) else {}
     )
