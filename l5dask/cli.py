@@ -103,7 +103,8 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
         plan = runs.plan(loaded, now=now, record=record)
         for t in plan.tasks:
             click.echo(f"{t.analysis.name} on {t.dataset}: {', '.join(t.outputs.values()) or 'into the dataset'}")
-        click.echo(f"{job}: {len(plan.tasks)} analyses on {len(plan.inputs)} datasets: the job can run")
+        n, d = len(plan.tasks), len(plan.inputs)
+        click.echo(f"{job}: {n} analys{'i' if n == 1 else 'e'}s on {d} dataset{'' if d == 1 else 's'}: the job can run")
         return
     rec = jobs.run_job(
         loaded,

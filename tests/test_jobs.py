@@ -136,9 +136,15 @@ def test_a_job_writes_each_analysis_as_its_own_function_computes_it(small_ds, tm
     # every stored chunk was read (at least once), the metadata apart
     assert record["reads"]["bytes"] >= stored_bytes(small_ds)
     assert record["reads"]["metadata_objects"] >= 5
-    assert [line.split(":")[0] for line in r.stdout.splitlines()] == [
-        f"{n} on small" for n in ("report", "catalog", "speeds", "frames", "mask")
+    # the four of one pass say their time once, the pass's; the mask (run alone) its own
+    lines = r.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        *(f"{n} on small" for n in ("report", "catalog", "speeds", "frames")),
+        "4 analyses on small in one pass",
+        "mask on small",
     ]
+    assert all(line.endswith(".csv") or line.endswith(".parquet") for line in lines[:4]), lines
+    assert lines[4].endswith(" s") and lines[5].endswith(" s)"), lines
 
 
 def test_toml_and_yaml_say_the_same_job(small_ds, tmp_path):
@@ -203,8 +209,28 @@ BAD = [
     (
         "unknown-column",
         '[analyses.a]\nkind = "aggregate"\nby = "lable"\nvalues = { speed = "mean" }\noutput = "a.csv"\n',
-        4,
+        6,  # (the line of by)
         "[analyses.a] on small: unknown group column 'lable' for agents; the columns are: ",
+    ),
+    (
+        "unknown-scenes-column",
+        '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\nscenes = "nosuch > 1"\noutput = "a.csv"\n',
+        7,
+        "[analyses.a] on small: scenes 'nosuch > 1' names unknown column 'nosuch'; the columns of the catalog are: "
+        "scene_index, host, start_time, ",
+    ),
+    (
+        "scenes-not-a-condition",
+        '[analyses.r]\nkind = "report"\nscenes = "frames + 1"\noutput = "r.json"\n',
+        6,
+        "[analyses.r] on small: scenes 'frames + 1' is not a condition (it gives int64 values)\n",
+    ),
+    (
+        "cache-url-http",
+        '[cache]\nurl = "http://x/y"\n[analyses.r]\nkind = "report"\noutput = "r.json"\n',
+        5,
+        "[cache] url: http://x/y: l5dask cannot write a cache on http:// (a local folder, s3://, gs:// or abfs:// "
+        "can hold one)\n",
     ),
     (
         "writes-nothing",
@@ -386,8 +412,42 @@ def test_check_lists_the_plan_and_runs_nothing(small_ds, tmp_path):
         r.stdout.splitlines()[0]
         == f"report on small: {out}/{DATE}/small/report.json, {out}/{DATE}/small/scenes.parquet"
     )
-    assert r.stdout.splitlines()[-1] == f"{job}: 5 analyses on 1 datasets: the job can run"
-    assert not any(p.is_file() for p in out.rglob("*"))
+    assert r.stdout.splitlines()[-1] == f"{job}: 5 analyses on 1 dataset: the job can run"
+    assert not out.exists()  # it runs nothing and makes nothing: not even the outputs' folders
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
+    one = write(
+        tmp_path / "one.toml", f'[datasets]\ns = "{small_ds}"\n[analyses.r]\nkind = "report"\noutput = "{out}/r.json"\n'
+    )
+    assert cli(one, "--check").stdout.splitlines()[-1] == f"{one}: 1 analysis on 1 dataset: the job can run"
+    assert not out.exists()
+
+
+def test_an_output_no_file_can_be_made_at_is_refused_before_anything_runs(small_ds, tmp_path):
+    # /proc: writable by its permissions (for root), yet no file can be made there
+    out = tmp_path / "out"
+    text = JOB.format(ds=small_ds, out=out).replace(
+        f'"{out}/{{date}}/{{dataset}}/speeds.parquet"', '"/proc/speeds.parquet"'
+    )
+    job = write(tmp_path / "job.toml", text)
+    line = text.splitlines().index('output = "/proc/speeds.parquet"') + 1
+    for args in ((), ("--check",)):
+        r = cli(job, *args)
+        assert (r.returncode, r.stdout) == (2, "")
+        assert r.stderr == (
+            f"l5dask: error: {job}:{line}: [analyses.speeds] output on small: /proc/speeds.parquet: "
+            "cannot write in the folder /proc: No such file or directory\n"
+        )
+        # nothing ran, nothing was written, no folder was made
+        assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
+
+
+def test_an_output_that_fails_at_write_time_is_said_without_its_temporary_name(tmp_path):
+    from l5dask.core.outputs import atomic_output
+    from l5dask.errors import OutputError
+
+    with pytest.raises(OutputError) as got, atomic_output("/proc/x.json", checked=True):
+        pass
+    assert str(got.value) == "/proc/x.json: cannot write in its folder: No such file or directory"
 
 
 def test_a_job_on_a_local_cluster_counts_the_workers_reads(small_ds, tmp_path):
@@ -593,7 +653,13 @@ def test_an_analysis_of_some_scenes_reads_the_catalog_the_run_writes(small_ds, t
     pd.testing.assert_frame_equal(
         pd.read_parquet(tmp_path / "long.parquet"), want, check_dtype=False, check_categorical=False
     )
-    write(job, job.read_text().replace(expr, "frames >="))
+    # a condition no scene meets: said at run time with the job's key (not the command line's --scenes)
+    write(job, job.read_text().replace(expr, "stops > 99999"))
+    r = cli(job, "-q")
+    assert r.returncode == 1
+    n = len(l5dask.open_dataset(small_ds)["scenes"])
+    assert f"l5dask: failed: long on small: scenes 'stops > 99999' selects no scene (of {n:,})\n" in r.stderr
+    write(job, job.read_text().replace("stops > 99999", "frames >="))
     r = cli(job, "-q")
     assert r.returncode == 2 and "[analyses.long] on small: " in r.stderr and len(r.stderr.splitlines()) == 1
 
@@ -642,6 +708,14 @@ def test_a_cache_url_l5dask_cannot_write_is_refused_before_anything_runs(small_d
     assert r.returncode == 2
     assert r.stderr.startswith(f"l5dask: error: {job}:5: [cache] url: "), r.stderr
     assert "cannot write a cache on http://" in r.stderr and len(r.stderr.splitlines()) == 1
+    assert not out.exists()
+    # refused by the check too (it checks what the run would)
+    r = cli(job, "--check")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        f"l5dask: error: {job}:5: [cache] url: http://127.0.0.1:9/cache: l5dask cannot write a cache on http:// "
+        "(a local folder, s3://, gs:// or abfs:// can hold one)\n"
+    )
     assert not out.exists()
     r = cli(write(tmp_path / "plain.toml", job.read_text().replace("[cache]\n", "").replace(
         'url = "http://127.0.0.1:9/cache"\n', "")), "-q", "--cache", "http://127.0.0.1:9/cache")  # fmt: skip

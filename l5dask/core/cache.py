@@ -454,6 +454,52 @@ config.on_reset(_WARNED.clear)
 WRITABLE = {"file", "local", "s3", "s3a", "gs", "gcs", "abfs", "az", "memory"}
 
 
+def check_location(url: str, key: str = "--cache") -> str:
+    """Refuse (a :class:`~l5dask.errors.UsageError`, one line naming ``key``) a location l5dask cannot
+    write a cache at (an archive, a chained URL, a read-only protocol); return its protocol."""
+    if not url:
+        raise UsageError("the cache's location is empty")
+    if "::" in url or url.rstrip("/").lower().endswith((".zip", ".tar", ".tgz", ".tar.gz")):
+        raise UsageError(f"{key} {url}: l5dask cannot write a cache there (an archive or a chained URL)")
+    proto = url.split("://", 1)[0].lower() if "://" in url else "file"
+    if proto not in WRITABLE:
+        raise UsageError(
+            f"{key} {url}: l5dask cannot write a cache on {proto}:// (a local folder, s3://, gs:// or "
+            "abfs:// can hold one)"
+        )
+    if proto == "file" and os.path.isfile(url.removeprefix("file://")):
+        raise UsageError(f"{key} {url}: is a file; a cache is a folder")
+    return proto
+
+
+def require_cache(cache: Cache) -> Cache:
+    """``cache``, refused in one line (a :class:`~l5dask.errors.UsageError`) if its location is not
+    an l5dask cache: missing, or holding other things and no ``l5dask-cache-vN`` folder (the mark
+    of a cache and of its format, made with its first entry). An empty folder is an empty cache."""
+    store, url = cache.store, cache.url
+    if store.local:
+        root = store.path("")
+        if not os.path.exists(root):
+            raise UsageError(f"{url}: no such cache (the folder does not exist)")
+        names = [n for n in os.listdir(root) if n != ".DS_Store"]
+    else:
+        fs = store.fs
+        base = store.path("").rstrip("/")
+        fs.invalidate_cache(base)
+        try:
+            names = [posixpath.basename(n.rstrip("/")) for n in fs.ls(base, detail=False)] if fs.exists(base) else []
+        except (OSError, ValueError):
+            names = []
+        if not names:
+            raise UsageError(f"{url}: no such cache (nothing is there)")
+    if not names or FOLDER in names:
+        return cache
+    other = sorted(n for n in names if n.startswith("l5dask-cache-v"))
+    if other:
+        raise UsageError(f"{url}: a cache of another format ({', '.join(other)}); this l5dask reads {FOLDER}")
+    raise UsageError(f"{url}: not an l5dask cache (it holds no {FOLDER} folder)")
+
+
 class Cache:
     """A cache of partials at ``url`` (a local folder or a bucket's prefix), read through a
     :class:`~l5dask.core.store.Store` (on S3, its GETs through obstore) and written with one
@@ -461,16 +507,7 @@ class Cache:
 
     def __init__(self, url: str | os.PathLike, storage_options: dict[str, Any] | None = None) -> None:
         url = os.fspath(url)
-        if not url:
-            raise UsageError("the cache's location is empty")
-        if "::" in url or url.rstrip("/").lower().endswith((".zip", ".tar", ".tgz", ".tar.gz")):
-            raise UsageError(f"--cache {url}: l5dask cannot write a cache there (an archive or a chained URL)")
-        proto = url.split("://", 1)[0].lower() if "://" in url else "file"
-        if proto not in WRITABLE:
-            raise UsageError(
-                f"--cache {url}: l5dask cannot write a cache on {proto}:// (a local folder, s3://, gs:// or "
-                "abfs:// can hold one)"
-            )
+        proto = check_location(url)
         self.url = url
         self.storage_options = dict(storage_options or {}) if proto != "file" else {}
         self.store = Store(url, self.storage_options)

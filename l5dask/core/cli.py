@@ -16,9 +16,13 @@ def cache() -> None:
 
 
 def _open(location: str, storage_options):
-    from l5dask.core.cache import Cache
+    from l5dask.core.cache import Cache, require_cache
+    from l5dask.errors import UsageError
 
-    return Cache(location, parse_storage_options(storage_options))
+    try:
+        return require_cache(Cache(location, parse_storage_options(storage_options)))
+    except UsageError as exc:  # (said of the location given, not of --cache)
+        raise UsageError(str(exc).removeprefix("--cache ")) from None
 
 
 def _size(n: float) -> str:
@@ -46,9 +50,11 @@ def info(location: str, as_json: bool, quiet: bool, storage_options) -> None:
     click.echo(f"{got['cache']}: {got['entries']:,} entries, {_size(got['bytes'])}")
     if got["entries"]:
         click.echo(f"  written from {when(got['oldest'])} to {when(got['newest'])}")
-    for row in got["by"]:
+    rows = got["by"]
+    w = {k: max((len(str(r[k])) for r in rows), default=0) for k in ("dataset", "source", "reduction")}
+    for row in rows:  # (columns as wide as their longest value: traffic_light_faces)
         click.echo(
-            f"  {row['dataset']}  {row['source']:<10} {row['reduction']:<40} "
+            f"  {row['dataset']:<{w['dataset']}}  {row['source']:<{w['source']}}  {row['reduction']:<{w['reduction']}}  "
             f"{row['entries']:>7,} entries  {_size(row['bytes']):>10}"
         )
 

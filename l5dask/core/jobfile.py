@@ -12,14 +12,16 @@ the schema is ``docs/jobs.md``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import string
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from l5dask.errors import UsageError
+from l5dask.core.cache import check_location
+from l5dask.errors import L5DaskError, UsageError
 
 #: A key's path in the job: ("analyses", "speeds", "by").
 Path = tuple[str, ...]
@@ -88,6 +90,17 @@ class Kind:
 
 #: The analyses a job can run, by kind (filled by the systems' ``jobs`` modules).
 ANALYSES: dict[str, Kind] = {}
+
+
+@contextlib.contextmanager
+def at_key(key: str) -> Iterator[None]:
+    """In a kind's ``check``: a fault raised in the block is said at the line of the analysis' key
+    ``key`` (not its table's)."""
+    try:
+        yield
+    except L5DaskError as exc:
+        exc.job_key = key  # type: ignore[attr-defined]
+        raise
 
 
 def register(kind: Kind) -> Kind:
@@ -451,6 +464,11 @@ def check(src: Source) -> Job:
         if isinstance(raw, str):
             raw = {"url": raw}
         cache = _checked_table(src, ("cache",), raw, CACHE_KEYS, "[cache]")
+        if cache.get("url"):
+            try:
+                check_location(str(cache["url"]), "[cache] url:")
+            except UsageError as exc:
+                raise src.error(("cache", "url"), str(exc)) from None
     options = data.get("storage-options", {})
     if not isinstance(options, Mapping):
         raise src.error(("storage-options",), "storage-options must be a table of fsspec options")

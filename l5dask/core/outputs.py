@@ -73,9 +73,21 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
         raise OutputError(f"{path}: the folder {folder} {what}")
+    probe_folder(folder, path)
+    return path
+
+
+def probe_folder(folder: str, path: str) -> None:
+    """Refuse (one line naming ``path``) a local ``folder`` a file cannot be made in: a file is made
+    there and removed (permissions do not tell: root, ``/proc``, a read-only mount)."""
     if not os.access(folder, os.W_OK | os.X_OK):
         raise OutputError(f"{path}: the folder {folder} is not writable")
-    return path
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".l5dask-probe.", dir=folder)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write in the folder {folder}: {exc.strerror or exc}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 @contextlib.contextmanager
@@ -102,11 +114,14 @@ def atomic_output(
     remote = _remote(path)
     parent = None if remote else os.path.dirname(path)
     name = path.rstrip("/").rsplit("/", 1)[-1]
-    if folder:
-        tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
-    else:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=parent)
-        os.close(fd)
+    try:
+        if folder:
+            tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
+        else:
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=parent)
+            os.close(fd)
+    except OSError as exc:  # (said of the output: its temporary name is no user's concern)
+        raise OutputError(f"{path}: cannot write in its folder: {exc.strerror or exc}") from None
     try:
         yield tmp
         if remote:

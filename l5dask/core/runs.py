@@ -4,7 +4,8 @@ pass, then its analyses run dataset by dataset, and its run record.
 The plan (:func:`plan`) expands the datasets' globs and opens each dataset (its metadata only: a
 dataset that does not exist is refused here), asks each analysis' kind to check it against each
 dataset, expands the outputs' templates, refuses two analyses writing one file, and checks every
-output can be written (a local output's folders are made). Only then does :func:`execute` run the
+output can be written (a file is made and removed in its folder; nothing is left: a local output's
+missing folders are made when the run starts). Only then does :func:`execute` run the
 analyses: all of one dataset together when their system declares how (``Kind.together``: one pass
 over its chunks), the others one after the other. When a pass of several analyses fails, each of
 them is run alone (what the fault does not touch is written). An analysis that fails is one line
@@ -32,7 +33,7 @@ from typing import Any
 from l5dask.core import store as store_mod
 from l5dask.core.cluster import connect
 from l5dask.core.jobfile import Analysis, Job, JobError, expand
-from l5dask.core.outputs import atomic_write, check_writable, filesystem, json_text
+from l5dask.core.outputs import atomic_write, check_writable, filesystem, json_text, probe_folder
 from l5dask.errors import L5DaskError
 
 #: The run record's format.
@@ -66,6 +67,8 @@ class Plan:
     tasks: list[Task]
     record: str | None
     fields: dict[str, str]
+    #: the local folders the outputs need, missing when checked: made when the run starts
+    folders: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -125,22 +128,28 @@ def expand_datasets(job: Job) -> list[tuple[str, str, dict, tuple]]:
     return out
 
 
-def _check_output(path: str, folder: bool, options: dict) -> None:
-    """Refuse (one line) an output that cannot be written; make a local output's folders."""
+def _check_output(path: str, folder: bool, options: dict, missing: list[str]) -> None:
+    """Refuse (one line) an output that cannot be written, making nothing: a local output's missing
+    folders are added to ``missing`` (made when the run starts) once the nearest existing one is
+    found to be a folder a file can be made in."""
     remote = "://" in path and not path.startswith("file://")
     if not remote:
         path = os.path.abspath(path.removeprefix("file://"))
-        try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-        except OSError as exc:
-            raise JobError(f"{path}: cannot make its folder: {exc.strerror or exc}") from None
-        if folder:
-            if os.path.exists(path) and not os.path.isdir(path):
-                raise JobError(f"{path}: is a file, not a folder")
-            if not os.access(os.path.dirname(path), os.W_OK | os.X_OK):
-                raise JobError(f"{path}: the folder {os.path.dirname(path)} is not writable")
-            return
-    if folder and remote:
+        if os.path.isdir(path) and not folder:
+            raise JobError(f"{path}: is a folder; give a file name")
+        if folder and os.path.exists(path) and not os.path.isdir(path):
+            raise JobError(f"{path}: is a file, not a folder")
+        parent = os.path.dirname(path)
+        absent = []
+        while not os.path.exists(parent):
+            absent.append(parent)
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise JobError(f"{path}: cannot make its folder: {parent} is a file")
+        probe_folder(parent, path)
+        missing.extend(f for f in reversed(absent) if f not in missing)
+        return
+    if folder:
         check_writable(path.rstrip("/") + "/.l5dask", options)
         return
     check_writable(path, options)
@@ -186,7 +195,9 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
             try:
                 t.analysis.kind.check(inp.ds, t.analysis.params)
             except L5DaskError as exc:
-                raise src.error(t.analysis.line, f"[analyses.{t.analysis.name}] on {t.dataset}: {exc}") from None
+                key = getattr(exc, "job_key", None)  # (jobfile.at_key: the line of that key)
+                line = (*t.analysis.line, key) if key else t.analysis.line
+                raise src.error(line, f"[analyses.{t.analysis.name}] on {t.dataset}: {exc}") from None
     # the outputs: no two the same, each writable
     written: dict[str, str] = {}
     record_path = record or (expand(job.run["record"], fields) if job.run["record"] else None)
@@ -202,10 +213,11 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                     "put {dataset} (or {analysis}) in the template",
                 )
             written[path] = where
+    folders: list[str] = []
     for path, where in written.items():
         t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
         try:
-            _check_output(path, t_folder, job.storage_options)
+            _check_output(path, t_folder, job.storage_options, folders)
         except L5DaskError as exc:
             line = ("run", "record")
             for t in tasks:
@@ -213,7 +225,7 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                     if p == path:
                         line = (*t.analysis.line, key)
             raise src.error(line, f"{where}: {exc}") from None
-    return Plan(job, started, inputs, tasks, record_path, fields)
+    return Plan(job, started, inputs, tasks, record_path, fields, folders)
 
 
 # --- running ----------------------------------------------------------------------------------
@@ -290,6 +302,11 @@ def execute(
     given, returns the cache's counts for the record; ``since``: this process's read counts when
     the run began (:func:`l5dask.core.store.read_counts` before its plan opened the datasets)."""
     t0 = time.perf_counter()
+    for folder in p.folders:
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            raise JobError(f"{folder}: cannot make this folder: {exc.strerror or exc}") from None
     before = _read_counts(ctx.client)
     if since is not None:
         before["local"] = since
@@ -299,7 +316,9 @@ def execute(
         if not tasks:
             continue
         results = _run_dataset(inp, tasks, ctx)
-        for t, (result, seconds) in zip(tasks, results):
+        # a pass of several analyses: its time said once, after its last analysis
+        last = {shared: i for i, (_, _, shared) in enumerate(results) if shared}
+        for i, (t, (result, seconds, shared)) in enumerate(zip(tasks, results)):
             entry: dict[str, Any] = {
                 "analysis": t.analysis.name,
                 "kind": t.analysis.kind.name,
@@ -312,8 +331,12 @@ def execute(
                 fail(f"{t.analysis.name} on {name}: {one_line(result)}")
             else:
                 entry.update(status="written", **({"result": result} if result else {}))
-                say(f"{t.analysis.name} on {name}: wrote {', '.join(t.outputs.values())} ({seconds:.1f} s)")
+                own = "" if shared else f" ({seconds:.1f} s)"
+                say(f"{t.analysis.name} on {name}: wrote {', '.join(t.outputs.values())}{own}")
             entries.append(entry)
+            if shared and last[shared] == i:
+                n = sum(r[2] == shared for r in results)
+                say(f"{n} analyses on {name} in one pass: {seconds:.1f} s")
     finished = datetime.datetime.now(datetime.timezone.utc)
     record = {
         "version": RECORD_VERSION,
@@ -339,12 +362,12 @@ def _fingerprint(inp: Input) -> Any:
     return inp.fingerprint(inp.ds) if inp.fingerprint is not None else {"url": inp.url}
 
 
-def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any, float]]:
+def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any, float, int]]:
     """Each task's record (or the exception that failed it) and its seconds: the tasks whose kinds
     run together (the same ``Kind.together``) in one call, the others one after the other; the
     tasks on a part of the dataset (``Kind.restriction``) after those on the whole of it, those of
     one part together."""
-    results: dict[int, tuple[Any, float]] = {}
+    results: dict[int, tuple[Any, float, int]] = {}
     parts: dict[Any, list[int]] = {}
     for i, t in enumerate(tasks):
         key = t.analysis.kind.restriction(t.analysis.params) if t.analysis.kind.restriction else None
@@ -360,7 +383,7 @@ def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any,
             except (KeyboardInterrupt, SystemExit):
                 raise
             except Exception as exc:  # noqa: BLE001 - the part cannot be read: its analyses fail
-                results.update(dict.fromkeys(members, (exc, time.perf_counter() - t0)))
+                results.update(dict.fromkeys(members, (exc, time.perf_counter() - t0, 0)))
                 continue
         results.update(_run_part(ds, inp, {i: tasks[i] for i in members}, ctx))
         if part is None:
@@ -370,8 +393,10 @@ def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any,
     return [results[i] for i in range(len(tasks))]
 
 
-def _run_part(ds: Any, inp: Input, tasks: dict[int, Task], ctx: Context) -> dict[int, tuple[Any, float]]:
-    results: dict[int, tuple[Any, float]] = {}
+def _run_part(ds: Any, inp: Input, tasks: dict[int, Task], ctx: Context) -> dict[int, tuple[Any, float, int]]:
+    """Each task's result, seconds and pass (a number, the same for the tasks of one pass of
+    several: their seconds are the pass's; 0 for a task run alone)."""
+    results: dict[int, tuple[Any, float, int]] = {}
     groups: dict[Any, list[int]] = {}
     for i, t in tasks.items():
         groups.setdefault(t.analysis.kind.together or ("alone", i), []).append(i)
@@ -390,8 +415,11 @@ def _run_part(ds: Any, inp: Input, tasks: dict[int, Task], ctx: Context) -> dict
         else:
             got = [_alone(ds, tasks[members[0]], ctx)]
         took = time.perf_counter() - t0
+        shared = min(members) + 1 if len(members) > 1 and callable(key) and len(got) == len(members) else 0
+        if shared and any(isinstance(r, BaseException) for r in got):
+            shared = 0  # (the pass failed: each was run alone after it)
         for i, r in zip(members, got):
-            results[i] = (r, took)
+            results[i] = (r, took, shared)
     return results
 
 

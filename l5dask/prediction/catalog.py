@@ -714,6 +714,12 @@ def catalog_plan(ds: L5Dataset, job: Job, tz: str = DEFAULT_TZ) -> Plan:
     return Plan(passes, final=assemble, args=(scenes, ds.labels, tz), name="l5-catalog", size_for=agents.nchunks)
 
 
+def empty_catalog(ds: L5Dataset, tz: str = DEFAULT_TZ):
+    """The catalog of ``ds`` with no row: its columns and their types (from the dataset's metadata,
+    no chunk read), to check an expression over the catalog before the catalog is made."""
+    return assemble(np.zeros(0, ds[fmt.SCENES].dtype), ds.labels, tz, RunsPart())
+
+
 def with_fingerprint(table, ds: L5Dataset):
     """The catalog (a pyarrow Table) with the dataset's :func:`~l5dask.prediction.scenes.fingerprint` in its schema metadata."""
     meta = dict(table.schema.metadata or {})

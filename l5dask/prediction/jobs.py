@@ -12,20 +12,20 @@ import functools
 import time
 from typing import Any
 
-from l5dask.core.jobfile import Key, Kind, register
+from l5dask.core.jobfile import Key, Kind, at_key, register
 from l5dask.core.outputs import table_format, write_json, write_table
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import MAX_GROUPS, parse_values, where_columns
 from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
-from l5dask.prediction.catalog import DEFAULT_TZ, catalog_table, check_tz, fingerprint, write_catalog
+from l5dask.prediction.catalog import DEFAULT_TZ, catalog_table, check_tz, empty_catalog, fingerprint, write_catalog
 from l5dask.prediction.columns import Table
 from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.exports import FORMATS, export
 from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.html import write_html
 from l5dask.prediction.report import write_scene_table
-from l5dask.prediction.scenes import read_catalog
+from l5dask.prediction.scenes import evaluate, query_indices, read_catalog
 from l5dask.prediction.where import names_in
 
 
@@ -66,10 +66,22 @@ SCENE_KEYS = (
 def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
     if params["scene-catalog"] is not None and params["scenes"] is None:
         raise UsageError("scene-catalog is read by scenes: give scenes too")
+    if params["scene-catalog"] is not None:  # (there, and of this dataset)
+        with at_key("scene-catalog"):
+            table = read_catalog(params["scene-catalog"], ds, options, "scene-catalog")
+    elif params["scenes"] is not None:
+        table = empty_catalog(ds)  # (the catalog's columns: known before it is made)
     if params["scenes"] is not None:
-        names_in(params["scenes"])  # (its syntax, before any pass)
-    if params["scene-catalog"] is not None:
-        read_catalog(params["scene-catalog"], ds, options, "scene-catalog")  # (there, and of this dataset)
+        try:
+            names_in(
+                params["scenes"]
+            )  # (its syntax, before any pass)  # (its columns and that it is a condition: over no row)
+            evaluate(params["scenes"], table.schema_arrow.empty_table() if hasattr(table, "schema_arrow") else table)
+        except UsageError as exc:  # (said with the job's key)
+            msg = str(exc).removeprefix(f"where {params['scenes']!r} ")
+            err = UsageError(f"scenes {params['scenes']!r} {msg}")
+            err.job_key = "scenes"  # type: ignore[attr-defined]
+            raise err from None
 
 
 def scene_part(params: dict) -> Any:
@@ -88,9 +100,8 @@ def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
         if memo not in ctx.memo:
             ctx.memo[memo] = catalog_table(ds, **_cached_kw(ctx))
         table = ctx.memo[memo]
-    return ds.query(
-        expr, catalog=table, storage_options=ctx.storage_options, scheduler=ctx.client, progress=ctx.progress
-    )
+    keep = query_indices(ds, expr, table, ctx.storage_options, key="scenes")  # (said with the job's key)
+    return ds.isel(keep, scheduler=ctx.client, progress=ctx.progress)
 
 
 # --- the report ---------------------------------------------------------------------------------
@@ -127,11 +138,15 @@ def write_catalog_output(table: Any, params: dict, outputs: dict, ctx: Any, seco
 def check_aggregate(ds: Any, params: dict) -> None:
     check_scenes(ds, params)
     table_format(params["output"])
-    table = Table(ds, params["array"])
-    table.resolve(params["by"], "group column")
-    parse_values(params["values"], table)
+    with at_key("array"):
+        table = Table(ds, params["array"])
+    with at_key("by"):
+        table.resolve(params["by"], "group column")
+    with at_key("values"):
+        parse_values(params["values"], table)
     if params["where"] is not None:
-        where_columns(params["where"], table)
+        with at_key("where"):
+            where_columns(params["where"], table)
     if not 0 <= params["quantile-bits"] <= 52:
         raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
 

@@ -566,12 +566,18 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
 
 
 def query_indices(
-    ds: Any, expr: str, catalog: Any, storage_options: dict | None = None, cli: bool = False
+    ds: Any,
+    expr: str,
+    catalog: Any,
+    storage_options: dict | None = None,
+    cli: bool = False,
+    key: str | None = None,
 ) -> np.ndarray:
     """The indices of ``ds``'s scenes where ``expr`` holds over the columns of ``catalog`` (a
     pandas DataFrame or an Arrow table with a row per scene, or a catalog Parquet of ``ds``); a
     catalog that holds a fingerprint is checked against ``ds``. Errors name ``--scenes`` and
-    ``--catalog`` when ``cli``, else ``query`` and its ``catalog=``."""
+    ``--catalog`` when ``cli``, else ``query`` and its ``catalog=``; ``key``: what the expression
+    is said as instead (a job's key, ``scenes``)."""
     if isinstance(catalog, (str, os.PathLike)):
         catalog = read_catalog(catalog, ds, storage_options, "--catalog" if cli else "the catalog")
     elif getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
@@ -582,4 +588,5 @@ def query_indices(
     n = len(ds[fmt.SCENES])
     if len(keep) != n:
         raise UsageError(f"the catalog has {len(keep):,} rows; the dataset has {n:,} scenes")
-    return scene_indices(ds, keep, f"--scenes {expr!r}" if cli else f"query({expr!r})")
+    what = f"{key} {expr!r}" if key else f"--scenes {expr!r}" if cli else f"query({expr!r})"
+    return scene_indices(ds, keep, what)

@@ -339,6 +339,37 @@ def test_the_command_line(dataset, tmp_path):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "cannot write a cache" in bad.stderr
     bad = run("cache", "prune", cache, "--max-size", "lots")
     assert bad.returncode == 2 and "expected a size" in bad.stderr and "Traceback" not in bad.stderr
+    # the columns of info line up (traffic_light_faces is wider than the others)
+    rows = [line for line in run("cache", "info", cache).stdout.splitlines() if line.endswith("B")][1:]
+    assert len(rows) >= 2 and any("traffic_light_faces" in r for r in rows), rows
+    assert len({line.index(" entries") for line in rows}) == 1, rows
+    assert len({line.rindex(f" {line.split()[2]} ") for line in rows}) == 1, rows  # (the reductions' column)
+
+
+def test_what_is_not_a_cache_is_refused_in_one_line(dataset, tmp_path):
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "l5dask.cli", *map(str, a)], capture_output=True, text=True, cwd=tmp_path
+    )
+    (tmp_path / "job.toml").write_text("x = 1\n")
+    (tmp_path / "empty").mkdir()
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for command in ("info", "prune"):
+        extra = ["--max-size", "1GB"] if command == "prune" else []
+        for location, message in (
+            ("nonexist", "nonexist: no such cache (the folder does not exist)"),
+            (dataset, f"{dataset}: not an l5dask cache (it holds no {cachelib.FOLDER} folder)"),
+            ("job.toml", "job.toml: is a file; a cache is a folder"),
+        ):
+            r = run("cache", command, location, *extra)
+            assert (r.returncode, r.stdout, r.stderr) == (2, "", f"l5dask: error: {message}\n"), (command, location)
+    # an empty folder is an empty cache
+    r = run("cache", "info", "empty")
+    assert (r.returncode, r.stdout) == (0, "empty: 0 entries, 0 B\n"), r.stderr
+    # a file where the cache's folder is needed: refused, not one warning
+    r = run("stats", dataset, "--cache", "job.toml", "-q")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "l5dask: error: --cache job.toml: is a file; a cache is a folder\n"
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
 KILLED = """
