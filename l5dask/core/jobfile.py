@@ -59,7 +59,8 @@ class Kind:
     that dataset (a column that is not there...) before any pass, raising a
     :class:`~l5dask.errors.UsageError`; ``run(ds, params, outputs, context)`` computes the
     analysis and writes its outputs (each atomically), and returns what the run record says of
-    it (a small dict); ``fingerprint(ds)`` what identifies the dataset (the run record's).
+    it (a small dict); ``fingerprint(ds, context)`` what identifies the dataset (the run record's; ``context``: the
+    run's :class:`~l5dask.core.runs.Context`, its cache).
     ``needs_output``: the analysis must be given one of its outputs. ``together``, when set, runs several analyses of one dataset in one pass:
     ``together(ds, [(kind, params, outputs), ...], context)`` returns, in order, each one's
     record or the exception that failed it.
@@ -78,7 +79,7 @@ class Kind:
     check: Callable[[Any, dict], None] | None = None
     folders: tuple[str, ...] = ()
     together: Callable[[Any, list, Any], list] | None = None
-    fingerprint: Callable[[Any], dict] | None = None
+    fingerprint: Callable[[Any, Any], dict] | None = None
     needs_output: bool = True
     restriction: Callable[[dict], Any] | None = None
     restrict: Callable[[Any, Any, Any, dict], Any] | None = None

@@ -56,7 +56,7 @@ class Input:
     storage_options: dict
     ds: Any
     line: tuple
-    fingerprint: Callable[[Any], dict] | None = None
+    fingerprint: Callable[[Any, Any], dict] | None = None
 
 
 @dataclass
@@ -346,7 +346,7 @@ def execute(
         "seconds": round(time.perf_counter() - t0, 3),
         "status": "written" if all(e["status"] == "written" for e in entries) else "failed",
         "inputs": [
-            {"dataset": inp.name, "url": inp.url, "fingerprint": _fingerprint(inp)} for inp in p.inputs.values()
+            {"dataset": inp.name, "url": inp.url, "fingerprint": _fingerprint(inp, ctx)} for inp in p.inputs.values()
         ],
         "analyses": entries,
         "reads": _reads_between(before, _read_counts(ctx.client)),
@@ -357,9 +357,9 @@ def execute(
     return record
 
 
-def _fingerprint(inp: Input) -> Any:
-    """What identifies a dataset (its analyses' kind says), else its URL."""
-    return inp.fingerprint(inp.ds) if inp.fingerprint is not None else {"url": inp.url}
+def _fingerprint(inp: Input, ctx: Context) -> Any:
+    """What identifies a dataset (its analyses' kind says, with the run's cache), else its URL."""
+    return inp.fingerprint(inp.ds, ctx) if inp.fingerprint is not None else {"url": inp.url}
 
 
 def _run_dataset(inp: Input, tasks: list[Task], ctx: Context) -> list[tuple[Any, float, int]]:

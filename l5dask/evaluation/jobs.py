@@ -10,8 +10,7 @@ from l5dask.core.jobfile import Key, Kind, register
 from l5dask.core.outputs import write_json
 from l5dask.errors import UsageError
 from l5dask.evaluation.agents import TH_DISTANCE_AV, TH_EXTENT_RATIO, TH_YAW_DEGREE, mask_name, select_agents
-from l5dask.prediction.catalog import fingerprint
-from l5dask.prediction.jobs import open_l5
+from l5dask.prediction.jobs import open_l5, run_fingerprint
 
 
 def check_select_agents(ds: Any, params: dict) -> None:
@@ -55,7 +54,7 @@ SELECT_AGENTS = register(
         run=run_select_agents,
         check=check_select_agents,
         folders=("output",),
-        fingerprint=fingerprint,
+        fingerprint=run_fingerprint,
         needs_output=False,
     )
 )

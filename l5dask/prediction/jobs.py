@@ -12,6 +12,7 @@ import functools
 import time
 from typing import Any
 
+from l5dask.core.engine import Job
 from l5dask.core.jobfile import Key, Kind, at_key, register
 from l5dask.core.outputs import table_format, write_json, write_table
 from l5dask.errors import UsageError
@@ -25,7 +26,7 @@ from l5dask.prediction.exports import FORMATS, export
 from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.html import write_html
 from l5dask.prediction.report import write_scene_table
-from l5dask.prediction.scenes import evaluate, query_indices, read_catalog
+from l5dask.prediction.scenes import evaluate, query_indices, read_catalog, scenes_digest
 from l5dask.prediction.where import names_in
 
 
@@ -46,6 +47,18 @@ def _cached_kw(ctx: Any) -> dict:
 def _suffix(path: str | None, allowed: tuple[str, ...], what: str) -> None:
     if path and not any(path.lower().endswith(e) for e in allowed):
         raise UsageError(f"{what} {path!r}: name the file {' or '.join('*' + e for e in allowed)}")
+
+
+def run_fingerprint(ds: Any, ctx: Any) -> dict:
+    """The dataset's :func:`~l5dask.prediction.catalog.fingerprint` for the run record, its scenes'
+    digest taken of the scenes as the run's passes read them (``Job.read``: with a cache, from its
+    entry while no scene chunk changed, so that a warm rerun reads no data chunk)."""
+    if ctx.cache is None:
+        return fingerprint(ds)
+    memo = ("scenes-read", id(ds))
+    if memo not in ctx.memo:
+        ctx.memo[memo] = Job(cache=ctx.cache).read(ds[fmt.SCENES])
+    return fingerprint(ds, scenes_digest(ctx.memo[memo]))
 
 
 # --- a part of the scenes ---------------------------------------------------------------------
@@ -232,7 +245,7 @@ REPORT = register(
         restriction=scene_part,
         restrict=restrict_scenes,
         check=check_report,
-        fingerprint=fingerprint,
+        fingerprint=run_fingerprint,
     )
 )
 
@@ -249,7 +262,7 @@ CATALOG = register(
         run=functools.partial(run_one, kind="catalog"),
         together=run_together,
         check=check_catalog,
-        fingerprint=fingerprint,
+        fingerprint=run_fingerprint,
     )
 )
 
@@ -280,7 +293,7 @@ AGGREGATE = register(
         restriction=scene_part,
         restrict=restrict_scenes,
         check=check_aggregate,
-        fingerprint=fingerprint,
+        fingerprint=run_fingerprint,
     )
 )
 
@@ -296,7 +309,7 @@ EXPORT = register(
         open=open_l5,
         run=run_export,
         folders=("output",),
-        fingerprint=fingerprint,
+        fingerprint=run_fingerprint,
     )
 )
 
