@@ -67,6 +67,14 @@ def main() -> None:
     tune_gc()
 
 
+@main.result_callback()
+def _notes(result: object) -> object:
+    """The lines a command left to say on stderr once it is done (``ctx.meta["l5dask.notes"]``)."""
+    for line in click.get_current_context().meta.get("l5dask.notes", ()):
+        click.echo(line, err=True)
+    return result
+
+
 @main.command("run")
 @click.argument("job")
 @click.option(

@@ -73,6 +73,18 @@ def scene_filter(
         keep &= chosen
     if not keep.any():
         raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
+    if not quiet:  # (said when the command is done: a user's error stays one line)
+        k = int(keep.sum())
+        note = (
+            f"l5dask: scene indices in the output are those of the {k:,} chosen scenes (0-{k - 1}), not the stored "
+            "ones: the catalog of the chosen scenes (l5dask catalog with the same filter) maps each to its "
+            "stored_scene_index"
+        )
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:
+            ctx.meta.setdefault("l5dask.notes", []).append(note)
+        else:
+            click.echo(note, err=True)
     return ds.isel(scene=keep, scheduler=client)
 
 

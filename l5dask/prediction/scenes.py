@@ -519,16 +519,35 @@ def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: 
             raise
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise UsageError(f"{what} {p}: not a Parquet file ({first})") from None
-    raw = (t.schema_arrow.metadata or {}).get(CATALOG_KEY.encode())
-    if raw is None:
+    theirs = parquet_fingerprint(t.schema_arrow.metadata or {})
+    if theirs is None:
         raise UsageError(f"{what} {p}: not a catalog written by l5dask catalog (no fingerprint in its metadata)")
-    check_fingerprint(json.loads(raw), ds, f"{what} {p}")
+    check_fingerprint(theirs, ds, f"{what} {p}")
     return t
+
+
+def parquet_fingerprint(meta: dict) -> dict | None:
+    """The fingerprint in a Parquet's schema metadata: where ``l5dask catalog`` writes it, else in
+    the ``attrs`` pandas keeps when it writes a DataFrame of ``l5dask.catalog`` (or one filtered
+    from it: ``cat[cat.frames > 100].to_parquet(...)``): pandas 3 under ``PANDAS_ATTRS``, pandas
+    2.1-2.x in its ``pandas`` metadata."""
+    raw = meta.get(CATALOG_KEY.encode())
+    if raw is not None:
+        return json.loads(raw)
+    try:
+        attrs = json.loads(meta[b"PANDAS_ATTRS"]) if b"PANDAS_ATTRS" in meta else None
+        if attrs is None and b"pandas" in meta:
+            attrs = json.loads(meta[b"pandas"]).get("attrs")
+    except (ValueError, AttributeError):
+        return None
+    found = attrs.get("l5dask") if isinstance(attrs, dict) else None
+    return found if isinstance(found, dict) and "arrays" in found else None
 
 
 def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> np.ndarray:
     """``--scenes-from``: a text file of scene indices (one a line; blank lines and ``#`` comments
-    skipped), or a catalog Parquet of ``ds`` with one boolean column (its true rows)."""
+    skipped), or a catalog Parquet of ``ds`` with one boolean column (its true rows), or with
+    none (the scenes of its rows, by their ``scene_index``: a catalog filtered with pandas)."""
     p = os.fspath(path)
     n = len(ds[fmt.SCENES])
     what = f"--scenes-from {p}"
@@ -537,6 +556,9 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
 
         t = read_catalog(p, ds, storage_options, "--scenes-from")
         flags = [f.name for f in t.schema_arrow if pa.types.is_boolean(f.type)]
+        if not flags and "scene_index" in t.schema_arrow.names:  # (rows chosen with pandas: their scenes)
+            rows = np.asarray(t.read(columns=["scene_index"]).column(0).to_numpy(zero_copy_only=False))
+            return scene_indices(ds, rows.astype(np.int64), f"{what} (its scene_index)")
         if len(flags) != 1:
             has = f"{len(flags)} ({', '.join(flags)})" if flags else "none"
             raise UsageError(f"{what}: a catalog with one boolean column says which scenes; it has {has}")

@@ -362,7 +362,12 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     write_catalog(c, str(flagged))
     assert cli("stats", ref_subset(path, [2, 7, 10], tmp_path), "-o", tmp_path / "ref.json", "-q").returncode == 0
     ref = json.loads((tmp_path / "ref.json").read_text())
-    for source in (listing, flagged):
+    # written by pandas (the fingerprint kept in the DataFrame's attrs): a flag column, or the rows kept
+    by_pandas = tmp_path / "pandas-flag.parquet"
+    c.to_parquet(by_pandas)
+    rows = tmp_path / "pandas-rows.parquet"
+    cat[cat["scene_index"].isin([2, 7, 10])].to_parquet(rows)
+    for source in (listing, flagged, by_pandas, rows):
         out = tmp_path / f"{source.stem}.json"
         r = cli("stats", path, "--scenes-from", source, "-o", out, "-q")
         assert r.returncode == 0, r.stderr
@@ -371,6 +376,7 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     r = cli("stats", path, "--scenes-from", listing, "--scenes", "scene_index >= 5", "-o", tmp_path / "both.json")
     assert r.returncode == 0, r.stderr
     assert "no --catalog given: computing the scene catalog" in r.stderr
+    assert "scene indices in the output are those of the 2 chosen scenes (0-1)" in r.stderr
     assert json.loads((tmp_path / "both.json").read_text())["counts"]["scenes"] == 2
 
 
