@@ -519,6 +519,9 @@ def subset(
         storage_options=storage_options,
         quiet=quiet,
     )
+    if ranges is not None or hosts is not None or start is not None or end is not None:
+        # (the note counts the scenes the filters chose; the subset holds fewer: its indices are its own)
+        click.get_current_context().meta.pop("l5dask.notes", None)
 
 
 @click.command()

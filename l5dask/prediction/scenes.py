@@ -483,7 +483,7 @@ def check_fingerprint(theirs: dict, ds: Any, what: str) -> None:
     if part and not mine.get("restricted"):
         raise UsageError(
             f"{what} was made from {part['scenes']:,} of the {part['of']:,} scenes of {src} (a filtered "
-            f"catalog); a filter needs the catalog of the whole dataset ({remake})"
+            "catalog); a filter needs the catalog of the whole dataset (l5dask.catalog(ds), or l5dask catalog DATASET -o FILE)"
         )
     if mine.get("restricted"):
         raise UsageError(
