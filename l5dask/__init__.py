@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from l5dask.core.lazy import attach
+from l5dask.core.version import __version__
 from l5dask.errors import (
     ChunkError,
     FormatError,
@@ -32,8 +33,6 @@ _LAZY = {
 
 __getattr__, __dir__, _names = attach(__name__, _LAZY)
 
-
-__version__ = "0.1.0"
 
 __all__ = [
     "ChunkError",

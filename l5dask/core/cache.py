@@ -59,10 +59,10 @@ from typing import Any
 
 import numpy as np
 
-from l5dask import __version__
 from l5dask.core import config
 from l5dask.core.outputs import atomic_output
 from l5dask.core.store import Store
+from l5dask.core.version import __version__
 from l5dask.errors import StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.

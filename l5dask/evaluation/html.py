@@ -6,8 +6,8 @@ import datetime as dt
 import html
 from typing import Any
 
-from l5dask import __version__
 from l5dask.core.page import MAX_TABLE_ROWS, figures_html, page, table_html
+from l5dask.core.version import __version__
 from l5dask.evaluation.metrics import METRICS
 from l5dask.evaluation.plots import EVALUATION_FIGURES
 from l5dask.prediction.plots import short_label

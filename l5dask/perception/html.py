@@ -6,8 +6,8 @@ import datetime as dt
 import html
 from typing import Any
 
-from l5dask import __version__
 from l5dask.core.page import MAX_TABLE_ROWS, figures_html, page, table_html
+from l5dask.core.version import __version__
 from l5dask.perception.plots import DETECTION_FIGURES, PERCEPTION_FIGURES
 
 

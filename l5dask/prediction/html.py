@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from l5dask import __version__
 from l5dask.core.page import MAX_TABLE_ROWS, figures_html, page, write_page
+from l5dask.core.version import __version__
 from l5dask.prediction.plots import REPORT_FIGURES, catalog_figures, short_label
 from l5dask.prediction.report import summary_rows
 
