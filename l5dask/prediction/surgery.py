@@ -413,8 +413,8 @@ def ranges_argument(scenes: Any) -> str:
             text = ",".join(f"{int(a)}:{int(b)}" for a, b in pairs)
     if text is None:
         raise UsageError(
-            f"subset: scenes={scenes!r}: scenes= takes scene ranges of stored scene indices, "
-            "'START:END,...' or [(start, end), ...] (e.g. '0:100,200:250'); to keep given scenes or "
+            f"subset: scenes={scenes!r} is not START:END ranges: scenes= takes scene ranges of stored scene "
+            "indices, 'START:END,...' or [(start, end), ...] (e.g. '0:100,200:250'); to keep given scenes or "
             "those where a condition holds, subset ds.isel(scene=[...]) or ds.query('...')"
         )
     return text
