@@ -60,7 +60,7 @@ class Kind:
     :class:`~l5dask.errors.UsageError`; ``run(ds, params, outputs, context)`` computes the
     analysis and writes its outputs (each atomically), and returns what the run record says of
     it (a small dict); ``fingerprint(ds, context)`` what identifies the dataset (the run record's; ``context``: the
-    run's :class:`~l5dask.core.runs.Context`, its cache).
+    run's ``l5dask.core.runs.Context``, its cache).
     ``needs_output``: the analysis must be given one of its outputs. ``together``, when set, runs several analyses of one dataset in one pass:
     ``together(ds, [(kind, params, outputs), ...], context)`` returns, in order, each one's
     record or the exception that failed it.
