@@ -10,6 +10,8 @@ import ast
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 import l5dask
 
 PACKAGE = Path(l5dask.__file__).parent
@@ -269,7 +271,10 @@ def _public_callables() -> dict[str, object]:
     import l5dask.evaluation
     import l5dask.perception
 
-    api = (PACKAGE.parent / "docs" / "api.md").read_text()
+    page = PACKAGE.parent / "docs" / "api.md"
+    if not page.exists():  # l5dask installed from a wheel (.ci/installed): the source tree's run checks it
+        pytest.skip("the API page (docs/api.md) is the source tree's: this rule runs in the suite's run from it")
+    api = page.read_text()
     head, internals = api.split("## Internals", 1)
     api = head + "## " + internals.split("\n## ", 1)[1]
     names = []
