@@ -79,10 +79,48 @@ def cli(*args):
 
 def test_o_is_the_output_and_s_a_storage_option(small_ds, tmp_path):
     out = tmp_path / "r.json"
-    r = cli("stats", small_ds, "-o", out, "-s", "anon=false", "-q")
+    r = cli("stats", small_ds, "-o", out, "-s", "anon=false")
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["counts"]["agents"] > 0
-    assert "Distinct tracks" in r.stdout  # (the table: -q silences the progress, not the answer)
+    assert "Distinct tracks" in r.stdout  # (the table, printed with -o too)
+    r = cli("stats", small_ds, "-q")
+    assert "Distinct tracks" in r.stdout and r.stderr == ""  # (-q silences the progress, not the answer)
+
+
+def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
+    """``-q -o FILE`` printed the whole table of ``stats`` (and of ``perception stats``,
+    ``perception evaluate``, ``demo``) although the answer was in FILE: one line saying where now,
+    as ``agg -q -o`` always did; without -q, or without -o, the answer is printed."""
+    from .detection_data import generate, write_json
+
+    gt, pred = generate(4, seed=2)
+    write_json(gt, tmp_path / "gt.json")
+    write_json(pred, tmp_path / "pred.json")
+    root = tmp_path / "perception"
+    assert cli("perception", "synth", "-o", root, "--scenes", "1", "--no-images", "-q").returncode == 0
+    cases = [
+        (["stats", small_ds], "Distinct tracks", "wrote {out}", "r.json"),
+        (["perception", "stats", root, "--no-lidar"], "samples", "wrote {out}", "p.json"),
+        (
+            ["perception", "evaluate", tmp_path / "pred.json", "--gt", tmp_path / "gt.json"],
+            "mAP",
+            "wrote {out}",
+            "m.json",
+        ),
+        (["agg", small_ds, "--by", "label", "--value", "speed:mean"], "speed_mean", "wrote {out}: ", "a.csv"),
+        (["demo", "--scenes", "2"], "Distinct tracks", "report of ", "demo"),
+    ]
+    for args, table, line, name in cases:
+        out = tmp_path / name
+        loud, quiet = cli(*args, "-o", out), cli(*args, "-q", "-o", out)
+        assert loud.returncode == quiet.returncode == 0, (args, loud.stderr, quiet.stderr)
+        assert quiet.stderr == "" and len(quiet.stdout.splitlines()) == 1, (args, quiet.stdout, quiet.stderr)
+        assert quiet.stdout.startswith(line.format(out=out)) and table not in quiet.stdout, (args, quiet.stdout)
+        if name != "demo":  # (no -o: the answer is printed, -q or not; demo always writes its folder)
+            printed = cli(*args, "-q")
+            assert table in printed.stdout, (args, printed.stdout)
+        if name != "a.csv":  # (agg -o never printed its table)
+            assert table in loud.stdout, (args, loud.stdout)
 
 
 @pytest.mark.parametrize("value", ["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:5000"])

@@ -78,7 +78,8 @@ _UNREACHABLE = {"EndpointConnectionError", "ConnectTimeoutError", "ClientConnect
 # --- the one convention --------------------------------------------------------------------
 #: Every command's shared options, by parameter name: the same flags and the same meaning in every
 #: command (tests/test_cli.py walks every command against it). Letters as most tools read them:
-#: ``-o`` is where the answer goes, ``-q`` silences progress (never the answer), storage options
+#: ``-o`` is where the answer goes, ``-q`` silences progress (and the answer's printed summary once
+#: ``-o`` wrote the answer: :func:`echo_answer`; printed, the answer never), storage options
 #: have a long name; a command's output (a file or a folder) is always ``-o/--output``, never an
 #: argument; its inputs are its arguments.
 CONVENTION: dict[str, tuple[str, ...]] = {
@@ -142,8 +143,20 @@ quiet_option = click.option(
     "quiet",
     is_flag=True,
     callback=_quiet,
-    help="no progress on stderr, nor the store's retries (the answer is still printed)",
+    help="no progress on stderr, nor the store's retries; the answer is still printed, unless -o wrote it "
+    "(then one line says where)",
 )
+
+
+def echo_answer(text: str, quiet: bool, written: str | None, line: str | None = None) -> None:
+    """Print a command's answer (``text``) on stdout; with ``-q``, once the answer was written to a
+    file (``written``: the command's ``-o``), only one line saying where (``line``, default
+    ``wrote FILE``): ``-q -o FILE`` is quiet but for that line, as ``agg -q -o`` always was."""
+    if quiet and written:
+        click.echo(line if line is not None else f"wrote {written}")
+    else:
+        click.echo(text)
+
 
 storage_option = click.option(
     *CONVENTION["storage_options"],

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from l5dask.core.commands import check_outputs, parse_storage_options, shared
+from l5dask.core.commands import check_outputs, echo_answer, parse_storage_options, shared
 
 threshold_option = click.option(
     "--threshold",
@@ -32,7 +32,7 @@ def _job(client, quiet: bool, chunks_per_task=None):
 )
 @click.option("--dataset", help="the dataset the GT comes from: adds breakdowns by label and by scene")
 @click.option("--html", "html_path", help="also write a self-contained HTML page with plots")
-@shared(output="write the metrics (JSON) here: a path or a URL; they are printed either way", scheduler=True)
+@shared(output="write the metrics (JSON) here: a path or a URL; they are printed too, unless -q", scheduler=True)
 def evaluate(gt, pred, max_modes, dataset, html_path, quiet, output, scheduler, storage_options) -> None:
     """L5Kit's eight metrics of the prediction file PRED against the ground truth GT (rows joined
     on (timestamp, track_id)), in one parallel pass over both files, printed (and written to
@@ -55,10 +55,10 @@ def evaluate(gt, pred, max_modes, dataset, html_path, quiet, output, scheduler, 
         from l5dask.evaluation.html import render_evaluation
 
         write_page(render_evaluation(result, gt, pred, took), html_path, opts)
-    for k in METRICS:
-        click.echo(f"{k:<36} {_shown(k, result[k])}")
     written = ", ".join(p for p in (output, html_path) if p)
-    click.echo(f"{result['rows']:,} rows in {took:.1f} s" + (f": {written}" if written else ""))
+    done = f"{result['rows']:,} rows in {took:.1f} s" + (f": {written}" if written else "")
+    table = "\n".join(f"{k:<36} {_shown(k, result[k])}" for k in METRICS)
+    echo_answer(f"{table}\n{done}", quiet, output, done)
 
 
 def _shown(name: str, v) -> str:

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from l5dask.core.commands import check_outputs, parse_storage_options, shared
+from l5dask.core.commands import check_outputs, echo_answer, parse_storage_options, shared
 
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
 boxes_option = click.option(
@@ -61,7 +61,7 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
     report, _, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
     if output:
         write_json(report, output, opts)
-    click.echo(summary(report))
+    echo_answer(summary(report), quiet, output)
 
 
 @perception.command()
@@ -108,7 +108,7 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
     is_flag=True,
     help="count predictions on samples the ground truth does not list as false positives (else an error)",
 )
-@shared(output="write the metrics (JSON) here: a path or a URL; the mAP is printed either way", scheduler=True)
+@shared(output="write the metrics (JSON) here: a path or a URL; the mAP is printed too, unless -q", scheduler=True)
 def evaluate(
     pred,
     gt,
@@ -168,7 +168,7 @@ def evaluate(
         write_json(result, output, opts)
     for w in result.get("warnings", []):
         click.echo(f"l5dask: warning: {w}", err=True)
-    click.echo(detection.summary(result))  # (the answer: -q silences the progress, not this)
+    echo_answer(detection.summary(result), quiet, output)  # (the answer: printed with -q, unless -o wrote it)
     if not quiet:  # (one line a stage, named, as the passes' progress in a log)
         click.echo(f"l5dask: detection: every threshold of {pred} in {took:.1f} s", err=True)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from l5dask.core.commands import check_outputs, parse_storage_options, shared
+from l5dask.core.commands import check_outputs, echo_answer, parse_storage_options, shared
 
 
 def scene_filter(
@@ -199,7 +199,7 @@ def stats(
         write_json(report, output, options)
     if scenes_table:
         write_scene_table(report, scenes_table, options)
-    click.echo(summary_text(report))
+    echo_answer(summary_text(report), quiet, output, "wrote " + ", ".join(p for p in (output, scenes_table) if p))
 
 
 @click.command()
@@ -392,7 +392,10 @@ def demo(scenes: int, quiet: bool, output: str) -> None:
     if not os.path.exists(os.path.join(path, ".zgroup")):
         start = time.perf_counter()
         counts = synthesize(path, scenes=scenes, seed=0, overwrite=True)
-        click.echo(f"generated {path}: {counts['agents']:,} agents in {time.perf_counter() - start:.1f} s", err=True)
+        if not quiet:
+            click.echo(
+                f"generated {path}: {counts['agents']:,} agents in {time.perf_counter() - start:.1f} s", err=True
+            )
     start = time.perf_counter()
     report = compute_report(path, progress=not quiet)
     took = time.perf_counter() - start
@@ -401,11 +404,11 @@ def demo(scenes: int, quiet: bool, output: str) -> None:
     write_json(report, os.path.join(out, "report.json"))
     write_scene_table(report, os.path.join(out, "scenes.parquet"))
     write_html(report, os.path.join(out, "report.html"), elapsed_s=took)
-    click.echo(summary_text(report))
-    click.echo(
+    done = (
         f"report of {report['counts']['agents']:,} agents in {took:.1f} s: "
         f"{os.path.join(out, 'report.json')}, scenes.parquet, report.html"
     )
+    echo_answer(f"{summary_text(report)}\n{done}", quiet, out, done)
 
 
 def _written(ds, seconds: float) -> None:

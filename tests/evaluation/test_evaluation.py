@@ -279,7 +279,6 @@ def test_evaluate_cli_breakdowns_and_page(edge, tmp_path):
         path,
         "--html",
         tmp_path / "m.html",
-        "-q",
     )
     assert r.returncode == 0, r.stderr
     out = json.loads((tmp_path / "m.json").read_text())
@@ -571,18 +570,25 @@ def good_pair(tmp_path_factory):
 
 
 def test_evaluate_prints_its_metrics_without_an_output(good_pair, tmp_path):
-    """``evaluate`` without -o prints the metrics (it needed -O before, issue 49); with -o, the same
-    lines and the file holds the numbers printed."""
+    """``evaluate`` without -o prints the metrics (it needed -O before, issue 49), -q or not; with -o,
+    the same lines and the file holds the numbers printed; with -q and -o, only the line saying
+    where (-q printed the metrics it had written before)."""
     gt, pred = good_pair / "gt.csv", good_pair / "p.csv"
     printed = cli("evaluate", gt, pred, "-q")
     assert printed.returncode == 0, printed.stderr
-    r = cli("evaluate", gt, pred, "-q", "-o", tmp_path / "m.json")
+    r = cli("evaluate", gt, pred, "-o", tmp_path / "m.json")
     assert r.returncode == 0, r.stderr
     metrics = json.loads((tmp_path / "m.json").read_text())
     lines = dict(line.split(None, 1) for line in printed.stdout.splitlines()[:-1])
     assert float(lines["neg_multi_log_likelihood"]) == pytest.approx(metrics["neg_multi_log_likelihood"], rel=1e-5)
     assert printed.stdout.splitlines()[:-1] == r.stdout.splitlines()[:-1]
     assert list(tmp_path.iterdir()) == [tmp_path / "m.json"]
+    quiet = cli("evaluate", gt, pred, "-q", "-o", tmp_path / "m.json")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout.startswith(f"{metrics['rows']:,} rows in ") and quiet.stdout.endswith(
+        f" s: {tmp_path / 'm.json'}\n"
+    )
+    assert len(quiet.stdout.splitlines()) == 1, quiet.stdout
 
 
 def lines_of(path):
