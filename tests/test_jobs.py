@@ -794,3 +794,71 @@ def test_the_nightly_job_twice_on_a_cluster_over_s3_reads_no_chunk_the_second_ti
             pd.testing.assert_frame_equal(pd.read_parquet(io.BytesIO(fs.cat(p))), pd.read_parquet(io.BytesIO(data)))
     record = json.loads(fs.cat("l5-reports/2026-01-02/run.json"))
     assert record["reads"] == second["reads"] and record["inputs"][0]["url"] == s3_small
+
+
+#: For every kind of analysis, keys that are wrong (a value its check refuses, a value of the wrong
+#: type or choice, an unknown key): (kind, keys given before the bad one, the bad key, its value,
+#: what the line says). Each fault is said at the bad key's own line, never at its table's.
+TABLE = object()  # (a value given as a table: values = { speed = "mean" })
+KEY_FAULTS = [
+    ("report", {"output": "r.json"}, "html", "r.json", "html 'r.json': name the file *.html or *.htm"),
+    ("report", {"html": "r.html"}, "output", "r.txt", "output 'r.txt': name the file *.json"),
+    ("report", {"output": "r.json"}, "scenes-table", "s.csv", "scenes-table 's.csv': name the file *.parquet"),
+    ("report", {"output": "r.json"}, "scene-catalog", "c.parquet", "scene-catalog is read by scenes"),
+    ("report", {"output": "r.json"}, "scenes", "nosuch > 1", "scenes 'nosuch > 1' names unknown column 'nosuch'"),
+    ("catalog", {"output": "c.parquet"}, "tz", "Nowhere/Else", "unknown time zone 'Nowhere/Else'"),
+    ("catalog", {"tz": "UTC"}, "output", "c.csv", "output 'c.csv': name the file *.parquet"),
+    ("catalog", {"output": "c.parquet"}, "timezone", "UTC", "unknown key 'timezone' in [analyses.x] (kind catalog); "
+     "the keys are: datasets, kind, output, tz"),
+    ("aggregate", {"values": TABLE, "output": "a.csv"}, "quantile-bits", 60, "quantile-bits must be from 0 to 52"),
+    ("aggregate", {"values": TABLE}, "output", "a.txt", "unknown table format '.txt'"),
+    ("aggregate", {"values": TABLE, "output": "a.csv"}, "array", "agent", "array: 'agent' is not one of scenes, frames, agents"),
+    ("aggregate", {"values": TABLE, "output": "a.csv"}, "where", "nosuch < 1", "nosuch"),
+    ("export", {"output": "ex"}, "format", "csv", "format: 'csv' is not one of parquet, zarr3"),
+    ("export", {"format": "zarr3"}, "output", "{day}/ex", "output: unknown field {day}; the fields are: date, "),
+    ("export", {"output": "ex"}, "formt", "zarr3", "unknown key 'formt' in [analyses.x] (kind export); the keys are: "
+     "datasets, format, kind, output"),
+    ("export", {"output": "ex"}, "datasets", ["big"], "datasets: no dataset 'big'; the datasets are: small"),
+    ("select-agents", {"output": "mask"}, "threshold", 2.0, "threshold must be from 0 to 1, not 2.0"),
+    ("select-agents", {"output": "mask"}, "threshold", "high", "threshold: expected a number, not a string 'high'"),
+    ("select-agents", {"output": "mask"}, "report", "mask.txt", "report 'mask.txt': name the file *.json"),
+    ("select-agents", {"output": "mask"}, "yaw_degrees", 20.0, "unknown key 'yaw_degrees' in [analyses.x] (kind "
+     "select-agents); the keys are: datasets, distance-m, extent-ratio, kind, output, report, threshold, yaw-degrees"),
+]  # fmt: skip
+
+
+def _job_text(small_ds: str, kind: str, before: dict, key: str, value, yaml: bool) -> str:
+    def show(v) -> str:
+        if v is TABLE:
+            return "{speed: mean}" if yaml else '{ speed = "mean" }'
+        return json.dumps(v)  # (a JSON scalar or list: TOML's and YAML's both)
+
+    items = [("kind", kind), *before.items(), (key, value)]
+    if yaml:
+        return f"datasets:\n  small: {json.dumps(small_ds)}\nanalyses:\n  x:\n" + "".join(
+            f"    {k}: {show(v)}\n" for k, v in items
+        )
+    return f'[datasets]\nsmall = "{small_ds}"\n\n[analyses.x]\n' + "".join(f"{k} = {show(v)}\n" for k, v in items)
+
+
+@pytest.mark.parametrize("yaml", [False, True], ids=["toml", "yaml"])
+@pytest.mark.parametrize("kind, before, key, value, message", KEY_FAULTS, ids=[f"{f[0]}-{f[2]}" for f in KEY_FAULTS])
+def test_a_bad_key_is_said_at_its_own_line_for_every_kind(small_ds, tmp_path, yaml, kind, before, key, value, message):
+    """Issue 48's "bad input": the file, the key's own line (the last of its table here, never the
+    table's: select-agents, the outputs' suffixes, tz, quantile-bits and scene-catalog said the
+    table's line before), what is wrong, and for an unknown key the keys that exist."""
+    from l5dask.core import runs
+
+    job = tmp_path / ("job.yaml" if yaml else "job.toml")
+    job.write_text(_job_text(small_ds, kind, before, key, value, yaml))
+    line = len(job.read_text().splitlines())  # (the bad key is the last line)
+    with pytest.raises(JobError) as err:
+        runs.plan(load_job(job))
+    text = str(err.value)
+    assert text.startswith(f"{job}:{line}: "), text
+    assert message in text and "\n" not in text, text
+    assert sorted(os.listdir(tmp_path)) == [job.name]  # nothing made
+
+
+def test_every_kind_has_its_bad_keys_tested():
+    assert {f[0] for f in KEY_FAULTS} == set(jobfile.ANALYSES)

@@ -44,9 +44,13 @@ def _cached_kw(ctx: Any) -> dict:
     return {**_pass_kw(ctx), "cache": ctx.cache if ctx.cache is not None else False}
 
 
-def _suffix(path: str | None, allowed: tuple[str, ...], what: str) -> None:
-    if path and not any(path.lower().endswith(e) for e in allowed):
-        raise UsageError(f"{what} {path!r}: name the file {' or '.join('*' + e for e in allowed)}")
+def _suffix(params: dict, key: str, allowed: tuple[str, ...]) -> None:
+    """The output ``params[key]`` (if given) names a file of one of the ``allowed`` suffixes
+    (said at the key's line)."""
+    path = params[key]
+    with at_key(key):
+        if path and not any(path.lower().endswith(e) for e in allowed):
+            raise UsageError(f"{key} {path!r}: name the file {' or '.join('*' + e for e in allowed)}")
 
 
 def run_fingerprint(ds: Any, ctx: Any) -> dict:
@@ -78,7 +82,8 @@ SCENE_KEYS = (
 
 def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
     if params["scene-catalog"] is not None and params["scenes"] is None:
-        raise UsageError("scene-catalog is read by scenes: give scenes too")
+        with at_key("scene-catalog"):
+            raise UsageError("scene-catalog is read by scenes: give scenes too")
     if params["scene-catalog"] is not None:  # (there, and of this dataset)
         with at_key("scene-catalog"):
             table = read_catalog(params["scene-catalog"], ds, options, "scene-catalog")
@@ -120,9 +125,9 @@ def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
 # --- the report ---------------------------------------------------------------------------------
 def check_report(ds: Any, params: dict) -> None:
     check_scenes(ds, params)
-    _suffix(params["output"], (".json",), "output")
-    _suffix(params["html"], (".html", ".htm"), "html")
-    _suffix(params["scenes-table"], (".parquet",), "scenes-table")
+    _suffix(params, "output", (".json",))
+    _suffix(params, "html", (".html", ".htm"))
+    _suffix(params, "scenes-table", (".parquet",))
 
 
 def write_report(report: dict, params: dict, outputs: dict, ctx: Any, seconds: float) -> dict:
@@ -138,8 +143,9 @@ def write_report(report: dict, params: dict, outputs: dict, ctx: Any, seconds: f
 
 # --- the catalog --------------------------------------------------------------------------------
 def check_catalog(ds: Any, params: dict) -> None:
-    _suffix(params["output"], (".parquet",), "output")
-    check_tz(params["tz"])
+    _suffix(params, "output", (".parquet",))
+    with at_key("tz"):
+        check_tz(params["tz"])
 
 
 def write_catalog_output(table: Any, params: dict, outputs: dict, ctx: Any, seconds: float) -> dict:
@@ -150,7 +156,8 @@ def write_catalog_output(table: Any, params: dict, outputs: dict, ctx: Any, seco
 # --- aggregations -------------------------------------------------------------------------------
 def check_aggregate(ds: Any, params: dict) -> None:
     check_scenes(ds, params)
-    table_format(params["output"])
+    with at_key("output"):
+        table_format(params["output"])
     with at_key("array"):
         table = Table(ds, params["array"])
     with at_key("by"):
@@ -160,8 +167,9 @@ def check_aggregate(ds: Any, params: dict) -> None:
     if params["where"] is not None:
         with at_key("where"):
             where_columns(params["where"], table)
-    if not 0 <= params["quantile-bits"] <= 52:
-        raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
+    with at_key("quantile-bits"):
+        if not 0 <= params["quantile-bits"] <= 52:
+            raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
 
 
 class AggregateTable(Aggregate):
