@@ -192,3 +192,52 @@ def where_columns(draw, n: int) -> dict[str, np.ndarray]:
 
 # --- string columns ---------------------------------------------------------------------------------------
 TOKENS = st.one_of(st.text("0123456789abcdef", min_size=0, max_size=64), st.text(max_size=12))
+
+
+# --- partials of the cache of partial results ---------------------------------------------------------------
+_ARRAY_DTYPES = st.sampled_from(
+    [np.dtype(b) for b in BASES]
+    + [np.dtype("?"), np.dtype("<U5"), np.dtype("S3"), np.dtype("<c16"), np.dtype([("a", "<i8"), ("p", "<f4", (2,))])]
+)
+
+
+@st.composite
+def _arrays(draw) -> np.ndarray:
+    """Arrays of any of those dtypes, 0-3 dimensions (empty ones too), any bit patterns."""
+    dtype = draw(_ARRAY_DTYPES)
+    shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5))
+    raw = draw(st.binary(min_size=dtype.itemsize * int(np.prod(shape)), max_size=dtype.itemsize * int(np.prod(shape))))
+    return np.frombuffer(raw, dtype).reshape(shape).copy()
+
+
+_INT64 = st.integers(-(2**63), 2**63 - 1)
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),  # (any size)
+    st.floats(allow_nan=True, allow_infinity=True, allow_subnormal=True),
+    st.text(max_size=8),
+    _arrays(),
+    _arrays().filter(lambda a: a.ndim == 0 and a.dtype.kind != "V").map(lambda a: a[()]),  # numpy scalars
+    st.frozensets(_INT64, max_size=5),
+    st.sets(st.text(max_size=4), max_size=5),
+)
+
+
+def partials() -> st.SearchStrategy:
+    """Partials as a cache entry holds them: numbers, strings, arrays, numpy scalars, sets, nested
+    in tuples, lists, dicts, and l5dask's own NamedTuples and dataclasses (a pass's ``Block``, the
+    engine's ``Rows``)."""
+    from l5dask.core.engine import Block, Rows
+
+    def extend(inner: st.SearchStrategy) -> st.SearchStrategy:
+        keys = st.one_of(st.text(max_size=4), st.integers(-5, 5))
+        return st.one_of(
+            st.tuples(inner, inner),
+            st.lists(inner, max_size=4),
+            st.dictionaries(keys, inner, max_size=4),
+            st.builds(Block, inner, st.none(), st.none() | st.dictionaries(st.text(max_size=3), _arrays(), max_size=2)),
+            st.builds(Rows, st.integers(0, 10**12), st.dictionaries(st.text(max_size=3), _arrays(), max_size=3)),
+        )
+
+    return st.recursive(_SCALARS, extend, max_leaves=12)

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
@@ -248,3 +248,29 @@ def test_spreading_parent_values_equals_taking_them_at_the_located_rows(counts, 
         return  # (no parent: not a child row of these)
     np.testing.assert_array_equal(rows.spread(lo, max(hi, lo), "start", values), values[pos])
     np.testing.assert_array_equal(rows.locate(lo, max(hi, lo), "start"), pos)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(partial=s.partials(), data=st.data())
+@example(partial=np.array(0, np.uint8), data=None)  # (was read back of shape (1,))
+@example(partial=np.str_(""), data=None)  # (was read back as a str)
+def test_cache_entries_keep_every_bit_and_refuse_any_flipped_byte(partial, data):
+    """A partial stored in a cache entry (``l5dask.core.cache``: the encoder, then the decoder that
+    ``load`` reads entries with) comes back bit for bit: the same types all the way down, the same
+    float bits, array dtypes, shapes and bytes; and any one byte of the entry changed (header,
+    digest, manifest or arrays) is refused in one line, never read as another value."""
+    from l5dask.core import cache as cachelib
+
+    from .cache_data import same_bits
+
+    entry = cachelib.encode(partial, {"reduction": "property"})
+    assert same_bits(cachelib.decode(entry), partial)
+    if data is None:
+        return
+    at = data.draw(st.integers(0, len(entry) - 1), label="byte")
+    flip = data.draw(st.integers(1, 255), label="xor")
+    damaged = entry[:at] + bytes([entry[at] ^ flip]) + entry[at + 1 :]
+    event("header" if at < cachelib._HEAD.size else "body")
+    with pytest.raises(cachelib.Damaged) as refused:
+        cachelib.decode(damaged)
+    assert "\n" not in str(refused.value) and str(refused.value)

@@ -184,18 +184,20 @@ class _Encoder:
     def array(self, a: np.ndarray) -> dict:
         if a.dtype.hasobject:
             raise Unencodable(f"an array of Python objects ({a.dtype})")
-        self.arrays.append(np.ascontiguousarray(a))
+        # (not np.ascontiguousarray: it makes a 0-d array one of shape (1,); the property test found it)
+        self.arrays.append(a if a.flags.c_contiguous else np.array(a, order="C"))
         return {"t": "nd", "i": len(self.arrays) - 1}
 
     def __call__(self, x: Any) -> Any:
+        if isinstance(x, np.generic):  # (first: numpy's str_ is a str, its float64 a float)
+            if x.dtype.hasobject:
+                raise Unencodable("a numpy object scalar")
+            held = np.asarray(x)  # (its dtype: a str_ scalar's own says 0 bytes when it is empty)
+            return {"t": "np", "d": _descr(held.dtype), "v": held.tobytes().hex()}
         if x is None or isinstance(x, (bool, str)):
             return x if not isinstance(x, str) else {"t": "s", "v": x}
         if isinstance(x, np.ndarray):
             return self.array(x)
-        if isinstance(x, np.generic):
-            if x.dtype.hasobject:
-                raise Unencodable("a numpy object scalar")
-            return {"t": "np", "d": x.dtype.str, "v": np.asarray(x).tobytes().hex()}
         if isinstance(x, int):
             return {"t": "i", "v": str(int(x))}
         if isinstance(x, float):
@@ -220,6 +222,7 @@ class _Encoder:
             items = list(x)
             kinds = {type(v) for v in items}
             if kinds <= {int} or kinds <= {str}:  # (a set of numbers or strings: one array)
+                items.sort()  # (the same bytes in every process: a set of strings iterates by their hashes)
                 arr = np.array(items, dtype=np.int64 if kinds <= {int} else str) if items else np.zeros(0, np.int64)
                 if kinds <= {int} and items and (min(items) < -(2**63) or max(items) >= 2**63):
                     raise Unencodable("a set of integers beyond int64")
@@ -250,7 +253,10 @@ class _Decoder:
         if t == "nd":
             return self.array(x["i"])
         if t == "np":
-            return np.frombuffer(bytes.fromhex(x["v"]), dtype=np.dtype(x["d"]))[0]
+            dtype, raw = _dtype(x["d"]), bytes.fromhex(x["v"])
+            if len(raw) != dtype.itemsize:
+                raise Damaged("a numpy scalar of another size than its dtype's")
+            return np.zeros((), dtype)[()] if not raw else np.frombuffer(raw, dtype)[0]
         if t == "i":
             return int(x["v"])
         if t == "f":

@@ -119,6 +119,22 @@ def test_entries_keep_every_bit_without_pickle():
     assert got["agents"].open[0][1].dtype == np.uint64 and got["empty"].shape == (0, 6)
 
 
+def test_the_same_partial_is_the_same_bytes_in_every_process():
+    """A set of strings iterates in the order of its hashes, which differ between processes: the
+    entry's bytes (and so its digest) must not."""
+    code = (
+        "import sys; from l5dask.core import cache; from l5dask.prediction.stats import TLPart; import numpy as np; "
+        "sys.stdout.write(cache.encode(TLPart(3, np.array([1]), frozenset(f'face{i}' for i in range(40)))).hex())"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outs) == 1 and len(next(iter(outs))) > 100
+
+
 def struct_bits(x: float) -> bytes:
     return np.float64(x).tobytes()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -322,6 +323,98 @@ def _detection_block_seeds() -> list[bytes]:
     ]
 
 
+# --- the cache's entries ---------------------------------------------------------------------------------
+_ABOUT = {"source": "agents", "reduction": "fuzz", "chunks": [0, 4]}
+
+
+def _cache_known() -> dict[bytes, object]:
+    """Each seed partial by the digest its entry's header holds (what an accepted entry must hold)."""
+    from l5dask.core import cache as cachelib
+    from tests.cache_data import sample_partials
+
+    return {cachelib.encode(p, _ABOUT)[12:28]: p for p in sample_partials()}
+
+
+_KNOWN: dict[bytes, object] = {}
+
+
+def cache_entry(data: bytes) -> None:
+    """First byte even: the rest is an entry as read from a cache; odd: the rest is an entry's body
+    (manifest length, manifest, arrays), signed here with a valid checksum, so that the manifest's
+    and the arrays' parser is reached. The decoder, and ``load`` through a cache folder, either
+    refuse in one line (``Damaged``: ``load`` then says not found) or return a value: for an entry
+    as read, bit for bit the partial of the seed whose digest it holds (a fuzzer forges no BLAKE2b);
+    for a signed body (or an entry of the corpus), a value that the encoder keeps bit for bit.
+    ``load`` says each refusal in one warning of one line."""
+    import hashlib
+
+    from l5dask.core import cache as cachelib
+    from tests.cache_data import same_bits
+
+    if not data:
+        return
+    if not _KNOWN:
+        _KNOWN.update(_cache_known())
+    raw = data[1:]
+    signed = bool(data[0] % 2)
+    if signed:
+        raw = cachelib._HEAD.pack(cachelib.MAGIC, cachelib.FORMAT, hashlib.blake2b(raw, digest_size=16).digest()) + raw
+    accepted, value = True, None
+    try:
+        value = cachelib.decode(raw)
+    except cachelib.Damaged as exc:
+        assert str(exc) and "\n" not in str(exc), f"a refusal of more than one line: {exc!r}"
+        accepted = False
+    want = _KNOWN.get(raw[12:28], _KNOWN) if accepted and not signed else _KNOWN
+    if want is not _KNOWN:
+        assert same_bits(value, want), "an entry read as another value than was stored"
+    elif accepted:  # (signed here, or of the corpus: a value the encoder keeps)
+        assert same_bits(cachelib.decode(cachelib.encode(value)), value), "a value the encoder does not keep"
+    said = _said()
+    said.clear()
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "e.l5c"), "wb") as f:
+            f.write(raw)
+        cachelib.reset_warnings()
+        ok, got = cachelib.load(cachelib.Entry(cachelib.Cache(tmp), "e.l5c", _ABOUT))
+    assert ok == accepted and (same_bits(got, value) if ok else got is None), "load disagrees with decode"
+    assert len(said) == (0 if ok else 1) and all("\n" not in m for m in said), f"load said {said}"
+
+
+def _said() -> list[str]:
+    """The cache's warnings, kept here (not on stderr, a pipe the harness reads only when a worker dies)."""
+    import logging
+
+    log = logging.getLogger("l5dask.cache")
+    for h in log.handlers:
+        if isinstance(h, _Kept):
+            return h.messages
+    h = _Kept()
+    log.addHandler(h)
+    log.propagate = False
+    return h.messages
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _cache_seeds() -> list[bytes]:
+    from l5dask.core import cache as cachelib
+    from tests.cache_data import sample_partials
+
+    out = []
+    for p in sample_partials():
+        entry = cachelib.encode(p, _ABOUT)
+        out += [b"\x00" + entry, b"\x01" + entry[cachelib._HEAD.size :]]
+    return out
+
+
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "blosc": (blosc, _blosc_seeds),
     "zarray": (zarray, _metadata_seeds),
@@ -331,6 +424,7 @@ TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = 
     "perception_table": (perception_table, _perception_seeds),
     "detection": (detection, _detection_seeds),
     "detection_blocks": (detection_blocks, _detection_block_seeds),
+    "cache_entry": (cache_entry, _cache_seeds),
 }
 
 
