@@ -86,18 +86,26 @@ def range_codes(const int_t[::1] k, int64_t lo, int64_t n, int64_t[::1] out):
 
 
 def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1] count, double[::1] total,
-                 double[::1] lo, double[::1] hi, bint want_sum, bint want_min, bint want_max):
-    """Per group ``codes[i]``: add each value that is not NaN to ``count`` (and ``total``), and
-    take it into ``lo``/``hi`` (minimum, maximum): one pass over the rows, in place."""
-    cdef Py_ssize_t i, n = codes.shape[0]
-    cdef int64_t g
+                 double[::1] lo, double[::1] hi, int64_t[::1] rows, bint want_sum, bint want_min, bint want_max,
+                 bint want_rows):
+    """Per group ``codes[i]``: add each row to ``rows`` (if asked), each value that is not NaN to
+    ``count`` (and ``total``), and take it into ``lo``/``hi`` (minimum, maximum): one pass over the
+    rows, in place. Returns -1, or the first row whose code is not a group of ``count`` (nothing
+    added from it on)."""
+    cdef Py_ssize_t i, n = codes.shape[0], bad = -1
+    cdef int64_t g, ngroups = count.shape[0]
     cdef double v
     with nogil:
         for i in range(n):
+            g = codes[i]
+            if g < 0 or g >= ngroups:
+                bad = i
+                break
+            if want_rows:
+                rows[g] += 1
             v = values[i]
             if v != v:
                 continue
-            g = codes[i]
             count[g] += 1
             if want_sum:
                 total[g] += v
@@ -105,3 +113,4 @@ def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1
                 lo[g] = v
             if want_max and not v <= hi[g]:
                 hi[g] = v
+    return bad

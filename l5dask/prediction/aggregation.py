@@ -35,6 +35,7 @@ import numpy as np
 
 from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Pass, Plan, Reduction
+from l5dask.core.lazy import import_paused
 from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.core.policy import where_keywords
 from l5dask.errors import UsageError
@@ -147,7 +148,7 @@ class Result:
     categories: dict[str, tuple[str, ...]]
 
     def to_pandas(self):
-        import pandas as pd
+        pd = import_paused("pandas")
 
         return pd.DataFrame(
             {

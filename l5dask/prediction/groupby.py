@@ -151,25 +151,28 @@ def group_part(
         codes[~keep] = ngroups
         table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])
         ngroups += 1
-    rows = np.bincount(codes, minlength=ngroups)
-    present = rows > 0
-    if keep is not None:
-        present[-1] = False
-    dense = not present.all()
-    remap = np.cumsum(present) - 1 if dense else None
-    part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
-
+    rows = None
+    full: dict[str, dict[str, Any]] = {}  # each value column's statistics over all ngroups
+    floats: dict[str, np.ndarray] = {}
     for name, v in values.items():
         need = needs[name]
-        stats: dict[str, Any] = {}
         if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: no NaN, its rows
-            part.stats[name] = {"n": (rows[present] if dense else rows).copy()}
             continue
-        v = v.astype(np.float64, copy=False)
+        v = floats[name] = v.astype(np.float64, copy=False)
+        stats: dict[str, Any] = {}
         if need & {"n", "sum", "min", "max", "m2"}:
+            # (the first column reduced counts the groups' rows in its pass: no bincount of its own)
+            counted = np.zeros(ngroups, np.int64) if rows is None else None
             count, total, lo, hi = group_reduce(
-                codes, v, ngroups, sums="sum" in need or "m2" in need, mins="min" in need, maxs="max" in need
+                codes,
+                v,
+                ngroups,
+                sums="sum" in need or "m2" in need,
+                mins="min" in need,
+                maxs="max" in need,
+                rows=counted,
             )
+            rows = counted if counted is not None else rows
             stats["n"] = count
             if "sum" in need or "m2" in need:
                 stats["sum"] = total
@@ -183,8 +186,23 @@ def group_part(
                 dev = v - mean[codes]
                 dev[np.isnan(dev)] = 0.0
                 stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
-        part.stats[name] = {k: (a[present] if dense else a) for k, a in stats.items()}
-        if "sketch" in need:
+        full[name] = stats
+    if rows is None:
+        rows = np.bincount(codes, minlength=ngroups)
+    present = rows > 0
+    if keep is not None:
+        present[-1] = False
+    dense = not present.all()
+    remap = np.cumsum(present) - 1 if dense else None
+    part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
+
+    for name in values:
+        if name not in full:
+            part.stats[name] = {"n": part.rows.copy()}
+            continue
+        part.stats[name] = {k: (a[present] if dense else a) for k, a in full[name].items()}
+        if "sketch" in needs[name]:
+            v = floats[name]
             ok = ~np.isnan(v) if keep is None else ~np.isnan(v) & keep
             g = codes if ok.all() else codes[ok]
             part.sketches[name] = _sketch(remap[g] if remap is not None else g, v if ok.all() else v[ok], quantile_bits)
@@ -197,22 +215,57 @@ def _scatter(size: int, index: np.ndarray, values: np.ndarray, fill: float | int
     return out
 
 
+def merge_keys(ka: np.ndarray, kb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The sorted union of two sorted tables of distinct keys (``(groups, len(by))`` int64) and
+    where each row of each went: ``(keys, ia, ib)``, ``keys[ia] == ka``, ``keys[ib] == kb``.
+
+    Each row is one int64 code, its mixed-radix position in the keys' ranges (lexicographic order
+    kept), when they fit; the codes merged by a sort of the two sorted runs, 7x faster than
+    ``np.unique(axis=0)`` on the 2-column keys of a scene-and-label partial (1,500-29,000 groups)."""
+    width = ka.shape[1]
+    if width == 0 or not len(ka) + len(kb):  # (no keys: one group, the whole array)
+        uniq = np.zeros((min(1, len(ka) + len(kb)), width), np.int64)
+        return uniq, np.zeros(len(ka), np.int64), np.zeros(len(kb), np.int64)
+    if width == 1:
+        codes_a, codes_b = ka[:, 0], kb[:, 0]
+    else:
+        # (column by column: numpy's reductions and products along the rows of a 2-D table are
+        # strided, 10-20x slower)
+        ranges = [int_range(np.concatenate([ka[:, j], kb[:, j]])) for j in range(width)]
+        if math.prod(hi - lo + 1 for lo, hi in ranges) >= 2**62:
+            uniq, inv = np.unique(np.concatenate([ka, kb]), axis=0, return_inverse=True)
+            inv = inv.reshape(-1)
+            return uniq, inv[: len(ka)], inv[len(ka) :]
+        codes_a, codes_b = np.zeros(len(ka), np.int64), np.zeros(len(kb), np.int64)
+        stride = 1
+        for j in range(width - 1, -1, -1):  # the last key varies fastest
+            lo, hi = ranges[j]
+            codes_a += (ka[:, j] - lo) * stride
+            codes_b += (kb[:, j] - lo) * stride
+            stride *= hi - lo + 1
+    codes = np.concatenate([codes_a, codes_b])
+    order = np.argsort(codes, kind="stable")  # (two sorted runs: one merge)
+    ordered = codes[order]
+    new = np.empty(len(codes), bool)
+    new[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=new[1:])
+    inv = np.empty(len(codes), np.int64)
+    inv[order] = np.cumsum(new) - 1
+    ia, ib = inv[: len(ka)], inv[len(ka) :]
+    keys = np.empty((int(new.sum()), width), np.int64)
+    keys[ia] = ka
+    keys[ib] = kb
+    return keys, ia, ib
+
+
 def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
     """Two neighbouring partials merged (associative; the keys stay sorted)."""
     if not len(a):
         return b
     if not len(b):
         return a
-    keys = np.concatenate([a.keys, b.keys])
-    if keys.shape[1] == 0:
-        uniq, inv = keys[:1], np.zeros(len(keys), np.int64)
-    elif keys.shape[1] == 1:
-        u, inv = np.unique(keys[:, 0], return_inverse=True)
-        uniq = u[:, None]
-    else:
-        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
-    ia, ib, size = inv[: len(a)], inv[len(a) :], len(uniq)
+    uniq, ia, ib = merge_keys(a.keys, b.keys)
+    size = len(uniq)
     rows = _scatter(size, ia, a.rows, 0)
     rows[ib] += b.rows
     out = GroupPart(uniq, rows)

@@ -248,21 +248,35 @@ def argmax_rows(records: np.ndarray, field: str) -> np.ndarray:
 
 
 def group_reduce(
-    codes: np.ndarray, values: np.ndarray, ngroups: int, sums: bool = True, mins: bool = False, maxs: bool = False
+    codes: np.ndarray,
+    values: np.ndarray,
+    ngroups: int,
+    sums: bool = True,
+    mins: bool = False,
+    maxs: bool = False,
+    rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Per group ``0 .. ngroups - 1`` of the rows' ``codes``: the number of values that are not
-    NaN, their sum, minimum and maximum (``None`` when not asked; NaN-free groups: inf/-inf)."""
+    NaN, their sum, minimum and maximum (``None`` when not asked; NaN-free groups: inf/-inf); with
+    ``rows`` (``ngroups`` int64), each group's rows (NaN or not) are added to it, in the same pass."""
     codes = np.ascontiguousarray(codes, np.int64)
     values = np.ascontiguousarray(values, np.float64)
     if len(codes) != len(values):
         raise ValueError("group_reduce: a code per value is needed")
-    if len(codes) and (int(codes.min()) < 0 or int(codes.max()) >= ngroups):
-        raise ValueError(f"group_reduce: codes must lie in [0, {ngroups})")
+    if rows is not None and not (
+        isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.shape == (ngroups,) and rows.flags.c_contiguous
+    ):
+        raise ValueError(f"group_reduce: rows must be a contiguous int64 array of {ngroups} groups")
     count = np.zeros(ngroups, np.int64)
     total = np.zeros(ngroups if sums else 1, np.float64)
     lo = np.full(ngroups if mins else 1, np.inf)
     hi = np.full(ngroups if maxs else 1, -np.inf)
-    _group_reduce(codes, values, count, total, lo, hi, sums, mins, maxs)
+    # (the codes are checked in the loop: two passes of numpy's min() and max() cost more than it)
+    bad = _group_reduce(
+        codes, values, count, total, lo, hi, rows if rows is not None else count[:0], sums, mins, maxs, rows is not None
+    )
+    if bad >= 0:
+        raise ValueError(f"group_reduce: codes must lie in [0, {ngroups}) (row {bad} has {codes[bad]})")
     return count, total if sums else None, lo if mins else None, hi if maxs else None
 
 

@@ -846,6 +846,61 @@ def test_declared_aggregations_equal_pandas_over_any_split():
                 np.testing.assert_allclose(got, want[r].to_numpy(), rtol=1e-9, atol=1e-9, err_msg=r)
 
 
+@pytest.mark.parametrize("width", [0, 1, 2, 3])
+def test_merge_keys_is_numpys_unique_of_both_tables(width):
+    """The combine's union of two partials' sorted keys, and where each row went, equal
+    ``np.unique(axis=0)`` of the two tables: negative keys, one side empty, ranges that fit one
+    int64 code and ranges that do not (2**62 and more)."""
+    from l5dask.prediction.groupby import merge_keys
+
+    rng = np.random.default_rng(width)
+
+    def table(n, hi):
+        return np.unique(rng.integers(-hi, hi, (n, width)), axis=0) if width else np.zeros((min(n, 1), 0), np.int64)
+
+    for hi in (2, 1_000, 2**40, 2**62):
+        for na, nb in ((0, 5), (7, 0), (1, 1), (300, 200), (50, 400)):
+            ka, kb = table(na, hi), table(nb, hi)
+            both = np.concatenate([ka, kb])
+            if width and len(both):
+                want, inv = np.unique(both, axis=0, return_inverse=True)
+            else:  # (no keys: one group, if any rows; numpy's unique takes no 0-column table)
+                want, inv = np.zeros((min(len(both), 1), width), np.int64), np.zeros(len(both), np.int64)
+            keys, ia, ib = merge_keys(ka, kb)
+            np.testing.assert_array_equal(keys, want)
+            np.testing.assert_array_equal(np.concatenate([ia, ib]), inv.reshape(-1))
+            np.testing.assert_array_equal(keys[ia], ka)
+            np.testing.assert_array_equal(keys[ib], kb)
+
+
+def test_declared_aggregations_by_several_keys_over_any_split():
+    """Partials grouped by three keys (a small range, negative values, a range past what a
+    mixed-radix code holds) merged in order equal pandas' groupby of all rows."""
+    from l5dask.prediction.groupby import aggregation, combine_parts, group_part, stats_of
+
+    rng = np.random.default_rng(8)
+    n = 6_000
+    for third in (rng.integers(0, 3, n), rng.integers(-(2**62), 2**62, n) // 2**58 * 2**58):
+        keys = [rng.integers(0, 30, n), rng.integers(-4, 2, n).astype(np.int8), third]
+        x = rng.normal(size=n)
+        x[rng.random(n) < 0.05] = np.nan
+        needs = {"v": {"n", "sum", "min", "max"}}
+        frame = pd.DataFrame({"a": keys[0], "b": keys[1], "c": keys[2], "v": x})
+        want = frame.groupby(["a", "b", "c"]).v.agg(["size", "count", "sum", "min", "max"])
+        for cuts in ([], [1, 3_000], sorted(rng.integers(0, n, 12))):
+            edges = [0, *cuts, n]
+            parts = [group_part([k[a:b] for k in keys], {"v": x[a:b]}, needs) for a, b in zip(edges, edges[1:])]
+            part = parts[0]
+            for p in parts[1:]:
+                part = combine_parts(part, p)
+            np.testing.assert_array_equal(part.keys, np.array(want.index.to_list()))
+            np.testing.assert_array_equal(part.rows, want["size"].to_numpy())
+            stats = stats_of(part, "v", 12)
+            np.testing.assert_array_equal(aggregation("count").finalize(stats), want["count"].to_numpy())
+            for r in ("sum", "min", "max"):
+                np.testing.assert_allclose(aggregation(r).finalize(stats), want[r].to_numpy(), rtol=1e-12, err_msg=r)
+
+
 def test_aggregations_are_looked_up_by_name():
     from l5dask.prediction.groupby import AGGREGATIONS, aggregation
 
@@ -943,3 +998,13 @@ def test_columns_kernels_equal_numpy():
     assert n[7] == 0 and lo[7] == np.inf and hi[7] == -np.inf
     with pytest.raises(ValueError, match=r"codes must lie in \[0, 3\)"):
         group_reduce(codes, values, 3)
+    rows = np.full(8, 5, np.int64)  # each group's rows, NaN or not, added in the same pass
+    assert group_reduce(codes, values, 8, rows=rows)[0].sum() == np.isfinite(values).sum()
+    np.testing.assert_array_equal(rows, np.bincount(codes, minlength=8) + 5)
+    for bad in (-1, 8):
+        wrong = codes.copy()
+        wrong[4321] = bad
+        with pytest.raises(ValueError, match=rf"codes must lie in \[0, 8\) \(row 4321 has {bad}\)"):
+            group_reduce(wrong, values, 8, rows=np.zeros(8, np.int64))
+    with pytest.raises(ValueError, match="rows must be a contiguous int64 array of 8 groups"):
+        group_reduce(codes, values, 8, rows=np.zeros(7, np.int64))
