@@ -519,6 +519,40 @@ def test_quantile_sketch_negative_values_and_zero():
                 )
 
 
+def test_the_sketch_of_a_column_as_it_came_is_that_of_its_float64_buckets():
+    """The sketch takes a float32 (or integer) column as it came, and the buckets of values that
+    are all >= +0.0 from their bits shifted: the same (group, bucket, count) as the buckets of
+    the column widened to float64 (``buckets``), with negative values, -0.0, subnormals, infinities
+    and NaN (left out, also under a keep mask), over groups some of which have no rows."""
+    from l5dask.prediction.groupby import buckets, group_part
+
+    rng = np.random.default_rng(11)
+    tiny = np.float32(1e-45)  # float32's smallest subnormal: a normal float64
+    specials = np.array([0.0, -0.0, tiny, -tiny, np.inf, -np.inf, np.nan, 3.5], np.float32)
+    for case in range(40):
+        n = int(rng.integers(1, 3000))
+        x = (rng.normal(0, 10, n) * (1 if case % 2 else -1) ** rng.integers(0, 2, n)).astype(np.float32)
+        if case % 3 == 0:
+            x = np.abs(x)
+        if case % 4 == 0:
+            x[rng.integers(0, n, 5)] = rng.choice(specials, 5)
+        if case % 5 == 0:
+            x = rng.integers(-5, 50, n).astype(np.int32)
+        keys = [rng.choice([0, 2, 5, 9], n).astype(np.int64)]
+        keep = rng.random(n) < 0.8 if case % 6 == 0 else None
+        for bits in (12, 3, 52):
+            part = group_part(keys, {"v": x}, {"v": {"sketch", "n"}}, bits, keep=keep)
+            wide = x.astype(np.float64)
+            ok = ~np.isnan(wide) & (True if keep is None else keep)
+            want = {}
+            for k, b in zip(keys[0][ok], buckets(wide[ok], bits)):
+                want[(int(k), int(b))] = want.get((int(k), int(b)), 0) + 1
+            groups = {int(k): i for i, k in enumerate(part.keys[:, 0])}
+            g, b, c = part.sketches["v"]
+            expect = sorted((groups[k], b, c) for (k, b), c in want.items())
+            assert list(zip(g.tolist(), b.tolist(), c.tolist())) == expect, (case, bits)
+
+
 def test_quantile_of_many_zeros_is_zero():
     """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
     the bucket that holds 0 (found by the demo: 2.7e-312)."""
