@@ -163,8 +163,11 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
     if n == 0 or m == 0 or ego_xy.shape[0] != m or frame_scene.shape[0] != m or masks.shape[0] < n or \
             top.shape[0] != n or cx.shape[0] != n or cy.shape[0] != n or nl + 6 > 64 or frame_starts[0] > lo:
         raise ValueError("catalog_agents: columns of the rows, their frames, at most 58 labels and a mask a row expected")
-    cuts, scenes = np.empty(n + 1, np.int64), np.empty(n, np.int64)
-    mins, lows = np.full((n, 2), np.inf), np.zeros(n, np.int64)
+    # (the runs are at most the scenes the frames span, increasing: tens, where the rows are tens
+    # of thousands; outputs sized by the rows cost a fill of 0.6 MB a chunk)
+    cdef Py_ssize_t cap = min(n, max(1, frame_scene[m - 1] - frame_scene[0] + 1))
+    cuts, scenes = np.empty(cap + 1, np.int64), np.empty(cap, np.int64)
+    mins, lows = np.full((cap, 2), np.inf), np.zeros(cap, np.int64)
     cdef int64_t[::1] cuts_v = cuts, scenes_v = scenes, lows_v = lows
     cdef double[:, ::1] mins_v = mins
     with nogil:
@@ -173,6 +176,9 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
                 j += 1
             scene = frame_scene[j]
             if i == 0 or scene != scenes_v[r - 1]:
+                if r == cap:  # (scenes not increasing over the frames)
+                    problem = 2
+                    break
                 cuts_v[r], scenes_v[r] = i, scene
                 r += 1
             l = label[i]
@@ -194,8 +200,12 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
             if top[i] < low:
                 lows_v[r - 1] += 1
         cuts_v[r] = n
+    if problem == 2:
+        raise ValueError("catalog_agents: the frames' scenes increasing expected")
     if problem:
         raise ValueError(f"catalog_agents: labels from 0 to {nl - 1} expected")
+    if r == cap:
+        return cuts, scenes, mins, lows
     return cuts[: r + 1].copy(), scenes[:r].copy(), mins[:r].copy(), lows[:r].copy()
 
 

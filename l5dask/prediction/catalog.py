@@ -469,7 +469,9 @@ def faces_chunk(faces: Any, lo: int, frames: Rows) -> KeyPart:
     # each chunk's values and codes, as codes of the task's distinct values
     ids, inverse = unique_inverse(np.concatenate(found))
     codes = inverse.astype(np.uint64)[found_codes[0]]
-    pos = frames.locate(lo, lo + n, "tl_start")
+    # (the frames of these faces first: a task's frames are many more than a group of chunks')
+    near = frames.overlapping(lo, lo + n, "tl_start")
+    pos = near.locate(lo, lo + n, "tl_start") + (near.offset - frames.offset)
     scene = frames["scene"][pos]
     starts, _ = runs(scene)
     cuts = np.append(starts, n).astype(np.int64)

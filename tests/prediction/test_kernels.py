@@ -200,6 +200,42 @@ def test_catalog_agents_match_numpy():
         assert lows[r] == np.count_nonzero(top[at] < 0.5)
 
 
+def test_catalog_agents_runs_sized_by_scenes():
+    """The runs' outputs are sized by the scenes the frames span: scenes with gaps in their numbers
+    (fewer runs than that span) and a scene per row (as many runs as rows) are numpy's; frames
+    whose scenes do not increase are refused in one line."""
+    groups = np.array([0, 1, 2], np.int8)
+    for frame_scene, n in ((np.array([3, 3, 9, 20], np.int64), 8), (np.arange(4, dtype=np.int64) * 2, 4)):
+        starts = np.linspace(0, n, len(frame_scene), endpoint=False).astype(np.int64)
+        ego = np.zeros((len(frame_scene), 2))
+        label = (np.arange(n) % 3).astype(np.int8)
+        cx = np.arange(n, dtype=np.float64)
+        masks = np.empty(n, np.uint64)
+        cuts, scenes, mins, lows = catalog_agents(
+            label, np.ones(n, np.float32), cx, np.zeros(n), starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks
+        )
+        row_scene = frame_scene[np.searchsorted(starts, np.arange(n), side="right") - 1]
+        assert scenes.tolist() == sorted(set(row_scene.tolist()))
+        assert cuts.tolist() == [int(np.flatnonzero(row_scene == s)[0]) for s in scenes] + [n]
+        assert len(mins) == len(lows) == len(scenes)
+    with pytest.raises(ValueError, match="increasing"):
+        catalog_agents(
+            np.zeros(4, np.int8),
+            np.ones(4, np.float32),
+            np.zeros(4),
+            np.zeros(4),
+            np.arange(4, dtype=np.int64),
+            np.zeros((4, 2)),
+            np.array([5, 6, 5, 6], np.int64),
+            0,
+            groups,
+            10.0,
+            30.0,
+            0.5,
+            np.empty(4, np.uint64),
+        )
+
+
 def test_byte_codes_are_exact():
     rng = np.random.default_rng(2)
     base = rng.integers(0, 256, (40, 64), dtype=np.uint8)
