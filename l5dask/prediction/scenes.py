@@ -93,6 +93,28 @@ class SceneView(L5Array):
             tokenize(self.lo, self.hi, self.shifts),
         )
 
+    def chunk_identities(self) -> list[tuple]:
+        """What identifies each of the view's chunks, for the cache of partials: the pieces of
+        base rows it is made of (their rows and the shifts added to them) and the identities of
+        the stored chunks they are read from (:meth:`L5Array.chunk_identities`). (The base's
+        identities of the view's chunk numbers, inherited before, made two restrictions with chunks of
+        the same bounds share entries: the second read the first's partials.)"""
+        base_ids = self.base.chunk_identities()
+        rows = self.base.meta.chunk_rows
+        out = []
+        for i in range(self.meta.nchunks):
+            a, b = self.meta.chunk_bounds(i)
+            p0 = int(np.searchsorted(self.out, a, "right")) - 1
+            p1 = int(np.searchsorted(self.out, b, "left"))
+            blo = self.lo[p0:p1] + np.maximum(0, a - self.out[p0:p1])
+            bhi = self.hi[p0:p1] - np.maximum(0, self.out[p0 + 1 : p1 + 1] - b)
+            stored = sorted(
+                {c for x, y in zip(blo.tolist(), bhi.tolist()) for c in range(x // rows, (y - 1) // rows + 1)}
+            )
+            shifts = {f: s[p0:p1].tolist() for f, s in sorted(self.shifts.items())}
+            out.append(("l5dask.SceneView", (a, b), blo.tolist(), bhi.tolist(), shifts, [base_ids[c] for c in stored]))
+        return out
+
     # reading --------------------------------------------------------------------------------
     def _stream(self, a: int, b: int, step: int = 0, fresh: bool = False) -> Iterator[tuple[int, np.ndarray]]:
         """``(start, records)`` of rows ``[a, b)`` cut at multiples of ``step`` (0: not cut): the stored chunks

@@ -625,3 +625,21 @@ def test_the_catalog_a_filter_needs_is_kept_in_the_cache(data, tmp_path, monkeyp
         got, said, _ = stats(tmp_path / "7.json")
     assert made == [1, 1, 1] and "read from the cache" in said
     same_report(got, ref)
+
+
+def test_restrictions_share_a_cache_without_sharing_entries(data, tmp_path):
+    """Two restrictions of as many scenes (their arrays' chunks of the same bounds) through one cache
+    of partials: each report is its uncached one, and a restriction run again is read from the
+    cache (the view's chunks are identified by the stored rows they are made of; they were by
+    their numbers alone, and the second restriction read the first's scenes and partials)."""
+    from l5dask.core import cache as cachelib
+
+    path, _, _ = data
+    ds = l5dask.open_dataset(path)
+    cache = tmp_path / "cache"
+    for k, sel in enumerate(([0, 2, 5], [1, 3, 4], [0, 2, 5])):
+        with cachelib.counting() as counts:
+            got = compute_report(ds.isel(scene=sel), cache=str(cache))
+        same_report(got, compute_report(ds.isel(scene=sel)))
+        assert (counts.hits > 0 and counts.misses == 0) if k == 2 else counts.hits == 0, counts.as_dict()
+
