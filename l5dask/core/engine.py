@@ -87,6 +87,18 @@ class ChunkSource(Protocol):
     def read(self, first: int, n: int) -> Any:
         """Chunks ``first .. first + n - 1`` as one block (for passes with ``blocks=True``)."""
 
+    # optional: ``window(first, n)``, the source as a task over chunks ``first .. first + n - 1``
+    # needs it (what it carries to a worker): a source whose chunks are made from tables of its
+    # own (a restricted dataset's pieces of rows) gives each task only the part its chunks use,
+    # so that the tables travel once in all, not once a task (see :func:`windowed`).
+
+
+def windowed(source: Any, first: int, n: int) -> Any:
+    """What a task over chunks ``first .. first + n - 1`` of ``source`` carries: its ``window``
+    of them when it has one, else the source itself."""
+    window = getattr(source, "window", None)
+    return source if window is None else window(first, n)
+
 
 def _no_finalize(partial: Any) -> Any:
     return partial
@@ -818,7 +830,7 @@ class _Unit:
         members = [Member(p.reduction, p.blocks, p.encoded) for p in reds]  # type: ignore[arg-type]
         return Pass(
             self.source,
-            fused_reduction(members, self.source) if members else None,
+            fused_reduction(members, windowed(self.source, 0, 0)) if members else None,  # (its chunking only)
             parent=link,
             rows=(rows[0] if len(rows) == 1 else functools.partial(merged_rows, tuple(rows))) if rows else None,
             intervals=intervals,
@@ -1080,9 +1092,6 @@ class Job:
         present = self._present[folder]
         red_name = spec.reduction.name if spec.reduction is not None else "intervals"
         link = spec.parent
-        stage = spec.stage()
-        if keep == "no rows":
-            stage = stage._replace(rows=None)
         hits = 0
         for i, ((first, n), ident) in enumerate(zip(groups, ids)):
             key = (name, i)
@@ -1103,7 +1112,7 @@ class Job:
                         remake = [calls[k] for k in link.parent.overlapping(interval, lo, hi)]
                     else:
                         refs = tuple(args[4:])
-                graph[key] = Task(key, load_group, entry, remake, stage, first, n, args[3], *refs)
+                graph[key] = Task(key, load_group, entry, remake, args[0], first, n, args[3], *refs)
             else:
                 graph[key] = Task(key, run_group_cached, entry, *args)
         cachelib.count(hits=hits, misses=len(groups) - hits)
@@ -1141,10 +1150,13 @@ class Job:
             deps = link.parent.collections
         if link is not None and isinstance(link.parent, Held):
             graph.update(link.parent.graph)
+        windows = hasattr(spec.source, "window")
         for i, (first, n) in enumerate(groups):
             lo = spec.source.chunk_bounds(first)[0]
             hi = spec.source.chunk_bounds(first + n - 1)[1]
             key = (name, i)
+            if windows:  # (each task carries the part of the source's tables its chunks use)
+                stage = stage._replace(source=windowed(spec.source, first, n))
             if link is None:
                 graph[key] = Task(key, run_group, stage, first, n, None)
             elif persisted:

@@ -85,6 +85,24 @@ class SceneView(L5Array):
         view.base = self.base.select(fields)
         return view
 
+    def window(self, first: int, n: int) -> SceneView:
+        """The view as a task over its chunks ``first .. first + n - 1`` needs it: only the pieces
+        of rows those chunks are made of (the engine's :func:`~l5dask.core.engine.windowed`: on a
+        cluster each task's pieces travel with it, not the whole tables: 6,700 runs, 0.2 MB, at 5%
+        of train_full's scenes spread over it). ``n`` 0: no piece (the chunking alone)."""
+        if n:
+            a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
+            p0 = max(0, int(np.searchsorted(self.out, a, "right")) - 1)
+            p1 = max(p0, int(np.searchsorted(self.out, b, "left")))
+        else:
+            p0 = p1 = 0
+        view = SceneView.__new__(SceneView)
+        view.__dict__.update(self.__dict__)
+        view.lo, view.hi = self.lo[p0:p1].copy(), self.hi[p0:p1].copy()
+        view.out = self.out[p0 : p1 + 1].copy()
+        view.shifts = {f: s[p0:p1].copy() for f, s in self.shifts.items()}
+        return view
+
     def __dask_tokenize__(self):
         return (
             "l5dask.SceneView",

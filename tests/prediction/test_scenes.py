@@ -643,3 +643,32 @@ def test_restrictions_share_a_cache_without_sharing_entries(data, tmp_path):
         same_report(got, compute_report(ds.isel(scene=sel)))
         assert (counts.hits > 0 and counts.misses == 0) if k == 2 else counts.hits == 0, counts.as_dict()
 
+
+def test_each_task_carries_only_the_pieces_of_its_chunks(data):
+    """A task's arguments travel with it to a worker: each task of a pass over a restricted array
+    carries the pieces of rows its own chunks are made of (the tables travel once in all, not once
+    a task), and reads from them what the whole view reads."""
+    import pickle
+
+    from l5dask.core.engine import Job, Pass
+
+    path, _, _ = data
+    view = l5dask.open_dataset(path).isel(scene=list(range(0, 12, 2)))[fmt.AGENTS]
+    graph, _, groups = Job(scheduler="sync", chunks_per_task=1).leaves(Pass(view, blocks=True), "t")
+    assert len(groups) > 2 and len(view.lo) == 6
+    carried = []
+    for i, (first, n) in enumerate(groups):
+        src = graph[("t", i)].args[0].source
+        a, b = view.chunk_bounds(first)[0], view.chunk_bounds(first + n - 1)[1]
+        overlapping = int(np.count_nonzero((view.out[:-1] < b) & (view.out[1:] > a)))
+        assert len(src.lo) == len(src.hi) == overlapping and len(src.out) == overlapping + 1
+        assert src.read(first, n).tobytes() == view.read(first, n).tobytes()
+        carried.append(len(src.lo))
+    assert sum(carried) <= len(view.lo) + len(groups) - 1
+    whole = len(pickle.dumps((view.lo, view.hi, view.out)))
+    assert (
+        max(
+            len(pickle.dumps((s.lo, s.hi, s.out))) for s in (graph[("t", i)].args[0].source for i in range(len(groups)))
+        )
+        < whole
+    )
