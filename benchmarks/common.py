@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import NamedTuple
 
 from numcodecs import Blosc
 
@@ -66,19 +67,53 @@ def best_of(n: int, fn):
     return best
 
 
-#: Runs a command as its own child and writes (status, seconds, peak RSS in KB) to a file. The
-#: command's peak must be measured from a small parent: the kernel counts into a child's peak RSS
-#: the memory it shared with its parent before exec (a benchmark that has just generated 3 GB of
-#: data reported 3.14 GB for every command it ran).
+#: Runs a command as its own child and writes (status, seconds, peak RSS in KB, CPU seconds, blocks
+#: read from the disk) to a file; with a positive third argument, kills it (SIGKILL) after that many
+#: seconds. The command's peak must be measured from a small parent: the kernel counts into a
+#: child's peak RSS the memory it shared with its parent before exec (a benchmark that has just
+#: generated 3 GB of data reported 3.14 GB for every command it ran).
 _RUN_SHIM = """
-import os, subprocess, sys, time
+import os, subprocess, sys, threading, time
 t = time.perf_counter()
 with open(sys.argv[2], "w") as out:
-    p = subprocess.Popen(sys.argv[3:], stdout=out)
+    p = subprocess.Popen(sys.argv[4:], stdout=out)
+    timer = threading.Timer(float(sys.argv[3]), p.kill)
+    if float(sys.argv[3]) > 0:
+        timer.start()
     _, status, usage = os.wait4(p.pid, 0)
+    timer.cancel()
 with open(sys.argv[1], "w") as f:
-    f.write(f"{status} {time.perf_counter() - t} {usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}")
+    f.write(f"{status} {time.perf_counter() - t} {usage.ru_maxrss} {usage.ru_utime + usage.ru_stime} {usage.ru_inblock}")
 """
+
+
+class Usage(NamedTuple):
+    """What a whole process took: its exit status (``os.wait4``'s), wall and CPU seconds (user +
+    system, all threads), peak RSS (GB), the bytes it read from the disk (GB: ``ru_inblock``, the
+    kernel's count of 512-byte blocks; 0 for what came from the page cache) and its stdout."""
+
+    status: int
+    wall: float
+    cpu: float
+    rss_gb: float
+    read_gb: float
+    stdout: str
+
+
+def measure(cmd: list[str], kill_after: float = 0.0) -> Usage:
+    """Run a command, measured by a small parent process of its own (see ``_RUN_SHIM``); with
+    ``kill_after``, killed (SIGKILL) after that many seconds if still running. A failure is not
+    raised: see ``Usage.status``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        res, out = os.path.join(tmp, "result"), os.path.join(tmp, "stdout")
+        subprocess.run([sys.executable, "-c", _RUN_SHIM, res, out, str(kill_after), *cmd], check=True)
+        with open(res) as f:
+            status, wall, rss, cpu, blocks = f.read().split()
+        with open(out) as f:
+            stdout = f.read()
+    return Usage(int(status), float(wall), float(cpu), int(rss) / 1e6, int(blocks) * 512 / 1e9, stdout)
 
 
 def run_output(cmd: list[str]) -> tuple[str, float, float]:
@@ -92,18 +127,22 @@ def run_measured(cmd: list[str]) -> tuple[str, float, float, float]:
     """:func:`run_output` and the CPU seconds (user + system, all threads) the process used: on a
     machine shared by many, the wall time of a process depends on its share of the cores, and
     its CPU time much less."""
-    import tempfile
+    u = measure(cmd)
+    if u.status != 0:
+        raise SystemExit(f"failed ({u.status}): {' '.join(cmd)[:200]}")
+    return u.stdout, u.wall, u.rss_gb, u.cpu
 
-    with tempfile.TemporaryDirectory() as tmp:
-        res, out = os.path.join(tmp, "result"), os.path.join(tmp, "stdout")
-        subprocess.run([sys.executable, "-c", _RUN_SHIM, res, out, *cmd], check=True)
-        with open(res) as f:
-            status, wall, rss, cpu = f.read().split()
-        with open(out) as f:
-            stdout = f.read()
-    if int(status) != 0:
-        raise SystemExit(f"failed ({status}): {' '.join(cmd)[:200]}")
-    return stdout, float(wall), int(rss) / 1e6, float(cpu)
+
+def drop_caches() -> bool:
+    """Drop the page cache (after a sync), so that what is read next comes from the disk: False
+    where this user may not (it needs root)."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
 
 
 def run(cmd: list[str]) -> tuple[float, float]:

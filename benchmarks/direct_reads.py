@@ -16,7 +16,8 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
-from scale_benchmark import copies_path, drop_caches  # noqa: E402
+from common import drop_caches  # noqa: E402
+from scale_benchmark import copies_path  # noqa: E402
 
 READER = """
 import mmap, os, sys, time

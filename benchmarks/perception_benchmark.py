@@ -24,28 +24,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import DATA, run, run_output  # noqa: E402
+from benchmarks.common import DATA, drop_caches, run, run_output  # noqa: E402
 
 PY = sys.executable
 FLOOR_THREADS = 8  # reads in flight for the lidar floor (from disk, 8 read 1.4x faster than 2 here)
 L5DASK = os.path.join(os.path.dirname(PY), "l5dask")
-
-
-def drop_caches() -> bool:
-    """Empty the page cache (root only), so that the next read comes from the disk."""
-    subprocess.run(["sync"])
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def perception_data(scenes: int, lidar_points: int) -> str:

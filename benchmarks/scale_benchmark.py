@@ -32,7 +32,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DATA, dataset, record, run  # noqa: E402
+from common import DATA, dataset, drop_caches, record, run  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BASE_SCENES = 1700
@@ -83,16 +83,6 @@ def build(sizes: list[int]) -> None:
             check=True,
         )
         print(f"built {out} ({n} copies) in {time.perf_counter() - t:.0f} s", flush=True)
-
-
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 def command(name: str, path: str, tmp: str) -> list[str]:
