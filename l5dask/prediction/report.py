@@ -111,7 +111,7 @@ def report_plan(ds: L5Dataset, job: Job) -> Plan:
         intervals["traffic_light_faces_index_interval"] = counts["tl_faces"]
     frame_pass = Pass(
         frames,
-        frames_reduction(has_tl, samples),
+        frames_reduction(has_tl, samples, frames.meta.chunk_rows),
         parent=Link(scene_rows(scenes), "start"),
         rows=frame_rows,
         intervals=intervals,

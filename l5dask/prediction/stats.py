@@ -172,10 +172,13 @@ class FramePart:
     per_frame_sum: int = 0
     dt_values: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     dt_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    ego_speed_sum: float = 0.0
+    # the ego's speeds and steps between consecutive frames of a scene, added exactly (exact_add):
+    # each stored chunk's sum (its pairs of frames, in row order) and each pair across two chunks
+    ego_speed_sum: tuple[float, ...] = ()
     ego_pairs: int = 0
-    ego_distance: float = 0.0
-    series: SceneSeries = field(default_factory=SceneSeries.empty)
+    ego_distance: tuple[float, ...] = ()
+    series: SceneSeries = field(default_factory=SceneSeries.empty)  # ego_distance_m: closed scenes only
+    open: list = field(default_factory=list)  # [(scene, its steps added exactly)] at the two edges
     first: tuple | None = None  # (scene, timestamp, x, y) of the first frame
     last: tuple | None = None
     # for the plots: (scene, timestamp, agents) of the sample scenes' frames; (scene, x, y) ego path points
@@ -210,15 +213,35 @@ def frame_rows(frames: np.ndarray, offset: int, scenes: Rows) -> Rows:
     )
 
 
+def ego_steps(xy: np.ndarray, nxt: np.ndarray, dt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ego's step (m) and speed (m/s) from frames at ``xy`` to frames at ``nxt``, ``dt`` ns
+    later: one function for the pairs within a block and those across two blocks (the same bits)."""
+    step = np.sqrt(((nxt - xy) ** 2).sum(1))
+    return step, step / (dt / 1e9)
+
+
 class FrameStats:
-    """Frame-level statistics: agents per frame, frame frequency, ego motion, per-scene sums."""
+    """Frame-level statistics: agents per frame, frame frequency, ego motion, per-scene sums.
+
+    Its floating-point sums (the ego's distance, in all and per scene, and its speeds) are the
+    same bits however the frames are grouped into tasks: each is the exact sum (:func:`exact_add`),
+    rounded once, of the sums of each stored chunk's pairs of consecutive frames of one scene
+    (added in row order: ``np.bincount``) and of each pair across two stored chunks. A partial
+    keeps the exact sums of the scenes at its two edges (they may go on in its neighbours) and
+    closes them when its neighbours meet."""
 
     @staticmethod
     def chunk(
-        frames: np.ndarray, offset: int, scenes: Rows, has_tl: bool, sample_scenes: np.ndarray | None = None
+        frames: np.ndarray,
+        offset: int,
+        scenes: Rows,
+        has_tl: bool,
+        sample_scenes: np.ndarray | None = None,
+        chunk_rows: int = 0,
     ) -> FramePart:
         """Partial of one frame block whose first row is frame ``offset``; ``scenes`` are the
-        scene rows (frame intervals) that overlap the block."""
+        scene rows (frame intervals) that overlap the block; its stored chunks are of
+        ``chunk_rows`` rows (0: one chunk)."""
         n = len(frames)
         idx = offset + np.arange(n)
         pos = scenes.locate(offset, offset + n, "start")
@@ -233,14 +256,41 @@ class FrameStats:
         part.per_frame_min, part.per_frame_max, part.per_frame_sum = int(per.min()), int(per.max()), int(per.sum())
         same = scene[1:] == scene[:-1]
         dt = (ts[1:] - ts[:-1])[same]
-        step = np.sqrt(((xy[1:] - xy[:-1]) ** 2).sum(1))[same]
+        step, speed = ego_steps(xy[:-1][same], xy[1:][same], dt)
         part.dt_values, part.dt_counts = value_counts(dt)
-        part.ego_speed_sum = float((step / (dt / 1e9)).sum())
         part.ego_pairs = int(same.sum())
-        part.ego_distance = float(step.sum())
         s0 = int(scene[0])
         local = scene - s0
         k = int(local[-1]) + 1
+        # each pair of frames (i - 1, i) of one scene: within stored chunk i // chunk_rows, or across two
+        chunk = (idx[1:] // chunk_rows if chunk_rows else np.zeros(n - 1, np.int64))[same]
+        across = chunk != (idx[:-1] // chunk_rows if chunk_rows else np.zeros(n - 1, np.int64))[same]
+        within = ~across
+        c0 = int(chunk[0]) if len(chunk) else 0
+        nchunks = int(chunk[-1]) - c0 + 1 if len(chunk) else 0
+        for name, values in (("ego_distance", step), ("ego_speed_sum", speed)):
+            sums = np.bincount(chunk[within] - c0, weights=values[within], minlength=nchunks)
+            setattr(part, name, exact_add((), [*sums.tolist(), *values[across].tolist()]))
+        # per scene: the row-order sum of each run of its pairs within one stored chunk, and each
+        # pair across two, added exactly; the scenes at the block's two edges stay open
+        pair_scene = local[1:][same]
+        new = np.ones(len(step), bool)
+        new[1:] = (pair_scene[1:] != pair_scene[:-1]) | (chunk[1:] != chunk[:-1]) | across[1:] | across[:-1]
+        run_sums = np.bincount(np.cumsum(new) - 1, weights=step)
+        run_scene = pair_scene[new]
+        runs_of = np.bincount(run_scene, minlength=k)
+        ego_distance = np.zeros(k)
+        one = runs_of[run_scene] == 1
+        ego_distance[run_scene[one]] = run_sums[one]
+        bounds = np.concatenate([[0], np.cumsum(runs_of)])
+        edges = [0] + ([k - 1] if k > 1 else [])
+        exact = {
+            s: exact_add((), run_sums[bounds[s] : bounds[s + 1]].tolist())
+            for s in {*np.flatnonzero(runs_of > 1).tolist(), *edges}
+        }
+        for s, acc in exact.items():
+            ego_distance[s] = 0.0 if s in edges else exact_total(acc)
+        part.open = [(s0 + s, exact[s]) for s in edges]
         tl = frames["traffic_light_faces_index_interval"] if has_tl else None
         # timestamps of each scene's first and last frame, where they fall in this block
         first_ts = np.full(k, I64_MAX, np.int64)
@@ -257,7 +307,7 @@ class FrameStats:
                     if tl is not None
                     else np.zeros(k, np.int64)
                 ),
-                "ego_distance_m": np.bincount(local[1:][same], weights=step, minlength=k),
+                "ego_distance_m": ego_distance,
                 "first_ts": first_ts,
                 "last_ts": last_ts,
             },
@@ -281,9 +331,9 @@ class FrameStats:
             per_frame_min=min(a.per_frame_min, b.per_frame_min),
             per_frame_max=max(a.per_frame_max, b.per_frame_max),
             per_frame_sum=a.per_frame_sum + b.per_frame_sum,
-            ego_speed_sum=a.ego_speed_sum + b.ego_speed_sum,
+            ego_speed_sum=exact_merge(a.ego_speed_sum, b.ego_speed_sum),
             ego_pairs=a.ego_pairs + b.ego_pairs,
-            ego_distance=a.ego_distance + b.ego_distance,
+            ego_distance=exact_merge(a.ego_distance, b.ego_distance),
             series=merge_series(a.series, b.series, FRAME_SERIES_OPS),
             first=a.first,
             last=b.last,
@@ -293,27 +343,44 @@ class FrameStats:
         out.dt_values, out.dt_counts = merge_counts(a.dt_values, a.dt_counts, b.dt_values, b.dt_counts)
         assert a.last is not None and b.first is not None  # blocks of frames: never empty
         (sa, ta, xa, ya), (sb, tb, xb, yb) = a.last, b.first
-        if sa == sb:  # the consecutive pair across the seam of the two blocks
+        opens = list(a.open)
+        if sa == sb:  # the consecutive pair across the seam of the two blocks (of two stored chunks)
             dt = tb - ta
-            step = float(np.sqrt((xb - xa) ** 2 + (yb - ya) ** 2))
+            step, speed = (float(v[0]) for v in ego_steps(np.array([[xa, ya]]), np.array([[xb, yb]]), np.array([dt])))
             out.dt_values, out.dt_counts = merge_counts(
                 out.dt_values, out.dt_counts, np.array([dt], np.int64), np.array([1], np.int64)
             )
-            out.ego_speed_sum += step / (dt / 1e9)
+            out.ego_speed_sum = exact_add(out.ego_speed_sum, [speed])
             out.ego_pairs += 1
-            out.ego_distance += step
-            seam = SceneSeries(
-                sa,
-                {
-                    "num_agents": np.zeros(1, np.int64),
-                    "num_tl_faces": np.zeros(1, np.int64),
-                    "ego_distance_m": np.array([step]),
-                    "first_ts": np.array([I64_MAX]),
-                    "last_ts": np.array([I64_MIN]),
-                },
-            )
-            out.series = merge_series(out.series, seam, FRAME_SERIES_OPS)
+            out.ego_distance = exact_add(out.ego_distance, [step])
+            opens.append((sa, exact_add((), [step])))
+        opens += b.open
+        merged: list = []
+        for scene, acc in opens:
+            if merged and merged[-1][0] == scene:
+                merged[-1] = (scene, exact_merge(merged[-1][1], acc))
+            else:
+                merged.append((scene, acc))
+        out.series = close_scenes(out.series, merged[1:-1])
+        out.open = [merged[0]] + ([merged[-1]] if len(merged) > 1 else [])
         return out
+
+
+def close_scenes(series: SceneSeries, opens: list) -> SceneSeries:
+    """``series`` with the ego distance of each scene of ``opens`` (``[(scene, exact sum)]``), closed."""
+    for scene, acc in opens:
+        one = SceneSeries(
+            scene,
+            {
+                "num_agents": np.zeros(1, np.int64),
+                "num_tl_faces": np.zeros(1, np.int64),
+                "ego_distance_m": np.array([exact_total(acc)]),
+                "first_ts": np.array([I64_MAX]),
+                "last_ts": np.array([I64_MIN]),
+            },
+        )
+        series = merge_series(series, one, FRAME_SERIES_OPS)
+    return series
 
 
 def median_from_counts(values: np.ndarray, counts: np.ndarray) -> float:
@@ -447,23 +514,25 @@ class TLStats:
 
 
 # --- the declared reductions -----------------------------------------------------------
-def frames_reduction(has_tl: bool, sample_scenes: np.ndarray) -> Reduction:
-    """Frame partials, given the overlapping scene rows (:func:`scene_rows`)."""
+def frames_reduction(has_tl: bool, sample_scenes: np.ndarray, chunk_rows: int = 0) -> Reduction:
+    """Frame partials, given the overlapping scene rows (:func:`scene_rows`), over frames stored in
+    chunks of ``chunk_rows`` rows (0: one chunk)."""
     samples = np.asarray(sample_scenes, np.int64)
     return Reduction(
-        f"frames-tl{int(has_tl)}-samples{'.'.join(map(str, samples.tolist()))}",
-        functools.partial(FrameStats.chunk, has_tl=has_tl, sample_scenes=samples),
+        f"frames-tl{int(has_tl)}-rows{chunk_rows}-samples{'.'.join(map(str, samples.tolist()))}",
+        functools.partial(FrameStats.chunk, has_tl=has_tl, sample_scenes=samples, chunk_rows=chunk_rows),
         FrameStats.combine,
         FramePart,
-        cache_token=functools.partial(_frames_token, has_tl, tuple(samples.tolist())),
+        exact=True,  # (counts, minima, value counts, and the ego's sums added exactly: see FrameStats)
+        cache_token=functools.partial(_frames_token, has_tl, tuple(samples.tolist()), chunk_rows),
     )
 
 
-def _frames_token(has_tl: bool, samples: tuple[int, ...], scenes: Rows) -> tuple:
+def _frames_token(has_tl: bool, samples: tuple[int, ...], chunk_rows: int, scenes: Rows) -> tuple:
     """What a task of the frames pass computes, given its scene rows: only the sample scenes among
     them count (the samples move as a dataset grows; a task of other scenes is the same)."""
     lo, hi = scenes.offset, scenes.offset + len(scenes)
-    return ("frames", int(has_tl), [s for s in samples if lo <= s < hi])
+    return ("frames-exact", int(has_tl), chunk_rows, [s for s in samples if lo <= s < hi])
 
 
 def agents_reduction(nlabels: int) -> Reduction:
@@ -501,7 +570,7 @@ def finalize(
     n_scenes, n_frames, n_agents = counts["scenes"], counts["frames"], counts["agents"]
     total_dt = int(fp.dt_counts.sum())
     hz = 1e9 / median_from_counts(fp.dt_values, fp.dt_counts) if total_dt else 10.0
-    series = fp.series
+    series = close_scenes(fp.series, fp.open)
     per_scene = {}
     for name in ("num_agents", "num_tl_faces", "ego_distance_m", "first_ts", "last_ts"):
         col = np.zeros(n_scenes, dtype=np.float64 if name == "ego_distance_m" else np.int64)
@@ -541,7 +610,10 @@ def finalize(
             "status_counts": dict(zip(fmt.TL_FACE_STATUSES, (int(x) for x in tp.status))),
             "unique_faces": int(len(tp.faces)),
         },
-        "ego": {"mean_speed_mps": mean(fp.ego_speed_sum, fp.ego_pairs), "total_distance_km": fp.ego_distance / 1000},
+        "ego": {
+            "mean_speed_mps": mean(exact_total(fp.ego_speed_sum), fp.ego_pairs),
+            "total_distance_km": exact_total(fp.ego_distance) / 1000,
+        },
         "per_scene": {
             "num_agents": per_scene["num_agents"].tolist(),
             "num_tracks": num_tracks.tolist(),

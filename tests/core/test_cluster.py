@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
@@ -32,22 +31,6 @@ def without_source(report: dict) -> dict:
 @pytest.fixture(scope="module")
 def local_report(small_ds):
     return without_source(compute_report(small_ds))
-
-
-def assert_same_report(got, want, path="report"):
-    """``got == want``, but floats to 1e-12 relative (sums whose last bits follow the tasks)."""
-    if isinstance(want, float) and isinstance(got, float):
-        assert math.isclose(got, want, rel_tol=1e-12, abs_tol=0.0), (path, got, want)
-    elif isinstance(want, dict):
-        assert isinstance(got, dict) and got.keys() == want.keys(), path
-        for k in want:
-            assert_same_report(got[k], want[k], f"{path}.{k}")
-    elif isinstance(want, (list, tuple)):
-        assert isinstance(got, (list, tuple)) and len(got) == len(want), path
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_same_report(g, w, f"{path}[{i}]")
-    else:
-        assert got == want, (path, got, want)
 
 
 def test_cli_s3_on_cluster_equals_local(dask_cluster, s3, s3_small, local_report, tmp_path):
@@ -381,10 +364,9 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
     finally:
         proxy.close()
         cluster.close()
-    # the report's float sums (the ego's distance, per scene and in all) are summed task by task,
-    # so their last bits follow how chunks are grouped into tasks (one remote worker thread here,
-    # two local threads there): every count exact, every float to 1e-12 relative
-    assert_same_report(got, local_report)
+    # bit for bit, floats too, though the remote run (one worker thread) groups chunks into tasks
+    # otherwise than the local one (two threads): the report's float sums do not follow the tasks
+    assert got == local_report
     # more than tasks - 1 tasks' GETs at once, and no more than tasks' (2 each)
     assert 2 * (tasks - 1) < proxy.most_in_flight <= 2 * tasks, proxy.most_in_flight
 
