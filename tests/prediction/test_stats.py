@@ -209,7 +209,6 @@ def test_scene_table(small_ds, tmp_path):
             str(tmp_path / "r.json"),
             "--scenes-table",
             str(out),
-            "--quiet",
         ],
         capture_output=True,
         text=True,
