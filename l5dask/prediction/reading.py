@@ -322,6 +322,11 @@ class Encoded:
         self._expected: dict[tuple, None] = {}
         self._shared: dict[tuple, np.ndarray] = {}
         self._base: tuple[Encoded, int] | None = None
+        self._pieces: list[tuple[int, Encoded]] | None = None
+        # a piece of a fused pass's block (pieces()) keeps its gathers of distinct values for the
+        # next reader that asks the same (the report's and the catalog's faces: their ids, codes
+        # and statuses, from one pass over the bytes)
+        self._distinct: dict[tuple, tuple] | None = None
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -330,6 +335,11 @@ class Encoded:
         """``(start row, Encoded)`` of these chunks in the groups :meth:`L5Array.iter_encoded`
         hands a streaming pass (``ENCODED_CHUNKS`` at a time): what a pass fused with others
         (:func:`l5dask.core.engine.fused_chunk`) hands a member that streams, from one block."""
+        if self._pieces is not None:  # (the same pieces for every member: what they gathered, shared)
+            for _, piece in self._pieces:
+                if piece._records is None and self._records is not None:
+                    piece._records = self._records[piece.start - self.start : piece.stop - self.start]
+            return list(self._pieces)
         out = []
         for i in range(0, len(self.chunks), ENCODED_CHUNKS):
             group = self.chunks[i : i + ENCODED_CHUNKS]
@@ -338,8 +348,10 @@ class Encoded:
                 piece._records = self._records[piece.start - self.start : piece.stop - self.start]
             if self._expected:  # (its gathers served by the block's one pass)
                 piece._base = (self, piece.start - self.start)
+            piece._distinct = {}
             out.append((piece.start, piece))
-        return out
+        self._pieces = out
+        return list(out)
 
     def expect(
         self,
@@ -462,6 +474,32 @@ class Encoded:
 
         if distinct is None and (self._expected or self._base is not None):
             return self._gather_shared(elements, argmax, values)
+        if self._distinct is not None and distinct is not None and found is not None and values is None:
+            key = (tuple((f, tuple(i)) for f, i in elements), tuple(argmax), distinct)
+            if key not in self._distinct:
+                added: list[np.ndarray] = []
+                made: list[np.ndarray] = []
+                outs, maxes = self._gather(elements, argmax, distinct, added, None, made)
+                for a in (*outs, *maxes, *added, *made):
+                    a.flags.writeable = False  # (one array for every reader: none may write into it)
+                self._distinct[key] = (outs, maxes, added, made)
+            outs, maxes, added, made = self._distinct[key]
+            found.extend(added)
+            if codes is not None:
+                codes.extend(made)
+            return list(outs), list(maxes)
+        return self._gather(elements, argmax, distinct, found, values, codes)
+
+    def _gather(
+        self,
+        elements: Sequence[tuple[str, tuple[int, ...]]],
+        argmax: Sequence[str],
+        distinct: str | None,
+        found: list[np.ndarray] | None,
+        values: list[np.ndarray] | None,
+        codes: list[np.ndarray] | None,
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """:meth:`gather`, each chunk's compressed bytes read."""
         plan = Gather.of(self.meta.dtype, elements, argmax, distinct)
         outs, maxes = plan.outputs(len(self))
         vals = plan.value_outputs(len(self)) if values is not None else None

@@ -161,11 +161,18 @@ def test_each_chunk_is_decoded_once(ds, monkeypatch):
     agents = {
         bytes(raw) for raw in ds_.store.iter_many([ds_[fmt.AGENTS].meta.key(i) for i in range(ds_[fmt.AGENTS].nchunks)])
     }
+    faces = {
+        bytes(raw)
+        for raw in ds_.store.iter_many([ds_[fmt.TL_FACES].meta.key(i) for i in range(ds_[fmt.TL_FACES].nchunks)])
+    }
     assert {passes[raw] for raw in agents} == {1}
+    # the faces' ids, codes and statuses too: the report's and the catalog's gathered once
+    assert {passes[raw] for raw in faces} == {1}
     passes.clear()
     for n in names:
         alone(ds_, n, ALL[n])
     assert {passes[raw] for raw in agents} == {len(names)}
+    assert {passes[raw] for raw in faces} == {2}
 
 
 def test_five_separate_calls_read_each_agent_chunk_five_times(ds, reads):
