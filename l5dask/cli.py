@@ -61,10 +61,24 @@ class _Commands(click.Group):
 @click.version_option(package_name="l5dask")
 def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
+    import warnings
+
     from l5dask.core.policy import tune_gc, tune_malloc
 
     tune_malloc()
     tune_gc()
+    warnings.formatwarning = _one_line
+
+
+_formatwarning = __import__("warnings").formatwarning
+
+
+def _one_line(message, category, filename, lineno, line=None) -> str:  # type: ignore[no-untyped-def]
+    """A deprecation (``FutureWarning``: an old name that still works) is one line on stderr, as
+    the commands' other lines; other warnings as Python says them."""
+    if issubclass(category, FutureWarning):
+        return f"l5dask: warning: {message}\n"
+    return _formatwarning(message, category, filename, lineno, line)
 
 
 @main.result_callback()

@@ -50,8 +50,11 @@ def test_every_command_is_walked():
 
 @pytest.mark.parametrize("path, command", COMMANDS, ids=[p for p, _ in COMMANDS])
 def test_every_command_follows_the_convention(path, command):
-    options = {p.name: p for p in command.params if isinstance(p, click.Option)}
+    options = {p.name: p for p in command.params if isinstance(p, click.Option) and not p.hidden}
     flags = {flag: p.name for p in options.values() for flag in [*p.opts, *p.secondary_opts]}
+    # a hidden option is an old spelling, kept for one release (its name says so)
+    hidden = [p.name for p in command.params if isinstance(p, click.Option) and p.hidden]
+    assert all(name.startswith("old_") for name in hidden), (path, hidden)
     # -q everywhere; each shared option with its flags and no other
     assert "quiet" in options, f"{path}: no -q/--quiet"
     assert getattr(options["quiet"].callback, "__module__", None) == "l5dask.core.commands", path  # (the store's too)
@@ -60,6 +63,11 @@ def test_every_command_follows_the_convention(path, command):
             assert sorted(options[name].opts + options[name].secondary_opts) == sorted(declared), (path, name)
         for flag in declared:
             assert flags.get(flag, name) == name, f"{path}: {flag} is {flags[flag]}, not {name}"
+    # one name, one meaning: --scenes is the scene filter (an expression) wherever it is, never a count
+    # (synth, demo and perception synth said --scenes N for the scenes to generate: -n/--num-scenes)
+    if "scenes" in options:
+        assert options["scenes"].metavar == "EXPR" and options["scenes"].type is click.STRING, path
+    assert "num_scenes" not in options or options["num_scenes"].opts == ["--num-scenes", "-n"], path
     # the usual letters keep their usual meaning: no -O, no -v that is not verbose
     assert "-O" not in flags and flags.get("-v", "verbose") == "verbose", path
     # the output is an option (-o), the inputs are the arguments
@@ -97,7 +105,7 @@ def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
     write_json(gt, tmp_path / "gt.json")
     write_json(pred, tmp_path / "pred.json")
     root = tmp_path / "perception"
-    assert cli("perception", "synth", "-o", root, "--scenes", "1", "--no-images", "-q").returncode == 0
+    assert cli("perception", "synth", "-o", root, "--num-scenes", "1", "--no-images", "-q").returncode == 0
     cases = [
         (["stats", small_ds], "Distinct tracks", "wrote {out}", "r.json"),
         (["perception", "stats", root, "--no-lidar"], "samples", "wrote {out}", "p.json"),
@@ -108,7 +116,7 @@ def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
             "m.json",
         ),
         (["agg", small_ds, "--by", "label", "--value", "speed:mean"], "speed_mean", "wrote {out}: ", "a.csv"),
-        (["demo", "--scenes", "2"], "Distinct tracks", "report of ", "demo"),
+        (["demo", "--num-scenes", "2"], "Distinct tracks", "report of ", "demo"),
     ]
     for args, table, line, name in cases:
         out = tmp_path / name
@@ -180,7 +188,7 @@ def test_agg_value_has_no_v_and_info_has_q(small_ds):
 def test_outputs_are_options_everywhere(small_ds, tmp_path):
     """synth, subset, split, export and demo take their output as -o/--output, as the others."""
     ds = tmp_path / "s.zarr"
-    assert cli("synth", "-o", ds, "--scenes", "3", "-q").returncode == 0
+    assert cli("synth", "-o", ds, "--num-scenes", "3", "-q").returncode == 0
     r = cli("subset", ds, "--output", tmp_path / "sub.zarr", "--ranges", "0:2", "-q")
     assert r.returncode == 0, r.stderr
     r = cli("split", ds, "-o", tmp_path / "parts", "--part", "a=1", "--part", "b=rest", "-q")
@@ -203,3 +211,33 @@ def test_perception_evaluate_quiet_still_prints_the_map(tmp_path):
     mean_map = json.loads((tmp_path / "m.json").read_text())["mean_map"]
     assert r.stdout.startswith(f"mAP {mean_map:.4f}") and r.stdout == r2.stdout
     assert r.stderr == "" and np.isfinite(mean_map)
+
+
+@pytest.mark.parametrize("command", [["synth"], ["perception", "synth"], ["demo"]], ids=" ".join)
+def test_the_generators_count_is_num_scenes_and_the_old_spelling_still_works(command, tmp_path):
+    """``--scenes`` was a count of scenes to generate in synth, demo and perception synth and a
+    scene filter everywhere else: the count is -n/--num-scenes; ``--scenes N`` still works until
+    the next release, with one warning line on stderr; both at once are refused."""
+    out = tmp_path / "out"
+    new = cli(*command, "-n", "1", "-o", out, "-q")
+    assert new.returncode == 0 and new.stderr == "", new.stderr
+    if command == ["synth"]:
+        assert json.loads((out / "scenes" / ".zarray").read_text())["shape"] == [1]
+    old = cli(
+        *command, "--scenes", "1", "-o", tmp_path / "old", "-q", *(["--overwrite"] if command != ["demo"] else [])
+    )
+    assert old.returncode == 0, old.stderr
+    assert old.stderr == (
+        "l5dask: warning: --scenes 1 is -n/--num-scenes 1 since l5dask 0.1.0 (--scenes is the scene filter of the "
+        "commands that read a dataset): the old spelling goes in the next release\n"
+    )
+    assert (
+        old.stdout.replace(str(tmp_path / "old"), "X").split(" in ")[0]
+        == new.stdout.replace(str(out), "X").split(" in ")[0]
+    )
+    both = cli(*command, "-n", "1", "--scenes", "2", "-o", tmp_path / "both", "-q")
+    assert (
+        both.returncode == 2
+        and both.stderr == ("l5dask: error: give -n/--num-scenes only (--scenes N is its old spelling)\n")
+        and not (tmp_path / "both").exists()
+    )

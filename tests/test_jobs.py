@@ -221,9 +221,9 @@ BAD = [
     ),
     (
         "scenes-not-a-condition",
-        '[analyses.r]\nkind = "report"\nscenes = "frames + 1"\noutput = "r.json"\n',
+        '[analyses.r]\nkind = "report"\nscenes = "num_frames + 1"\noutput = "r.json"\n',
         6,
-        "[analyses.r] on small: scenes 'frames + 1' is not a condition (it gives int64 values)\n",
+        "[analyses.r] on small: scenes 'num_frames + 1' is not a condition (it gives int64 values)\n",
     ),
     (
         "cache-url-http",

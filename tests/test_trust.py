@@ -458,9 +458,11 @@ def test_every_json_output_of_every_command_is_strict_json(tmp_path):
 
     data, pdata, out = str(tmp_path / "d.zarr"), str(tmp_path / "lyft"), tmp_path / "out"
     out.mkdir()
-    assert _run(["synth", "-o", data, "--scenes", "3", "--seed", "5"]).exit_code == 0
+    assert _run(["synth", "-o", data, "--num-scenes", "3", "--seed", "5"]).exit_code == 0
     assert (
-        _run(["perception", "synth", "-o", pdata, "--scenes", "1", "--lidar-points", "300", "--no-images"]).exit_code
+        _run(
+            ["perception", "synth", "-o", pdata, "--num-scenes", "1", "--lidar-points", "300", "--no-images"]
+        ).exit_code
         == 0
     )
     printed = {}
@@ -511,7 +513,7 @@ def test_every_json_output_of_every_command_is_strict_json(tmp_path):
     assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
     assert _strict((out / "det.json").read_text(), "det.json")["by_distance"][-1]["band"] == [50.0, None]
     # demo: a dataset and its report
-    r = _run(["demo", "--scenes", "1", "--output", str(out / "demo")])
+    r = _run(["demo", "--num-scenes", "1", "--output", str(out / "demo")])
     assert r.exit_code == 0, (r.output[-2000:], repr(r.exception))
     # every JSON file written (reports, metrics, zarr metadata, the perception tables) and the printed JSON
     names = {".zarray", ".zattrs", ".zgroup", ".zmetadata"}

@@ -218,6 +218,43 @@ scene_options = [
     ),
 ]
 
+
+def num_scenes_option(default: int, minimum: int = 0, help: str = "scenes to generate") -> Any:
+    """The generators' (``synth``, ``demo``, ``perception synth``) count of scenes: ``-n/--num-scenes``.
+    ``--scenes N``, its old spelling, works until the next release (hidden, one warning line on
+    stderr: ``--scenes`` is the scene filter of the commands that read a dataset); the command reads
+    both through :func:`num_scenes`."""
+
+    def apply(func: Any) -> Any:
+        func = click.option("--scenes", "old_num_scenes", type=click.IntRange(minimum), default=None, hidden=True)(func)
+        return click.option(
+            "--num-scenes",
+            "-n",
+            "num_scenes",
+            type=click.IntRange(minimum),
+            default=None,
+            show_default=str(default),
+            help=help,
+        )(func)
+
+    return apply
+
+
+def scene_count(given: int | None, old: int | None, default: int) -> int:
+    """The count of scenes :func:`num_scenes_option` read: ``-n``, else the old ``--scenes N`` (said
+    on stderr), else ``default``."""
+    if old is None:
+        return default if given is None else given
+    if given is not None:
+        raise UsageError("give -n/--num-scenes only (--scenes N is its old spelling)")
+    click.echo(
+        f"l5dask: warning: --scenes {old} is -n/--num-scenes {old} since l5dask 0.1.0 (--scenes is the scene "
+        "filter of the commands that read a dataset): the old spelling goes in the next release",
+        err=True,
+    )
+    return old
+
+
 cache_option = click.option(
     *CONVENTION["cache"],
     "cache",

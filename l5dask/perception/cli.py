@@ -7,7 +7,14 @@ import time
 
 import click
 
-from l5dask.core.commands import check_outputs, echo_answer, parse_storage_options, shared
+from l5dask.core.commands import (
+    check_outputs,
+    echo_answer,
+    num_scenes_option,
+    parse_storage_options,
+    scene_count,
+    shared,
+)
 
 lidar_option = click.option("--no-lidar", is_flag=True, help="leave out the lidar.* keys (no listing of the sweeps)")
 boxes_option = click.option(
@@ -195,7 +202,7 @@ def to_l5kit(data, quiet, output, overwrite, storage_options) -> None:
 
 
 @perception.command()
-@click.option("--scenes", default=2, show_default=True, type=click.IntRange(0), help="number of scenes")
+@num_scenes_option(2)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--lidar-points",
@@ -211,7 +218,7 @@ def to_l5kit(data, quiet, output, overwrite, storage_options) -> None:
     overwrite="a dataset that exists there",
     storage=False,
 )
-def synth(scenes, seed, lidar_points, no_images, quiet, output, overwrite) -> None:
+def synth(num_scenes, old_num_scenes, seed, lidar_points, no_images, quiet, output, overwrite) -> None:
     """Generate a realistic perception dataset at OUTPUT (a local folder) that the Lyft SDK loads."""
     import os
 
@@ -219,6 +226,7 @@ def synth(scenes, seed, lidar_points, no_images, quiet, output, overwrite) -> No
     from l5dask.errors import OutputError
 
     out = output
+    scenes = scene_count(num_scenes, old_num_scenes, 2)
     from l5dask.perception.synth import generate
 
     if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:

@@ -574,7 +574,7 @@ def assemble(
         "end_time": arrow_numbers(scenes["end_time"].astype(np.int64)).cast(utc),
         "local_hour": pc.hour(local).cast(pa.int64()),
         "local_weekday": pc.day_of_week(local).cast(pa.int64()),  # (0 = Monday)
-        "frames": (iv[:, 1] - iv[:, 0]).astype(np.int64),
+        "num_frames": (iv[:, 1] - iv[:, 0]).astype(np.int64),
     }
     for j, name in enumerate(FRAME_COLUMNS):
         if name in ("turn", "turn_unwrapped"):
@@ -596,7 +596,7 @@ def assemble(
     cols["closest_cyclist_m"] = inf_nan(mins[:, 1]) if mins.shape[1] else np.full(n, np.nan)
     fc, _, _ = _dense(tp if tp is not None else KeyPart(), FACE_BITS, n)
     cols["tl_faces_seen"] = fc[:, 0]
-    frames = cols["frames"]
+    frames = cols["num_frames"]
     for k, status in enumerate(fmt.TL_FACE_STATUSES):
         cols[f"tl_{status.lower()}_share"] = np.where(frames > 0, fc[:, 1 + k] / np.maximum(frames, 1), np.nan)
     cols["low_confidence_agents"] = sums[:, 0] if sums.shape[1] else np.zeros(n, np.int64)

@@ -11,7 +11,14 @@ from typing import Any
 
 import click
 
-from l5dask.core.commands import check_outputs, echo_answer, parse_storage_options, shared
+from l5dask.core.commands import (
+    check_outputs,
+    echo_answer,
+    num_scenes_option,
+    parse_storage_options,
+    scene_count,
+    shared,
+)
 
 
 def scene_filter(
@@ -89,7 +96,7 @@ def scene_filter(
 
 
 @click.command()
-@click.option("--scenes", default=10, show_default=True, type=click.IntRange(0), help="number of scenes")
+@num_scenes_option(10)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--no-traffic-lights", is_flag=True, help="write the older format, without traffic_light_faces")
 @click.option(
@@ -100,7 +107,8 @@ def scene_filter(
 )
 @shared(output="the dataset to write: a folder or a URL", output_required=True, overwrite="a dataset that exists there")
 def synth(
-    scenes: int,
+    num_scenes: int | None,
+    old_num_scenes: int | None,
     seed: int,
     no_traffic_lights: bool,
     label_ties: float,
@@ -115,7 +123,7 @@ def synth(
     start = time.perf_counter()
     counts = synthesize(
         output,
-        scenes=scenes,
+        scenes=scene_count(num_scenes, old_num_scenes, 10),
         seed=seed,
         traffic_lights=not no_traffic_lights,
         label_ties=label_ties,
@@ -363,16 +371,11 @@ def agg(
 
 
 @click.command()
-@click.option(
-    "--scenes",
-    default=200,
-    show_default=True,
-    type=click.IntRange(1),
-    help="scenes to generate (200 is about 3.5 M agents)",
-)
+@num_scenes_option(200, minimum=1, help="scenes to generate (200 is about 3.5 M agents)")
 @shared(output="the folder for the generated dataset and the report", output_default="l5dask-demo", storage=False)
-def demo(scenes: int, quiet: bool, output: str) -> None:
+def demo(num_scenes: int | None, old_num_scenes: int | None, quiet: bool, output: str) -> None:
     """The main job on an embedded default: generate a dataset, then its statistics report."""
+    scenes = scene_count(num_scenes, old_num_scenes, 200)
 
     from l5dask.prediction.report import (
         compute_report,

@@ -87,7 +87,7 @@ PAGE_COLUMNS = (
     "start_time",
     "local_hour",
     "local_weekday",
-    "frames",
+    "num_frames",
     "duration_s",
     "path_length_m",
     "max_speed_mps",

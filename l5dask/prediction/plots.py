@@ -251,7 +251,7 @@ def catalog_tracks(columns: dict[str, np.ndarray], ax=None):
 
 #: The catalog's numeric columns drawn as histograms, in the page's order.
 CATALOG_HISTOGRAMS = (
-    "frames",
+    "num_frames",
     "duration_s",
     "timestamp_gaps",
     "path_length_m",

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -448,6 +449,12 @@ def _schema(table: Any) -> tuple[list[str], set[str], int]:
     return schema.names, {f.name for f in schema if _is_text(f.type)}, rows
 
 
+#: The catalog's columns renamed, by their old name: an expression that names the old one reads the
+#: new one, with a ``FutureWarning`` (until the next release); one that names the new one over a
+#: catalog written before the rename reads the old one.
+RENAMED_COLUMNS = {"frames": "num_frames"}
+
+
 class _Catalog:
     """The catalog's columns, as the ``where`` checks (:func:`~l5dask.prediction.where.where_columns`)
     look at a table's: every column's name and kind; the values of those an expression names."""
@@ -459,8 +466,24 @@ class _Catalog:
     def __init__(self, table: Any, expr: str) -> None:
         names, text, self.rows = _schema(table)
         self.columns = {n: self._Col(n in text) for n in names}
-        named = names_in(expr) & set(names)
-        self.cols = catalog_columns(table, named)
+        wanted = names_in(expr)
+        alias = {}  # (a name the expression says: the column read for it)
+        for old, new in RENAMED_COLUMNS.items():
+            if old in wanted and old not in self.columns and new in self.columns:
+                warnings.warn(
+                    f"the catalog's column {old!r} is named {new!r} since l5dask 0.1.0 (as in the report's "
+                    f"per-scene table): {old!r} is read as {new!r} until the next release",
+                    FutureWarning,
+                    stacklevel=4,
+                )
+                alias[old] = new
+            elif new in wanted and new not in self.columns and old in self.columns:  # (a catalog written before)
+                alias[new] = old
+        for name, column in alias.items():
+            self.columns[name] = self.columns[column]
+        self.cols = catalog_columns(table, (wanted & set(names)) | set(alias.values()))
+        for name, column in alias.items():
+            self.cols[name] = self.cols[column]
 
     def categories(self, name: str) -> tuple[str, ...] | None:
         return self.cols[name][1]

@@ -335,7 +335,7 @@ def test_a_dataset_written_to_an_endpoint_that_refuses_the_connection_is_one_lin
     port = free_port()
     env = dict(os.environ, AWS_ACCESS_KEY_ID="l5dask", AWS_SECRET_ACCESS_KEY="l5dask", AWS_DEFAULT_REGION="us-east-1")
     env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{port}"
-    args = [command, "-o", "s3://l5-nowhere/out", "-q"] + (["--scenes", "2"] if command == "synth" else [small_ds])
+    args = [command, "-o", "s3://l5-nowhere/out", "-q"] + (["--num-scenes", "2"] if command == "synth" else [small_ds])
     r = subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True, env=env,
                        cwd=tmp_path, timeout=120)  # fmt: skip
     assert r.returncode == 2, r.stderr

@@ -118,7 +118,7 @@ def test_perception_commands_log_one_named_line_a_stage(tmp_path):
     """perception stats and evaluate said 'parsing the 13 tables of ...' then 'done in 0.7 s' (a new
     user's trial): one named line a stage, as every other command; nothing under -q."""
     data = tmp_path / "lyft"
-    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "perception", "synth", "-o", str(data), "--scenes", "1",
+    r = subprocess.run([sys.executable, "-m", "l5dask.cli", "perception", "synth", "-o", str(data), "--num-scenes", "1",
                         "--no-images", "-q"], capture_output=True, text=True, env=ENV)  # fmt: skip
     assert r.returncode == 0, r.stderr
     args = ["perception", "stats", str(data), "-o", str(tmp_path / "p.json")]

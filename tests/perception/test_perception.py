@@ -573,7 +573,7 @@ def test_not_a_perception_dataset(tmp_path, small_ds):
 def test_synth_cli_writes_a_dataset_the_sdk_loads(tmp_path):
     _sdk()
     out = str(tmp_path / "s")
-    r = cli("perception", "synth", "-o", out, "--scenes", "1", "--lidar-points", "50", "--no-images", "--seed", "3")
+    r = cli("perception", "synth", "-o", out, "--num-scenes", "1", "--lidar-points", "50", "--no-images", "--seed", "3")
     assert r.returncode == 0, r.stderr
     l = lyft(out)
     assert len(l.scene) == 1 and len(l.sample) == 126
@@ -595,7 +595,7 @@ def test_synth_cli_writes_a_dataset_the_sdk_loads(tmp_path):
         "LIDAR_FRONT_RIGHT",
     }
     assert all(len(r["token"]) == 64 for r in l.sample_annotation)
-    r = cli("perception", "synth", "-o", out, "--scenes", "1")
+    r = cli("perception", "synth", "-o", out, "--num-scenes", "1")
     assert r.returncode == 2 and "already exists" in r.stderr
 
 

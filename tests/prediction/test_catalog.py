@@ -140,7 +140,7 @@ def reference(path: str) -> pd.DataFrame:
         ts = fr["timestamp"].astype(np.int64)
         xy = fr["ego_translation"][:, :2].astype(np.float64)
         yaw = np.array([_yaw(r) for r in fr["ego_rotation"]])
-        row = {"scene_index": s, "frames": f1 - f0}
+        row = {"scene_index": s, "num_frames": f1 - f0}
         speeds, dts, yaw_rates = [], [], []
         path = 0.0
         for k in range(1, len(fr)):
@@ -234,7 +234,7 @@ def test_columns_match_their_definitions(edge_ds, want, chunks_per_task):
     assert len(got) == len(want) and list(got["scene_index"]) == list(range(len(want)))
     _compare(got, want)
     # the edges were reached
-    assert (want["frames"] < 50).sum() >= 3 and want["turn"].isna().sum() >= 3
+    assert (want["num_frames"] < 50).sum() >= 3 and want["turn"].isna().sum() >= 3
     assert want["timestamp_gaps"].max() >= 2 and want["stops"].max() >= 1
     assert (want["tl_active_share"] == 0).any() and (want["tl_faces_seen"] == 0).any()
     assert (want["turn"] != want["turn_unwrapped"]).any()  # the yaw wrapped somewhere
@@ -327,12 +327,12 @@ def test_turn_tag_is_l5kits(edge_ds):
     z = ChunkedDataset(edge_ds)
     z.open()
     got = catalog(edge_ds, chunks_per_task=2)
-    long = np.flatnonzero(got["frames"].to_numpy() >= 50)
+    long = np.flatnonzero(got["num_frames"].to_numpy() >= 50)
     tags = identify_turn(_Scenes(z, long))
     assert [got["turn"][i] for i in long] == [tags[k] for k in range(len(long))]
     assert set(tags.values()) == {"left", "right", "straight"}
     assert (got["turn"] != got["turn_unwrapped"]).sum() >= 2  # where the yaw wraps, L5Kit's tag is kept
-    for i in np.flatnonzero(got["frames"].to_numpy() < 50):  # L5Kit refuses these: the tag is null
+    for i in np.flatnonzero(got["num_frames"].to_numpy() < 50):  # L5Kit refuses these: the tag is null
         with pytest.raises(ValueError, match="TIME_DURATION_TURN"):
             identify_turn(_Scenes(z, [i]))
         assert pd.isna(got["turn"][i])

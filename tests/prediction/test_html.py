@@ -181,7 +181,7 @@ window.addEventListener("load", function () {
     out.status = document.getElementById("catalog-status").textContent;
     type("host", "");
     type("max_speed_mps", "");
-    type("frames", "LO..HI");
+    type("num_frames", "LO..HI");
     out.range = shown();
     document.documentElement.setAttribute("data-probe", JSON.stringify(out));
   }, 300);
@@ -215,7 +215,7 @@ def test_catalog_page_sorts_and_filters_in_chromium(catalog_page, tmp_path):
     assert len(cat) > 3
     host = str(cat["host"].value_counts().index[0])
     speed = float(cat["max_speed_mps"].median())
-    lo, hi = int(cat["frames"].min()), int(cat["frames"].median())
+    lo, hi = int(cat["num_frames"].min()), int(cat["num_frames"].median())
     probe = (
         CATALOG_PROBE.replace("HOST", host).replace("SPEED", repr(speed)).replace("LO", str(lo)).replace("HI", str(hi))
     )
@@ -238,7 +238,7 @@ def test_catalog_page_sorts_and_filters_in_chromium(catalog_page, tmp_path):
     assert got["host"] == ids(on_host) and got["host_matching"] == str(len(on_host)) and len(on_host) < len(cat)
     both = on_host[on_host["max_speed_mps"] >= speed]
     assert got["both"] == ids(both) and f"{len(both)} of {len(cat)} scenes match" in got["status"]
-    in_range = desc[(desc["frames"] >= lo) & (desc["frames"] <= hi)]
+    in_range = desc[(desc["num_frames"] >= lo) & (desc["num_frames"] <= hi)]
     assert got["range"] == ids(in_range)
     assert "CONSOLE" not in r.stderr
 

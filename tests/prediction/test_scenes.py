@@ -198,11 +198,11 @@ def test_chunks_holding_none_of_the_scenes_are_never_read(data, monkeypatch, chu
 def test_query_reads_the_catalog(data, tmp_path):
     path, cat, cat_path = data
     ds = l5dask.open_dataset(path)
-    expr = "turn == 'straight' and local_hour >= 19 and pedestrians_within_30m >= 4 or frames == 249"
+    expr = "turn == 'straight' and local_hour >= 19 and pedestrians_within_30m >= 4 or num_frames == 249"
     want = np.flatnonzero(
         (
             (cat["turn"] == "straight").fillna(False) & (cat["local_hour"] >= 19) & (cat["pedestrians_within_30m"] >= 4)
-            | (cat["frames"] == 249)
+            | (cat["num_frames"] == 249)
         ).to_numpy()
     )
     assert 0 < len(want) < 12
@@ -212,13 +212,13 @@ def test_query_reads_the_catalog(data, tmp_path):
     same_report(compute_report(ds.query(scene=expr, catalog=cat)), compute_report(ds.isel(scene=want)))
     # a boolean mask is an isel too; the catalog is not computed behind the caller's back
     assert (
-        list(ds.isel(scene=cat["frames"].to_numpy() >= 249).scene_indices)
-        == np.flatnonzero(cat["frames"] >= 249).tolist()
+        list(ds.isel(scene=cat["num_frames"].to_numpy() >= 249).scene_indices)
+        == np.flatnonzero(cat["num_frames"] >= 249).tolist()
     )
     with pytest.raises(UsageError, match="give the scene catalog"):
         ds.query(scene=expr)
     with pytest.raises(NoScenesError, match=r"selects no scene \(of 12\)"):
-        ds.query(scene="frames < 0", catalog=cat)
+        ds.query(scene="num_frames < 0", catalog=cat)
     with pytest.raises(UsageError, match="out of range"):
         ds.isel(scene=[3, 12])
     with pytest.raises(UsageError, match="boolean mask of 5 values"):
@@ -239,12 +239,12 @@ def test_isel_takes_slices_and_negative_indices_and_refuses_unsorted(data, tmp_p
     # Python's errors name the API, not the command line's flags
     for c in (cat, cat_path):
         with pytest.raises(NoScenesError) as e:
-            ds.query(scene="frames < 0", catalog=c)
-        assert "--" not in str(e.value) and "query('frames < 0')" in str(e.value)
+            ds.query(scene="num_frames < 0", catalog=c)
+        assert "--" not in str(e.value) and "query('num_frames < 0')" in str(e.value)
     other = str(tmp_path / "other.zarr")
     l5dask.synthesize(other, scenes=3, seed=5)
     with pytest.raises(UsageError) as e:
-        l5dask.open_dataset(other).query(scene="frames > 0", catalog=cat_path)
+        l5dask.open_dataset(other).query(scene="num_frames > 0", catalog=cat_path)
     assert "--" not in str(e.value) and "was made from another dataset" in str(e.value)
 
 
@@ -257,7 +257,7 @@ def test_a_filtered_catalog_given_for_the_whole_dataset_says_so(data, tmp_path):
     assert r.returncode == 0, r.stderr
     # the catalog of a restricted dataset maps its scenes back to the stored ones
     assert pd.read_parquet(part)["stored_scene_index"].tolist() == [0, 2]
-    r = cli("subset", path, "--scenes", "frames > 0", "--catalog", part, "-o", tmp_path / "o.zarr")
+    r = cli("subset", path, "--scenes", "num_frames > 0", "--catalog", part, "-o", tmp_path / "o.zarr")
     assert r.returncode == 2 and r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
     assert "made from 2 of the 12 scenes of" in r.stderr and "a filtered catalog" in r.stderr
     assert "another dataset" not in r.stderr and not (tmp_path / "o.zarr").exists()
@@ -428,10 +428,10 @@ def test_every_reading_command_takes_the_filters(data, tmp_path):
             "names unknown column 'turnx'; the columns of the catalog are: scene_index, host",
         ),
         (["--scenes", "local_hour + 1"], 2, "is not a condition (it gives int64 values)"),
-        (["--scenes", "frames > 1000000"], 1, "selects no scene (of 12)"),
+        (["--scenes", "num_frames > 1000000"], 1, "selects no scene (of 12)"),
         (["--scenes", "turn == 'lefty'"], 2, "'lefty' is not a turn; they are: left, right, straight"),
         (["--scenes-from", "{list}"], 2, "line 2: scene index 12 is out of range (the dataset has 12 scenes: 0 to 11)"),
-        (["--scenes", "frames > 0", "--catalog", "{other}"], 2, "was made from another dataset"),
+        (["--scenes", "num_frames > 0", "--catalog", "{other}"], 2, "was made from another dataset"),
         (["--catalog", "{catalog}"], 2, "--catalog is read by --scenes"),
     ],
 )
@@ -672,3 +672,46 @@ def test_each_task_carries_only_the_pieces_of_its_chunks(data):
         )
         < whole
     )
+
+
+def test_the_catalog_and_the_per_scene_table_name_the_frames_alike(data, tmp_path):
+    """The report's per-scene table (``scenes.parquet``, the documented schema: ``num_frames``)
+    and the catalog named one quantity two ways (the catalog said ``frames``): both say
+    ``num_frames`` now, equal. An expression naming ``frames`` still reads it, with a
+    ``FutureWarning``, and a catalog written before the rename (its column ``frames``) is read by
+    either name, without one."""
+    import warnings
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from l5dask.prediction.report import write_scene_table
+
+    path, cat, cat_path = data
+    ds = l5dask.open_dataset(path)
+    write_scene_table(compute_report(ds), tmp_path / "scenes.parquet")
+    table = pd.read_parquet(tmp_path / "scenes.parquet")
+    assert "num_frames" in cat.columns and "frames" not in cat.columns
+    np.testing.assert_array_equal(table["num_frames"].to_numpy(), cat["num_frames"].to_numpy())
+    want = np.flatnonzero(cat["num_frames"].to_numpy() >= 249).tolist()
+    assert 0 < len(want) < len(cat)
+    # the old name, over the new catalog: the same scenes, said once
+    with pytest.warns(FutureWarning, match="'frames' is named 'num_frames' since l5dask 0.1.0"):
+        assert list(ds.query(scene="frames >= 249", catalog=cat).scene_indices) == want
+    # a catalog written before the rename (the same fingerprint, the column named frames)
+    new = pq.read_table(cat_path)
+    old = new.rename_columns(["frames" if n == "num_frames" else n for n in new.column_names])
+    old = old.replace_schema_metadata(new.schema.metadata)
+    pq.write_table(old, tmp_path / "old.parquet")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        for expr in ("num_frames >= 249", "frames >= 249"):
+            assert list(ds.query(scene=expr, catalog=tmp_path / "old.parquet").scene_indices) == want
+            assert list(ds.query(scene=expr, catalog=old).scene_indices) == want
+    assert isinstance(old, pa.Table)
+    # the command line: the old name works, one warning line on stderr
+    r = cli("stats", path, "--scenes", "frames >= 249", "--catalog", cat_path, "-q")
+    assert r.returncode == 0 and r.stderr.startswith(
+        "l5dask: warning: the catalog's column 'frames' is named 'num_frames'"
+    )
+    assert len(r.stderr.splitlines()) == 1, r.stderr

@@ -86,14 +86,16 @@ def test_traffic_lights_change_and_compression_is_realistic(default_ds):
 def test_cli_synth(tmp_path):
     out = tmp_path / "cli.zarr"
     r = subprocess.run(
-        [sys.executable, "-m", "l5dask.cli", "synth", "-o", str(out), "--scenes", "2", "--seed", "4"],
+        [sys.executable, "-m", "l5dask.cli", "synth", "-o", str(out), "--num-scenes", "2", "--seed", "4"],
         capture_output=True,
         text=True,
     )
     assert r.returncode == 0, r.stderr
     assert len(read_all(str(out))["scenes"]) == 2
     r = subprocess.run(
-        [sys.executable, "-m", "l5dask.cli", "synth", "-o", str(out), "--scenes", "1"], capture_output=True, text=True
+        [sys.executable, "-m", "l5dask.cli", "synth", "-o", str(out), "--num-scenes", "1"],
+        capture_output=True,
+        text=True,
     )
     assert r.returncode == 2 and "already exists" in r.stderr
     assert len(read_all(str(out))["scenes"]) == 2  # nothing lost
