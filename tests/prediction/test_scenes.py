@@ -715,3 +715,83 @@ def test_the_catalog_and_the_per_scene_table_name_the_frames_alike(data, tmp_pat
         "l5dask: warning: the catalog's column 'frames' is named 'num_frames'"
     )
     assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("how", ["lz4-shuffled", "memcpyed", "reordered"])
+def test_reading_part_of_a_chunk_from_s3_asks_the_header_and_the_blocks_at_once(s3, tmp_path, monkeypatch, how):
+    """A chunk read in part from an object store took two GETs one after the other (its header,
+    then its blocks): two round trips. Once a chunk of the array was read, the blocks are guessed
+    from its layout and asked for with the header (one GET, or two at once): one round trip; a
+    guess that misses (blocks stored out of order) is completed by more GETs. Every read equals the
+    rows decoded whole. GETs counted at the client (moto server on 127.0.0.1), each held 20 ms so
+    that which ones are in flight together shows in the order of their starts and ends."""
+    import asyncio
+
+    from numcodecs import Blosc
+
+    from l5dask.core import objects
+    from l5dask.prediction import reading
+    from l5dask.prediction.reading import read_chunk_rows
+
+    rng = np.random.default_rng(8)
+    dtype = np.dtype([("a", "<f8", (3,)), ("b", "<u4")])
+    rows = 9_000
+    meta = fmt.ArrayMeta("arr", dtype, 4 * rows - 1234, rows)
+    codec = Blosc("lz4", 5 if how != "memcpyed" else 0, Blosc.SHUFFLE, blocksize=8192)
+    values = np.zeros(meta.nchunks * rows, dtype)
+    values.view(np.uint8)[:] = rng.integers(0, 4, values.nbytes, dtype=np.uint8)  # (compressible)
+    s3.make_bucket("l5-partial")
+    fs = s3.s3fs()
+    for i in range(meta.nchunks):
+        raw = codec.encode(values[i * rows : (i + 1) * rows])
+        if how == "reordered":
+            n = -(-meta.chunk_nbytes // int.from_bytes(raw[8:12], "little"))
+            raw = _reorder_blocks(raw, list(rng.permutation(n)))
+        fs.pipe(f"l5-partial/{how}/arr/{i}", raw)
+    store = Store(f"s3://l5-partial/{how}", s3.storage_options())
+    assert store.remote
+    events: list[tuple[str, int]] = []
+    real = objects.cat
+
+    async def held(fs, path, start=None, end=None):  # (each GET: its start and its end, in order)
+        n = len([e for e in events if e[0] == "start"])
+        events.append(("start", n))
+        await asyncio.sleep(0.02)
+        try:
+            return await real(fs, path, start, end)
+        finally:
+            events.append(("end", n))
+
+    monkeypatch.setattr(objects, "cat", held)
+    monkeypatch.setattr(reading, "_LAYOUTS", {}, raising=False)
+
+    def rounds() -> tuple[int, int]:
+        """The GETs of the last read and its round trips (a GET started after one of the read's
+        ended is in the next round)."""
+        level: dict[int, int] = {}
+        done = 0
+        for kind, n in events:
+            if kind == "start":
+                level[n] = done + 1
+            else:
+                done = max(done, level[n])
+        return len(level), max(level.values())
+
+    seen = []
+    for k in range(40):
+        i = int(rng.integers(meta.nchunks))
+        a, b = meta.chunk_bounds(i)
+        cuts = np.sort(rng.choice(np.arange(a, b + 1), 2 * int(rng.integers(1, 3)), replace=False))
+        ranges = [(int(x), int(y)) for x, y in zip(cuts[::2], cuts[1::2])]
+        if k == 0:
+            ranges = [(a + 100, a + 200)]  # (a first read: the header, then the blocks)
+        events.clear()
+        for (x, y), got in zip(ranges, read_chunk_rows(store, meta, i, ranges)):
+            np.testing.assert_array_equal(got, values[x:y])
+        seen.append(rounds())
+    assert seen[0] == (2, 2)  # (nothing learned yet: two GETs, one after the other)
+    if how != "reordered":  # (each later read: one round trip, in one GET or two at once)
+        assert all(r == 1 and g <= 2 for g, r in seen[1:]), seen
+        assert sum(g for g, _ in seen[1:]) < 2 * len(seen[1:]), seen  # (some in one GET)
+    else:  # (blocks out of order: a guess may miss; what it missed is asked in one more round)
+        assert all(r <= 2 for _, r in seen[1:]), seen
