@@ -592,7 +592,7 @@ def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: 
 def parquet_fingerprint(meta: dict) -> dict | None:
     """The fingerprint in a Parquet's schema metadata: where ``l5dask catalog`` writes it, else in
     the ``attrs`` pandas keeps when it writes a DataFrame of ``l5dask.catalog`` (or one filtered
-    from it: ``cat[cat.frames > 100].to_parquet(...)``): pandas 3 under ``PANDAS_ATTRS``, pandas
+    from it: ``cat[cat.num_frames > 100].to_parquet(...)``): pandas 3 under ``PANDAS_ATTRS``, pandas
     2.1-2.x in its ``pandas`` metadata."""
     raw = meta.get(CATALOG_KEY.encode())
     if raw is not None:
