@@ -114,3 +114,18 @@ def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1
             if want_max and not v <= hi[g]:
                 hi[g] = v
     return bad
+
+
+def count_codes(const int64_t[::1] codes, int64_t[::1] rows):
+    """Add each row to ``rows[codes[i]]``, in one pass, in place. Returns -1, or the first row
+    whose code is not a group of ``rows`` (nothing added from it on)."""
+    cdef Py_ssize_t i, n = codes.shape[0], bad = -1
+    cdef int64_t g, ngroups = rows.shape[0]
+    with nogil:
+        for i in range(n):
+            g = codes[i]
+            if g < 0 or g >= ngroups:
+                bad = i
+                break
+            rows[g] += 1
+    return bad

@@ -24,7 +24,7 @@ import numpy as np
 
 from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
-from l5dask.prediction.kernels import group_reduce, int_range, mix_codes
+from l5dask.prediction.kernels import count_codes, group_reduce, int_range, mix_codes
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
 QUANTILE_BITS = 12
@@ -43,6 +43,17 @@ class GroupPart:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def dense_table(los: Sequence[int], spans: Sequence[int]) -> np.ndarray:
+    """The keys of each mixed-radix code ``0 .. prod(spans) - 1`` (the last key varies fastest)."""
+    grid = np.arange(math.prod(spans), dtype=np.int64)
+    table = np.empty((len(grid), len(los)), np.int64)
+    stride = 1
+    for j in range(len(los) - 1, -1, -1):
+        table[:, j] = (grid // stride) % spans[j] + los[j]
+        stride *= spans[j]
+    return table
 
 
 def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]:
@@ -68,13 +79,7 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
             mix_codes(codes, k, lo, stride)
             stride *= span
         if total <= 2 * n + 4096:
-            grid = np.arange(total, dtype=np.int64)
-            table = np.empty((total, len(keys)), np.int64)
-            stride = 1
-            for j in range(len(keys) - 1, -1, -1):
-                table[:, j] = (grid // stride) % spans[j] + los[j]
-                stride *= spans[j]
-            return codes, total, table
+            return codes, total, dense_table(los, spans)
         uniq, codes = np.unique(codes, return_inverse=True)
         table = np.empty((len(uniq), len(keys)), np.int64)
         stride = 1
@@ -155,6 +160,11 @@ def group_part(
         n = len(keys[0]) if keys else len(next(iter(values.values())))
     if keep is not None and keep.all():
         keep = None
+    if n > 4 * SLICE_ROWS and keys and not any(needs[c] & {"m2", "sketch"} for c in values):
+        ranges = [int_range(k) for k in keys]
+        spans = [hi - lo + 1 for lo, hi in ranges]
+        if math.prod(spans) <= 2 * n + 4096:
+            return _group_part_sliced(keys, [lo for lo, _ in ranges], spans, values, needs, keep, n)
     codes, ngroups, table = encode(list(keys), n)
     if keep is not None:  # the rows left out go to one more group, dropped below
         codes[~keep] = ngroups
@@ -199,18 +209,8 @@ def group_part(
         full[name] = stats
     if rows is None:
         rows = np.bincount(codes, minlength=ngroups)
-    present = rows > 0
-    if keep is not None:
-        present[-1] = False
-    dense = not present.all()
-    remap = np.cumsum(present) - 1 if dense else None
-    part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
-
+    part, present, remap = _present_part(table, rows, full, values, keep is not None)
     for name in values:
-        if name not in full:
-            part.stats[name] = {"n": part.rows.copy()}
-            continue
-        part.stats[name] = {k: (a[present] if dense else a) for k, a in full[name].items()}
         if "sketch" in needs[name]:
             # (numpy's min is NaN where a value is: one pass over the column as it came, for the
             # NaN-free columns; the sketch's groups are renumbered after, on its few rows: the
@@ -224,6 +224,99 @@ def group_part(
                 g, x = (codes, v) if ok.all() else (codes[ok], v[ok])
             sg, sb, sc = _sketch(g, x, quantile_bits)
             part.sketches[name] = (remap[sg] if remap is not None else sg, sb, sc)
+    return part
+
+
+def _present_part(
+    table: np.ndarray, rows: np.ndarray, full: dict[str, dict[str, Any]], values: dict, dropped: bool
+) -> tuple[GroupPart, np.ndarray, np.ndarray | None]:
+    """The partial of the groups that have rows (``dropped``: the last group holds the rows left
+    out), from each column's statistics over all groups (``full``; a column not there is an
+    integer only counted: its groups' rows); with the groups kept and their new positions."""
+    present = rows > 0
+    if dropped:
+        present[-1] = False
+    dense = not present.all()
+    remap = np.cumsum(present) - 1 if dense else None
+    part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
+    for name in values:
+        if name not in full:
+            part.stats[name] = {"n": part.rows.copy()}
+        else:
+            part.stats[name] = {k: (a[present] if dense else a) for k, a in full[name].items()}
+    return part, present, remap
+
+
+#: Rows an array longer than four times this is grouped by at a time when its keys' codes are
+#: dense and only counts, sums, minima and maxima are asked: their codes stay in the cache (a
+#: dataframe partition holds 3.3 M rows: 26 MB of codes made, mixed and read again). The same
+#: statistics, bit for bit (the same order of the additions). The mean speed per scene and label
+#: of 30 M agents through the dataframe (9 partitions): 0.14-0.18 s of the threads' CPU in
+#: ``group_part`` -> 0.12 s; ``aggregate``'s blocks (160,000 rows) gained nothing: not sliced.
+SLICE_ROWS = 1 << 16
+
+
+def _group_part_sliced(
+    keys: list[np.ndarray],
+    los: list[int],
+    spans: list[int],
+    values: dict[str, np.ndarray],
+    needs: dict[str, set[str]],
+    keep: np.ndarray | None,
+    n: int,
+) -> GroupPart:
+    """:func:`group_part` of dense keys (``los``, ``spans``: their ranges), ``SLICE_ROWS`` rows
+    at a time, no ``m2`` or sketch asked."""
+    table = dense_table(los, spans)
+    ngroups = len(table)
+    if keep is not None:  # the rows left out go to one more group, dropped below
+        table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])
+    size = len(table)
+    rows = np.zeros(size, np.int64)
+    full: dict[str, dict[str, Any]] = {}
+    outs: dict[str, tuple] = {}
+    floats: dict[str, np.ndarray] = {}
+    for name, v in values.items():
+        need = needs[name]
+        if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: its rows
+            continue
+        floats[name] = v.astype(np.float64, copy=False)
+        outs[name] = (
+            np.zeros(size, np.int64),
+            np.zeros(size) if "sum" in need else None,
+            np.full(size, np.inf) if "min" in need else None,
+            np.full(size, -np.inf) if "max" in need else None,
+        )
+    buf = np.empty(min(SLICE_ROWS, n), np.int64)
+    for a in range(0, n, SLICE_ROWS):
+        b = min(n, a + SLICE_ROWS)
+        codes = buf[: b - a]
+        codes.fill(0)
+        stride = 1
+        for k, lo, span in zip(keys[::-1], los[::-1], spans[::-1]):  # the last key varies fastest
+            mix_codes(codes, k[a:b], lo, stride)
+            stride *= span
+        if keep is not None:
+            codes[~keep[a:b]] = ngroups
+        first = True
+        for name, out in outs.items():
+            need = needs[name]
+            group_reduce(
+                codes,
+                floats[name][a:b],
+                size,
+                sums="sum" in need,
+                mins="min" in need,
+                maxs="max" in need,
+                rows=rows if first else None,
+                out=out,
+            )
+            first = False
+        if first:
+            count_codes(codes, rows)
+    for name, (count, total, lo_, hi_) in outs.items():
+        full[name] = {"n": count, **{k: a for k, a in (("sum", total), ("min", lo_), ("max", hi_)) if a is not None}}
+    part, _, _ = _present_part(table, rows, full, values, keep is not None)
     return part
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -51,6 +52,7 @@ _distinct_rows = _gather.distinct_rows
 _gather_blosc = _gather.gather_blosc
 _gather_fields = _gather.gather_fields
 _distance_to_parent = _columns.distance_to_parent
+_count_codes = _columns.count_codes
 _group_reduce = _columns.group_reduce
 _mix_codes = _columns.mix_codes
 _norm2_f32 = _columns.norm2_f32
@@ -63,6 +65,7 @@ __all__ = [
     "argmax_rows",
     "gather",
     "Gather",
+    "count_codes",
     "group_reduce",
     "int_range",
     "mix_codes",
@@ -255,22 +258,40 @@ def group_reduce(
     mins: bool = False,
     maxs: bool = False,
     rows: np.ndarray | None = None,
+    out: tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
     """Per group ``0 .. ngroups - 1`` of the rows' ``codes``: the number of values that are not
     NaN, their sum, minimum and maximum (``None`` when not asked; NaN-free groups: inf/-inf); with
-    ``rows`` (``ngroups`` int64), each group's rows (NaN or not) are added to it, in the same pass."""
+    ``rows`` (``ngroups`` int64), each group's rows (NaN or not) are added to it, in the same pass.
+    ``out``: the ``(count, sum, min, max)`` of rows before (a call's result), added to in place
+    and returned (the rows of a long array grouped a slice at a time, as one call would)."""
     codes = np.ascontiguousarray(codes, np.int64)
     values = np.ascontiguousarray(values, np.float64)
     if len(codes) != len(values):
         raise ValueError("group_reduce: a code per value is needed")
-    if rows is not None and not (
-        isinstance(rows, np.ndarray) and rows.dtype == np.int64 and rows.shape == (ngroups,) and rows.flags.c_contiguous
-    ):
-        raise ValueError(f"group_reduce: rows must be a contiguous int64 array of {ngroups} groups")
-    count = np.zeros(ngroups, np.int64)
-    total = np.zeros(ngroups if sums else 1, np.float64)
-    lo = np.full(ngroups if mins else 1, np.inf)
-    hi = np.full(ngroups if maxs else 1, -np.inf)
+    if rows is not None:
+        _check_int64(rows, ngroups, "rows")
+    if out is None:
+        count = np.zeros(ngroups, np.int64)
+        total = np.zeros(ngroups if sums else 1, np.float64)
+        lo = np.full(ngroups if mins else 1, np.inf)
+        hi = np.full(ngroups if maxs else 1, -np.inf)
+    else:
+        count, total_, lo_, hi_ = out
+        _check_int64(count, ngroups, "out's count")
+        for arr, want, what in ((total_, sums, "sum"), (lo_, mins, "min"), (hi_, maxs, "max")):
+            if want and not (
+                isinstance(arr, np.ndarray)
+                and arr.dtype == np.float64
+                and arr.shape == (ngroups,)
+                and arr.flags.c_contiguous
+                and arr.flags.writeable
+            ):
+                raise ValueError(f"group_reduce: out's {what} must be a contiguous float64 array of {ngroups} groups")
+        dummy = np.zeros(1)
+        total = total_ if sums and total_ is not None else dummy
+        lo = lo_ if mins and lo_ is not None else dummy
+        hi = hi_ if maxs and hi_ is not None else dummy
     # (the codes are checked in the loop: two passes of numpy's min() and max() cost more than it)
     bad = _group_reduce(
         codes, values, count, total, lo, hi, rows if rows is not None else count[:0], sums, mins, maxs, rows is not None
@@ -278,6 +299,28 @@ def group_reduce(
     if bad >= 0:
         raise ValueError(f"group_reduce: codes must lie in [0, {ngroups}) (row {bad} has {codes[bad]})")
     return count, total if sums else None, lo if mins else None, hi if maxs else None
+
+
+def count_codes(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``rows += np.bincount(codes, minlength=len(rows))`` in one pass, in place (``rows`` int64):
+    the rows of each group counted a slice at a time. Returns ``rows``."""
+    codes = np.ascontiguousarray(codes, np.int64)
+    _check_int64(rows, len(rows) if isinstance(rows, np.ndarray) else -1, "rows", "count_codes")
+    bad = _count_codes(codes, rows)
+    if bad >= 0:
+        raise ValueError(f"count_codes: codes must lie in [0, {len(rows)}) (row {bad} has {codes[bad]})")
+    return rows
+
+
+def _check_int64(arr: Any, n: int, what: str, func: str = "group_reduce") -> None:
+    if not (
+        isinstance(arr, np.ndarray)
+        and arr.dtype == np.int64
+        and arr.shape == (n,)
+        and arr.flags.c_contiguous
+        and arr.flags.writeable
+    ):
+        raise ValueError(f"{func}: {what} must be a contiguous int64 array of {n} groups")
 
 
 #: Integer key types the compiled loops read as they are (others are widened to int64 first).

@@ -935,6 +935,61 @@ def test_declared_aggregations_by_several_keys_over_any_split():
                 np.testing.assert_allclose(aggregation(r).finalize(stats), want[r].to_numpy(), rtol=1e-12, err_msg=r)
 
 
+@pytest.mark.parametrize("slice_rows", [1, 7, 1_000])
+def test_group_part_a_slice_at_a_time_is_the_whole_bit_for_bit(monkeypatch, slice_rows):
+    """A long array grouped ``SLICE_ROWS`` rows at a time (dense keys; counts, sums, minima,
+    maxima) gives the partial of one pass over all of it, bit for bit: NaN values, rows left out
+    by ``keep``, an integer column only counted, a float column only counted, no value column."""
+    from l5dask.prediction import groupby
+
+    rng = np.random.default_rng(slice_rows)
+    n = 5_003
+    keys = [rng.integers(3, 40, n), rng.integers(-2, 3, n).astype(np.int8)]
+    x = rng.normal(size=n) * 1e3
+    x[rng.random(n) < 0.05] = np.nan
+    values = {"x": x, "y": (x * 7).astype(np.float32), "i": np.zeros(0, np.int64)}
+    needs = {"x": {"n", "sum", "min", "max"}, "y": {"n"}, "i": {"n"}}
+    for keep in (None, rng.random(n) < 0.8):
+        for vals in (values, {}):
+            want = groupby.group_part(keys, vals, {k: needs[k] for k in vals}, keep=keep, n=n)
+            monkeypatch.setattr(groupby, "SLICE_ROWS", slice_rows)
+            calls = []
+            original = groupby._group_part_sliced
+            monkeypatch.setattr(groupby, "_group_part_sliced", lambda *a: calls.append(1) or original(*a))
+            got = groupby.group_part(keys, vals, {k: needs[k] for k in vals}, keep=keep, n=n)
+            monkeypatch.undo()
+            assert calls == [1]
+            np.testing.assert_array_equal(got.keys, want.keys)
+            np.testing.assert_array_equal(got.rows, want.rows)
+            assert got.stats.keys() == want.stats.keys()
+            for name, stats in want.stats.items():
+                assert got.stats[name].keys() == stats.keys(), name
+                for k, a in stats.items():
+                    assert got.stats[name][k].tobytes() == a.tobytes(), (name, k)
+
+
+def test_group_reduce_adds_to_its_outputs_and_counts_codes():
+    """``group_reduce(out=...)`` over two halves equals one call over all rows, bit for bit;
+    ``count_codes`` adds each group's rows; bad codes and outputs are refused."""
+    from l5dask.prediction.kernels import count_codes, group_reduce
+
+    rng = np.random.default_rng(4)
+    codes, values = rng.integers(0, 9, 3_000), rng.normal(size=3_000)
+    values[::13] = np.nan
+    whole = group_reduce(codes, values, 9, True, True, True)
+    out = group_reduce(codes[:1_234], values[:1_234], 9, True, True, True)
+    got = group_reduce(codes[1_234:], values[1_234:], 9, True, True, True, out=out)
+    for a, b in zip(got, whole):
+        assert a.tobytes() == b.tobytes()
+    rows = np.full(9, 2, np.int64)
+    assert count_codes(codes, rows) is rows
+    np.testing.assert_array_equal(rows, np.bincount(codes, minlength=9) + 2)
+    with pytest.raises(ValueError, match=r"count_codes: codes must lie in \[0, 9\) \(row 1 has 9\)"):
+        count_codes(np.array([0, 9, 1]), np.zeros(9, np.int64))
+    with pytest.raises(ValueError, match="out's sum must be a contiguous float64 array of 9 groups"):
+        group_reduce(codes, values, 9, out=(np.zeros(9, np.int64), np.zeros(8), None, None))
+
+
 def test_aggregations_are_looked_up_by_name():
     from l5dask.prediction.groupby import AGGREGATIONS, aggregation
 
