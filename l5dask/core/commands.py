@@ -232,20 +232,21 @@ def num_scenes_option(default: int, minimum: int = 0, help: str = "scenes to gen
             "-n",
             "num_scenes",
             type=click.IntRange(minimum),
-            default=None,
-            show_default=str(default),
+            default=default,
+            show_default=True,
             help=help,
         )(func)
 
     return apply
 
 
-def scene_count(given: int | None, old: int | None, default: int) -> int:
-    """The count of scenes :func:`num_scenes_option` read: ``-n``, else the old ``--scenes N`` (said
-    on stderr), else ``default``."""
+def scene_count(given: int, old: int | None) -> int:
+    """The count of scenes :func:`num_scenes_option` read: ``-n`` (or its default), else the old
+    ``--scenes N`` (said on stderr)."""
     if old is None:
-        return default if given is None else given
-    if given is not None:
+        return given
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.get_parameter_source("num_scenes") == click.core.ParameterSource.COMMANDLINE:
         raise UsageError("give -n/--num-scenes only (--scenes N is its old spelling)")
     click.echo(
         f"l5dask: warning: --scenes {old} is -n/--num-scenes {old} since l5dask 0.1.0 (--scenes is the scene "

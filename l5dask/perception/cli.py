@@ -226,7 +226,7 @@ def synth(num_scenes, old_num_scenes, seed, lidar_points, no_images, quiet, outp
     from l5dask.errors import OutputError
 
     out = output
-    scenes = scene_count(num_scenes, old_num_scenes, 2)
+    scenes = scene_count(num_scenes, old_num_scenes)
     from l5dask.perception.synth import generate
 
     if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:

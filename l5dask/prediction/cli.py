@@ -107,8 +107,8 @@ def scene_filter(
 )
 @shared(output="the dataset to write: a folder or a URL", output_required=True, overwrite="a dataset that exists there")
 def synth(
-    num_scenes: int | None,
-    old_num_scenes: int | None,
+    num_scenes: int,
+    old_num_scenes: int,
     seed: int,
     no_traffic_lights: bool,
     label_ties: float,
@@ -123,7 +123,7 @@ def synth(
     start = time.perf_counter()
     counts = synthesize(
         output,
-        scenes=scene_count(num_scenes, old_num_scenes, 10),
+        scenes=scene_count(num_scenes, old_num_scenes),
         seed=seed,
         traffic_lights=not no_traffic_lights,
         label_ties=label_ties,
@@ -373,9 +373,9 @@ def agg(
 @click.command()
 @num_scenes_option(200, minimum=1, help="scenes to generate (200 is about 3.5 M agents)")
 @shared(output="the folder for the generated dataset and the report", output_default="l5dask-demo", storage=False)
-def demo(num_scenes: int | None, old_num_scenes: int | None, quiet: bool, output: str) -> None:
+def demo(num_scenes: int, old_num_scenes: int, quiet: bool, output: str) -> None:
     """The main job on an embedded default: generate a dataset, then its statistics report."""
-    scenes = scene_count(num_scenes, old_num_scenes, 200)
+    scenes = scene_count(num_scenes, old_num_scenes)
 
     from l5dask.prediction.report import (
         compute_report,
