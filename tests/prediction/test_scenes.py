@@ -795,3 +795,37 @@ def test_reading_part_of_a_chunk_from_s3_asks_the_header_and_the_blocks_at_once(
         assert sum(g for g, _ in seen[1:]) < 2 * len(seen[1:]), seen  # (some in one GET)
     else:  # (blocks out of order: a guess may miss; what it missed is asked in one more round)
         assert all(r <= 2 for _, r in seen[1:]), seen
+
+
+def test_a_catalog_kept_in_the_cache_is_read_for_the_columns_a_filter_names(data, tmp_path, monkeypatch):
+    """``--scenes`` with the catalog in the cache: read back, only the columns the expression names
+    are decoded (as from ``--catalog``), and the report is the one made with ``--catalog``."""
+    from click.testing import CliRunner
+
+    from l5dask.cli import main
+
+    path, _, cat_path = data
+    expr = "tracks_pedestrian >= 1 and scene_index != 4"
+    cache = tmp_path / "cache"
+    read: list = []
+    whole = pq.read_table
+    read_columns = pq.ParquetFile.read
+    monkeypatch.setattr(pq, "read_table", lambda *a, **k: read.append(("table", k.get("columns"))) or whole(*a, **k))
+    monkeypatch.setattr(
+        pq.ParquetFile,
+        "read",
+        lambda self, *a, **k: read.append(("file", k.get("columns"))) or read_columns(self, *a, **k),
+    )
+
+    def stats(out, *extra):
+        r = CliRunner().invoke(main, ["stats", path, "--scenes", expr, "-o", str(out), *map(str, extra)])
+        assert r.exit_code == 0, (r.output, r.stderr)
+        return json.loads(out.read_text()), r.stderr
+
+    ref, _ = stats(tmp_path / "ref.json", "--catalog", cat_path)
+    stats(tmp_path / "1.json", "--cache", cache)
+    del read[:]
+    got, said = stats(tmp_path / "2.json", "--cache", cache)
+    assert "read from the cache" in said
+    assert read == [("file", ["scene_index", "tracks_pedestrian"])], read
+    same_report(got, ref)
