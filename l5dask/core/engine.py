@@ -673,13 +673,15 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
             if m.encoded and m.reduction.reads is not None:
                 data.expect(*m.reduction.reads)
     out = []
+    pieces = None  # (made once: every streaming member takes the same pieces, and what they keep)
     for m in members:
         red = m.reduction
         if m.blocks:
             p = red.chunk(data if m.encoded or not encoded else data.records(), start, parent)
         elif m.encoded and encoded:
             p = None
-            for lo, piece in data.pieces():
+            pieces = data.pieces() if pieces is None else pieces
+            for lo, piece in pieces:
                 q = red.chunk(piece, lo, parent)
                 p = q if p is None else red.combine(p, q)
         else:

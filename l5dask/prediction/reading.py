@@ -399,7 +399,6 @@ class Encoded:
         self._expected: dict[tuple, None] = {}
         self._shared: dict[tuple, np.ndarray] = {}
         self._base: tuple[Encoded, int] | None = None
-        self._pieces: list[tuple[int, Encoded]] | None = None
         # a piece of a fused pass's block (pieces()) keeps its gathers of distinct values for the
         # next reader that asks the same (the report's and the catalog's faces: their ids, codes
         # and statuses, from one pass over the bytes)
@@ -412,11 +411,6 @@ class Encoded:
         """``(start row, Encoded)`` of these chunks in the groups :meth:`L5Array.iter_encoded`
         hands a streaming pass (``ENCODED_CHUNKS`` at a time): what a pass fused with others
         (:func:`l5dask.core.engine.fused_chunk`) hands a member that streams, from one block."""
-        if self._pieces is not None:  # (the same pieces for every member: what they gathered, shared)
-            for _, piece in self._pieces:
-                if piece._records is None and self._records is not None:
-                    piece._records = self._records[piece.start - self.start : piece.stop - self.start]
-            return list(self._pieces)
         out = []
         for i in range(0, len(self.chunks), ENCODED_CHUNKS):
             group = self.chunks[i : i + ENCODED_CHUNKS]
@@ -427,8 +421,7 @@ class Encoded:
                 piece._base = (self, piece.start - self.start)
             piece._distinct = {}
             out.append((piece.start, piece))
-        self._pieces = out
-        return list(out)
+        return out
 
     def expect(
         self,
