@@ -94,7 +94,7 @@ class ChunkSource(Protocol):
 
 
 def windowed(source: Any, first: int, n: int) -> Any:
-    """What a task over chunks ``first .. first + n - 1`` of ``source`` carries: its ``window``
+    """What a task over chunks ``first`` to ``first + n - 1`` of ``source`` carries: its ``window``
     of them when it has one, else the source itself."""
     window = getattr(source, "window", None)
     return source if window is None else window(first, n)

@@ -115,7 +115,7 @@ class SceneView(L5Array):
     def chunk_identities(self) -> list[tuple]:
         """What identifies each of the view's chunks, for the cache of partials: the pieces of
         base rows it is made of (their rows and the shifts added to them) and the identities of
-        the stored chunks they are read from (:meth:`L5Array.chunk_identities`). (The base's
+        the stored chunks they are read from (:meth:`~l5dask.prediction.reading.L5Array.chunk_identities`). (The base's
         identities of the view's chunk numbers, inherited before, made two restrictions with chunks of
         the same bounds share entries: the second read the first's partials.)"""
         base_ids = self.base.chunk_identities()
