@@ -410,13 +410,26 @@ def reduction_token(reduction: Any) -> str | None:
     declared = getattr(reduction, "cache_token", None)
     if callable(declared):
         return None  # (a token a task: see l5dask.core.engine.Job.group_ids)
+    got = _TOKENS.get(id(reduction))
+    if got is not None and got[0] is reduction:  # (asked for each task's key: tokenized once)
+        return got[1]
     try:
         with dask.config.set({"tokenize.ensure-deterministic": True}):
             if declared is not None:
-                return tokenize("declared", reduction.name.split("-")[0], declared)
-            return tokenize(reduction.name, reduction.chunk, reduction.combine, reduction.identity)
+                token = tokenize("declared", reduction.name.split("-")[0], declared)
+            else:
+                token = tokenize(reduction.name, reduction.chunk, reduction.combine, reduction.identity)
     except Exception:  # noqa: BLE001 - not deterministic: not cached
-        return None
+        token = None
+    with _WARN_LOCK:
+        if len(_TOKENS) > 256:
+            _TOKENS.clear()
+        _TOKENS[id(reduction)] = (reduction, token)  # (held: its id is not another's while here)
+    return token
+
+
+#: Reductions' tokens, by the reduction's id (the reduction held with its token).
+_TOKENS: dict[int, tuple[Any, str | None]] = {}
 
 
 def function_token(fn: Any) -> str | None:
@@ -455,6 +468,7 @@ def warn_once(what: str, message: str) -> None:
 
 
 config.on_reset(_WARNED.clear)
+config.on_reset(_TOKENS.clear)
 
 #: Protocols whose filesystems l5dask can write a cache to.
 WRITABLE = {"file", "local", "s3", "s3a", "gs", "gcs", "abfs", "az", "memory"}

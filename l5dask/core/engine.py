@@ -40,7 +40,7 @@ import numpy as np
 from dask.base import is_dask_collection, tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
-from dask.task_spec import List, Task, TaskRef
+from dask.task_spec import DataNode, List, Task, TaskRef
 from dask.utils import funcname
 
 from l5dask.core import cache as cachelib
@@ -274,7 +274,9 @@ class Pass:
     parent : Link, optional
         Rows of the parent handed to each chunk (only those overlapping its rows).
     rows : callable ``(data, start, parent) -> Rows``, optional
-        Per-row columns kept for child passes (the pass is then persisted, spread finer).
+        Per-row columns kept for child passes (the pass is then persisted, spread finer): each
+        row's made from its own record and its parent rows (the cache of partials names the rows
+        a stored chunk at a time).
     intervals : dict, optional
         ``{field: child length}``: interval fields whose bounds the job checks before any child
         pass is built (an :class:`~l5dask.errors.IntervalError` names the array and first row).
@@ -334,7 +336,9 @@ class Persisted:
     #: Block index -> the task that makes its rows again, when the blocks do not hold them (see
     #: :meth:`Job.persist`); ``None`` when they do.
     remake: list[Task] | None = None
-    #: Block index -> the identity of the rows it makes (for the cache's keys of child tasks);
+    #: Stored chunk index -> the identity of its rows (for the cache's keys of child tasks: a child
+    #: task's key names the rows of only the chunks it takes rows of, so that the parent's last
+    #: chunk taking rows as the dataset grows changes the keys of only its own children);
     #: ``None`` when the job has no cache or the pass cannot be cached.
     row_ids: list[str] | None = None
     #: Block index -> ``run_group``'s arguments that make its rows again (a damaged cache entry of a
@@ -350,13 +354,21 @@ class Persisted:
     def child_range(self, interval: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per block: first child row, child end, parent rows (from the checked bounds)."""
         t = self.bounds[interval]
-        if len(t) == len(self.keys):
+        if len(t) == len(self.groups):
             return t[:, 0], t[:, 1], t[:, 2]
         # a row per chunk (a pass that is not read in blocks): per block, over its chunks with rows
         cuts = np.cumsum([0] + [n for _, n in self.groups[:-1]])
         has = t[:, 2] > 0
         starts = np.minimum.reduceat(np.where(has, t[:, 0], np.iinfo(np.int64).max), cuts)
         return starts, np.maximum.reduceat(np.where(has, t[:, 1], -1), cuts), np.add.reduceat(t[:, 2], cuts)
+
+    def chunks(self, interval: str, lo: int, hi: int) -> np.ndarray | None:
+        """The stored chunks whose child rows (by ``interval``) overlap ``[lo, hi)`` (its bounds
+        hold a row a chunk); ``None`` if they cannot be told."""
+        t = self.bounds.get(interval)
+        if t is None or self.row_ids is None or len(t) != len(self.row_ids):
+            return None
+        return np.flatnonzero((t[:, 2] > 0) & (t[:, 0] < hi) & (t[:, 1] > lo))
 
     def overlapping(self, interval: str, lo: int, hi: int) -> np.ndarray:
         """The blocks whose child rows (by ``interval``) overlap ``[lo, hi)``."""
@@ -477,7 +489,12 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
                 if spec.rows is not None:
                     rows.append(spec.rows(data, start, parent))
                 for f, child_len in spec.intervals.items():
-                    bounds[f].append(block_bounds(data, f, start, child_len))
+                    if spec.blocks:  # (a row a stored chunk, as a streaming pass's: see Persisted.chunks)
+                        for i in range(first, first + n):
+                            a, b = source.chunk_bounds(i)
+                            bounds[f].append(block_bounds(data[a - start : b - start], f, a, child_len))
+                    else:
+                        bounds[f].append(block_bounds(data, f, start, child_len))
     except Exception as exc:
         if not isinstance(exc, L5DaskError):
             _note(exc, spec.label, source, first, n, red.name if red is not None else "rows")
@@ -496,6 +513,40 @@ def run_group_cached(
     block = run_group(spec, first, n, link_rows, *parent_blocks)
     cachelib.store(entry, (block, dict(spec.intervals)))
     return block
+
+
+def run_pieces(
+    entry: cachelib.Entry,
+    pieces: Sequence[tuple[cachelib.Entry, bool, int, int]],
+    spec: Stage,
+    first: int,
+    n: int,
+    link_rows: Rows | None,
+    *parent_blocks: Block,
+) -> Block:
+    """The task of an exact reduction over chunks ``first .. first + n - 1`` in aligned pieces
+    (``Job._pieces``): each piece read from the cache when it is there, else computed and kept;
+    their blocks combined in order (the same bits as one block: the reduction is exact), then kept
+    whole in ``entry`` too."""
+    red = spec.reduction
+    assert red is not None
+    part: Any = None
+    bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
+    for piece, hit, f, m in pieces:
+        block = None
+        if hit:
+            ok, got = cachelib.load(piece)
+            block = got[0] if ok and _still_valid(got, spec.intervals) else None
+        if block is None:
+            block = run_group(spec, f, m, link_rows, *parent_blocks)
+            cachelib.store(piece, (block, dict(spec.intervals)))
+        part = block.partial if part is None else red.combine(part, block.partial)
+        for k in bounds:
+            bounds[k].append((block.bounds or {})[k])
+    out = Block(part, None, {k: np.concatenate(b) for k, b in bounds.items()} if spec.intervals else None)
+    if not all(hit for _, hit, _, _ in pieces):
+        cachelib.store(entry, (out, dict(spec.intervals)))
+    return out
 
 
 def _still_valid(got: Any, intervals: dict[str, int]) -> bool:
@@ -536,6 +587,43 @@ def load_group(
     if remake:
         parent_blocks = tuple(run_group(*call) for call in remake)
     return run_group_cached(entry, spec, first, n, link_rows, *parent_blocks)
+
+
+def keep_pass(entry: cachelib.Entry, bounds: dict | None, intervals: dict | None, partial: Any) -> Any:
+    """Keep a whole pass in the cache's ``entry``: its combined partial (the root of its tree) and,
+    for a persisted pass, its interval bounds and the child lengths they were checked against;
+    returns the partial (its members are finalized after it is kept: a finalize may change it)."""
+    cachelib.store(entry, ("pass", partial, bounds, intervals))
+    return partial
+
+
+def _remade(spec: Pass) -> bool:
+    """Whether a persisted pass's blocks leave its rows out (made again by the child tasks that
+    need them): its rows are kept, and its parent is none or rows in memory."""
+    return spec.rows is not None and (spec.parent is None or isinstance(spec.parent.parent, Rows))
+
+
+def _first_of(values: list, _kept: list) -> list:
+    return values
+
+
+def _sound_pass(got: Any, intervals: dict[str, int]) -> bool:
+    """Whether a whole pass's cached ``("pass", partial, bounds, child lengths)`` holds what the pass
+    computes now (the interval checks as :func:`_still_valid` says of a task's block)."""
+    if not (isinstance(got, tuple) and len(got) == 4 and got[0] == "pass"):
+        return False
+    _, _, bounds, then = got
+    if not intervals:
+        return bounds is None and then is None
+    if not (isinstance(bounds, dict) and isinstance(then, dict) and set(bounds) == set(then) == set(intervals)):
+        return False
+    for f, now in intervals.items():
+        table = bounds[f]
+        if not (isinstance(table, np.ndarray) and table.ndim == 2 and table.shape[1] == 6 and isinstance(then[f], int)):
+            return False
+        if then[f] != now and (then[f] > now or bool(table[:, 3].any())):
+            return False
+    return True
 
 
 def _partial(x: Any) -> Any:
@@ -1008,8 +1096,8 @@ class Job:
         got = self._ids.get(id(source))
         if got is None:
             ids = source.chunk_identities() if hasattr(source, "chunk_identities") else None
-            try:
-                digests = None if ids is None else [cachelib.digest(i) for i in ids]
+            try:  # (strings are taken as they are: an L5Kit array's, one a chunk, made to be cheap)
+                digests = None if ids is None else [i if isinstance(i, str) else cachelib.digest(i) for i in ids]
             except TypeError:
                 digests = None
             got = self._ids[id(source)] = (source, digests)
@@ -1037,6 +1125,7 @@ class Job:
         what = (
             cachelib.FORMAT,
             cachelib.version(),
+            "bounds and parent rows a chunk",  # (keys before it: a blocks pass's bounds a block)
             keep,
             token,
             rows,
@@ -1054,9 +1143,10 @@ class Job:
                 got = link.parent.overlapping(lo, hi, link.start)
                 parent = cachelib.rows_digest(got.offset, got.cols)
             elif link is not None:
-                if link.parent.row_ids is None:
+                chunks = link.parent.chunks(link.interval or "", lo, hi)
+                if chunks is None:
                     return None
-                parent = [link.parent.row_ids[k] for k in link.parent.overlapping(link.interval, lo, hi)]
+                parent = [link.parent.row_ids[k] for k in chunks]
             try:
                 own = red.cache_token(got) if per_group and red is not None else None
                 out.append(cachelib.digest(what, own, ids[first : first + n], parent))
@@ -1103,7 +1193,11 @@ class Job:
                 posixpath.join(folder, present.get(ident) or cache.entry_name(red_name, ident)),
                 {"source": spec.source.name, "reduction": red_name, "chunks": [first, n]},
             )
-            if ident in present:
+            pieces = self._pieces(spec, first, n, keep, present, folder, red_name) if ident not in present else None
+            if pieces is not None:  # (an exact reduction: parts of it found, or the end kept in parts)
+                hits += all(hit for _, hit, _, _ in pieces)
+                graph[key] = Task(key, run_pieces, entry, pieces, *args)
+            elif ident in present:
                 hits += 1
                 remake: list[tuple] = []
                 refs: tuple = ()
@@ -1118,6 +1212,66 @@ class Job:
             else:
                 graph[key] = Task(key, run_group_cached, entry, *args)
         cachelib.count(hits=hits, misses=len(groups) - hits)
+
+    def _pieces(
+        self, spec: Pass, first: int, n: int, keep: str, present: dict, folder: str, red_name: str
+    ) -> list[tuple[cachelib.Entry, bool, int, int]] | None:
+        """A task of an exact reduction (its partial the same bits however its chunks are grouped)
+        not in the cache, as aligned pieces of it (runs of ``2**k`` chunks starting at a multiple
+        of ``2**k``): those in the cache read, the others computed and kept, so that the last task
+        of a dataset, kept in pieces, is mostly read again when the dataset grows and fills it.
+        ``None``: one piece (the task computed and kept whole)."""
+        red = spec.reduction
+        if red is None or not red.exact or n < 2 or self.cache is None:
+            return None
+        nodes: list[tuple[int, int]] = []
+
+        def split(f: int, m: int) -> None:  # (the aligned nodes of [f, f + m), largest first)
+            while m > 0:
+                size = 1 << min((f & -f).bit_length() - 1 if f else 62, m.bit_length() - 1)
+                nodes.append((f, size))
+                f, m = f + size, m - size
+
+        split(first, n)
+        ids = self.group_ids(spec, nodes, keep)
+        if ids is None:
+            return None
+        known = dict(zip(nodes, ids))
+
+        def cover(f: int, m: int) -> list[tuple[int, int, bool]]:
+            if known[(f, m)] in present:
+                return [(f, m, True)]
+            if m == 1:
+                return [(f, m, False)]
+            half = m // 2
+            for node in ((f, half), (f + half, m - half)):
+                if node not in known:
+                    got = self.group_ids(spec, [node], keep)
+                    if got is None:
+                        return [(f, m, False)]
+                    known[node] = got[0]
+            inner = cover(f, half) + cover(f + half, m - half)
+            return inner if any(hit for _, _, hit in inner) else [(f, m, False)]
+
+        out = [piece for f, m in nodes for piece in (cover(f, m) if m & (m - 1) == 0 else [(f, m, False)])]
+        if len(out) == 1:
+            return None
+        assert self.cache is not None
+        return [
+            (
+                cachelib.Entry(
+                    self.cache,
+                    posixpath.join(
+                        folder, present.get(known[(f, m)]) or self.cache.entry_name(red_name, known[(f, m)])
+                    ),
+                    {"source": spec.source.name, "reduction": red_name, "chunks": [f, m]},
+                ),
+                hit,
+                f,
+                m,
+            )
+            for f, m, hit in out
+        ]
 
     def token(self, spec: Pass) -> str:
         return tokenize(
@@ -1234,14 +1388,9 @@ class Job:
         collections: list = []
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
-            remake, keep, calls = None, "all", None
-            if spec.rows is not None and (spec.parent is None or isinstance(spec.parent.parent, Rows)):
-                # the rows alone (the reduction and the checks run in the pass), in the same groups
-                again, _, _ = self.leaves(spec, f"{name}-rows", guided=False, keep="rows")
-                remake, keep = list(again.values()), "no rows"
-                calls = [tuple(t.args) for t in remake]  # (plain arguments: no reference)
+            remake, keep, calls = self._remakes(spec, name)
             graph, deps, groups = self.leaves(spec, name, guided=False, keep=keep)
-            row_ids = self.group_ids(spec, groups, "rows") if spec.rows is not None else None
+            row_ids = self._row_ids(spec)
             remakes.append((remake, row_ids, calls))
             with dask.annotate(priority=spec.priority):
                 hlg = HighLevelGraph.from_collections(name, graph, dependencies=deps)
@@ -1271,6 +1420,75 @@ class Job:
         if check:
             raise_first(found)
         return out
+
+    def _row_ids(self, spec: Pass) -> list[str] | None:
+        """The identity of the rows of each stored chunk of a pass that keeps rows (its chunk, and
+        its parent rows): a pass's ``rows`` makes each row from its own record and parent rows."""
+        if spec.rows is None:
+            return None
+        return self.group_ids(spec, [(c, 1) for c in range(spec.source.nchunks)], "rows")
+
+    def _remakes(self, spec: Pass, name: str) -> tuple[list[Task] | None, str, list[tuple] | None]:
+        """How a persisted pass keeps its rows: ``(remake tasks, what its tasks keep, their
+        arguments)``; its rows are made again by the tasks that need them when its parent is none
+        or rows in memory (the reduction and the checks run in the pass, in the same groups)."""
+        if _remade(spec):
+            again, _, _ = self.leaves(spec, f"{name}-rows", guided=False, keep="rows")
+            remake = list(again.values())
+            return remake, "no rows", [tuple(t.args) for t in remake]  # (plain arguments: no reference)
+        return None, "all", None
+
+    def pass_entry(self, spec: Pass, groups: list[tuple[int, int]], keep: str) -> tuple[cachelib.Entry, bool] | None:
+        """Where the cache keeps ``spec`` whole (its combined partial, and for a persisted pass its
+        interval bounds), and whether it is there: an entry keyed by every task's key (so by every
+        chunk's identity), read in one go by a rerun instead of an entry a task; ``None`` when the
+        pass cannot be cached."""
+        if self.cache is None or (keep == "all" and spec.rows is not None):
+            return None
+        if spec.reduction is None and not spec.intervals:
+            return None
+        ids = self.group_ids(spec, groups, keep)
+        if ids is None:
+            return None
+        key = cachelib.digest("pass", keep, ids)
+        folder = self._folder(spec)
+        present = self._present[folder]
+        red = spec.reduction.name if spec.reduction is not None else "intervals"
+        entry = cachelib.Entry(
+            self.cache,
+            posixpath.join(folder, present.get(key) or self.cache.entry_name(f"pass-{red}", key)),
+            {"source": spec.source.name, "reduction": red, "chunks": [0, spec.source.nchunks], "tasks": len(groups)},
+        )
+        return entry, key in present
+
+    def _load_pass(self, spec: Pass, groups: list[tuple[int, int]], keep: str) -> tuple[bool, Any]:
+        """``(True, (partial, bounds))`` of ``spec`` whole from the cache (its tasks counted as
+        hits); ``(False, None)`` when it is not there, or not sound now (then its tasks run)."""
+        found = self.pass_entry(spec, groups, keep)
+        if found is None or not found[1]:
+            return False, None
+        ok, got = cachelib.load(found[0])
+        if not ok or not _sound_pass(got, dict(spec.intervals)):
+            return False, None
+        cachelib.count(hits=len(groups))
+        return True, (got[1], got[2])
+
+    def _load_persisted(self, spec: Pass) -> tuple[Persisted, Any] | None:
+        """A pass to persist, from the cache whole: its :class:`Persisted` (no block held: its
+        bounds, and tasks that make its rows again for the child tasks that run) and its combined
+        partial, its interval problems raised as :meth:`persist` raises them; ``None`` if not there."""
+        if not _remade(spec):
+            return None
+        groups = self.groups(spec, guided=False)
+        ok, got = self._load_pass(spec, groups, "no rows")
+        if not ok:
+            return None
+        remake, _, calls = self._remakes(spec, f"l5-{spec.label}-pass-{self.token(spec)}")
+        partial, bounds = got
+        bounds = dict(bounds or {})
+        raise_first([p for f, n in spec.intervals.items() for p in check_bounds(bounds[f], spec.source.name, f, n)])
+        row_ids = self._row_ids(spec)
+        return Persisted(spec, [], [], groups, bounds, remake=remake, row_ids=row_ids, remake_calls=calls), partial
 
     def _bounds(self, passes: list[Persisted]) -> list[str]:
         """Fetch each pass's interval bounds (small) into it; every problem they show."""
@@ -1404,7 +1622,15 @@ class Job:
             return Link(u.link[2], u.link[1]) if u.link[0] == "rows" else u.link[-1]
 
         held = [u for u in units if u.parent]
-        done = dict(zip(map(id, held), self.persist(*[u.spec(own, link_of(u)) for u in held]))) if held else {}
+        done: dict[int, Persisted] = {}
+        loaded: dict[int, Any] = {}  # unit -> its combined partial, read whole from the cache
+        for u in held if self.cache is not None else []:
+            got = self._load_persisted(u.spec(own, link_of(u)))
+            if got is not None:
+                done[id(u)], loaded[id(u)] = got
+        rest = [u for u in held if id(u) not in done]
+        if rest:
+            done.update(zip(map(id, rest), self.persist(*[u.spec(own, link_of(u)) for u in rest])))
 
         # 2. the others, given the persisted unit that holds their declared parent
         unit_at = {id(p): i for i, u in enumerate(units) for p in u.passes}
@@ -1427,31 +1653,64 @@ class Job:
         leaves_of: list[list] = []
         root_of: dict[int, Any] = {}
         spec_of: dict[int, Pass] = {}
+        keeps: list[TaskRef] = []  # (the tasks that keep a whole pass in the cache)
         for u in units + units2:
+            kept = None
             if id(u) in done:
                 persisted = done[id(u)]
                 spec, leaves = persisted.spec, list(persisted.keys)
                 deps += persisted.collections
+                if id(u) not in loaded and self.cache is not None:
+                    kept = self.pass_entry(spec, persisted.groups, "no rows" if _remade(spec) else "all")
             else:
                 link = link_of(u)
                 spec = u.spec(own, link)
-                tasks = f"l5-{spec.label}-{self.token(spec)}"
-                g, d, groups = self.leaves(spec, tasks)
-                graph.update(g)
-                deps += d
-                leaves = [(tasks, i) for i in range(len(groups))]
-                leaves_of.append(leaves)
+                groups = self.groups(spec)
+                ok, got = self._load_pass(spec, groups, "all") if self.cache is not None else (False, None)
+                if ok and got is not None:
+                    loaded[id(u)] = got[0]
+                else:
+                    kept = self.pass_entry(spec, groups, "all") if self.cache is not None else None
+                    tasks = f"l5-{spec.label}-{self.token(spec)}"
+                    g, d, groups = self.leaves(spec, tasks)
+                    graph.update(g)
+                    deps += d
+                    leaves = [(tasks, i) for i in range(len(groups))]
+                    leaves_of.append(leaves)
             spec_of[id(u)] = spec
-            if spec.reduction is not None:
-                root_of[id(u)] = tree_reduce(
-                    graph, f"l5-combine-{spec.label}-{tokenize(leaves)}", leaves, spec.reduction
-                )
+            if spec.reduction is None:
+                continue
+            if id(u) in loaded:
+                root_of[id(u)] = (f"l5-cached-{spec.label}-{uuid.uuid4().hex}",)
+                graph[root_of[id(u)]] = DataNode(root_of[id(u)], loaded[id(u)])
+                continue
+            root_of[id(u)] = tree_reduce(graph, f"l5-combine-{spec.label}-{tokenize(leaves)}", leaves, spec.reduction)
+            if kept is not None:
+                k = (f"l5-keep-{spec.label}-{tokenize(root_of[id(u)])}",)
+                bounds = dict(done[id(u)].bounds) if id(u) in done and spec.intervals else None
+                graph[k] = Task(k, keep_pass, kept[0], bounds, dict(spec.intervals) or None, TaskRef(root_of[id(u)]))
+                keeps.append(TaskRef(k))
+                root_of[id(u)] = k  # (finalized once kept: the catalog's finalize changes its partial)
         unit_of = {id(p): u for u in units + units2 for p in u.passes}
+        for p in roots:
+            if p.reduction is None:
+                raise ValueError(f"pass {p.label!r} declares no reduction: persist it, or give one")
+        if all(id(u) in loaded for u in units + units2):
+            # every pass read whole from the cache: no graph, no scheduler, each result made here
+            value = {
+                id(p): _finalize_member(p.reduction, unit_of[id(p)].member(p), loaded[id(unit_of[id(p)])])
+                for p in roots
+                if p.reduction is not None
+            }
+            return [
+                plan.final(*plan.args, *[value[id(p)] for p in plan.passes])
+                if plan.final is not None
+                else tuple(value[id(p)] for p in plan.passes)
+                for plan in plans
+            ]
         result: dict[int, Any] = {}
         for p in roots:
             u = unit_of[id(p)]
-            if p.reduction is None:
-                raise ValueError(f"pass {p.label!r} declares no reduction: persist it, or give one")
             root, member = root_of[id(u)], u.member(p)
             fin = (f"l5-finalize-{p.label}-{tokenize(root, member)}",)
             graph[fin] = Task(fin, _finalize_member, p.reduction, member, TaskRef(root))
@@ -1465,7 +1724,7 @@ class Job:
             )
             finals.append(fin)
         key = f"l5-run-{tokenize(finals)}"
-        graph[key] = Task(key, list, List(*[TaskRef(k) for k in finals]))
+        graph[key] = Task(key, _first_of, List(*[TaskRef(k) for k in finals]), List(*keeps))
         order = interleave(graph, leaves_of)
         with dask.annotate(**({"priority": lambda k: order.get(k, 0)} if order else {})):
             hlg = HighLevelGraph.from_collections(key, graph, dependencies=deps)

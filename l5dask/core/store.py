@@ -571,22 +571,24 @@ class Store:
 
         return self._retrying(listing, folder)
 
-    def identities(self, folder: str) -> dict[str, tuple]:
+    def identities(self, folder: str) -> dict[str, str]:
         """What identifies each object directly in ``folder`` (a key prefix), by name, from one
         listing, for the cache of partials (:mod:`l5dask.core.cache`): its size and what the store
         says changes with its bytes: on a local disk its mtime, ctime and inode (nanoseconds), on
-        an object store its ETag (else its last-modified time), in a zip its CRC. An object the
-        listing says none of this about is left out (its reader hashes its bytes instead)."""
+        an object store its ETag (else its last-modified time), in a zip its CRC; as one string
+        (``kind:size:...``: a rerun's keys are made of 1,500 of them an array, made here without
+        a tuple's ``repr`` each). An object the listing says none of this about is left out (its
+        reader hashes its bytes instead)."""
         path = self.path(folder)
 
-        def listing() -> dict[str, tuple]:
+        def listing() -> dict[str, str]:
             if self.local:
                 with os.scandir(path) as entries:
-                    out: dict[str, tuple] = {}
+                    out: dict[str, str] = {}
                     for e in entries:
                         if e.is_file():
                             st = e.stat()
-                            out[e.name] = ("stat", st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+                            out[e.name] = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
                     return out
             self.fs.invalidate_cache(path)
             out = {}
@@ -597,7 +599,7 @@ class Store:
                 for field in ("ETag", "etag", "md5Hash", "crc32c", "CRC", "LastModified", "last_modified", "mtime"):
                     value = d.get(field)
                     if value not in (None, ""):
-                        out[name] = (field, int(d["size"]), str(value))
+                        out[name] = f"{field}:{int(d['size'])}:{value}"
                         break
             return out
 

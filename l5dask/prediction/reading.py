@@ -693,7 +693,7 @@ class L5Array:
         """Stored chunks ``first .. first + n - 1`` fetched, not decoded (see :class:`Encoded`)."""
         return Encoded(self.meta, self.compressed, fetch_chunks(self.store, self.meta, first, n) if n else [])
 
-    def chunk_identities(self) -> list[tuple]:
+    def chunk_identities(self) -> list:
         """What identifies each stored chunk's bytes without reading them, for the cache of partials
         (:mod:`l5dask.core.cache`): the array's record layout, the chunk's path and rows, and its
         size with the store's ETag or mtime (one listing of the array's folder,
@@ -702,19 +702,24 @@ class L5Array:
         import hashlib
 
         meta = self.meta
-        layout = (meta.name, str(meta.dtype.descr), meta.chunk_rows, self.compressed)
-        listed: dict[str, dict[str, tuple]] = {}
+        # (what every chunk shares, once: the array's record layout and folder; then each chunk's
+        # name, rows and identity, one string a chunk)
+        layout = repr((meta.name, str(meta.dtype.descr), meta.chunk_rows, self.compressed, self.store.url))
+        prefix = hashlib.blake2b(layout.encode(), digest_size=10).hexdigest()
+        listed: dict[str, tuple[str, dict[str, str]]] = {}
         out = []
         for i in range(meta.nchunks):
             key = meta.key(i)
             folder, _, name = key.rpartition("/")
             if folder not in listed:
-                listed[folder] = self.store.identities(folder) if meta.nchunks else {}
-            ident = listed[folder].get(name)
+                listed[folder] = (self.store.path(folder), self.store.identities(folder))
+            path, idents = listed[folder]
+            ident = idents.get(name)
             if ident is None:
                 data = self.store.get(key, what=f"array {meta.name!r}, chunk {str(i)!r}")
-                ident = ("blake2b", len(data), hashlib.blake2b(data, digest_size=20).hexdigest())
-            out.append((layout, self.store.url, self.store.path(key), meta.chunk_bounds(i), ident))
+                ident = f"blake2b:{len(data)}:{hashlib.blake2b(data, digest_size=20).hexdigest()}"
+            a, b = meta.chunk_bounds(i)
+            out.append(f"{prefix}|{path}/{name}|{a}:{b}|{ident}")
         return out
 
     def read(self, first: int, n: int, fields: Sequence[str] | str | None = None) -> np.ndarray:
