@@ -143,7 +143,15 @@ DECLARED = ("count", "sum", "mean", "min", "max")
 
 class L5DataFrame(dd.DataFrame):
     """The dask DataFrame of :func:`to_dask_dataframe`: its ``groupby`` reduces a float64 column
-    with the declared aggregations (see the module); what is derived from it is dask's own."""
+    with the declared aggregations (see the module), and counts its groups' rows (``size()``);
+    so does the frame of its rows a filter keeps (``df[df.distance_to_ego < 20]``) or of some of
+    its columns. What else is derived from it is dask's own."""
+
+    def __getitem__(self, key):
+        out = super().__getitem__(key)
+        # (dask makes its own DataFrame of the result: the rows or columns chosen are still this
+        # frame's partitions)
+        return L5DataFrame(out.expr) if type(out) is dd.DataFrame else out
 
     def groupby(self, by, group_keys=True, sort=None, observed=None, dropna=None, **kwargs):
         grouped = super().groupby(by, group_keys=group_keys, sort=sort, observed=observed, dropna=dropna, **kwargs)
@@ -179,6 +187,11 @@ class _DeclaredGroupBy:
             return _DeclaredColumn(self, key, inner)
         return inner
 
+    def size(self):
+        """The rows of each group (pandas' ``size()``), counted by the declared partials."""
+        g = self._grouped
+        return declared_groupby(self._frame, self._keys, None, None, g.size()._meta)
+
     def __getattr__(self, name: str):
         if name.startswith("_"):
             raise AttributeError(name)
@@ -210,28 +223,32 @@ class _DeclaredColumn:
         return call
 
 
-def declared_groupby(df, by: list[str], column: str, agg: Aggregation, meta: pd.Series):
-    """``df.groupby(by, observed=True)[column]`` reduced by ``agg``, a lazy dask Series of one
-    partition: a partial per partition (:func:`~l5dask.prediction.groupby.group_part`) merged by
-    the engine's ordered tree (:func:`~l5dask.prediction.groupby.reduce_parts`), laid out as
-    pandas lays out the groups (sorted, those with rows; ``meta``: dask's own result's)."""
+def declared_groupby(df, by: list[str], column: str | None, agg: Aggregation | None, meta: pd.Series):
+    """``df.groupby(by, observed=True)[column]`` reduced by ``agg`` (``None``, ``None``: the rows
+    of each group, ``size()``), a lazy dask Series of one partition: a partial per partition
+    (:func:`~l5dask.prediction.groupby.group_part`) merged by the engine's ordered tree
+    (:func:`~l5dask.prediction.groupby.reduce_parts`), laid out as pandas lays out the groups
+    (sorted, those with rows; ``meta``: dask's own result's)."""
     dtypes = df.dtypes
-    parts = df[by + [column]].to_delayed()
+    needs = frozenset(agg.needs) if agg is not None else frozenset()
+    parts = df[by + ([column] if column is not None else [])].to_delayed()
     red = Reduction(
-        f"l5-df-{agg.name}-{tokenize(by, column, agg)}",
-        functools.partial(_group_partition, by, column, QUANTILE_BITS, frozenset(agg.needs)),
+        f"l5-df-{agg.name if agg is not None else 'size'}-{tokenize(by, column, agg)}",
+        functools.partial(_group_partition, by, column, QUANTILE_BITS, needs),
         combine_parts,
-        functools.partial(empty_part, len(by), {"v": set(agg.needs)}),
+        functools.partial(empty_part, len(by), {"v": set(needs)} if column is not None else {}),
         functools.partial(_series, by, {b: dtypes[b] for b in by}, column, agg, meta),
     )
     root = reduce_parts([[p.key] for p in parts], red, f"{red.name}-{tokenize(parts)}", parts)
     return dd.from_delayed([root], meta=meta, verify_meta=False)
 
 
-def _series(by: list[str], dtypes: dict, column: str, agg: Aggregation, meta: pd.Series, part: GroupPart) -> pd.Series:
-    """The merged partial as pandas' groupby makes the result: a value per group with rows,
-    indexed by the keys (categories by their dtype), sorted."""
-    values = agg.finalize(stats_of(part, "v", QUANTILE_BITS))
+def _series(
+    by: list[str], dtypes: dict, column: str | None, agg: Aggregation | None, meta: pd.Series, part: GroupPart
+) -> pd.Series:
+    """The merged partial as pandas' groupby makes the result: a value per group with rows (its
+    rows without ``agg``), indexed by the keys (categories by their dtype), sorted."""
+    values = agg.finalize(stats_of(part, "v", QUANTILE_BITS)) if agg is not None else part.rows
     levels = []
     for j, b in enumerate(by):
         k = part.keys[:, j]
@@ -248,10 +265,11 @@ def _series(by: list[str], dtypes: dict, column: str, agg: Aggregation, meta: pd
 
 
 def _group_partition(
-    by: list[str], column: str, bits: int, needs: frozenset[str], frames: list[pd.DataFrame], i: int, parent
+    by: list[str], column: str | None, bits: int, needs: frozenset[str], frames: list[pd.DataFrame], i: int, parent
 ) -> GroupPart:
     """The statistics ``needs`` of ``column`` in one partition (``frames``: it alone), per group of
-    ``by`` (categorical codes or integers; rows with a missing category left out)."""
+    ``by`` (categorical codes or integers; rows with a missing category left out); no ``column``:
+    the rows of each group."""
     (frame,) = frames
 
     keys, keep = [], None
@@ -264,6 +282,8 @@ def _group_partition(
             keys.append(codes)
         else:
             keys.append(col.to_numpy())
+    if column is None:
+        return group_part(keys, {}, {}, bits, keep, n=len(frame))
     values = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
     return group_part(keys, {"v": values}, {"v": set(needs)}, bits, keep)
 

@@ -309,6 +309,43 @@ def test_dataframe_groupby_reductions_are_the_declared_ones_and_equal_pandas(edg
     assert not parts
 
 
+@pytest.mark.parametrize("by", [["host", "hour", "label"], "label", ["scene_index"]])
+def test_dataframe_groupby_size_of_a_filtered_frame_is_declared_and_equals_pandas(edge_ds, by, monkeypatch):
+    """``df[df.distance_to_ego < 20].groupby(by, observed=True).size()`` (and a float column's
+    mean) of the rows a filter keeps: the declared partials (the filtered frame is still an
+    ``L5DataFrame``), lazy until computed, the same Series as pandas' of the whole frame filtered;
+    a groupby of a frame derived otherwise (a new column) stays dask's."""
+    import l5dask.prediction.dataframe as dataframe
+
+    from .test_laziness import raise_if_dask_computes
+
+    parts = []
+    original = dataframe.group_part
+    monkeypatch.setattr(dataframe, "group_part", lambda *a, **kw: parts.append(1) or original(*a, **kw))
+    ds = l5dask.open_dataset(edge_ds)
+    df = ds.to_dask_dataframe(
+        "agents", columns=["label", "distance_to_ego", "speed"], joins=["host", "hour", "scene_index"]
+    )
+    whole = df.compute()
+    near = whole[whole.distance_to_ego < 20]
+    assert 0 < len(near) < len(whole)
+    with raise_if_dask_computes():
+        kept = df[df.distance_to_ego < 20]
+        assert isinstance(kept, dataframe.L5DataFrame)
+        lazy_size = kept.groupby(by, observed=True).size()
+        lazy_mean = kept.groupby(by, observed=True).speed.mean()
+    pd.testing.assert_series_equal(lazy_size.compute(), near.groupby(by, observed=True).size())
+    assert parts
+    pd.testing.assert_series_equal(
+        lazy_mean.compute(), near.groupby(by, observed=True).speed.mean(), check_exact=False, rtol=1e-12
+    )
+    parts.clear()
+    derived = df.assign(twice=df.speed * 2)
+    got = derived[derived.distance_to_ego < 20].groupby(by, observed=True).size().compute()
+    pd.testing.assert_series_equal(got.sort_index(), near.groupby(by, observed=True).size())
+    assert not parts  # (dask's own)
+
+
 def test_declared_groupby_of_any_dask_dataframe_equals_pandas():
     """The declared reductions of a dask DataFrame's float64 column by categorical and integer
     keys: groups of only NaN values (mean, min and max NaN, count 0, sum 0), rows with a missing
