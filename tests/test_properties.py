@@ -2,7 +2,7 @@
 (``tests/strategies.py``): the compiled blosc gather against numcodecs (records, dtypes, codecs,
 shuffles, block sizes and damaged headers), the CSV number parser against ``float()``, the
 quantile sketch against its stated bound, ``where`` against the same condition in numpy, and
-the token index against a dict."""
+the token index against a dict, and part of a chunk read against the whole chunk decoded."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from l5dask.prediction.reading import Encoded
 
 from . import strategies as s
 from .gather_reference import gather_verdict
+from .partial_reference import partial_verdict
 
 SETTINGS = settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -82,6 +83,37 @@ def test_the_compressed_gather_and_numcodecs_agree_on_every_chunk(data, dtype, c
             width = dtype[distinct].itemsize
             as_rows = lambda a: {bytes(r) for r in np.ascontiguousarray(a).view(np.uint8).reshape(-1, width)}  # noqa: E731
             assert set().union(*map(as_rows, found)) == as_rows(decoded[distinct])
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_reading_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, chunk_rows, params):
+    """``read_chunk_rows`` (only the blosc blocks that hold the rows) of any sorted row ranges, in
+    a chunk of any records, codec, shuffle and block size (more than 64 blocks too, or stored
+    without compression), short or not, first or not: the same rows as numcodecs' decode of the
+    whole chunk, sliced. Damaged: refused in one line, or the whole chunk's rows where it decodes
+    (``tests/partial_reference.py``)."""
+    tail = data.draw(st.booleans())  # the last rows of a whole chunk (its short last block alone), or any
+    rows = chunk_rows if tail else data.draw(st.integers(1, chunk_rows))
+    index = data.draw(st.integers(0, 2))
+    rec = data.draw(s.records(dtype, chunk_rows))
+    rec[rows:] = np.zeros(1, dtype)  # the padding, as zarr writes it
+    clean = Blosc(**params).encode(rec)
+    raw = data.draw(s.damaged(clean))
+    if tail:
+        cuts = [rows - data.draw(st.integers(1, min(rows, 40))), rows]
+    else:
+        cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=2, max_size=6, unique=True)))
+    start = index * chunk_rows
+    ranges = [(start + a, start + b) for a, b in zip(cuts[::2], cuts[1::2])]
+    meta = fmt.ArrayMeta("t", dtype, start + rows, chunk_rows)
+    got, whole = partial_verdict(raw, meta, index, ranges)  # (asserts: one line, or the whole chunk's rows)
+    event(f"{'clean' if raw == clean else 'damaged'}: {'read' if got is not None else 'refused'}")
+    if raw == clean:
+        want = np.frombuffer(Blosc().decode(clean), dtype)  # numcodecs alone
+        assert got is not None and whole is not None
+        for (lo, hi), part in zip(ranges, got):
+            assert part.tobytes() == want[lo - start : hi - start].tobytes() == rec[lo - start : hi - start].tobytes()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -116,7 +116,10 @@ def read_chunk_rows(
     made into a blosc chunk of their own (the header's sizes and the block starts rebased, the
     blocks' bytes as stored), which passes the one rule (:func:`~l5dask.core.codec.check_blosc`)
     and is decoded by numcodecs, as any chunk. A chunk stored without compression (blosc's
-    memcpyed flag) is read at those rows' bytes.
+    memcpyed flag) is read at those rows' bytes. The chunk's last byte is read too, at once with
+    the blocks: a chunk cut short is refused, as reading it whole refuses it, even where the rows'
+    blocks are before the cut (on an object store, not where the guessed GETs brought every block:
+    a GET for it alone would be one more round trip).
 
     On an object store, a GET is a round trip: once a chunk of the array was read here, the
     blocks' bytes are guessed from its layout (:data:`_LAYOUTS`) and asked for with the header, in
@@ -164,9 +167,15 @@ def read_chunk_rows(
                 return piece[a - at : b - at]
         return None
 
-    def read(spans: list[tuple[int, int]]) -> list:
-        """Bytes of each span: from what was read, the others in GETs at once."""
+    def read(spans: list[tuple[int, int]], cbytes: int) -> list:
+        """Bytes of each span: from what was read, the others in GETs at once; and last, the
+        chunk's last byte by its header's size ``cbytes`` (empty if it lacks it), read with them
+        (on an object store where all came with the guessed GETs: no GET for it alone, ``b"?"``)."""
         got = [have(a, b) for a, b in spans]
+        end = have(cbytes - 1, cbytes)
+        if end is None and store.remote and all(g is not None for g in got):
+            end = b"?"
+        spans, got = [*spans, (cbytes - 1, cbytes)], [*got, end]
         need = [i for i, g in enumerate(got) if g is None]
         for i, data in zip(need, store.iter_ranges([(key, *spans[i]) for i in need], {key: what})):
             got[i] = data
@@ -180,8 +189,10 @@ def read_chunk_rows(
         if store.remote:  # (placed as blocks of 64 KB stored as they are)
             _LAYOUTS[learned] = (min(nbytes, 1 << 16), 1.0)
         cuts = [(MAX_OVERHEAD + (lo - start) * item, MAX_OVERHEAD + (hi - start) * item) for lo, hi in ranges]
+        got = read(cuts, cbytes)
+        _check_end(meta, index, cbytes, got.pop())
         found: list[np.ndarray] = []
-        for (a, b), raw in zip(cuts, read(cuts)):
+        for (a, b), raw in zip(cuts, got):
             if len(raw) != b - a:
                 raise ChunkError(chunk_fault(meta, str(index), f"holds {a + len(raw)} bytes, too few"))
             found.append(np.frombuffer(raw, meta.dtype).copy())
@@ -221,7 +232,8 @@ def read_chunk_rows(
             spans[-1][1] = max(spans[-1][1], b)
         else:
             spans.append([a, b])
-    pieces = read([(a, b) for a, b in spans])
+    pieces = read([(a, b) for a, b in spans], cbytes)
+    _check_end(meta, index, cbytes, pieces.pop())
     n = len(wanted)
     top = MAX_OVERHEAD + 4 * n
     at, pos = [], top  # where each span's bytes go in the new chunk
@@ -251,6 +263,12 @@ def read_chunk_rows(
         off = j * blocksize + b_lo % blocksize
         rows.append(out[off : off + b_hi - b_lo].view(meta.dtype))
     return rows
+
+
+def _check_end(meta: fmt.ArrayMeta, index: int, cbytes: int, last: Any) -> None:
+    """``last``, what was read of a chunk's last byte by its header's size: refused if missing."""
+    if len(last) != 1:
+        raise ChunkError(chunk_fault(meta, str(index), f"holds fewer bytes than the {cbytes} its header says"))
 
 
 def chunk_fault(meta: fmt.ArrayMeta, key: str, why: str) -> str:

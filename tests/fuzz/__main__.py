@@ -4,7 +4,8 @@
     python -m tests.fuzz run --seconds 3600 --targets blosc,csv    # a long run, on demand
     python -m tests.fuzz replay                      # every input of the corpus (the tests do this)
 
-Targets (``tests/fuzz/targets.py``): the compiled blosc gather against numcodecs, ``.zarray``
+Targets (``tests/fuzz/targets.py``): the compiled blosc gather against numcodecs, the partial
+chunk reader (``read_chunk_rows``) against the whole chunk decoded, ``.zarray``
 (1-D and N-D) and ``.zattrs`` parsing, L5Kit's CSV reader against ``float()``, and perception
 tables with the compiled JSON type scan against ``json``, and the cache's entries
 (``l5dask.core.cache``: read back bit for bit, or refused in one line). Inputs start from each target's seeds
@@ -39,6 +40,8 @@ ROOT = HERE.parent.parent
 CORPUS = HERE / "corpus"
 FINDINGS = HERE / "findings"
 INTERESTING8 = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x10, 0x20, 0x21]
+#: targets whose inputs are a byte then a blosc chunk (mutated at its header's fields, never as JSON)
+BLOSC_TARGETS = ("blosc", "chunk_rows")
 INTERESTING32 = [0, 1, -1, 2, 16, 17, 116, 127, 128, 255, 256, 4096, 65535, 65536, 2**31 - 1, -(2**31), 2**24]
 
 
@@ -144,7 +147,7 @@ def mutate(data: bytes, pool: list[bytes], target: str, rng: random.Random) -> b
     buf = bytearray(data)
     for _ in range(rng.choice([1, 1, 1, 2, 3, 5])):
         choice = rng.randrange(9)
-        if target != "blosc" and choice < 3:
+        if target not in BLOSC_TARGETS and choice < 3:
             buf = bytearray(_json_edit(bytes(buf), rng))
             continue
         if not buf:
@@ -156,8 +159,8 @@ def mutate(data: bytes, pool: list[bytes], target: str, rng: random.Random) -> b
         elif choice == 1:
             buf[i] = rng.choice(INTERESTING8)
         elif choice == 2 or choice == 3:  # an int32 at a header field (blosc: bytes 4, 8, 12 past the config byte)
-            at = rng.choice([1, 5, 9, 13, 17, 21]) if target == "blosc" and rng.random() < 0.7 else i
-            if target == "blosc" and rng.random() < 0.3:
+            at = rng.choice([1, 5, 9, 13, 17, 21]) if target in BLOSC_TARGETS and rng.random() < 0.7 else i
+            if target in BLOSC_TARGETS and rng.random() < 0.3:
                 at = rng.choice([1, 2, 3, 4])
                 if at < len(buf):
                     buf[at] = rng.choice(INTERESTING8 + [rng.randrange(256)])
