@@ -337,7 +337,7 @@ def run(args: argparse.Namespace) -> None:
     if not os.path.exists(os.path.join(extra, ".zgroup")):
         need_free(os.path.dirname(path), size * args.grow * 1.2 / 1e9, args.keep_free)
         t = time.perf_counter()
-        l5dask.synthesize(extra, scenes=grow_scenes, seed=1, overwrite=True)
+        l5dask.synthesize(extra, num_scenes=grow_scenes, seed=1, overwrite=True)
         print(f"generated {extra} ({grow_scenes:,} scenes) in {time.perf_counter() - t:.0f} s")
     print(
         f"dataset: {path}: {agents:,} agents, {nscenes:,} scenes, {size / 1e9:.2f} GB stored; "

@@ -119,7 +119,7 @@ def main() -> None:
 
         # growth: 5% new scenes appended in place
         extra = os.path.join(tmp, "extra.zarr")
-        l5dask.synthesize(extra, scenes=max(1, int(args.scenes * args.grow)), seed=1)
+        l5dask.synthesize(extra, num_scenes=max(1, int(args.scenes * args.grow)), seed=1)
         moved = append_in_place(work, extra, tmp)
         grown = l5dask.open_dataset(work).counts()["agents"]
         print(f"grown by {max(1, int(args.scenes * args.grow))} scenes to {grown:,} agents ({moved} files changed)")

@@ -35,7 +35,7 @@ def dataset(scenes: int, seed: int = 0) -> str:
     path = DATA / f"synth-{scenes}-{seed}.zarr"
     if not (path / ".zgroup").exists():
         t = time.perf_counter()
-        counts = l5dask.synthesize(path, scenes=scenes, seed=seed, overwrite=True)
+        counts = l5dask.synthesize(path, num_scenes=scenes, seed=seed, overwrite=True)
         print(f"generated {path}: {counts} in {time.perf_counter() - t:.1f} s", flush=True)
     return str(path)
 

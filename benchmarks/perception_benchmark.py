@@ -42,7 +42,7 @@ def perception_data(scenes: int, lidar_points: int) -> str:
     path = DATA / (f"perception-{scenes}" if not lidar_points else f"perception-{scenes}-lidar{lidar_points}")
     if not (path / "data" / "visibility.json").exists():
         t = time.perf_counter()
-        rows = generate(path, scenes=scenes, seed=0, lidar_points=lidar_points, images=False)
+        rows = generate(path, num_scenes=scenes, seed=0, lidar_points=lidar_points, images=False)
         print(f"generated {path}: {rows} in {time.perf_counter() - t:.1f} s", flush=True)
     return str(path)
 

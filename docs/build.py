@@ -33,7 +33,7 @@ def execute_notebooks(out: Path) -> None:
     with tempfile.TemporaryDirectory() as work:
         if "L5DASK_S3_URL" not in os.environ:
             data = os.path.join(work, "sample.zarr")
-            l5dask.synthesize(data, scenes=4, seed=0)
+            l5dask.synthesize(data, num_scenes=4, seed=0)
             os.environ["L5DASK_S3_URL"] = data
         for path in sorted(NOTEBOOKS.glob("*.ipynb")):
             nb = nbformat.read(path, as_version=4)

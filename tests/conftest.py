@@ -182,7 +182,7 @@ def free_port() -> int:
 def small_ds(tmp_path_factory) -> str:
     """5 scenes, many small chunks (read-only: do not modify)."""
     path = str(tmp_path_factory.mktemp("data") / "small.zarr")
-    l5dask.synthesize(path, scenes=5, seed=7, chunk_rows=SMALL_CHUNKS)
+    l5dask.synthesize(path, num_scenes=5, seed=7, chunk_rows=SMALL_CHUNKS)
     return path
 
 
@@ -190,7 +190,7 @@ def small_ds(tmp_path_factory) -> str:
 def default_ds(tmp_path_factory) -> str:
     """3 scenes with L5Kit's own chunk sizes (read-only)."""
     path = str(tmp_path_factory.mktemp("data") / "default.zarr")
-    l5dask.synthesize(path, scenes=3, seed=3)
+    l5dask.synthesize(path, num_scenes=3, seed=3)
     return path
 
 

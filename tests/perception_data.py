@@ -24,7 +24,7 @@ def edge_perception(root: str, scenes: int = 3, seed: int = 7, lidar_points: int
     sample whose LIDAR_TOP sweep is not a key frame (no ego pose: no distances, a break in the ego
     path); a sample with two key-frame LIDAR_TOP sweeps (the last in file order counts); a missing
     lidar file and an empty one; an annotation listing an attribute twice. Returns what was edited."""
-    generate(root, scenes=scenes, seed=seed, lidar_points=lidar_points, images=True)
+    generate(root, num_scenes=scenes, seed=seed, lidar_points=lidar_points, images=True)
     cat = load(root, "category")
     cat += [
         {"description": "", "token": "c" * 64, "name": "tricycle"},

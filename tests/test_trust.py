@@ -45,7 +45,7 @@ def damaged(tmp_path_factory) -> dict[str, Path]:
     """Every damage applied to its own copy of one generated dataset (read-only)."""
     root = tmp_path_factory.mktemp("damaged")
     base = root / "base.zarr"
-    l5dask.synthesize(str(base), scenes=5, seed=7, chunk_rows=SMALL_CHUNKS)
+    l5dask.synthesize(str(base), num_scenes=5, seed=7, chunk_rows=SMALL_CHUNKS)
     out = {"base": base}
     for name, edit, _ in ALL:
         shutil.copytree(base, root / name)
@@ -292,7 +292,7 @@ def _padded(tmp_path: Path, corrupt_padding: bool) -> Path:
     """A dataset whose last agents chunk is mostly padding rows (the array cut short, the frames
     with it), the padding's last block corrupt or not."""
     path = tmp_path / ("cut.zarr" if corrupt_padding else "whole.zarr")
-    l5dask.synthesize(str(path), scenes=2, seed=5, chunk_rows={"agents": 60_000})
+    l5dask.synthesize(str(path), num_scenes=2, seed=5, chunk_rows={"agents": 60_000})
     ds = l5dask.open_dataset(path)
     agents = ds["agents"].read(0, ds["agents"].meta.nchunks)
     assert len(agents) < 40_000, "the generated scenes must leave a padded last chunk"
@@ -409,7 +409,7 @@ def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
     from .perception_data import load, save
 
     root = tmp_path / "perception"
-    generate(str(root), scenes=1, seed=3, lidar_points=20)
+    generate(str(root), num_scenes=1, seed=3, lidar_points=20)
     rows = load(str(root), "sensor")
     i = next(k for k, r in enumerate(rows) if r["modality"] == "lidar")
     rows[i]["modality"] = ["lidar"]

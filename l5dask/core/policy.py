@@ -41,6 +41,7 @@ from l5dask.core import config
 from l5dask.core.cluster import WORKER_ENV
 from l5dask.core.progress import Progress, on_cluster
 from l5dask.core.store import CANCELLED, cancel_reads, while_waiting
+from l5dask.errors import UsageError
 
 # --- sizing ---------------------------------------------------------------------------------
 #: (tasks wanted per thread, most stored chunks in a task), by scheduler. On local threads, a pass
@@ -502,3 +503,29 @@ def compute(
     if progress:
         on_cluster([futures], label, tasks=len(collection.__dask_graph__()))
     return client.gather(futures)
+
+
+def renamed_keyword(old: str, new: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """``func`` (whose keyword is ``new``) also taking its old name ``old`` for one release: it
+    warns (``FutureWarning``, naming ``new``) and is passed as ``new``; both given are refused in
+    one line. The signature shows ``new`` only."""
+
+    def decorate(func: Callable[P, R]) -> Callable[P, R]:
+        name = func.__qualname__
+
+        @functools.wraps(func)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            if old in kwargs:
+                if new in kwargs:
+                    raise UsageError(f"{name}: give {new}= only ({old}= is its old name)")
+                warnings.warn(
+                    f"{name}: {old}= is deprecated and will be removed in the next release; pass {new}=",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                kwargs[new] = kwargs.pop(old)
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

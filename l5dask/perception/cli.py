@@ -235,7 +235,7 @@ def synth(num_scenes, old_num_scenes, seed, lidar_points, no_images, quiet, outp
         raise OutputError(f"{out}: is a file, not a folder")
     t0 = time.perf_counter()
     with atomic_output(out, folder=True) as tmp:  # (a folder beside it, in place once whole)
-        rows = generate(tmp, scenes=scenes, seed=seed, lidar_points=lidar_points, images=not no_images)
+        rows = generate(tmp, num_scenes=scenes, seed=seed, lidar_points=lidar_points, images=not no_images)
     click.echo(
         f"{rows['scene']:,} scenes, {rows['sample']:,} samples, {rows['sample_annotation']:,} annotations "
         f"in {time.perf_counter() - t0:.1f} s: {out}"

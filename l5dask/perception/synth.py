@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.outputs import json_text
+from l5dask.core.policy import renamed_keyword
 
 #: Real train split: annotations per category (the generator draws instances in this mix).
 CATEGORY_MIX = {
@@ -127,9 +128,10 @@ def _dump(rows: list[dict], path: str, rng: np.random.Generator) -> None:
         f.write(json_text([rows[i] for i in order], indent=2))
 
 
+@renamed_keyword("scenes", "num_scenes")
 def generate(
     out: str | os.PathLike,
-    scenes: int = 2,
+    num_scenes: int = 2,
     seed: int = 0,
     samples_per_scene: int = 126,
     instances_per_scene: int = 100,
@@ -139,7 +141,8 @@ def generate(
 ) -> dict[str, int]:
     """Write a perception dataset into the folder ``out`` (created); return the rows of each table.
 
-    ``lidar_points``: points of each sweep (0 writes no lidar files); ``images``: write the
+    ``num_scenes``: scenes to generate (``scenes=`` is its old name, until the next release, with a
+    ``FutureWarning``); ``lidar_points``: points of each sweep (0 writes no lidar files); ``images``: write the
     camera files (8x8 JPEGs); ``nonkey_every``: a non-key LIDAR_TOP sweep every so many samples.
     """
     out = os.fspath(out)
@@ -179,9 +182,9 @@ def generate(
     jpeg = _jpeg() if images else b""
     with open(os.path.join(out, "maps", "map_raster_palo_alto.png"), "wb") as f:
         f.write(_png())
-    log_tokens = _tokens(rng, scenes)
+    log_tokens = _tokens(rng, num_scenes)
 
-    for s in range(scenes):
+    for s in range(num_scenes):
         srng = np.random.default_rng([seed, s])
         vehicle = VEHICLES[s % len(VEHICLES)]
         host = f"host-{vehicle}"

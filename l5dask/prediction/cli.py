@@ -123,7 +123,7 @@ def synth(
     start = time.perf_counter()
     counts = synthesize(
         output,
-        scenes=scene_count(num_scenes, old_num_scenes),
+        num_scenes=scene_count(num_scenes, old_num_scenes),
         seed=seed,
         traffic_lights=not no_traffic_lights,
         label_ties=label_ties,
@@ -394,7 +394,7 @@ def demo(num_scenes: int, old_num_scenes: int, quiet: bool, output: str) -> None
     path = os.path.join(out, f"synth-{scenes}.zarr")
     if not os.path.exists(os.path.join(path, ".zgroup")):
         start = time.perf_counter()
-        counts = synthesize(path, scenes=scenes, seed=0, overwrite=True)
+        counts = synthesize(path, num_scenes=scenes, seed=0, overwrite=True)
         if not quiet:
             click.echo(
                 f"generated {path}: {counts['agents']:,} agents in {time.perf_counter() - start:.1f} s", err=True

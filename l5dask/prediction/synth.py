@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.policy import thread_pool
+from l5dask.core.policy import renamed_keyword, thread_pool
 from l5dask.prediction import format as fmt
 from l5dask.prediction.writing import ArrayWriter, finish, prepare_target
 
@@ -181,9 +181,10 @@ def make_scene(seed: int, index: int, faces_map=None, density: float = 1.0, labe
     return SceneData(scene, frames, agents, tl)
 
 
+@renamed_keyword("scenes", "num_scenes")
 def synthesize(
     url: Any,
-    scenes: int = 10,
+    num_scenes: int = 10,
     seed: int = 0,
     *,
     storage_options: dict | None = None,
@@ -194,10 +195,13 @@ def synthesize(
     label_ties: float = 0.0,
     threads: int | None = None,
 ) -> dict[str, int]:
-    """Write a generated dataset of ``scenes`` scenes to ``url``; returns the array lengths.
+    """Write a generated dataset of ``num_scenes`` scenes to ``url``; returns the array lengths.
 
     Parameters
     ----------
+    num_scenes : int
+        Scenes to generate (``scenes=`` is its old name, until the next release, with a
+        ``FutureWarning``: ``scenes=`` is the scene filter of the functions that read a dataset).
     chunk_rows : dict, optional
         Rows per stored chunk by array name (L5Kit's sizes by default); small values
         make many chunks, for tests.
@@ -223,7 +227,7 @@ def synthesize(
     offsets = {"frames": 0, "agents": 0, "tl": 0}
     with thread_pool(threads or min(4, os.cpu_count() or 1), "l5dask-synth") as pool:
         writers = {n: ArrayWriter(store, n, dtypes[n], rows[n], pool) for n in names}
-        for index in range(scenes):
+        for index in range(num_scenes):
             data = make_scene(seed, index, faces_map, density, label_ties)
             data.scene["frame_index_interval"] += offsets["frames"]
             data.frames["agent_index_interval"] += offsets["agents"]

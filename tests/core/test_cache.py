@@ -36,7 +36,7 @@ CHUNKS = {fmt.SCENES: 4, fmt.FRAMES: 300, fmt.AGENTS: 2_000, fmt.TL_FACES: 1_000
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("cache") / "base.zarr")
-    l5dask.synthesize(path, scenes=12, seed=31, chunk_rows=CHUNKS)
+    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows=CHUNKS)
     return path
 
 
@@ -283,7 +283,7 @@ def test_after_growth_only_new_chunks_are_computed(dataset, tmp_path, monkeypatc
     compute_report(dataset, cache=cache, chunks_per_task=4)
     agg_before = l5dask.aggregate(dataset, cache=cache, **kw)
     extra = str(tmp_path / "extra.zarr")
-    l5dask.synthesize(extra, scenes=1, seed=77, chunk_rows=CHUNKS)
+    l5dask.synthesize(extra, num_scenes=1, seed=77, chunk_rows=CHUNKS)
     replaced = append_in_place(dataset, extra, str(tmp_path), monkeypatch)
     changed = {r for r in replaced if r.startswith("agents/") and not r.endswith(".zarray")}
     nagents = l5dask.open_dataset(dataset)["agents"].nchunks
@@ -567,7 +567,7 @@ def test_cached_or_not_the_same_bits_before_and_after_growth(dataset, tmp_path, 
         same(runs(cache=cache), uncached)
     assert cold.written > 10 and warm.hits == cold.hits + cold.misses and warm.misses == 0
     extra = str(tmp_path / "extra.zarr")
-    l5dask.synthesize(extra, scenes=1, seed=78, chunk_rows=CHUNKS)
+    l5dask.synthesize(extra, num_scenes=1, seed=78, chunk_rows=CHUNKS)
     append_in_place(dataset, extra, str(tmp_path), monkeypatch)
     grown = l5dask.open_dataset(dataset)["agents"].nchunks
     assert grown > nagents and grown & (grown - 1), grown

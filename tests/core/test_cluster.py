@@ -137,7 +137,7 @@ def test_cannot_connect_is_one_line(tmp_path, small_ds):
 @pytest.fixture(scope="module")
 def many_chunks(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("big") / "many.zarr")
-    l5dask.synthesize(path, scenes=40, seed=9, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 500, fmt.TL_FACES: 1_000})
+    l5dask.synthesize(path, num_scenes=40, seed=9, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 500, fmt.TL_FACES: 1_000})
     return path
 
 

@@ -131,7 +131,7 @@ def test_a_filesystem_that_refuses_o_direct_is_read_through_the_cache(blob, monk
 def cold_ds(tmp_path_factory) -> str:
     path = str(tmp_path_factory.mktemp("cold") / "ds.zarr")
     l5dask.synthesize(
-        path, scenes=6, seed=11, chunk_rows={"scenes": 2, "frames": 300, "agents": 2000, "traffic_light_faces": 500}
+        path, num_scenes=6, seed=11, chunk_rows={"scenes": 2, "frames": 300, "agents": 2000, "traffic_light_faces": 500}
     )
     os.sync()
     return path

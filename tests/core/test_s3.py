@@ -131,9 +131,9 @@ def test_cli_wrong_credentials_one_line(s3, s3_small):
 def test_synth_and_write_to_s3(s3, tmp_path):
     opts = s3.storage_options()
     s3.make_bucket("l5-out")
-    l5dask.synthesize("s3://l5-out/gen.zarr", scenes=2, seed=5, storage_options=opts)
+    l5dask.synthesize("s3://l5-out/gen.zarr", num_scenes=2, seed=5, storage_options=opts)
     local = tmp_path / "gen.zarr"
-    l5dask.synthesize(local, scenes=2, seed=5)
+    l5dask.synthesize(local, num_scenes=2, seed=5)
     ds = l5dask.open_dataset("s3://l5-out/gen.zarr", storage_options=opts)
     ref = read_all(str(local))
     for name in ref:

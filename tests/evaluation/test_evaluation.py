@@ -46,7 +46,7 @@ def one_line_error(r, *needles):
 def edge(tmp_path_factory):
     """A generated dataset with L5Kit's edge cases (read-only) and L5Kit's mask of it."""
     d = tmp_path_factory.mktemp("edge")
-    l5dask.synthesize(str(d / "src.zarr"), scenes=6, seed=3)
+    l5dask.synthesize(str(d / "src.zarr"), num_scenes=6, seed=3)
     path = edge_dataset(str(d / "src.zarr"), str(d / "edge.zarr"))
     sa = l5kit_select_agents()
     from l5kit.data.zarr_dataset import ChunkedDataset

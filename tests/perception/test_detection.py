@@ -316,7 +316,7 @@ def test_ground_truth_from_a_perception_dataset(tmp_path):
     from l5dask.perception.synth import generate as synth
 
     root = tmp_path / "lyft"
-    synth(root, scenes=1, seed=2, lidar_points=0, images=False)
+    synth(root, num_scenes=1, seed=2, lidar_points=0, images=False)
     sdk()
     lyft = LyftDataset(str(root), str(root / "data"), verbose=False)
     gt = [
@@ -377,7 +377,7 @@ def test_by_distance_bands_hold_the_reports_boxes_and_the_truth_scores_1(tmp_pat
     from l5dask.perception.synth import generate as synth
 
     root = tmp_path / "lyft"
-    synth(root, scenes=1, seed=4, lidar_points=0, images=False)
+    synth(root, num_scenes=1, seed=4, lidar_points=0, images=False)
     load = lambda n: json.loads((root / "data" / f"{n}.json").read_text())  # noqa: E731
     cat = {c["token"]: c["name"] for c in load("category")}
     inst = {i["token"]: cat[i["category_token"]] for i in load("instance")}

@@ -26,7 +26,7 @@ def edge_ds(tmp_path_factory) -> str:
     """8 scenes in small chunks, a fifth of the tracks with tied label probabilities, NaN in some
     velocities and extents (read-only)."""
     base = str(tmp_path_factory.mktemp("agg") / "base.zarr")
-    l5dask.synthesize(base, scenes=8, seed=11, chunk_rows=SMALL_CHUNKS, label_ties=0.2)
+    l5dask.synthesize(base, num_scenes=8, seed=11, chunk_rows=SMALL_CHUNKS, label_ties=0.2)
     arrays = read_all(base)
     agents = arrays[fmt.AGENTS].copy()
     rng = np.random.default_rng(0)

@@ -37,7 +37,7 @@ AGGREGATIONS = {
 def ds(tmp_path_factory) -> str:
     """Many small chunks of every array (scenes cut across frame and agent chunks)."""
     path = str(tmp_path_factory.mktemp("analyses") / "d.zarr")
-    l5dask.synthesize(path, scenes=9, seed=11, chunk_rows=CHUNKS)
+    l5dask.synthesize(path, num_scenes=9, seed=11, chunk_rows=CHUNKS)
     return path
 
 

@@ -43,7 +43,7 @@ def _yaw_rotation(yaw: np.ndarray) -> np.ndarray:
 def edge_ds(tmp_path_factory) -> str:
     tmp = tmp_path_factory.mktemp("catalog")
     src = str(tmp / "src.zarr")
-    l5dask.synthesize(src, scenes=6, seed=11, label_ties=0.05)
+    l5dask.synthesize(src, num_scenes=6, seed=11, label_ties=0.05)
     a = read_all(src)
     scenes, frames, agents, faces = (a[k].copy() for k in fmt.ARRAY_NAMES)
     rng = np.random.default_rng(5)

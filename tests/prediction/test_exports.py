@@ -45,7 +45,7 @@ def joins_of(d: dict) -> dict[str, dict[str, np.ndarray]]:
 def source(tmp_path_factory):
     """Small chunks (scenes, frames straddle chunk edges), some label ties."""
     path = str(tmp_path_factory.mktemp("exp") / "src.zarr")
-    l5dask.synthesize(path, scenes=6, seed=11, chunk_rows=SMALL_CHUNKS, label_ties=0.05)
+    l5dask.synthesize(path, num_scenes=6, seed=11, chunk_rows=SMALL_CHUNKS, label_ties=0.05)
     return path
 
 

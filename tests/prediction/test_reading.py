@@ -190,7 +190,7 @@ print(report["counts"]["agents"], "fsspec" in sys.modules)
 
 def test_old_format_without_traffic_lights_warns(tmp_path):
     path = str(tmp_path / "old.zarr")
-    l5dask.synthesize(path, scenes=1, seed=1, traffic_lights=False)
+    l5dask.synthesize(path, num_scenes=1, seed=1, traffic_lights=False)
     with pytest.warns(RuntimeWarning, match="no traffic_light_faces array"):
         ds = l5dask.open_dataset(path)
     assert not ds.has(fmt.TL_FACES)

@@ -37,7 +37,7 @@ def data(tmp_path_factory):
     """12 scenes with an agents mask, and its catalog (a DataFrame and its Parquet)."""
     base = tmp_path_factory.mktemp("scenes")
     path = str(base / "ds.zarr")
-    l5dask.synthesize(path, scenes=12, seed=21, chunk_rows=CHUNKS)
+    l5dask.synthesize(path, num_scenes=12, seed=21, chunk_rows=CHUNKS)
     n = len(read_all(path)["agents"])
     write_mask(path, "0.5", np.random.default_rng(1).integers(0, 50, (n, 2)).astype(np.uint32))
     cat = l5dask.catalog(path)
@@ -245,7 +245,7 @@ def test_isel_takes_slices_and_negative_indices_and_refuses_unsorted(data, tmp_p
             ds.query(scene="num_frames < 0", catalog=c)
         assert "--" not in str(e.value) and "query('num_frames < 0')" in str(e.value)
     other = str(tmp_path / "other.zarr")
-    l5dask.synthesize(other, scenes=3, seed=5)
+    l5dask.synthesize(other, num_scenes=3, seed=5)
     with pytest.raises(UsageError) as e:
         l5dask.open_dataset(other).query(scene="num_frames > 0", catalog=cat_path)
     assert "--" not in str(e.value) and "was made from another dataset" in str(e.value)
@@ -442,7 +442,7 @@ def test_bad_filters_are_one_line(data, tmp_path_factory, args, code, says):
     path, _, cat_path = data
     tmp = tmp_path_factory.mktemp("bad")
     other = tmp / "other.zarr"
-    l5dask.synthesize(str(other), scenes=12, seed=22, chunk_rows=CHUNKS)  # (same shape, other data)
+    l5dask.synthesize(str(other), num_scenes=12, seed=22, chunk_rows=CHUNKS)  # (same shape, other data)
     write_catalog(l5dask.catalog(str(other)), str(tmp / "other.parquet"))
     (tmp / "list.txt").write_text("3\n12\n")
     args = [a.format(list=tmp / "list.txt", other=tmp / "other.parquet", catalog=cat_path) for a in args]

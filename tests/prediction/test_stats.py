@@ -60,14 +60,14 @@ CHUNKINGS = [
 @pytest.mark.parametrize("chunks", CHUNKINGS)
 def test_report_matches_numpy_on_chunkings(tmp_path, chunks):
     path = str(tmp_path / "d.zarr")
-    l5dask.synthesize(path, scenes=4, seed=21, chunk_rows=chunks)
+    l5dask.synthesize(path, num_scenes=4, seed=21, chunk_rows=chunks)
     check(path)
 
 
 def test_report_with_label_ties_matches_numpy(tmp_path):
     """Ties between label probabilities: the report counts the first maximum, as numpy's argmax."""
     path = str(tmp_path / "ties.zarr")
-    l5dask.synthesize(path, scenes=3, seed=9, label_ties=0.4, chunk_rows={fmt.AGENTS: 3_000})
+    l5dask.synthesize(path, num_scenes=3, seed=9, label_ties=0.4, chunk_rows={fmt.AGENTS: 3_000})
     probs = read_all(path)["agents"]["label_probabilities"]
     top = probs.max(1, keepdims=True)
     assert ((probs == top).sum(1) > 1).mean() > 0.2  # the data has ties, two-way and all-equal
@@ -91,7 +91,7 @@ def test_the_report_is_the_same_bits_whatever_its_tasks(tmp_path, monkeypatch):
     from l5dask.prediction.stats import exact_add, exact_merge, exact_total
 
     path = str(tmp_path / "d.zarr")
-    l5dask.synthesize(path, scenes=6, seed=5, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 200})
+    l5dask.synthesize(path, num_scenes=6, seed=5, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 200})
     want = public(compute_report(path, scheduler="sync", chunks_per_task=1))
     for group, per_task, scheduler in [(1, 5, None), (2, 3, "sync"), (3, 7, None), (4, 64, None)]:
         monkeypatch.setattr(reading, "ENCODED_CHUNKS", group)
@@ -127,7 +127,7 @@ def test_floats_are_the_same_bits_whatever_the_task_groups(tmp_path):
     from l5dask.prediction.catalog import catalog_table
 
     path = str(tmp_path / "d.zarr")
-    l5dask.synthesize(path, scenes=8, seed=5, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 37})
+    l5dask.synthesize(path, num_scenes=8, seed=5, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 37})
     ds = l5dask.open_dataset(path)
     assert ds[fmt.FRAMES].nchunks > 40  # (many pairs of frames across two chunks, and scenes across many)
     want = public(compute_report(path, scheduler="sync", chunks_per_task=1))
@@ -143,14 +143,14 @@ def test_floats_are_the_same_bits_whatever_the_task_groups(tmp_path):
 
 def test_one_scene(tmp_path):
     path = str(tmp_path / "one.zarr")
-    l5dask.synthesize(path, scenes=1, seed=2, chunk_rows={fmt.AGENTS: 4_000, fmt.FRAMES: 50})
+    l5dask.synthesize(path, num_scenes=1, seed=2, chunk_rows={fmt.AGENTS: 4_000, fmt.FRAMES: 50})
     rep = check(path)
     assert rep["counts"]["scenes"] == 1 and len(rep["per_scene"]["num_tracks"]) == 1
 
 
 def test_no_traffic_lights(tmp_path):
     path = str(tmp_path / "old.zarr")
-    l5dask.synthesize(path, scenes=2, seed=3, traffic_lights=False, chunk_rows={fmt.AGENTS: 6_000})
+    l5dask.synthesize(path, num_scenes=2, seed=3, traffic_lights=False, chunk_rows={fmt.AGENTS: 6_000})
     with pytest.warns(RuntimeWarning):
         rep = compute_report(path)
     want = reference_report(read_all(path), fmt.LABELS)
@@ -164,7 +164,7 @@ def test_no_traffic_lights(tmp_path):
 
 def test_empty_arrays(tmp_path):
     path = str(tmp_path / "empty.zarr")
-    l5dask.synthesize(path, scenes=0)
+    l5dask.synthesize(path, num_scenes=0)
     rep = check(path)
     assert rep["summary"]["frame_frequency_hz"] == 10.0
     assert rep["agents"]["speed_mps"]["histogram"]["counts"] == [0] * 101

@@ -50,8 +50,8 @@ def inputs(tmp_path_factory):
     """Two datasets with small chunks (scenes, frames and runs straddle chunk edges), with masks."""
     base = tmp_path_factory.mktemp("surgery")
     a, b = str(base / "a.zarr"), str(base / "b.zarr")
-    l5dask.synthesize(a, scenes=7, seed=7, chunk_rows=SMALL_CHUNKS)
-    l5dask.synthesize(b, scenes=4, seed=8, chunk_rows={**SMALL_CHUNKS, fmt.AGENTS: 3_001})
+    l5dask.synthesize(a, num_scenes=7, seed=7, chunk_rows=SMALL_CHUNKS)
+    l5dask.synthesize(b, num_scenes=4, seed=8, chunk_rows={**SMALL_CHUNKS, fmt.AGENTS: 3_001})
     rng = np.random.default_rng(0)
     for path in (a, b):
         n = len(read_all(path)["agents"])
@@ -182,7 +182,7 @@ def test_split_equals_l5kit_zarr_split(inputs, tmp_path):
 
 def test_without_traffic_lights(tmp_path):
     old = str(tmp_path / "old.zarr")
-    l5dask.synthesize(old, scenes=4, seed=2, chunk_rows=SMALL_CHUNKS, traffic_lights=False)
+    l5dask.synthesize(old, num_scenes=4, seed=2, chunk_rows=SMALL_CHUNKS, traffic_lights=False)
     out = l5dask.subset(old, str(tmp_path / "sub.zarr"), scenes="1:3")
     d, o = read_all(old), read_all(out.url)
     assert "traffic_light_faces" not in o
@@ -199,7 +199,7 @@ def test_without_traffic_lights(tmp_path):
 def test_empty_scenes_and_frames_are_carried(tmp_path):
     """Scenes without frames and frames without agents (L5Kit's copy cannot take them): numpy."""
     src = str(tmp_path / "src.zarr")
-    l5dask.synthesize(src, scenes=3, seed=4, chunk_rows=SMALL_CHUNKS)
+    l5dask.synthesize(src, num_scenes=3, seed=4, chunk_rows=SMALL_CHUNKS)
     d = read_all(src)
     scenes = np.concatenate([d["scenes"][:1], d["scenes"][1:2], d["scenes"][1:]])
     scenes[1]["frame_index_interval"] = scenes[2]["frame_index_interval"][0]  # an empty scene
@@ -291,7 +291,7 @@ def test_bad_subsets_and_splits(inputs, tmp_path):
 def test_concat_refuses_what_it_cannot_join(inputs, tmp_path):
     a, b = inputs
     old = str(tmp_path / "old.zarr")
-    l5dask.synthesize(old, scenes=2, seed=1, traffic_lights=False)
+    l5dask.synthesize(old, num_scenes=2, seed=1, traffic_lights=False)
     with pytest.raises(L5DaskError, match="has a traffic_light_faces array and .* does not"):
         l5dask.concat([a, old], str(tmp_path / "o.zarr"))
     relabelled = str(tmp_path / "relabelled.zarr")

@@ -6,17 +6,19 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import l5dask
+from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from tests.conftest import read_all
 
 
 def test_deterministic_for_a_seed(tmp_path):
     a, b, c = (tmp_path / n for n in ("a.zarr", "b.zarr", "c.zarr"))
-    l5dask.synthesize(a, scenes=2, seed=11)
-    l5dask.synthesize(b, scenes=2, seed=11)
-    l5dask.synthesize(c, scenes=2, seed=12)
+    l5dask.synthesize(a, num_scenes=2, seed=11)
+    l5dask.synthesize(b, num_scenes=2, seed=11)
+    l5dask.synthesize(c, num_scenes=2, seed=12)
     ra, rb, rc = read_all(str(a)), read_all(str(b)), read_all(str(c))
     for name in ra:
         assert ra[name].tobytes() == rb[name].tobytes()
@@ -99,3 +101,25 @@ def test_cli_synth(tmp_path):
     )
     assert r.returncode == 2 and "already exists" in r.stderr
     assert len(read_all(str(out))["scenes"]) == 2  # nothing lost
+
+
+def test_the_generators_count_is_num_scenes_and_the_old_keyword_still_works(tmp_path):
+    """``scenes=`` is a scene filter in ``subset`` and ``query``: the generators' count is
+    ``num_scenes=`` (as the command line's -n/--num-scenes); ``scenes=`` still works until the next
+    release with a FutureWarning naming ``num_scenes=``; both given are refused in one line."""
+    import inspect
+
+    from l5dask.perception.synth import generate
+
+    for func, out in ((l5dask.synthesize, "{}.zarr"), (generate, "{}")):
+        assert "num_scenes" in inspect.signature(func).parameters
+        assert "scenes" not in inspect.signature(func).parameters
+        kw = {} if func is l5dask.synthesize else {"lidar_points": 0, "images": False}
+        new = func(str(tmp_path / out.format(f"{func.__name__}-new")), num_scenes=1, seed=3, **kw)
+        with pytest.warns(FutureWarning, match=r"scenes= is deprecated .* pass num_scenes="):
+            old = func(str(tmp_path / out.format(f"{func.__name__}-old")), scenes=1, seed=3, **kw)
+        assert old == new and (new.get("scenes") or new.get("scene")) == 1
+        with pytest.raises(UsageError) as e:
+            func(str(tmp_path / out.format(f"{func.__name__}-both")), num_scenes=1, scenes=2, seed=3, **kw)
+        assert str(e.value).endswith("give num_scenes= only (scenes= is its old name)") and "\n" not in str(e.value)
+        assert not (tmp_path / out.format(f"{func.__name__}-both")).exists()

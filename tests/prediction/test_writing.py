@@ -88,12 +88,12 @@ def test_failed_write_leaves_no_complete_looking_dataset(small_ds, tmp_path):
 
 def test_refuses_to_overwrite_unless_asked(small_ds, tmp_path):
     out = tmp_path / "x.zarr"
-    l5dask.synthesize(out, scenes=1, seed=1)
+    l5dask.synthesize(out, num_scenes=1, seed=1)
     before = read_all(str(out))
     with pytest.raises(L5DaskError, match="already exists"):
-        l5dask.synthesize(out, scenes=2, seed=2)
+        l5dask.synthesize(out, num_scenes=2, seed=2)
     np.testing.assert_array_equal(read_all(str(out))["agents"], before["agents"])  # nothing lost
-    l5dask.synthesize(out, scenes=2, seed=2, overwrite=True)
+    l5dask.synthesize(out, num_scenes=2, seed=2, overwrite=True)
     assert len(read_all(str(out))["scenes"]) == 2
 
 

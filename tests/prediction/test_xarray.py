@@ -161,9 +161,9 @@ def test_a_dataset_rewritten_in_place_reads_back_new_in_the_same_process(tmp_pat
     """The decoded-chunk cache belongs to the opened dataset: opening again after a rewrite in
     place reads the new chunks (a process-wide cache keyed by path returned the old ones)."""
     path = str(tmp_path / "d.zarr")
-    l5dask.synthesize(path, scenes=2, seed=1)
+    l5dask.synthesize(path, num_scenes=2, seed=1)
     first = xr.open_dataset(path, engine="l5kit", group="agents").yaw.values.copy()
-    l5dask.synthesize(path, scenes=2, seed=2, overwrite=True)
+    l5dask.synthesize(path, num_scenes=2, seed=2, overwrite=True)
     again = xr.open_dataset(path, engine="l5kit", group="agents").yaw.values
     want = read_all(path)["agents"]["yaw"]
     np.testing.assert_array_equal(again, want)
