@@ -94,7 +94,8 @@ def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
             raise UsageError("scene-catalog is read by scenes: give scenes too")
     if params["scene-catalog"] is not None:  # (there, and of this dataset)
         with at_key("scene-catalog"):
-            table = read_catalog(params["scene-catalog"], ds, options, "scene-catalog")
+            with read_catalog(params["scene-catalog"], ds, options, "scene-catalog") as t:
+                table = t.schema_arrow.empty_table()  # (its columns: the file closed)
     elif params["scenes"] is not None:
         table = empty_catalog(ds)  # (the catalog's columns: known before it is made)
     if params["scenes"] is not None:

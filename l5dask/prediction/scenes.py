@@ -23,6 +23,7 @@ import json
 import os
 import warnings
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -567,26 +568,34 @@ def _open_input(path: str, storage_options: dict | None):
     return fs.open(target, "rb")
 
 
+@contextmanager
 def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: str = "the catalog"):
     """The catalog Parquet at ``path`` (a ``pyarrow.parquet.ParquetFile``: columns read when asked for), refused in one line if it is no catalog of
-    ``ds`` (its fingerprint, written by ``l5dask catalog``, differs)."""
+    ``ds`` (its fingerprint, written by ``l5dask catalog``, differs). A context manager: the file is
+    closed when it ends, refused or not."""
     import pyarrow.parquet as pq
 
     p = os.fspath(path)
     try:
-        t = pq.ParquetFile(_open_input(p, storage_options))
+        f = _open_input(p, storage_options)
     except FileNotFoundError:
         raise UsageError(f"{what} {p}: no such file") from None
-    except Exception as exc:  # (pyarrow's ArrowInvalid: not Parquet)
-        if not type(exc).__name__.startswith("Arrow"):
-            raise
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UsageError(f"{what} {p}: not a Parquet file ({first})") from None
-    theirs = parquet_fingerprint(t.schema_arrow.metadata or {})
-    if theirs is None:
-        raise UsageError(f"{what} {p}: not a catalog written by l5dask catalog (no fingerprint in its metadata)")
-    check_fingerprint(theirs, ds, f"{what} {p}")
-    return t
+    with f:
+        try:
+            t = pq.ParquetFile(f)
+        except Exception as exc:  # (pyarrow's ArrowInvalid: not Parquet)
+            if not type(exc).__name__.startswith("Arrow"):
+                raise
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise UsageError(f"{what} {p}: not a Parquet file ({first})") from None
+        with t:
+            theirs = parquet_fingerprint(t.schema_arrow.metadata or {})
+            if theirs is None:
+                raise UsageError(
+                    f"{what} {p}: not a catalog written by l5dask catalog (no fingerprint in its metadata)"
+                )
+            check_fingerprint(theirs, ds, f"{what} {p}")
+            yield t
 
 
 def parquet_fingerprint(meta: dict) -> dict | None:
@@ -617,15 +626,15 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
     if p.endswith(".parquet"):
         import pyarrow as pa
 
-        t = read_catalog(p, ds, storage_options, "--scenes-from")
-        flags = [f.name for f in t.schema_arrow if pa.types.is_boolean(f.type)]
-        if not flags and "scene_index" in t.schema_arrow.names:  # (rows chosen with pandas: their scenes)
-            rows = np.asarray(t.read(columns=["scene_index"]).column(0).to_numpy(zero_copy_only=False))
-            return scene_indices(ds, rows.astype(np.int64), f"{what} (its scene_index)")
-        if len(flags) != 1:
-            has = f"{len(flags)} ({', '.join(flags)})" if flags else "none"
-            raise UsageError(f"{what}: a catalog with one boolean column says which scenes; it has {has}")
-        col = t.read(columns=flags).column(0)
+        with read_catalog(p, ds, storage_options, "--scenes-from") as t:
+            flags = [f.name for f in t.schema_arrow if pa.types.is_boolean(f.type)]
+            if not flags and "scene_index" in t.schema_arrow.names:  # (rows chosen with pandas: their scenes)
+                rows = np.asarray(t.read(columns=["scene_index"]).column(0).to_numpy(zero_copy_only=False))
+                return scene_indices(ds, rows.astype(np.int64), f"{what} (its scene_index)")
+            if len(flags) != 1:
+                has = f"{len(flags)} ({', '.join(flags)})" if flags else "none"
+                raise UsageError(f"{what}: a catalog with one boolean column says which scenes; it has {has}")
+            col = t.read(columns=flags).column(0)
         keep = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), bool)
         return scene_indices(ds, keep, f"{what} (column {flags[0]})")
     try:
@@ -664,8 +673,9 @@ def query_indices(
     ``--catalog`` when ``cli``, else ``query`` and its ``catalog=``; ``key``: what the expression
     is said as instead (a job's key, ``scenes``)."""
     if isinstance(catalog, (str, os.PathLike)):
-        catalog = read_catalog(catalog, ds, storage_options, "--catalog" if cli else "the catalog")
-    elif getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
+        with read_catalog(catalog, ds, storage_options, "--catalog" if cli else "the catalog") as t:
+            return query_indices(ds, expr, t, storage_options, cli, key)
+    if getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
         check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog")
     elif CATALOG_KEY.encode() in (getattr(getattr(catalog, "schema", None), "metadata", None) or {}):
         check_fingerprint(json.loads(catalog.schema.metadata[CATALOG_KEY.encode()]), ds, "the catalog")

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -834,3 +835,38 @@ def test_a_catalog_kept_in_the_cache_is_read_for_the_columns_a_filter_names(data
     assert "read from the cache" in said
     assert read == [("file", ["scene_index", "tracks_pedestrian"])], read
     same_report(got, ref)
+
+
+def test_a_catalog_file_read_by_a_filter_is_closed(data, tmp_path):
+    """Every path that reads a catalog Parquet (a query, a --scenes-from catalog, a refused one)
+    closes the file it opened: with ResourceWarning an error, a file left to the garbage collector
+    fails the test (read_catalog left it open before)."""
+    import gc
+    import warnings
+
+    from l5dask.prediction.scenes import read_scene_list
+
+    path, cat, cat_path = data
+    ds = l5dask.open_dataset(path)
+    flagged = tmp_path / "flagged.parquet"
+    t = pq.read_table(cat_path)
+    pq.write_table(t.append_column("keep", pa.array(cat["num_frames"].to_numpy() >= 249)), flagged)
+    other = str(tmp_path / "other.zarr")
+    l5dask.synthesize(other, num_scenes=3, seed=5)
+    gc.collect()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        with warnings.catch_warnings(record=True) as seen:  # (a warning in a finalizer is not raised: recorded)
+            warnings.simplefilter("always", ResourceWarning)
+            assert (
+                list(ds.query(scene="num_frames >= 249", catalog=cat_path).scene_indices)
+                == np.flatnonzero(cat["num_frames"] >= 249).tolist()
+            )
+            assert list(read_scene_list(flagged, ds)) == np.flatnonzero(cat["num_frames"] >= 249).tolist()
+            with pytest.raises(UsageError, match="another dataset"):
+                l5dask.open_dataset(other).query(scene="num_frames > 0", catalog=cat_path)
+            with pytest.raises(UsageError, match="not a Parquet file"):
+                ds.query(scene="num_frames > 0", catalog=tmp_path / "other.zarr" / ".zgroup")
+            gc.collect()
+        left = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
+        assert left == []
