@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -870,3 +871,26 @@ def test_a_catalog_file_read_by_a_filter_is_closed(data, tmp_path):
             gc.collect()
         left = [str(w.message) for w in seen if issubclass(w.category, ResourceWarning)]
         assert left == []
+
+
+def test_the_catalogs_path_length_is_the_reports_ego_distance(data, tmp_path):
+    """The catalog's ``path_length_m`` and the report's per-scene ``ego_distance_m`` (a name of the
+    documented report, kept) are one quantity, as docs/guide/catalog.md says: the same sum of the
+    ego's step lengths scene for scene (to the last bits: each adds them its own way), as the
+    plain numpy sum; the report's JSON and its per-scene table say the same bits."""
+    from l5dask.prediction.report import write_scene_table
+
+    path, cat, _ = data
+    report = compute_report(l5dask.open_dataset(path))
+    write_scene_table(report, tmp_path / "scenes.parquet")
+    table = pd.read_parquet(tmp_path / "scenes.parquet")
+    ego = table["ego_distance_m"].to_numpy()
+    np.testing.assert_array_equal(ego, np.asarray(report["per_scene"]["ego_distance_m"]))
+    np.testing.assert_allclose(ego, cat["path_length_m"].to_numpy(), rtol=1e-14, atol=0)
+    raw = read_all(path)
+    for k, (lo, hi) in enumerate(raw["scenes"]["frame_index_interval"]):
+        xy = raw["frames"]["ego_translation"][lo:hi, :2].astype(np.float64)
+        plain = np.hypot(*np.diff(xy, axis=0).T).sum()
+        assert cat["path_length_m"][k] == pytest.approx(plain, rel=1e-14) and ego[k] == pytest.approx(plain, rel=1e-14)
+    doc = (Path(__file__).parents[2] / "docs" / "guide" / "catalog.md").read_text()
+    assert "`ego_distance_m`" in doc.split("- `path_length_m`", 1)[1][:200]  # (the docs say so)
