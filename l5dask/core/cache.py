@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import os
@@ -157,20 +156,32 @@ def _float_bits(x: float) -> str:
     return struct.pack("<d", x).hex()
 
 
+#: The classes an entry may hold, by name: only those declared with :func:`partial_type`. An entry
+#: names its classes; the decoder builds only these (it imports nothing and looks up no attribute
+#: an entry names: a cache folder anyone can write to must not choose what code runs).
+_TYPES: dict[str, type] = {}
+
+
+def partial_type(cls: type) -> type:
+    """Declare a NamedTuple or dataclass of l5dask as one a cache entry may hold (a class decorator).
+
+    Partials of any other class are not cached (:class:`Unencodable`), and an entry naming a class
+    not declared here (in this process: its module imported) is refused as damaged."""
+    if not ((issubclass(cls, tuple) and hasattr(cls, "_fields")) or dataclasses.is_dataclass(cls)):
+        raise TypeError(f"{_name(cls)} is neither a NamedTuple nor a dataclass")
+    _TYPES[_name(cls)] = cls
+    return cls
+
+
 def _allowed(cls: type) -> bool:
-    return (cls.__module__ or "").split(".")[0] == "l5dask"
+    return _TYPES.get(_name(cls)) is cls
 
 
 def _class(name: str) -> type:
-    module, _, qual = name.partition(":")
-    if module.split(".")[0] != "l5dask" or not re.fullmatch(r"[A-Za-z_][\w.]*", module + "." + qual):
-        raise Damaged(f"an entry names a class outside l5dask ({name!r})")
-    obj: Any = importlib.import_module(module)
-    for part in qual.split("."):
-        obj = getattr(obj, part)
-    if not isinstance(obj, type):
-        raise Damaged(f"an entry names {name!r}, which is no class")
-    return obj
+    cls = _TYPES.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise Damaged(f"an entry names a class l5dask does not keep in a cache ({str(name)[:80]!r})")
+    return cls
 
 
 def _name(cls: type) -> str:
@@ -204,11 +215,11 @@ class _Encoder:
             return {"t": "f", "v": _float_bits(x)}
         if isinstance(x, tuple) and hasattr(type(x), "_fields"):
             if not _allowed(type(x)):
-                raise Unencodable(f"a NamedTuple of another package ({_name(type(x))})")
+                raise Unencodable(f"a NamedTuple not declared a partial_type ({_name(type(x))})")
             return {"t": "nt", "c": _name(type(x)), "v": [self(v) for v in x]}
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
             if not _allowed(type(x)):
-                raise Unencodable(f"a dataclass of another package ({_name(type(x))})")
+                raise Unencodable(f"a dataclass not declared a partial_type ({_name(type(x))})")
             return {
                 "t": "dc",
                 "c": _name(type(x)),
@@ -221,16 +232,12 @@ class _Encoder:
         if type(x) in (frozenset, set):
             items = list(x)
             kinds = {type(v) for v in items}
-            if kinds <= {int} or kinds <= {str}:  # (a set of numbers or strings: one array)
+            if kinds <= {int} or kinds <= {str}:
                 items.sort()  # (the same bytes in every process: a set of strings iterates by their hashes)
-                arr = np.array(items, dtype=np.int64 if kinds <= {int} else str) if items else np.zeros(0, np.int64)
-                if kinds <= {int} and items and (min(items) < -(2**63) or max(items) >= 2**63):
-                    raise Unencodable("a set of integers beyond int64")
-                return {
-                    "t": "fs" if type(x) is frozenset else "se",
-                    "k": "i" if kinds <= {int} else "s",
-                    "i": self.array(arr)["i"],
-                }
+            if kinds <= {int} and items and -(2**63) <= min(items) and max(items) < 2**63:
+                # (a set of numbers: one array. Not strings: numpy's "<U" drops their trailing NULs)
+                arr = np.array(items, dtype=np.int64)
+                return {"t": "fs" if type(x) is frozenset else "se", "k": "i", "i": self.array(arr)["i"]}
             return {"t": "fs" if type(x) is frozenset else "se", "v": [self(v) for v in items]}
         raise Unencodable(f"a {type(x).__module__}.{type(x).__qualname__}")
 
@@ -285,6 +292,8 @@ class _Decoder:
         if t == "di":
             return {self(k): self(v) for k, v in zip(x["k"], x["v"], strict=True)}
         if t in ("fs", "se"):
+            if "i" in x and x.get("k") != "i":  # (strings were kept in an array once: trailing NULs lost)
+                raise Damaged("a set kept in an array of another kind than integers")
             items = self.array(x["i"]).tolist() if "i" in x else [self(v) for v in x["v"]]
             return frozenset(items) if t == "fs" else set(items)
         raise Damaged(f"an entry's manifest holds an unknown kind {t!r}")

@@ -179,6 +179,7 @@ class Reduction:
         return ("l5dask.Reduction", self.name)
 
 
+@cachelib.partial_type
 @dataclass
 class Rows:
     """Columns of consecutive parent rows ``offset, offset + 1, ...`` (the join columns of a pass).
@@ -233,6 +234,7 @@ class Rows:
         return np.repeat(values, np.diff(np.clip(starts, lo, hi), append=hi), axis=0)
 
 
+@cachelib.partial_type
 class Block(NamedTuple):
     """What a task of a pass returns."""
 

@@ -199,6 +199,7 @@ def frame_table(ts: np.ndarray, xy: np.ndarray, yaw: np.ndarray, agents: np.ndar
     return out
 
 
+@cachelib.partial_type
 @dataclass
 class RunsPart:
     """Finished rows (scenes ``done_scenes``, rows ``done``) and the scenes at the two edges, still
@@ -291,6 +292,7 @@ FRAMES_REDUCTION = Reduction(
 
 
 # --- agents and faces: distinct keys per scene, per-scene minima and sums ------------------
+@cachelib.partial_type
 @dataclass
 class KeyPart:
     """Per-scene counts of distinct keys of each kind (finished scenes) over scenes ``lo ..``, per-scene

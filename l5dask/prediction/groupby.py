@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
 from l5dask.prediction.kernels import count_codes, group_reduce, int_range, mix_codes
@@ -31,6 +32,7 @@ QUANTILE_BITS = 12
 _SIGN = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 
+@cachelib.partial_type
 @dataclass
 class GroupPart:
     """Per group (a row of ``keys``, sorted): rows, and per value column its statistics."""

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, Rows
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import (
@@ -114,6 +115,7 @@ def empty_is_identity(combine):
 
 
 # --- per-scene series over a range of scene indices ------------------------------------
+@cachelib.partial_type
 @dataclass
 class SceneSeries:
     """Per-scene values for scenes ``lo .. lo + len - 1``, merged by an op per column."""
@@ -164,6 +166,7 @@ FRAME_SERIES_OPS = {
 }
 
 
+@cachelib.partial_type
 @dataclass
 class FramePart:
     n: int = 0
@@ -393,6 +396,7 @@ def median_from_counts(values: np.ndarray, counts: np.ndarray) -> float:
 
 
 # --- agents ----------------------------------------------------------------------------
+@cachelib.partial_type
 @dataclass
 class AgentPart:
     n: int = 0
@@ -476,6 +480,7 @@ class AgentStats:
 
 
 # --- traffic-light faces ---------------------------------------------------------------
+@cachelib.partial_type
 @dataclass
 class TLPart:
     n: int = 0

@@ -150,15 +150,30 @@ def test_what_cannot_be_encoded_is_refused(value):
         cachelib.encode(value)
 
 
-def _forged(manifest: dict) -> bytes:
-    """An entry with a valid checksum around ``manifest``."""
+def _forged(manifest: dict, data: bytes = b"") -> bytes:
+    """An entry with a valid checksum around ``manifest`` and its arrays' bytes ``data``."""
     import hashlib
     import json
     import struct
 
     text = json.dumps({"arrays": [], **manifest}).encode()
-    body = struct.pack("<I", len(text)) + text
+    body = struct.pack("<I", len(text)) + text + data
     return cachelib._HEAD.pack(cachelib.MAGIC, cachelib.FORMAT, hashlib.blake2b(body, digest_size=16).digest()) + body
+
+
+def test_only_declared_partial_types_are_kept():
+    """Only classes declared with ``cachelib.partial_type`` are encoded, and decoded by name from that
+    list alone: an l5dask class that is no partial (here the cache's own Stats) is not kept."""
+    with pytest.raises(cachelib.Unencodable, match="partial_type"):
+        cachelib.encode(cachelib.Stats())
+    assert cachelib.decode(cachelib.encode(Block(AgentPart(n=3), None, None))).partial.n == 3
+
+
+def test_sets_of_strings_keep_their_nuls():
+    """numpy's "<U" arrays drop trailing NULs: a set of strings is kept as strings (the property test found
+    {"\\x00"} read back as {""})."""
+    for value in ({"\x00"}, frozenset({"a\x00", "a", ""}), {"x\x00\x00", "\x00y"}):
+        assert cachelib.decode(cachelib.encode(value)) == value
 
 
 def test_damaged_entries_are_refused():
@@ -180,6 +195,24 @@ def test_damaged_entries_are_refused():
         ),
         "class outside l5dask": _forged({"format": 1, "tree": {"t": "dc", "c": "os:system", "v": {}}}),
         "not a dataclass": _forged({"format": 1, "tree": {"t": "dc", "c": "l5dask.core.cache:Stats", "v": {"x": 1}}}),
+        # (l5dask's own, but no partial: an entry must not choose what is built; Stats is a dataclass)
+        "an undeclared class of l5dask": _forged(
+            {"format": 1, "tree": {"t": "dc", "c": "l5dask.core.cache:Stats", "v": {}}}
+        ),
+        "an undeclared NamedTuple of l5dask": _forged(
+            {"format": 1, "tree": {"t": "nt", "c": "l5dask.core.engine:Stage", "v": []}}
+        ),
+        "a module's attribute": _forged(
+            {"format": 1, "tree": {"t": "nt", "c": "l5dask.core.cache:os.system", "v": []}}
+        ),
+        "strings kept in an array": _forged(
+            {
+                "format": 1,
+                "arrays": [{"dtype": "<U1", "shape": [1], "offset": 0}],
+                "tree": {"t": "se", "k": "s", "i": 0},
+            },
+            "a".encode("utf-32-le"),
+        ),
         "unknown kind": _forged({"format": 1, "tree": {"t": "pickle", "v": "gASVAAAA"}}),
     }
     for what, data in damaged.items():
