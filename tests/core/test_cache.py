@@ -452,10 +452,14 @@ def test_what_is_not_a_cache_is_refused_in_one_line(dataset, tmp_path):
 
 KILLED = """
 import sys, time
+from l5dask.core import cache as cachelib
 from l5dask.prediction import reading
 gather = reading.Encoded.gather
 def slow(*a, **k):  # (slower reads: the reductions, and so the keys, are the same)
-    time.sleep(0.02)
+    # once a third of the agents' tasks are stored, much slower: the signal comes before the end even
+    # when a crowded machine lets the test look at the cache seldom (it once came after the run ended)
+    stored = sum(e["reduction"] == "agents-17" for e in cachelib.Cache(sys.argv[2]).entries())
+    time.sleep(0.02 if stored < int(sys.argv[3]) // 3 else 0.5)
     return gather(*a, **k)
 reading.Encoded.gather = slow
 from l5dask.prediction.report import compute_report
@@ -469,7 +473,7 @@ def test_a_killed_run_computes_only_what_it_had_not_stored(dataset, tmp_path, si
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(KILLED))
     total = l5dask.open_dataset(dataset)["agents"].nchunks
-    proc = subprocess.Popen([sys.executable, str(script), dataset, cache], stderr=subprocess.PIPE)
+    proc = subprocess.Popen([sys.executable, str(script), dataset, cache, str(total)], stderr=subprocess.PIPE)
     agents = lambda: [e for e in cachelib.Cache(cache).entries() if e["reduction"] == "agents-17"]  # noqa: E731
     deadline = time.time() + 120
     while len(agents()) < total // 3 and time.time() < deadline and proc.poll() is None:
