@@ -270,7 +270,7 @@ def group_reduce(
     if len(codes) != len(values):
         raise ValueError("group_reduce: a code per value is needed")
     if rows is not None:
-        _check_int64(rows, ngroups, "rows")
+        _check_out(rows, np.int64, ngroups, "rows")
     if out is None:
         count = np.zeros(ngroups, np.int64)
         total = np.zeros(ngroups if sums else 1, np.float64)
@@ -278,16 +278,10 @@ def group_reduce(
         hi = np.full(ngroups if maxs else 1, -np.inf)
     else:
         count, total_, lo_, hi_ = out
-        _check_int64(count, ngroups, "out's count")
+        _check_out(count, np.int64, ngroups, "out's count")
         for arr, want, what in ((total_, sums, "sum"), (lo_, mins, "min"), (hi_, maxs, "max")):
-            if want and not (
-                isinstance(arr, np.ndarray)
-                and arr.dtype == np.float64
-                and arr.shape == (ngroups,)
-                and arr.flags.c_contiguous
-                and arr.flags.writeable
-            ):
-                raise ValueError(f"group_reduce: out's {what} must be a contiguous float64 array of {ngroups} groups")
+            if want:
+                _check_out(arr, np.float64, ngroups, f"out's {what}")
         dummy = np.zeros(1)
         total = total_ if sums and total_ is not None else dummy
         lo = lo_ if mins and lo_ is not None else dummy
@@ -305,22 +299,23 @@ def count_codes(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``rows += np.bincount(codes, minlength=len(rows))`` in one pass, in place (``rows`` int64):
     the rows of each group counted a slice at a time. Returns ``rows``."""
     codes = np.ascontiguousarray(codes, np.int64)
-    _check_int64(rows, len(rows) if isinstance(rows, np.ndarray) else -1, "rows", "count_codes")
+    _check_out(rows, np.int64, len(rows) if isinstance(rows, np.ndarray) else -1, "rows", "count_codes")
     bad = _count_codes(codes, rows)
     if bad >= 0:
         raise ValueError(f"count_codes: codes must lie in [0, {len(rows)}) (row {bad} has {codes[bad]})")
     return rows
 
 
-def _check_int64(arr: Any, n: int, what: str, func: str = "group_reduce") -> None:
+def _check_out(arr: Any, dtype: type, n: int, what: str, func: str = "group_reduce") -> None:
+    """An output a kernel adds to in place: a writeable contiguous array of ``n`` ``dtype``."""
     if not (
         isinstance(arr, np.ndarray)
-        and arr.dtype == np.int64
+        and arr.dtype == dtype
         and arr.shape == (n,)
         and arr.flags.c_contiguous
         and arr.flags.writeable
     ):
-        raise ValueError(f"{func}: {what} must be a contiguous int64 array of {n} groups")
+        raise ValueError(f"{func}: {what} must be a contiguous {np.dtype(dtype).name} array of {n} groups")
 
 
 #: Integer key types the compiled loops read as they are (others are widened to int64 first).
