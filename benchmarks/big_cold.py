@@ -35,8 +35,8 @@ from the disk (``ru_inblock``):
   same inodes), and a run cut short puts it back at its next start.
 
 The pairs (a, g) and (d's two runs) are run in alternating order from one round to the next. A
-cold pass takes about a minute here: a round is about 8 minutes. Every stats result is checked to
-be the uncached one, byte for byte. With ``--reference PATH`` (e.g. the 30 M-agent dataset), the
+cold pass takes 1-1.5 minutes here, a round about 11 minutes (at load 7-17 on 2 cores). Every
+stats result is checked to be the uncached one, byte for byte. With ``--reference PATH`` (e.g. the 30 M-agent dataset), the
 same commands are run there once (page cache kept) for their peak RSS: memory must not grow with
 the dataset. ``--record`` writes the figures to docs/figures/big_cold.json ({doc}`scale` quotes them).
 """
