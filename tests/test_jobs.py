@@ -195,6 +195,12 @@ BAD = [
         "[analyses.r] kind: unknown kind 'reprot'; the kinds are: aggregate, catalog, export, report, select-agents",
     ),
     (
+        "misspelt-kind",  # (said as the unknown key it is, not as "has no 'kind'")
+        '[analyses.speeds]\nvalues = { speed = "mean" }\nkidn = "aggregate"\noutput = "a.csv"\n',
+        6,
+        "unknown key 'kidn' in [analyses.speeds] (it has no 'kind'); the keys are: array, by, ",
+    ),
+    (
         "wrong-type",
         '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\noutput = "a.csv"\nmax-groups = "10"\n',
         8,

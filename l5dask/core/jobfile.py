@@ -507,6 +507,14 @@ def _analyses(src: Source, raw: Any, datasets: Mapping[str, Dataset]) -> dict[st
             raise src.error(path, f"{what} must be a table, not {_type_name(value)}")
         kind_name = value.get("kind")
         if kind_name is None:
+            # a misspelt 'kind' (kidn = ...) is named as the unknown key it is, with its line
+            known = {k.name for k in COMMON_ANALYSIS_KEYS} | {k.name for a in ANALYSES.values() for k in a.keys}
+            for k in value:
+                if k not in known:
+                    listed = ", ".join(sorted(known))
+                    raise src.error(
+                        (*path, str(k)), f"unknown key {k!r} in {what} (it has no 'kind'); the keys are: {listed}"
+                    )
             raise src.error(path, f"{what} has no 'kind'; the kinds are: {', '.join(sorted(ANALYSES))}")
         if kind_name not in ANALYSES:
             raise src.error(
