@@ -718,7 +718,8 @@ def catalog(
 
         write_catalog_html(table, html_path, dataset, time.perf_counter() - t0, options)
     click.echo(
-        f"wrote {output}: {len(table):,} scenes, {len(table.columns)} columns ({time.perf_counter() - t0:.1f} s)"
+        f"wrote {output}{' and ' + str(html_path) if html_path else ''}: {len(table):,} scenes, "
+        f"{len(table.columns)} columns ({time.perf_counter() - t0:.1f} s)"
     )
 
 

@@ -200,6 +200,7 @@ def catalog_page(small_ds, tmp_path_factory):
         text=True,
     )
     assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out} and {page_path}: "), r.stdout  # (both files said, not the parquet only)
     import pandas as pd
 
     return page_path, pd.read_parquet(out)
