@@ -48,7 +48,7 @@ def scene_filter(
     from l5dask.core.cache import open_cache
     from l5dask.prediction import format as fmt
     from l5dask.prediction.dataset import open_dataset
-    from l5dask.prediction.scenes import NoScenesError, query_indices, read_scene_list
+    from l5dask.prediction.scenes import NoScenesError, evaluate, query_indices, read_scene_list
 
     options = parse_storage_options(storage_options)
     ds = open_dataset(dataset, storage_options=options)
@@ -62,8 +62,12 @@ def scene_filter(
         table: Any = catalog_file
         store = open_cache(cache, options) if table is None else None
         if table is None:  # (the catalog's module imported only to make one)
-            from l5dask.prediction.catalog import cached_catalog
+            from l5dask.prediction.catalog import cached_catalog, empty_catalog
             from l5dask.prediction.catalog import catalog_table as make
+
+            # the expression's syntax and columns, checked before the catalog is made (its columns
+            # are known from the metadata, no chunk read): a mistake is said at once
+            evaluate(scenes, empty_catalog(ds))
         if store is not None:
             say = None if quiet else (lambda line: click.echo(line, err=True))
             table = cached_catalog(ds, store, storage_options=options, progress=not quiet, scheduler=client, say=say)
@@ -80,7 +84,7 @@ def scene_filter(
         keep &= chosen
     if not keep.any():
         raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
-    if not quiet:  # (said when the command is done: a user's error stays one line)
+    if not quiet and not keep.all():  # (said when the command is done: a user's error stays one line)
         k = int(keep.sum())
         note = (
             f"l5dask: scene indices in the output are those of the {k:,} chosen scenes (0-{k - 1}), not the stored "

@@ -44,7 +44,9 @@ def _parse(text: str) -> ast.Expression:
     try:
         return ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
-        raise UsageError(f"where {text!r} does not parse: {exc.msg} (at column {exc.offset})") from None
+        # (Python's column counts from 1 in the stripped text; 0 or none: the text ended too soon)
+        at = f"at column {exc.offset + len(text) - len(text.lstrip())}" if exc.offset else "at its end"
+        raise UsageError(f"where {text!r} does not parse: {exc.msg} ({at})") from None
 
 
 config.on_reset(_parse.cache_clear)

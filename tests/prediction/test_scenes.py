@@ -384,6 +384,27 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     assert json.loads((tmp_path / "both.json").read_text())["counts"]["scenes"] == 2
 
 
+def test_a_bad_scenes_expression_is_said_before_the_catalog_is_computed(data, tmp_path):
+    """Without --catalog, a syntax error or an unknown column is said at once (the catalog's columns
+    are known from the metadata), not after a pass computing the catalog; a filter that keeps every
+    scene says no note about renumbered scenes (the indices are the stored ones)."""
+    path = data[0]
+    for expr, message in [
+        ("num_frames +", "does not parse: invalid syntax (at its end)"),
+        ("num_frames > > 1", "does not parse: invalid syntax (at column 14)"),
+        ("nosuch > 1", "names unknown column 'nosuch'"),
+    ]:
+        r = cli("stats", path, "--scenes", expr, "-o", tmp_path / "s.json")
+        assert r.returncode != 0 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert message in r.stderr and "computing the scene catalog" not in r.stderr, r.stderr
+        assert not (tmp_path / "s.json").exists()
+    r = cli("stats", path, "--scenes", "scene_index >= 0", "--catalog", data[2], "-o", tmp_path / "all.json")
+    assert r.returncode == 0, r.stderr
+    assert "chosen scenes" not in r.stderr, r.stderr
+    n = len(l5dask.open_dataset(path)[fmt.SCENES])
+    assert json.loads((tmp_path / "all.json").read_text())["counts"]["scenes"] == n
+
+
 def test_every_reading_command_takes_the_filters(data, tmp_path):
     path, _, cat_path = data
     listing = tmp_path / "s.txt"
