@@ -68,6 +68,19 @@ def main() -> None:
     tune_malloc()
     tune_gc()
     warnings.formatwarning = _one_line
+    click.get_current_context().meta["l5dask.on-cache"] = _count_cache
+
+
+def _count_cache(ctx: click.Context) -> None:
+    """A command given ``--cache``: what the cache does is counted, said once it is done (:func:`_notes`)."""
+    from l5dask.core import cache as cachelib
+
+    ctx.meta["l5dask.cache-counts"] = (ctx, ctx.with_resource(cachelib.counting()))
+
+
+def cache_line(hits: int, misses: int) -> str:
+    """The line on stderr of what the cache did, for a run and a command given ``--cache`` (not with ``-q``)."""
+    return f"l5dask: cache: {hits:,} of {hits + misses:,} tasks read from the cache"
 
 
 _formatwarning = __import__("warnings").formatwarning
@@ -84,8 +97,13 @@ def _one_line(message, category, filename, lineno, line=None) -> str:  # type: i
 @main.result_callback()
 def _notes(result: object) -> object:
     """The lines a command left to say on stderr once it is done (``ctx.meta["l5dask.notes"]``)."""
-    for line in click.get_current_context().meta.get("l5dask.notes", ()):
+    meta = click.get_current_context().meta
+    for line in meta.get("l5dask.notes", ()):
         click.echo(line, err=True)
+    if "l5dask.cache-counts" in meta:  # (a command given --cache: said unless -q)
+        command, counts = meta["l5dask.cache-counts"]
+        if not command.params.get("quiet"):
+            click.echo(cache_line(counts.hits, counts.misses), err=True)
     return result
 
 
@@ -139,6 +157,8 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
         say=click.echo,
         fail=lambda line: click.echo(f"l5dask: failed: {line}", err=True),
     )
+    if rec.get("cache") and not quiet:
+        click.echo(cache_line(rec["cache"]["hits"], rec["cache"]["misses"]), err=True)
     failed = sum(a["status"] != "written" for a in rec["analyses"])
     if failed:
         click.echo(f"l5dask: {failed} of {len(rec['analyses'])} analyses failed", err=True)

@@ -241,3 +241,35 @@ def test_the_generators_count_is_num_scenes_and_the_old_spelling_still_works(com
         and both.stderr == ("l5dask: error: give -n/--num-scenes only (--scenes N is its old spelling)\n")
         and not (tmp_path / "both").exists()
     )
+
+
+def test_a_cached_command_and_run_say_what_the_cache_did(small_ds, tmp_path):
+    """A command given --cache, and a run with a cache, say on stderr how many tasks were read from
+    it (none the first time, all the second over unchanged data); -q says nothing."""
+    import re
+
+    def said(stderr: str) -> list[tuple[int, int]]:
+        return [
+            (int(h), int(t))
+            for h, t in re.findall(r"^l5dask: cache: (\d+) of (\d+) tasks read from the cache$", stderr, re.M)
+        ]
+
+    cache = tmp_path / "cache"
+    first = cli("stats", small_ds, "--cache", cache, "-o", tmp_path / "a.json")
+    second = cli("stats", small_ds, "--cache", cache, "-o", tmp_path / "b.json")
+    assert first.returncode == second.returncode == 0, first.stderr + second.stderr
+    ((h1, n1),) = said(first.stderr)
+    ((h2, n2),) = said(second.stderr)
+    assert (h1, h2) == (0, n2) and n1 == n2 > 0, (first.stderr, second.stderr)
+    quiet = cli("stats", small_ds, "--cache", cache, "-q", "-o", tmp_path / "c.json")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[cache]\nurl = "{tmp_path / "jobcache"}"\n[datasets]\nsmall = "{small_ds}"\n'
+        f'[analyses.r]\nkind = "report"\noutput = "{tmp_path}/r.json"\n'
+    )
+    runs = [cli("run", job) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    ((h1, n1),), ((h2, n2),) = (said(r.stderr) for r in runs)
+    assert h1 < n1 and h2 == n2 > 0, (runs[0].stderr, runs[1].stderr)  # (the run's scenes: read once, kept)
+    assert cli("run", job, "-q").stderr == ""

@@ -256,11 +256,20 @@ def scene_count(given: int, old: int | None) -> int:
     return old
 
 
+def _cache_given(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--cache``: what the cache does is counted for the command line to say once the command is
+    done (``ctx.meta["l5dask.on-cache"]``: set by the command line, ``l5dask.cli``)."""
+    if value is not None and "l5dask.on-cache" in ctx.meta:
+        ctx.meta["l5dask.on-cache"](ctx)
+    return value
+
+
 cache_option = click.option(
     *CONVENTION["cache"],
     "cache",
     metavar="DIR_OR_URL",
     default=None,
+    callback=_cache_given,
     help="a cache of partial results (a folder or a bucket's URL, with the -s options): what the pass "
     "computed before over the same stored chunks is read from it, the rest is kept there; default: dask "
     "config l5dask.cache (none)",
