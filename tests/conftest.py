@@ -60,6 +60,15 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.installed)
 
 
+def ctrl_c_reaches_it() -> None:
+    """A ``preexec_fn`` for a child process the test will send Ctrl-C (SIGINT): its default action
+    restored. A shell starts a background command with SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler: a suite run from ``.ci/run &`` saw its Ctrl-C'd children run to the end."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def require(available: bool, what: str) -> None:
     """Skip a test whose reference component is missing, but fail under CI (``CI=true``), where
     ``.ci/run`` installs it: a check that never runs must not look like one that passes."""

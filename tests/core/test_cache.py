@@ -28,6 +28,7 @@ from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.report import compute_report
 from l5dask.prediction.stats import AgentPart, FramePart, SceneSeries, TLPart
+from tests.conftest import ctrl_c_reaches_it
 
 #: Chunks small enough for many tasks (and scenes across them), the same in every dataset here.
 CHUNKS = {fmt.SCENES: 4, fmt.FRAMES: 300, fmt.AGENTS: 2_000, fmt.TL_FACES: 1_000}
@@ -473,7 +474,9 @@ def test_a_killed_run_computes_only_what_it_had_not_stored(dataset, tmp_path, si
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(KILLED))
     total = l5dask.open_dataset(dataset)["agents"].nchunks
-    proc = subprocess.Popen([sys.executable, str(script), dataset, cache, str(total)], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), dataset, cache, str(total)], stderr=subprocess.PIPE, preexec_fn=ctrl_c_reaches_it
+    )
     agents = lambda: [e for e in cachelib.Cache(cache).entries() if e["reduction"] == "agents-17"]  # noqa: E731
     deadline = time.time() + 120
     while len(agents()) < total // 3 and time.time() < deadline and proc.poll() is None:

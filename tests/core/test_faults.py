@@ -13,7 +13,7 @@ import pytest
 
 from l5dask.errors import StoreError
 from l5dask.prediction.report import compute_report, public
-from tests.conftest import free_port
+from tests.conftest import ctrl_c_reaches_it, free_port
 
 ERROR_503 = (
     b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
@@ -280,7 +280,9 @@ def test_a_store_that_stays_stalled_is_one_line_naming_the_object_and_nothing_is
     # cancelled (Ctrl-C) while a read is stalled: one line, no file, and the reads in flight stop
     proxy.stalled = 0
     env["DASK_L5DASK__READ_TIMEOUT"] = "3600"  # (the exit must not wait for it: communicate's guard)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=ctrl_c_reaches_it
+    )
     for _ in range(200):  # until the stalled read is under way
         if proxy.stalled:
             break
