@@ -913,3 +913,33 @@ def test_a_bad_key_is_said_at_its_own_line_for_every_kind(small_ds, tmp_path, ya
 
 def test_every_kind_has_its_bad_keys_tested():
     assert {f[0] for f in KEY_FAULTS} == set(jobfile.ANALYSES)
+
+
+def test_a_cached_rerun_of_a_restricted_analysis_reads_what_the_docs_say(small_ds, tmp_path):
+    """docs/jobs.md and docs/guide/caching.md: a rerun over unchanged data reads the metadata, the
+    cache's entries and each array's 16-byte header; an analysis restricted by ``scenes =`` reads
+    besides the scenes array and frames chunks (the chosen scenes' rows), no agents' or faces' chunk."""
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [cache]
+        url = "{tmp_path / "cache"}"
+        [datasets]
+        small = "{small_ds}"
+        [analyses.a]
+        kind = "aggregate"
+        values = {{ speed = "mean" }}
+        scenes = "scene_index >= 2"
+        output = "{tmp_path / "a.csv"}"
+        """,
+    )
+    first = run_job(job)
+    second = run_job(job)
+    assert first["status"] == second["status"] == "written"
+    assert second["cache"]["misses"] == 0 and second["cache"]["hits"] > 0, second["cache"]
+    folders = second["reads"]["by_folder"]
+    for array in ("agents", "traffic_light_faces"):
+        assert folders[array] == {"objects": 1, "bytes": 16}, folders
+    for array in ("frames", "scenes"):  # (read to restrict the dataset: what the docs say besides)
+        assert folders[array]["objects"] > 1 and folders[array]["bytes"] > 16, folders
+    assert set(folders) <= {"frames", "agents", "traffic_light_faces", "scenes", "l5dask-cache-v1"}, folders
