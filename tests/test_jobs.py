@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import l5dask
+from l5dask.core import cache as cachelib
 from l5dask.core import jobfile
 from l5dask.core.jobfile import JobError
 from l5dask.jobs import load_job, run_job
@@ -835,7 +836,7 @@ def test_the_nightly_job_twice_on_a_cluster_over_s3_reads_no_chunk_the_second_ti
     folders = second["reads"]["by_folder"]
     for array in ("frames", "agents", "traffic_light_faces", "scenes"):
         assert folders[array] == {"objects": 1, "bytes": 16}, folders
-    assert set(folders) == {"frames", "agents", "traffic_light_faces", "scenes", "l5dask-cache-v1"}, folders
+    assert set(folders) == {"frames", "agents", "traffic_light_faces", "scenes", cachelib.FOLDER}, folders
     assert second["inputs"] == first["inputs"]  # (the fingerprint, its scenes' digest from the cache)
     assert second["cache"]["hits"] > 0 and second["cache"]["misses"] == 0, second["cache"]
     for p, data in outputs.items():
@@ -942,4 +943,4 @@ def test_a_cached_rerun_of_a_restricted_analysis_reads_what_the_docs_say(small_d
         assert folders[array] == {"objects": 1, "bytes": 16}, folders
     for array in ("frames", "scenes"):  # (read to restrict the dataset: what the docs say besides)
         assert folders[array]["objects"] > 1 and folders[array]["bytes"] > 16, folders
-    assert set(folders) <= {"frames", "agents", "traffic_light_faces", "scenes", "l5dask-cache-v1"}, folders
+    assert set(folders) <= {"frames", "agents", "traffic_light_faces", "scenes", cachelib.FOLDER}, folders

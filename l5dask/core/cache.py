@@ -33,7 +33,7 @@ counted (:class:`Stats`), and its task computed again. A cache that cannot be wr
 warning, and the run goes on without it; a location l5dask cannot write at all is a
 :class:`~l5dask.errors.UsageError`.
 
-Layout: ``ROOT/l5dask-cache-v1/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
+Layout: ``ROOT/l5dask-cache-v2/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
 array: its ``source.json`` names it), so that a task's lookups are one listing a source.
 ``l5dask cache info|prune`` reads and trims it (``info``, ``prune``).
 """
@@ -65,7 +65,7 @@ from l5dask.core.version import __version__
 from l5dask.errors import StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.
-FORMAT = 1
+FORMAT = 2  # (2: a set of strings kept as one array)
 #: The folder of this format's entries under the cache's root.
 FOLDER = f"l5dask-cache-v{FORMAT}"
 MAGIC = b"L5DCACHE"
@@ -235,9 +235,16 @@ class _Encoder:
             if kinds <= {int} or kinds <= {str}:
                 items.sort()  # (the same bytes in every process: a set of strings iterates by their hashes)
             if kinds <= {int} and items and -(2**63) <= min(items) and max(items) < 2**63:
-                # (a set of numbers: one array. Not strings: numpy's "<U" drops their trailing NULs)
+                # (a set of numbers: one array)
                 arr = np.array(items, dtype=np.int64)
                 return {"t": "fs" if type(x) is frozenset else "se", "k": "i", "i": self.array(arr)["i"]}
+            if kinds <= {str} and items:
+                # (a set of strings: one "<U" array, when none ends with a NUL, which numpy drops: their
+                # lengths add up to the array's. 34,000 face ids: 8 ms to encode and 2.5 ms to decode,
+                # against 39 and 16 ms as a list in the manifest)
+                strings = np.array(items, dtype=str)
+                if sum(map(len, items)) == int(np.strings.str_len(strings).sum(dtype=np.int64)):
+                    return {"t": "fs" if type(x) is frozenset else "se", "k": "u", "i": self.array(strings)["i"]}
             return {"t": "fs" if type(x) is frozenset else "se", "v": [self(v) for v in items]}
         raise Unencodable(f"a {type(x).__module__}.{type(x).__qualname__}")
 
@@ -292,9 +299,13 @@ class _Decoder:
         if t == "di":
             return {self(k): self(v) for k, v in zip(x["k"], x["v"], strict=True)}
         if t in ("fs", "se"):
-            if "i" in x and x.get("k") != "i":  # (strings were kept in an array once: trailing NULs lost)
-                raise Damaged("a set kept in an array of another kind than integers")
-            items = self.array(x["i"]).tolist() if "i" in x else [self(v) for v in x["v"]]
+            if "i" in x:
+                arr = self.array(x["i"])
+                if (x.get("k"), arr.dtype.kind, arr.ndim) not in (("i", "i", 1), ("u", "U", 1)):
+                    raise Damaged("a set kept in an array of another kind than integers or strings")
+                items = arr.tolist()
+            else:
+                items = [self(v) for v in x["v"]]
             return frozenset(items) if t == "fs" else set(items)
         raise Damaged(f"an entry's manifest holds an unknown kind {t!r}")
 
