@@ -393,6 +393,43 @@ def test_after_growth_only_new_chunks_are_computed(dataset, tmp_path, monkeypatc
     assert agg_after.equals(fresh)  # the same tasks cached or not: the same bits
 
 
+def test_after_growth_the_frames_tasks_of_old_frames_are_read_from_the_cache(dataset, tmp_path, monkeypatch):
+    """The report's sample scenes (for its plots, computed by the frames tasks that hold them) stay
+    where they are as scenes are appended (spread over the first 2**k scenes): only the frames tasks
+    over changed frame chunks are computed again (they moved with the count, and the frames tasks
+    holding them were computed again)."""
+    from l5dask.prediction import stats
+    from l5dask.prediction.report import sample_scenes
+
+    cache = str(tmp_path / "cache")
+    before = l5dask.open_dataset(dataset)
+    compute_report(dataset, cache=cache, chunks_per_task=2)
+    extra = str(tmp_path / "extra.zarr")
+    l5dask.synthesize(extra, num_scenes=2, seed=78, chunk_rows=CHUNKS)
+    replaced = append_in_place(dataset, extra, str(tmp_path), monkeypatch)
+    frames = l5dask.open_dataset(dataset)["frames"]
+    first_changed = min(int(r.split("/")[1]) for r in replaced if r.startswith("frames/") and not r.endswith(".zarray"))
+    assert first_changed >= frames.nchunks - 3 and frames.nchunks >= 12  # (the end of many chunks changed)
+    computed: list[tuple[int, int]] = []
+    chunk = stats.FrameStats.chunk
+
+    def counted(frames, offset, *args, **kw):
+        computed.append((offset, offset + len(frames)))
+        return chunk(frames, offset, *args, **kw)
+
+    monkeypatch.setattr(stats.FrameStats, "chunk", counted)
+    report = compute_report(dataset, cache=cache, chunks_per_task=2)
+    monkeypatch.undo()
+    samples = np.unique(report["_plots"]["samples"]["scene"]).tolist()
+    assert samples == sample_scenes(before.counts()["scenes"]).tolist() == [0, 2, 4, 7]  # (12 scenes, then 14)
+    assert sample_scenes(16).tolist() == [0, 5, 10, 15] and sample_scenes(3).tolist() == [0, 1]
+    got = public(report)
+    # every frames block computed holds rows of a changed chunk (the others read from the cache)
+    lo = frames.meta.chunk_bounds(first_changed)[0]
+    assert computed and all(hi > lo for _, hi in computed), (computed, lo)
+    assert got == public(compute_report(dataset, chunks_per_task=2))  # bit for bit the uncached report
+
+
 def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, caplog):
     cache = str(tmp_path / "cache")
     want = public(compute_report(dataset, cache=cache))
