@@ -1,5 +1,6 @@
-"""Reading part of a stored chunk held to reading it whole: what the fuzz target and the property
-test of :func:`~l5dask.prediction.reading.read_chunk_rows` both check (``tests/fuzz/targets.py``,
+"""Reading part of a stored chunk held to reading it whole: what the fuzz targets and the property
+tests of :func:`~l5dask.prediction.reading.read_chunk_rows` and of the compressed gather from the
+blocks it reads (:class:`~l5dask.prediction.scenes.ViewChunk`) check (``tests/fuzz/targets.py``,
 ``tests/test_properties.py``)."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from l5dask.core.codec import check_blosc
 from l5dask.core.store import Store
 from l5dask.errors import L5DaskError
 from l5dask.prediction import format as fmt
+from l5dask.prediction.kernels import Gather
 from l5dask.prediction.reading import decode_chunk, read_chunk_rows
 
 
@@ -51,4 +53,85 @@ def partial_verdict(
             assert rows.dtype == meta.dtype and rows.shape == (hi - lo,), "rows of another dtype or length"
             if whole is not None:
                 assert rows.tobytes() == whole[lo - start : hi - start].tobytes(), "rows other than the whole chunk's"
+    return got, whole
+
+
+def plan_for(dtype: np.dtype, distinct: str | None = None) -> Gather:
+    """A gather of every number field of ``dtype`` (a field's first and last elements), the
+    argmax of its float32 vectors, and the distinct values of ``distinct``."""
+    elements, argmax = [], []
+    for name in fmt.names_of(dtype):
+        sub = fmt.fields_of(dtype)[name][0]
+        if sub.base.kind not in "biuf":
+            continue
+        if sub.shape:
+            elements += [(name, (0,) * len(sub.shape)), (name, tuple(k - 1 for k in sub.shape))]
+            if sub.base == np.dtype("<f4") and len(sub.shape) == 1 and sub.shape[0] <= 127:
+                argmax.append(name)
+        else:
+            elements.append((name, ()))
+    return Gather(dtype, elements, argmax, distinct)
+
+
+def partial_gather_verdict(
+    raw: bytes, meta: fmt.ArrayMeta, index: int, ranges: Sequence[tuple[int, int]], plan: Gather
+) -> tuple[tuple | None, np.ndarray | None]:
+    """``(gathered, whole)``: the columns ``plan`` gathers (numbers, argmaxes and their maxima,
+    distinct values and each row's code) from the blocks :func:`~l5dask.prediction.reading.read_chunk_part`
+    reads of ``ranges`` in stored chunk ``index`` (``raw``), one range after the other, as a
+    restricted dataset's pass gathers them (:class:`~l5dask.prediction.scenes.ViewChunk`), or
+    ``None`` where refused; and the whole chunk decoded, or ``None``. Asserts as
+    :func:`partial_verdict` does: a refusal in one line, a chunk the one rule refuses whole
+    refused, and where the whole chunk decodes, the columns of its rows sliced, gathered from
+    records (and the chunk's records too, bit for bit)."""
+    from l5dask.prediction.reading import read_chunk_part
+    from l5dask.prediction.scenes import ViewChunk, part_sources
+
+    n = sum(hi - lo for lo, hi in ranges)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, meta.key(index))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(raw)
+        found: list[np.ndarray] = []
+        values: list[np.ndarray] = []
+        codes: list[np.ndarray] = []
+        try:
+            part = read_chunk_part(Store(tmp), meta, index, ranges)
+            entries, at = [], 0
+            for (lo, hi), (src, row) in zip(ranges, part_sources(part, meta, index, ranges)):
+                entries.append((src, row, hi - lo, at, 0))
+                at += hi - lo
+            chunk = ViewChunk(meta.dtype, n, entries, {})
+            outs, maxes = chunk.gather(plan.elements, plan.argmax, plan.distinct, found, values, codes)
+            records = ViewChunk(meta.dtype, n, entries, {}).records()
+            got: tuple | None = (outs, maxes, values, found, codes, records)
+        except L5DaskError as exc:
+            assert "\n" not in str(exc), f"a refusal of more than one line: {exc}"
+            got = None
+    try:
+        whole = decode_chunk(raw, meta, True, str(index))
+    except L5DaskError:
+        whole = None
+    why = check_blosc(raw, meta.chunk_nbytes, meta.typesize)
+    assert why is None or got is None, f"columns gathered from a chunk the one rule refuses whole: {why}"
+    if got is not None and whole is not None:
+        start = meta.chunk_bounds(index)[0]
+        want = np.concatenate([whole[lo - start : hi - start] for lo, hi in ranges]) if ranges else whole[:0]
+        outs, maxes, values, found, codes, records = got
+        assert records.tobytes() == want.tobytes(), "records other than the whole chunk's"
+        w_found: list[np.ndarray] = []
+        w_outs, w_maxes = plan.outputs(n)
+        w_values = plan.value_outputs(n)
+        plan.records(want, w_outs, w_maxes, 0, w_found if plan.distinct else None, w_values)
+        for a, b in zip([*outs, *maxes, *values], [*w_outs, *w_maxes, *w_values]):
+            assert a.tobytes() == b.tobytes(), "columns other than those of the whole chunk's rows"
+        if plan.distinct is not None:
+            width = meta.dtype[plan.distinct].itemsize
+            as_bytes = lambda a: np.ascontiguousarray(a).view(np.uint8).reshape(-1, width)  # noqa: E731
+            seen = np.concatenate([as_bytes(v) for v in found]) if found else np.zeros((0, width), np.uint8)
+            rows = as_bytes(want[plan.distinct])
+            assert len(codes) == 1 and len(codes[0]) == n
+            assert np.array_equal(seen[codes[0]], rows), "a row's code is not its value"
+            assert {bytes(r) for r in seen} == {bytes(r) for r in rows}, "distinct values other than the rows'"
     return got, whole

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from numcodecs import Blosc
 
-from l5dask.core.codec import typesize_of
+from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import evaluate_where
@@ -23,7 +23,7 @@ from l5dask.prediction.reading import Encoded
 
 from . import strategies as s
 from .gather_reference import gather_verdict
-from .partial_reference import partial_verdict
+from .partial_reference import partial_gather_verdict, partial_verdict, plan_for
 
 SETTINGS = settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -114,6 +114,89 @@ def test_reading_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, ch
         assert got is not None and whole is not None
         for (lo, hi), part in zip(ranges, got):
             assert part.tobytes() == want[lo - start : hi - start].tobytes() == rec[lo - start : hi - start].tobytes()
+
+
+@SETTINGS
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_the_compressed_gather_of_row_ranges_is_their_rows_gathered_decoded(data, dtype, chunk_rows, params):
+    """``Gather.blosc_ranges``: any sorted, disjoint ranges of a chunk's rows, each to any place
+    of the outputs, with the distinct values and each row's code: status 0 only where numcodecs
+    decodes the chunk, and then the numbers of those rows gathered from its records; -1 only where
+    numcodecs refuses it (every block is decompressed, those holding no wanted row too)."""
+    rec = data.draw(s.records(dtype, chunk_rows))
+    clean = Blosc(**params).encode(rec)
+    raw = data.draw(s.damaged(clean))
+    cuts = sorted(data.draw(st.lists(st.integers(0, chunk_rows), max_size=8, unique=True)))
+    ranges = list(zip(cuts[::2], cuts[1::2]))
+    dst, end = [], 0
+    for lo, hi in ranges:  # (each range's rows anywhere after the one before's)
+        end += data.draw(st.integers(0, 3))
+        dst.append(end)
+        end += hi - lo
+    plan = plan_for(dtype, data.draw(st.sampled_from([None, *dtype.names])))
+    outs, maxes = plan.outputs(end)
+    vals, codes, found = plan.value_outputs(end), np.full(end, -1, np.int32), []
+    lo, hi = (np.array([r[k] for r in ranges], np.int64) for k in (0, 1))
+    status, _ = plan.blosc_ranges(
+        raw, chunk_rows, lo, hi, np.array(dst, np.int64), outs, maxes, np.empty(0, np.uint8), found, vals, codes
+    )
+    event(f"status {status}")
+    if check_blosc(raw, chunk_rows * dtype.itemsize, typesize_of(dtype.itemsize)) is not None:
+        return  # (numcodecs reads past the end of such chunks: the one rule refuses them first)
+    ref = np.empty(chunk_rows, dtype)
+    try:
+        decode_blosc(raw, ref)
+    except (RuntimeError, ValueError):
+        ref = None
+    assert (status == 0) <= (ref is not None) and (status == -1) <= (ref is None)
+    if raw == clean:
+        assert status in (0, 1)
+    if status != 0 or ref is None:
+        return
+    for (a, b), at in zip(ranges, dst):
+        want, wmax = plan.outputs(b - a)
+        wvals, wfound = plan.value_outputs(b - a), []
+        plan.records(ref[a:b], want, wmax, 0, wfound if plan.distinct else None, wvals)
+        for got, exp in zip([*outs, *maxes, *vals], [*want, *wmax, *wvals]):
+            assert got[at : at + b - a].tobytes() == exp.tobytes()
+        if plan.distinct is not None:
+            width = dtype[plan.distinct].itemsize
+            seen = np.ascontiguousarray(found[0]).view(np.uint8).reshape(-1, width)
+            rows = np.ascontiguousarray(ref[a:b][plan.distinct]).view(np.uint8).reshape(-1, width)
+            assert np.array_equal(seen[codes[at : at + b - a]], rows)
+            assert len(found) == 1 and len({bytes(r) for r in seen}) == len(seen)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_gathering_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, chunk_rows, params):
+    """The compressed gather from the blosc blocks ``read_chunk_part`` reads (a restricted
+    dataset's pass: :class:`~l5dask.prediction.scenes.ViewChunk`) of any sorted row ranges, in a
+    chunk of any records, codec, shuffle and block size, short or not, first or not: the numbers,
+    argmaxes, maxima, distinct values and codes that the same gather makes of the whole chunk's
+    rows decoded by numcodecs, sliced. Damaged: refused in one line, or those of the whole chunk
+    where it decodes (``tests/partial_reference.py``)."""
+    tail = data.draw(st.booleans())
+    rows = chunk_rows if tail else data.draw(st.integers(1, chunk_rows))
+    index = data.draw(st.integers(0, 2))
+    rec = data.draw(s.records(dtype, chunk_rows))
+    rec[rows:] = np.zeros(1, dtype)
+    clean = Blosc(**params).encode(rec)
+    raw = data.draw(s.damaged(clean))
+    if tail:
+        cuts = [rows - data.draw(st.integers(1, min(rows, 40))), rows]
+    else:
+        cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=2, max_size=6, unique=True)))
+    start = index * chunk_rows
+    ranges = [(start + a, start + b) for a, b in zip(cuts[::2], cuts[1::2])]
+    meta = fmt.ArrayMeta("t", dtype, start + rows, chunk_rows)
+    plan = plan_for(dtype, data.draw(st.sampled_from([None, *dtype.names])))
+    got, whole = partial_gather_verdict(raw, meta, index, ranges, plan)
+    event(f"{'clean' if raw == clean else 'damaged'}: {'read' if got is not None else 'refused'}")
+    if raw == clean:
+        assert got is not None and whole is not None
+        want = np.concatenate([rec[lo - start : hi - start] for lo, hi in ranges])
+        assert got[-1].tobytes() == want.tobytes()
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -285,28 +285,35 @@ static void l5_gather_records(const uint8_t* buf, ptrdiff_t rows, ptrdiff_t stri
     }
 }
 
-/* The columns of the first `rows` records of one chunk of `chunk_rows` records of `itemsize`
-   bytes, compressed in `src` (`srclen` bytes), into rows row0.. of the outputs, and (`found`, if
-   not NULL: l5_found_init'ed for `rows` rows in blocks of at most tmpsize / itemsize) the
-   distinct values of a field of those rows. `tmp` holds `tmpsize` bytes (a block: see
-   l5_blosc_blocksize). */
-static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows, int64_t rows,
-                           int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c, l5_found* found) {
+/* The columns of the rows [lo[r], hi[r]) (r < nranges: sorted, disjoint, within the chunk) of one
+   chunk of `chunk_rows` records of `itemsize` bytes, compressed in `src` (`srclen` bytes), into
+   rows dst[r].. of the outputs, and (`found`, if not NULL: l5_found_init'ed for as many rows, in
+   blocks of at most tmpsize / itemsize) the distinct values of a field of those rows, with each
+   row's code at its output row. Every block is decompressed and checked, those that hold none of
+   the rows too (a chunk c-blosc refuses is refused whatever rows are asked for); `tmp` holds
+   `tmpsize` bytes (a block: see l5_blosc_blocksize). Rows [0, rows) into rows row0..: one range. */
+static int l5_blosc_gather_ranges(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows,
+                                  int64_t nranges, const int64_t* lo, const int64_t* hi, const int64_t* dst,
+                                  uint8_t* tmp, int64_t tmpsize, const l5_columns* c, l5_found* found) {
     if (srclen < 16) return -1;
     int version = src[0], flags = src[2], typesize = src[3];
     int64_t nbytes = (int32_t)l5_rd32(src + 4), blocksize = (int32_t)l5_rd32(src + 8);
     int64_t cbytes = (int32_t)l5_rd32(src + 12);
     if (version != 2 || (flags & 0x08)) return 1;  /* another format version, flags from the future */
     if (cbytes > srclen || cbytes < 16) return -1;
-    if (nbytes != chunk_rows * itemsize || rows > chunk_rows) return 1;
+    if (nbytes != chunk_rows * itemsize) return 1;
+    for (int64_t r = 0; r < nranges; r++)  /* (the caller's promise, kept here too) */
+        if (lo[r] < (r ? hi[r - 1] : 0) || hi[r] < lo[r] || hi[r] > chunk_rows || dst[r] < 0) return 1;
     if (nbytes == 0) return 0;
     /* c-blosc's checks before any block (blosc_run_decompression_with_context): a chunk it refuses
        is refused here too, so that both readers agree on every chunk */
     if (typesize == 0 || blocksize <= 0 || blocksize > nbytes || blocksize > L5_BLOSC_MAX_BLOCKSIZE) return -1;
     if (flags & 0x02) {  /* stored (memcpyed): the records themselves, after the header */
         if (cbytes != nbytes + 16) return -1;
-        l5_gather_records(src + 16, rows, itemsize, row0, c);
-        if (found) l5_found_records(found, src + 16, rows, itemsize, row0);
+        for (int64_t r = 0; r < nranges; r++) {
+            l5_gather_records(src + 16 + lo[r] * itemsize, hi[r] - lo[r], itemsize, dst[r], c);
+            if (found) l5_found_records(found, src + 16 + lo[r] * itemsize, hi[r] - lo[r], itemsize, dst[r]);
+        }
         return 0;
     }
     if (((flags & 0xe0) >> 5) != 1) return 1;  /* not LZ4 */
@@ -320,39 +327,43 @@ static int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize,
     nblocks += leftover > 0;
     if (nblocks > (cbytes - 16) / 4) return -1;
     int dont_split = (flags & 0x10) >> 4;
+    int64_t r = 0;  /* the first range that may still hold rows of this block or the next */
     for (int64_t b = 0; b < nblocks; b++) {
         int last = b == nblocks - 1 && leftover > 0;
         int64_t bsize = last ? leftover : blocksize;
         int64_t first = b * (blocksize / itemsize), ne = bsize / itemsize;
-        /* padding rows past the array's end are decompressed too (not gathered): a corrupt
-           padding block is refused here as c-blosc refuses it */
-        int64_t want = first >= rows ? 0 : (rows - first < ne ? rows - first : ne);
+        /* padding rows past the array's end, and rows not asked for, are decompressed too (not
+           gathered): a corrupt block is refused here as c-blosc refuses it */
         int64_t nsplits = (!dont_split && typesize <= 16 && bsize / typesize >= 128 && !last) ? typesize : 1;
         int64_t neblock = bsize / nsplits, off = (int32_t)l5_rd32(src + 16 + 4 * b);
         if (neblock * nsplits != bsize) return 1;
-        uint8_t* dst = tmp;
+        uint8_t* out = tmp;
         for (int64_t j = 0; j < nsplits; j++) {
             if (off < 0 || off > cbytes - 4) return -1;
             int64_t cb = (int32_t)l5_rd32(src + off);
             off += 4;
             if (cb < 0 || cb > cbytes - off) return -1;
             if (cb == neblock) {
-                memcpy(dst, src + off, (size_t)neblock);
-            } else if (LZ4_decompress_safe((const char*)src + off, (char*)dst, (int)cb, (int)neblock) != neblock) {
+                memcpy(out, src + off, (size_t)neblock);
+            } else if (LZ4_decompress_safe((const char*)src + off, (char*)out, (int)cb, (int)neblock) != neblock) {
                 return -1;
             }
             off += cb;
-            dst += neblock;
+            out += neblock;
         }
-        if (want == 0)
-            continue;
-        if (doshuffle) {
-            l5_gather_streams(tmp, ne, want, row0 + first, c);
-            if (found) l5_found_streams(found, tmp, ne, want, row0 + first);
-        } else {
-            l5_gather_records(tmp, want, itemsize, row0 + first, c);
-            if (found) l5_found_records(found, tmp, want, itemsize, row0 + first);
+        for (int64_t q = r; q < nranges && lo[q] < first + ne; q++) {
+            int64_t a = lo[q] > first ? lo[q] : first, z = hi[q] < first + ne ? hi[q] : first + ne;
+            if (z <= a) continue;
+            int64_t k = a - first, at = dst[q] + (a - lo[q]);
+            if (doshuffle) {  /* (the streams of rows k.. start k bytes into each stream) */
+                l5_gather_streams(tmp + k, ne, z - a, at, c);
+                if (found) l5_found_streams(found, tmp + k, ne, z - a, at);
+            } else {
+                l5_gather_records(tmp + k * itemsize, z - a, itemsize, at, c);
+                if (found) l5_found_records(found, tmp + k * itemsize, z - a, itemsize, at);
+            }
         }
+        while (r < nranges && hi[r] <= first + ne) r++;
     }
     return 0;
 }

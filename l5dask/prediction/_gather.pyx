@@ -47,9 +47,9 @@ cdef extern from "_blosc.h":
     int l5_found_init(l5_found* f, int64_t rows, int64_t block_rows) noexcept nogil
     void l5_found_free(l5_found* f) noexcept nogil
     int l5_found_add(l5_found* f, const uint8_t* v) noexcept nogil
-    int l5_blosc_gather(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows, int64_t rows,
-                        int64_t row0, uint8_t* tmp, int64_t tmpsize, const l5_columns* c,
-                        l5_found* found) noexcept nogil
+    int l5_blosc_gather_ranges(const uint8_t* src, int64_t srclen, int64_t itemsize, int64_t chunk_rows,
+                               int64_t nranges, const int64_t* lo, const int64_t* hi, const int64_t* dst,
+                               uint8_t* tmp, int64_t tmpsize, const l5_columns* c, l5_found* found) noexcept nogil
     int64_t l5_blosc_blocksize(const uint8_t* src, int64_t srclen) noexcept nogil
 
 
@@ -138,41 +138,51 @@ def blosc_blocksize(const uint8_t[::1] raw):
     return l5_blosc_blocksize(&raw[0], raw.shape[0]) if raw.shape[0] else 0
 
 
-def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_rows, Py_ssize_t rows,
-                 Py_ssize_t row0, uint8_t[::1] scratch, const int64_t[::1] offsets, const int64_t[::1] sizes,
-                 const int64_t[::1] dests, const int64_t[::1] argmax_offsets, const int64_t[::1] argmax_ncols,
-                 const int64_t[::1] argmax_dests, Py_ssize_t distinct_offset=0, Py_ssize_t distinct_width=0,
-                 uint8_t[::1] found=None, const int64_t[::1] argmax_values=None, int32_t[::1] codes=None):
-    """As :func:`gather_fields` for the first ``rows`` records of one blosc-compressed chunk of
-    ``chunk_rows`` records, into rows ``row0 ..`` of the outputs, straight from the compressed
-    bytes (``_blosc.h``; ``scratch``: a block), and (``distinct_width`` > 0) the distinct values
-    of the field of that many bytes at ``distinct_offset`` of those rows into ``found`` (room for
-    ``rows`` of them; ``_distinct.h``), and with ``codes`` (room for ``row0 + rows``), each row's
-    value's index among them. ``(status, values found)``; status 0: done; 1: not a chunk
-    of this kind; -1: corrupt (then nothing is promised of the outputs: the caller decodes the
-    chunk with numcodecs)."""
+def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_rows, const int64_t[::1] lo,
+                 const int64_t[::1] hi, const int64_t[::1] dst, uint8_t[::1] scratch, const int64_t[::1] offsets,
+                 const int64_t[::1] sizes, const int64_t[::1] dests, const int64_t[::1] argmax_offsets,
+                 const int64_t[::1] argmax_ncols, const int64_t[::1] argmax_dests, Py_ssize_t distinct_offset=0,
+                 Py_ssize_t distinct_width=0, uint8_t[::1] found=None, const int64_t[::1] argmax_values=None,
+                 int32_t[::1] codes=None):
+    """As :func:`gather_fields` for the rows ``[lo[r], hi[r])`` (sorted, disjoint) of one
+    blosc-compressed chunk of ``chunk_rows`` records, into rows ``dst[r] ..`` of the outputs,
+    straight from the compressed bytes (``_blosc.h``; ``scratch``: a block), and
+    (``distinct_width`` > 0) the distinct values of the field of that many bytes at
+    ``distinct_offset`` of those rows into ``found`` (room for a value a row; ``_distinct.h``),
+    and with ``codes`` (room for every output row), each row's value's index among them.
+    ``(status, values found)``; status 0: done; 1: not a chunk of this kind; -1: corrupt (then
+    nothing is promised of the outputs: the caller decodes the chunk with numcodecs)."""
     cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests, argmax_values)
     cdef l5_found f
     cdef l5_found* fp = NULL
     cdef int status
+    cdef Py_ssize_t r, rows = 0, end = 0, n = lo.shape[0]
+    if hi.shape[0] != n or dst.shape[0] != n:
+        raise ValueError("gather_blosc: a start, an end and an output row per range expected")
+    for r in range(n):
+        if lo[r] < (hi[r - 1] if r else 0) or hi[r] < lo[r] or hi[r] > chunk_rows or dst[r] < 0:
+            raise ValueError("gather_blosc: sorted, disjoint ranges of rows within the chunk expected")
+        rows += hi[r] - lo[r]
+        end = max(end, dst[r] + hi[r] - lo[r])
     if raw.shape[0] == 0:
         return -1, 0
     if distinct_width > 0:
         if distinct_offset < 0 or distinct_offset + distinct_width > itemsize or found is None or \
-                found.shape[0] < rows * distinct_width or rows < 0:
+                found.shape[0] < rows * distinct_width:
             raise ValueError("gather_blosc: a field within the record, and room for a value per row, expected")
         memset(&f, 0, sizeof(f))
         f.off, f.width, f.out = distinct_offset, distinct_width, &found[0] if found.shape[0] else NULL
         if codes is not None:
-            if codes.shape[0] < row0 + rows:
+            if codes.shape[0] < end:
                 raise ValueError("gather_blosc: room for a code per row expected")
-            f.codes = &codes[0]
+            f.codes = &codes[0] if codes.shape[0] else NULL
         if l5_found_init(&f, rows, scratch.shape[0] // itemsize if itemsize > 0 else 0) != 0:
             raise MemoryError()
         fp = &f
     with nogil:
-        status = l5_blosc_gather(&raw[0], raw.shape[0], itemsize, chunk_rows, rows, row0,
-                                 &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], &c, fp)
+        status = l5_blosc_gather_ranges(&raw[0], raw.shape[0], itemsize, chunk_rows, n,
+                                        &lo[0] if n else NULL, &hi[0] if n else NULL, &dst[0] if n else NULL,
+                                        &scratch[0] if scratch.shape[0] else NULL, scratch.shape[0], &c, fp)
     if fp != NULL:
         l5_found_free(fp)
         return status, f.n

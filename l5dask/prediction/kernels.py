@@ -543,6 +543,29 @@ class Gather:
     ) -> tuple[int, np.ndarray]:
         """As :meth:`blosc`, with the compiled reader's status: 0 done, 1 a chunk of another kind,
         -1 corrupt (one c-blosc refuses too: ``tests/test_properties.py``)."""
+        if row0 < 0 or not 0 <= rows <= chunk_rows:
+            raise ValueError("gather: rows of the chunk out of range")
+        one = np.array([0], np.int64), np.array([rows], np.int64), np.array([row0], np.int64)
+        return self.blosc_ranges(raw, chunk_rows, *one, outs, maxes, scratch, found, values, codes)
+
+    def blosc_ranges(
+        self,
+        raw,
+        chunk_rows: int,
+        lo: np.ndarray,
+        hi: np.ndarray,
+        dst: np.ndarray,
+        outs: list[np.ndarray],
+        maxes: list[np.ndarray],
+        scratch: np.ndarray,
+        found: list[np.ndarray] | None = None,
+        values: list[np.ndarray] | None = None,
+        codes: np.ndarray | None = None,
+    ) -> tuple[int, np.ndarray]:
+        """As :meth:`blosc_status` for the rows ``[lo[i], hi[i])`` (int64: sorted, disjoint,
+        within the chunk) of one chunk, into rows ``dst[i] ..`` of the outputs (and ``codes``), the
+        distinct values of all of them appended to ``found`` as one array: the blocks that hold
+        none of them are decompressed and checked too, not gathered. ``(status, scratch)``."""
         if self.distinct is not None:
             self._found(found)
         if not self.native or sys.byteorder != "little":
@@ -553,17 +576,20 @@ class Gather:
             return 1, scratch
         if size > len(scratch):
             scratch = np.empty(size, np.uint8)
-        if row0 < 0 or not 0 <= rows <= chunk_rows:
+        n = hi - lo
+        if len(lo) and (lo[0] < 0 or n.min() < 0 or hi[-1] > chunk_rows or dst.min() < 0 or np.any(lo[1:] < hi[:-1])):
             raise ValueError("gather: rows of the chunk out of range")
-        dests, adests = self._addresses(outs, maxes, row0 + rows)
+        rows, end = int(n.sum()), int((dst + n).max()) if len(lo) else 0
+        dests, adests = self._addresses(outs, maxes, end)
         width = self.distinct_dtype.itemsize if self.distinct_dtype is not None else 0
         seen = np.empty(rows * width, np.uint8) if width else None
         status, nfound = _gather_blosc(
             buf,
             self.dtype.itemsize,
             chunk_rows,
-            rows,
-            row0,
+            lo,
+            hi,
+            dst,
             scratch,
             self.offsets,
             self.sizes,
@@ -574,7 +600,7 @@ class Gather:
             self.distinct_offset,
             width,
             seen,
-            self._value_addresses(values, 0, row0 + rows),
+            self._value_addresses(values, 0, end),
             codes if width else None,
         )
         dt = self.distinct_dtype

@@ -9,7 +9,7 @@ one array share a single decode per chunk in a computation.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from dask.base import tokenize
@@ -107,16 +107,49 @@ def _guessed_range(layout: tuple[int, float], nbytes: int, first: int, last: int
     return max(0, int(a)), int(b) + 1
 
 
+class ChunkPart(NamedTuple):
+    """What :func:`read_chunk_part` read of a stored chunk for some ranges of its rows: a blosc
+    chunk (``raw``, of ``nbytes`` decoded bytes: the blocks that hold the rows, or the whole
+    chunk) and where each range's first row is among its decoded bytes (``at``); or, for a chunk
+    stored without compression, the rows themselves (``rows``, ``raw`` ``None``)."""
+
+    raw: bytes | bytearray | None
+    nbytes: int
+    at: list[int]
+    rows: list[np.ndarray] | None = None
+
+    def decode(self, meta: fmt.ArrayMeta, index: int, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+        """The rows of each range: ``raw`` decoded by numcodecs once it passes the one rule
+        (:func:`~l5dask.core.codec.check_blosc`); ``ChunkError`` naming the chunk otherwise."""
+        if self.rows is not None:
+            return self.rows
+        out = np.empty(self.nbytes, np.uint8)
+        try:
+            decode_blosc(self.raw, out, meta.typesize)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise ChunkError(chunk_fault(meta, str(index), str(exc))) from None
+        item = meta.dtype.itemsize
+        return [out[a : a + (hi - lo) * item].view(meta.dtype) for a, (lo, hi) in zip(self.at, ranges)]
+
+
 def read_chunk_rows(
     store: Store, meta: fmt.ArrayMeta, index: int, ranges: Sequence[tuple[int, int]]
 ) -> list[np.ndarray]:
     """The rows ``[lo, hi)`` of each of ``ranges`` (sorted, within stored chunk ``index``; row
-    numbers of the array), reading only the blosc blocks that hold them: the chunk's header and
-    block starts, then the bytes of those blocks (a ranged read per run of them). The blocks are
-    made into a blosc chunk of their own (the header's sizes and the block starts rebased, the
-    blocks' bytes as stored), which passes the one rule (:func:`~l5dask.core.codec.check_blosc`)
-    and is decoded by numcodecs, as any chunk. A chunk stored without compression (blosc's
-    memcpyed flag) is read at those rows' bytes. The chunk's last byte is read too, at once with
+    numbers of the array), reading only the blosc blocks that hold them
+    (:func:`read_chunk_part`), decoded by numcodecs."""
+    return read_chunk_part(store, meta, index, ranges).decode(meta, index, ranges)
+
+
+def read_chunk_part(store: Store, meta: fmt.ArrayMeta, index: int, ranges: Sequence[tuple[int, int]]) -> ChunkPart:
+    """The blosc blocks that hold the rows ``[lo, hi)`` of each of ``ranges`` (sorted, within
+    stored chunk ``index``; row numbers of the array), read alone: the chunk's header and block
+    starts, then the bytes of those blocks (a ranged read per run of them). The blocks are made
+    into a blosc chunk of their own (the header's sizes and the block starts rebased, the blocks'
+    bytes as stored), which passes the one rule (:func:`~l5dask.core.codec.check_blosc`) and is
+    decoded by numcodecs (:meth:`ChunkPart.decode`), or gathered from by the compressed gather,
+    as any chunk. A chunk stored without compression (blosc's memcpyed flag) is read at those
+    rows' bytes. The chunk's last byte is read too, at once with
     the blocks: a chunk cut short is refused, as reading it whole refuses it, even where the rows'
     blocks are before the cut (on an object store, not where the guessed GETs brought every block:
     a GET for it alone would be one more round trip).
@@ -196,7 +229,7 @@ def read_chunk_rows(
             if len(raw) != b - a:
                 raise ChunkError(chunk_fault(meta, str(index), f"holds {a + len(raw)} bytes, too few"))
             found.append(np.frombuffer(raw, meta.dtype).copy())
-        return found
+        return ChunkPart(None, 0, [], found)
     if store.remote and 0 < blocksize <= nbytes and cbytes > 0:
         _LAYOUTS[learned] = (blocksize, cbytes / nbytes)
     nblocks = -(-nbytes // blocksize)
@@ -219,8 +252,8 @@ def read_chunk_rows(
     if wanted[-1] == nblocks - 1 and nbytes % blocksize and len(wanted) == 1:
         # (the last, short block alone: blosc splits it otherwise than a whole one)
         raw = have(0, cbytes)
-        whole = decode_chunk(bytes(raw) if raw is not None else store.get(key, what=what), meta, True, str(index))
-        return [whole[lo - start : hi - start] for lo, hi in ranges]
+        raw = bytes(raw) if raw is not None else store.get(key, what=what)
+        return ChunkPart(raw, nbytes, [(lo - start) * item for lo, _ in ranges])
     ordered = sorted_unique(np.r_[starts, cbytes])
     ends = ordered[np.searchsorted(ordered, starts[wanted], "right")]
     # the byte ranges to read: the wanted blocks' bytes, those that touch merged
@@ -251,18 +284,11 @@ def read_chunk_rows(
     np.frombuffer(chunk, "<i4", n, MAX_OVERHEAD)[:] = starts[wanted] - span_starts[k] + np.asarray(at, np.int64)[k]
     for (a, b), data, p in zip(spans, pieces, at):
         chunk[p : p + b - a] = data
-    out = np.empty(size, np.uint8)
-    try:
-        decode_blosc(chunk, out, ts)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise ChunkError(chunk_fault(meta, str(index), str(exc))) from None
-    rows = []
-    for lo, hi in ranges:
-        b_lo, b_hi = (lo - start) * item, (hi - start) * item
-        j = int(np.searchsorted(wanted, b_lo // blocksize))
-        off = j * blocksize + b_lo % blocksize
-        rows.append(out[off : off + b_hi - b_lo].view(meta.dtype))
-    return rows
+    offsets = []
+    for lo, _ in ranges:
+        b_lo = (lo - start) * item
+        offsets.append(int(np.searchsorted(wanted, b_lo // blocksize)) * blocksize + b_lo % blocksize)
+    return ChunkPart(chunk, size, offsets)
 
 
 def _check_end(meta: fmt.ArrayMeta, index: int, cbytes: int, last: Any) -> None:

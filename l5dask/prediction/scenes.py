@@ -29,12 +29,23 @@ from typing import Any
 import numpy as np
 from dask.base import tokenize
 
+from l5dask.core.codec import check_blosc, decode_blosc
 from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import filesystem
-from l5dask.errors import IntervalError, UsageError
+from l5dask.errors import ChunkError, IntervalError, UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.reading import L5Array, project, read_chunk_rows, sorted_unique
+from l5dask.prediction.kernels import Gather
+from l5dask.prediction.reading import (
+    ChunkPart,
+    L5Array,
+    chunk_fault,
+    iter_stored,
+    project,
+    read_chunk_part,
+    read_chunk_rows,
+    sorted_unique,
+)
 from l5dask.prediction.where import evaluate_where, names_in, where_columns
 
 #: Rows per chunk of a restricted dataset's arrays: those L5Kit writes a subset with (its
@@ -136,87 +147,153 @@ class SceneView(L5Array):
         return out
 
     # reading --------------------------------------------------------------------------------
-    def _stream(self, a: int, b: int, step: int = 0, fresh: bool = False) -> Iterator[tuple[int, np.ndarray]]:
-        """``(start, records)`` of rows ``[a, b)`` cut at multiples of ``step`` (0: not cut): the stored chunks
-        they come from read in order, each once; one buffer reused (a new one each if ``fresh``)."""
-        if b <= a:
-            return
+    def _walk(self, a: int, b: int, step: int, items: Any, put: Any) -> Iterator[tuple[int, int]]:
+        """Rows ``[a, b)`` cut at multiples of ``step`` (0: not cut), from the stored chunks they
+        come from, in order (``items(chunks, blo, bhi)``: ``(first base row, rows, payload)`` of
+        each stored chunk or part of one read, each once): ``put(payload, row, n, at, piece)`` of
+        each run of ``n`` rows from the payload's ``row`` on, going to row ``at`` of the view's
+        chunk being made, from piece ``piece``; ``(start, stop)`` yielded once a chunk is made."""
         p0 = int(np.searchsorted(self.out, a, "right")) - 1
         p1 = int(np.searchsorted(self.out, b, "left"))
         # the base rows of each piece within [a, b)
         blo = self.lo[p0:p1] + np.maximum(0, a - self.out[p0:p1])
         bhi = self.hi[p0:p1] - np.maximum(0, self.out[p0 + 1 : p1 + 1] - b)
-        vat = self.out[p0:p1] + (blo - self.lo[p0:p1])
+        vat = (self.out[p0:p1] + (blo - self.lo[p0:p1])).tolist()
         base_rows = self.base.meta.chunk_rows
         chunks = sorted_unique(
             np.concatenate([np.arange(x // base_rows, (y - 1) // base_rows + 1) for x, y in zip(blo, bhi)])
         )
         if not step:
             step = b
-        buf: np.ndarray | None = None
         cstart, cend = a, min(b, (a // step + 1) * step)
         seg = 0
-        for bstart, recs in self._base_rows(chunks, blo, bhi):
-            bstop = bstart + len(recs)
-            if buf is None:
-                buf = np.empty(min(step, b - a), recs.dtype)
-            while seg < len(blo) and blo[seg] < bstop:
-                x, y = max(int(blo[seg]), bstart), min(int(bhi[seg]), bstop)
+        los, his = blo.tolist(), bhi.tolist()
+        for bstart, length, payload in items(chunks, blo, bhi):
+            bstop = bstart + length
+            while seg < len(los) and los[seg] < bstop:
+                x, y = max(los[seg], bstart), min(his[seg], bstop)
                 while x < y:
-                    v = int(vat[seg]) + x - int(blo[seg])
+                    v = vat[seg] + x - los[seg]
                     take = min(y - x, cend - v)
-                    at = v - cstart
-                    out = buf[at : at + take]
-                    out.view(np.uint8)[:] = recs[x - bstart : x - bstart + take].view(np.uint8)
-                    for f, s in self.shifts.items():
-                        if s[p0 + seg]:
-                            out[f] += s[p0 + seg]
+                    put(payload, x - bstart, take, v - cstart, p0 + seg)
                     x += take
                     if v + take == cend:
-                        yield cstart, buf[: cend - cstart]
-                        if fresh and b > cend:
-                            buf = np.empty(min(step, b - cend), recs.dtype)
+                        yield cstart, cend
                         cstart, cend = cend, min(b, cend + step)
-                if bhi[seg] <= bstop:
+                if his[seg] <= bstop:
                     seg += 1
                 else:
                     break
 
-    def _base_rows(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
-        """``(start, records)`` of the stored ``chunks`` (sorted) of the base, in order: runs of chunks
-        wanted (nearly) whole read together, ahead (:meth:`L5Array.iter_chunks`); of the others
-        only the blosc blocks holding the wanted rows ``[blo[i], bhi[i])`` (:func:`~l5dask.prediction.reading.read_chunk_rows`)."""
-        base = self.base
-        rows = base.meta.chunk_rows
-        partial = type(base) is L5Array and base.compressed
-        run: list[int] = []
+    def _stream(self, a: int, b: int, step: int = 0, fresh: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+        """``(start, records)`` of rows ``[a, b)`` cut at multiples of ``step`` (0: not cut): the stored chunks
+        they come from read in order, each once; one buffer reused (a new one each if ``fresh``)."""
+        if b <= a:
+            return
+        size = min(step or b, b - a)
+        buf: list[np.ndarray] = []
+
+        def put(recs: np.ndarray, x: int, take: int, at: int, piece: int) -> None:
+            if not buf:
+                buf.append(np.empty(size, recs.dtype))
+            out = buf[0][at : at + take]
+            out.view(np.uint8)[:] = recs[x : x + take].view(np.uint8)
+            for f, s in self.shifts.items():
+                if s[piece]:
+                    out[f] += s[piece]
+
+        for cstart, cend in self._walk(a, b, step, self._base_rows, put):
+            yield cstart, buf[0][: cend - cstart]
+            if fresh and b > cend:
+                buf[0] = np.empty(min(size, b - cend), buf[0].dtype)
+
+    def _gatherable(self) -> bool:
+        """Whether the base's stored chunks are blosc chunks of records read from its store (the
+        compressed gather reads them, and only the blocks of some rows are read)."""
+        return type(self.base) is L5Array and self.base.compressed
+
+    def _wanted(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, bool, list]]:
+        """``(stored chunk, whole, ranges)`` of ``chunks``: read whole (nearly all of its rows are
+        wanted, or the base is not :meth:`_gatherable`), or only the blosc blocks holding the
+        wanted rows ``ranges`` (of ``[blo[i], bhi[i])``, :data:`PARTIAL_BELOW`)."""
+        meta = self.base.meta
+        partial = self._gatherable()
         for c in chunks.tolist():
-            a, b = base.meta.chunk_bounds(c)
+            a, b = meta.chunk_bounds(c)
             i0, i1 = int(np.searchsorted(bhi, a, "right")), int(np.searchsorted(blo, b, "left"))
             ranges = [(max(int(x), a), min(int(y), b)) for x, y in zip(blo[i0:i1], bhi[i0:i1])]
-            if not partial or sum(y - x for x, y in ranges) > PARTIAL_BELOW * rows:
+            yield c, not partial or sum(y - x for x, y in ranges) > PARTIAL_BELOW * meta.chunk_rows, ranges
+
+    def _runs(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, int, list]]:
+        """:meth:`_wanted` with the stored chunks read whole grouped in runs of consecutive ones
+        (fetched together, ahead): ``(first, n, [])``, or ``(chunk, 0, ranges)`` for a part."""
+        run: list[int] = []
+        for c, whole, ranges in self._wanted(chunks, blo, bhi):
+            if whole:
                 if run and run[-1] != c - 1:
-                    yield from base.iter_chunks(run[0], len(run))
+                    yield run[0], len(run), []
                     run = []
                 run.append(c)
                 continue
             if run:
-                yield from base.iter_chunks(run[0], len(run))
+                yield run[0], len(run), []
                 run = []
-            for (x, _), records in zip(ranges, read_chunk_rows(base.store, base.meta, c, ranges)):
-                yield x, records
+            yield c, 0, ranges
         if run:
-            yield from base.iter_chunks(run[0], len(run))
+            yield run[0], len(run), []
+
+    def _base_rows(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, int, Any]]:
+        """``(start, rows, records)`` of the stored ``chunks`` (sorted) of the base, in order: runs of chunks
+        wanted (nearly) whole read together, ahead (:meth:`L5Array.iter_chunks`); of the others
+        only the blosc blocks holding the wanted rows ``[blo[i], bhi[i])`` (:func:`~l5dask.prediction.reading.read_chunk_rows`)."""
+        base = self.base
+        for c, n, ranges in self._runs(chunks, blo, bhi):
+            if n:
+                for start, records in base.iter_chunks(c, n):
+                    yield start, len(records), records
+            else:
+                for (x, y), records in zip(ranges, read_chunk_rows(base.store, base.meta, c, ranges)):
+                    yield x, y - x, records
+
+    def _base_encoded(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, int, Any]]:
+        """As :meth:`_base_rows`, the bytes read not decoded: ``(start, rows, (source, row))``, the
+        rows from row ``row`` of a :class:`Stored` (a stored chunk, or the blocks of some of its
+        rows: :func:`part_sources`), or of records."""
+        base = self.base
+        meta = base.meta
+        for c, n, ranges in self._runs(chunks, blo, bhi):
+            if n:
+                for index, raw in iter_stored(base.store, meta, c, n):
+                    a, b = meta.chunk_bounds(index)
+                    yield a, b - a, (Stored(meta, index, raw, meta.chunk_rows), 0)
+                continue
+            part = read_chunk_part(base.store, meta, c, ranges)
+            for (x, y), payload in zip(ranges, part_sources(part, meta, c, ranges)):
+                yield x, y - x, payload
 
     def iter_chunks(self, first: int, n: int):
         a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
         return self._stream(a, b, self.meta.chunk_rows)
 
     def iter_encoded(self, first: int, n: int):
-        """As :meth:`iter_chunks` (records: the stored chunks hold other scenes' rows too), each
-        chunk in a buffer of its own."""
+        """``(start, ViewChunk)`` of the view's chunks ``first .. first + n - 1``: each a
+        :class:`ViewChunk` of the bytes its rows are read from, not decoded (the stored chunks
+        that hold other scenes' rows too: whole, or the blosc blocks of the wanted rows), each
+        stored chunk read once; records where the base is not :meth:`_gatherable`."""
         a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
-        return self._stream(a, b, self.meta.chunk_rows, fresh=True)
+        if not self._gatherable():
+            yield from self._stream(a, b, self.meta.chunk_rows, fresh=True)
+            return
+        if b <= a:
+            return
+        entries: list[list] = [[]]
+
+        def put(payload: tuple, x: int, take: int, at: int, piece: int) -> None:
+            entries[0].append((payload[0], payload[1] + x, take, at, piece))
+
+        for cstart, cend in self._walk(a, b, self.meta.chunk_rows, self._base_encoded, put):
+            yield cstart, ViewChunk(self.dtype, cend - cstart, entries[0], self.shifts)
+            entries[0] = []
 
     def read_encoded(self, first: int, n: int) -> np.ndarray:  # type: ignore[override]
         """As :meth:`read`: records (see :meth:`iter_encoded`)."""
@@ -244,6 +321,171 @@ class SceneView(L5Array):
 
     def __repr__(self) -> str:
         return f"<SceneView {self.name} len={len(self)} of {len(self.base)} rows, {len(self.lo)} runs>"
+
+
+class Stored:
+    """A blosc chunk of records read for a view: a stored chunk whole (``rows``: its chunk's), or
+    the blocks of some of its rows made into a chunk of their own
+    (:func:`~l5dask.prediction.reading.read_chunk_part`); decoded once, if asked."""
+
+    __slots__ = ("meta", "index", "raw", "rows", "_records")
+
+    def __init__(self, meta: fmt.ArrayMeta, index: int, raw: Any, rows: int) -> None:
+        self.meta, self.index, self.raw, self.rows = meta, index, raw, rows
+        self._records: np.ndarray | None = None
+
+    def check(self) -> None:
+        """The one rule (:func:`~l5dask.core.codec.check_blosc`) for a chunk of ``rows`` records,
+        before any reader sees it: ``ChunkError`` naming the stored chunk otherwise."""
+        why = check_blosc(self.raw, self.rows * self.meta.dtype.itemsize, self.meta.typesize)
+        if why is not None:
+            raise ChunkError(chunk_fault(self.meta, str(self.index), why))
+
+    def records(self) -> np.ndarray:
+        """Its records, decoded by numcodecs (once); ``ChunkError`` naming the stored chunk."""
+        if self._records is None:
+            out = np.empty(self.rows, self.meta.dtype)
+            try:
+                decode_blosc(self.raw, out, self.meta.typesize)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise ChunkError(chunk_fault(self.meta, str(self.index), str(exc))) from None
+            self._records = out
+        return self._records
+
+
+def part_sources(
+    part: ChunkPart, meta: fmt.ArrayMeta, index: int, ranges: Sequence[tuple[int, int]]
+) -> list[tuple[Any, int]]:
+    """Where the rows of each of ``ranges`` are in what :func:`~l5dask.prediction.reading.read_chunk_part`
+    read of stored chunk ``index``: ``(Stored, row)``, the blocks read as a blosc chunk and the
+    range's first row in it; or ``(records, 0)`` where the part was read as records (a chunk stored
+    without compression) or its blocks are not whole records (decoded by numcodecs here)."""
+    item = meta.dtype.itemsize
+    if part.rows is not None or part.nbytes % item or any(at % item for at in part.at):
+        return [(records, 0) for records in part.decode(meta, index, ranges)]
+    stored = Stored(meta, index, part.raw, part.nbytes // item)
+    return [(stored, at // item) for at in part.at]
+
+
+class ViewChunk:
+    """A chunk of a view's rows, read but not decoded: what :meth:`SceneView.iter_encoded` hands a
+    pass with ``encoded=True`` (as :class:`~l5dask.prediction.reading.Encoded` for a whole
+    dataset). ``entries``: ``(source, row, n, at, piece)``, the ``n`` rows from row ``row`` of a
+    :class:`Stored` (or of records) go to rows ``at ..`` of the chunk, from the view's piece
+    ``piece`` (``shifts``: added to interval fields, a value a piece).
+
+    :meth:`gather` makes number columns, label argmaxes and distinct values straight from the
+    compressed bytes, those rows only (:meth:`~l5dask.prediction.kernels.Gather.blosc_ranges`),
+    as the full pass does: a filtered pass then costs per byte read what a full one does (before,
+    the blocks read were decoded whole and the columns gathered from the records). A source the
+    compiled gather does not take is decoded by numcodecs (which says what is wrong with it)."""
+
+    def __init__(self, dtype: np.dtype, n: int, entries: list[tuple], shifts: dict[str, np.ndarray]) -> None:
+        self.dtype, self.n, self.entries, self.shifts = dtype, n, entries, shifts
+        self._records: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def spans(self) -> list[tuple[int, int]]:
+        """The chunk's rows as one span (its rows are the view's, in one chunk)."""
+        return [(0, self.n)]
+
+    def records(self) -> np.ndarray:
+        """The records (each source decoded once, the shifts added), as the view's records path
+        (:meth:`SceneView.iter_chunks`) makes them."""
+        if self._records is None:
+            out = np.empty(self.n, self.dtype)
+            for src, row, take, at, piece in self.entries:
+                recs = src if isinstance(src, np.ndarray) else src.records()
+                part = out[at : at + take]
+                part.view(np.uint8)[:] = recs[row : row + take].view(np.uint8)
+                for f, s in self.shifts.items():
+                    if s[piece]:
+                        part[f] += s[piece]
+            self._records = out
+        return self._records
+
+    def _shifted(self, names: set[str]) -> bool:
+        """Whether a shift is added to any of the fields ``names`` in this chunk's rows."""
+        return any(f in names and any(s[piece] for *_, piece in self.entries) for f, s in self.shifts.items())
+
+    def gather(
+        self,
+        elements: Sequence[tuple[str, tuple[int, ...]]],
+        argmax: Sequence[str] = (),
+        distinct: str | None = None,
+        found: list[np.ndarray] | None = None,
+        values: list[np.ndarray] | None = None,
+        codes: list[np.ndarray] | None = None,
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """As :meth:`l5dask.prediction.reading.Encoded.gather` (the arrays appended to ``found``:
+        each source's distinct values; ``codes``: indices into their concatenation)."""
+        plan = Gather.of(self.dtype, elements, argmax, distinct)
+        outs, maxes = plan.outputs(self.n)
+        vals = plan.value_outputs(self.n) if values is not None else None
+        out_codes = np.empty(self.n, np.int32) if codes is not None and distinct is not None else None
+        names = {f for f, _ in elements} | set(argmax) | ({distinct} if distinct else set())
+        if self._records is not None or not plan.native or self._shifted(names):
+            plan.records(self.records(), outs, maxes, 0, found, vals, out_codes)
+        else:
+            self._gather(plan, outs, maxes, found, vals, out_codes)
+        if values is not None and vals is not None:
+            values.extend(vals)
+        if codes is not None and out_codes is not None:
+            codes.append(out_codes)
+        return outs, maxes
+
+    def _gather(
+        self,
+        plan: Gather,
+        outs: list[np.ndarray],
+        maxes: list[np.ndarray],
+        found: list[np.ndarray] | None,
+        vals: list[np.ndarray] | None,
+        out_codes: np.ndarray | None,
+    ) -> None:
+        """:meth:`gather` from the sources' bytes: one compiled call a source (its rows' ranges)."""
+        scratch = np.empty(0, np.uint8)
+        first = len(found) if found is not None else 0
+        entries, i = self.entries, 0
+        while i < len(entries):
+            src = entries[i][0]
+            j = i + 1
+            while j < len(entries) and entries[j][0] is src:
+                j += 1
+            group = entries[i:j]
+            before = len(found) if found is not None else 0
+            status = 1
+            if isinstance(src, Stored):
+                src.check()
+                lo = np.array([e[1] for e in group], np.int64)
+                status, scratch = plan.blosc_ranges(
+                    src.raw,
+                    src.rows,
+                    lo,
+                    lo + np.array([e[2] for e in group], np.int64),
+                    np.array([e[3] for e in group], np.int64),
+                    outs,
+                    maxes,
+                    scratch,
+                    found,
+                    vals,
+                    out_codes,
+                )
+            if status != 0:  # (records, or a chunk the compiled gather does not take: numcodecs says why)
+                recs = src if isinstance(src, np.ndarray) else src.records()
+                for _, row, take, at, _ in group:
+                    n0 = len(found) if found is not None else 0
+                    plan.records(recs[row : row + take], outs, maxes, at, found, vals, out_codes)
+                    if out_codes is not None and found is not None and n0 > first:
+                        out_codes[at : at + take] += sum(len(x) for x in found[first:n0])
+            elif out_codes is not None and found is not None and before > first:
+                # (a source's codes count from its own values: after those of the sources before)
+                shift = sum(len(x) for x in found[first:before])
+                for _, _, take, at, _ in group:
+                    out_codes[at : at + take] += shift
+            i = j
 
 
 # --- the restriction ----------------------------------------------------------------------------

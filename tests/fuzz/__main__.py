@@ -5,7 +5,8 @@
     python -m tests.fuzz replay                      # every input of the corpus (the tests do this)
 
 Targets (``tests/fuzz/targets.py``): the compiled blosc gather against numcodecs, the partial
-chunk reader (``read_chunk_rows``) against the whole chunk decoded, ``.zarray``
+chunk reader (``read_chunk_rows``) and the compressed gather from the blocks it reads against the
+whole chunk decoded, ``.zarray``
 (1-D and N-D) and ``.zattrs`` parsing, L5Kit's CSV reader against ``float()``, and perception
 tables with the compiled JSON type scan against ``json``, and the cache's entries
 (``l5dask.core.cache``: read back bit for bit, or refused in one line). Inputs start from each target's seeds

@@ -131,6 +131,20 @@ def chunk_rows(data: bytes) -> None:
     partial_verdict(*_partial_case(data))
 
 
+def chunk_rows_gather(data: bytes) -> None:
+    """As :func:`chunk_rows`, the columns gathered straight from the blocks read (a restricted
+    dataset's pass, :class:`~l5dask.prediction.scenes.ViewChunk`): refused in one line, or where
+    the whole chunk decodes, the numbers, argmaxes, maxima, distinct values and codes of its rows
+    (``tests/partial_reference.py``)."""
+    from tests.partial_reference import partial_gather_verdict, plan_for
+
+    if not data:
+        return
+    raw, meta, index, ranges = _partial_case(data)
+    names = fmt.names_of(meta.dtype)
+    partial_gather_verdict(raw, meta, index, ranges, plan_for(meta.dtype, names[data[0] % len(names)]))
+
+
 def _partial_seeds() -> list[bytes]:
     rng = np.random.default_rng(2)
     out = []
@@ -486,6 +500,7 @@ def _cache_seeds() -> list[bytes]:
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "blosc": (blosc, _blosc_seeds),
     "chunk_rows": (chunk_rows, _partial_seeds),
+    "chunk_rows_gather": (chunk_rows_gather, _partial_seeds),
     "zarray": (zarray, _metadata_seeds),
     "zarray_nd": (zarray_nd, lambda: [fmt.zarray_json(np.dtype([("value", "<u4", (2,))]), 999, 100, (2,))]),
     "zattrs": (zattrs, lambda: [fmt.zattrs_json()]),

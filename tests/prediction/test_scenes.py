@@ -142,6 +142,40 @@ def test_a_restricted_dataset_behaves_as_the_subset(data, tmp_path):
     np.testing.assert_array_equal(read_mask(out.url, "0.5"), ds.masks["0.5"].read(0, ds.masks["0.5"].nchunks)["value"])
 
 
+def test_a_filtered_pass_gathers_the_columns_from_the_bytes_read(data, tmp_path, monkeypatch):
+    """The report's and the catalog's agents and faces of a restricted dataset are gathered
+    straight from the bytes read, whole stored chunks and the blosc blocks of the wanted rows
+    alike (``Gather.blosc_ranges``), none of them decoded, and equal the subset's."""
+    from l5dask.prediction import kernels
+    from l5dask.prediction.scenes import Stored
+
+    path, _, _ = data
+    sel = [1, 4, 9]
+    ref = ref_subset(path, sel, tmp_path)
+    ds = l5dask.open_dataset(path).isel(scene=sel)
+    seen: list[tuple[str, bool]] = []
+    gather = kernels.Gather.blosc_ranges
+
+    def counting(self, raw, chunk_rows, *args, **kw):
+        seen.append(
+            (str(self.dtype), chunk_rows < CHUNKS[fmt.AGENTS if self.dtype == fmt.AGENT_DTYPE else fmt.TL_FACES])
+        )
+        return gather(self, raw, chunk_rows, *args, **kw)
+
+    def decoded(self):
+        raise AssertionError(f"chunk {self.index} of {self.meta.name} decoded")
+
+    monkeypatch.setattr(kernels.Gather, "blosc_ranges", counting)
+    monkeypatch.setattr(Stored, "records", decoded)
+    same_report(compute_report(ds, scheduler="sync"), compute_report(ref))
+    mine = l5dask.catalog(ds, scheduler="sync")
+    assert mine.pop("stored_scene_index").tolist() == sel
+    pd.testing.assert_frame_equal(mine, l5dask.catalog(ref))
+    for dtype in (fmt.AGENT_DTYPE, fmt.TL_FACE_DTYPE):
+        parts = {part for d, part in seen if d == str(dtype)}
+        assert parts == {True, False}, (dtype, parts)  # (blocks of some rows, and whole chunks)
+
+
 def test_a_restriction_of_a_restriction(data, tmp_path):
     path, _, _ = data
     ds = l5dask.open_dataset(path)
