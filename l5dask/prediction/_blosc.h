@@ -15,7 +15,7 @@
    and its bytes (stored raw when that size is the stream's), splits only when the type size is
    at most 16 bytes.
 
-   l5_blosc_gather returns 0 when done, 1 when the chunk is not of this kind (another codec, bit
+   l5_blosc_gather_ranges returns 0 when done, 1 when the chunk is not of this kind (another codec, bit
    shuffle, a type size that is not the record size, blocks that are not whole records...) and
    -1 when it is corrupt; on anything but 0 the caller decodes the chunk with numcodecs instead
    (which then says what is wrong), so every chunk numcodecs reads is read, the same. Every
