@@ -210,7 +210,14 @@ class _Grouped:
     ``quantile`` is computed in one pass with a sketch (flox's needs a group in one chunk)."""
 
     def __init__(self, grouped, obj=None, names: Sequence[str] = (), labels: dict | None = None) -> None:
-        self._grouped, self._obj, self._names, self._labels = grouped, obj, tuple(names), labels or {}
+        # (``grouped``: xarray's GroupBy, or a function that makes it when first needed: the
+        # declared reductions never need it, and making it builds the index of every combination
+        # of the groups' labels, 0.02-0.07 s for scenes x labels)
+        self._make, self._obj, self._names, self._labels = grouped, obj, tuple(names), labels or {}
+
+    @functools.cached_property
+    def _grouped(self):
+        return self._make() if callable(self._make) else self._make
 
     def __getitem__(self, key):
         return _Grouped(
@@ -237,17 +244,18 @@ class _Grouped:
         ):
             return None
         agg = AGGREGATIONS[name]
-        fallback = getattr(self._grouped, name)
 
         def call(*args, **kwargs):
             if args or kwargs:
-                return name_categories(fallback(*args, **kwargs))
+                return name_categories(getattr(self._grouped, name)(*args, **kwargs))
             out = group_reduce_lazily(obj, self._names, self._labels, [agg])
             return name_categories(out.squeeze("aggregation", drop=True))
 
         return call
 
     def __getattr__(self, attr):
+        if attr in ("_make", "_grouped"):  # (an AttributeError raised while making it: not a name of it)
+            raise AttributeError(attr)
         declared = self._declared(attr)
         if declared is not None:
             return declared
@@ -328,9 +336,10 @@ class L5Accessor:
 
     def groupby(self, *names: str, **kwargs):
         found = groupers(self._obj, names)
-        return _Grouped(
-            self._obj.groupby(found, **kwargs), self._obj, names, {n: np.asarray(g.labels) for n, g in found.items()}
-        )
+        obj = self._obj
+        # (xarray's GroupBy made at once when given keywords, which it checks)
+        grouped = functools.partial(obj.groupby, found, **kwargs) if not kwargs else obj.groupby(found, **kwargs)
+        return _Grouped(grouped, obj, names, {n: np.asarray(g.labels) for n, g in found.items()})
 
 
 xr.register_dataset_accessor("l5")(L5Accessor)

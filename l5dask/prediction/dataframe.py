@@ -28,7 +28,7 @@ import pandas as pd
 from dask.base import tokenize
 
 from l5dask.core.engine import Block, Job, Pass, Reduction, Rows
-from l5dask.core.policy import collection_chunks_per_task, compute
+from l5dask.core.policy import collection_chunks_per_task, collection_compute_kw, compute
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import INDEX, Selection, Table
@@ -141,11 +141,30 @@ def to_dask_dataframe(
 DECLARED = ("count", "sum", "mean", "min", "max")
 
 
-class L5DataFrame(dd.DataFrame):
+class _Computed:
+    """``compute()`` and ``persist()`` of the package's dask collections: where no
+    dask.distributed client can exist, on dask's default scheduler for them, found without
+    importing ``distributed`` (:func:`~l5dask.core.policy.collection_compute_kw`)."""
+
+    def compute(self, **kwargs):
+        return super().compute(**collection_compute_kw(self, kwargs))  # type: ignore[misc]
+
+    def persist(self, fuse=True, **kwargs):
+        return super().persist(fuse=fuse, **collection_compute_kw(self, kwargs))  # type: ignore[misc]
+
+
+class L5Series(_Computed, dd.Series):
+    """A dask Series of the declared aggregations of an :class:`L5DataFrame`'s groupby: dask's
+    own, computed as the package's collections are (:class:`_Computed`)."""
+
+
+class L5DataFrame(_Computed, dd.DataFrame):
     """The dask DataFrame of :func:`to_dask_dataframe`: its ``groupby`` reduces a float64 column
     with the declared aggregations (see the module), and counts its groups' rows (``size()``);
     so does the frame of its rows a filter keeps (``df[df.distance_to_ego < 20]``) or of some of
-    its columns. What else is derived from it is dask's own."""
+    its columns. What else is derived from it is dask's own. Where no dask.distributed client
+    can exist, it and its groupby's results compute on local threads without importing
+    ``distributed`` (:func:`~l5dask.core.policy.collection_compute_kw`)."""
 
     def __getitem__(self, key):
         out = super().__getitem__(key)
@@ -240,7 +259,7 @@ def declared_groupby(df, by: list[str], column: str | None, agg: Aggregation | N
         functools.partial(_series, by, {b: dtypes[b] for b in by}, column, agg, meta),
     )
     root = reduce_parts([[p.key] for p in parts], red, f"{red.name}-{tokenize(parts)}", parts)
-    return dd.from_delayed([root], meta=meta, verify_meta=False)
+    return L5Series(dd.from_delayed([root], meta=meta, verify_meta=False).expr)
 
 
 def _series(
