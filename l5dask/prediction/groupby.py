@@ -25,7 +25,7 @@ import numpy as np
 from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
-from l5dask.prediction.kernels import count_codes, group_reduce, int_range, mix_codes
+from l5dask.prediction.kernels import count_codes, group_reduce, int_range, mix_codes, sketch_counts, sketch_range
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
 QUANTILE_BITS = 12
@@ -115,33 +115,64 @@ def bucket_values(b: np.ndarray, bits: int) -> np.ndarray:
     return np.where(lo == 0.0, 0.0, np.where(np.isfinite(lo) & np.isfinite(hi), mid, lo))
 
 
-def _sketch(codes: np.ndarray, values: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(group, bucket, count) of the rows, sorted by group then bucket (values of any float
-    type, taken as float64)."""
+def _sketch(
+    codes: np.ndarray,
+    values: np.ndarray,
+    bits: int,
+    ngroups: int | None = None,
+    skip: int = -1,
+    rows: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, bucket, count) of the rows whose value is not NaN and whose code (in ``[0,
+    ngroups)``) is not ``skip``, sorted by group then bucket (values of any number type, taken as
+    float64); with ``rows`` (``ngroups`` int64), each row (NaN, skipped or not) is added to
+    ``rows[code]`` in the first pass.
+
+    The buckets' range (numpy's ``min`` and ``max`` of the values; ``kernels.sketch_range``'s
+    compiled pass where a value is NaN), then one compiled pass (``kernels.sketch_counts``) counts
+    each row in a table of (group, bucket) whose cells that are not 0 are the sketch (2.6x the
+    numpy it replaced on a block of agents' extents by label: ``_columns.pyx``). Where that table
+    would be large, the buckets are made and sorted instead."""
+    z = np.zeros(0, np.int64)
     if not len(values):
-        z = np.zeros(0, np.int64)
         return z, z, z
-    # the buckets of values that are all >= +0.0 are their float64 bits shifted (buckets():
-    # ordering the bits changes only negative ones, whose shifted bits are negative): 3 passes
-    # over the rows fewer for them; a float32 column is widened and -0.0 made 0.0 in one pass
-    b = np.add(values, 0.0, dtype=np.float64).view(np.int64) >> (52 - bits)
-    blo = int(b.min())
-    if blo < 0:
-        b = buckets(values.astype(np.float64, copy=False), bits)
-        blo = int(b.min())
-    span = int(b.max()) - blo + 1
-    g_hi = int(codes.max()) + 1
-    if span * g_hi <= 4 * len(values) + 4096:
-        b -= blo  # (b is this function's own array)
-        b += codes * span
-        counts = np.bincount(b, minlength=span * g_hi)
+    if values.dtype != np.dtype(np.float32) and values.dtype != np.dtype(np.float64):
+        values = values.astype(np.float64)
+    if ngroups is None:
+        ngroups = int(codes.max()) + 1
+    # (the buckets' range from the values' minimum and maximum, numpy's vector loops, when no
+    # value is NaN: a bucket grows with its value; the rows a skip leaves out may widen it)
+    lo_hi = np.array([values.min(), values.max()], np.float64)
+    counted = rows is None
+    if np.isnan(lo_hi).any():
+        n, blo, bhi, g_hi = sketch_range(codes, values, bits, ngroups, skip, rows)
+        counted = True
+        if n == 0:
+            return z, z, z
+    else:
+        blo, bhi = (int(b) for b in buckets(lo_hi, bits))
+        n, g_hi = len(values), ngroups
+    span = bhi - blo + 1
+    if span * g_hi <= 4 * n + 4096 and len(values) < 2**31:  # (int32 counts: the table is half the bytes)
+        counts = np.zeros(span * g_hi, np.int32)
+        sketch_counts(codes, values, bits, blo, span, counts, skip, None if counted else rows)
         nz = np.flatnonzero(counts != 0)  # (numpy's nonzero of bools: 7x its nonzero of int64)
-        return nz // span, nz % span + blo, counts[nz]
+        return nz // span, nz % span + blo, counts[nz].astype(np.int64)
+    if not counted and rows is not None:
+        rows += np.bincount(codes, minlength=ngroups)
+    v = values.astype(np.float64, copy=False)
+    ok = ~np.isnan(v)
+    if skip >= 0:
+        ok &= codes != skip
+    g, x = (codes, v) if ok.all() else (codes[ok], v[ok])
+    if not len(g):  # (every row skipped)
+        return z, z, z
+    b = buckets(x, bits)
     if span < 2**62 // max(g_hi, 1):
-        uniq, counts = np.unique(codes * span + (b - blo), return_counts=True)
-        return uniq // span, uniq % span + blo, counts.astype(np.int64)
-    order = np.lexsort((b, codes))
-    g, b = codes[order], b[order]
+        uniq, many = np.unique(g * span + (b - blo), return_counts=True)
+        return uniq // span, uniq % span + blo, many.astype(np.int64)
+    order = np.lexsort((b, g))
+    g, b = g[order], b[order]
     new = np.r_[True, (g[1:] != g[:-1]) | (b[1:] != b[:-1])]
     starts = np.flatnonzero(new)
     return g[starts], b[starts], np.diff(np.r_[starts, len(g)])
@@ -209,23 +240,21 @@ def group_part(
                 dev[np.isnan(dev)] = 0.0
                 stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
         full[name] = stats
+    # (each sketch over the column as it came, the rows left out skipped in its loops, the groups'
+    # rows counted by the first when no column did; its groups renumbered after, on its few rows:
+    # the renumbering keeps their order, every row's group has rows)
+    sketches = {}
+    for name in values:
+        if "sketch" in needs[name]:
+            counted = np.zeros(ngroups, np.int64) if rows is None else None
+            skip = ngroups - 1 if keep is not None else -1
+            sketches[name] = _sketch(codes, floats[name], quantile_bits, ngroups, skip, counted)
+            rows = counted if counted is not None else rows
     if rows is None:
         rows = np.bincount(codes, minlength=ngroups)
     part, present, remap = _present_part(table, rows, full, values, keep is not None)
-    for name in values:
-        if "sketch" in needs[name]:
-            # (numpy's min is NaN where a value is: one pass over the column as it came, for the
-            # NaN-free columns; the sketch's groups are renumbered after, on its few rows: the
-            # renumbering keeps their order, every row's group has rows)
-            raw = floats[name]
-            if keep is None and len(raw) and not np.isnan(raw.min()):
-                g, x = codes, raw
-            else:
-                v = raw.astype(np.float64, copy=False)
-                ok = ~np.isnan(v) if keep is None else ~np.isnan(v) & keep
-                g, x = (codes, v) if ok.all() else (codes[ok], v[ok])
-            sg, sb, sc = _sketch(g, x, quantile_bits)
-            part.sketches[name] = (remap[sg] if remap is not None else sg, sb, sc)
+    for name, (sg, sb, sc) in sketches.items():
+        part.sketches[name] = (remap[sg] if remap is not None else sg, sb, sc)
     return part
 
 

@@ -57,6 +57,8 @@ _group_reduce = _columns.group_reduce
 _mix_codes = _columns.mix_codes
 _norm2_f32 = _columns.norm2_f32
 _range_codes = _columns.range_codes
+_sketch_range = _columns.sketch_range
+_sketch_counts = _columns.sketch_counts
 
 __all__ = [
     "agent_chunk",
@@ -368,6 +370,71 @@ def distance_to_parent(x: np.ndarray, y: np.ndarray, parent_xyz: np.ndarray, pos
         out,
     )
     return out
+
+
+def sketch_range(
+    codes: np.ndarray, values: np.ndarray, bits: int, ngroups: int, skip: int = -1, rows: np.ndarray | None = None
+) -> tuple[int, int, int, int]:
+    """The first pass of a quantile sketch (``l5dask.prediction.groupby``): over the rows whose
+    code (int64, in ``[0, ngroups)``) is not ``skip`` and whose value (float32 or float64) is not
+    NaN, ``(their number, lowest bucket, highest bucket, highest code + 1)``, a bucket being the
+    value's float64 bits ordered as the values with all but ``bits`` of the mantissa dropped
+    (``groupby.buckets``); each row (NaN, skipped or not) added to ``rows[code]`` if given, in
+    the same pass."""
+    codes = np.ascontiguousarray(codes, np.int64)
+    values = np.ascontiguousarray(values)
+    if rows is not None:
+        _check_out(rows, np.int64, ngroups, "rows", "sketch_range")
+    out = np.zeros(4, np.int64)
+    bad = _sketch_range(
+        codes,
+        values,
+        int(skip),
+        52 - int(bits),
+        rows if rows is not None else np.zeros(ngroups, np.int64),
+        rows is not None,
+        out,
+    )
+    if bad >= 0:
+        raise ValueError(f"sketch_range: codes must lie in [0, {ngroups}) (row {bad} has code {codes[bad]})")
+    n, lo, hi, g_hi = (int(v) for v in out)
+    return n, lo, hi, g_hi
+
+
+def sketch_counts(
+    codes: np.ndarray,
+    values: np.ndarray,
+    bits: int,
+    lo: int,
+    span: int,
+    counts: np.ndarray,
+    skip: int = -1,
+    rows: np.ndarray | None = None,
+) -> None:
+    """The second pass: each row whose code is not ``skip`` and whose value is not NaN added to
+    ``counts[code * span + bucket - lo]`` (int32, in place; buckets from ``lo`` to ``lo + span -
+    1``, as :func:`sketch_range` finds them), each row to ``rows[code]`` if given."""
+    codes = np.ascontiguousarray(codes, np.int64)
+    _check_out(counts, np.int32, len(counts) if isinstance(counts, np.ndarray) else -1, "counts", "sketch_counts")
+    ngroups = len(rows) if isinstance(rows, np.ndarray) else -1
+    if rows is not None:
+        _check_out(rows, np.int64, ngroups, "rows", "sketch_counts")
+    bad = _sketch_counts(
+        codes,
+        np.ascontiguousarray(values),
+        int(skip),
+        52 - int(bits),
+        int(lo),
+        int(span),
+        counts,
+        rows if rows is not None else np.zeros(0, np.int64),
+        rows is not None,
+    )
+    if bad >= 0:
+        raise ValueError(
+            f"sketch_counts: codes must lie in [0, {len(counts) // max(int(span), 1)}) and buckets in "
+            f"[{lo}, {lo + span}) (row {bad} has code {codes[bad]})"
+        )
 
 
 def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -639,6 +639,56 @@ def test_the_sketch_of_a_column_as_it_came_is_that_of_its_float64_buckets():
             assert list(zip(g.tolist(), b.tolist(), c.tolist())) == expect, (case, bits)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int16, ">f4"])
+def test_the_sketchs_compiled_passes_equal_numpy(dtype):
+    """``_sketch`` (two compiled passes, ``kernels.sketch_range``/``sketch_counts``, the sorting
+    path where the table of (group, bucket) would be large) against the buckets of the rows made
+    and counted by numpy: empty input, only NaN, one group, every group, groups without rows, a
+    code skipped (the rows a where leaves out), the rows of each group counted in the same pass,
+    buckets spanning the whole float64 range; a code out of range refused."""
+    from l5dask.prediction.groupby import _sketch, buckets
+
+    rng = np.random.default_rng(17)
+
+    def numpy_sketch(codes, x, bits, skip):
+        wide = x.astype(np.float64)
+        ok = ~np.isnan(wide) & (codes != skip)
+        pairs = np.stack([codes[ok], buckets(wide[ok], bits)], axis=1)
+        if not len(pairs):
+            return [], [], []
+        uniq, counts = np.unique(pairs, axis=0, return_counts=True)
+        return uniq[:, 0].tolist(), uniq[:, 1].tolist(), counts.tolist()
+
+    for case in range(60):
+        n = [0, 1, 7, 500, 5000][case % 5]
+        ngroups = [1, 3, 40][case % 3]
+        codes = rng.integers(0, ngroups, n).astype(np.int64)
+        if case % 4 == 1:
+            codes[:] = ngroups - 1  # one group, the last
+        scale = [1.0, 1e-300, 1e300][case % 3] if np.dtype(dtype).kind == "f" and np.dtype(dtype).itemsize == 8 else 1.0
+        x = (rng.normal(0, 10, n) * scale).astype(dtype)
+        if np.dtype(dtype).kind == "f" and n:
+            x[rng.integers(0, n, max(1, n // 20))] = np.nan
+            if case % 7 == 0:
+                x[:] = np.nan
+            if case % 6 == 0:
+                x[rng.integers(0, n, 3)] = rng.choice(np.array([0.0, -0.0, np.inf, -np.inf], dtype), 3)
+        skip = ngroups - 1 if case % 2 else -1
+        for bits in (12, 0, 52):
+            rows = np.full(ngroups, 3, np.int64)
+            got = _sketch(codes, x, bits, ngroups, skip, rows)
+            assert [a.tolist() for a in got] == list(numpy_sketch(codes, x, bits, skip)), (case, bits)
+            assert all(a.dtype == np.int64 for a in got)
+            np.testing.assert_array_equal(rows, np.bincount(codes, minlength=ngroups) + 3)
+            # the same without the group count given, nor rows counted
+            if n:
+                assert [a.tolist() for a in _sketch(codes, x, bits, skip=skip)] == [a.tolist() for a in got]
+    wrong = np.array([0, 1, 5, 1], np.int64)
+    for x, rows in ((np.ones(4), None), (np.ones(4), np.zeros(3, np.int64)), (np.array([1.0, np.nan, 2, 3]), None)):
+        with pytest.raises(ValueError, match=r"codes must lie in \[0, 3\).* \(row 2 has code 5\)"):
+            _sketch(wrong, x, 12, 3, rows=rows)
+
+
 def test_quantile_of_many_zeros_is_zero():
     """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
     the bucket that holds 0 (found by the demo: 2.7e-312)."""
