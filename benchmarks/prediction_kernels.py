@@ -15,6 +15,8 @@ the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block
 - ``distance_to_parent``: each row's distance to its parent row's point, against numpy's takes of
   the parent's columns and the formula;
 - ``norm2``: ``sqrt(x * x + y * y)`` of float32 pairs in float64, against numpy's casts and formula;
+- ``keyed_reduce``: the count, sum and rows per group of two keys (a scene, in runs, int64; a
+  label, int8) without their group codes made whole, against numpy's codes and ``np.bincount``;
 - ``sketch``: a quantile sketch's (group, bucket, count) of a float32 column over 17 groups and
   the groups' rows (``groupby._sketch``: ``sketch_range`` and ``sketch_counts``, two passes),
   against the numpy it replaced (the rows' ``np.bincount``, the float64 bits shifted, their
@@ -98,7 +100,28 @@ def cases(n: int) -> dict[str, tuple]:
         nz = np.flatnonzero(counts != 0)
         return rows, nz // span, nz % span + blo, counts[nz]
 
+    scene = np.repeat(np.arange(1297, 1297 + 8), -(-n // 8))[:n].astype(np.int64)
+    label = rng.integers(1, 15, n).astype(np.int8)
+    keyed = values * 10
+
+    def l5_keyed():
+        out = (np.zeros(8 * 14, np.int64), np.zeros(8 * 14), None, None)
+        rows = np.zeros(8 * 14, np.int64)
+        k.keyed_reduce([scene, label], [1297, 1], [14, 1], n, out, keyed, rows)
+        return rows, out[0], out[1]
+
+    def np_keyed():
+        codes = (scene - 1297) * 14 + (label.astype(np.int64) - 1)
+        ok = ~np.isnan(keyed)
+        c = codes[ok]
+        return (
+            np.bincount(codes, minlength=8 * 14),
+            np.bincount(c, minlength=8 * 14),
+            np.bincount(c, weights=keyed[ok], minlength=8 * 14),
+        )
+
     return {
+        "keyed_reduce": (l5_keyed, np_keyed),
         "sketch": (l5_sketch, np_sketch),
         "group_reduce": (lambda: k.group_reduce(codes, values, ngroups, True, True, True), np_group_reduce),
         "mix_codes": (l5_mix, np_mix),

@@ -2,22 +2,24 @@
 """The aggregate's per-row loops, compiled to C, the GIL released: derived columns
 (``norm2_f32``: speeds; ``distance_to_parent``: distances to the ego of each row's frame), group
 codes (``range_codes``, ``mix_codes``), the per-group count, sum, minimum and maximum
-(``group_reduce``) and the quantile sketch's counts per (group, bucket) (``sketch_range``,
-``sketch_counts``). Wrapped by :mod:`l5dask.prediction.kernels`; used by ``aggregate``, the
-dataframes' columns and the xarray accessor.
+(``group_reduce``; ``keyed_reduce`` without the codes made whole) and the quantile sketch's counts
+per (group, bucket) (``sketch_range``, ``sketch_counts``). Wrapped by
+:mod:`l5dask.prediction.kernels`; used by ``aggregate``, the dataframes' columns and the xarray
+accessor.
 
 What it beats, and by how much: the numpy a user writes for the same values, on 200,000 rows, one
 thread (``python benchmarks/prediction_kernels.py``, best of 30 interleaved rounds, the results
 checked equal; 2026-11-27, at load 8): ``group_reduce`` 4.6x (``np.bincount``, ``np.minimum.at``,
 ``np.maximum.at``), ``mix_codes`` 3.6x, ``range_codes`` 4.5x (``np.where``), ``distance_to_parent``
-9.0x (the parent's columns taken per row), ``norm2_f32`` 10.6x (casts and the formula). The
-sketch (``groupby._sketch``: numpy's minimum and maximum, then ``sketch_counts``, the groups' rows
-counted in the same pass) against the numpy it replaced (``np.bincount`` of the rows, the float64
-bits shifted, their range, ``np.bincount`` of group and bucket), 160,000 rows of 17 groups drawn at
-random: 1.20x (0.996 against 1.193 ms, 2026-11-27, load 9); on a block of the synthetic dataset's
-agents (its first 160,000 extent lengths by label, 10 labels), 0.29 against 0.75 ms, 2.6x. (The
-``(min, max)`` loop of an integer key that was here ran at 0.11x numpy's ``min()`` and ``max()``:
-deleted.) When to delete a loop: when numpy's formulation runs within 10% of it in that benchmark.
+9.0x (the parent's columns taken per row), ``norm2_f32`` 10.6x (casts and the formula). On
+160,000 rows (a task's block of agents; same benchmark, 2026-11-27, load 3-6): the sketch
+(``groupby._sketch``: numpy's minimum and maximum, then ``sketch_counts``, the groups' rows counted
+in the same pass) 2.57x the numpy it replaced (0.98 against 2.53 ms: ``np.bincount`` of the rows,
+the float64 bits shifted, their range, ``np.bincount`` of group and bucket); ``keyed_reduce`` (the
+count, sum and rows of two keys' groups, their codes made 2,048 rows at a time) 2.18x numpy's codes
+and ``np.bincount`` (0.40 against 0.88 ms), 1.1x the codes made whole by ``mix_codes`` then
+``group_reduce`` (0.37 against 0.41 ms). (The ``(min, max)`` loop of an integer key that was here
+ran at 0.11x numpy's ``min()`` and ``max()``: deleted.) When to delete a loop: when numpy's formulation runs within 10% of it in that benchmark.
 """
 
 from libc.math cimport sqrt
@@ -123,21 +125,6 @@ def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1
     return bad
 
 
-def count_codes(const int64_t[::1] codes, int64_t[::1] rows):
-    """Add each row to ``rows[codes[i]]``, in one pass, in place. Returns -1, or the first row
-    whose code is not a group of ``rows`` (nothing added from it on)."""
-    cdef Py_ssize_t i, n = codes.shape[0], bad = -1
-    cdef int64_t g, ngroups = rows.shape[0]
-    with nogil:
-        for i in range(n):
-            g = codes[i]
-            if g < 0 or g >= ngroups:
-                bad = i
-                break
-            rows[g] += 1
-    return bad
-
-
 ctypedef fused real_t:
     float
     double
@@ -154,11 +141,11 @@ cdef inline int64_t _bucket(double v, int64_t shift) noexcept nogil:
     return raw >> shift
 
 
-def sketch_range(const int64_t[::1] codes, const real_t[::1] values, int64_t skip, int64_t shift,
-                 int64_t[::1] rows, bint want_rows, int64_t[::1] out):
-    """The first pass of a sketch: over the rows whose code is not ``skip`` and whose value is not
-    NaN, ``out[:]`` = (their number, lowest bucket, highest bucket, highest code + 1); each row
-    added to ``rows[codes[i]]`` (if asked). Returns -1, or the first row whose code is not in
+def sketch_range(const int64_t[::1] codes, const real_t[::1] values, int64_t shift, int64_t[::1] rows,
+                 bint want_rows, int64_t[::1] out):
+    """The first pass of a sketch: over the rows whose value is not NaN, ``out[:]`` = (their
+    number, lowest bucket, highest bucket, highest code + 1); each row added to ``rows[codes[i]]``
+    (if asked). Returns -1, or the first row whose code is not in
     ``[0, len(rows))`` (``out`` then undefined)."""
     cdef Py_ssize_t i, n = codes.shape[0], bad = -1
     cdef int64_t g, b, ngroups = rows.shape[0], count = 0, lo = 0, hi = 0, g_hi = 0
@@ -173,8 +160,6 @@ def sketch_range(const int64_t[::1] codes, const real_t[::1] values, int64_t ski
                 break
             if want_rows:
                 rows[g] += 1
-            if g == skip:
-                continue
             v = values[i]
             if v != v:
                 continue
@@ -196,10 +181,9 @@ def sketch_range(const int64_t[::1] codes, const real_t[::1] values, int64_t ski
     return bad
 
 
-def sketch_counts(const int64_t[::1] codes, const real_t[::1] values, int64_t skip, int64_t shift,
-                  int64_t lo, int64_t span, int32_t[::1] counts, int64_t[::1] rows, bint want_rows):
-    """The second pass of a sketch: each row whose code is not ``skip`` and whose value is not NaN
-    counted in ``counts[code * span + bucket - lo]`` (int32: a block's rows; the codes and buckets
+def sketch_counts(const int64_t[::1] codes, const real_t[::1] values, int64_t shift, int64_t lo,
+                  int64_t span, int32_t[::1] counts, int64_t[::1] rows, bint want_rows):
+    """The second pass of a sketch: each row whose value is not NaN counted in ``counts[code * span + bucket - lo]`` (int32: a block's rows; the codes and buckets
     within the table: checked, as the codes within ``rows``), each row added to ``rows[code]`` (if
     asked). Returns -1, or the first row out of the table (nothing added from it on)."""
     cdef Py_ssize_t i, n = codes.shape[0], size = counts.shape[0], bad = -1
@@ -215,8 +199,6 @@ def sketch_counts(const int64_t[::1] codes, const real_t[::1] values, int64_t sk
                     bad = i
                     break
                 rows[g] += 1
-            if g == skip:
-                continue
             v = values[i]
             if v != v:
                 continue
@@ -225,4 +207,120 @@ def sketch_counts(const int64_t[::1] codes, const real_t[::1] values, int64_t sk
                 bad = i
                 break
             counts[at] += 1
+    return bad
+
+
+cdef inline void _mix_block(const char* p, int32_t kind, Py_ssize_t a, Py_ssize_t m, int64_t lo, int64_t stride,
+                            int64_t* buf, bint first) noexcept nogil:
+    """``buf[:m] (+)= (key[a:a + m] - lo) * stride`` (``=`` for the ``first`` key) of an integer key
+    whose type is ``kind`` (``KEY_KINDS``' order): a loop per type, which the compiler makes a
+    vector loop."""
+    cdef Py_ssize_t i
+    if kind == 0:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const int8_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const int8_t*>p)[a + i] - lo) * stride
+    elif kind == 1:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const int16_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const int16_t*>p)[a + i] - lo) * stride
+    elif kind == 2:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const int32_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const int32_t*>p)[a + i] - lo) * stride
+    elif kind == 3:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const int64_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const int64_t*>p)[a + i] - lo) * stride
+    elif kind == 4:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const uint8_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const uint8_t*>p)[a + i] - lo) * stride
+    elif kind == 5:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const uint16_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const uint16_t*>p)[a + i] - lo) * stride
+    else:
+        if first:
+            for i in range(m):
+                buf[i] = ((<const uint32_t*>p)[a + i] - lo) * stride
+        else:
+            for i in range(m):
+                buf[i] += ((<const uint32_t*>p)[a + i] - lo) * stride
+
+
+#: Rows whose group codes ``keyed_reduce`` makes at a time (16 kB of codes: they stay in the L1
+#: cache between their making and their use).
+DEF KEYED_ROWS = 2048
+
+
+def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64_t[::1] los,
+                 const int64_t[::1] strides, Py_ssize_t n, const real_t[::1] values, bint has_values,
+                 int64_t[::1] count,
+                 double[::1] total, double[::1] lo, double[::1] hi, int64_t[::1] rows, bint want_sum,
+                 bint want_min, bint want_max, bint want_rows):
+    """``group_reduce`` of ``n`` rows whose group codes are made ``KEYED_ROWS`` rows at a time,
+    never stored whole: a row's code is ``sum((key_j[i] - los[j]) * strides[j])`` over its keys
+    (``addrs``: the keys' data, ``kinds``: their integer types); its value (if ``has_values``; NaN
+    skipped) added to ``count`` (and ``total``, ``lo``, ``hi``), the row to ``rows`` (if
+    ``want_rows``). The caller keeps the keys
+    alive and gives ``n`` rows of each. Returns -1, or the first row whose code is not a group of
+    ``count`` (nothing added from it on)."""
+    cdef Py_ssize_t a, i, j, m, nk = addrs.shape[0], bad = -1
+    cdef int64_t g, ngroups = count.shape[0]
+    cdef int64_t buf[KEYED_ROWS]
+    cdef double v
+    if kinds.shape[0] != nk or los.shape[0] != nk or strides.shape[0] != nk:
+        raise ValueError("keyed_reduce: a type, a lowest value and a stride per key are needed")
+    if has_values and values.shape[0] != n:
+        raise ValueError("keyed_reduce: a value per row is needed")
+    if want_rows and rows.shape[0] != ngroups:
+        raise ValueError("keyed_reduce: rows of every group are needed")
+    with nogil:
+        for a in range(0, n, KEYED_ROWS):
+            m = min(KEYED_ROWS, n - a)
+            if nk == 0:
+                for i in range(m):
+                    buf[i] = 0
+            for j in range(nk):
+                _mix_block(<const char*><Py_ssize_t>addrs[j], kinds[j], a, m, los[j], strides[j], buf, j == 0)
+            for i in range(m):
+                g = buf[i]
+                if g < 0 or g >= ngroups:
+                    bad = a + i
+                    break
+                if want_rows:
+                    rows[g] += 1
+                if not has_values:
+                    continue
+                v = values[a + i]
+                if v != v:
+                    continue
+                count[g] += 1
+                if want_sum:
+                    total[g] += v
+                if want_min and not v >= lo[g]:
+                    lo[g] = v
+                if want_max and not v <= hi[g]:
+                    hi[g] = v
+            if bad >= 0:
+                break
     return bad

@@ -123,7 +123,6 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
     if spec.where is not None:
         cats = {n: tuple(col.categories or ()) for n, col in spec.selection.columns.items() if col.categorical}
         keep = evaluate_where(spec.where, c, cats)
-        keep = None if keep.all() else np.flatnonzero(keep)  # (takes of the kept rows: 5x faster than masks)
     needs = {name: spec.stats(name) for name, _ in spec.values}
     values = {}
     for name, _ in spec.values:
@@ -131,11 +130,9 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
         if needs[name] == {"n"} and dtype.kind in "biu":
             values[name] = np.zeros(0, dtype)
         else:
-            values[name] = c[name] if keep is None else c[name].take(keep)
-    n = len(c) if keep is None else len(keep)
-    return group_part(
-        [c[b] if keep is None else c[b].take(keep) for b in spec.by], values, needs, spec.quantile_bits, n=n
-    )
+            values[name] = c[name]
+    # (the rows a where leaves out: skipped by group_part's compiled loops, or taken out first)
+    return group_part([c[b] for b in spec.by], values, needs, spec.quantile_bits, keep=keep, n=len(c))
 
 
 @dataclass

@@ -25,7 +25,7 @@ import numpy as np
 from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
-from l5dask.prediction.kernels import count_codes, group_reduce, int_range, mix_codes, sketch_counts, sketch_range
+from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, mix_codes, sketch_counts, sketch_range
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
 QUANTILE_BITS = 12
@@ -120,18 +120,16 @@ def _sketch(
     values: np.ndarray,
     bits: int,
     ngroups: int | None = None,
-    skip: int = -1,
     rows: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(group, bucket, count) of the rows whose value is not NaN and whose code (in ``[0,
-    ngroups)``) is not ``skip``, sorted by group then bucket (values of any number type, taken as
-    float64); with ``rows`` (``ngroups`` int64), each row (NaN, skipped or not) is added to
-    ``rows[code]`` in the first pass.
+    """(group, bucket, count) of the rows whose value is not NaN (codes in ``[0, ngroups)``),
+    sorted by group then bucket (values of any number type, taken as float64); with ``rows``
+    (``ngroups`` int64), each row (NaN or not) is added to ``rows[code]`` in the same pass.
 
     The buckets' range (numpy's ``min`` and ``max`` of the values; ``kernels.sketch_range``'s
     compiled pass where a value is NaN), then one compiled pass (``kernels.sketch_counts``) counts
     each row in a table of (group, bucket) whose cells that are not 0 are the sketch (2.6x the
-    numpy it replaced on a block of agents' extents by label: ``_columns.pyx``). Where that table
+    numpy it replaced: ``_columns.pyx``). Where that table
     would be large, the buckets are made and sorted instead."""
     z = np.zeros(0, np.int64)
     if not len(values):
@@ -141,11 +139,11 @@ def _sketch(
     if ngroups is None:
         ngroups = int(codes.max()) + 1
     # (the buckets' range from the values' minimum and maximum, numpy's vector loops, when no
-    # value is NaN: a bucket grows with its value; the rows a skip leaves out may widen it)
+    # value is NaN: a bucket grows with its value)
     lo_hi = np.array([values.min(), values.max()], np.float64)
     counted = rows is None
     if np.isnan(lo_hi).any():
-        n, blo, bhi, g_hi = sketch_range(codes, values, bits, ngroups, skip, rows)
+        n, blo, bhi, g_hi = sketch_range(codes, values, bits, ngroups, rows)
         counted = True
         if n == 0:
             return z, z, z
@@ -155,18 +153,14 @@ def _sketch(
     span = bhi - blo + 1
     if span * g_hi <= 4 * n + 4096 and len(values) < 2**31:  # (int32 counts: the table is half the bytes)
         counts = np.zeros(span * g_hi, np.int32)
-        sketch_counts(codes, values, bits, blo, span, counts, skip, None if counted else rows)
+        sketch_counts(codes, values, bits, blo, span, counts, None if counted else rows)
         nz = np.flatnonzero(counts != 0)  # (numpy's nonzero of bools: 7x its nonzero of int64)
         return nz // span, nz % span + blo, counts[nz].astype(np.int64)
     if not counted and rows is not None:
         rows += np.bincount(codes, minlength=ngroups)
     v = values.astype(np.float64, copy=False)
     ok = ~np.isnan(v)
-    if skip >= 0:
-        ok &= codes != skip
     g, x = (codes, v) if ok.all() else (codes[ok], v[ok])
-    if not len(g):  # (every row skipped)
-        return z, z, z
     b = buckets(x, bits)
     if span < 2**62 // max(g_hi, 1):
         uniq, many = np.unique(g * span + (b - blo), return_counts=True)
@@ -193,16 +187,19 @@ def group_part(
         n = len(keys[0]) if keys else len(next(iter(values.values())))
     if keep is not None and keep.all():
         keep = None
-    if n > 4 * SLICE_ROWS and keys and not any(needs[c] & {"m2", "sketch"} for c in values):
+    if keep is not None:  # (the kept rows taken: 5x faster than the codes of a mask)
+        kept = np.flatnonzero(keep)
+        keys = [k.take(kept) for k in keys]
+        values = {
+            name: v if needs[name] == {"n"} and v.dtype.kind in "biu" else v.take(kept) for name, v in values.items()
+        }
+        n, keep = len(kept), None
+    if n and keys and not any(needs[c] & {"m2", "sketch"} for c in values):
         ranges = [int_range(k) for k in keys]
         spans = [hi - lo + 1 for lo, hi in ranges]
         if math.prod(spans) <= 2 * n + 4096:
-            return _group_part_sliced(keys, [lo for lo, _ in ranges], spans, values, needs, keep, n)
+            return _group_part_keyed(keys, [lo for lo, _ in ranges], spans, values, needs, n)
     codes, ngroups, table = encode(list(keys), n)
-    if keep is not None:  # the rows left out go to one more group, dropped below
-        codes[~keep] = ngroups
-        table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])
-        ngroups += 1
     rows = None
     full: dict[str, dict[str, Any]] = {}  # each value column's statistics over all ngroups
     floats: dict[str, np.ndarray] = {}
@@ -240,33 +237,30 @@ def group_part(
                 dev[np.isnan(dev)] = 0.0
                 stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
         full[name] = stats
-    # (each sketch over the column as it came, the rows left out skipped in its loops, the groups'
-    # rows counted by the first when no column did; its groups renumbered after, on its few rows:
-    # the renumbering keeps their order, every row's group has rows)
+    # (each sketch over the column as it came, the groups' rows counted by the first when no column
+    # did; its groups renumbered after, on its few rows: the renumbering keeps their order, every
+    # row's group has rows)
     sketches = {}
     for name in values:
         if "sketch" in needs[name]:
             counted = np.zeros(ngroups, np.int64) if rows is None else None
-            skip = ngroups - 1 if keep is not None else -1
-            sketches[name] = _sketch(codes, floats[name], quantile_bits, ngroups, skip, counted)
+            sketches[name] = _sketch(codes, floats[name], quantile_bits, ngroups, counted)
             rows = counted if counted is not None else rows
     if rows is None:
         rows = np.bincount(codes, minlength=ngroups)
-    part, present, remap = _present_part(table, rows, full, values, keep is not None)
+    part, present, remap = _present_part(table, rows, full, values)
     for name, (sg, sb, sc) in sketches.items():
         part.sketches[name] = (remap[sg] if remap is not None else sg, sb, sc)
     return part
 
 
 def _present_part(
-    table: np.ndarray, rows: np.ndarray, full: dict[str, dict[str, Any]], values: dict, dropped: bool
+    table: np.ndarray, rows: np.ndarray, full: dict[str, dict[str, Any]], values: dict
 ) -> tuple[GroupPart, np.ndarray, np.ndarray | None]:
     """The partial of the groups that have rows (``dropped``: the last group holds the rows left
     out), from each column's statistics over all groups (``full``; a column not there is an
     integer only counted: its groups' rows); with the groups kept and their new positions."""
     present = rows > 0
-    if dropped:
-        present[-1] = False
     dense = not present.all()
     remap = np.cumsum(present) - 1 if dense else None
     part = GroupPart(table[present] if dense else table, rows[present] if dense else rows)
@@ -278,76 +272,41 @@ def _present_part(
     return part, present, remap
 
 
-#: Rows an array longer than four times this is grouped by at a time when its keys' codes are
-#: dense and only counts, sums, minima and maxima are asked: their codes stay in the cache (a
-#: dataframe partition holds 3.3 M rows: 26 MB of codes made, mixed and read again). The same
-#: statistics, bit for bit (the same order of the additions). The mean speed per scene and label
-#: of 30 M agents through the dataframe (9 partitions): 0.14-0.18 s of the threads' CPU in
-#: ``group_part`` -> 0.12 s; ``aggregate``'s blocks (160,000 rows) gained nothing: not sliced.
-SLICE_ROWS = 1 << 16
-
-
-def _group_part_sliced(
+def _group_part_keyed(
     keys: list[np.ndarray],
     los: list[int],
     spans: list[int],
     values: dict[str, np.ndarray],
     needs: dict[str, set[str]],
-    keep: np.ndarray | None,
     n: int,
 ) -> GroupPart:
-    """:func:`group_part` of dense keys (``los``, ``spans``: their ranges), ``SLICE_ROWS`` rows
-    at a time, no ``m2`` or sketch asked."""
+    """:func:`group_part` of dense keys (``los``, ``spans``: their ranges), no ``m2`` or sketch
+    asked, no rows left out: each value column reduced by one compiled pass that makes the rows'
+    group codes a few thousand at a time as it goes (``kernels.keyed_reduce``), where they were
+    made whole, mixed and read again. The same statistics, bit for bit (each group's values added
+    in row order)."""
     table = dense_table(los, spans)
-    ngroups = len(table)
-    if keep is not None:  # the rows left out go to one more group, dropped below
-        table = np.concatenate([table, np.zeros((1, table.shape[1]), np.int64)])
     size = len(table)
+    strides = [math.prod(spans[j + 1 :]) for j in range(len(spans))]  # (the last key varies fastest)
     rows = np.zeros(size, np.int64)
     full: dict[str, dict[str, Any]] = {}
-    outs: dict[str, tuple] = {}
-    floats: dict[str, np.ndarray] = {}
+    counted = False
     for name, v in values.items():
         need = needs[name]
         if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: its rows
             continue
-        floats[name] = v.astype(np.float64, copy=False)
-        outs[name] = (
+        out = (
             np.zeros(size, np.int64),
             np.zeros(size) if "sum" in need else None,
             np.full(size, np.inf) if "min" in need else None,
             np.full(size, -np.inf) if "max" in need else None,
         )
-    buf = np.empty(min(SLICE_ROWS, n), np.int64)
-    for a in range(0, n, SLICE_ROWS):
-        b = min(n, a + SLICE_ROWS)
-        codes = buf[: b - a]
-        codes.fill(0)
-        stride = 1
-        for k, lo, span in zip(keys[::-1], los[::-1], spans[::-1]):  # the last key varies fastest
-            mix_codes(codes, k[a:b], lo, stride)
-            stride *= span
-        if keep is not None:
-            codes[~keep[a:b]] = ngroups
-        first = True
-        for name, out in outs.items():
-            need = needs[name]
-            group_reduce(
-                codes,
-                floats[name][a:b],
-                size,
-                sums="sum" in need,
-                mins="min" in need,
-                maxs="max" in need,
-                rows=rows if first else None,
-                out=out,
-            )
-            first = False
-        if first:
-            count_codes(codes, rows)
-    for name, (count, total, lo_, hi_) in outs.items():
-        full[name] = {"n": count, **{k: a for k, a in (("sum", total), ("min", lo_), ("max", hi_)) if a is not None}}
-    part, _, _ = _present_part(table, rows, full, values, keep is not None)
+        keyed_reduce(keys, los, strides, n, out, v, None if counted else rows)
+        counted = True
+        full[name] = {"n": out[0], **{k: a for k, a in zip(("sum", "min", "max"), out[1:]) if a is not None}}
+    if not counted:
+        keyed_reduce(keys, los, strides, n, (np.zeros(size, np.int64), None, None, None), None, rows)
+    part, _, _ = _present_part(table, rows, full, values)
     return part
 
 

@@ -52,13 +52,13 @@ _distinct_rows = _gather.distinct_rows
 _gather_blosc = _gather.gather_blosc
 _gather_fields = _gather.gather_fields
 _distance_to_parent = _columns.distance_to_parent
-_count_codes = _columns.count_codes
 _group_reduce = _columns.group_reduce
 _mix_codes = _columns.mix_codes
 _norm2_f32 = _columns.norm2_f32
 _range_codes = _columns.range_codes
 _sketch_range = _columns.sketch_range
 _sketch_counts = _columns.sketch_counts
+_keyed_reduce = _columns.keyed_reduce
 
 __all__ = [
     "agent_chunk",
@@ -67,9 +67,9 @@ __all__ = [
     "argmax_rows",
     "gather",
     "Gather",
-    "count_codes",
     "group_reduce",
     "int_range",
+    "keyed_reduce",
     "mix_codes",
     "distinct_values",
     "track_runs",
@@ -297,17 +297,6 @@ def group_reduce(
     return count, total if sums else None, lo if mins else None, hi if maxs else None
 
 
-def count_codes(codes: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``rows += np.bincount(codes, minlength=len(rows))`` in one pass, in place (``rows`` int64):
-    the rows of each group counted a slice at a time. Returns ``rows``."""
-    codes = np.ascontiguousarray(codes, np.int64)
-    _check_out(rows, np.int64, len(rows) if isinstance(rows, np.ndarray) else -1, "rows", "count_codes")
-    bad = _count_codes(codes, rows)
-    if bad >= 0:
-        raise ValueError(f"count_codes: codes must lie in [0, {len(rows)}) (row {bad} has {codes[bad]})")
-    return rows
-
-
 def _check_out(arr: Any, dtype: type, n: int, what: str, func: str = "group_reduce") -> None:
     """An output a kernel adds to in place: a writeable contiguous array of ``n`` ``dtype``."""
     if not (
@@ -337,6 +326,57 @@ def int_range(k: np.ndarray) -> tuple[int, int]:
     if not len(k):
         raise ValueError("int_range of no values")
     return int(k.min()), int(k.max())
+
+
+def keyed_reduce(
+    keys: Sequence[np.ndarray],
+    los: Sequence[int],
+    strides: Sequence[int],
+    n: int,
+    out: tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
+    values: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+) -> None:
+    """:func:`group_reduce` of ``n`` rows keyed by ``keys`` (integer columns of ``n`` rows) without
+    their group codes made whole: a row's group is ``sum((keys[j] - los[j]) * strides[j])``
+    (mixed-radix, as :func:`mix_codes` makes them). ``out``: the ``(count, sum, min, max)`` of
+    each group (int64, then float64 or ``None`` where not asked), added to in place, as the values
+    that are not NaN (numbers, read as float64; none: the rows are only counted); ``rows`` (int64)
+    adds each row, NaN or not."""
+    count, total, lo, hi = out
+    ngroups = len(count) if isinstance(count, np.ndarray) else -1
+    _check_out(count, np.int64, ngroups, "out's count", "keyed_reduce")
+    for arr, what in ((total, "sum"), (lo, "min"), (hi, "max")):
+        if arr is not None:
+            _check_out(arr, np.float64, ngroups, f"out's {what}", "keyed_reduce")
+    if rows is not None:
+        _check_out(rows, np.int64, ngroups, "rows", "keyed_reduce")
+    held = [_key(k) for k in keys]  # (alive through the call: the loop reads their addresses)
+    if any(len(k) != n or k.ndim != 1 for k in held) or (values is not None and len(values) != n):
+        raise ValueError(f"keyed_reduce: keys and values of {n} rows are needed")
+    if values is not None and values.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        values = values.astype(np.float64)
+    dummy = np.zeros(1)
+    bad = _keyed_reduce(
+        np.array([k.ctypes.data for k in held], np.int64),
+        np.array([_KEY_TYPES.index(k.dtype) for k in held], np.int32),
+        np.array(los, np.int64),
+        np.array(strides, np.int64),
+        int(n),
+        np.ascontiguousarray(values) if values is not None else dummy,
+        values is not None,
+        count,
+        total if total is not None else dummy,
+        lo if lo is not None else dummy,
+        hi if hi is not None else dummy,
+        rows if rows is not None else count[:0],
+        total is not None,
+        lo is not None,
+        hi is not None,
+        rows is not None,
+    )
+    if bad >= 0:
+        raise ValueError(f"keyed_reduce: row {bad}'s group is not in [0, {ngroups})")
 
 
 def mix_codes(codes: np.ndarray, k: np.ndarray, lo: int, stride: int) -> None:
@@ -373,13 +413,12 @@ def distance_to_parent(x: np.ndarray, y: np.ndarray, parent_xyz: np.ndarray, pos
 
 
 def sketch_range(
-    codes: np.ndarray, values: np.ndarray, bits: int, ngroups: int, skip: int = -1, rows: np.ndarray | None = None
+    codes: np.ndarray, values: np.ndarray, bits: int, ngroups: int, rows: np.ndarray | None = None
 ) -> tuple[int, int, int, int]:
     """The first pass of a quantile sketch (``l5dask.prediction.groupby``): over the rows whose
-    code (int64, in ``[0, ngroups)``) is not ``skip`` and whose value (float32 or float64) is not
-    NaN, ``(their number, lowest bucket, highest bucket, highest code + 1)``, a bucket being the
+    value (float32 or float64; their codes int64, in ``[0, ngroups)``) is not NaN, ``(their number, lowest bucket, highest bucket, highest code + 1)``, a bucket being the
     value's float64 bits ordered as the values with all but ``bits`` of the mantissa dropped
-    (``groupby.buckets``); each row (NaN, skipped or not) added to ``rows[code]`` if given, in
+    (``groupby.buckets``); each row (NaN or not) added to ``rows[code]`` if given, in
     the same pass."""
     codes = np.ascontiguousarray(codes, np.int64)
     values = np.ascontiguousarray(values)
@@ -389,7 +428,6 @@ def sketch_range(
     bad = _sketch_range(
         codes,
         values,
-        int(skip),
         52 - int(bits),
         rows if rows is not None else np.zeros(ngroups, np.int64),
         rows is not None,
@@ -408,10 +446,9 @@ def sketch_counts(
     lo: int,
     span: int,
     counts: np.ndarray,
-    skip: int = -1,
     rows: np.ndarray | None = None,
 ) -> None:
-    """The second pass: each row whose code is not ``skip`` and whose value is not NaN added to
+    """The second pass: each row whose value is not NaN added to
     ``counts[code * span + bucket - lo]`` (int32, in place; buckets from ``lo`` to ``lo + span -
     1``, as :func:`sketch_range` finds them), each row to ``rows[code]`` if given."""
     codes = np.ascontiguousarray(codes, np.int64)
@@ -422,7 +459,6 @@ def sketch_counts(
     bad = _sketch_counts(
         codes,
         np.ascontiguousarray(values),
-        int(skip),
         52 - int(bits),
         int(lo),
         int(span),

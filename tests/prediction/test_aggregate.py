@@ -644,15 +644,15 @@ def test_the_sketchs_compiled_passes_equal_numpy(dtype):
     """``_sketch`` (two compiled passes, ``kernels.sketch_range``/``sketch_counts``, the sorting
     path where the table of (group, bucket) would be large) against the buckets of the rows made
     and counted by numpy: empty input, only NaN, one group, every group, groups without rows, a
-    code skipped (the rows a where leaves out), the rows of each group counted in the same pass,
+    the rows of each group counted in the same pass,
     buckets spanning the whole float64 range; a code out of range refused."""
     from l5dask.prediction.groupby import _sketch, buckets
 
     rng = np.random.default_rng(17)
 
-    def numpy_sketch(codes, x, bits, skip):
+    def numpy_sketch(codes, x, bits):
         wide = x.astype(np.float64)
-        ok = ~np.isnan(wide) & (codes != skip)
+        ok = ~np.isnan(wide)
         pairs = np.stack([codes[ok], buckets(wide[ok], bits)], axis=1)
         if not len(pairs):
             return [], [], []
@@ -673,16 +673,15 @@ def test_the_sketchs_compiled_passes_equal_numpy(dtype):
                 x[:] = np.nan
             if case % 6 == 0:
                 x[rng.integers(0, n, 3)] = rng.choice(np.array([0.0, -0.0, np.inf, -np.inf], dtype), 3)
-        skip = ngroups - 1 if case % 2 else -1
         for bits in (12, 0, 52):
             rows = np.full(ngroups, 3, np.int64)
-            got = _sketch(codes, x, bits, ngroups, skip, rows)
-            assert [a.tolist() for a in got] == list(numpy_sketch(codes, x, bits, skip)), (case, bits)
+            got = _sketch(codes, x, bits, ngroups, rows)
+            assert [a.tolist() for a in got] == list(numpy_sketch(codes, x, bits)), (case, bits)
             assert all(a.dtype == np.int64 for a in got)
             np.testing.assert_array_equal(rows, np.bincount(codes, minlength=ngroups) + 3)
             # the same without the group count given, nor rows counted
             if n:
-                assert [a.tolist() for a in _sketch(codes, x, bits, skip=skip)] == [a.tolist() for a in got]
+                assert [a.tolist() for a in _sketch(codes, x, bits)] == [a.tolist() for a in got]
     wrong = np.array([0, 1, 5, 1], np.int64)
     for x, rows in ((np.ones(4), None), (np.ones(4), np.zeros(3, np.int64)), (np.array([1.0, np.nan, 2, 3]), None)):
         with pytest.raises(ValueError, match=r"codes must lie in \[0, 3\).* \(row 2 has code 5\)"):
@@ -1096,14 +1095,72 @@ def test_declared_aggregations_by_several_keys_over_any_split():
                 np.testing.assert_allclose(aggregation(r).finalize(stats), want[r].to_numpy(), rtol=1e-12, err_msg=r)
 
 
-@pytest.mark.parametrize("slice_rows", [1, 7, 1_000])
-def test_group_part_a_slice_at_a_time_is_the_whole_bit_for_bit(monkeypatch, slice_rows):
-    """A long array grouped ``SLICE_ROWS`` rows at a time (dense keys; counts, sums, minima,
-    maxima) gives the partial of one pass over all of it, bit for bit: NaN values, rows left out
-    by ``keep``, an integer column only counted, a float column only counted, no value column."""
+@pytest.mark.parametrize("nkeys", [1, 2, 3, 4])
+def test_keyed_reduce_equals_numpy(nkeys):
+    """``keyed_reduce`` (the group codes made as the loop goes) against numpy's codes,
+    ``np.bincount`` (counts, sums in row order: bit for bit) and ``np.minimum.at``/``np.maximum.at``:
+    keys of every integer type (uint64 and bool widened), one to four keys, NaN values, float32 and
+    float64 values, no values (rows only), one group, every group, empty input, more rows than the
+    kernel's slice of codes; a group out of range refused."""
+    from l5dask.prediction.kernels import keyed_reduce
+
+    rng = np.random.default_rng(nkeys)
+    types = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, bool]
+    for case in range(24):
+        n = [0, 1, 9, 3000][case % 4]
+        keys, los, spans = [], [], []
+        for j in range(nkeys):
+            t = types[(case + j) % len(types)]
+            lo = 0 if (np.dtype(t).kind in "ub") else int(rng.integers(-5, 5))
+            span = 1 if case % 5 == 0 else (2 if t is bool else int(rng.integers(1, 7)))
+            keys.append((rng.integers(0, span, n) + lo).astype(t))
+            los.append(lo)
+            spans.append(span)
+        strides = [int(np.prod(spans[j + 1 :])) for j in range(nkeys)]
+        ngroups = int(np.prod(spans))
+        codes = sum(((k.astype(np.int64) - lo) * st for k, lo, st in zip(keys, los, strides)), np.zeros(n, np.int64))
+        size = ngroups
+        for dtype in (np.float64, np.float32, None):
+            v = None if dtype is None else (rng.normal(size=n) * 100).astype(dtype)
+            if v is not None and n:
+                v[rng.random(n) < 0.1] = np.nan
+            out = (np.zeros(size, np.int64), np.zeros(size), np.full(size, np.inf), np.full(size, -np.inf))
+            rows = np.full(size, 2, np.int64)
+            keyed_reduce(keys, los, strides, n, out, v, rows)
+            np.testing.assert_array_equal(rows, np.bincount(codes, minlength=size) + 2)
+            if v is None:
+                assert not out[0].any()
+                continue
+            w = v.astype(np.float64)
+            ok = ~np.isnan(w)
+            c, x = codes[ok], w[ok]
+            lo_, hi_ = np.full(size, np.inf), np.full(size, -np.inf)
+            np.minimum.at(lo_, c, x)
+            np.maximum.at(hi_, c, x)
+            assert out[0].tobytes() == np.bincount(c, minlength=size).astype(np.int64).tobytes()
+            assert out[1].tobytes() == np.bincount(c, weights=x, minlength=size).tobytes()
+            assert out[2].tobytes() == lo_.tobytes() and out[3].tobytes() == hi_.tobytes()
+    keys = [np.array([0, 1, 5, 1], np.int8)]
+    with pytest.raises(ValueError, match=r"keyed_reduce: row 2's group is not in \[0, 3\)"):
+        keyed_reduce(keys, [0], [1], 4, (np.zeros(3, np.int64), None, None, None), np.ones(4))
+    far = np.zeros(5000, np.int16)
+    far[4321] = 3  # (in the kernel's third slice of codes: the rows before it counted)
+    count = np.zeros(3, np.int64)
+    with pytest.raises(ValueError, match=r"keyed_reduce: row 4321's group is not in \[0, 3\)"):
+        keyed_reduce([far], [0], [1], 5000, (count, None, None, None), np.ones(5000))
+    assert count[0] == 4321
+    with pytest.raises(ValueError, match="keyed_reduce: keys and values of 5 rows"):
+        keyed_reduce(keys, [0], [1], 5, (np.zeros(3, np.int64), None, None, None))
+
+
+def test_group_part_of_dense_keys_equals_numpy_bit_for_bit():
+    """A partial of dense keys (``keyed_reduce``, no group codes made) against numpy's groups of
+    the same rows: NaN values, rows left out by ``keep``, an integer column only counted, a float
+    column only counted, no value column; the same partial as the codes' path (a grouping too
+    sparse for dense codes: the same keys spread apart) where both apply."""
     from l5dask.prediction import groupby
 
-    rng = np.random.default_rng(slice_rows)
+    rng = np.random.default_rng(8)
     n = 5_003
     keys = [rng.integers(3, 40, n), rng.integers(-2, 3, n).astype(np.int8)]
     x = rng.normal(size=n) * 1e3
@@ -1111,28 +1168,46 @@ def test_group_part_a_slice_at_a_time_is_the_whole_bit_for_bit(monkeypatch, slic
     values = {"x": x, "y": (x * 7).astype(np.float32), "i": np.zeros(0, np.int64)}
     needs = {"x": {"n", "sum", "min", "max"}, "y": {"n"}, "i": {"n"}}
     for keep in (None, rng.random(n) < 0.8):
+        ok = np.ones(n, bool) if keep is None else keep
+        table, codes = np.unique(np.stack(keys, 1)[ok], axis=0, return_inverse=True)
+        codes = codes.reshape(-1)
         for vals in (values, {}):
-            want = groupby.group_part(keys, vals, {k: needs[k] for k in vals}, keep=keep, n=n)
-            monkeypatch.setattr(groupby, "SLICE_ROWS", slice_rows)
             calls = []
-            original = groupby._group_part_sliced
-            monkeypatch.setattr(groupby, "_group_part_sliced", lambda *a: calls.append(1) or original(*a))
-            got = groupby.group_part(keys, vals, {k: needs[k] for k in vals}, keep=keep, n=n)
-            monkeypatch.undo()
+            original = groupby._group_part_keyed
+            with pytest.MonkeyPatch.context() as m:
+                m.setattr(groupby, "_group_part_keyed", lambda *a: calls.append(1) or original(*a))
+                got = groupby.group_part(keys, vals, {k: needs[k] for k in vals}, keep=keep, n=n)
             assert calls == [1]
-            np.testing.assert_array_equal(got.keys, want.keys)
-            np.testing.assert_array_equal(got.rows, want.rows)
-            assert got.stats.keys() == want.stats.keys()
-            for name, stats in want.stats.items():
-                assert got.stats[name].keys() == stats.keys(), name
+            np.testing.assert_array_equal(got.keys, table)
+            assert got.rows.tobytes() == np.bincount(codes).astype(np.int64).tobytes()
+            assert got.stats.keys() == vals.keys()
+            if vals:
+                xs = x[ok]
+                good = ~np.isnan(xs)
+                c, v = codes[good], xs[good]
+                lo, hi = np.full(len(table), np.inf), np.full(len(table), -np.inf)
+                np.minimum.at(lo, c, v)
+                np.maximum.at(hi, c, v)
+                assert got.stats["x"]["n"].tobytes() == np.bincount(c, minlength=len(table)).tobytes()
+                assert got.stats["x"]["sum"].tobytes() == np.bincount(c, v, minlength=len(table)).tobytes()
+                assert got.stats["x"]["min"].tobytes() == lo.tobytes()
+                assert got.stats["x"]["max"].tobytes() == hi.tobytes()
+                assert got.stats["y"]["n"].tobytes() == got.stats["x"]["n"].tobytes()
+                assert got.stats["i"]["n"].tobytes() == got.rows.tobytes()
+            # the codes' path (keys too sparse to be dense): the same partial, keys apart
+            sparse = [keys[0] * 10**6, keys[1]]
+            other = groupby.group_part(sparse, vals, {k: needs[k] for k in vals}, keep=keep, n=n)
+            np.testing.assert_array_equal(other.keys[:, 0], got.keys[:, 0] * 10**6)
+            assert other.rows.tobytes() == got.rows.tobytes()
+            for name, stats in got.stats.items():
                 for k, a in stats.items():
-                    assert got.stats[name][k].tobytes() == a.tobytes(), (name, k)
+                    assert other.stats[name][k].tobytes() == a.tobytes(), (name, k)
 
 
-def test_group_reduce_adds_to_its_outputs_and_counts_codes():
-    """``group_reduce(out=...)`` over two halves equals one call over all rows, bit for bit;
-    ``count_codes`` adds each group's rows; bad codes and outputs are refused."""
-    from l5dask.prediction.kernels import count_codes, group_reduce
+def test_group_reduce_adds_to_its_outputs():
+    """``group_reduce(out=...)`` over two halves equals one call over all rows, bit for bit; bad
+    outputs are refused."""
+    from l5dask.prediction.kernels import group_reduce
 
     rng = np.random.default_rng(4)
     codes, values = rng.integers(0, 9, 3_000), rng.normal(size=3_000)
@@ -1142,11 +1217,6 @@ def test_group_reduce_adds_to_its_outputs_and_counts_codes():
     got = group_reduce(codes[1_234:], values[1_234:], 9, True, True, True, out=out)
     for a, b in zip(got, whole):
         assert a.tobytes() == b.tobytes()
-    rows = np.full(9, 2, np.int64)
-    assert count_codes(codes, rows) is rows
-    np.testing.assert_array_equal(rows, np.bincount(codes, minlength=9) + 2)
-    with pytest.raises(ValueError, match=r"count_codes: codes must lie in \[0, 9\) \(row 1 has 9\)"):
-        count_codes(np.array([0, 9, 1]), np.zeros(9, np.int64))
     with pytest.raises(ValueError, match="out's sum must be a contiguous float64 array of 9 groups"):
         group_reduce(codes, values, 9, out=(np.zeros(9, np.int64), np.zeros(8), None, None))
 
