@@ -31,7 +31,7 @@ import functools
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -663,6 +663,21 @@ def _bounds_of(block: Block) -> dict[str, np.ndarray]:
     return block.bounds or {}
 
 
+def _held_here(passes: list[Persisted]) -> list[dict[str, np.ndarray]] | None:
+    """Each block's interval bounds, taken from the blocks when they are held in this process (a
+    persist on local threads leaves each in its collection's graph); ``None`` when one is not (then
+    they are fetched by a compute). Saves a compute of its own, thread pool included, a persist."""
+    out = []
+    for p in passes:
+        for key, held in zip(p.keys, p.collections, strict=True):
+            graph = held.__dask_graph__()
+            block = graph.get(key) if isinstance(graph, Mapping) else None
+            if not isinstance(block, Block):
+                return None
+            out.append(_bounds_of(block))
+    return out
+
+
 # --- the tree combine ----------------------------------------------------------------------
 
 
@@ -1235,10 +1250,17 @@ class Job:
                 f, m = f + size, m - size
 
         split(first, n)
-        ids = self.group_ids(spec, nodes, keep)
+        # every aligned node inside the task, keyed in one call (a call a node was 40 us of overhead
+        # each, 245 calls a rerun after growth)
+        inside = [
+            (f, size)
+            for size in (1 << k for k in range(max(m for _, m in nodes).bit_length()))
+            for f in range(-(-first // size) * size, first + n - size + 1, size)
+        ]
+        ids = self.group_ids(spec, inside, keep)
         if ids is None:
             return None
-        known = dict(zip(nodes, ids))
+        known = dict(zip(inside, ids))
 
         def cover(f: int, m: int) -> list[tuple[int, int, bool]]:
             if known[(f, m)] in present:
@@ -1246,12 +1268,6 @@ class Job:
             if m == 1:
                 return [(f, m, False)]
             half = m // 2
-            for node in ((f, half), (f + half, m - half)):
-                if node not in known:
-                    got = self.group_ids(spec, [node], keep)
-                    if got is None:
-                        return [(f, m, False)]
-                    known[node] = got[0]
             inner = cover(f, half) + cover(f + half, m - half)
             return inner if any(hit for _, _, hit in inner) else [(f, m, False)]
 
@@ -1497,6 +1513,21 @@ class Job:
         passes = [p for p in passes if p.spec.intervals]
         if not passes:
             return []
+        here = _held_here(passes) if self.client is None else None
+        if here is not None:  # (persisted on local threads: the blocks are here, no second compute)
+            got = iter(here)
+        else:
+            got = iter(self._fetch_bounds(passes))
+        problems = []
+        for p in passes:
+            blocks = [next(got) for _ in p.keys]
+            for f, child_len in p.spec.intervals.items():
+                p.bounds[f] = np.concatenate([b[f] for b in blocks]) if blocks else np.zeros((0, 6), np.int64)
+                problems += check_bounds(p.bounds[f], p.spec.source.name, f, child_len)
+        return problems
+
+    def _fetch_bounds(self, passes: list[Persisted]) -> list[dict[str, np.ndarray]]:
+        """Each block's interval bounds, where the blocks are (on a cluster's workers)."""
         # one small graph: a task per block takes its bounds out where the block is (the block,
         # rows included, never moves), one task gathers them
         name = f"l5-bounds-{tokenize([p.keys for p in passes])}"
@@ -1510,20 +1541,11 @@ class Job:
                 refs.append(key)
             deps += p.collections
         graph[name] = Task(name, list, List(*[TaskRef(k) for k in refs]))
-        got = iter(
-            compute(
-                Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
-                client=self.client,
-                **self.kw,
-            )
+        return compute(
+            Delayed(name, HighLevelGraph.from_collections(name, graph, dependencies=deps)),
+            client=self.client,
+            **self.kw,
         )
-        problems = []
-        for p in passes:
-            blocks = [next(got) for _ in p.keys]
-            for f, child_len in p.spec.intervals.items():
-                p.bounds[f] = np.concatenate([b[f] for b in blocks]) if blocks else np.zeros((0, 6), np.int64)
-                problems += check_bounds(p.bounds[f], p.spec.source.name, f, child_len)
-        return problems
 
     def map(self, func: Callable, calls: Sequence[tuple], name: str, remote: bool = False) -> list:
         """``[func(*args) for args in calls]``, one task each, run together (writers' tasks: each

@@ -430,6 +430,26 @@ def test_after_growth_the_frames_tasks_of_old_frames_are_read_from_the_cache(dat
     assert got == public(compute_report(dataset, chunks_per_task=2))  # bit for bit the uncached report
 
 
+def test_the_keys_of_a_task_and_of_its_pieces_are_made_in_one_call(dataset, tmp_path, monkeypatch):
+    """A task not in the cache is looked for in aligned pieces (``Job._pieces``): the keys of all
+    of them are made in one call (a call a piece was 40 us of overhead each; 281 calls for this
+    report's first cached run, 245 a rerun of 30 M agents after growth, against 33 now)."""
+    calls: list[int] = []
+    group_ids = engine.Job.group_ids
+
+    def counted(self, spec, groups, keep="all"):
+        calls.append(len(groups))
+        return group_ids(self, spec, groups, keep)
+
+    monkeypatch.setattr(engine.Job, "group_ids", counted)
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=str(tmp_path / "cache"), chunks_per_task=8))
+    monkeypatch.undo()
+    assert got == public(compute_report(dataset, chunks_per_task=8))
+    # (a call a task not in the cache, for its pieces; a few a pass: its tasks, whole, rows)
+    assert st.misses > 10 and len(calls) <= st.misses + 4 * 3, (len(calls), st.misses)
+
+
 def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, caplog):
     cache = str(tmp_path / "cache")
     want = public(compute_report(dataset, cache=cache))

@@ -82,6 +82,29 @@ def test_parent_pass_routes_rows_and_decodes_each_chunk_once(small_ds, monkeypat
     assert done.remake is not None and all(b.rows is None for b in dask.compute(*done.collections))
 
 
+def test_a_local_persist_takes_the_interval_bounds_from_its_blocks(small_ds, monkeypatch):
+    """Persisted on local threads, a pass's blocks are held here: their interval bounds are taken
+    from them, without a compute (and a thread pool) of its own; the same bounds as fetched where
+    the blocks are (on a cluster), and a bad interval still refused."""
+    ds = l5dask.open_dataset(small_ds)
+    computes = []
+    compute = engine.compute
+    monkeypatch.setattr(engine, "compute", lambda *a, **kw: computes.append(a) or compute(*a, **kw))
+    job = Job(chunks_per_task=2)
+    spec = Pass(ds[fmt.FRAMES], STARTS, rows=_frame_rows, intervals={"agent_index_interval": len(ds[fmt.AGENTS])})
+    (done,) = job.persist(spec)
+    assert computes == []
+    fetched = job._fetch_bounds([done])
+    assert len(fetched) == len(done.keys) and len(computes) == 1
+    np.testing.assert_array_equal(
+        done.bounds["agent_index_interval"], np.concatenate([b["agent_index_interval"] for b in fetched])
+    )
+    assert len(done.bounds["agent_index_interval"]) == ds[fmt.FRAMES].nchunks
+    short = Pass(ds[fmt.FRAMES], STARTS, intervals={"agent_index_interval": len(ds[fmt.AGENTS]) - 1})
+    with pytest.raises(l5dask.IntervalError, match="agent_index_interval"):
+        job.persist(short)
+
+
 def test_child_tasks_depend_on_exactly_the_overlapping_parent_blocks(small_ds):
     """Each child task's dependencies are the parent blocks whose agent ranges overlap its rows,
     computed here from the reference arrays; the graph has O(chunks) tasks."""
