@@ -409,7 +409,7 @@ def test_perception_tables_are_typed_on_every_store(tmp_path, s3):
     from .perception_data import load, save
 
     root = tmp_path / "perception"
-    generate(str(root), num_scenes=1, seed=3, lidar_points=20)
+    generate(str(root), num_scenes=1, seed=3, samples_per_scene=6, lidar_points=20, images=False)  # (60 objects)
     rows = load(str(root), "sensor")
     i = next(k for k, r in enumerate(rows) if r["modality"] == "lidar")
     rows[i]["modality"] = ["lidar"]
