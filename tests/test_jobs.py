@@ -606,9 +606,12 @@ def test_a_run_of_the_report_the_catalog_and_an_aggregation_imports_no_pandas(sm
 
 
 def s3_options_toml(s3) -> str:
+    """The S3 options of a job file: s3fs's filesystems shared (a new one each time, as the suite's
+    ``skip_instance_cache``, built a botocore session, ~0.5 s, for each output or cache entry
+    written), no listing kept between calls (the tests change objects behind l5dask's back)."""
     o = s3.storage_options()
     return (
-        f'[storage-options]\nkey = "{o["key"]}"\nsecret = "{o["secret"]}"\nskip_instance_cache = true\n'
+        f'[storage-options]\nkey = "{o["key"]}"\nsecret = "{o["secret"]}"\nuse_listings_cache = false\n'
         f'client_kwargs = {{ endpoint_url = "{s3.endpoint}", region_name = "us-east-1" }}\n'
     )
 
@@ -815,7 +818,7 @@ def test_the_nightly_job_twice_on_a_cluster_over_s3_reads_no_chunk_the_second_ti
     options = s3.storage_options()
     text += (
         f'\n[storage-options]\nkey = "{options["key"]}"\nsecret = "{options["secret"]}"\n'
-        f'skip_instance_cache = true\nclient_kwargs = {{ endpoint_url = "{s3.endpoint}", region_name = "us-east-1" }}\n'
+        f'use_listings_cache = false\nclient_kwargs = {{ endpoint_url = "{s3.endpoint}", region_name = "us-east-1" }}\n'
     )
     src = jobfile.parse_toml(text, "nightly.toml")
     job = jobfile.check(src)
