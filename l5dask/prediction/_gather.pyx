@@ -143,13 +143,14 @@ def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_r
                  const int64_t[::1] sizes, const int64_t[::1] dests, const int64_t[::1] argmax_offsets,
                  const int64_t[::1] argmax_ncols, const int64_t[::1] argmax_dests, Py_ssize_t distinct_offset=0,
                  Py_ssize_t distinct_width=0, uint8_t[::1] found=None, const int64_t[::1] argmax_values=None,
-                 int32_t[::1] codes=None):
+                 int32_t[::1] codes=None, Py_ssize_t out_rows=-1):
     """As :func:`gather_fields` for the rows ``[lo[r], hi[r])`` (sorted, disjoint) of one
     blosc-compressed chunk of ``chunk_rows`` records, into rows ``dst[r] ..`` of the outputs,
     straight from the compressed bytes (``_blosc.h``; ``scratch``: a block), and
     (``distinct_width`` > 0) the distinct values of the field of that many bytes at
     ``distinct_offset`` of those rows into ``found`` (room for a value a row; ``_distinct.h``),
-    and with ``codes`` (room for every output row), each row's value's index among them.
+    and with ``codes`` (room for every output row), each row's value's index among them;
+    ``out_rows`` (>= 0): the rows every output holds, checked to hold those written.
     ``(status, values found)``; status 0: done; 1: not a chunk of this kind; -1: corrupt (then
     nothing is promised of the outputs: the caller decodes the chunk with numcodecs)."""
     cdef l5_columns c = _columns(offsets, sizes, dests, argmax_offsets, argmax_ncols, argmax_dests, argmax_values)
@@ -164,6 +165,8 @@ def gather_blosc(const uint8_t[::1] raw, Py_ssize_t itemsize, Py_ssize_t chunk_r
             raise ValueError("gather_blosc: sorted, disjoint ranges of rows within the chunk expected")
         rows += hi[r] - lo[r]
         end = max(end, dst[r] + hi[r] - lo[r])
+    if out_rows >= 0 and end > out_rows:
+        raise ValueError(f"gather: an output per column, contiguous, of its type and at least {end} rows expected")
     if raw.shape[0] == 0:
         return -1, 0
     if distinct_width > 0:

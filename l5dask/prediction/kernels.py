@@ -547,6 +547,16 @@ class Gather:
             raise ValueError(f"gather: an output per column, contiguous, of its type and at least {end} rows expected")
         return np.array([o.ctypes.data for o in outs], np.int64), np.array([o.ctypes.data for o in maxes], np.int64)
 
+    def addresses(
+        self, outs: list[np.ndarray], maxes: list[np.ndarray], values: list[np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """The outputs' addresses for the compiled gather (:meth:`blosc_ranges`), checked to be
+        contiguous arrays of the plan's types (``values``: a float32 one per argmax), and the rows
+        all of them hold (-1: no output)."""
+        n = min((len(o) for o in [*outs, *maxes, *(values or ())]), default=-1)
+        dests, adests = self._addresses(outs, maxes, max(n, 0))
+        return dests, adests, self._value_addresses(values, 0, max(n, 0)), n
+
     def records(
         self,
         records: np.ndarray,
@@ -664,11 +674,13 @@ class Gather:
         found: list[np.ndarray] | None = None,
         values: list[np.ndarray] | None = None,
         codes: np.ndarray | None = None,
+        addresses: tuple | None = None,
     ) -> tuple[int, np.ndarray]:
         """As :meth:`blosc_status` for the rows ``[lo[i], hi[i])`` (int64: sorted, disjoint,
         within the chunk) of one chunk, into rows ``dst[i] ..`` of the outputs (and ``codes``), the
         distinct values of all of them appended to ``found`` as one array: the blocks that hold
-        none of them are decompressed and checked too, not gathered. ``(status, scratch)``."""
+        none of them are decompressed and checked too, not gathered. ``(status, scratch)``.
+        ``addresses``: :meth:`addresses` of these outputs, made once for many calls into them."""
         if self.distinct is not None:
             self._found(found)
         if not self.native or sys.byteorder != "little":
@@ -679,14 +691,10 @@ class Gather:
             return 1, scratch
         if size > len(scratch):
             scratch = np.empty(size, np.uint8)
-        n = hi - lo
-        if len(lo) and (lo[0] < 0 or n.min() < 0 or hi[-1] > chunk_rows or dst.min() < 0 or np.any(lo[1:] < hi[:-1])):
-            raise ValueError("gather: rows of the chunk out of range")
-        rows, end = int(n.sum()), int((dst + n).max()) if len(lo) else 0
-        dests, adests = self._addresses(outs, maxes, end)
+        dests, adests, vaddr, out_rows = self.addresses(outs, maxes, values) if addresses is None else addresses
         width = self.distinct_dtype.itemsize if self.distinct_dtype is not None else 0
-        seen = np.empty(rows * width, np.uint8) if width else None
-        status, nfound = _gather_blosc(
+        seen = np.empty(max(0, int((hi - lo).sum())) * width, np.uint8) if width else None
+        status, nfound = _gather_blosc(  # (the ranges, and that the outputs hold their rows: checked there)
             buf,
             self.dtype.itemsize,
             chunk_rows,
@@ -703,8 +711,9 @@ class Gather:
             self.distinct_offset,
             width,
             seen,
-            self._value_addresses(values, 0, end),
+            vaddr,
             codes if width else None,
+            out_rows,
         )
         dt = self.distinct_dtype
         if status == 0 and seen is not None and found is not None and dt is not None:

@@ -328,18 +328,22 @@ class Stored:
     the blocks of some of its rows made into a chunk of their own
     (:func:`~l5dask.prediction.reading.read_chunk_part`); decoded once, if asked."""
 
-    __slots__ = ("meta", "index", "raw", "rows", "_records")
+    __slots__ = ("meta", "index", "raw", "rows", "_records", "_checked")
 
     def __init__(self, meta: fmt.ArrayMeta, index: int, raw: Any, rows: int) -> None:
         self.meta, self.index, self.raw, self.rows = meta, index, raw, rows
         self._records: np.ndarray | None = None
+        self._checked = False
 
     def check(self) -> None:
         """The one rule (:func:`~l5dask.core.codec.check_blosc`) for a chunk of ``rows`` records,
         before any reader sees it: ``ChunkError`` naming the stored chunk otherwise."""
+        if self._checked:
+            return
         why = check_blosc(self.raw, self.rows * self.meta.dtype.itemsize, self.meta.typesize)
         if why is not None:
             raise ChunkError(chunk_fault(self.meta, str(self.index), why))
+        self._checked = True
 
     def records(self) -> np.ndarray:
         """Its records, decoded by numcodecs (once); ``ChunkError`` naming the stored chunk."""
@@ -447,6 +451,7 @@ class ViewChunk:
     ) -> None:
         """:meth:`gather` from the sources' bytes: one compiled call a source (its rows' ranges)."""
         scratch = np.empty(0, np.uint8)
+        addresses = plan.addresses(outs, maxes, vals)  # (once for every source's call)
         first = len(found) if found is not None else 0
         entries, i = self.entries, 0
         while i < len(entries):
@@ -472,6 +477,7 @@ class ViewChunk:
                     found,
                     vals,
                     out_codes,
+                    addresses,
                 )
             if status != 0:  # (records, or a chunk the compiled gather does not take: numcodecs says why)
                 recs = src if isinstance(src, np.ndarray) else src.records()
