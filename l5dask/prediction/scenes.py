@@ -277,9 +277,10 @@ class SceneView(L5Array):
 
     def iter_encoded(self, first: int, n: int):
         """``(start, ViewChunk)`` of the view's chunks ``first .. first + n - 1``: each a
-        :class:`ViewChunk` of the bytes its rows are read from, not decoded (the stored chunks
-        that hold other scenes' rows too: whole, or the blosc blocks of the wanted rows), each
-        stored chunk read once; records where the base is not :meth:`_gatherable`."""
+        ``ViewChunk`` (this module's) of the bytes its rows are read from, not decoded (the stored
+        chunks that hold other scenes' rows too: whole, or the blosc blocks of the wanted rows),
+        each stored chunk read once; records where the base is not blosc chunks of records read
+        from its store (``_gatherable``)."""
         a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
         if not self._gatherable():
             yield from self._stream(a, b, self.meta.chunk_rows, fresh=True)
