@@ -9,8 +9,6 @@ the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block
 - ``group_reduce``: per group, the count, sum, minimum and maximum of the values that are not NaN,
   against ``np.bincount`` (count, weighted sum: the same row order) and ``np.minimum.at`` /
   ``np.maximum.at``;
-- ``mix_codes``: ``codes += (k - lo) * stride`` of an int8 key, against the same in numpy (which
-  widens ``k`` first);
 - ``range_codes``: ``k - lo`` in ``[0, n)`` else -1, against ``np.where`` of the two comparisons;
 - ``distance_to_parent``: each row's distance to its parent row's point, against numpy's takes of
   the parent's columns and the formula;
@@ -23,7 +21,9 @@ the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block
   range, one ``np.bincount`` of group and bucket, its cells that are not 0).
 
 (The ``(min, max)`` loop of an integer key measured here ran at 0.11x numpy's ``min()``/``max()``,
-0.166 against 0.018 ms: it was deleted, ``kernels.int_range`` is numpy's.) The other modules have
+0.166 against 0.018 ms: it was deleted, ``kernels.int_range`` is numpy's; ``mix_codes``, ``codes += (k -
+lo) * stride`` of an int8 key, ran at 1.02-1.13x numpy's, which widens ``k`` first: deleted, ``groupby.encode``
+is numpy's.) The other modules have
 their own benchmarks: the report's loops (``_report.pyx``) in
 ``benchmarks/stats_benchmark.py`` (against ``benchmarks/numpy_reference.py``) and
 ``benchmarks/handwritten_layers.py --part argmax``; the compressed gather (``_gather.pyx``) in
@@ -60,16 +60,6 @@ def cases(n: int) -> dict[str, tuple]:
         np.minimum.at(lo, c, v)
         np.maximum.at(hi, c, v)
         return np.bincount(c, minlength=ngroups), np.bincount(c, weights=v, minlength=ngroups), lo, hi
-
-    def np_mix():
-        out = codes.copy()
-        out += (key.astype(np.int64) + 3) * 7
-        return out
-
-    def l5_mix():
-        out = codes.copy()
-        k.mix_codes(out, key, -3, 7)
-        return out
 
     def np_distance():
         px, py = parent[pos, 0], parent[pos, 1]
@@ -124,7 +114,6 @@ def cases(n: int) -> dict[str, tuple]:
         "keyed_reduce": (l5_keyed, np_keyed),
         "sketch": (l5_sketch, np_sketch),
         "group_reduce": (lambda: k.group_reduce(codes, values, ngroups, True, True, True), np_group_reduce),
-        "mix_codes": (l5_mix, np_mix),
         "range_codes": (
             lambda: k.range_codes(key, 0, 10),
             lambda: np.where((key >= 0) & (key < 10), key.astype(np.int64), -1),

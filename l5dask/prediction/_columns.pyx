@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The aggregate's per-row loops, compiled to C, the GIL released: derived columns
 (``norm2_f32``: speeds; ``distance_to_parent``: distances to the ego of each row's frame), group
-codes (``range_codes``, ``mix_codes``), the per-group count, sum, minimum and maximum
+codes (``range_codes``), the per-group count, sum, minimum and maximum
 (``group_reduce``; ``keyed_reduce`` without the codes made whole) and the quantile sketch's counts
 per (group, bucket) (``sketch_range``, ``sketch_counts``). Wrapped by
 :mod:`l5dask.prediction.kernels`; used by ``aggregate``, the dataframes' columns and the xarray
@@ -10,17 +10,18 @@ accessor.
 What it beats, and by how much: the numpy a user writes for the same values, on 200,000 rows, one
 thread (``python benchmarks/prediction_kernels.py``, best of 30 interleaved rounds, the results
 checked equal; 2026-11-27, at load 8): ``group_reduce`` 4.6x (``np.bincount``, ``np.minimum.at``,
-``np.maximum.at``), ``mix_codes`` 3.6x, ``range_codes`` 4.5x (``np.where``), ``distance_to_parent``
+``np.maximum.at``), ``range_codes`` 4.5x (``np.where``), ``distance_to_parent``
 9.0x (the parent's columns taken per row), ``norm2_f32`` 10.6x (casts and the formula). On
 160,000 rows (a task's block of agents; same benchmark, 2026-11-27, load 3-6): the sketch
 (``groupby._sketch``: numpy's minimum and maximum, then ``sketch_counts``, the groups' rows counted
 in the same pass) 2.57x the numpy it replaced (0.98 against 2.53 ms: ``np.bincount`` of the rows,
 the float64 bits shifted, their range, ``np.bincount`` of group and bucket); ``keyed_reduce`` (the
 count, sum and rows of two keys' groups, their codes made 2,048 rows at a time) 2.18x numpy's codes
-and ``np.bincount`` (0.40 against 0.88 ms), 1.1x the codes made whole by ``mix_codes`` then
+and ``np.bincount`` (0.40 against 0.88 ms), 1.1x the codes made whole then
 ``group_reduce`` (0.37 against 0.41 ms). ``distance_to_parent`` with its roots in a loop of their own
 (a vector loop): 0.31 against 0.36 ms, 7.8-8.1x numpy. (The ``(min, max)`` loop of an integer key that was here
-ran at 0.11x numpy's ``min()`` and ``max()``: deleted.) When to delete a loop: when numpy's formulation runs within 10% of it in that benchmark.
+ran at 0.11x numpy's ``min()`` and ``max()``: deleted; ``mix_codes``, ``codes += (k - lo) * stride``, ran at
+1.02-1.13x numpy's: deleted.) When to delete a loop: when numpy's formulation runs within 10% of it in that benchmark.
 """
 
 from libc.math cimport sqrt
@@ -76,17 +77,6 @@ ctypedef fused int_t:
     uint8_t
     uint16_t
     uint32_t
-
-
-def mix_codes(int64_t[::1] codes, const int_t[::1] k, int64_t lo, int64_t stride):
-    """``codes += (k - lo) * stride`` in one pass, without widening ``k`` first (mixed-radix group
-    codes, a key at a time)."""
-    cdef Py_ssize_t i, n = codes.shape[0]
-    if k.shape[0] != n:
-        raise ValueError("mix_codes: a key per code is needed")
-    with nogil:
-        for i in range(n):
-            codes[i] += (<int64_t>k[i] - lo) * stride
 
 
 def range_codes(const int_t[::1] k, int64_t lo, int64_t n, int64_t[::1] out):

@@ -25,7 +25,7 @@ import numpy as np
 from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
-from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, mix_codes, sketch_counts, sketch_range
+from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, sketch_counts, sketch_range
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
 QUANTILE_BITS = 12
@@ -62,8 +62,8 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
     """Group codes of ``n`` rows keyed by ``keys`` (integer columns of any width): ``(codes,
     ngroups, key table)`` (the table int64).
 
-    Small key ranges are dense (codes are mixed-radix positions, some groups empty, made by a
-    compiled pass per key: no widened copies); others are made dense by sorting the distinct keys.
+    Small key ranges are dense (codes are mixed-radix positions, some groups empty, made a key at a
+    time); others are made dense by sorting the distinct keys.
     """
 
     if not keys:
@@ -78,7 +78,7 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
         codes = np.zeros(n, np.int64)
         stride = 1
         for k, lo, span in zip(keys[::-1], los[::-1], spans[::-1]):  # the last key varies fastest
-            mix_codes(codes, k, lo, stride)
+            codes += (k.astype(np.int64, copy=False) - lo) * stride
             stride *= span
         if total <= 2 * n + 4096:
             return codes, total, dense_table(los, spans)

@@ -53,7 +53,6 @@ _gather_blosc = _gather.gather_blosc
 _gather_fields = _gather.gather_fields
 _distance_to_parent = _columns.distance_to_parent
 _group_reduce = _columns.group_reduce
-_mix_codes = _columns.mix_codes
 _norm2_f32 = _columns.norm2_f32
 _range_codes = _columns.range_codes
 _sketch_range = _columns.sketch_range
@@ -70,7 +69,6 @@ __all__ = [
     "group_reduce",
     "int_range",
     "keyed_reduce",
-    "mix_codes",
     "distinct_values",
     "track_runs",
     "union_sorted",
@@ -339,7 +337,7 @@ def keyed_reduce(
 ) -> None:
     """:func:`group_reduce` of ``n`` rows keyed by ``keys`` (integer columns of ``n`` rows) without
     their group codes made whole: a row's group is ``sum((keys[j] - los[j]) * strides[j])``
-    (mixed-radix, as :func:`mix_codes` makes them). ``out``: the ``(count, sum, min, max)`` of
+    (mixed-radix, as ``groupby.encode`` makes them). ``out``: the ``(count, sum, min, max)`` of
     each group (int64, then float64 or ``None`` where not asked), added to in place, as the values
     that are not NaN (numbers, read as float64; none: the rows are only counted); ``rows`` (int64)
     adds each row, NaN or not."""
@@ -377,11 +375,6 @@ def keyed_reduce(
     )
     if bad >= 0:
         raise ValueError(f"keyed_reduce: row {bad}'s group is not in [0, {ngroups})")
-
-
-def mix_codes(codes: np.ndarray, k: np.ndarray, lo: int, stride: int) -> None:
-    """``codes += (k - lo) * stride`` (int64 ``codes``, in place) in one pass over any integer ``k``."""
-    _mix_codes(codes, _key(k), int(lo), int(stride))
 
 
 def range_codes(k: np.ndarray, lo: int, n: int) -> np.ndarray:
