@@ -47,6 +47,7 @@ from l5dask.core import cache as cachelib
 from l5dask.core import config
 from l5dask.core.intervals import block_bounds, check_bounds, raise_first
 from l5dask.core.policy import (
+    HELD_ROWS_BYTES,
     PARENT_TASKS_PER_THREAD,
     auto_chunks_per_task,
     call_keys,
@@ -336,8 +337,8 @@ class Persisted:
     groups: list[tuple[int, int]]
     bounds: dict[str, np.ndarray] = field(default_factory=dict)
     #: Block index -> the task that makes its rows again, when the blocks do not hold them (see
-    #: :meth:`Job.persist`); ``None`` when they do.
-    remake: list[Task] | None = None
+    #: :meth:`Job.persist`; ``None`` for a block that holds them); ``None`` when they all do.
+    remake: list[Task | None] | None = None
     #: Stored chunk index -> the identity of its rows (for the cache's keys of child tasks: a child
     #: task's key names the rows of only the chunks it takes rows of, so that the parent's last
     #: chunk taking rows as the dataset grows changes the keys of only its own children);
@@ -381,13 +382,18 @@ class Persisted:
         """References to the rows of only the blocks whose child rows overlap ``[lo, hi)``: the
         blocks themselves, or the tasks that make their rows again (add :meth:`Persisted.tasks` to the graph)."""
         ks = self.overlapping(interval, lo, hi)
-        return [TaskRef(self.keys[k] if self.remake is None else self.remake[k].key) for k in ks]
+        return [TaskRef(self.keys[k] if (t := self.remade(k)) is None else t.key) for k in ks]
+
+    def remade(self, block: int) -> Task | None:
+        """The task that makes a block's rows again; ``None`` when the block holds them."""
+        return None if self.remake is None else self.remake[block]
 
     def tasks(self, interval: str, lo: int, hi: int) -> dict:
         """The graph entries :meth:`refs` needs besides the persisted blocks."""
         if self.remake is None:
             return {}
-        return {self.remake[k].key: self.remake[k] for k in self.overlapping(interval, lo, hi)}
+        tasks = (self.remade(k) for k in self.overlapping(interval, lo, hi))
+        return {t.key: t for t in tasks if t is not None}
 
 
 @dataclass(frozen=True)
@@ -657,6 +663,26 @@ def hold_blocks(parent: str, intervals: dict[str, int], *blocks: Block) -> Block
         raise_first(check_bounds(table, parent, f, child_len))
     rows = [b.rows for b in blocks if b.rows is not None]
     return Block(None, Rows.concat(rows) if rows else None, None)
+
+
+def rows_within(limit: int, spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_blocks: Block) -> Block:
+    """:func:`run_group`, its rows left out when they take more than ``limit`` bytes (made again
+    by the child tasks that need them): a persisted pass's rows held, memory bounded."""
+    block = run_group(spec, first, n, link_rows, *parent_blocks)
+    if block.rows is not None and block.rows.nbytes > limit:
+        return block._replace(rows=None)
+    return block
+
+
+def _held_rows(held: list, remake: list[Task | None]) -> list[Task | None] | None:
+    """A locally persisted pass's remake tasks, ``None`` for each block that holds its rows (its
+    child tasks take them, no read again); ``None`` when every block does."""
+    out: list[Task | None] = []
+    for collection, task in zip(held, remake, strict=True):
+        graph = collection.__dask_graph__()
+        block = graph.get(collection.key) if isinstance(graph, Mapping) else None
+        out.append(None if isinstance(block, Block) and block.rows is not None else task)
+    return None if all(t is None for t in out) else out
 
 
 def _bounds_of(block: Block) -> dict[str, np.ndarray]:
@@ -1320,8 +1346,9 @@ class Job:
         graph, deps = {}, []
         link = spec.parent
         persisted = link is not None and isinstance(link.parent, Persisted | Held)
-        if link is not None and isinstance(link.parent, Persisted) and link.parent.remake is None:
-            deps = link.parent.collections
+        if link is not None and isinstance(link.parent, Persisted):
+            if link.parent.remake is None or any(t is None for t in link.parent.remake):
+                deps = link.parent.collections
         if link is not None and isinstance(link.parent, Held):
             graph.update(link.parent.graph)
         windows = hasattr(spec.source, "window")
@@ -1407,7 +1434,11 @@ class Job:
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
             remake, keep, calls = self._remakes(spec, name)
-            graph, deps, groups = self.leaves(spec, name, guided=False, keep=keep)
+            hold = remake is not None and self.client is None and self.cache is None
+            graph, deps, groups = self.leaves(spec, name, guided=False, keep="all" if hold else keep)
+            if hold:  # (each block keeps its rows within its share of HELD_ROWS_BYTES: see _held_rows)
+                share = HELD_ROWS_BYTES // max(1, len(groups))
+                graph = {k: Task(k, rows_within, share, *t.args) if k[0] == name else t for k, t in graph.items()}
             row_ids = self._row_ids(spec)
             remakes.append((remake, row_ids, calls))
             with dask.annotate(priority=spec.priority):
@@ -1429,6 +1460,8 @@ class Job:
             held = done[i : i + len(parts)]
             i += len(parts)
             remake, row_ids, calls = remakes[len(out)]
+            if remake is not None and self.client is None and self.cache is None:
+                remake = _held_rows(held, remake)
             out.append(
                 Persisted(spec, [p.key for p in held], held, groups, remake=remake, row_ids=row_ids, remake_calls=calls)
             )
@@ -1446,14 +1479,14 @@ class Job:
             return None
         return self.group_ids(spec, [(c, 1) for c in range(spec.source.nchunks)], "rows")
 
-    def _remakes(self, spec: Pass, name: str) -> tuple[list[Task] | None, str, list[tuple] | None]:
+    def _remakes(self, spec: Pass, name: str) -> tuple[list[Task | None] | None, str, list[tuple] | None]:
         """How a persisted pass keeps its rows: ``(remake tasks, what its tasks keep, their
         arguments)``; its rows are made again by the tasks that need them when its parent is none
         or rows in memory (the reduction and the checks run in the pass, in the same groups)."""
         if _remade(spec):
             again, _, _ = self.leaves(spec, f"{name}-rows", guided=False, keep="rows")
-            remake = list(again.values())
-            return remake, "no rows", [tuple(t.args) for t in remake]  # (plain arguments: no reference)
+            remake: list[Task | None] = list(again.values())
+            return remake, "no rows", [tuple(t.args) for t in again.values()]  # (plain arguments: no reference)
         return None, "all", None
 
     def pass_entry(self, spec: Pass, groups: list[tuple[int, int]], keep: str) -> tuple[cachelib.Entry, bool] | None:

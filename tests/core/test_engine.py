@@ -62,7 +62,10 @@ def _counting(monkeypatch):
     return calls
 
 
-def test_parent_pass_routes_rows_and_decodes_each_chunk_once(small_ds, monkeypatch):
+@pytest.mark.parametrize("held", [True, False])
+def test_parent_pass_routes_rows_and_decodes_each_chunk_once(small_ds, monkeypatch, held):
+    if not held:  # (rows over the budget: made again by the agent tasks that need them)
+        monkeypatch.setattr(engine, "HELD_ROWS_BYTES", 0)
     ds = l5dask.open_dataset(small_ds)
     ref = read_all(small_ds)
     calls = _counting(monkeypatch)
@@ -75,11 +78,16 @@ def test_parent_pass_routes_rows_and_decodes_each_chunk_once(small_ds, monkeypat
     want = np.repeat(ref["frames"]["timestamp"], fiv[:, 1] - fiv[:, 0])
     np.testing.assert_array_equal(got, want)
     assert [s for s, _ in frame_starts] == [ds[fmt.FRAMES].chunk_bounds(i)[0] for i in range(ds[fmt.FRAMES].nchunks)]
-    # agents decoded once; frames twice: by the pass, and again for the rows each agent task needs
-    # (the pass does not hold them)
-    expected = sorted((n, str(i)) for n in (fmt.FRAMES, fmt.AGENTS, fmt.FRAMES) for i in range(ds[n].nchunks))
+    # agents decoded once; frames once when the pass holds its rows (within the budget), else
+    # twice: by the pass, and again for the rows each agent task needs
+    names = (fmt.FRAMES, fmt.AGENTS) + (() if held else (fmt.FRAMES,))
+    expected = sorted((n, str(i)) for n in names for i in range(ds[n].nchunks))
     assert sorted(calls) == expected
-    assert done.remake is not None and all(b.rows is None for b in dask.compute(*done.collections))
+    blocks = dask.compute(*done.collections)
+    if held:
+        assert done.remake is None and all(b.rows is not None for b in blocks)
+    else:
+        assert done.remake is not None and all(b.rows is None for b in blocks)
 
 
 def test_a_local_persist_takes_the_interval_bounds_from_its_blocks(small_ds, monkeypatch):
@@ -105,9 +113,13 @@ def test_a_local_persist_takes_the_interval_bounds_from_its_blocks(small_ds, mon
         job.persist(short)
 
 
-def test_child_tasks_depend_on_exactly_the_overlapping_parent_blocks(small_ds):
-    """Each child task's dependencies are the parent blocks whose agent ranges overlap its rows,
-    computed here from the reference arrays; the graph has O(chunks) tasks."""
+@pytest.mark.parametrize("held", [True, False])
+def test_child_tasks_depend_on_exactly_the_overlapping_parent_blocks(small_ds, monkeypatch, held):
+    """Each child task's dependencies are the parent blocks whose agent ranges overlap its rows
+    (held, or the tasks that make their rows again), computed here from the reference arrays; the
+    graph has O(chunks) tasks."""
+    if not held:
+        monkeypatch.setattr(engine, "HELD_ROWS_BYTES", 0)
     ds = l5dask.open_dataset(small_ds)
     fiv = read_all(small_ds)["frames"]["agent_index_interval"]
     job = Job(chunks_per_task=1)
@@ -116,12 +128,12 @@ def test_child_tasks_depend_on_exactly_the_overlapping_parent_blocks(small_ds):
     child = Pass(ds[fmt.AGENTS], AGENT_TS, parent=done.link("agent_index_interval", "start"))
     graph, _, groups = job.leaves(child, "child")
     block_rows = [ds[fmt.FRAMES].chunk_bounds(f) for f, _ in done.groups]
-    assert len(graph) == len(groups) + len(done.keys)  # each parent block's rows made once
+    # each parent block's rows made once, or held
+    assert len(graph) == len(groups) + (0 if held else len(done.keys))
     for i, (first, n) in enumerate(groups):
         lo, hi = ds[fmt.AGENTS].chunk_bounds(first)[0], ds[fmt.AGENTS].chunk_bounds(first + n - 1)[1]
-        want = {
-            done.remake[k].key for k, (a, b) in enumerate(block_rows) if b > a and fiv[a, 0] < hi and fiv[b - 1, 1] > lo
-        }
+        keys = done.keys if held else [t.key for t in done.remake]
+        want = {keys[k] for k, (a, b) in enumerate(block_rows) if b > a and fiv[a, 0] < hi and fiv[b - 1, 1] > lo}
         assert set(graph[("child", i)].dependencies) == want and len(want) < len(done.keys)
     reduce_graph: dict = {}
     root = engine.tree_reduce(reduce_graph, "r", [("child", i) for i in range(len(groups))], AGENT_TS, split_every=4)

@@ -709,11 +709,31 @@ def test_aggregate_reads_each_chunk_once(edge_ds, monkeypatch):
     calls = _reads(monkeypatch)
     ds = l5dask.open_dataset(edge_ds)
     aggregate(ds, "agents", by=["scene_index"], values={"speed": ["mean"], "extent_length": ["q50"]})
-    for name, times in ((fmt.AGENTS, 1), (fmt.FRAMES, 3), (fmt.SCENES, 1)):
-        # the frames twice: by their pass, and for the join rows of the agent tasks that need them
-        # (made again, not held for the whole pass): a second fetch, and a second decode, count 2
-        want = sorted(str(i) for i in range(ds[name].nchunks) for _ in range(times))
+    for name in (fmt.AGENTS, fmt.FRAMES, fmt.SCENES):
+        # the frames once too: their pass keeps the join rows the agent tasks take (small, held)
+        want = sorted(str(i) for i in range(ds[name].nchunks))
         assert sorted(k for n, k in calls if n == name) == want, name
+
+
+def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge_ds, monkeypatch):
+    """The agents' distance to the ego needs the frames' rows: held from the frames' pass (each
+    frames chunk read once); beyond the held-rows budget, each block's rows are made again by the
+    agent tasks that need them (each chunk read twice: fetched and decoded again, counted 2), and
+    the result is the same bits."""
+    from l5dask.core import engine
+
+    ds = l5dask.open_dataset(edge_ds)
+    query = {"by": ["scene_index", "label"], "values": {"speed": ["mean", "count"]}, "where": "distance_to_ego < 20"}
+    got = {}
+    for budget, times in ((engine.HELD_ROWS_BYTES, 1), (0, 3)):
+        monkeypatch.setattr(engine, "HELD_ROWS_BYTES", budget)
+        calls = _reads(monkeypatch)
+        got[budget] = aggregate(ds, "agents", **query)
+        want = sorted(str(i) for i in range(ds[fmt.FRAMES].nchunks) for _ in range(times))
+        assert sorted(k for n, k in calls if n == fmt.FRAMES) == want, budget
+        assert sorted(k for n, k in calls if n == fmt.AGENTS) == sorted(map(str, range(ds[fmt.AGENTS].nchunks)))
+    a, b = got.values()
+    pd.testing.assert_frame_equal(a, b, check_exact=True)
 
 
 @pytest.mark.parametrize(

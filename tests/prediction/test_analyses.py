@@ -125,13 +125,13 @@ def chunk_reads(counts: collections.Counter, array: str) -> dict[str, int]:
 def test_each_chunk_is_read_once(ds, reads):
     """The report, the catalog and five aggregations (over agents, faces and scenes): each stored
     chunk of the scenes, agents and faces read once; the frames as often as for the report alone
-    (once for the pass, once for the rows its children's tasks make again), with an aggregation
+    (once: the pass holds the rows its children's tasks take), with an aggregation
     over the frames too: the report's frames reduction is exact (its floats do not follow the
     tasks), so it takes the aggregation's groups of chunks (it read them once more before)."""
     ds_ = l5dask.open_dataset(ds)
     compute_report(ds_)
     report_frames = chunk_reads(reads, fmt.FRAMES)
-    assert set(report_frames.values()) == {2} and len(report_frames) == ds_[fmt.FRAMES].nchunks
+    assert set(report_frames.values()) == {1} and len(report_frames) == ds_[fmt.FRAMES].nchunks
     for extra in ([], ["frames"]):
         reads.clear()
         analyze(ds_, {n: a for n, a in ALL.items() if n != "frames" or extra})

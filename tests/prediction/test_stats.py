@@ -173,8 +173,8 @@ def test_empty_arrays(tmp_path):
 
 def test_one_pass_reads_each_chunk_once(small_ds, monkeypatch):
     """Every stored chunk is read once (the agents' gathered from their bytes, the others decoded),
-    and the frames once more: their join rows are made again for the agent tasks that need them,
-    not held for the whole pass (1.4% more decoding, memory flat)."""
+    the frames too: their pass holds the join rows the agent tasks take (small: within
+    ``HELD_ROWS_BYTES``, beyond which they are made again and the frames read twice)."""
     import l5dask.prediction.reading as reading
     from l5dask.core.store import Store
 
@@ -191,7 +191,7 @@ def test_one_pass_reads_each_chunk_once(small_ds, monkeypatch):
     compute_report(small_ds)
     ds = l5dask.open_dataset(small_ds)
     chunks = [k for k in reads if not k.rsplit("/", 1)[-1].startswith(".")]
-    want = [ds[n].meta.key(i) for n in [*ds.arrays, fmt.FRAMES] for i in range(ds[n].meta.nchunks)]
+    want = [ds[n].meta.key(i) for n in ds.arrays for i in range(ds[n].meta.nchunks)]
     assert sorted(chunks) == sorted(want)
     assert fmt.AGENTS not in decodes  # gathered, never decoded into records
 
