@@ -36,13 +36,34 @@ def histogram(ax, hist: dict, xlabel: str, title: str, color: str, log: bool = F
     return ax
 
 
-def png(draw, report: dict[str, Any], size=(7, 3.6)) -> bytes:
-    """Draw one report figure off-screen and return it as PNG bytes (square for a map: a ``draw``
-    with a true ``square`` attribute)."""
+#: The margins of a figure drawn with ``fixed_margins``, in inches: left, bottom, right, top.
+MARGIN = (0.8, 0.55, 0.35, 0.35)
+
+
+def figure(draw, report: dict[str, Any], size=(7, 3.6)):
+    """One report figure drawn off-screen (a matplotlib ``Figure``): square for a map (a ``draw``
+    with a true ``square`` attribute); margins of :data:`MARGIN` for a ``draw`` with a true
+    ``fixed_margins`` attribute, else matplotlib's constrained layout."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.5, 6.5) if getattr(draw, "square", False) else size, layout="constrained")
-    draw(report, ax=fig.add_subplot())
+    w, h = (6.5, 6.5) if getattr(draw, "square", False) else size
+    if getattr(draw, "fixed_margins", False):
+        # margins fixed in inches, not a layout engine: matplotlib's constrained layout measures
+        # every text twice (a catalog page's 25 histograms: 1.85-2.34 against 1.23-1.37 CPU-s);
+        # for figures whose labels are numbers and short names
+        fig = Figure(figsize=(w, h))
+        ax = fig.add_subplot()
+        left, bottom, right, top = MARGIN
+        ax.set_position((left / w, bottom / h, 1 - (left + right) / w, 1 - (bottom + top) / h))
+    else:
+        fig = Figure(figsize=(w, h), layout="constrained")
+        ax = fig.add_subplot()
+    draw(report, ax=ax)
+    return fig
+
+
+def png(draw, report: dict[str, Any], size=(7, 3.6)) -> bytes:
+    """:func:`figure` as PNG bytes."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=96)
+    figure(draw, report, size).savefig(buf, format="png", dpi=96)
     return buf.getvalue()

@@ -233,6 +233,7 @@ def catalog_histogram(column: str):
         ax.set_title(column + (f" ({missing:,} scenes without one)" if missing else ""))
         return ax
 
+    draw.fixed_margins = True  # type: ignore[attr-defined]  # (its labels are numbers: core.figures.png)
     return draw
 
 

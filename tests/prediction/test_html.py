@@ -110,8 +110,8 @@ def test_report_is_one_pass(small_ds, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     ds = l5dask.open_dataset(small_ds)
     # the agents and faces read from their stored bytes (never decoded); every other chunk decoded
-    # once, and the frames once more for the agents' join rows (made again, not held for the pass)
-    decoded = [n for n in ds.arrays if n not in (fmt.AGENTS, fmt.TL_FACES)] + [fmt.FRAMES]
+    # once (the frames' join rows held from their pass for the agents: not made again)
+    decoded = [n for n in ds.arrays if n not in (fmt.AGENTS, fmt.TL_FACES)]
     assert ds.has(fmt.TL_FACES) and ds[fmt.TL_FACES].meta.nchunks
     assert sorted(calls) == sorted((n, str(i)) for n in decoded for i in range(ds[n].meta.nchunks))
 
@@ -265,3 +265,30 @@ def test_catalog_page_is_self_contained_and_bounded(catalog_page, monkeypatch, s
 def test_report_has_the_catalog_section(page, small_ds):
     text = page.read_text()
     assert "Scene catalog" in text and 'id="catalog-table"' in text
+
+
+def test_the_catalog_histograms_fixed_margins_hold_their_labels(catalog_page):
+    """The catalog's histograms are drawn with fixed margins (no layout engine): at a full
+    dataset's scale (134,622 scenes: counts of six digits, values of up to 1e7 and below 0) every
+    tick label, axis label, offset text and title stays inside the figure."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from l5dask.core.figures import figure
+    from l5dask.prediction import html as page_module
+    from l5dask.prediction.plots import catalog_figures
+
+    _, cat = catalog_page
+    columns = page_module.catalog_columns(cat)
+    rng = np.random.default_rng(0)
+    n = 134_622
+    fixed = [(c, d) for c, d in catalog_figures(columns) if getattr(d, "fixed_margins", False)]
+    assert len(fixed) >= 20  # the numeric columns' histograms
+    for scale in (1.0, 1e5, 1e7):
+        big = {k: rng.normal(0, 2, n) * scale for k in columns}
+        big[next(iter(columns))][:100_000] = scale  # a bin of 100,000 scenes: six-digit counts
+        for caption, draw in fixed:
+            fig = figure(draw, big)
+            renderer = FigureCanvasAgg(fig).get_renderer()
+            box, page = fig.get_tightbbox(renderer), fig.bbox_inches
+            assert box.x0 >= page.x0 and box.y0 >= page.y0, (caption, scale, box)
+            assert box.x1 <= page.x1 and box.y1 <= page.y1, (caption, scale, box)
