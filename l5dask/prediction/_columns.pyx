@@ -208,61 +208,37 @@ def sketch_counts(const int64_t[::1] codes, const real_t[::1] values, int64_t sh
     return bad
 
 
+cdef inline void _mix_typed(const int_t* k, Py_ssize_t m, int64_t lo, int64_t stride, int64_t* buf,
+                            bint first) noexcept nogil:
+    """``buf[:m] (+)= (k[:m] - lo) * stride`` (``=`` for the ``first`` key): a loop per key type
+    (the fused type's), which the compiler makes a vector loop."""
+    cdef Py_ssize_t i
+    if first:
+        for i in range(m):
+            buf[i] = (<int64_t>k[i] - lo) * stride
+    else:
+        for i in range(m):
+            buf[i] += (<int64_t>k[i] - lo) * stride
+
+
 cdef inline void _mix_block(const char* p, int32_t kind, Py_ssize_t a, Py_ssize_t m, int64_t lo, int64_t stride,
                             int64_t* buf, bint first) noexcept nogil:
-    """``buf[:m] (+)= (key[a:a + m] - lo) * stride`` (``=`` for the ``first`` key) of an integer key
-    whose type is ``kind`` (``KEY_KINDS``' order): a loop per type, which the compiler makes a
-    vector loop."""
-    cdef Py_ssize_t i
+    """:func:`_mix_typed` of rows ``a .. a + m - 1`` of an integer key at ``p`` whose type is
+    ``kind`` (``KEY_KINDS``' order)."""
     if kind == 0:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const int8_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const int8_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const int8_t*>p) + a, m, lo, stride, buf, first)
     elif kind == 1:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const int16_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const int16_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const int16_t*>p) + a, m, lo, stride, buf, first)
     elif kind == 2:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const int32_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const int32_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const int32_t*>p) + a, m, lo, stride, buf, first)
     elif kind == 3:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const int64_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const int64_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const int64_t*>p) + a, m, lo, stride, buf, first)
     elif kind == 4:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const uint8_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const uint8_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const uint8_t*>p) + a, m, lo, stride, buf, first)
     elif kind == 5:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const uint16_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const uint16_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const uint16_t*>p) + a, m, lo, stride, buf, first)
     else:
-        if first:
-            for i in range(m):
-                buf[i] = ((<const uint32_t*>p)[a + i] - lo) * stride
-        else:
-            for i in range(m):
-                buf[i] += ((<const uint32_t*>p)[a + i] - lo) * stride
+        _mix_typed((<const uint32_t*>p) + a, m, lo, stride, buf, first)
 
 
 #: Rows whose group codes ``keyed_reduce`` makes at a time (16 kB of codes: they stay in the L1
