@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,29 @@ from l5dask.errors import L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import Gather
 from l5dask.prediction.reading import decode_chunk, read_chunk_rows
+
+
+def _verdict(raw: bytes, meta: fmt.ArrayMeta, index: int, read: Callable[[Store], Any], what: str) -> tuple[Any, Any]:
+    """``(read's answer, or None where it refused; the whole chunk decoded, or None)`` of ``raw``
+    put in a store of its own as stored chunk ``index``: a refusal must be one line of l5dask's
+    errors, and a chunk the one rule refuses whole must be refused."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, meta.key(index))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(raw)
+        try:
+            got = read(Store(tmp))
+        except L5DaskError as exc:
+            assert "\n" not in str(exc), f"a refusal of more than one line: {exc}"
+            got = None
+    try:
+        whole = decode_chunk(raw, meta, True, str(index))
+    except L5DaskError:
+        whole = None
+    why = check_blosc(raw, meta.chunk_nbytes, meta.typesize)
+    assert why is None or got is None, f"{what} from a chunk the one rule refuses whole: {why}"
+    return got, whole
 
 
 def partial_verdict(
@@ -30,22 +54,7 @@ def partial_verdict(
     ranges' lengths and the array's dtype, and, where the whole chunk decodes, its rows bit for
     bit. (Where only numcodecs refuses the whole chunk, a block the rows are not in may be what
     it refuses: the rows read are those of the blocks that hold them, which decode.)"""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, meta.key(index))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(raw)
-        try:
-            got = read_chunk_rows(Store(tmp), meta, index, ranges)
-        except L5DaskError as exc:
-            assert "\n" not in str(exc), f"a refusal of more than one line: {exc}"
-            got = None
-    try:
-        whole = decode_chunk(raw, meta, True, str(index))
-    except L5DaskError:
-        whole = None
-    why = check_blosc(raw, meta.chunk_nbytes, meta.typesize)
-    assert why is None or got is None, f"rows read from a chunk the one rule refuses whole: {why}"
+    got, whole = _verdict(raw, meta, index, lambda store: read_chunk_rows(store, meta, index, ranges), "rows read")
     if got is not None:
         start = meta.chunk_bounds(index)[0]
         assert len(got) == len(ranges), "not one answer a range"
@@ -88,33 +97,21 @@ def partial_gather_verdict(
     from l5dask.prediction.scenes import ViewChunk, part_sources
 
     n = sum(hi - lo for lo, hi in ranges)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, meta.key(index))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(raw)
-        found: list[np.ndarray] = []
-        values: list[np.ndarray] = []
-        codes: list[np.ndarray] = []
-        try:
-            part = read_chunk_part(Store(tmp), meta, index, ranges)
-            entries, at = [], 0
-            for (lo, hi), (src, row) in zip(ranges, part_sources(part, meta, index, ranges)):
-                entries.append((src, row, hi - lo, at, 0))
-                at += hi - lo
-            chunk = ViewChunk(meta.dtype, n, entries, {})
-            outs, maxes = chunk.gather(plan.elements, plan.argmax, plan.distinct, found, values, codes)
-            records = ViewChunk(meta.dtype, n, entries, {}).records()
-            got: tuple | None = (outs, maxes, values, found, codes, records)
-        except L5DaskError as exc:
-            assert "\n" not in str(exc), f"a refusal of more than one line: {exc}"
-            got = None
-    try:
-        whole = decode_chunk(raw, meta, True, str(index))
-    except L5DaskError:
-        whole = None
-    why = check_blosc(raw, meta.chunk_nbytes, meta.typesize)
-    assert why is None or got is None, f"columns gathered from a chunk the one rule refuses whole: {why}"
+    found: list[np.ndarray] = []
+    values: list[np.ndarray] = []
+    codes: list[np.ndarray] = []
+
+    def gather(store: Store) -> tuple:
+        part = read_chunk_part(store, meta, index, ranges)
+        entries, at = [], 0
+        for (lo, hi), (src, row) in zip(ranges, part_sources(part, meta, index, ranges)):
+            entries.append((src, row, hi - lo, at, 0))
+            at += hi - lo
+        chunk = ViewChunk(meta.dtype, n, entries, {})
+        outs, maxes = chunk.gather(plan.elements, plan.argmax, plan.distinct, found, values, codes)
+        return outs, maxes, values, found, codes, ViewChunk(meta.dtype, n, entries, {}).records()
+
+    got, whole = _verdict(raw, meta, index, gather, "columns gathered")
     if got is not None and whole is not None:
         start = meta.chunk_bounds(index)[0]
         want = np.concatenate([whole[lo - start : hi - start] for lo, hi in ranges]) if ranges else whole[:0]

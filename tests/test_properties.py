@@ -85,19 +85,16 @@ def test_the_compressed_gather_and_numcodecs_agree_on_every_chunk(data, dtype, c
             assert set().union(*map(as_rows, found)) == as_rows(decoded[distinct])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
-def test_reading_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, chunk_rows, params):
-    """``read_chunk_rows`` (only the blosc blocks that hold the rows) of any sorted row ranges, in
-    a chunk of any records, codec, shuffle and block size (more than 64 blocks too, or stored
-    without compression), short or not, first or not: the same rows as numcodecs' decode of the
-    whole chunk, sliced. Damaged: refused in one line, or the whole chunk's rows where it decodes
-    (``tests/partial_reference.py``)."""
-    tail = data.draw(st.booleans())  # the last rows of a whole chunk (its short last block alone), or any
+def partial_case(data, dtype, chunk_rows: int, params: dict):
+    """A stored chunk and sorted row ranges of it, for the tests of reading part of a chunk:
+    ``(records, clean chunk, stored bytes (maybe damaged), meta, chunk index, ranges)``; the chunk
+    first or not, short or not (its padding zeros, as zarr writes it), the ranges any, or the last
+    rows of a whole chunk (its short last block alone)."""
+    tail = data.draw(st.booleans())
     rows = chunk_rows if tail else data.draw(st.integers(1, chunk_rows))
     index = data.draw(st.integers(0, 2))
     rec = data.draw(s.records(dtype, chunk_rows))
-    rec[rows:] = np.zeros(1, dtype)  # the padding, as zarr writes it
+    rec[rows:] = np.zeros(1, dtype)
     clean = Blosc(**params).encode(rec)
     raw = data.draw(s.damaged(clean))
     if tail:
@@ -106,7 +103,19 @@ def test_reading_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, ch
         cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=2, max_size=6, unique=True)))
     start = index * chunk_rows
     ranges = [(start + a, start + b) for a, b in zip(cuts[::2], cuts[1::2])]
-    meta = fmt.ArrayMeta("t", dtype, start + rows, chunk_rows)
+    return rec, clean, raw, fmt.ArrayMeta("t", dtype, start + rows, chunk_rows), index, ranges
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_reading_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, chunk_rows, params):
+    """``read_chunk_rows`` (only the blosc blocks that hold the rows) of any sorted row ranges, in
+    a chunk of any records, codec, shuffle and block size (more than 64 blocks too, or stored
+    without compression), short or not, first or not: the same rows as numcodecs' decode of the
+    whole chunk, sliced. Damaged: refused in one line, or the whole chunk's rows where it decodes
+    (``tests/partial_reference.py``)."""
+    rec, clean, raw, meta, index, ranges = partial_case(data, dtype, chunk_rows, params)
+    start = index * chunk_rows
     got, whole = partial_verdict(raw, meta, index, ranges)  # (asserts: one line, or the whole chunk's rows)
     event(f"{'clean' if raw == clean else 'damaged'}: {'read' if got is not None else 'refused'}")
     if raw == clean:
@@ -176,20 +185,8 @@ def test_gathering_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, 
     argmaxes, maxima, distinct values and codes that the same gather makes of the whole chunk's
     rows decoded by numcodecs, sliced. Damaged: refused in one line, or those of the whole chunk
     where it decodes (``tests/partial_reference.py``)."""
-    tail = data.draw(st.booleans())
-    rows = chunk_rows if tail else data.draw(st.integers(1, chunk_rows))
-    index = data.draw(st.integers(0, 2))
-    rec = data.draw(s.records(dtype, chunk_rows))
-    rec[rows:] = np.zeros(1, dtype)
-    clean = Blosc(**params).encode(rec)
-    raw = data.draw(s.damaged(clean))
-    if tail:
-        cuts = [rows - data.draw(st.integers(1, min(rows, 40))), rows]
-    else:
-        cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=2, max_size=6, unique=True)))
+    rec, clean, raw, meta, index, ranges = partial_case(data, dtype, chunk_rows, params)
     start = index * chunk_rows
-    ranges = [(start + a, start + b) for a, b in zip(cuts[::2], cuts[1::2])]
-    meta = fmt.ArrayMeta("t", dtype, start + rows, chunk_rows)
     plan = plan_for(dtype, data.draw(st.sampled_from([None, *dtype.names])))
     got, whole = partial_gather_verdict(raw, meta, index, ranges, plan)
     event(f"{'clean' if raw == clean else 'damaged'}: {'read' if got is not None else 'refused'}")
