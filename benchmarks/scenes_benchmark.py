@@ -35,9 +35,9 @@ from common import dataset, drop_caches, measure, record, run, run_measured  # n
 #: Runs an l5dask command in this process with every byte the store reads counted (written to argv[1]).
 COUNTING = """
 import json, sys
-from l5dask.core.store import Store
+from l5dask.core.store import LocalFile, Store
 n = {"bytes": 0, "reads": 0}
-get, get_into, fetched = Store.get, Store.get_into, Store._fetched
+get, get_into, fetched, read = Store.get, Store.get_into, Store._fetched, LocalFile.read
 def counting_get(self, key, **kw):
     data = get(self, key, **kw)
     n["bytes"] += len(data); n["reads"] += 1
@@ -50,7 +50,12 @@ def counting_fetched(self, *a, **kw):
     for data in fetched(self, *a, **kw):
         n["bytes"] += len(data); n["reads"] += 1
         yield data
+def counting_read(self, start=None, end=None):  # (a local chunk read in part: its file opened once)
+    data = read(self, start, end)
+    n["bytes"] += len(data); n["reads"] += 1
+    return data
 Store.get, Store.get_into, Store._fetched = counting_get, counting_get_into, counting_fetched
+LocalFile.read = counting_read
 from l5dask.cli import main
 try:
     main(sys.argv[2:], standalone_mode=False)

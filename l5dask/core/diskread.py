@@ -206,14 +206,59 @@ def read(path: str, start: int | None = None, end: int | None = None, direct: bo
     when they are not all in it."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        a, b = span(start, end, os.fstat(fd).st_size)
-        if direct and resident(fd, a, b) is False:
-            data = _read_direct(fd, a, b)
-            if data is not None:
-                return data
-        return _read_cached(fd, a, b)
+        return _read_fd(fd, *span(start, end, os.fstat(fd).st_size), direct)
     finally:
         os.close(fd)
+
+
+def _read_fd(fd: int, a: int, b: int, direct: bool) -> bytes:
+    if direct and resident(fd, a, b) is False:
+        data = _read_direct(fd, a, b)
+        if data is not None:
+            return data
+    return _read_cached(fd, a, b)
+
+
+class File:
+    """A local file opened once for several reads of ranges of it (a chunk read in part: its
+    header, then its blocks and its last byte): one ``open`` and ``fstat`` for them all, where
+    ``read()`` makes them for each. Each :meth:`read` returns what ``read()`` would (around the page
+    cache with ``direct`` when the range is not in it). Read through the page cache, the kernel is
+    told the reads are random (``POSIX_FADV_RANDOM``, on this open file only): it reads no bytes
+    ahead of them, which a chunk read in part does not want. Through one file, a partial read of
+    a chunk of 121 M agents' dataset (one to three ranges of blocks) took 47 us of CPU in the page
+    cache against 89 us through ``Store.get`` and ``Store.iter_ranges``."""
+
+    __slots__ = ("fd", "size", "direct")
+
+    def __init__(self, path: str, direct: bool) -> None:
+        self.fd = os.open(path, os.O_RDONLY)
+        try:
+            self.size = os.fstat(self.fd).st_size
+            if not direct and _FADVISE:
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.direct = direct
+
+    def read(self, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the file (as ``read()``: ``None``, negative ``start``)."""
+        return _read_fd(self.fd, *span(start, end, self.size), self.direct)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> File:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_RANDOM")
 
 
 def submit(path: str, start: int | None = None, end: int | None = None) -> Future:

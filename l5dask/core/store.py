@@ -385,6 +385,23 @@ class Store:
         except OSError as exc:
             raise StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}") from exc
 
+    def open_file(self, key: str, *, what: str | None = None) -> LocalFile:
+        """On a local disk, object ``key`` opened once for several ranged reads (a chunk read in
+        part: :func:`~l5dask.prediction.reading.read_chunk_part`), each as :meth:`get` of the range
+        reads it (around the page cache for a large dataset, counted), with no hint to the kernel
+        to read ahead (:class:`l5dask.core.diskread.File`); errors as :meth:`get`'s. Close it
+        (it is a context manager). Only for a :attr:`local` store."""
+        if not self.local:
+            raise ValueError("Store.open_file: only for a store on a local disk")
+        try:
+            return LocalFile(self, key, what, diskread.File(self.path(key), diskread.wanted(self.large)))
+        except FileNotFoundError as exc:
+            raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
+        except PermissionError as exc:
+            raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
+        except OSError as exc:
+            raise StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}") from exc
+
     def will_need(self, keys: list[str], ranges: list[tuple[int | None, int | None]] | None = None) -> bool:
         """A hint that these objects (or these ``(start, end)`` ranges of them) are read next: on a
         local disk, what is not in the page cache is read ahead around it (:mod:`l5dask.core.diskread`),
@@ -642,6 +659,32 @@ class Store:
     def __reduce__(self):
         # Rebuild from the filesystem (fsspec filesystems pickle to their init arguments).
         return (_rebuild_store, (self.url, self._fs, self.root, self.large))
+
+
+class LocalFile:
+    """What :meth:`Store.open_file` opens: :meth:`read` of ranges of one local object, counted as
+    the store's reads; a context manager that closes the file."""
+
+    __slots__ = ("store", "key", "what", "file")
+
+    def __init__(self, store: Store, key: str, what: str | None, file: diskread.File) -> None:
+        self.store, self.key, self.what, self.file = store, key, what, file
+
+    def read(self, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of the object (as :meth:`Store.get`: ``None``, a negative ``start``)."""
+        try:
+            return _counted(self.file.read(start, end), self.key)
+        except OSError as exc:
+            raise StoreError(f"{self.store.url}: reading {self.key!r} failed: {_describe(exc)}") from exc
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.file.close()
 
 
 def local_folder(url: str, storage_options: dict[str, Any]) -> str | None:

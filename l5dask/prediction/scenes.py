@@ -40,6 +40,7 @@ from l5dask.prediction.reading import (
     ChunkPart,
     L5Array,
     chunk_fault,
+    iter_chunks,
     iter_stored,
     project,
     read_chunk_part,
@@ -249,7 +250,13 @@ class SceneView(L5Array):
         base = self.base
         for c, n, ranges in self._runs(chunks, blo, bhi):
             if n:
-                for start, records in base.iter_chunks(c, n):
+                # (no hint of the stored chunks next to these: most are other scenes', never read)
+                it = (
+                    iter_chunks(base.store, base.meta, base.compressed, c, n, hint=False)
+                    if type(base) is L5Array
+                    else base.iter_chunks(c, n)
+                )
+                for start, records in it:
                     yield start, len(records), records
             else:
                 for (x, y), records in zip(ranges, read_chunk_rows(base.store, base.meta, c, ranges)):
@@ -263,7 +270,7 @@ class SceneView(L5Array):
         meta = base.meta
         for c, n, ranges in self._runs(chunks, blo, bhi):
             if n:
-                for index, raw in iter_stored(base.store, meta, c, n):
+                for index, raw in iter_stored(base.store, meta, c, n, hint=False):  # (as in _base_rows)
                     a, b = meta.chunk_bounds(index)
                     yield a, b - a, (Stored(meta, index, raw, meta.chunk_rows), 0)
                 continue

@@ -50,7 +50,7 @@ def dataset(base, tmp_path) -> str:
 
 
 class Reads:
-    """The stored chunks read at the store (whole or in part), by key: local reads (Store.get) and
+    """The stored chunks read at the store (whole or in part), by key: local reads (Store.get, LocalFile.read) and
     object-store GETs (the store's one coroutine, _cat_parts)."""
 
     def __init__(self, monkeypatch) -> None:
@@ -66,7 +66,14 @@ class Reads:
             reads.keys.append((path, start, end))
             return await cat(fs, path, start, end)
 
+        read = storemod.LocalFile.read
+
+        def counted_read(file, start=None, end=None):  # (a local chunk read in part: its file opened once)
+            reads.keys.append((file.key, start, end))
+            return read(file, start, end)
+
         monkeypatch.setattr(storemod.Store, "get", counted_get)
+        monkeypatch.setattr(storemod.LocalFile, "read", counted_read)
         monkeypatch.setattr(storemod, "_cat_parts", counted_cat)
 
     def chunks(self) -> list[tuple[str, int | None, int | None]]:

@@ -84,6 +84,47 @@ def test_a_read_is_the_slice_cold_or_cached(blob, start, end, cold):
     assert diskread.read(path, start, end, direct=False) == sliced(data, start, end)
 
 
+@settings(max_examples=100, deadline=None)
+@given(spans=st.lists(st.tuples(offsets, offsets), min_size=1, max_size=4), cold=st.booleans(), direct=st.booleans())
+def test_reads_through_one_open_file_are_the_slices(blob, spans, cold, direct):
+    path, data = blob
+    if cold:
+        evict(path)
+    else:
+        with open(path, "rb") as f:
+            f.read()
+    with diskread.File(path, direct) as f:
+        for start, end in spans:
+            assert f.read(start, end) == sliced(data, start, end)
+    assert f.fd == -1  # (closed)
+
+
+def test_a_file_read_through_the_cache_in_part_reads_nothing_ahead(blob):
+    path, data = blob
+    evict(path)
+    with diskread.File(path, direct=False) as f:
+        assert f.read(10, 300) == data[10:300]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert diskread.resident(fd, 0, 4096) is True
+        assert diskread.resident(fd, 4096, 8192) is False  # (POSIX_FADV_RANDOM: no page read ahead)
+    finally:
+        os.close(fd)
+
+
+def test_a_stores_open_file_reads_counts_and_names_a_missing_object(blob, tmp_path):
+    from l5dask.core.store import read_counts
+
+    path, data = blob
+    store = Store(os.path.dirname(path))
+    before = read_counts()["bytes"]
+    with store.open_file("blob") as f:
+        assert f.read(0, 17) == data[:17] and f.read(-5) == data[-5:] and f.read(4095, 4097) == data[4095:4097]
+    assert read_counts()["bytes"] - before == 17 + 5 + 2
+    with pytest.raises(ChunkError, match="'nothing' is missing"):
+        store.open_file("nothing", what="array 'agents', chunk '0'")
+
+
 def test_a_cold_read_leaves_the_page_cache_as_it_was(blob):
     path, data = blob
     evict(path)

@@ -218,7 +218,22 @@ def test_chunks_holding_none_of_the_scenes_are_never_read(data, monkeypatch, chu
         (probes if start is not None and end is not None and end - start == 1 else keys).append(key)
         return get(self, key, **kw)
 
+    open_file = Store.open_file
+
+    def opening(self, key, **kw):  # (a chunk read in part on a local disk: its file opened once)
+        keys.append(key)
+        return open_file(self, key, **kw)
+
+    hinted: list[str] = []  # (chunks the kernel or the read-ahead threads are told are read soon)
+    will_need = Store.will_need
+
+    def hinting(self, keys, ranges=None):
+        hinted.extend(keys)
+        return will_need(self, keys, ranges)
+
     monkeypatch.setattr(Store, "get", counting)
+    monkeypatch.setattr(Store, "open_file", opening)
+    monkeypatch.setattr(Store, "will_need", hinting)
     rep = compute_report(ds.isel(scene=sel), chunks_per_task=chunks_per_task)
     monkeypatch.undo()
     assert rep["counts"]["scenes"] == len(sel)
@@ -226,6 +241,9 @@ def test_chunks_holding_none_of_the_scenes_are_never_read(data, monkeypatch, chu
     for name, chunks in want.items():
         read = {int(k.split("/")[1]) for k in keys if k.startswith(name + "/") and not k.split("/")[1].startswith(".")}
         assert read == chunks, name
+        # nor read ahead: no hint of a stored chunk next to those read (other scenes': 1.7x the
+        # bytes the store asked for read from the disk, cold, at 5% of the scenes spread)
+        assert {int(k.split("/")[1]) for k in hinted if k.startswith(name + "/")} <= chunks, name
         assert len(chunks) < -(
             -len(read_all(path)[name]) // CHUNKS[{"frames": fmt.FRAMES, "agents": fmt.AGENTS}.get(name, fmt.TL_FACES)]
         ), name
@@ -657,7 +675,17 @@ def test_the_catalog_a_filter_needs_is_kept_in_the_cache(data, tmp_path, monkeyp
             agent_reads.append(key)
         return get(self, key, **kw)
 
+    from l5dask.core.store import LocalFile
+
+    read = LocalFile.read
+
+    def counting_part(self, start=None, end=None):  # (a chunk read in part: each range read of its file)
+        if self.key.startswith("agents/"):
+            agent_reads.append(self.key)
+        return read(self, start, end)
+
     monkeypatch.setattr(Store, "get", counting)
+    monkeypatch.setattr(LocalFile, "read", counting_part)
 
     def stats(out, *extra):
         del agent_reads[:]
