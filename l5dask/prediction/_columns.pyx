@@ -92,6 +92,19 @@ def range_codes(const int_t[::1] k, int64_t lo, int64_t n, int64_t[::1] out):
             out[i] = v if 0 <= v < n else -1
 
 
+cdef inline void _take(int64_t g, double v, int64_t* count, double* total, double* lo, double* hi, bint want_sum,
+                       bint want_min, bint want_max) noexcept nogil:
+    """A value that is not NaN taken into group ``g``'s count, sum, minimum and maximum (those
+    wanted; the arrays' data, unchecked: ``g`` is checked by the caller)."""
+    count[g] += 1
+    if want_sum:
+        total[g] += v
+    if want_min and not v >= lo[g]:
+        lo[g] = v
+    if want_max and not v <= hi[g]:
+        hi[g] = v
+
+
 def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1] count, double[::1] total,
                  double[::1] lo, double[::1] hi, int64_t[::1] rows, bint want_sum, bint want_min, bint want_max,
                  bint want_rows):
@@ -113,13 +126,7 @@ def group_reduce(const int64_t[::1] codes, const double[::1] values, int64_t[::1
             v = values[i]
             if v != v:
                 continue
-            count[g] += 1
-            if want_sum:
-                total[g] += v
-            if want_min and not v >= lo[g]:
-                lo[g] = v
-            if want_max and not v <= hi[g]:
-                hi[g] = v
+            _take(g, v, &count[0], &total[0], &lo[0], &hi[0], want_sum, want_min, want_max)
     return bad
 
 
@@ -288,13 +295,7 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
                 v = values[a + i]
                 if v != v:
                     continue
-                count[g] += 1
-                if want_sum:
-                    total[g] += v
-                if want_min and not v >= lo[g]:
-                    lo[g] = v
-                if want_max and not v <= hi[g]:
-                    hi[g] = v
+                _take(g, v, &count[0], &total[0], &lo[0], &hi[0], want_sum, want_min, want_max)
             if bad >= 0:
                 break
     return bad
