@@ -507,8 +507,17 @@ def check_location(url: str, key: str = "--cache") -> str:
             f"{key} {url}: l5dask cannot write a cache on {proto}:// (a local folder, s3://, gs:// or "
             "abfs:// can hold one)"
         )
-    if proto == "file" and os.path.isfile(url.removeprefix("file://")):
-        raise UsageError(f"{key} {url}: is a file; a cache is a folder")
+    if proto == "file":
+        path = os.path.abspath(url.removeprefix("file://"))
+        if os.path.isfile(path):
+            raise UsageError(f"{key} {url}: is a file; a cache is a folder")
+        while True:  # (the folder or one it is in)
+            if os.path.isfile(os.path.join(path, ".zgroup")) or os.path.isfile(os.path.join(path, ".zarray")):
+                raise UsageError(f"{key} {url}: is in a dataset ({path}); a cache is a folder of its own")
+            parent = os.path.dirname(path)
+            if parent == path:
+                break
+            path = parent
     return proto
 
 

@@ -551,7 +551,8 @@ def test_what_is_not_a_cache_is_refused_in_one_line(dataset, tmp_path):
         extra = ["--max-size", "1GB"] if command == "prune" else []
         for location, message in (
             ("nonexist", "nonexist: no such cache (the folder does not exist)"),
-            (dataset, f"{dataset}: not an l5dask cache (it holds no {cachelib.FOLDER} folder)"),
+            (dataset, f"{dataset}: is in a dataset ({dataset}); a cache is a folder of its own"),
+            ("empty/..", f"empty/..: not an l5dask cache (it holds no {cachelib.FOLDER} folder)"),
             ("job.toml", "job.toml: is a file; a cache is a folder"),
         ):
             r = run("cache", command, location, *extra)
@@ -563,6 +564,15 @@ def test_what_is_not_a_cache_is_refused_in_one_line(dataset, tmp_path):
     r = run("stats", dataset, "--cache", "job.toml", "-q")
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == "l5dask: error: --cache job.toml: is a file; a cache is a folder\n"
+    # a dataset's folder, or one in it: refused (a cache written there would be among its arrays)
+    inside = tmp_path / "copy.zarr"
+    shutil.copytree(dataset, inside)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for location in (inside, inside / "cache", inside / "agents"):
+        r = run("stats", dataset, "--cache", location, "-q")
+        assert (r.returncode, r.stdout) == (2, ""), location
+        assert r.stderr.startswith(f"l5dask: error: --cache {location}: is in a dataset (") and r.stderr.count("\n") == 1
+        assert r.stderr.endswith("); a cache is a folder of its own\n"), r.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
 
