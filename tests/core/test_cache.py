@@ -571,7 +571,9 @@ def test_what_is_not_a_cache_is_refused_in_one_line(dataset, tmp_path):
     for location in (inside, inside / "cache", inside / "agents"):
         r = run("stats", dataset, "--cache", location, "-q")
         assert (r.returncode, r.stdout) == (2, ""), location
-        assert r.stderr.startswith(f"l5dask: error: --cache {location}: is in a dataset (") and r.stderr.count("\n") == 1
+        assert (
+            r.stderr.startswith(f"l5dask: error: --cache {location}: is in a dataset (") and r.stderr.count("\n") == 1
+        )
         assert r.stderr.endswith("); a cache is a folder of its own\n"), r.stderr
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
 
