@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,7 @@ def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
             "m.json",
         ),
         (["agg", small_ds, "--by", "label", "--value", "speed:mean"], "speed_mean", "wrote {out}: ", "a.csv"),
-        (["demo", "--num-scenes", "2"], "Distinct tracks", "report of ", "demo"),
+        (["demo", "--num-scenes", "2"], "Distinct tracks", "report of ", "demo"),  # (and its page's time: below)
     ]
     for args, table, line, name in cases:
         out = tmp_path / name
@@ -129,6 +130,8 @@ def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
             assert table in printed.stdout, (args, printed.stdout)
         if name != "a.csv":  # (agg -o never printed its table)
             assert table in loud.stdout, (args, loud.stdout)
+        if name == "demo":  # (the pass's time, and the page's apart: a user saw 0.4 s for a 7 s command)
+            assert re.search(r"in \d+\.\d s \(its page's figures drawn in \d+\.\d s\): ", quiet.stdout), quiet.stdout
 
 
 @pytest.mark.parametrize("value", ["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:5000"])
