@@ -87,9 +87,13 @@ _formatwarning = __import__("warnings").formatwarning
 
 
 def _one_line(message, category, filename, lineno, line=None) -> str:  # type: ignore[no-untyped-def]
-    """A deprecation (``FutureWarning``: an old name that still works) is one line on stderr, as
-    the commands' other lines; other warnings as Python says them."""
-    if issubclass(category, FutureWarning):
+    """A deprecation (``FutureWarning``: an old name that still works) and a warning raised in
+    l5dask's own code (an older dataset format; numpy's of a user's ``where``: a division by 0)
+    are one line on stderr, as the commands' other lines; other libraries' as Python says them."""
+    import os
+
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    if issubclass(category, FutureWarning) or os.path.abspath(str(filename)).startswith(here):
         return f"l5dask: warning: {message}\n"
     return _formatwarning(message, category, filename, lineno, line)
 

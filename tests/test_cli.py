@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -276,3 +277,36 @@ def test_a_cached_command_and_run_say_what_the_cache_did(small_ds, tmp_path):
     ((h1, n1),), ((h2, n2),) = (said(r.stderr) for r in runs)
     assert h1 < n1 and h2 == n2 > 0, (runs[0].stderr, runs[1].stderr)  # (the run's scenes: read once, kept)
     assert cli("run", job, "-q").stderr == ""
+
+
+def test_warnings_of_l5dask_are_one_line(small_ds, tmp_path):
+    """A warning raised in l5dask's code (an older dataset without traffic lights; numpy's in a
+    user's ``where``: a division by 0) is one line on stderr, as the commands' other lines (it was
+    Python's two, the second a line of l5dask's source)."""
+    old = tmp_path / "old.zarr"
+    shutil.copytree(small_ds, old)
+    shutil.rmtree(old / "traffic_light_faces")
+    r = cli("stats", old, "-q", "-o", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    assert (
+        r.stderr
+        == f"l5dask: warning: {old}: no traffic_light_faces array; this is an older dataset format without traffic lights\n"
+    )
+    r = cli(
+        "agg",
+        small_ds,
+        "--by",
+        "label",
+        "--value",
+        "speed:mean",
+        "--where",
+        "speed / 0 > 1",
+        "-q",
+        "-o",
+        tmp_path / "a.csv",
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines and all(line.startswith("l5dask: warning: ") and "encountered in divide" in line for line in lines), (
+        r.stderr
+    )
