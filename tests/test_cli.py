@@ -310,3 +310,23 @@ def test_warnings_of_l5dask_are_one_line(small_ds, tmp_path):
     assert lines and all(line.startswith("l5dask: warning: ") and "encountered in divide" in line for line in lines), (
         r.stderr
     )
+
+
+def test_an_answer_whose_reader_closed_the_pipe_is_no_error(small_ds, tmp_path):
+    """``l5dask cache info DIR | head -1``: the reader gone, the command stops without an error
+    line (it was "l5dask: error: [Errno 32] Broken pipe", exit 2), non-zero as when the last flush
+    meets a closed pipe; the pipe here is closed before the command writes (no race with head)."""
+    import os
+
+    cache = tmp_path / "cache"
+    assert cli("stats", small_ds, "--cache", cache, "-q", "-o", tmp_path / "s.json").returncode == 0
+    for args in (["cache", "info", cache], ["info", small_ds], ["agg", small_ds, "--value", "speed:mean", "-q"]):
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            r = subprocess.run(
+                [sys.executable, "-m", "l5dask.cli", *map(str, args)], stdout=write, stderr=subprocess.PIPE, text=True
+            )
+        finally:
+            os.close(write)
+        assert r.returncode == 1 and r.stderr == "", (args, r.returncode, r.stderr)

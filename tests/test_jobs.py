@@ -227,6 +227,20 @@ BAD = [
         "scene_index, host, start_time, ",
     ),
     (
+        "scenes-number-with-string",
+        '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\nscenes = "num_frames == \'abc\'"\noutput = "a.csv"\n',
+        7,
+        "[analyses.a] on small: scenes \"num_frames == 'abc'\": num_frames is a number column (int64): compare it with "
+        "a number, not 'abc'\n",
+    ),
+    (
+        "where-number-with-string",
+        '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\nwhere = "speed > \'x\'"\noutput = "a.csv"\n',
+        7,
+        "[analyses.a] on small: where \"speed > 'x'\": speed is a number column (float64): compare it with a number, "
+        "not 'x'\n",
+    ),
+    (
         "scenes-not-a-condition",
         '[analyses.r]\nkind = "report"\nscenes = "num_frames + 1"\noutput = "r.json"\n',
         6,
@@ -652,6 +666,60 @@ def test_on_s3_a_missing_dataset_or_bucket_is_refused_before_anything_runs(s3, s
     assert r.returncode == 0, r.stderr
     got = pd.read_parquet(io.BytesIO(s3.s3fs().cat(f"l5-out/{DATE}/c.parquet")))
     pd.testing.assert_frame_equal(got, l5dask.catalog(s3_small, storage_options=s3.storage_options()))
+
+
+def test_a_host_filter_of_a_job_keeps_that_hosts_scenes(small_ds, tmp_path):
+    """``scenes`` comparing host with a host of the dataset runs, with scene-catalog and without (the
+    names compared with a text column are checked over the catalog read, not over a catalog of no
+    row); a host that is not there: one line listing the hosts."""
+    ds = l5dask.open_dataset(small_ds)
+    table = l5dask.catalog(ds)
+    table.to_parquet(tmp_path / "catalog.parquet")
+    host = sorted(table["host"])[0]
+    expr = f"host == '{host}'"
+    chosen = ds.query(expr, catalog=table)
+    assert 0 < len(chosen["scenes"]) < len(ds["scenes"])
+    want = l5dask.aggregate(chosen, by="label", values={"speed": ["mean", "count"]})
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.given]
+        kind = "aggregate"
+        by = "label"
+        values = {{ speed = ["mean", "count"] }}
+        scenes = "{expr}"
+        scene-catalog = "{tmp_path}/catalog.parquet"
+        output = "{tmp_path}/given.parquet"
+
+        [analyses.computed]
+        kind = "aggregate"
+        by = "label"
+        values = {{ speed = ["mean", "count"] }}
+        scenes = "{expr}"
+        output = "{tmp_path}/computed.parquet"
+
+        [analyses.report]
+        kind = "report"
+        scenes = "{expr}"
+        output = "{tmp_path}/report.json"
+        """,
+    )
+    record = run_job(job)
+    assert record["status"] == "written", record["analyses"]
+    for name in ("given", "computed"):
+        pd.testing.assert_frame_equal(
+            pd.read_parquet(tmp_path / f"{name}.parquet"), want, check_dtype=False, check_categorical=False
+        )
+    counts = json.loads((tmp_path / "report.json").read_text())["counts"]
+    assert counts["scenes"] == len(chosen["scenes"])
+    write(job, job.read_text().replace(expr, "host == 'host-zzz'"))
+    r = cli(job, "-q")
+    hosts = ", ".join(sorted(set(table["host"])))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"scenes \"host == 'host-zzz'\": 'host-zzz' is not a host; they are: {hosts}\n" in r.stderr
 
 
 def test_an_analysis_of_some_scenes_reads_the_catalog_the_run_writes(small_ds, tmp_path):

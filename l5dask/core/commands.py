@@ -56,6 +56,12 @@ def friendly(func):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(130)
+        except BrokenPipeError:
+            # the answer's reader closed it (``| head -1``): nothing more can be said, as when
+            # l5dask.cli.run's last flush meets a closed pipe (exit 1); what is left to print goes
+            # nowhere, not to a second error at that flush
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
         except OSError as exc:
             click.echo(f"l5dask: error: {exc}", err=True)
             sys.exit(EXIT_USER_ERROR)

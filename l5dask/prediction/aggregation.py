@@ -48,6 +48,7 @@ from l5dask.prediction.groupby import (
     GroupPart,
     aggregation,
     combine_parts,
+    counts_rows,
     group_part,
     stats_of,
 )
@@ -75,7 +76,8 @@ def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tup
         c = table.columns[col]
         if (c.categorical or c.dtype.kind not in "biuf") and set(reds) - {"count"}:
             raise UsageError(
-                f"{col!r} is {'categorical' if c.categorical else c.dtype.name}: only count applies "
+                f"{col!r} is {'categorical' if c.categorical else c.dtype.name if c.dtype.kind not in 'SU' else c.dtype.str[1:]}: "
+                "only count applies "
                 "(group by it instead)"
             )
         out.append((col, tuple(dict.fromkeys(reds))))
@@ -117,7 +119,7 @@ def empty_part(spec: Spec) -> GroupPart:
 def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
     """The partial of one stored chunk (or block) of rows: its columns made, the rows a ``where``
     keeps taken, then grouped. An integer column only counted is never made (its count is the
-    group's rows)."""
+    group's rows), nor a text column only counted (no row of it is null)."""
     c = spec.selection.chunk(data, start, parent)
     keep = None
     if spec.where is not None:
@@ -127,7 +129,7 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
     values = {}
     for name, _ in spec.values:
         dtype = spec.selection.columns[name].dtype
-        if needs[name] == {"n"} and dtype.kind in "biu":
+        if counts_rows(needs[name], dtype):
             values[name] = np.zeros(0, dtype)
         else:
             values[name] = c[name]

@@ -67,7 +67,7 @@ def scene_filter(
 
             # the expression's syntax and columns, checked before the catalog is made (its columns
             # are known from the metadata, no chunk read): a mistake is said at once
-            evaluate(scenes, empty_catalog(ds))
+            evaluate(scenes, empty_catalog(ds), values=False)  # (its hosts: known once it is made)
         if store is not None:
             say = None if quiet else (lambda line: click.echo(line, err=True))
             table = cached_catalog(ds, store, storage_options=options, progress=not quiet, scheduler=client, say=say)

@@ -172,6 +172,13 @@ def _sketch(
     return g[starts], b[starts], np.diff(np.r_[starts, len(g)])
 
 
+def counts_rows(need: set[str], dtype: np.dtype) -> bool:
+    """Whether a value column asked ``need`` is only counted and holds no NaN (integers, booleans,
+    text: as pandas' count of a column without nulls, every row counts): its count is its group's
+    rows, the column never made."""
+    return need == {"n"} and np.dtype(dtype).kind not in "fc"
+
+
 def group_part(
     keys: list[np.ndarray],
     values: dict[str, np.ndarray],
@@ -190,9 +197,7 @@ def group_part(
     if keep is not None:  # (the kept rows taken: 5x faster than the codes of a mask)
         kept = np.flatnonzero(keep)
         keys = [k.take(kept) for k in keys]
-        values = {
-            name: v if needs[name] == {"n"} and v.dtype.kind in "biu" else v.take(kept) for name, v in values.items()
-        }
+        values = {name: v if counts_rows(needs[name], v.dtype) else v.take(kept) for name, v in values.items()}
         n, keep = len(kept), None
     if n and keys and not any(needs[c] & {"m2", "sketch"} for c in values):
         ranges = [int_range(k) for k in keys]
@@ -205,7 +210,7 @@ def group_part(
     floats: dict[str, np.ndarray] = {}
     for name, v in values.items():
         need = needs[name]
-        if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: no NaN, its rows
+        if counts_rows(need, v.dtype):  # counting a column with no NaN (integers, text): its rows
             continue
         floats[name] = raw = v
         stats: dict[str, Any] = {}
@@ -293,7 +298,7 @@ def _group_part_keyed(
     counted = False
     for name, v in values.items():
         need = needs[name]
-        if need == {"n"} and v.dtype.kind in "biu":  # counting an integer column: its rows
+        if counts_rows(need, v.dtype):  # counting a column with no NaN (integers, text): its rows
             continue
         out = (
             np.zeros(size, np.int64),

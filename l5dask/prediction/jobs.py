@@ -103,10 +103,15 @@ def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
             names_in(
                 params["scenes"]
             )  # (its syntax, before any pass)  # (its columns and that it is a condition: over no row)
-            evaluate(params["scenes"], table.schema_arrow.empty_table() if hasattr(table, "schema_arrow") else table)
+            # (the names compared with text columns: checked once the catalog is read, not over no row)
+            evaluate(
+                params["scenes"],
+                table.schema_arrow.empty_table() if hasattr(table, "schema_arrow") else table,
+                values=False,
+            )
         except UsageError as exc:  # (said with the job's key)
-            msg = str(exc).removeprefix(f"where {params['scenes']!r} ")
-            err = UsageError(f"scenes {params['scenes']!r} {msg}")
+            rest = str(exc).removeprefix(f"where {params['scenes']!r}")  # (" is ...", or ": ...")
+            err = UsageError(f"scenes {params['scenes']!r}{rest}")
             err.job_key = "scenes"  # type: ignore[attr-defined]
             raise err from None
 

@@ -692,8 +692,9 @@ def _numpy(col: Any) -> np.ndarray:
     return values
 
 
-def _schema(table: Any) -> tuple[list[str], set[str], int]:
-    """A catalog's column names, its text columns and its rows."""
+def _schema(table: Any) -> tuple[list[str], dict[str, np.dtype], set[str], int]:
+    """A catalog's column names, their numpy types (times: ``datetime64[ns]``; text and others:
+    object), its text columns and its rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -703,7 +704,15 @@ def _schema(table: Any) -> tuple[list[str], set[str], int]:
         schema, rows = table.schema, table.num_rows
     else:
         schema, rows = pa.Schema.from_pandas(table, preserve_index=False), len(table)
-    return schema.names, {f.name for f in schema if _is_text(f.type)}, rows
+    dtypes: dict[str, np.dtype] = {}
+    for f in schema:
+        if pa.types.is_timestamp(f.type):
+            dtypes[f.name] = np.dtype("datetime64[ns]")
+        elif pa.types.is_boolean(f.type) or pa.types.is_integer(f.type) or pa.types.is_floating(f.type):
+            dtypes[f.name] = np.dtype(f.type.to_pandas_dtype())
+        else:
+            dtypes[f.name] = np.dtype(object)
+    return schema.names, dtypes, {f.name for f in schema if _is_text(f.type)}, rows
 
 
 #: The catalog's columns renamed, by their old name: an expression that names the old one reads the
@@ -717,12 +726,12 @@ class _Catalog:
     look at a table's: every column's name and kind; the values of those an expression names."""
 
     class _Col:
-        def __init__(self, categorical: bool) -> None:
-            self.categorical = categorical
+        def __init__(self, categorical: bool, dtype: np.dtype) -> None:
+            self.categorical, self.dtype = categorical, dtype
 
     def __init__(self, table: Any, expr: str) -> None:
-        names, text, self.rows = _schema(table)
-        self.columns = {n: self._Col(n in text) for n in names}
+        names, dtypes, text, self.rows = _schema(table)
+        self.columns = {n: self._Col(n in text, dtypes[n]) for n in names}
         wanted = names_in(expr)
         alias = {}  # (a name the expression says: the column read for it)
         for old, new in RENAMED_COLUMNS.items():
@@ -752,12 +761,14 @@ class _Catalog:
         return self.cols[name][0]
 
 
-def evaluate(expr: str, table: Any) -> np.ndarray:
+def evaluate(expr: str, table: Any, values: bool = True) -> np.ndarray:
     """The scenes (a boolean per catalog row) where ``expr`` holds over ``table`` (a pandas
     DataFrame, an Arrow table or a ``ParquetFile``); unknown columns, an expression that is not a
-    condition: one line."""
+    condition: one line. ``values=False``: the names compared with a text column are not checked
+    against its values (over a catalog with no row, before the catalog is made: its hosts are not
+    known yet)."""
     cat = _Catalog(table, expr)
-    where_columns(expr, cat, what="the catalog")
+    where_columns(expr, cat, what="the catalog", values=values)
     cats = {k: c for k, (_, c) in cat.cols.items() if c is not None}
     return np.asarray(evaluate_where(expr, cat, cats))
 
@@ -935,9 +946,13 @@ def query_indices(
         check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog")
     elif CATALOG_KEY.encode() in (getattr(getattr(catalog, "schema", None), "metadata", None) or {}):
         check_fingerprint(json.loads(catalog.schema.metadata[CATALOG_KEY.encode()]), ds, "the catalog")
-    keep = evaluate(expr, catalog)
+    what = f"{key} {expr!r}" if key else f"--scenes {expr!r}" if cli else f"query({expr!r})"
+    try:
+        keep = evaluate(expr, catalog)
+    except UsageError as exc:  # (said as the caller said the expression)
+        rest = str(exc).removeprefix(f"where {expr!r}")  # (" is ...", or ": ...")
+        raise UsageError(f"{what}{rest}") from None
     n = len(ds[fmt.SCENES])
     if len(keep) != n:
         raise UsageError(f"the catalog has {len(keep):,} rows; the dataset has {n:,} scenes")
-    what = f"{key} {expr!r}" if key else f"--scenes {expr!r}" if cli else f"query({expr!r})"
     return scene_indices(ds, keep, what)

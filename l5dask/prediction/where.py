@@ -89,9 +89,28 @@ def _named(text: str, categories: tuple[tuple[str, tuple[str, ...]], ...]) -> as
 config.on_reset(_named.cache_clear)
 
 
-def where_columns(text: str, table: Any, what: str | None = None) -> list[str]:
+def _kind(node: ast.AST, table: Any) -> str | None:
+    """``"number"`` or ``"text"``: what a compared operand holds (a column that is not categorical,
+    a constant, a list of constants of one kind); ``None``: not known before computing (arithmetic)."""
+    if isinstance(node, ast.Name):
+        col = table.columns.get(node.id)
+        if col is None or col.categorical:
+            return None
+        kind = np.dtype(col.dtype).kind
+        return "number" if kind in "biufmM" else "text" if kind in "SU" else None
+    if isinstance(node, ast.Constant):
+        return "text" if isinstance(node.value, str) else "number"
+    if isinstance(node, (ast.List, ast.Tuple)):
+        kinds = {_kind(e, table) for e in node.elts}
+        return kinds.pop() if len(kinds) == 1 else None
+    return None
+
+
+def where_columns(text: str, table: Any, what: str | None = None, values: bool = True) -> list[str]:
     """The columns a ``where`` names, checked (its syntax too) before any computation; ``what``
-    names the table in the line that lists its columns (by default its array's name)."""
+    names the table in the line that lists its columns (by default its array's name). ``values``:
+    also check the names compared with a categorical column against its categories (not over a
+    table whose categories are not known yet: a catalog before it is made)."""
     named = {
         n.id
         for n in ast.walk(_parse(text))
@@ -157,6 +176,8 @@ def where_columns(text: str, table: Any, what: str | None = None) -> list[str]:
                     if isinstance(x, ast.Name) and table.columns[x.id].categorical:
                         if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
                             raise UsageError(f"where {text!r}: {x.id} is categorical: compare it with == or in")
+                        if not values:
+                            continue
                         cats = list(table.categories(x.id) or ())
                         consts = y.elts if isinstance(y, (ast.List, ast.Tuple)) else [y]
                         for c in consts:
@@ -164,6 +185,28 @@ def where_columns(text: str, table: Any, what: str | None = None) -> list[str]:
                                 raise UsageError(
                                     f"where {text!r}: {ast.unparse(c)} is not a {x.id}; they are: {', '.join(cats)}"
                                 )
+                # a number column compares with numbers, a text column with strings (numpy has no
+                # comparison of the two)
+                for x, y in ((a, b), (b, a)):
+                    if not isinstance(x, ast.Name) or table.columns[x.id].categorical:
+                        continue
+                    kx = _kind(x, table)
+                    for e in [y] if not isinstance(y, (ast.List, ast.Tuple)) else y.elts:
+                        ke = _kind(e, table)
+                        if kx is not None and ke is not None and kx != ke:
+                            dtype = np.dtype(table.columns[x.id].dtype)
+                            other = (
+                                repr(e.value) if isinstance(e, ast.Constant) else f"{ast.unparse(e)} (a {ke} column)"
+                            )
+                            kind, with_ = {
+                                "M": ("time", "a number (nanoseconds since the epoch, UTC)"),
+                                "U": ("text", "a string"),
+                                "S": ("text", "a string"),
+                            }.get(dtype.kind, ("number", "a number"))
+                            raise UsageError(
+                                f"where {text!r}: {x.id} is a {kind} column ({dtype.name if kind != 'text' else dtype.str[1:]}): "
+                                f"compare it with {with_}, not {other}"
+                            )
     return list(dict.fromkeys(names))
 
 
@@ -175,7 +218,9 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
     if isinstance(node, ast.Name):
         return chunk[node.id]
     if isinstance(node, ast.Constant):
-        return cats.index(node.value) if cats is not None and isinstance(node.value, str) else node.value
+        if cats is not None and isinstance(node.value, str):  # (none of them: no row's code, -1 is null)
+            return cats.index(node.value) if node.value in cats else -2
+        return node.value
     if isinstance(node, (ast.List, ast.Tuple)):
         return [_value(e, chunk, categories, cats) for e in node.elts]
     if isinstance(node, ast.BoolOp):

@@ -782,14 +782,60 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
             r"grouping agents by scene_index, track_id may make up to [\d,]+ groups, more than the limit of 1,000; raise max_groups",
         ),
         ({"values": {"speed": ["mean"]}, "quantile_bits": 60}, r"quantile_bits must be an integer from 0 to 52"),
+        (
+            {"values": {"speed": ["mean"]}, "where": "speed > 'x'"},
+            r"where \"speed > 'x'\": speed is a number column \(float64\): compare it with a number, not 'x'$",
+        ),
+        (
+            {"values": {"speed": ["mean"]}, "where": "'x' <= speed or track_id in [1, 'y']"},
+            r"speed is a number column \(float64\): compare it with a number, not 'x'$",
+        ),
+        (
+            {"values": {"speed": ["mean"]}, "where": "track_id in [1, 'y']"},
+            r"track_id is a number column \(uint64\): compare it with a number, not 'y'$",
+        ),
+        (
+            {"array": "tl_faces", "values": {"ACTIVE": ["mean"]}, "where": "face_id > 3"},
+            r"where 'face_id > 3': face_id is a text column \(U16\): compare it with a string, not 3$",
+        ),
+        (
+            {"array": "tl_faces", "values": {"ACTIVE": ["mean"]}, "where": "face_id == frame_index"},
+            r"face_id is a text column \(U16\): compare it with a string, not frame_index \(a number column\)$",
+        ),
     ],
 )
 def test_aggregate_bad_input_is_refused_before_reading(edge_ds, monkeypatch, kwargs, message):
     ds = l5dask.open_dataset(edge_ds)
     calls = _reads(monkeypatch)
+    array = kwargs.pop("array", "agents")
     with pytest.raises(L5DaskError, match=message):
-        aggregate(ds, "agents", **kwargs)
+        aggregate(ds, array, **kwargs)
     assert calls == []  # said before computing
+
+
+@pytest.mark.parametrize("more", [{}, {"ACTIVE": ["median"]}])  # (the keyed pass; the one a sketch takes)
+def test_count_of_a_text_column_counts_its_rows(edge_ds, ref, tmp_path, more):
+    """A text column (face_id) counted: its rows, as pandas' count of a column with no null, with
+    and without a where (the kept rows only); by the API and by l5dask agg."""
+    tl = ref["tl_faces"]
+    first = str(tl["face_id"].iloc[0])
+    for where in (None, f"face_id != {first!r}"):
+        rows = tl if where is None else tl[tl["face_id"] != first]
+        assert len(rows) < len(tl) or where is None
+        want = rows.groupby("status", observed=True)["face_id"].count()
+        got = aggregate(edge_ds, "tl_faces", by=["status"], values={"face_id": ["count"], **more}, where=where)
+        assert got["status"].astype(str).tolist() == [str(s) for s in want.index]
+        assert got["face_id_count"].tolist() == want.tolist()
+    if not more:
+        p = _cli("agg", edge_ds, "-a", "tl_faces", "-b", "status", "--value", "face_id:count", "-o", tmp_path / "c.csv")
+        assert p.returncode == 0, p.stderr
+        want = tl.groupby("status", observed=True)["face_id"].count()
+        assert pd.read_csv(tmp_path / "c.csv")["face_id_count"].tolist() == want.tolist()
+        p = _cli("agg", edge_ds, "-a", "tl_faces", "--value", "face_id:max", "-q")
+        assert (
+            p.returncode == 2
+            and p.stderr == "l5dask: error: 'face_id' is U16: only count applies (group by it instead)\n"
+        )
 
 
 def _cli(*args):
