@@ -797,6 +797,22 @@ def write_catalog(table, path: str, storage_options: dict | None = None, overwri
 CACHE_FOLDER = "scene-catalogs"
 
 
+def chunks_digest(ds: L5Dataset) -> str:
+    """A digest of the identity of every stored chunk of ``ds``'s arrays, the one the cache keys
+    its partials by (``chunk_identities()``: each chunk's path, rows, size and ETag or mtime/ctime/inode,
+    from one listing of each array's folder; no chunk read where the store says these): a catalog
+    kept in the cache is found only while every chunk it was computed from is unchanged (the
+    fingerprint alone misses the agents, frames or faces rewritten in place)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=20)
+    for name, arr in sorted(ds.arrays.items()):
+        h.update(f"\0{name}\0".encode())
+        for ident in arr.chunk_identities():
+            h.update((ident if isinstance(ident, str) else cachelib.digest(ident)).encode() + b"\n")
+    return h.hexdigest()
+
+
 def cached_catalog(
     ds: L5Dataset,
     cache: Any,
@@ -808,9 +824,10 @@ def cached_catalog(
     say: Any = None,
 ):
     """The catalog of ``ds`` kept in ``cache`` (a :class:`~l5dask.core.cache.Cache`), by the
-    dataset's :func:`~l5dask.prediction.scenes.fingerprint` (all but its path), ``tz`` and
-    l5dask's version: read back when there (checked: the entry's digest, then the fingerprint in
-    the Parquet's metadata), else computed (:func:`catalog_table`) and stored. The entry is the
+    dataset's :func:`~l5dask.prediction.scenes.fingerprint` (all but its path), the identity of
+    every stored chunk (:func:`chunks_digest`, the cache's own), ``tz`` and l5dask's version:
+    read back when there (checked: the entry's digest, then the fingerprint in the Parquet's
+    metadata), else computed (:func:`catalog_table`) and stored. The entry is the
     Parquet's bytes in one of the cache's own entries (:func:`~l5dask.core.cache.encode`: no
     pickle, written atomically); a damaged one is one warning and computed again. ``say`` (a
     function of one line) is told where the catalog came from. Returns a pyarrow Table (computed),
@@ -822,7 +839,7 @@ def cached_catalog(
     print_ = say or (lambda line: None)
     mine = fingerprint(ds)
     ident = {k: v for k, v in mine.items() if k != "dataset"}
-    key = cachelib.digest("scene-catalog", ident, tz, cachelib.version())
+    key = cachelib.digest("scene-catalog", ident, chunks_digest(ds), tz, cachelib.version())
     folder = cache.folder_of(CACHE_FOLDER)
     path = posixpath.join(folder, cache.entry_name("scene-catalog", key))
     data = cache.read(path)

@@ -758,6 +758,58 @@ def test_the_catalog_a_filter_needs_is_kept_in_the_cache(data, tmp_path, monkeyp
     same_report(got, ref)
 
 
+def test_a_catalog_kept_in_the_cache_is_not_read_after_the_agents_are_rewritten_in_place(data, tmp_path):
+    """``--scenes`` with ``--cache``, then the agents rewritten in place (zarr-python 2: cars and
+    pedestrians swapped in ``label_probabilities``, the same length, chunks and ``.zarray``, so the
+    dataset's fingerprint is the same): the catalog kept in the cache is not read back (its key
+    holds the identity of every chunk, as the partials' do), the filter chooses numpy's scenes, and
+    the report is the uncached one. (Before, the kept catalog was found by the fingerprint alone:
+    the stale scenes were chosen.) A rerun over the unchanged data reads it back."""
+    import shutil
+
+    import zarr
+    from click.testing import CliRunner
+
+    from l5dask.cli import main
+    from tests.prediction.test_catalog import reference
+
+    path = str(tmp_path / "stale.zarr")
+    shutil.copytree(data[0], path)
+    expr = "pedestrians_within_10m >= 2"
+    cache = tmp_path / "cache"
+
+    def stats(out, *extra):
+        r = CliRunner().invoke(main, ["stats", path, "--scenes", expr, "-o", str(out), *map(str, extra)])
+        assert r.exit_code == 0, (r.output, r.stderr)
+        return json.loads(out.read_text()), r.stderr
+
+    def chosen() -> np.ndarray:
+        return np.flatnonzero(reference(path)["pedestrians_within_10m"].to_numpy() >= 2)
+
+    before = chosen()
+    first, _ = stats(tmp_path / "1.json", "--cache", cache)
+    assert first["counts"]["scenes"] == len(before)
+    arr = zarr.open(path, mode="r+")[fmt.AGENTS]
+    zarray = (Path(path) / fmt.AGENTS / ".zarray").read_bytes()
+    agents = arr[:]
+    probs = agents["label_probabilities"]
+    car, ped = fmt.LABELS.index("PERCEPTION_LABEL_CAR"), fmt.LABELS.index("PERCEPTION_LABEL_PEDESTRIAN")
+    probs[:, [car, ped]] = probs[:, [ped, car]]
+    agents["label_probabilities"] = probs
+    arr[:] = agents
+    assert (Path(path) / fmt.AGENTS / ".zarray").read_bytes() == zarray
+    after = chosen()
+    assert len(after) != len(before)  # (the filter's answer changed)
+    ref, _ = stats(tmp_path / "ref.json")
+    got, said = stats(tmp_path / "2.json", "--cache", cache)
+    assert got["counts"]["scenes"] == len(after)
+    same_report(got, ref)
+    assert "computing the scene catalog" in said and "--scenes: read from the cache" not in said
+    again, said = stats(tmp_path / "3.json", "--cache", cache)
+    assert "--scenes: read from the cache" in said
+    same_report(again, ref)
+
+
 def test_restrictions_share_a_cache_without_sharing_entries(data, tmp_path):
     """Two restrictions of as many scenes (their arrays' chunks of the same bounds) through one cache
     of partials: each report is its uncached one, and a restriction run again is read from the
