@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager
 
 from l5dask.core import config, diskread, objects
-from l5dask.errors import ChunkError, NotADatasetError, StoreError
+from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried this many times;
 #: reads that time out, fewer (each waited ``l5dask.read-timeout`` already).
@@ -350,10 +350,8 @@ class Store:
             attempt += 1
             try:
                 return op()
-            except FileNotFoundError as exc:
-                raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
-            except PermissionError as exc:
-                raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
+            except (FileNotFoundError, PermissionError) as exc:
+                raise self.read_error(key, what, exc) from exc
             except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
                 timeouts += _is_timeout(exc)
                 if (err := give_up(exc)) is not None:
@@ -378,12 +376,17 @@ class Store:
                     n += got
                 _counted(memoryview(buffer)[:n], key)
                 return n
-        except FileNotFoundError as exc:
-            raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
-        except PermissionError as exc:
-            raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
         except OSError as exc:
-            raise StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}") from exc
+            raise self.read_error(key, what, exc) from exc
+
+    def read_error(self, key: str, what: str | None, exc: OSError) -> L5DaskError:
+        """The one-line error of a failed read of object ``key``: missing (a
+        :class:`~l5dask.errors.ChunkError`), access denied, or failed (a :class:`~l5dask.errors.StoreError`)."""
+        if isinstance(exc, FileNotFoundError):
+            return ChunkError(f"{self.url}: {what or key}: object {key!r} is missing")
+        if isinstance(exc, PermissionError):
+            return StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})")
+        return StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}")
 
     def open_file(self, key: str, *, what: str | None = None) -> LocalFile:
         """On a local disk, object ``key`` opened once for several ranged reads (a chunk read in
@@ -395,12 +398,8 @@ class Store:
             raise ValueError("Store.open_file: only for a store on a local disk")
         try:
             return LocalFile(self, key, what, diskread.File(self.path(key), diskread.wanted(self.large)))
-        except FileNotFoundError as exc:
-            raise ChunkError(f"{self.url}: {what or key}: object {key!r} is missing") from exc
-        except PermissionError as exc:
-            raise StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})") from exc
         except OSError as exc:
-            raise StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}") from exc
+            raise self.read_error(key, what, exc) from exc
 
     def will_need(self, keys: list[str], ranges: list[tuple[int | None, int | None]] | None = None) -> bool:
         """A hint that these objects (or these ``(start, end)`` ranges of them) are read next: on a
@@ -675,7 +674,7 @@ class LocalFile:
         try:
             return _counted(self.file.read(start, end), self.key)
         except OSError as exc:
-            raise StoreError(f"{self.store.url}: reading {self.key!r} failed: {_describe(exc)}") from exc
+            raise self.store.read_error(self.key, self.what, exc) from exc
 
     def close(self) -> None:
         self.file.close()

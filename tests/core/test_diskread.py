@@ -71,15 +71,20 @@ edges = st.sampled_from([0, 1, 4095, 4096, 4097, 8192, SIZE - 1, SIZE, SIZE + 1,
 offsets = st.one_of(st.none(), edges, st.integers(-SIZE - 10, SIZE + 10))
 
 
-@settings(max_examples=150, deadline=None)
-@given(start=offsets, end=offsets, cold=st.booleans())
-def test_a_read_is_the_slice_cold_or_cached(blob, start, end, cold):
-    path, data = blob
+def cold_or_cached(path: str, cold: bool) -> None:
+    """``path`` out of the page cache (``cold``), or read whole into it."""
     if cold:
         evict(path)
     else:
         with open(path, "rb") as f:
             f.read()
+
+
+@settings(max_examples=150, deadline=None)
+@given(start=offsets, end=offsets, cold=st.booleans())
+def test_a_read_is_the_slice_cold_or_cached(blob, start, end, cold):
+    path, data = blob
+    cold_or_cached(path, cold)
     assert diskread.read(path, start, end, direct=True) == sliced(data, start, end)
     assert diskread.read(path, start, end, direct=False) == sliced(data, start, end)
 
@@ -88,11 +93,7 @@ def test_a_read_is_the_slice_cold_or_cached(blob, start, end, cold):
 @given(spans=st.lists(st.tuples(offsets, offsets), min_size=1, max_size=4), cold=st.booleans(), direct=st.booleans())
 def test_reads_through_one_open_file_are_the_slices(blob, spans, cold, direct):
     path, data = blob
-    if cold:
-        evict(path)
-    else:
-        with open(path, "rb") as f:
-            f.read()
+    cold_or_cached(path, cold)
     with diskread.File(path, direct) as f:
         for start, end in spans:
             assert f.read(start, end) == sliced(data, start, end)
