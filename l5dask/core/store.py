@@ -390,9 +390,9 @@ class Store:
 
     def open_file(self, key: str, *, what: str | None = None) -> LocalFile:
         """On a local disk, object ``key`` opened once for several ranged reads (a chunk read in
-        part: :func:`~l5dask.prediction.reading.read_chunk_part`), each as :meth:`get` of the range
+        part: ``l5dask.prediction.reading.read_chunk_part``), each as :meth:`get` of the range
         reads it (around the page cache for a large dataset, counted), with no hint to the kernel
-        to read ahead (:class:`l5dask.core.diskread.File`); errors as :meth:`get`'s. Close it
+        to read ahead (``l5dask.core.diskread.File``); errors as :meth:`get`'s. Close it
         (it is a context manager). Only for a :attr:`local` store."""
         if not self.local:
             raise ValueError("Store.open_file: only for a store on a local disk")
