@@ -779,18 +779,28 @@ def check_output(path: str, storage_options: dict | None = None, overwrite: bool
 def write_catalog(table, path: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
     """The catalog (a pyarrow Table, or a pandas DataFrame from :func:`~l5dask.prediction.catalog.catalog`) as Parquet, written
     atomically (refused if ``path`` exists, unless ``overwrite``), the dataset's ``fingerprint`` in
-    its metadata (key ``l5dask.catalog``, JSON)."""
+    its metadata (key ``l5dask.catalog``, JSON), and again where pandas keeps a DataFrame's
+    ``attrs`` (key ``PANDAS_ATTRS``: ``{"l5dask": fingerprint}``): ``pandas.read_parquet`` gives
+    the catalog with its fingerprint in ``attrs["l5dask"]``, as :func:`catalog` does, which a
+    filter keeps and ``to_parquet`` writes back (before, a catalog read with pandas had lost it)."""
     import pyarrow as pa
 
     check_output(path, storage_options, overwrite)
+    attrs: dict = {}
     if isinstance(table, pa.Table):
         t = table
+        found = catalog_metadata(t)
     else:
         t = pa.Table.from_pandas(table, preserve_index=False)
-        meta = dict(t.schema.metadata or {})
-        meta[CATALOG_KEY.encode()] = json.dumps({"version": 1, **table.attrs.get("l5dask", {})}).encode()
-        t = t.replace_schema_metadata(meta)
-    write_table(t, path, storage_options, ".parquet")
+        attrs, found = dict(table.attrs), table.attrs.get("l5dask", {})
+    meta = dict(t.schema.metadata or {})
+    if found:  # (none: the file has none, and is refused as a catalog of a dataset, saying why)
+        meta[CATALOG_KEY.encode()] = json.dumps({"version": 1, **found}).encode()
+        try:
+            meta[b"PANDAS_ATTRS"] = json.dumps({**attrs, "l5dask": found}).encode()
+        except (TypeError, ValueError):  # (the DataFrame's other attrs are not JSON: its fingerprint alone)
+            meta[b"PANDAS_ATTRS"] = json.dumps({"l5dask": found}).encode()
+    write_table(t.replace_schema_metadata(meta), path, storage_options, ".parquet")
 
 
 #: The cache's folder of scene catalogs (``--scenes`` with a cache and no ``--catalog``).

@@ -68,8 +68,8 @@ def scene_filter(
             # the expression's syntax and columns, checked before the catalog is made (its columns
             # are known from the metadata, no chunk read): a mistake is said at once
             evaluate(scenes, empty_catalog(ds), values=False)  # (its hosts: known once it is made)
+        say = None if quiet else (lambda line: click.echo(line, err=True))
         if store is not None:
-            say = None if quiet else (lambda line: click.echo(line, err=True))
             table = cached_catalog(ds, store, storage_options=options, progress=not quiet, scheduler=client, say=say)
         elif table is None:
             if not quiet:
@@ -80,7 +80,7 @@ def scene_filter(
                 )
             table = make(ds, storage_options=options, progress=not quiet, scheduler=client)
         chosen = np.zeros(n, bool)
-        chosen[query_indices(ds, scenes, table, options, cli=True)] = True
+        chosen[query_indices(ds, scenes, table, options, cli=True, say=None if quiet else _note)] = True
         keep &= chosen
     if not keep.any():
         raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
@@ -91,12 +91,17 @@ def scene_filter(
             "ones: the catalog of the chosen scenes (l5dask catalog with the same filter) maps each to its "
             "stored_scene_index"
         )
-        ctx = click.get_current_context(silent=True)
-        if ctx is not None:
-            ctx.meta.setdefault("l5dask.notes", []).append(note)
-        else:
-            click.echo(note, err=True)
+        _note(note)
     return ds.isel(scene=keep, scheduler=client)
+
+
+def _note(line: str) -> None:
+    """A line for stderr, said when the command is done (a user's error stays one line)."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None:
+        ctx.meta.setdefault("l5dask.notes", []).append(line)
+    else:
+        click.echo(line, err=True)
 
 
 @click.command()

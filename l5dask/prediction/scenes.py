@@ -802,10 +802,17 @@ def fingerprint(ds: Any, scenes_sha256: str | None = None) -> dict[str, Any]:
     return out
 
 
-def check_fingerprint(theirs: dict, ds: Any, what: str) -> None:
+def scene_records(ds: Any) -> np.ndarray:
+    """The records of ``ds``'s scenes (all of them: small, a few MB at 134,622 scenes)."""
+    scenes = ds[fmt.SCENES]
+    return scenes.read(0, scenes.nchunks)
+
+
+def check_fingerprint(theirs: dict, ds: Any, what: str, records: np.ndarray | None = None) -> None:
     """A catalog's fingerprint (``theirs``) against ``ds``'s: one line saying what differs (a
-    catalog of some of its scenes, of the dataset as it was, of another dataset)."""
-    mine = fingerprint(ds)
+    catalog of some of its scenes, of the dataset as it was, of another dataset). ``records``: the
+    dataset's scene records, when the caller has read them."""
+    mine = fingerprint(ds, None if records is None else scenes_digest(records))
     keys = ("arrays", "scenes_sha256", "restricted")
     if all(theirs.get(k) == mine.get(k) for k in keys):
         return
@@ -836,10 +843,16 @@ def _open_input(path: str, storage_options: dict | None):
 
 
 @contextmanager
-def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: str = "the catalog"):
+def read_catalog(
+    path: Any,
+    ds: Any,
+    storage_options: dict | None = None,
+    what: str = "the catalog",
+    records: np.ndarray | None = None,
+):
     """The catalog Parquet at ``path`` (a ``pyarrow.parquet.ParquetFile``: columns read when asked for), refused in one line if it is no catalog of
-    ``ds`` (its fingerprint, written by ``l5dask catalog``, differs). A context manager: the file is
-    closed when it ends, refused or not."""
+    ``ds`` (its fingerprint, written by ``l5dask catalog``, differs, or it has none). A context manager: the file is
+    closed when it ends, refused or not. ``records``: ``ds``'s scene records, when the caller has read them."""
     import pyarrow.parquet as pq
 
     p = os.fspath(path)
@@ -859,24 +872,28 @@ def read_catalog(path: Any, ds: Any, storage_options: dict | None = None, what: 
             theirs = parquet_fingerprint(t.schema_arrow.metadata or {})
             if theirs is None:
                 raise UsageError(
-                    f"{what} {p}: not a catalog written by l5dask catalog (no fingerprint in its metadata)"
+                    f"{what} {p}: no fingerprint of a dataset in its metadata, so it cannot be checked against "
+                    f"{ds.url} (written by a tool that drops it?): give the Parquet l5dask catalog writes, or one "
+                    "filtered with pandas (read_parquet keeps its fingerprint in DataFrame.attrs, to_parquet writes "
+                    "it back), or make it again: l5dask catalog DATASET -o FILE"
                 )
-            check_fingerprint(theirs, ds, f"{what} {p}")
+            check_fingerprint(theirs, ds, f"{what} {p}", records)
             yield t
 
 
 def parquet_fingerprint(meta: dict) -> dict | None:
     """The fingerprint in a Parquet's schema metadata: where ``l5dask catalog`` writes it, else in
     the ``attrs`` pandas keeps when it writes a DataFrame of ``l5dask.catalog`` (or one filtered
-    from it: ``cat[cat.num_frames > 100].to_parquet(...)``): pandas 3 under ``PANDAS_ATTRS``, pandas
-    2.1-2.x in its ``pandas`` metadata."""
+    from it: ``cat[cat.num_frames > 100].to_parquet(...)``): pandas (2.1 on) under ``PANDAS_ATTRS``,
+    pyarrow's ``Table.from_pandas`` in its ``pandas`` metadata (``attributes``)."""
     raw = meta.get(CATALOG_KEY.encode())
     if raw is not None:
         return json.loads(raw)
     try:
         attrs = json.loads(meta[b"PANDAS_ATTRS"]) if b"PANDAS_ATTRS" in meta else None
-        if attrs is None and b"pandas" in meta:
-            attrs = json.loads(meta[b"pandas"]).get("attrs")
+        if attrs is None and b"pandas" in meta:  # (pyarrow's Table.from_pandas: under "attributes")
+            kept = json.loads(meta[b"pandas"])
+            attrs = kept.get("attributes") or kept.get("attrs")
     except (ValueError, AttributeError):
         return None
     found = attrs.get("l5dask") if isinstance(attrs, dict) else None
@@ -893,17 +910,18 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
     if p.endswith(".parquet"):
         import pyarrow as pa
 
-        with read_catalog(p, ds, storage_options, "--scenes-from") as t:
+        records = scene_records(ds)
+        with read_catalog(p, ds, storage_options, "--scenes-from", records) as t:
             flags = [f.name for f in t.schema_arrow if pa.types.is_boolean(f.type)]
             if not flags and "scene_index" in t.schema_arrow.names:  # (rows chosen with pandas: their scenes)
-                rows = np.asarray(t.read(columns=["scene_index"]).column(0).to_numpy(zero_copy_only=False))
-                return scene_indices(ds, rows.astype(np.int64), f"{what} (its scene_index)")
+                return scene_indices(ds, catalog_rows(t, ds, what, records), f"{what} (its scene_index)")
             if len(flags) != 1:
                 has = f"{len(flags)} ({', '.join(flags)})" if flags else "none"
                 raise UsageError(f"{what}: a catalog with one boolean column says which scenes; it has {has}")
+            rows = catalog_rows(t, ds, what, records)
             col = t.read(columns=flags).column(0)
         keep = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), bool)
-        return scene_indices(ds, keep, f"{what} (column {flags[0]})")
+        return scene_indices(ds, rows[keep], f"{what} (column {flags[0]})")
     try:
         with _open_input(p, storage_options) as f:
             text = f.read().decode("utf-8", "replace")
@@ -926,6 +944,83 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
     return scene_indices(ds, np.asarray(out, np.int64), what)
 
 
+def catalog_rows(table: Any, ds: Any, what: str, records: np.ndarray | None = None) -> np.ndarray:
+    """The index among ``ds``'s scenes of the scene of each row of a catalog (a pandas DataFrame,
+    an Arrow table or a ``ParquetFile``): its ``scene_index``, checked, so that a catalog filtered
+    or sorted (with pandas, DuckDB...) says its scenes, never others: each an integer in range and
+    in one row only, and the row's own record of its scene (``host``, ``start_time``,
+    ``end_time``, ``num_frames``: those it has) that of the scene it says in ``ds`` (``records``:
+    its scene records, if read already). One line otherwise. A catalog with no ``scene_index`` but
+    a row per scene is read in order."""
+    names, _, _, rows = _schema(table)
+    n = len(ds[fmt.SCENES])
+    if "scene_index" not in names:
+        if rows == n:
+            return np.arange(n, dtype=np.int64)
+        raise UsageError(
+            f"{what} has {rows:,} rows and no scene_index column: its rows cannot be matched to the {n:,} scenes of {ds.url}"
+        )
+    own = [c for c in ("scene_index", "host", "start_time", "end_time", "num_frames") if c in names]
+    if not hasattr(table, "schema") and not hasattr(table, "schema_arrow"):  # (a DataFrame: those columns only)
+        table = table[own]
+    cols = catalog_columns(table, set(own))
+    step = _time_steps(table)  # (a time written coarser than ns, by a tool that rewrote it: compared at its unit)
+    values, cats = cols["scene_index"]
+    if cats is not None or values.dtype.kind not in "iuf" or not np.all(np.isfinite(values) & (values % 1 == 0)):
+        raise UsageError(f"{what}: its scene_index column is not scene indices (integers, none missing)")
+    idx = values.astype(np.int64)
+    bad = np.flatnonzero((idx < 0) | (idx >= n))
+    if len(bad):
+        raise UsageError(
+            f"{what}: row {bad[0]} has scene_index {idx[bad[0]]}, out of range ({ds.url} has {n:,} scenes: 0 to {n - 1})"
+        )
+    once, counts = np.unique(idx, return_counts=True)
+    if len(once) < len(idx):
+        k = int(np.argmax(counts > 1))
+        raise UsageError(f"{what}: scene_index {once[k]} is in {counts[k]} rows; a catalog has one row a scene")
+    rec = scene_records(ds) if records is None else records
+    rec = rec[idx]
+    iv = rec["frame_index_interval"].reshape(-1, 2)
+    mine = {
+        "host": rec["host"].astype(str).astype(object),
+        "start_time": rec["start_time"].astype(np.int64) // step.get("start_time", 1) * step.get("start_time", 1),
+        "end_time": rec["end_time"].astype(np.int64) // step.get("end_time", 1) * step.get("end_time", 1),
+        "num_frames": (iv[:, 1] - iv[:, 0]).astype(np.int64),
+    }
+    for name in ("start_time", "end_time", "num_frames", "host"):
+        if name not in cols:
+            continue
+        theirs, cats = cols[name]
+        if cats is not None:  # (text: its codes back to its values, missing as None)
+            theirs = np.array([*cats, None], object)[theirs]
+        elif name in ("start_time", "end_time") and theirs.dtype.kind == "f":  # (a missing time: NaN)
+            theirs = np.where(np.isfinite(theirs), theirs, -1).astype(np.int64)
+        differ = np.flatnonzero(np.asarray(theirs != mine[name], bool))
+        if len(differ):
+            r = int(differ[0])
+            raise UsageError(
+                f"{what}: row {r} says it is scene {idx[r]} of {ds.url}, but its {name} is not that scene's "
+                f"({theirs[r]} against {mine[name][r]}): a catalog's rows are matched to the scenes by their "
+                "scene_index, as l5dask catalog wrote it"
+            )
+    return idx
+
+
+def _time_steps(table: Any) -> dict[str, int]:
+    """The nanoseconds of the unit of each timestamp column of a catalog (1 for ns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if isinstance(table, pq.ParquetFile):
+        schema = table.schema_arrow
+    elif isinstance(table, pa.Table):
+        schema = table.schema
+    else:
+        schema = pa.Schema.from_pandas(table, preserve_index=False)
+    ns = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+    return {f.name: ns[f.type.unit] for f in schema if pa.types.is_timestamp(f.type)}
+
+
 def query_indices(
     ds: Any,
     expr: str,
@@ -933,26 +1028,39 @@ def query_indices(
     storage_options: dict | None = None,
     cli: bool = False,
     key: str | None = None,
+    say: Any = None,
+    records: np.ndarray | None = None,
 ) -> np.ndarray:
     """The indices of ``ds``'s scenes where ``expr`` holds over the columns of ``catalog`` (a
-    pandas DataFrame or an Arrow table with a row per scene, or a catalog Parquet of ``ds``); a
-    catalog that holds a fingerprint is checked against ``ds``. Errors name ``--scenes`` and
+    pandas DataFrame or an Arrow table, or a catalog Parquet of ``ds``); a catalog that holds a
+    fingerprint is checked against ``ds``. Its rows are matched to the scenes by their
+    ``scene_index`` (:func:`catalog_rows`, checked): a catalog of some of the scenes (filtered
+    with pandas, its fingerprint kept) chooses among those. Errors name ``--scenes`` and
     ``--catalog`` when ``cli``, else ``query`` and its ``catalog=``; ``key``: what the expression
-    is said as instead (a job's key, ``scenes``)."""
-    if isinstance(catalog, (str, os.PathLike)):
-        with read_catalog(catalog, ds, storage_options, "--catalog" if cli else "the catalog") as t:
-            return query_indices(ds, expr, t, storage_options, cli, key)
-    if getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
-        check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog")
-    elif CATALOG_KEY.encode() in (getattr(getattr(catalog, "schema", None), "metadata", None) or {}):
-        check_fingerprint(json.loads(catalog.schema.metadata[CATALOG_KEY.encode()]), ds, "the catalog")
+    is said as instead (a job's key, ``scenes``). ``say`` (a function of one line) is told when the
+    catalog holds some of the scenes only; ``records``: ``ds``'s scene records, if read already."""
+    records = scene_records(ds) if records is None else records
+    name = "--catalog" if cli else "the catalog"
     what = f"{key} {expr!r}" if key else f"--scenes {expr!r}" if cli else f"query({expr!r})"
+    if isinstance(catalog, (str, os.PathLike)):
+        with read_catalog(catalog, ds, storage_options, name, records) as t:
+            return _chosen(ds, expr, t, f"{name} {os.fspath(catalog)}", what, say, records)
+    if getattr(catalog, "attrs", None) and "l5dask" in catalog.attrs:  # (a DataFrame of l5dask.catalog)
+        check_fingerprint(catalog.attrs["l5dask"], ds, "the catalog", records)
+    elif CATALOG_KEY.encode() in (getattr(getattr(catalog, "schema", None), "metadata", None) or {}):
+        check_fingerprint(json.loads(catalog.schema.metadata[CATALOG_KEY.encode()]), ds, "the catalog", records)
+    return _chosen(ds, expr, catalog, name, what, say, records)
+
+
+def _chosen(ds: Any, expr: str, catalog: Any, name: str, what: str, say: Any, records: np.ndarray) -> np.ndarray:
+    """:func:`query_indices` once its catalog is checked: ``name`` says the catalog, ``what`` the expression."""
     try:
-        keep = evaluate(expr, catalog)
+        keep = np.asarray(evaluate(expr, catalog), bool)
     except UsageError as exc:  # (said as the caller said the expression)
         rest = str(exc).removeprefix(f"where {expr!r}")  # (" is ...", or ": ...")
         raise UsageError(f"{what}{rest}") from None
+    rows = catalog_rows(catalog, ds, name, records)
     n = len(ds[fmt.SCENES])
-    if len(keep) != n:
-        raise UsageError(f"the catalog has {len(keep):,} rows; the dataset has {n:,} scenes")
-    return scene_indices(ds, keep, what)
+    if len(rows) < n and say is not None:
+        say(f"l5dask: {name} holds {len(rows):,} of the {n:,} scenes (a filtered catalog): {what} chooses among those")
+    return scene_indices(ds, rows[keep], what)

@@ -446,6 +446,73 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     assert json.loads((tmp_path / "both.json").read_text())["counts"]["scenes"] == 2
 
 
+def test_a_catalog_filtered_with_pandas_keeps_its_fingerprint_and_chooses_among_its_scenes(data, tmp_path):
+    """A new user's trial: the Parquet ``l5dask catalog`` writes, read with pandas, filtered and
+    written back had lost its fingerprint, and ``--catalog FILE`` refused it with no way out. Now
+    the fingerprint is kept (``attrs["l5dask"]``), and as ``--catalog`` (or ``catalog=``) the
+    filtered file's scenes are those ``--scenes`` chooses among (pandas over the same rows: the
+    report of L5Kit's subset of them); as ``--scenes-from``, its scenes. A catalog sorted with
+    pandas and given whole chose the scenes at its rows' positions (a wrong answer): its rows are
+    matched by ``scene_index``. Refused in one line that says what to give instead: a file with no
+    fingerprint, rows whose ``scene_index`` was changed, a scene in two rows."""
+    path, cat, _ = data
+    ds = l5dask.open_dataset(path)
+    whole = tmp_path / "catalog.parquet"
+    assert in_process("catalog", path, "-o", whole, "-q").exit_code == 0
+    read_back = pd.read_parquet(whole)
+    assert read_back.attrs["l5dask"]["scenes_sha256"] == cat.attrs["l5dask"]["scenes_sha256"]
+    some = read_back[read_back["scene_index"] % 3 != 0]  # (8 of the 12 scenes)
+    filtered = tmp_path / "filtered.parquet"
+    some.to_parquet(filtered)
+    x = float(np.sort(some["path_length_m"].to_numpy())[len(some) // 2])
+    expr = f"path_length_m >= {x!r}"
+    want = some.loc[some["path_length_m"] >= x, "scene_index"].tolist()
+    everywhere = read_back.loc[read_back["path_length_m"] >= x, "scene_index"].tolist()
+    assert 0 < len(want) < len(some) and set(want) < set(everywhere), (want, everywhere)
+    r = cli("stats", path, "--catalog", filtered, "--scenes", expr, "-o", tmp_path / "chosen.json")
+    assert r.returncode == 0, r.stderr
+    assert f"--catalog {filtered} holds 8 of the 12 scenes (a filtered catalog)" in r.stderr, r.stderr
+    assert in_process("stats", ref_subset(path, want, tmp_path), "-o", tmp_path / "ref.json", "-q").exit_code == 0
+    same_report(json.loads((tmp_path / "chosen.json").read_text()), json.loads((tmp_path / "ref.json").read_text()))
+    for given in (filtered, some, pq.read_table(filtered)):  # (the file, the DataFrame, an Arrow table)
+        assert list(ds.query(scene=expr, catalog=given).scene_indices) == want
+    # its scenes as --scenes-from, written by pandas or by pyarrow from pandas (its attrs under "attributes")
+    by_arrow = tmp_path / "by-arrow.parquet"
+    pq.write_table(pa.Table.from_pandas(some, preserve_index=False), by_arrow)
+    for source in (filtered, by_arrow):
+        r = in_process("stats", path, "--scenes-from", source, "-o", tmp_path / "from.json", "-q")
+        assert r.exit_code == 0, (r.output, repr(r.exception))
+        assert json.loads((tmp_path / "from.json").read_text())["counts"]["scenes"] == len(some)
+    # sorted, whole: the scenes its rows say, not those at the rows' positions
+    by_duration = cat.sort_values("duration_s", ascending=False, kind="stable")
+    assert by_duration["scene_index"].tolist() != list(range(len(cat)))
+    for given in (by_duration, by_duration.reset_index(drop=True)):
+        assert list(ds.query(scene="scene_index <= 2", catalog=given).scene_indices) == [0, 1, 2]
+    # refused, one line each, nothing written
+    bare = some.copy()
+    bare.attrs = {}
+    bare.to_parquet(tmp_path / "bare.parquet")
+    shifted = some.copy()
+    shifted["scene_index"] = shifted["scene_index"] - 1  # (in range: 1, 2, 4... -> 0, 1, 3...)
+    shifted.to_parquet(tmp_path / "shifted.parquet")
+    pd.concat([some, some.iloc[:1]]).to_parquet(tmp_path / "twice.parquet")
+    for name, says in [
+        ("bare", "no fingerprint of a dataset in its metadata, so it cannot be checked against"),
+        ("bare", "read_parquet keeps its fingerprint in DataFrame.attrs"),
+        ("shifted", f"row 0 says it is scene 0 of {path}, but its start_time is not that scene's"),
+        ("twice", "scene_index 1 is in 2 rows; a catalog has one row a scene"),
+    ]:
+        for option in ("--catalog", "--scenes-from"):
+            args = [option, tmp_path / f"{name}.parquet"] + (
+                ["--scenes", "num_frames > 0"] if option == "--catalog" else []
+            )
+            r = cli("stats", path, *args, "-o", tmp_path / "no.json")
+            assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and says in r.stderr, (option, r.stderr)
+            assert not (tmp_path / "no.json").exists()
+    with pytest.raises(UsageError, match="its start_time is not that scene's"):
+        ds.query(scene="num_frames > 0", catalog=shifted)
+
+
 def test_a_bad_scenes_expression_is_said_before_the_catalog_is_computed(data, tmp_path):
     """Without --catalog, a syntax error or an unknown column is said at once (the catalog's columns
     are known from the metadata), not after a pass computing the catalog; a filter that keeps every
@@ -1010,7 +1077,8 @@ def test_reading_part_of_a_chunk_from_s3_asks_the_header_and_the_blocks_at_once(
 
 def test_a_catalog_kept_in_the_cache_is_read_for_the_columns_a_filter_names(data, tmp_path, monkeypatch):
     """``--scenes`` with the catalog in the cache: read back, only the columns the expression names
-    are decoded (as from ``--catalog``), and the report is the one made with ``--catalog``."""
+    are decoded (as from ``--catalog``), and those that match its rows to the scenes (checked:
+    ``catalog_rows``), and the report is the one made with ``--catalog``."""
     from click.testing import CliRunner
 
     from l5dask.cli import main
@@ -1038,7 +1106,8 @@ def test_a_catalog_kept_in_the_cache_is_read_for_the_columns_a_filter_names(data
     del read[:]
     got, said = stats(tmp_path / "2.json", "--cache", cache)
     assert "read from the cache" in said
-    assert read == [("file", ["scene_index", "tracks_pedestrian"])], read
+    rows = ["scene_index", "host", "start_time", "end_time", "num_frames"]
+    assert read == [("file", ["scene_index", "tracks_pedestrian"]), ("file", rows)], read
     same_report(got, ref)
 
 
