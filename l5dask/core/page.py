@@ -5,12 +5,25 @@ from __future__ import annotations
 
 import base64
 import html
-from typing import Any
+from typing import Any, Literal
 
 from l5dask.core.figures import png
 from l5dask.core.outputs import atomic_write
 
 MAX_TABLE_ROWS = 500
+
+
+def utc_text(ns: Any, unit: Literal["m", "s", "ms"] = "m") -> list[str]:
+    """Times given as integer nanoseconds since the epoch (the datasets' timestamps) as text that
+    says its zone, ``"2019-05-17 01:23 UTC"``: cut (not rounded) to ``unit`` (numpy's: ``"m"``,
+    ``"s"``, ``"ms"``) by integer arithmetic (through a float rounded to the microsecond, a time
+    less than 0.5 us before a minute or a millisecond showed the next one)."""
+    import numpy as np
+
+    times = np.asarray(ns, np.int64).astype("datetime64[ns]").astype(f"datetime64[{unit}]")  # (floor)
+    text = np.datetime_as_string(times, unit=unit, timezone="UTC")
+    return [t.replace("T", " ").replace("Z", " UTC") for t in np.atleast_1d(text).tolist()]
+
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2rem auto;max-width:1100px;color:#222}

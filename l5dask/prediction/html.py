@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from l5dask.core.page import MAX_TABLE_ROWS, figures_html, page, write_page
+from l5dask.core.page import MAX_TABLE_ROWS, figures_html, page, utc_text, write_page
 from l5dask.core.version import __version__
 from l5dask.prediction.plots import REPORT_FIGURES, catalog_figures, short_label
 from l5dask.prediction.report import summary_rows
@@ -24,12 +24,14 @@ def render(report: dict[str, Any], elapsed_s: float | None = None, catalog: Any 
     cols = list(table)
     n = len(table["scene_index"])
     rows = []
-    for i in range(min(n, MAX_TABLE_ROWS)):
+    m = min(n, MAX_TABLE_ROWS)
+    times = {c: utc_text(table[c][:m], "ms") for c in ("start_time", "end_time") if c in table}  # (UTC, said)
+    for i in range(m):
         cells = []
         for col in cols:
             v = table[col][i]
-            if col in ("start_time", "end_time"):
-                text = dt.datetime.fromtimestamp(int(v) / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+            if col in times:
+                text = times[col][i]
             else:
                 text = f"{v:.2f}" if isinstance(v, (float, np.floating)) else str(v)
             cells.append(f"<td>{html.escape(text)}</td>")
@@ -229,11 +231,8 @@ def catalog_section(table: Any, heading: str = "h2") -> str:
     cells = []
     for c, kind in zip(names, kinds):
         values = columns[c][:m]
-        if c in ("start_time", "end_time"):
-            values = np.array(
-                [dt.datetime.fromtimestamp(int(v) / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M") for v in values],
-                object,
-            )
+        if c in ("start_time", "end_time"):  # (in UTC, said: local_hour beside it is the dataset's zone's)
+            values = np.array(utc_text(values), object)
             kinds[names.index(c)] = "text"
             kind = "text"
         cells.append([_json_value(v, kind) for v in values.tolist()])
@@ -254,7 +253,8 @@ def catalog_section(table: Any, heading: str = "h2") -> str:
     figures = figures_html(catalog_figures(columns), columns)
     return f"""<{heading}>Scene catalog</{heading}>
 <p>A row per scene ({n:,} scenes; the columns and their thresholds: the guide's
-<em>The scene catalog</em>). Click a column's name to sort by it (again: the other way); type in the box
+<em>The scene catalog</em>; <code>start_time</code> in UTC, <code>local_hour</code> and
+<code>local_weekday</code> in the dataset's time zone). Click a column's name to sort by it (again: the other way); type in the box
 under it to filter: numbers <code>&gt;= 5</code>, <code>&lt; 3</code>, <code>= 2</code>, <code>!= 2</code>,
 <code>2..10</code>; text a part of it, <code>=left</code> the whole of it, <code>!left</code> not it.{more}</p>
 {_CATALOG_CSS}

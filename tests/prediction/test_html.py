@@ -71,6 +71,61 @@ def test_page_fits_a_1280_px_window_and_the_summary_is_a_table(page, tmp_path):
     assert 'data-overflow="true"' in r.stdout  # the check itself sees overflow when there is some
 
 
+def _utc(ns: int, ms: bool) -> str:
+    """A time of ns since the epoch in UTC, cut to the millisecond or the minute, by Python's
+    datetime from integers."""
+    import datetime as dt
+
+    t = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=int(ns) // 1000)
+    return f"{t:%Y-%m-%d %H:%M:%S}.{t.microsecond // 1000:03d} UTC" if ms else f"{t:%Y-%m-%d %H:%M} UTC"
+
+
+def _table(dom: str, start: str) -> tuple[list[str], list[list[str]]]:
+    """The column names and the rows' cells of the first table after ``start`` in a page's DOM."""
+    import html as htmlmod
+
+    part = dom[dom.index(start) :]
+    part = part[part.index("<table") : part.index("</table>")]
+    head = [htmlmod.unescape(h) for h in re.findall(r"<th[^>]*>(.*?)</th>", part.split("</thead>")[0])]
+    body = part.split("<tbody>")[1]
+    rows = [
+        [htmlmod.unescape(c) for c in re.findall(r"<td>(.*?)</td>", r)] for r in re.findall(r"<tr>(.*?)</tr>", body)
+    ]
+    return head, rows
+
+
+def test_the_page_says_each_scene_time_in_utc(page, tmp_path, small_ds):
+    """A new user's trial: the report page showed a scene's ``start_time`` without its time zone
+    (beside ``local_hour``, in the dataset's). As headless chromium shows it, the report's table of
+    scenes says each scene's start and end in UTC to the millisecond, and the catalog's table (made
+    by the page's script) its start to the minute: the stored ns since the epoch, cut, as Python's
+    datetime makes them from integers."""
+    r = chromium(["--dump-dom", page.as_uri()], tmp_path)
+    assert "CONSOLE" not in r.stderr, r.stderr
+    ds = l5dask.open_dataset(small_ds)
+    start, end = ds.scenes.start_time.values, ds.scenes.end_time.values
+    head, rows = _table(r.stdout, "<h2>Scenes</h2>")
+    assert len(rows) == len(start) >= 2
+    got = [[row[head.index("start_time")], row[head.index("end_time")]] for row in rows]
+    assert got == [[_utc(a, True), _utc(b, True)] for a, b in zip(start, end)]
+    head, rows = _table(r.stdout, '<table id="catalog-table"')
+    assert [row[head.index("start_time")] for row in rows] == [_utc(a, False) for a in start]
+    assert "in UTC" in r.stdout
+
+
+def test_a_time_is_cut_from_its_integer_nanoseconds():
+    """The pages' times, at the edges: a nanosecond before a millisecond or a minute is still the
+    one before (through a float rounded to the microsecond, as before, it showed the next one)."""
+    from l5dask.core.page import utc_text
+
+    ms = 1_557_000_123_456 * 10**6  # (a millisecond, in ns)
+    minute = 25_950_002 * 60 * 10**9
+    ns = [ms - 1, ms, ms + 999_999, ms - 400, minute - 1, minute, minute - 300, 0, 2**62]
+    assert utc_text(ns, "ms") == [_utc(v, True) for v in ns]
+    assert utc_text(ns) == [_utc(v, False) for v in ns]
+    assert utc_text([ms - 400], "ms")[0].endswith(".455 UTC") and utc_text([minute - 300])[0].endswith("20:01 UTC")
+
+
 def test_speed_histogram_shows_more_than_the_parked_agents(page, small_ds):
     """On a linear axis the bar at 0 m/s (parked agents) hides every other bar; with log counts,
     bars are drawn across the speeds: count the plot's columns that hold the bars' colour, on the
