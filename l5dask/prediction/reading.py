@@ -791,18 +791,46 @@ class L5Array:
         # name, rows and identity, one string a chunk)
         layout = repr((meta.name, str(meta.dtype.descr), meta.chunk_rows, self.compressed, self.store.url))
         prefix = hashlib.blake2b(layout.encode(), digest_size=10).hexdigest()
+        n, rows, length = meta.nchunks, meta.chunk_rows, meta.length
+        tail = "".join(meta.separator + "0" for _ in meta.tail)
+        if "/" in tail:  # (an N-D array's chunks in folders of their own: "mask/3/0")
+            return self._identities_by_folder(prefix)
+        # (every chunk is in the array's folder, named f"{i}{tail}": its pieces made once, not a
+        # call each; 51,316 chunks at 1 G agents: 0.04 CPU-s against 0.09)
+        if not n:
+            return []
+        folder = meta.key(0).rpartition("/")[0]
+        idents = self.store.identities(folder)
+        head = f"{prefix}|{self.store.path(folder)}/"
+        out = []
+        for i in range(n):
+            name = f"{i}{tail}"
+            ident = idents.get(name)
+            if ident is None:
+                ident = self._hashed(i)
+            a = i * rows
+            out.append(f"{head}{name}|{a}:{min(a + rows, length)}|{ident}")
+        return out
+
+    def _hashed(self, i: int) -> str:
+        """A chunk's identity from its bytes (read for it): where the store says nothing trusted of it."""
+        import hashlib
+
+        data = self.store.get(self.meta.key(i), what=f"array {self.meta.name!r}, chunk {str(i)!r}")
+        return f"blake2b:{len(data)}:{hashlib.blake2b(data, digest_size=20).hexdigest()}"
+
+    def _identities_by_folder(self, prefix: str) -> list:
+        meta = self.meta
         listed: dict[str, tuple[str, dict[str, str]]] = {}
         out = []
         for i in range(meta.nchunks):
-            key = meta.key(i)
-            folder, _, name = key.rpartition("/")
+            folder, _, name = meta.key(i).rpartition("/")
             if folder not in listed:
                 listed[folder] = (self.store.path(folder), self.store.identities(folder))
             path, idents = listed[folder]
             ident = idents.get(name)
             if ident is None:
-                data = self.store.get(key, what=f"array {meta.name!r}, chunk {str(i)!r}")
-                ident = f"blake2b:{len(data)}:{hashlib.blake2b(data, digest_size=20).hexdigest()}"
+                ident = self._hashed(i)
             a, b = meta.chunk_bounds(i)
             out.append(f"{prefix}|{path}/{name}|{a}:{b}|{ident}")
         return out

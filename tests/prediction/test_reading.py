@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
 import zipfile
 from pathlib import Path
@@ -262,3 +264,39 @@ def test_a_task_on_a_local_disk_hints_its_next_chunks_in_order(small_ds, monkeyp
     assert hinted == [agents.meta.key(i) for i in (1, 2, 3)]  # nothing before the start
     want = agents.read(n - 4, 3)
     np.testing.assert_array_equal(np.concatenate(got).view(np.uint8), want.view(np.uint8))
+
+
+def test_chunk_identities_name_each_chunk_its_rows_and_its_files_stat(tmp_path):
+    # L5Array.chunk_identities, one string a chunk: the layout's digest, the chunk's path, its rows
+    # and its file's identity (its stat); for a dataset's arrays and N-D arrays whose chunk keys
+    # carry ".0" (in the array's folder) or "/0" (in a folder a chunk)
+    def expected(arr: reading.L5Array) -> list[str]:
+        meta = arr.meta
+        layout = repr((meta.name, str(meta.dtype.descr), meta.chunk_rows, arr.compressed, arr.store.url))
+        prefix = hashlib.blake2b(layout.encode(), digest_size=10).hexdigest()
+        out = []
+        for i in range(meta.nchunks):
+            folder, _, name = meta.key(i).rpartition("/")
+            st = os.stat(arr.store.path(meta.key(i)))
+            a, b = meta.chunk_bounds(i)
+            ident = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
+            out.append(f"{prefix}|{arr.store.path(folder)}/{name}|{a}:{b}|{ident}")
+        return out
+
+    path = str(tmp_path / "d.zarr")
+    l5dask.synthesize(path, num_scenes=3, seed=2, chunk_rows={"frames": 100, "agents": 1000})
+    ds = l5dask.open_dataset(path)
+    for name in ("frames", "agents"):
+        assert len(ds[name].chunk_identities()) == ds[name].meta.nchunks > 1
+        assert ds[name].chunk_identities() == expected(ds[name])
+    store = Store(str(tmp_path))
+    for separator in (".", "/"):
+        dtype = np.dtype([("value", np.uint32, (2,))])
+        meta = fmt.ArrayMeta(f"mask{separator == '/'}", dtype, 25, 10, (2,), separator)
+        for i in range(meta.nchunks):
+            os.makedirs(os.path.dirname(os.path.join(str(tmp_path), meta.key(i))), exist_ok=True)
+            with open(os.path.join(str(tmp_path), meta.key(i)), "wb") as f:
+                f.write(bytes(i + 1))
+        arr = reading.L5Array(store, meta)
+        assert arr.chunk_identities() == expected(arr)
+        assert len(set(arr.chunk_identities())) == 3
