@@ -398,7 +398,12 @@ def digest(*parts: Any) -> str:
     """A stable hex digest of parts made of strings, numbers, bytes, ``None``, booleans, tuples,
     lists and dicts of them: their ``repr``, the same in every process (a ``TypeError`` for an
     object whose ``repr`` holds its address)."""
-    text = repr(parts)
+    return digest_repr(repr(parts))
+
+
+def digest_repr(text: str) -> str:
+    """:func:`digest` of parts whose ``repr`` is ``text`` (made by the caller from the ``repr`` of
+    pieces it made once: ``Job.group_ids``, a key a task)."""
     if " at 0x" in text or "object at" in text:
         raise TypeError("cannot digest an object without a stable repr")
     return hashlib.blake2b(text.encode(), digest_size=20).hexdigest()

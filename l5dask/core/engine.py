@@ -519,7 +519,7 @@ def run_group_cached(
 ) -> Block:
     """:func:`run_group`, its block (partial and interval bounds) then kept in the cache's ``entry``."""
     block = run_group(spec, first, n, link_rows, *parent_blocks)
-    cachelib.store(entry, (block, dict(spec.intervals)))
+    cachelib.store(entry, (block._replace(rows=None), dict(spec.intervals)))  # (rows are never kept)
     return block
 
 
@@ -535,11 +535,13 @@ def run_pieces(
     """The task of an exact reduction over chunks ``first .. first + n - 1`` in aligned pieces
     (``Job._pieces``): each piece read from the cache when it is there, else computed and kept;
     their blocks combined in order (the same bits as one block: the reduction is exact), then kept
-    whole in ``entry`` too."""
+    whole in ``entry`` too. A pass that makes rows (``spec.rows``) returns them when every piece
+    was computed (none is kept in the cache)."""
     red = spec.reduction
     assert red is not None
     part: Any = None
     bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
+    rows: list[Rows | None] = []
     for piece, hit, f, m in pieces:
         block = None
         if hit:
@@ -547,13 +549,16 @@ def run_pieces(
             block = got[0] if ok and _still_valid(got, spec.intervals) else None
         if block is None:
             block = run_group(spec, f, m, link_rows, *parent_blocks)
-            cachelib.store(piece, (block, dict(spec.intervals)))
+            cachelib.store(piece, (block._replace(rows=None), dict(spec.intervals)))
         part = block.partial if part is None else red.combine(part, block.partial)
+        rows.append(block.rows)
         for k in bounds:
             bounds[k].append((block.bounds or {})[k])
     out = Block(part, None, {k: np.concatenate(b) for k, b in bounds.items()} if spec.intervals else None)
     if not all(hit for _, hit, _, _ in pieces):
         cachelib.store(entry, (out, dict(spec.intervals)))
+    if spec.rows is not None and all(r is not None for r in rows):
+        out = out._replace(rows=Rows.concat([r for r in rows if r is not None]))
     return out
 
 
@@ -665,10 +670,12 @@ def hold_blocks(parent: str, intervals: dict[str, int], *blocks: Block) -> Block
     return Block(None, Rows.concat(rows) if rows else None, None)
 
 
-def rows_within(limit: int, spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_blocks: Block) -> Block:
-    """:func:`run_group`, its rows left out when they take more than ``limit`` bytes (made again
-    by the child tasks that need them): a persisted pass's rows held, memory bounded."""
-    block = run_group(spec, first, n, link_rows, *parent_blocks)
+def rows_within(limit: int, task: Callable[..., Block], *args: Any) -> Block:
+    """``task(*args)`` (:func:`run_group`, or with a cache :func:`run_group_cached`,
+    :func:`run_pieces` or :func:`load_group`), its rows left out when they take more than ``limit``
+    bytes (made again by the child tasks that need them): a persisted pass's rows held, memory
+    bounded."""
+    block = task(*args)
     if block.rows is not None and block.rows.nbytes > limit:
         return block._replace(rows=None)
     return block
@@ -1081,6 +1088,7 @@ class Job:
         self._read: dict[str, Any] = {}  # (sources read whole by this job: each once)
         self.cache = cachelib.open_cache(cache)
         self._ids: dict[int, tuple[Any, list | None]] = {}  # source -> its chunks' identities
+        self._id_reprs: dict[int, tuple[list, list[str]]] = {}  # identities -> their reprs
         self._present: dict[str, dict[str, str]] = {}  # cache folder -> its entries' names by key
         self._events_since = time.time()
 
@@ -1177,6 +1185,16 @@ class Job:
             spec.encoded,
             link.start if link is not None else None,
         )
+        # each key is cachelib.digest(what, own, ids[first : first + n], parent), its repr made of
+        # the reprs of the chunks' and parent chunks' identities made once (not once a group and
+        # piece: 60% of a rerun's keys after growth)
+        try:
+            head = f"({what!r}, "
+        except Exception:  # noqa: BLE001 - a token that cannot be made: not cached
+            return None
+        reprs = self._reprs(ids)
+        held = link is not None and isinstance(link.parent, Persisted) and link.parent.row_ids is not None
+        parent_reprs = self._reprs(link.parent.row_ids) if held else None  # type: ignore[union-attr]
         out = []
         for first, n in groups:
             lo, hi = source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1]
@@ -1184,18 +1202,27 @@ class Job:
             got = None
             if link is not None and isinstance(link.parent, Rows):
                 got = link.parent.overlapping(lo, hi, link.start)
-                parent = cachelib.rows_digest(got.offset, got.cols)
+                parent = repr(cachelib.rows_digest(got.offset, got.cols))
             elif link is not None:
                 chunks = link.parent.chunks(link.interval or "", lo, hi)
-                if chunks is None:
+                if chunks is None or parent_reprs is None:
                     return None
-                parent = [link.parent.row_ids[k] for k in chunks]
+                parent = f"[{', '.join([parent_reprs[k] for k in chunks.tolist()])}]"
             try:
                 own = red.cache_token(got) if per_group and red is not None else None
-                out.append(cachelib.digest(what, own, ids[first : first + n], parent))
+                text = f"{head}{own!r}, [{', '.join(reprs[first : first + n])}], {parent})"
+                out.append(cachelib.digest_repr(text))
             except Exception:  # noqa: BLE001 - a token that cannot be made: not cached
                 return None
         return out
+
+    def _reprs(self, ids: list[str]) -> list[str]:
+        """The ``repr`` of each identity in ``ids`` (a source's chunks' or a persisted pass's rows'),
+        made once a job."""
+        got = self._id_reprs.get(id(ids))
+        if got is None or got[0] is not ids:
+            got = self._id_reprs[id(ids)] = (ids, [repr(i) for i in ids])
+        return got[1]
 
     def _folder(self, spec: Pass) -> str:
         assert self.cache is not None
@@ -1335,8 +1362,9 @@ class Job:
         self, spec: Pass, name: str, guided: bool = True, keep: str = "all"
     ) -> tuple[dict, list, list[tuple[int, int]]]:
         """The tasks of a pass (a dict), the collections they depend on, and their groups.
-        ``keep``: what its tasks do, ``"all"``, ``"no rows"`` (its reduction and checks) or
-        ``"rows"`` (its rows alone)."""
+        ``keep``: what its tasks do, ``"all"``, ``"no rows"`` (its reduction and checks),
+        ``"rows"`` (its rows alone) or ``"held rows"`` (all, kept in the cache as ``"no rows"``:
+        a task read from the cache has no rows, one computed has them)."""
         groups = self.groups(spec, guided)
         stage = spec.stage()
         if keep == "no rows":
@@ -1367,7 +1395,7 @@ class Job:
             else:
                 graph[key] = Task(key, run_group, stage, first, n, link.parent.overlapping(lo, hi, link.start))
         if self.cache is not None:
-            self._cached_tasks(spec, groups, keep, name, graph)
+            self._cached_tasks(spec, groups, "no rows" if keep == "held rows" else keep, name, graph)
             needed = set().union(*(t.dependencies for t in graph.values())) | {k for k in graph if k[0] == name}
             graph = {k: t for k, t in graph.items() if k in needed}  # (the parent rows only hits' tasks needed)
         return graph, deps, groups
@@ -1426,19 +1454,25 @@ class Job:
         A pass's ``rows`` are not held (they would grow with the dataset: 32 bytes a frame, 1.1 GB
         for train_full's frames): the blocks keep their partials and bounds, and each child task
         depends on tasks that read the parent blocks it overlaps again and make their rows, in the
-        child's own graph, so that each is released once its last child task has run. (A pass
-        whose own parent is persisted or held keeps its rows.)
+        child's own graph, so that each is released once its last child task has run; on local
+        threads a block keeps its rows within its share of ``HELD_ROWS_BYTES`` (with a cache, a
+        block computed does; one read from the cache has none). (A pass whose own parent is
+        persisted or held keeps its rows.)
         """
         built, remakes = [], []
         collections: list = []
         for spec in specs:
             name = f"l5-{spec.label}-pass-{self.token(spec)}"
             remake, keep, calls = self._remakes(spec, name)
-            hold = remake is not None and self.client is None and self.cache is None
-            graph, deps, groups = self.leaves(spec, name, guided=False, keep="all" if hold else keep)
+            hold = remake is not None and self.client is None
+            if hold:  # (with a cache, the blocks computed hold their rows; those read from it, none)
+                keep = "all" if self.cache is None else "held rows"
+            graph, deps, groups = self.leaves(spec, name, guided=False, keep=keep)
             if hold:  # (each block keeps its rows within its share of HELD_ROWS_BYTES: see _held_rows)
                 share = HELD_ROWS_BYTES // max(1, len(groups))
-                graph = {k: Task(k, rows_within, share, *t.args) if k[0] == name else t for k, t in graph.items()}
+                graph = {
+                    k: Task(k, rows_within, share, t.func, *t.args) if k[0] == name else t for k, t in graph.items()
+                }
             row_ids = self._row_ids(spec)
             remakes.append((remake, row_ids, calls))
             with dask.annotate(priority=spec.priority):
@@ -1460,7 +1494,7 @@ class Job:
             held = done[i : i + len(parts)]
             i += len(parts)
             remake, row_ids, calls = remakes[len(out)]
-            if remake is not None and self.client is None and self.cache is None:
+            if remake is not None and self.client is None:
                 remake = _held_rows(held, remake)
             out.append(
                 Persisted(spec, [p.key for p in held], held, groups, remake=remake, row_ids=row_ids, remake_calls=calls)

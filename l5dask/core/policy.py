@@ -53,8 +53,9 @@ TASK_SIZING = {"threads": (16, 8), "threads-streaming": (16, 32), "distributed":
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
 #: Bytes of a persisted pass's rows held whole for its child tasks when it runs on local threads
-#: without a cache (each block keeps its rows if they are at most this over the pass's blocks;
-#: the others are made again by the child tasks that need them, read a second time). The frames'
+#: (each block keeps its rows if they are at most this over the pass's blocks; the others, and
+#: with a cache those of the blocks read from it, are made again by the child tasks that need
+#: them, read a second time). The frames'
 #: join rows of 30 M agents are ~5 MB: held, the frames are read once (`l5dask agg` q2: see the
 #: commit that set it); 2.6 G agents' frames (~12 M) are made again, memory flat in the dataset.
 HELD_ROWS_BYTES = 64 << 20

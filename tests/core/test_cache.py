@@ -437,6 +437,35 @@ def test_after_growth_the_frames_tasks_of_old_frames_are_read_from_the_cache(dat
     assert got == public(compute_report(dataset, chunks_per_task=2))  # bit for bit the uncached report
 
 
+def test_a_cached_run_on_local_threads_decodes_each_frames_chunk_once(dataset, tmp_path, monkeypatch):
+    """On local threads, the frames blocks a cached run computes hold their join rows for the agents'
+    tasks, as an uncached run's do (within HELD_ROWS_BYTES): each frames chunk is decoded once, not
+    made again by the agents' tasks (twice each before); no entry keeps rows."""
+    import json
+
+    from l5dask.prediction import reading
+
+    cache = str(tmp_path / "cache")
+    want = public(compute_report(dataset, chunks_per_task=2))
+    decoded: list[tuple[str, str]] = []
+    original = reading.decode_chunk
+
+    def counted(raw, meta, *args, **kw):
+        decoded.append((meta.name, args[1]))
+        return original(raw, meta, *args, **kw)
+
+    monkeypatch.setattr(reading, "decode_chunk", counted)
+    got = public(compute_report(dataset, cache=cache, chunks_per_task=2))
+    monkeypatch.undo()
+    frames = l5dask.open_dataset(dataset)[fmt.FRAMES].nchunks
+    assert sorted(k for n, k in decoded if n == fmt.FRAMES) == sorted(str(i) for i in range(frames))
+    assert got == want
+    for e in cachelib.Cache(cache).entries():
+        with open(os.path.join(cache, e["path"]), "rb") as f:
+            manifest = cachelib.manifest_of(f.read())
+        assert f"{engine.Rows.__module__}:Rows" not in json.dumps(manifest["tree"]), e["path"]
+
+
 def test_the_keys_of_a_task_and_of_its_pieces_are_made_in_one_call(dataset, tmp_path, monkeypatch):
     """A task not in the cache is looked for in aligned pieces (``Job._pieces``): the keys of all
     of them are made in one call (a call a piece was 40 us of overhead each; 281 calls for this
@@ -455,6 +484,65 @@ def test_the_keys_of_a_task_and_of_its_pieces_are_made_in_one_call(dataset, tmp_
     assert got == public(compute_report(dataset, chunks_per_task=8))
     # (a call a task not in the cache, for its pieces; a few a pass: its tasks, whole, rows)
     assert st.misses > 10 and len(calls) <= st.misses + 4 * 3, (len(calls), st.misses)
+
+
+def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(dataset, tmp_path, monkeypatch):
+    """A task's key, made of the ``repr`` of each chunk's identity made once a job, is
+    ``cachelib.digest(what, own token, the chunks' identities, the parent rows' identity)`` as it
+    always was (the entries of a cache written before are found): checked against that digest
+    for every key of a cold run, a rerun after growth (parent rows by chunk and in memory)."""
+    group_ids = engine.Job.group_ids
+    checked: list[int] = []
+
+    def reference(self, spec, groups, keep="all"):  # (the digest of the parts, made whole each time)
+        got = group_ids(self, spec, groups, keep)
+        if got is None:
+            return got
+        source, link = spec.source, spec.parent
+        ids = self._chunk_ids(source)
+        red = spec.reduction if keep != "rows" else None
+        per_group = red is not None and callable(red.cache_token)
+        token = cachelib.reduction_token(red) if red is not None and not per_group else None
+        rows = (
+            cachelib.function_token(spec.rows) if keep == "rows" or (keep == "all" and spec.rows is not None) else None
+        )
+        what = (
+            cachelib.FORMAT,
+            cachelib.version(),
+            "bounds and parent rows a chunk",
+            keep,
+            token,
+            rows,
+            sorted(spec.intervals) if keep != "rows" else [],
+            spec.blocks,
+            spec.encoded,
+            link.start if link is not None else None,
+        )
+        want = []
+        for first, n in groups:
+            lo, hi = source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1]
+            parent, rows_in = None, None
+            if link is not None and isinstance(link.parent, engine.Rows):
+                rows_in = link.parent.overlapping(lo, hi, link.start)
+                parent = cachelib.rows_digest(rows_in.offset, rows_in.cols)
+            elif link is not None:
+                parent = [link.parent.row_ids[k] for k in link.parent.chunks(link.interval or "", lo, hi)]
+            own = red.cache_token(rows_in) if per_group else None
+            want.append(cachelib.digest(what, own, ids[first : first + n], parent))
+        assert got == want
+        checked.append(len(got))
+        return got
+
+    monkeypatch.setattr(engine.Job, "group_ids", reference)
+    cache = str(tmp_path / "cache")
+    compute_report(dataset, cache=cache, chunks_per_task=2)
+    l5dask.aggregate(dataset, by=["label"], values={"speed": ["mean"]}, cache=cache)
+    extra = str(tmp_path / "extra.zarr")
+    l5dask.synthesize(extra, num_scenes=1, seed=77, chunk_rows=CHUNKS)
+    append_in_place(dataset, extra, str(tmp_path), monkeypatch)
+    with cachelib.counting() as st:
+        compute_report(dataset, cache=cache, chunks_per_task=2)
+    assert st.hits > st.misses > 0 and len(checked) > 10 and sum(checked) > 100
 
 
 def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, caplog):
