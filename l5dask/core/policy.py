@@ -133,7 +133,7 @@ def resolve_scheduler(scheduler: Any = None) -> tuple[Any, Any]:
 
 def collection_compute_kw(collection: Any, kw: dict) -> dict:
     """``dask.compute``'s keywords ``kw`` for a dask collection of the package's own (its dask
-    DataFrames): as given when they name a scheduler; else, when no dask.distributed client can
+    DataFrames, the arrays of the xarray accessor's results): as given when they name a scheduler; else, when no dask.distributed client can
     exist (``distributed`` not imported) and dask's ``scheduler`` config is unset, the collection's
     own default scheduler named by the function itself: what dask picks then, but found without
     importing ``distributed`` to look for a client (dask imports it whenever the scheduler is left
@@ -145,6 +145,20 @@ def collection_compute_kw(collection: Any, kw: dict) -> dict:
     if dask.config.get("scheduler", None) is not None or dask.config.get("get", None) is not None:
         return kw
     return {**kw, "scheduler": type(collection).__dask_scheduler__}
+
+
+class ComputedLocally:
+    """``compute()`` and ``persist()`` of the package's own dask collections (its dask DataFrames
+    and Series, the dask arrays of the xarray accessor's results; also what ``np.asarray`` and
+    xarray's ``.values`` of one compute): where no dask.distributed client can exist, on dask's
+    default scheduler for them, found without importing ``distributed``
+    (:func:`collection_compute_kw`). A mixin before the dask collection class."""
+
+    def compute(self, *args: Any, **kwargs: Any) -> Any:
+        return super().compute(*args, **collection_compute_kw(self, kwargs))  # type: ignore[misc]
+
+    def persist(self, *args: Any, **kwargs: Any) -> Any:
+        return super().persist(*args, **collection_compute_kw(self, kwargs))  # type: ignore[misc]
 
 
 #: The keywords that said where to run before ``scheduler=``: they keep working for one release

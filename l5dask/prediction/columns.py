@@ -25,7 +25,7 @@ Each table's row index is a column too: ``scene_index`` (scenes), ``frame_index`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -518,21 +518,31 @@ class Selection:
         is decoded into one reused chunk of scratch. Either way the records of the whole block
         are never held (for a 100 MB partition that saved its allocation, page faults and a
         second trip through memory), nor more than a run of its stored bytes."""
-        parent = parent_rows(rows, blocks)
         lo = self.source.chunk_bounds(first)[0]
         hi = self.source.chunk_bounds(first + n - 1)[1] if n else lo
-        if hasattr(self.source, "read_encoded"):
-            pieces = (
-                (self.source.chunk_bounds(f)[0], self.source.read_encoded(f, min(ENCODED_RUN, first + n - f)))
-                for f in range(first, first + n, ENCODED_RUN)
-            )
-        else:
-            pieces = self.source.iter_chunks(first, n)
         out = {name: np.empty(hi - lo, self.columns[name].dtype) for name in self.names}
-        for start, data in pieces:
-            for name, values in self.arrays(data, start, parent).items():
+        for start, cols in self.pieces(first, n, rows, blocks):
+            for name, values in cols.items():
                 out[name][start - lo : start - lo + len(values)] = values
         return lo, hi, out
+
+    def pieces(
+        self, first: int, n: int, rows: Rows | None, blocks: tuple = (), run: int = ENCODED_RUN
+    ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """The selected columns of stored chunks ``first .. first + n - 1`` a piece at a time
+        (runs of ``run`` stored chunks, or each chunk): ``(first row, columns)``."""
+        parent = parent_rows(rows, blocks)
+        if hasattr(self.source, "read_encoded"):
+            for f in range(first, first + n, run):
+                yield (
+                    self.source.chunk_bounds(f)[0],
+                    self.arrays(
+                        self.source.read_encoded(f, min(run, first + n - f)), self.source.chunk_bounds(f)[0], parent
+                    ),
+                )
+        else:
+            for start, data in self.source.iter_chunks(first, n):
+                yield start, self.arrays(data, start, parent)
 
     def empty(self) -> dict[str, np.ndarray]:
         return {n: np.zeros(0, self.columns[n].dtype) for n in self.names}
