@@ -8,7 +8,8 @@ built in place (``pip wheel --no-deps`` then the ``.so`` files copied into the t
 ``python setup.py build_ext --inplace``). Each job runs with that checkout first on
 ``PYTHONPATH``, from a temporary folder; before and after alternate in each round (which goes
 first alternates too). Printed: the best time of each, the best's ratio and the median of the
-per-round after/before ratios (these shared machines change speed from minute to minute).
+per-round after/before ratios (these shared machines change speed from minute to minute), and the
+same of CPU seconds (user + system), which a crowded machine changes much less.
 
 The jobs: ``l5dask stats`` and ``l5dask agg`` (the README's q1 and q2) on the generated dataset of
 ``--scenes`` scenes; ``l5dask evaluate`` on a generated GT/PRED pair of ``--rows`` rows;
@@ -27,7 +28,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from aggregate_queries import CLI  # noqa: E402
-from common import dataset, run  # noqa: E402
+from common import dataset, run_measured  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOBS = ("stats", "agg-q1", "agg-q2", "evaluate", "perception")
@@ -65,6 +66,7 @@ def job_args(names: list[str], scenes: int, rows: int, perception_scenes: int) -
 def compare(jobs: dict[str, list[str]], before: str, after: str, rounds: int) -> None:
     """Run each job with each checkout, ``rounds`` interleaved rounds; print the figures."""
     times: dict[tuple[str, str], list[float]] = {}
+    cpu: dict[tuple[str, str], list[float]] = {}  # (user + system seconds: steadier on a shared machine)
     for r in range(rounds):
         for job, args in jobs.items():
             trees = (("before", before), ("after", after))
@@ -74,15 +76,22 @@ def compare(jobs: dict[str, list[str]], before: str, after: str, rounds: int) ->
                     # (run from the temporary folder: the current one would come first on sys.path)
                     cmd = ["env", "-C", tmp, f"PYTHONPATH={path}", sys.executable]
                     cmd += [] if args[0] == QUERIES else ["-m", "l5dask.cli"]
-                    times.setdefault((job, label), []).append(run(cmd + [a.format(tmp=tmp) for a in args])[0])
+                    _, wall, _, used = run_measured(cmd + [a.format(tmp=tmp) for a in args])
+                    times.setdefault((job, label), []).append(wall)
+                    cpu.setdefault((job, label), []).append(used)
     print(f"whole processes, {rounds} interleaved rounds (best; median of per-round after/before):")
     for job in jobs:
         b, a = times[(job, "before")], times[(job, "after")]
-        ratios = [x / y for x, y in zip(a, b)]
+        cb, ca = cpu[(job, "before")], cpu[(job, "after")]
         print(
             f"    {job:<12} before {min(b):6.2f} s   after {min(a):6.2f} s   after/before best {min(a) / min(b):.3f}"
-            f"   median {statistics.median(ratios):.3f}"
+            f"   median {_median_ratio(a, b):.3f};   CPU before {statistics.median(cb):6.2f} s   after "
+            f"{statistics.median(ca):6.2f} s   median {_median_ratio(ca, cb):.3f}"
         )
+
+
+def _median_ratio(after: list[float], before: list[float]) -> float:
+    return statistics.median([x / y for x, y in zip(after, before)])
 
 
 def checkout_arguments(parser: argparse.ArgumentParser) -> None:
