@@ -975,6 +975,9 @@ def test_reading_part_of_a_chunk_from_s3_asks_the_header_and_the_blocks_at_once(
     guess that misses (blocks stored out of order) is completed by more GETs. Every read equals the
     rows decoded whole. GETs counted at the client (moto server on 127.0.0.1), round trips by what
     is asked for together."""
+    import struct
+
+    import numcodecs.blosc
     from numcodecs import Blosc
 
     from l5dask.core import objects
@@ -990,10 +993,18 @@ def test_reading_part_of_a_chunk_from_s3_asks_the_header_and_the_blocks_at_once(
     values.view(np.uint8)[:] = rng.integers(0, 4, values.nbytes, dtype=np.uint8)  # (compressible)
     s3.make_bucket("l5-partial")
     fs = s3.s3fs()
+    # The chunks compressed by one thread: c-blosc's threads each store a block as they finish it,
+    # so that on a busy machine a chunk compressed by two had now and then a block stored after
+    # the next one (its starts out of order), where the reader's guess missed it and it took a
+    # second round trip: the "lz4-shuffled" case failed about once in ten runs after the cluster
+    # test. Out-of-order blocks are the "reordered" case, made on purpose.
+    monkeypatch.setattr(numcodecs.blosc, "use_threads", False)
     for i in range(meta.nchunks):
         raw = codec.encode(values[i * rows : (i + 1) * rows])
+        n = -(-meta.chunk_nbytes // int.from_bytes(raw[8:12], "little"))
+        starts = struct.unpack_from(f"<{n}i", raw, 16)
+        assert how == "memcpyed" or list(starts) == sorted(starts)  # (blocks stored in order)
         if how == "reordered":
-            n = -(-meta.chunk_nbytes // int.from_bytes(raw[8:12], "little"))
             raw = _reorder_blocks(raw, list(rng.permutation(n)))
         fs.pipe(f"l5-partial/{how}/arr/{i}", raw)
     store = Store(f"s3://l5-partial/{how}", s3.storage_options())
@@ -1065,12 +1076,8 @@ def test_reading_part_of_a_chunk_from_s3_asks_the_header_and_the_blocks_at_once(
     later = [x for x in seen[1:] if x is not None]
     assert len(later) >= 20, seen  # (nearly every read counted)
     if how != "reordered":  # (each later read: one round trip, in one GET or two at once)
-        # (but one: in about one run of ten, on this shared machine, one read of the 24 took a
-        # second round; not understood yet, and not seen in a run alone: at most one such is let by)
-        one_round = [(g, r) for g, r in later if r == 1]
-        assert len(one_round) >= len(later) - 1 and all(r <= 2 for _, r in later), seen
-        assert all(g <= 2 for g, _ in one_round), seen
-        assert sum(g for g, _ in one_round) < 2 * len(one_round), seen  # (some in one GET)
+        assert all(r == 1 and g <= 2 for g, r in later), seen
+        assert sum(g for g, _ in later) < 2 * len(later), seen  # (some in one GET)
     else:  # (blocks out of order: a guess may miss; what it missed is asked in one more round)
         assert all(r <= 2 for _, r in later), seen
 
