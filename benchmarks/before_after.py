@@ -15,7 +15,9 @@ The jobs: ``l5dask stats`` and ``l5dask agg`` (the README's q1 and q2) on the ge
 ``--scenes`` scenes; ``l5dask evaluate`` on a generated GT/PRED pair of ``--rows`` rows;
 ``l5dask perception stats --no-lidar`` on a generated perception dataset of
 ``--perception-scenes`` scenes. Also, when named in ``--jobs``: the aggregation benchmark's
-queries through its Python paths, ``aggregate-q1`` .. ``xarray-q3`` (``aggregate_queries.py``).
+queries through its Python paths, ``aggregate-q1`` .. ``xarray-q3`` (``aggregate_queries.py``),
+and ``run``: ``l5dask run`` of the job file of ``analyze_benchmark.py`` (the report, the catalog
+and its three aggregations in one pass; issue 48).
 """
 
 from __future__ import annotations
@@ -36,12 +38,15 @@ JOBS = ("stats", "agg-q1", "agg-q2", "evaluate", "perception")
 #: with each checkout on ``PYTHONPATH``), asked for by name: ``aggregate-q1``, ``xarray-q2``...
 ROUTES = tuple(f"{api}-{q}" for api in ("aggregate", "dataframe", "xarray") for q in ("q1", "q2", "q3"))
 QUERIES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "aggregate_queries.py")
+#: Jobs named only when asked for, and what each needs written in its round's folder first.
+EXTRA = ("run",)
+SETUP: dict = {}
 
 
 def job_args(names: list[str], scenes: int, rows: int, perception_scenes: int) -> dict[str, list[str]]:
     """The command line of each job (``{tmp}``: the round's temporary folder)."""
     out: dict[str, list[str]] = {}
-    if {"stats", "agg-q1", "agg-q2", *ROUTES} & set(names):
+    if {"stats", "agg-q1", "agg-q2", "run", *ROUTES} & set(names):
         path = dataset(scenes)
         print(f"dataset: {path}")
         for route in ROUTES:
@@ -50,6 +55,10 @@ def job_args(names: list[str], scenes: int, rows: int, perception_scenes: int) -
         out["stats"] = ["stats", path, "--quiet", "--output", "{tmp}/r.json"]
         out["agg-q1"] = ["agg", path, *CLI["q1"], "-q", "--output", "{tmp}/q1.parquet"]
         out["agg-q2"] = ["agg", path, *CLI["q2"], "-q", "--output", "{tmp}/q2.parquet"]
+        out["run"] = ["run", "{tmp}/job.toml", "-q"]
+        from analyze_benchmark import job_file
+
+        SETUP["run"] = lambda tmp: job_file(path, tmp)
     if "evaluate" in names:
         from evaluation_benchmark import pair
 
@@ -76,6 +85,8 @@ def compare(jobs: dict[str, list[str]], before: str, after: str, rounds: int) ->
                     # (run from the temporary folder: the current one would come first on sys.path)
                     cmd = ["env", "-C", tmp, f"PYTHONPATH={path}", sys.executable]
                     cmd += [] if args[0] == QUERIES else ["-m", "l5dask.cli"]
+                    if job in SETUP:
+                        SETUP[job](tmp)
                     _, wall, _, used = run_measured(cmd + [a.format(tmp=tmp) for a in args])
                     times.setdefault((job, label), []).append(wall)
                     cpu.setdefault((job, label), []).append(used)
@@ -107,10 +118,12 @@ def main() -> None:
     checkout_arguments(parser)
     parser.add_argument("--rows", type=int, default=500_000)
     parser.add_argument("--perception-scenes", type=int, default=180)
-    parser.add_argument("--jobs", default=",".join(JOBS), help=f"a comma-separated subset of {','.join(JOBS + ROUTES)}")
+    parser.add_argument(
+        "--jobs", default=",".join(JOBS), help=f"a comma-separated subset of {','.join(JOBS + ROUTES + EXTRA)}"
+    )
     args = parser.parse_args()
     names = [j for j in args.jobs.split(",") if j]
-    unknown = set(names) - set(JOBS) - set(ROUTES)
+    unknown = set(names) - set(JOBS) - set(ROUTES) - set(EXTRA)
     if unknown:
         parser.error(f"unknown job(s): {', '.join(sorted(unknown))}")
     print(f"{os.cpu_count()} cores; before {args.before}, after {args.after}")

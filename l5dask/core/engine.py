@@ -171,10 +171,16 @@ class Reduction:
     #: still handed what the pass declares (one stored chunk at a time, or a whole block).
     exact: bool = False
     #: What ``chunk`` reads of each chunk, as its source names it (for stored chunks read encoded:
-    #: ``(elements, argmaxes)`` gathered): a fused pass hands the block the union (``expect``), so
-    #: that one pass over its bytes serves every member. ``None``: not declared.
+    #: ``(elements, argmaxes[, maxima[, derived columns]])`` gathered): a fused pass hands the
+    #: block the union (``expect``), so that one pass over its bytes serves every member, and the
+    #: derived columns another member makes anyway (``provides``) are written out for it. ``None``:
+    #: not declared.
     reads: Any = None
     cache_token: Any = None
+    #: Per-row columns ``chunk`` makes anyway and writes out for the other members of a fused pass
+    #: that declare them in their ``reads`` (its source's ``derived_out``): a fused pass runs the
+    #: members that make them first.
+    provides: tuple[str, ...] = ()
 
     def __dask_tokenize__(self):
         return ("l5dask.Reduction", self.name)
@@ -804,15 +810,17 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     """The partials of every member of a fused pass over one block (read once: records, or the
     stored chunks not decoded), each handed what its own pass would have been: the block whole
     (``blocks``), else one stored chunk at a time (or, encoded, the groups ``source.iter_encoded``
-    makes: ``data.pieces()``); records where the member takes no encoded chunks (decoded once)."""
+    makes: ``data.pieces()``); records where the member takes no encoded chunks (decoded once).
+    The members that make per-row columns others read (``Reduction.provides``) run first."""
     encoded = hasattr(data, "records")
     if encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1:
         for m in members:  # (what each will gather of the block, gathered once for all)
             if m.encoded and m.reduction.reads is not None:
                 data.expect(*m.reduction.reads)
-    out = []
+    out: list = [None] * len(members)
     pieces = None  # (made once: every streaming member takes the same pieces, and what they keep)
-    for m in members:
+    for k in sorted(range(len(members)), key=lambda k: not members[k].reduction.provides):
+        m = members[k]
         red = m.reduction
         if m.blocks:
             p = red.chunk(data if m.encoded or not encoded else data.records(), start, parent)
@@ -830,7 +838,7 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
                 q = red.chunk(records[a - start : b - start], a, parent)
                 p = q if p is None else red.combine(p, q)
                 i += 1
-        out.append(red.identity() if p is None else p)
+        out[k] = red.identity() if p is None else p
     return tuple(out)
 
 

@@ -40,7 +40,7 @@ from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.core.policy import where_keywords
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.columns import INDEX, Selection, Table
+from l5dask.prediction.columns import INDEX, SHARED, Selection, Table
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.groupby import (
     AGGREGATIONS,
@@ -198,7 +198,12 @@ def reduction(spec: Spec) -> Reduction:
         combine_parts,
         functools.partial(empty_part, spec),
         functools.partial(finalize_part, spec),
-        reads=([c.element for c in columns if c.element is not None], [c.argmax for c in columns if c.argmax]),
+        reads=(
+            [c.element for c in columns if c.element is not None],
+            [c.argmax for c in columns if c.argmax],
+            (),
+            [c.name for c in columns if c.name in SHARED],  # (made by the report's loop when fused with it)
+        ),
         # what it computes apart from the dataset (whose length its name holds): the cache's key
         cache_token=(
             sel.array,

@@ -177,9 +177,21 @@ def _codes(name: str, categories: tuple[str, ...], c: Chunk) -> np.ndarray:
     return codes.astype(np.int32)
 
 
-def _speed(c: Chunk) -> np.ndarray:
+#: Derived columns another analysis of a fused pass may have made of the same rows (the report's
+#: agents loop: ``l5dask.prediction.stats.SHARED_COLUMNS``), the same bits: taken from the chunk
+#: (``Encoded.derived``) when there, else made here.
+SHARED = ("speed", "distance_to_ego")
 
-    return norm2(c["velocity_x"], c["velocity_y"])
+
+def _made(c: Chunk, name: str) -> np.ndarray | None:
+    """The column ``name`` of the chunk's rows made by another member of its fused pass, or ``None``."""
+    derived = getattr(c._data, "derived", None)
+    return derived(name) if derived is not None else None
+
+
+def _speed(c: Chunk) -> np.ndarray:
+    made = _made(c, "speed")
+    return made if made is not None else norm2(c["velocity_x"], c["velocity_y"])
 
 
 def _length(name: str, c: Chunk) -> np.ndarray:
@@ -204,7 +216,9 @@ def _parent_hour(c: Chunk) -> np.ndarray:
 def _distance(c: Chunk) -> np.ndarray:
     """``sqrt(dx * dx + dy * dy)`` in float64 to the ego of the row's frame, as the report (one
     compiled pass over the rows and their frames' positions: no per-row copies of the ego)."""
-
+    made = _made(c, "distance_to_ego")
+    if made is not None:
+        return made
     return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent_rows["ego_translation"], c.pos)
 
 

@@ -488,6 +488,10 @@ class Encoded:
         # next reader that asks the same (the report's and the catalog's faces: their ids, codes
         # and statuses, from one pass over the bytes)
         self._distinct: dict[tuple, tuple] | None = None
+        # per-row columns one member of a fused pass makes anyway and others would make again
+        # (the report's speeds and distances to the ego): the block's, filled by its pieces
+        self._derived: dict[str, np.ndarray] = {}
+        self._filled: dict[str, int] = {}
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -513,11 +517,14 @@ class Encoded:
         elements: Sequence[tuple[str, tuple[int, ...]]] = (),
         argmax: Sequence[str] = (),
         maxima: Sequence[str] = (),
+        derived: Sequence[str] = (),
     ) -> None:
         """Numbers, argmaxes and maxima (``values`` of :meth:`gather`) that readers of these chunks
         will gather (the members of a fused pass, :func:`l5dask.core.engine.fused_chunk`): the
         first gather makes all that are expected in one pass over the bytes (each chunk
-        decompressed once for all of them), the others are served from it (read-only arrays)."""
+        decompressed once for all of them), the others are served from it (read-only arrays).
+        ``derived``: per-row columns a reader would make of them (``speed``, ``distance_to_ego``),
+        which a member that makes them anyway writes out for it (:meth:`derived_out`)."""
         for f, idx in elements:
             self._expected[("e", f, tuple(idx))] = None
         for f in argmax:
@@ -525,6 +532,31 @@ class Encoded:
         for f in maxima:
             self._expected[("m", f)] = None
             self._expected[("v", f)] = None
+        for name in derived:
+            self._expected[("d", name)] = None
+
+    def derived_out(self, name: str) -> np.ndarray | None:
+        """Where a member of a fused pass that makes the per-row column ``name`` anyway writes it
+        for the others (these rows' slots of the block's array, float64; its caller fills them
+        all): ``None`` when no reader of the block expects it (:meth:`expect`)."""
+        block, at = self._base if self._base is not None else (self, 0)
+        if ("d", name) not in block._expected:
+            return None
+        out = block._derived.get(name)
+        if out is None:
+            out = block._derived[name] = np.empty(len(block), np.float64)
+        block._filled[name] = block._filled.get(name, 0) + len(self)
+        return out[at : at + len(self)]
+
+    def derived(self, name: str) -> np.ndarray | None:
+        """The per-row column ``name`` of these rows made by another member of the fused pass
+        (:meth:`derived_out`; read-only), or ``None`` when it was not made for all of them."""
+        block, at = self._base if self._base is not None else (self, 0)
+        out = block._derived.get(name)
+        if out is None or block._filled.get(name, 0) < len(block):
+            return None
+        out.flags.writeable = False
+        return out[at : at + len(self)]
 
     def _gather_shared(
         self,

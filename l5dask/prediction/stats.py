@@ -414,6 +414,9 @@ def _close(series: SceneSeries, opens: list) -> SceneSeries:
     return series
 
 
+#: The per-row columns of the report's agents loop that other analyses of a fused pass take
+#: (``l5dask.prediction.columns``' ``speed`` and ``distance_to_ego``, the same bits).
+SHARED_COLUMNS = ("speed", "distance_to_ego")
 #: The agent fields the report reads (a columnar store reads only these: never extent or yaw).
 AGENT_FIELDS = ("centroid", "velocity", "track_id", "label_probabilities")
 #: The frame fields it reads (never the ego's rotation).
@@ -442,9 +445,13 @@ class AgentStats:
         else:  # (stored chunks, maybe several: a sum each, so that how many a call takes changes nothing)
             columns, (label,) = agents.gather(AGENT_ELEMENTS, ["label_probabilities"])
             ids, sums = columns[4], []
+            # (the speeds and distances made here, written out for the other analyses of a fused pass)
+            out_of = getattr(agents, "derived_out", lambda name: None)  # (a view's chunk: none)
+            speeds, dists = (out_of(n) for n in SHARED_COLUMNS)
             for a, b in agents.spans():
                 cols = [c[a:b] for c in columns]
-                sums.append(agent_columns(label[a:b], cols, *frame, lo + a, *widths, *into, pos[a:b]))
+                outs = [None if x is None else x[a:b] for x in (speeds, dists)]
+                sums.append(agent_columns(label[a:b], cols, *frame, lo + a, *widths, *into, pos[a:b], *outs))
             part.speed_sum = exact_add((), sums)
         # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
         # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
@@ -549,6 +556,7 @@ def agents_reduction(nlabels: int) -> Reduction:
         functools.partial(_empty_agent_part, nlabels),
         exact=True,  # (counts, histograms, distinct tracks, and the speed sum added exactly)
         reads=(AGENT_ELEMENTS, ("label_probabilities",)),
+        provides=SHARED_COLUMNS,
     )
 
 

@@ -175,6 +175,49 @@ def test_each_chunk_is_decoded_once(ds, monkeypatch):
     assert {passes[raw] for raw in faces} == {2}
 
 
+@pytest.mark.parametrize("report_first", [True, False])
+def test_aggregations_take_the_speed_and_distance_the_reports_loop_made(ds, monkeypatch, report_first):
+    """Fused with the report, the aggregations of ``speed`` and ``distance_to_ego`` take the columns
+    the report's agents loop made of each block (``Reduction.provides``: it runs first whatever
+    the analyses' order) and make neither again; each result is still the analysis alone, bit for
+    bit. Without the report, they make them (the same bits)."""
+    from l5dask.prediction import columns
+
+    want = {n: alone(ds, n, ALL[n]) for n in ("report", "speed", "near")}
+    made: collections.Counter = collections.Counter()
+    for name in ("norm2", "distance_to_parent"):
+        original = getattr(columns, name)
+        monkeypatch.setattr(columns, name, lambda *a, _f=original, _n=name: (made.update([_n]), _f(*a))[1])
+    names = ["report", "speed", "near"] if report_first else ["speed", "near", "report"]
+    got = analyze(ds, {n: ALL[n] for n in names})
+    for n in names:
+        same(got[n], want[n], n)
+    assert made == {}
+    got = analyze(ds, {n: ALL[n] for n in ("speed", "near")})
+    for n in ("speed", "near"):
+        same(got[n], want[n], n)
+    assert made["norm2"] > 0 and made["distance_to_parent"] > 0
+
+
+def test_a_derived_column_written_in_part_is_not_taken(ds):
+    """A block's column made by the pieces of only some of its rows is not handed out (``None``:
+    the reader makes its own), nor one no reader expects."""
+    source = l5dask.open_dataset(ds)[fmt.AGENTS]
+    block = source.read_encoded(0, 4)
+    assert block.derived_out("speed") is None  # (nobody expects it: not made)
+    block.expect((), ("label_probabilities",), (), ("speed",))
+    pieces = block.pieces()
+    assert len(pieces) > 1
+    first = pieces[0][1].derived_out("speed")
+    first[:] = 1.0
+    assert block.derived("speed") is None and pieces[0][1].derived("speed") is None
+    for _, piece in pieces[1:]:
+        piece.derived_out("speed")[:] = 2.0
+    whole = block.derived("speed")
+    assert len(whole) == len(block) and not whole.flags.writeable
+    np.testing.assert_array_equal(pieces[1][1].derived("speed"), 2.0)
+
+
 def test_a_fused_block_is_freed_when_its_task_ends(ds):
     """What a fused task gathered of its block goes with it: its pieces are the task's, not kept by
     the block (a piece refers to its block: the two in a cycle kept every block of a pass, 13 MB

@@ -470,6 +470,52 @@ def test_distance_to_parent_equals_numpys_formula_on_taken_columns():
         distance_to_parent(x[:2], y[:2], parent, np.array([0, 50]))
 
 
+def test_agent_columns_writes_the_speed_and_distance_columns_bit_for_bit():
+    """The report's loop writes out each row's speed and distance to its frame's ego for the
+    other analyses of a fused pass (``speed_out``, ``dist_out``): the bits of the columns'
+    own kernels (``norm2`` of the velocities, ``distance_to_parent`` of the centroid), over frames
+    that cross blocks, hold no agent or start before the chunk, NaN, infinite and huge values;
+    the counts, histograms and sum are those of the call without them."""
+    from l5dask.prediction.kernels import agent_columns, distance_to_parent, norm2
+
+    rng = np.random.default_rng(29)
+    n, lo = 9000, 10_000  # (three blocks of the loop)
+    starts = np.array([9_000, 9_990, 12_288, 12_288, 14_000, 14_001, 18_192, 18_999])
+    ego = rng.normal(0, 40, (len(starts), 2))
+    ego[3] = [np.nan, 1e300]
+    vx, vy = rng.normal(0, 5, n).astype(np.float32), rng.normal(0, 5, n).astype(np.float32)
+    vx[[3, 600, 4100]], vy[[4, 601, 8191]] = np.nan, np.inf
+    vx[7] = np.float32(3e38)
+    cx, cy = rng.normal(0, 60, n), rng.normal(0, 60, n)
+    cx[[1200, 5000]], cy[6000] = np.inf, -1e300
+    label = rng.integers(0, 17, n).astype(np.int8)
+
+    def run(**outs):
+        counts, sh, dh, pos = (
+            np.zeros(17, np.int64),
+            np.zeros(101, np.int64),
+            np.zeros(41, np.int64),
+            np.empty(n, np.int64),
+        )
+        s = agent_columns(label, [vx, vy, cx, cy], starts, ego, lo, 0.5, 5.0, counts, sh, dh, pos, **outs)
+        return s, counts, sh, dh, pos
+
+    speed, dist = np.full(n + 5, -1.0), np.full(n + 5, -1.0)
+    with_outs, without = run(speed_out=speed, dist_out=dist), run()
+    for a, b in zip(with_outs, without):
+        np.testing.assert_array_equal(
+            np.float64(a).view(np.uint64) if np.isscalar(a) else a,
+            np.float64(b).view(np.uint64) if np.isscalar(b) else b,
+        )
+    frame = np.searchsorted(starts, lo + np.arange(n), side="right") - 1
+    ego3 = np.concatenate([ego, np.zeros((len(ego), 1))], 1)
+    assert speed[:n].tobytes() == norm2(vx, vy).tobytes()
+    assert dist[:n].tobytes() == distance_to_parent(cx, cy, ego3, frame).tobytes()
+    assert (speed[n:] == -1).all() and (dist[n:] == -1).all()  # (no slot past the rows written)
+    with pytest.raises(ValueError, match="a speed slot per row"):
+        run(speed_out=np.empty(n - 1))
+
+
 def test_agent_partial_from_stored_bytes_is_the_records_partial_bit_for_bit():
     """The report gathers agents' columns straight from each chunk's stored bytes (no records):
     its partial, the speed sum's bits included, is the one of the decoded records, with label
