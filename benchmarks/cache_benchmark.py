@@ -12,7 +12,7 @@ Prints, for the report (``l5dask stats``):
 - **grown**: after ``--grow`` (5%) new scenes are appended in place (``l5dask concat`` into a
   folder beside, then only the files whose bytes differ moved in, as ``rsync --checksum``
   without ``-t`` leaves the others), the cached pass against a full uncached pass of the grown data;
-- **killed**: ``l5dask stats --cache`` killed (SIGKILL) at about half of its cold time, then run
+- **killed**: ``l5dask stats --cache`` killed (SIGKILL) once it used half of an uncached process's CPU seconds, then run
   again to the end: the two processes' CPU seconds against one uncached process's, with and
   without their starts (the imports, measured apart);
 - **size**: the cache's bytes for the report against the dataset's stored bytes.
@@ -24,7 +24,6 @@ import argparse
 import filecmp
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -137,7 +136,7 @@ def main() -> None:
         )
 
         # killed at about half way (SIGKILL), then run again
-        _, one_wall, _, one_cpu = run_measured(stats_cmd(work, f"{tmp}/s.json", None))
+        _, _, _, one_cpu = run_measured(stats_cmd(work, f"{tmp}/s.json", None))
         # (a process's start: what the second one pays again, no work of the pass's)
         _, _, _, start_cpu = run_measured(
             [sys.executable, "-c", "import l5dask.prediction.cli, l5dask.prediction.report"]
@@ -145,10 +144,10 @@ def main() -> None:
         rounds, works = [], []
         for r in range(args.repeat):
             killed_cache = os.path.join(tmp, f"killed-{r}")
-            cmd = [sys.executable, "-c", _CPU_SHIM, *stats_cmd(work, f"{tmp}/k.json", killed_cache)]
+            # (killed once it used half of one uncached process's CPU seconds: half of its wall time
+            # killed it at 0.2-0.9 CPU-s of 1.5 on a loaded machine, and the figure moved with it)
+            cmd = [sys.executable, "-c", _CPU_SHIM, str(one_cpu / 2), *stats_cmd(work, f"{tmp}/k.json", killed_cache)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-            time.sleep(one_wall / 2)
-            proc.send_signal(signal.SIGUSR1)  # (the shim kills its child with SIGKILL, then says its CPU)
             cpu_killed = float(proc.communicate()[0].split()[-1])
             _, _, _, cpu_rest = run_measured(stats_cmd(work, f"{tmp}/k.json", killed_cache))
             _, _, _, cpu_one = run_measured(stats_cmd(work, f"{tmp}/s.json", None))
@@ -166,17 +165,23 @@ def main() -> None:
         )
 
 
-#: Runs a command; on SIGUSR1 kills it (SIGKILL) and prints the CPU seconds it used.
+#: Runs a command (argv[2:]); kills it (SIGKILL) once it has used argv[1] CPU seconds (its every
+#: thread's, read from /proc), and prints its status and the CPU seconds it used.
 _CPU_SHIM = """
-import os, signal, subprocess, sys
-p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-signal.signal(signal.SIGUSR1, lambda *a: p.send_signal(signal.SIGKILL))
-while True:
+import os, subprocess, sys, time
+p = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+tick, target = os.sysconf("SC_CLK_TCK"), float(sys.argv[1])
+while p.poll() is None:
     try:
-        _, status, usage = os.wait4(p.pid, 0)
+        with open(f"/proc/{p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
         break
-    except InterruptedError:
-        continue
+    if (int(fields[11]) + int(fields[12])) / tick >= target:
+        p.kill()
+        break
+    time.sleep(0.005)
+_, status, usage = os.wait4(p.pid, 0)
 print(status, usage.ru_utime + usage.ru_stime)
 """
 
