@@ -596,8 +596,8 @@ class GroundIndex:
 
     def find(self, tokens: np.ndarray) -> np.ndarray:
         """Each token's sample in the index (-1: none)."""
-        want = np.asarray(tokens).astype(self.tokens.dtype) if len(tokens) else np.zeros(0, self.tokens.dtype)
-        pos = np.searchsorted(self.tokens, want)
+        want = np.asarray(tokens, dtype=bytes) if len(tokens) else np.zeros(0, self.tokens.dtype)
+        pos = np.searchsorted(self.tokens, want)  # (not cut to the index's width: 's10' is not 's1')
         ok = pos < len(self.tokens)
         ok[ok] = self.tokens[pos[ok]] == want[ok]
         return np.where(ok, pos, -1)

@@ -339,7 +339,7 @@ def evaluate(
     plan = read_plan(pred, gt, storage_options, block_bytes)
     if plan.how == "blocks":
         assert plan.pred is not None and plan.gt is not None
-        result, fault = _in_blocks(plan.pred, plan.gt, thresholds, job, curves, geometry)
+        result, fault = _in_blocks(plan.pred, plan.gt, thresholds, job, curves, geometry, allow_unknown_samples)
         if result is not None:
             return result
         warnings.append(f"read whole, not in blocks: {fault}")
@@ -370,11 +370,11 @@ def _whole(
         )
     if p.score is None:
         raise UsageError(f"{p.where}: predictions need scores")
-    if g.universe is not None and len(p):
-        known = np.isin(p.samples, g.universe)
-        if not known.all():
-            n_unknown = int(np.isin(p.sample, np.flatnonzero(~known)).sum())
-            first = int(np.flatnonzero(~known[p.sample])[0])
+    if len(p):  # (the samples a JSON ground truth lists: those with a box)
+        unknown = ~np.isin(p.samples, g.universe if g.universe is not None else g.samples)[p.sample]
+        if unknown.any():
+            n_unknown = int(unknown.sum())
+            first = int(np.flatnonzero(unknown)[0])
             if not allow_unknown_samples:
                 raise FormatError(
                     f"{p.at(first)}: the sample {p.samples[p.sample[first]]} is not in the ground truth "
@@ -487,6 +487,7 @@ def block_flags(
     tp[~edge] = match_flags(take(p, ~edge), g, thresholds, geometry)
     return {
         "n": len(p),
+        "unknown": int((index.find(tokens) < 0)[p.sample].sum()),
         "score": p.score,
         "names": p.classes,
         "cls": p.cls.astype(np.int32),
@@ -506,18 +507,31 @@ def ground_counts(index: boxes.GroundIndex, samples: np.ndarray) -> dict[str, in
 
 
 def _in_blocks(
-    pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool, geometry: str
+    pb: boxes.Blocks,
+    gb: boxes.Blocks,
+    thresholds: list[float],
+    job: Job,
+    curves: bool,
+    geometry: str,
+    allow_unknown_samples: bool = False,
 ) -> tuple[dict[str, Any] | None, str]:
     """The result of a plan of blocks, or ``None`` and why: where a guess of the plan does not hold,
-    or a block's strict parse fails (the whole read names the fault, or cuts no box)."""
+    or a block's strict parse fails, or a prediction's sample is not in the ground truth (the whole
+    read names the fault, or cuts no box)."""
     try:
-        return _blocks_result(pb, gb, thresholds, job, curves, geometry), ""
+        return _blocks_result(pb, gb, thresholds, job, curves, geometry, allow_unknown_samples), ""
     except (boxes.Unsure, FormatError) as exc:
         return None, str(exc)
 
 
 def _blocks_result(
-    pb: boxes.Blocks, gb: boxes.Blocks, thresholds: list[float], job: Job, curves: bool, geometry: str
+    pb: boxes.Blocks,
+    gb: boxes.Blocks,
+    thresholds: list[float],
+    job: Job,
+    curves: bool,
+    geometry: str,
+    allow_unknown_samples: bool = False,
 ) -> dict[str, Any]:
     remote = pb.store()[0].remote or gb.store()[0].remote  # (each task reads its block)
     index = boxes.GroundIndex.merge(
@@ -530,6 +544,9 @@ def _blocks_result(
     split = seen[times > 1]
     if any(np.isin(o["interior"], split).any() for o in outs):
         raise boxes.Unsure(f"{pb.path}: the predictions are not grouped by sample")
+    unknown = sum(o.get("unknown", 0) for o in outs)
+    if unknown and not allow_unknown_samples:  # (the whole read names the first one)
+        raise boxes.Unsure(f"{pb.path}: {unknown} prediction(s) on samples the ground truth does not list")
     # the blocks' ends: their predictions together (in file order), against their ground truth
     edges = np.unique(np.concatenate([o["edges"] for o in outs]))
     g_edges = index.read(index.find(edges))
@@ -584,7 +601,7 @@ def _blocks_result(
         thresholds,
         curves,
         samples,
-        [],
+        [f"{unknown} prediction(s) on samples the ground truth does not list"] if unknown else [],
         geometry,
         {"blocks": {"predictions": pb.n, "ground_truth": gb.n}},
     )

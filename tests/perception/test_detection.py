@@ -108,7 +108,12 @@ def test_the_edge_cases_equal_the_sdk_and_go_to_its_arithmetic(tmp_path, monkeyp
     monkeypatch.setattr(detection, "exact_group", lambda *a: exact.append(1) or original(*a))
     thresholds = (0.0, 0.3, 0.5, 0.75, 0.9, 0.95, 1.0)
     classes, ref = reference(gt, pred, thresholds)
-    r = evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"), iou_thresholds=thresholds)
+    # (a sample without ground truth is not in a JSON ground truth: its predictions allowed, false positives)
+    with pytest.raises(FormatError, match="is not in the ground truth"):
+        evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"), iou_thresholds=thresholds)
+    r = evaluate(
+        str(tmp_path / "pred.json"), str(tmp_path / "gt.json"), iou_thresholds=thresholds, allow_unknown_samples=True
+    )
     np.testing.assert_array_equal(ours(r), ref)
     assert exact  # the IoUs at the thresholds and the tie were decided by the SDK's own arithmetic
     # a class with ground truth and no prediction: AP 0; no prediction at all: every AP 0
@@ -178,8 +183,14 @@ def test_in_blocks_the_edge_cases(tmp_path):
     write_json(pred, tmp_path / "pred.json")
     thresholds = (0.0, 0.3, 0.5, 0.75, 0.9, 0.95, 1.0)
     classes, ref = reference(gt, pred, thresholds)
-    r = evaluate(str(tmp_path / "pred.json"), str(tmp_path / "gt.json"), iou_thresholds=thresholds, block_bytes=64)
-    assert r["blocks"]["predictions"] > 3
+    r = evaluate(
+        str(tmp_path / "pred.json"),
+        str(tmp_path / "gt.json"),
+        iou_thresholds=thresholds,
+        block_bytes=64,
+        allow_unknown_samples=True,
+    )
+    assert r["blocks"]["predictions"] > 3 and r["warnings"][0].endswith("samples the ground truth does not list")
     np.testing.assert_array_equal(ours(r), ref)
 
 
@@ -490,3 +501,59 @@ def test_bad_csv_and_unknown_samples(tmp_path):
     empty.write_text("[]")
     r = cli(str(unknown), "--gt", str(empty), "-o", str(tmp_path / "m.json"))
     assert r.returncode == 2 and "no ground-truth box" in r.stderr
+
+
+@pytest.mark.parametrize("block_bytes", [None, 64])
+def test_unknown_samples_against_json_ground_truth(tmp_path, block_bytes):
+    """A prediction on a sample a JSON ground truth does not list is refused, as against a CSV's
+    (it was silently a false positive); ``s10`` is not ``s1`` (the index's width cut it once)."""
+    gt = [_box(sample_token="s1"), _box(sample_token="s2", translation=[9.0, 9.0, 1.0])]
+    pred = [_box(sample_token="s1", score=0.9), _box(sample_token="s10", score=0.8), _box(sample_token="s2", score=0.7)]
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    (tmp_path / "p_unk.json").write_text(json.dumps(pred))
+    p, g = str(tmp_path / "p_unk.json"), str(tmp_path / "gt.json")
+    with pytest.raises(FormatError, match=r"p_unk.json: row 1: the sample s10 is not in the ground truth") as err:
+        evaluate(p, g, block_bytes=block_bytes)
+    assert "\n" not in str(err.value)
+    got = evaluate(p, g, block_bytes=block_bytes, allow_unknown_samples=True)
+    assert "1 prediction(s) on samples the ground truth does not list" in got["warnings"]
+    assert got["predictions"] == {"car": 3} and got["ap"]["car"][0] < 1  # (counted as a false positive)
+    r = cli(p, "--gt", g, "-o", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "the sample s10 is not in the ground truth" in r.stderr and not (tmp_path / "m.json").exists()
+    r = cli(p, "--gt", g, "-o", str(tmp_path / "m.json"), "--allow-unknown-samples", "-q")
+    assert r.returncode == 0 and "1 prediction(s) on samples the ground truth does not list" in r.stderr, r.stderr
+
+
+def test_unknown_samples_against_a_perception_dataset(tmp_path):
+    from l5dask.perception import open_perception
+    from l5dask.perception.synth import generate as synth
+
+    root = tmp_path / "lyft"
+    synth(root, num_scenes=1, seed=2, lidar_points=0, images=False)
+    truth, _ = detection.boxes_of_dataset(open_perception(str(root)))
+    first = int(np.flatnonzero(truth.sample == truth.sample[0])[0])
+    box = {
+        "sample_token": str(truth.samples[truth.sample[first]]),
+        "translation": truth.xyz[first].tolist(),
+        "size": truth.size[first].tolist(),
+        "rotation": truth.rotation[first].tolist(),
+        "name": str(truth.classes[truth.cls[first]]),
+        "score": 0.9,
+    }
+    write_json([box, dict(box, sample_token="nosuchsample", score=0.5)], tmp_path / "pred.json")
+    with pytest.raises(FormatError, match="row 1: the sample nosuchsample is not in the ground truth"):
+        evaluate(detection.read_boxes(str(tmp_path / "pred.json"), "pred"), truth)
+    r = cli(str(tmp_path / "pred.json"), "--dataset", str(root), "-o", str(tmp_path / "m.json"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "the sample nosuchsample is not in the ground truth" in r.stderr
+    r = cli(
+        str(tmp_path / "pred.json"),
+        "--dataset",
+        str(root),
+        "-o",
+        str(tmp_path / "m.json"),
+        "-q",
+        "--allow-unknown-samples",
+    )
+    assert r.returncode == 0 and "1 prediction(s) on samples the ground truth does not list" in r.stderr, r.stderr
