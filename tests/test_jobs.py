@@ -177,6 +177,12 @@ BAD = [
         "scenes, scenes-table",
     ),
     (
+        "record-with-a-dataset-field",  # (it said "one a run: ... have no value there")
+        '[run]\nrecord = "recs/{dataset}.json"\n[analyses.r]\nkind = "report"\noutput = "r.json"\n',
+        5,
+        "[run] record: one record is written for the whole run, so {dataset} and {analysis} cannot be in its path",
+    ),
+    (
         "unknown-top-key",
         '[analysis.r]\nkind = "report"\n',
         4,
@@ -456,7 +462,7 @@ def test_an_output_no_file_can_be_made_at_is_refused_before_anything_runs(small_
         assert (r.returncode, r.stdout) == (2, "")
         assert r.stderr == (
             f"l5dask: error: {job}:{line}: [analyses.speeds] output on small: /proc/speeds.parquet: "
-            "cannot write in the folder /proc: No such file or directory\n"
+            "the folder /proc takes no new files (a virtual filesystem such as /proc or /sys)\n"
         )
         # nothing ran, nothing was written, no folder was made
         assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
@@ -468,7 +474,29 @@ def test_an_output_that_fails_at_write_time_is_said_without_its_temporary_name(t
 
     with pytest.raises(OutputError) as got, atomic_output("/proc/x.json", checked=True):
         pass
-    assert str(got.value) == "/proc/x.json: cannot write in its folder: No such file or directory"
+    assert (
+        str(got.value)
+        == "/proc/x.json: the folder /proc takes no new files (a virtual filesystem such as /proc or /sys)"
+    )
+
+
+@pytest.mark.parametrize("command", [["synth", "-o", "{ro}/s.zarr"], ["synth", "-o", "{ro}/a/s.zarr"]])
+def test_a_dataset_output_in_a_folder_no_file_can_be_made_in_is_one_line(tmp_path, command):
+    """``synth -o`` into such a folder printed a raw "[Errno 1] Operation not permitted" (an
+    immutable folder) or "[Errno 2] No such file or directory" (/proc): now the outputs' one line."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    cases = [("/proc", "the folder /proc takes no new files (a virtual filesystem such as /proc or /sys)")]
+    if subprocess.run(["chattr", "+i", str(ro)], capture_output=True).returncode == 0:
+        cases.append((str(ro), f"the folder {ro} is not writable"))
+    try:
+        for folder, message in cases:
+            args = [a.format(ro=folder) for a in command]
+            r = subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True)
+            assert r.returncode != 0 and r.stderr == f"l5dask: error: {args[-1]}: {message}\n", r.stderr
+    finally:
+        subprocess.run(["chattr", "-i", str(ro)], capture_output=True)
+    assert list(ro.iterdir()) == []
 
 
 def test_a_job_on_a_local_cluster_counts_the_workers_reads(small_ds, tmp_path):

@@ -455,7 +455,10 @@ def check(src: Source) -> Job:
     if run["date"] is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", run["date"]):
         raise src.error(("run", "date"), f"[run] date: {run['date']!r} is not a date YYYY-MM-DD")
     if any(f"{{{f}}}" in (run["record"] or "") for f in ("dataset", "analysis")):
-        raise src.error(("run", "record"), "[run] record: one a run: {dataset} and {analysis} have no value there")
+        raise src.error(
+            ("run", "record"),
+            "[run] record: one record is written for the whole run, so {dataset} and {analysis} cannot be in its path",
+        )
     cluster = _checked_table(src, ("cluster",), data.get("cluster", {}), CLUSTER_KEYS, "[cluster]")
     if cluster["scheduler"] is not None and cluster["workers"] is not None:
         raise src.error(("cluster", "workers"), "[cluster]: give a scheduler or local workers, not both")

@@ -13,6 +13,7 @@ puts its group metadata last, ``l5dask.prediction.writing.finish``.)
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import shutil
@@ -85,9 +86,20 @@ def probe_folder(folder: str, path: str) -> None:
     try:
         fd, probe = tempfile.mkstemp(prefix=".l5dask-probe.", dir=folder)
     except OSError as exc:
-        raise OutputError(f"{path}: cannot write in the folder {folder}: {exc.strerror or exc}") from None
+        raise OutputError(f"{path}: {_why_not_writable(folder, exc)}") from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _why_not_writable(folder: str, exc: OSError) -> str:
+    """Why no file can be made in the (existing) ``folder``, from the error of making one."""
+    if exc.errno in (errno.ENOENT, errno.ENOTSUP, errno.EOPNOTSUPP):  # (/proc, /sys: the folder is there)
+        return f"the folder {folder} takes no new files (a virtual filesystem such as /proc or /sys)"
+    if exc.errno == errno.EROFS:
+        return f"the folder {folder} is on a read-only filesystem"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"the folder {folder} is not writable"
+    return f"cannot write in the folder {folder}: {exc.strerror or exc}"
 
 
 @contextlib.contextmanager
@@ -121,7 +133,7 @@ def atomic_output(
             fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=parent)
             os.close(fd)
     except OSError as exc:  # (said of the output: its temporary name is no user's concern)
-        raise OutputError(f"{path}: cannot write in its folder: {exc.strerror or exc}") from None
+        raise OutputError(f"{path}: {_why_not_writable(str(parent), exc)}") from None
     try:
         yield tmp
         if remote:

@@ -204,6 +204,8 @@ class Store:
     #: A dataset larger than this machine's memory (set by its opener): on a local disk, what
     #: is not in the page cache is read around it (:mod:`l5dask.core.diskread`).
     large = False
+    #: The file's own name as given, for a store of one file (:func:`file_store`): its errors name it.
+    file: str | None = None
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = str(url)
@@ -331,7 +333,7 @@ class Store:
             ):
                 return None
             why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
-            return StoreError(f"{self.url}: reading {key!r} failed after {attempt} attempt(s): {why}")
+            return StoreError(f"{self._named(key)}failed after {attempt} attempt(s): {why}")
 
         def retry(exc: BaseException) -> None:
             why = "no byte within the read timeout" if _is_timeout(exc) else _describe(exc)
@@ -350,7 +352,7 @@ class Store:
             attempt += 1
             try:
                 return op()
-            except (FileNotFoundError, PermissionError) as exc:
+            except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
                 raise self.read_error(key, what, exc) from exc
             except Exception as exc:  # noqa: BLE001 - store libraries raise many kinds
                 timeouts += _is_timeout(exc)
@@ -382,11 +384,22 @@ class Store:
     def read_error(self, key: str, what: str | None, exc: OSError) -> L5DaskError:
         """The one-line error of a failed read of object ``key``: missing (a
         :class:`~l5dask.errors.ChunkError`), access denied, or failed (a :class:`~l5dask.errors.StoreError`)."""
+        if self.file is not None and key == self.file.rstrip("/").rpartition("/")[2]:
+            if isinstance(exc, FileNotFoundError):
+                return ChunkError(f"{self.file}: no such file")
+            if isinstance(exc, IsADirectoryError):
+                return StoreError(f"{self.file}: a folder, not a file")
         if isinstance(exc, FileNotFoundError):
             return ChunkError(f"{self.url}: {what or key}: object {key!r} is missing")
         if isinstance(exc, PermissionError):
             return StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})")
-        return StoreError(f"{self.url}: reading {key!r} failed: {_describe(exc)}")
+        return StoreError(f"{self._named(key)}failed: {_describe(exc)}")
+
+    def _named(self, key: str) -> str:
+        """The start of a failed read's message: the store and the object, or a file store's file."""
+        if self.file is not None and key == self.file.rstrip("/").rpartition("/")[2]:
+            return f"{self.file}: reading "
+        return f"{self.url}: reading {key!r} "
 
     def open_file(self, key: str, *, what: str | None = None) -> LocalFile:
         """On a local disk, object ``key`` opened once for several ranged reads (a chunk read in
@@ -657,7 +670,7 @@ class Store:
 
     def __reduce__(self):
         # Rebuild from the filesystem (fsspec filesystems pickle to their init arguments).
-        return (_rebuild_store, (self.url, self._fs, self.root, self.large))
+        return (_rebuild_store, (self.url, self._fs, self.root, self.large, self.file))
 
 
 class LocalFile:
@@ -719,7 +732,9 @@ def file_store(path: str, storage_options: dict[str, Any] | None = None) -> tupl
         raise NotADatasetError(f"{url}: not a file")
     if not folder:
         folder = "." if "://" not in url else folder
-    return Store(folder or "/", storage_options), name
+    store = Store(folder or "/", storage_options)
+    store.file = url  # (its errors name the file as given, not "." and a key)
+    return store, name
 
 
 def same_place(a: Store, b: Store) -> bool:
@@ -739,12 +754,12 @@ def _own_retries(fs: Any) -> None:
         fs.retries = 1
 
 
-def _rebuild_store(url: str, fs: Any, root: str, large: bool = False) -> Store:
+def _rebuild_store(url: str, fs: Any, root: str, large: bool = False, file: str | None = None) -> Store:
     """A store of ``fs`` (``None``: a local folder's, made when asked for) at ``root``."""
     if fs is not None:
         _own_retries(fs)
     store = Store.__new__(Store)
-    store.url, store._fs, store.root, store.large = url, fs, root, large
+    store.url, store._fs, store.root, store.large, store.file = url, fs, root, large, file
     return store
 
 

@@ -135,7 +135,7 @@ def evaluate(
     from l5dask.core.cluster import connect
     from l5dask.core.engine import Job
     from l5dask.core.outputs import write_json
-    from l5dask.errors import UsageError
+    from l5dask.errors import StoreError, UsageError
     from l5dask.perception import detection
 
     if (gt is None) == (dataset is None):
@@ -162,7 +162,14 @@ def evaluate(
             result = detection.evaluate(boxes, truth, curves=curves or bool(html_path), **kw)
             result["by_distance"] = detection.by_distance(boxes, truth, egos, **kw)
         else:  # two files: read by the tasks, in blocks where they can be
-            result = detection.evaluate(pred, gt, storage_options=opts, curves=curves or bool(html_path), **kw)
+            try:
+                result = detection.evaluate(pred, gt, storage_options=opts, curves=curves or bool(html_path), **kw)
+            except StoreError as exc:
+                if str(exc) != f"{gt}: a folder, not a file":
+                    raise
+                raise UsageError(
+                    f"--gt {gt}: a folder, not a file (a perception dataset's annotations are given with --dataset)"
+                ) from None
     took = time.perf_counter() - t0
     if html_path:
         from l5dask.core.page import write_page

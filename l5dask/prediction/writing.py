@@ -17,7 +17,8 @@ from dask.base import tokenize
 from numcodecs import Blosc
 
 from l5dask.core.engine import Job
-from l5dask.core.store import Store
+from l5dask.core.outputs import probe_folder
+from l5dask.core.store import Store, archive_kind
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 
@@ -82,6 +83,15 @@ def write_chunks(store: Store, meta: fmt.ArrayMeta, first: int, records: np.ndar
 def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> Store:
     """Open a location for writing; refuse to overwrite a dataset unless asked to."""
     store = Store(os.fspath(url), storage_options)
+    if (
+        store.local and store.root and archive_kind(store.url) is None
+    ):  # (a folder no file can be made in: one line now)
+        folder = os.path.abspath(store.root)
+        while not os.path.exists(folder):
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            raise OutputError(f"{store.url}: {folder} is a file, not a folder")
+        probe_folder(folder, store.url)
     try:
         exists = store.fs.exists(store.path(".zgroup"))
     except PermissionError as exc:

@@ -557,3 +557,20 @@ def test_unknown_samples_against_a_perception_dataset(tmp_path):
         "--allow-unknown-samples",
     )
     assert r.returncode == 0 and "1 prediction(s) on samples the ground truth does not list" in r.stderr, r.stderr
+
+
+def test_a_missing_or_folder_ground_truth_is_one_line_naming_it(tmp_path, monkeypatch):
+    """It said "l5dask: error: .: nosuch.json: object 'nosuch.json' is missing" (the store of the
+    current folder, "."), and of a folder "[Errno 21] Is a directory"."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pred.json").write_text(json.dumps([_box(score=0.5)]))
+    (tmp_path / "perception").mkdir()
+    r = cli("pred.json", "--gt", "nosuch.json")
+    assert (r.returncode, r.stderr) == (2, "l5dask: error: nosuch.json: no such file\n")
+    r = cli("pred.json", "--gt", "perception")
+    assert r.returncode == 2 and r.stderr == (
+        "l5dask: error: --gt perception: a folder, not a file "
+        "(a perception dataset's annotations are given with --dataset)\n"
+    )
+    with pytest.raises(FormatError, match=r"^sub/nosuch.json: no such file$"):
+        evaluate("pred.json", "sub/nosuch.json")
