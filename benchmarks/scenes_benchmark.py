@@ -10,6 +10,9 @@ instead of a generated one. With ``--cold`` (root only: it drops the page cache)
 process starts with the page cache dropped, as a scheduled job on a bucket-sized dataset would, and
 its bytes read from the disk (the kernel's count) are printed beside its times; the in-process
 rounds are left out (a warm process over a dataset larger than the page cache is not a thing).
+``--evict`` is cold too without root, and without disturbing others' measures: only the dataset's
+files (and the catalog's) are put out of the page cache (``POSIX_FADV_DONTNEED`` each), the
+interpreter's and l5dask's own files stay in it.
 
 The catalog is made once (``l5dask catalog``, its time printed) and given with ``--catalog``, as a
 user reuses it. Times: whole processes on the embedded default, the three commands interleaved in
@@ -30,13 +33,14 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset, drop_caches, measure, record, run, run_measured  # noqa: E402
+from common import dataset, drop_caches, evict, measure, record, run, run_measured  # noqa: E402
 
 #: Runs an l5dask command in this process with every byte the store reads counted (written to argv[1]).
 COUNTING = """
-import json, sys
+import json, sys, threading
 from l5dask.core.store import LocalFile, Store
 n = {"bytes": 0, "reads": 0}
+lock = threading.Lock()  # (chunks read in part are read by threads)
 get, get_into, fetched, read = Store.get, Store.get_into, Store._fetched, LocalFile.read
 def counting_get(self, key, **kw):
     data = get(self, key, **kw)
@@ -52,7 +56,8 @@ def counting_fetched(self, *a, **kw):
         yield data
 def counting_read(self, start=None, end=None):  # (a local chunk read in part: its file opened once)
     data = read(self, start, end)
-    n["bytes"] += len(data); n["reads"] += 1
+    with lock:
+        n["bytes"] += len(data); n["reads"] += 1
     return data
 Store.get, Store.get_into, Store._fetched = counting_get, counting_get_into, counting_fetched
 LocalFile.read = counting_read
@@ -109,6 +114,69 @@ def counted(args: list[str], tmp: str) -> dict:
         return json.load(f)
 
 
+def cold_before_after(args: argparse.Namespace, path: str, cat: str, runs: dict[str, list[str]], total: int) -> None:
+    """Each command of ``runs`` cold (``--cold`` or ``--evict`` before each process), with this
+    checkout and with ``--before``'s, interleaved (which goes first alternates): wall, CPU and the
+    bytes from the disk of each; the bytes at the store counted once each (they should be equal)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sides = {"after": here, "before": os.path.abspath(args.before)}
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def command(side: str, name: str, r: int) -> list[str]:
+            out = os.path.join(tmp, f"{side}-{name}-{r}.json")
+            return ["stats", path, "-o", out, "-q", *runs[name]]
+
+        def env(side: str) -> dict[str, str]:
+            return {**os.environ, "PYTHONPATH": sides[side]}
+
+        reads = {}
+        for side in sides:
+            for name in runs:
+                if name != "full":
+                    out = os.path.join(tmp, "count.json")
+                    subprocess.run(
+                        [sys.executable, "-c", COUNTING, out, *command(side, name, 0)],
+                        check=True,
+                        stdout=subprocess.DEVNULL,
+                        env=env(side),
+                    )
+                    with open(out) as f:
+                        reads[side, name] = json.load(f)["bytes"]
+        got: dict[tuple[str, str], list[tuple[float, float, float]]] = {(s, n): [] for s in sides for n in runs}
+        for r in range(args.repeat):
+            for name in runs if r % 2 == 0 else list(reversed(runs)):
+                for side in list(sides) if r % 2 == 0 else list(reversed(sides)):
+                    if args.evict:
+                        evict(path, cat)
+                    else:
+                        drop_caches()
+                    cmd = ["env", f"PYTHONPATH={sides[side]}", sys.executable, "-m", "l5dask.cli"]
+                    u = measure([*cmd, *command(side, name, r + 1)])
+                    if u.status != 0:
+                        raise SystemExit(f"failed ({u.status}): {side} {name}")
+                    got[side, name].append((u.wall, u.cpu, u.read_gb))
+                    print(
+                        f"round {r + 1}: {name:<12} {side:<6} {u.wall:7.2f} s wall, {u.cpu:7.2f} s CPU, "
+                        f"{u.read_gb:.2f} GB from the disk",
+                        flush=True,
+                    )
+        for name in runs:
+            for side in sides:
+                w, c, g = zip(*got[side, name])
+                at = f", {reads[side, name] / 1e9:.2f} GB at the store" if (side, name) in reads else ""
+                print(
+                    f"{name:<12} {side:<6} wall {min(w):.2f}-{max(w):.2f} s, CPU {min(c):.2f}-{max(c):.2f} s, "
+                    f"{min(g):.2f}-{max(g):.2f} GB from the disk{at}"
+                )
+            ratios = [a[0] / b[0] for a, b in zip(got["after", name], got["before", name])]
+            print(f"{name:<12} after/before wall: median of rounds {statistics.median(ratios):.3f}x")
+        if "full" in runs:
+            for side in sides:
+                for name in runs:
+                    ratios = [a[0] / f[0] for a, f in zip(got[side, name], got[side, "full"])]
+                    print(f"{side:<6} {name:<12} {statistics.median(ratios):.3f}x the full report's wall time")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenes", type=int, default=1700)
@@ -116,11 +184,30 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="write the figures to docs/figures/scenes.json")
     parser.add_argument("--path", help="an existing dataset (default: the generated one of --scenes scenes)")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each measured process")
+    parser.add_argument(
+        "--evict",
+        action="store_true",
+        help="cold too, the dataset's and the catalog's own pages put out of the page cache before each measured "
+        "process (POSIX_FADV_DONTNEED on each file: no root, other processes' pages kept)",
+    )
+    parser.add_argument("--runs", default="full,spread,consecutive", help="which commands to run (comma-separated)")
+    parser.add_argument("--catalog", help="the dataset's catalog, made already (default: made once here)")
+    parser.add_argument(
+        "--before",
+        help="cold only: each command run with this checkout of l5dask too (first on PYTHONPATH), interleaved",
+    )
     args = parser.parse_args()
+    if args.cold and args.evict:
+        raise SystemExit("--cold or --evict, not both")
     if args.cold and not drop_caches():
         raise SystemExit("--cold drops the page cache: run as root")
-    if args.record and (args.cold or args.path):
+    cold = args.cold or args.evict
+    if args.record and (cold or args.path):
         raise SystemExit("--record writes the generated datasets' warm figures: not with --path or --cold")
+    if args.before and not cold:
+        raise SystemExit("--before: with --cold or --evict")
+    if not cold and args.runs != parser.get_default("runs"):
+        raise SystemExit("--runs: with --cold or --evict")
     path = args.path or dataset(args.scenes)
     n = int(__import__("l5dask").open_dataset(path).counts()["scenes"]) if args.path else args.scenes
     k = max(1, n // 20)
@@ -129,14 +216,19 @@ def main() -> None:
     agents = int(__import__("l5dask").open_dataset(path).counts()["agents"])
     print(f"dataset: {path}: {n:,} scenes, {agents:,} agents, {total / 1e9:.2f} GB stored, {os.cpu_count()} cores")
     with tempfile.TemporaryDirectory() as tmp:
-        cat = os.path.join(tmp, "catalog.parquet")
-        wall, _ = run([sys.executable, "-m", "l5dask.cli", "catalog", path, "-o", cat, "-q"])
-        print(f"catalog made once: {wall:.2f} s ({cat})", flush=True)
+        cat = args.catalog or os.path.join(tmp, "catalog.parquet")
+        if not args.catalog:
+            wall, _ = run([sys.executable, "-m", "l5dask.cli", "catalog", path, "-o", cat, "-q"])
+            print(f"catalog made once: {wall:.2f} s ({cat})", flush=True)
         runs = {
             "full": [],
             "spread": ["--scenes", "scene_index % 20 == 0", "--catalog", cat],
             "consecutive": ["--scenes", f"scene_index >= {first} and scene_index < {first + k}", "--catalog", cat],
         }
+        if cold:
+            runs = {name: runs[name] for name in args.runs.split(",")}
+            if args.before:
+                return cold_before_after(args, path, cat, runs, total)
 
         def command(name: str, r: int) -> list[str]:
             return ["stats", path, "-o", os.path.join(tmp, f"{name}-{r}.json"), "-q", *runs[name]]
@@ -149,8 +241,13 @@ def main() -> None:
             order = list(runs) if r % 2 == 0 else list(reversed(runs))
             for name in order:
                 cmd = [sys.executable, "-m", "l5dask.cli", *command(name, r + 1)]
-                if args.cold:
-                    drop_caches()
+                if cold:
+                    if args.evict:
+                        left = evict(path, cat)
+                        if left:
+                            print(f"(evicting: {left / 1e6:.1f} MB of the dataset stayed in the page cache)")
+                    else:
+                        drop_caches()
                     u = measure(cmd)
                     if u.status != 0:
                         raise SystemExit(f"failed ({u.status}): {' '.join(cmd)[:200]}")
@@ -162,16 +259,17 @@ def main() -> None:
                 cpus[name].append(cpu)
                 print(f"round {r + 1}: {name:<12} {wall:7.2f} s wall, {cpu:7.2f} s CPU{disk}", flush=True)
         exprs = {name: runs[name][1] for name in runs if name != "full"}
-        if args.cold:
+        if cold:
             for name in runs:
-                ratios = [t / f for t, f in zip(times[name], times["full"])]
-                cpu_ratios = [t / f for t, f in zip(cpus[name], cpus["full"])]
                 b = reads[name]["bytes"]
-                print(
-                    f"{name:<12} {chosen[name]:>6,} scenes, cold: read {b / total:6.1%} of the stored bytes at the "
-                    f"store; best {min(times[name]):.2f} s; median of rounds {statistics.median(ratios):.3f}x the "
-                    f"full report's wall time, {statistics.median(cpu_ratios):.3f}x its CPU"
-                )
+                line = f"{name:<12} {chosen[name]:>6,} scenes, cold: read {b / total:6.1%} of the stored bytes at the "
+                line += f"store; best {min(times[name]):.2f} s"
+                if "full" in runs:
+                    ratios = [t / f for t, f in zip(times[name], times["full"])]
+                    cpu_ratios = [t / f for t, f in zip(cpus[name], cpus["full"])]
+                    line += f"; median of rounds {statistics.median(ratios):.3f}x the full report's wall time, "
+                    line += f"{statistics.median(cpu_ratios):.3f}x its CPU"
+                print(line)
             print(
                 "goals: spread <= 10% of the bytes and <= 0.15x the full report's time; consecutive <= 7% of the bytes"
             )

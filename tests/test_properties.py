@@ -176,6 +176,72 @@ def test_the_compressed_gather_of_row_ranges_is_their_rows_gathered_decoded(data
             assert len(found) == 1 and len({bytes(r) for r in seen}) == len(seen)
 
 
+def _pieces(spans, size: int = 4096) -> set[int]:
+    """The 4 KB pieces (a disk's reads: O_DIRECT's, the page cache's pages) that byte ranges cover."""
+    return {k for a, b in spans if b > a for k in range(a // size, (b - 1) // size + 1)}
+
+
+@SETTINGS
+@given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
+def test_a_chunk_read_in_part_from_a_local_disk_reads_the_pieces_of_its_blocks_once(data, dtype, chunk_rows, params):
+    """The reads of a local chunk read in part (``read_chunk_part``), any sorted row ranges of a
+    chunk of any records, codec, shuffle and block size: the 4 KB pieces they cover (what a disk
+    reads) are exactly those of the header, of the blocks that hold the rows (of their bytes, for
+    a chunk stored without compression) and of the chunk's last byte, computed here from the
+    chunk's header; and after the header no two reads are less than 4 KB apart (they would be one
+    read of no more pieces: one wait on the disk fewer). The last short block alone is read with
+    the whole chunk."""
+    import os
+    import struct
+    import tempfile
+
+    from l5dask.core import store as storemod
+    from l5dask.prediction.reading import _HEAD_BYTES, read_chunk_part
+
+    rec, clean, _, meta, index, ranges = partial_case(data, dtype, chunk_rows, params)
+    start, item = index * chunk_rows, dtype.itemsize
+    flags, nbytes, blocksize, cbytes = clean[2], *struct.unpack_from("<iii", clean, 4)
+    top = 16 + (0 if flags & 0x02 else 4 * -(-nbytes // blocksize))
+    if flags & 0x02:  # (memcpyed: the rows' bytes after the header)
+        wanted = [(16 + (lo - start) * item, 16 + (hi - start) * item) for lo, hi in ranges]
+    else:
+        n = -(-nbytes // blocksize)
+        firsts = struct.unpack_from(f"<{n}i", clean, 16)
+        ends = {a: min([b for b in firsts if b > a], default=cbytes) for a in firsts}
+        blocks = {
+            k
+            for lo, hi in ranges
+            for k in range((lo - start) * item // blocksize, ((hi - start) * item - 1) // blocksize + 1)
+        }
+        if blocks == {n - 1} and nbytes % blocksize:
+            event("the last short block alone: the chunk read whole")
+            return
+        wanted = [(firsts[k], ends[firsts[k]]) for k in blocks]
+    reads: list[tuple[int, int]] = []
+    real = storemod.LocalFile.read
+
+    def counted(file, a=None, b=None):
+        got = real(file, a, b)
+        reads.append((a, a + len(got)))
+        return got
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, meta.key(index))
+        os.makedirs(os.path.dirname(path))
+        with open(path, "wb") as f:
+            f.write(clean)
+        storemod.LocalFile.read = counted
+        try:
+            read_chunk_part(storemod.Store(tmp), meta, index, ranges)
+        finally:
+            storemod.LocalFile.read = real
+    head = [r for r in reads if r[0] == 0 and r[1] <= max(_HEAD_BYTES, top)]
+    assert _pieces(reads) == _pieces([(0, min(top, cbytes)), *wanted, (cbytes - 1, cbytes)])
+    rest = sorted(r for r in reads if r not in head)
+    assert all(b2 - b1 >= 4096 for (_, b1), (b2, _) in zip(rest, rest[1:])), rest
+    event(f"{len(rest)} reads after the header")
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(data=st.data(), dtype=s.record_dtypes(), chunk_rows=st.integers(1, 2500), params=s.BLOSC)
 def test_gathering_part_of_a_chunk_equals_slicing_it_decoded_whole(data, dtype, chunk_rows, params):

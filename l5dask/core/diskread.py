@@ -40,7 +40,9 @@ import errno
 import mmap
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from l5dask.core import config
 
@@ -49,6 +51,7 @@ from l5dask.core import config
 ALIGN = 4096
 PAGE = mmap.PAGESIZE
 _LOW_BIT = bytes(b & 1 for b in range(256))
+T = TypeVar("T")
 
 
 def wanted(large: bool) -> bool:
@@ -287,8 +290,17 @@ def hint(path: str, start: int | None = None, end: int | None = None) -> bool:
             return False
         while len(_HINTED) >= HINTED:
             _HINTED.pop(next(iter(_HINTED))).cancel()
-        _HINTED[key] = _pool(hints=True).submit(read, path, start, end, True)
+        _HINTED[key] = _pool("hints").submit(read, path, start, end, True)
     return True
+
+
+def call(fn: Callable[..., T], *args: Any) -> Future[T]:
+    """Run ``fn(*args)``, a reader's several reads of a local file one after the other (a chunk
+    read in part: its header, then its blocks' ranges), in the threads that run such readers
+    (``l5dask.direct-read-threads`` of them, a pool of their own: ``fn`` may ``submit()`` reads
+    and wait for them). Started for the next few readers at once (``Store.read_ahead``), their
+    reads are in flight together, where a task made them one at a time."""
+    return _pool("calls").submit(fn, *args)
 
 
 def hinted() -> int:
@@ -303,17 +315,19 @@ REMEMBERED = 4096
 _HINTED: dict[tuple, Future] = {}
 _ASKED: dict[tuple, None] = {}
 _LOCK = threading.Lock()
-_POOLS: dict[bool, ThreadPoolExecutor] = {}
+_POOLS: dict[str, ThreadPoolExecutor] = {}
 
 
-def _pool(hints: bool = False) -> ThreadPoolExecutor:
-    """The threads that read for readers, or those that read what hints name (their own: a
-    reader's reads never wait behind hinted ones)."""
-    pool = _POOLS.get(hints)
+def _pool(kind: str = "reads") -> ThreadPoolExecutor:
+    """The threads that read for readers (``"reads"``), those that read what hints name
+    (``"hints"``: their own, a reader's reads never wait behind hinted ones), or those that run
+    readers of several ranges (``"calls"``: their own, so that one that waits for a read of the
+    others never holds the thread that would make it)."""
+    pool = _POOLS.get(kind)
     if pool is None:
         threads = int(config.get("direct-read-threads"))
-        threads = max(1, threads // 2) if hints else threads
-        pool = _POOLS.setdefault(hints, ThreadPoolExecutor(threads, thread_name_prefix="l5dask-read-ahead"))
+        threads = max(1, threads // 2) if kind == "hints" else threads
+        pool = _POOLS.setdefault(kind, ThreadPoolExecutor(threads, thread_name_prefix=f"l5dask-{kind}"))
     return pool
 
 

@@ -6,6 +6,7 @@ carry to the workers, so that workers read chunks straight from the store.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import errno
@@ -16,11 +17,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, ContextManager
+from typing import Any, ContextManager, TypeVar
 
 from l5dask.core import config, diskread, objects
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
+T = TypeVar("T")
+R = TypeVar("R")
 #: Errors of a store that may pass (throttling, 5xx, dropped connections): retried this many times;
 #: reads that time out, fewer (each waited ``l5dask.read-timeout`` already).
 _RETRIES = 8
@@ -37,6 +40,9 @@ S3_CONNECTIONS = 64
 LOCAL_READS_IN_FLIGHT = 8
 #: ... of which a hint (``will_need``: the next task's chunks) starts this many ahead of their reader.
 HINTED_READS = 4
+#: Readers of several ranges of a local object each (a chunk read in part: its header, then its
+#: blocks) that a task keeps in flight (:meth:`Store.read_ahead`).
+READERS_IN_FLIGHT = 8
 #: Set when the caller is interrupted (Ctrl-C): reads from object stores in flight stop at once
 #: (``cancel_reads``), so that the tasks end and the caller cleans up without waiting a timeout.
 CANCELLED = threading.Event()
@@ -513,6 +519,40 @@ class Store:
             return asyncio.run_coroutine_threadsafe(_cat_parts(fs, self.path(k), start, end), fs.loop)
 
         return self._fetched(ranges, what, depth, submit, [submit(*r) for r in ranges[:depth]])
+
+    def read_ahead(self, read: Callable[[T], R], items: Sequence[T], depth: int | None = None) -> Iterator[R]:
+        """``read(item)`` of each of ``items`` in turn, where ``read`` reads this store (a chunk read
+        in part: its header, then its blocks' ranges, each waiting for the one before): the results
+        in order, an error raised where its item comes. On a local disk the first ``depth``
+        (``READERS_IN_FLIGHT`` by default) are
+        started at once, when this is called, and one more as each is taken, in threads of their
+        own (``diskread.call``): their reads are in flight together, where each
+        waited for the one before (cold, a task had one read in flight). Elsewhere each is run
+        when its turn comes (an object store's reads of one item are asked for at once by it).
+        The same reads are made, of the same bytes; a caller that stops early cancels those not
+        started."""
+        depth = READERS_IN_FLIGHT if depth is None else depth
+        if not self.local or depth <= 1 or len(items) <= 1:
+            return (read(item) for item in items)
+        pending = collections.deque(diskread.call(read, item) for item in items[:depth])
+        return self._taken(read, items, depth, pending)
+
+    def _taken(self, read: Callable, items: Sequence, depth: int, pending: collections.deque) -> Iterator:
+        try:
+            for i in range(len(items)):
+                fut = pending.popleft()
+                if i + depth < len(items):
+                    pending.append(diskread.call(read, items[i + depth]))
+                hook = None if fut.done() else _WAIT_HOOK.get()
+                if hook is None:
+                    yield _wait(fut, self.url)
+                else:
+                    with hook():
+                        got = _wait(fut, self.url)
+                    yield got
+        finally:
+            for fut in pending:  # (a caller that stops early: nothing left running for it)
+                fut.cancel()
 
     def _read_each(self, ranges: Sequence, what: dict, depth: int, keys: list[str], spans: list):
         """Each range read in turn, the one ``depth`` ahead hinted (``depth`` 0: no hints, the

@@ -40,11 +40,9 @@ from l5dask.prediction.reading import (
     ChunkPart,
     L5Array,
     chunk_fault,
-    iter_chunks,
-    iter_stored,
+    decode_chunk,
     project,
     read_chunk_part,
-    read_chunk_rows,
     sorted_unique,
 )
 from l5dask.prediction.where import evaluate_where, names_in, where_columns
@@ -249,40 +247,58 @@ class SceneView(L5Array):
         if run:
             yield run[0], len(run), []
 
-    def _base_rows(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, int, Any]]:
-        """``(start, rows, records)`` of the stored ``chunks`` (sorted) of the base, in order: runs of chunks
-        wanted (nearly) whole read together, ahead (:meth:`L5Array.iter_chunks`); of the others
-        only the blosc blocks holding the wanted rows ``[blo[i], bhi[i])`` (:func:`~l5dask.prediction.reading.read_chunk_rows`)."""
+    def _reads(self, runs: list[tuple[int, int, list]]) -> Iterator[Any]:
+        """What is read of each stored chunk of ``runs`` (:meth:`_runs`), in order: a chunk read
+        whole, its bytes; one read in part, what :func:`~l5dask.prediction.reading.read_chunk_part`
+        reads of it. On a local disk the next few are read at once, from the task's start on
+        (``Store.read_ahead``), while the task works on those it has: a
+        task of a few scenes spread over the dataset waited for each (a chunk read in part: its
+        header, then its blocks), and a run of chunks read whole started when its turn came."""
         base = self.base
-        for c, n, ranges in self._runs(chunks, blo, bhi):
-            if n:
-                # (no hint of the stored chunks next to these: most are other scenes', never read)
-                it = (
-                    iter_chunks(base.store, base.meta, base.compressed, c, n, hint=False)
-                    if type(base) is L5Array
-                    else base.iter_chunks(c, n)
-                )
-                for start, records in it:
+        items: list[tuple[int, list | None]] = []
+        for c, n, ranges in runs:
+            items.extend([(i, None) for i in range(c, c + n)] if n else [(c, ranges)])
+        return base.store.read_ahead(functools.partial(_read_stored, base.store, base.meta), items)
+
+    def _base_rows(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, int, Any]]:
+        """``(start, rows, records)`` of the stored ``chunks`` (sorted) of the base, in order: those
+        wanted (nearly) whole read whole, of the others only the blosc blocks holding the wanted
+        rows ``[blo[i], bhi[i])`` (:func:`~l5dask.prediction.reading.read_chunk_part`), all read
+        ahead (:meth:`_reads`); a base of another kind (a view) read by its ``iter_chunks``."""
+        base = self.base
+        runs = list(self._runs(chunks, blo, bhi))
+        if type(base) is not L5Array:  # (not gatherable: every chunk read whole)
+            for c, n, _ in runs:
+                for start, records in base.iter_chunks(c, n):
                     yield start, len(records), records
-            else:
-                for (x, y), records in zip(ranges, read_chunk_rows(base.store, base.meta, c, ranges)):
+            return
+        meta = base.meta
+        reads = self._reads(runs)
+        for c, n, ranges in runs:
+            scratch = None  # (a run's chunks decoded into one buffer, in turn)
+            for index in range(c, c + n):
+                scratch = decode_chunk(next(reads), meta, base.compressed, str(index), out=scratch)
+                a, b = meta.chunk_bounds(index)
+                yield a, b - a, scratch[: b - a]
+            if not n:
+                for (x, y), records in zip(ranges, next(reads).decode(meta, c, ranges)):
                     yield x, y - x, records
 
     def _base_encoded(self, chunks: np.ndarray, blo: np.ndarray, bhi: np.ndarray) -> Iterator[tuple[int, int, Any]]:
         """As :meth:`_base_rows`, the bytes read not decoded: ``(start, rows, (source, row))``, the
         rows from row ``row`` of a :class:`Stored` (a stored chunk, or the blocks of some of its
         rows: :func:`part_sources`), or of records."""
-        base = self.base
-        meta = base.meta
-        for c, n, ranges in self._runs(chunks, blo, bhi):
-            if n:
-                for index, raw in iter_stored(base.store, meta, c, n, hint=False):  # (as in _base_rows)
-                    a, b = meta.chunk_bounds(index)
-                    yield a, b - a, (Stored(meta, index, raw, meta.chunk_rows), 0)
-                continue
-            part = read_chunk_part(base.store, meta, c, ranges)
-            for (x, y), payload in zip(ranges, part_sources(part, meta, c, ranges)):
-                yield x, y - x, payload
+        meta = self.base.meta
+        runs = list(self._runs(chunks, blo, bhi))
+        reads = self._reads(runs)
+        for c, n, ranges in runs:
+            for index in range(c, c + n):
+                a, b = meta.chunk_bounds(index)
+                yield a, b - a, (Stored(meta, index, next(reads), meta.chunk_rows), 0)
+            if not n:
+                part = next(reads)
+                for (x, y), payload in zip(ranges, part_sources(part, meta, c, ranges)):
+                    yield x, y - x, payload
 
     def iter_chunks(self, first: int, n: int):
         a, b = self.meta.chunk_bounds(first)[0], self.meta.chunk_bounds(first + n - 1)[1]
@@ -369,6 +385,15 @@ class Stored:
                 raise ChunkError(chunk_fault(self.meta, str(self.index), str(exc))) from None
             self._records = out
         return self._records
+
+
+def _read_stored(store: Any, meta: fmt.ArrayMeta, item: tuple[int, list | None]) -> Any:
+    """Of ``item``, ``(stored chunk, ranges)``: the chunk's bytes (``ranges`` ``None``: read whole),
+    or what :func:`~l5dask.prediction.reading.read_chunk_part` reads of it for ``ranges``."""
+    index, ranges = item
+    if ranges is None:
+        return store.get(meta.key(index), what=f"array {meta.name!r}, chunk {str(index)!r}")
+    return read_chunk_part(store, meta, index, ranges)
 
 
 def part_sources(

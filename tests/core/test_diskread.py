@@ -311,3 +311,90 @@ def test_worker_processes_read_a_large_dataset_around_the_page_cache(dask_cluste
     assert public(got) | {"dataset": None} == public(want) | {"dataset": None}
     cached = [f for f in files if "/agents/" in f and is_resident(f)]
     assert not cached, cached  # read by the workers, around the cache
+
+
+class Refused(Exception):
+    """What a read of the tests below raises for the item it was told to refuse."""
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(0, 25),
+    depth=st.integers(1, 10),
+    fails=st.one_of(st.none(), st.integers(0, 24)),
+    taken=st.one_of(st.none(), st.integers(0, 24)),
+)
+def test_reads_ahead_are_the_reads_in_turn(blob, n, depth, fails, taken):
+    """``Store.read_ahead``: each item's result in order, as reading them in turn gives; a failed
+    item's error where it comes (those before it given); each item read once, none more than
+    ``depth`` past the one taken; a caller that stops early starts nothing more."""
+    import threading
+
+    path, data = blob
+    store = Store(os.path.dirname(path))
+    items = [(i, (i * 997) % len(data), (i * 997) % len(data) + 1 + i * 31) for i in range(n)]
+    started: list[int] = []
+    lock = threading.Lock()
+
+    ended: list[int] = []
+
+    def read(item: tuple[int, int, int]) -> bytes:
+        with lock:
+            started.append(item[0])
+        try:
+            if item[0] == fails:
+                raise Refused(item[0])
+            with store.open_file("blob") as f:
+                return f.read(item[1], item[2])
+        finally:
+            ended.append(item[0])
+
+    want = [data[a:b] for _, a, b in items]
+    got: list[bytes] = []
+    stop = n if taken is None else min(taken, n)
+    it = store.read_ahead(read, items, depth)
+    try:
+        for i in range(stop):
+            if i == fails:
+                with pytest.raises(Refused):
+                    next(it)
+                break
+            got.append(next(it))
+            assert max(started) <= i + depth  # (never more than depth ahead of the caller)
+    finally:
+        it.close()
+    assert got == want[: len(got)]
+    assert len(got) == min(stop, n if fails is None else fails)
+    for _ in range(200):  # (those started when the caller stopped end; none starts after)
+        if len(ended) == len(started):
+            break
+        time.sleep(0.01)
+    assert sorted(ended) == sorted(started)
+    assert sorted(started) == sorted(set(started))  # each read once
+    assert set(range(len(got))) <= set(started) and max(started, default=-1) < len(got) + depth + 1
+
+
+def test_reads_ahead_are_in_flight_together(blob, tmp_path):
+    """The first ``depth`` items' reads run at once (each waits for the others here: read in
+    turn, the first would wait for ever); on an object store, or with ``depth`` 1, each in turn."""
+    import threading
+
+    path, data = blob
+    store = Store(os.path.dirname(path))
+    threads = int(dask.config.get("l5dask.direct-read-threads"))
+    together = threading.Barrier(min(4, threads), timeout=10)
+
+    def read(i: int) -> bytes:
+        if i < together.parties:
+            together.wait()  # (BrokenBarrierError after 10 s if they were read one at a time)
+        return diskread.read(path, i, i + 100)
+
+    assert list(store.read_ahead(read, list(range(9)), 4)) == [data[i : i + 100] for i in range(9)]
+    order: list[int] = []
+
+    def in_turn(i: int) -> int:
+        order.append(i)
+        return i
+
+    it = store.read_ahead(in_turn, list(range(5)), 1)
+    assert order == [] and list(it) == list(range(5)) and order == list(range(5))

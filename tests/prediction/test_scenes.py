@@ -252,6 +252,53 @@ def test_chunks_holding_none_of_the_scenes_are_never_read(data, monkeypatch, chu
     assert len(agent_reads) <= 2 * len(want["agents"])
 
 
+@pytest.mark.parametrize("which", ["spread", "runs"])
+def test_chunks_read_in_part_are_read_ahead_with_the_same_reads(data, monkeypatch, which):
+    """A restricted dataset's stored chunks read in part are read several at once, a task's next
+    ones while it works (``Store.read_ahead``): in one thread (the sync scheduler) reads of
+    several chunks are in flight together, where each waited for the one before (cold, a task
+    had one read in flight); the reads are those made in turn (the same ranges of the same
+    chunks, as many times) and the report is the same."""
+    import threading
+    import time
+
+    from l5dask.core import store as storemod
+
+    path, _, _ = data
+    read = storemod.LocalFile.read
+    lock = threading.Lock()
+    reads: list[tuple[str, int | None, int | None]] = []
+    flight = {"now": 0, "most": 0}
+
+    def counted(file, start=None, end=None):
+        with lock:
+            reads.append((file.key, start, end))
+            flight["now"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
+        try:
+            time.sleep(0.002)  # (a disk's time: reads started together are in flight together)
+            return read(file, start, end)
+        finally:
+            with lock:
+                flight["now"] -= 1
+
+    monkeypatch.setattr(storemod.LocalFile, "read", counted)
+
+    def report(depth: int) -> tuple[dict, list, int]:
+        monkeypatch.setattr(storemod, "READERS_IN_FLIGHT", depth)
+        del reads[:]
+        flight["most"] = 0
+        rep = compute_report(l5dask.open_dataset(path).isel(scene=SELECTIONS[which]), scheduler="sync")
+        return rep, sorted(reads, key=str), flight["most"]
+
+    depth = storemod.READERS_IN_FLIGHT
+    want, in_turn, one = report(1)
+    got, ahead, most = report(depth)
+    same_report(got, want)
+    assert in_turn and ahead == in_turn
+    assert one == 1 and most > 1, (one, most)
+
+
 def test_query_reads_the_catalog(data, tmp_path):
     path, cat, cat_path = data
     ds = l5dask.open_dataset(path)
