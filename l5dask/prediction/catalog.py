@@ -781,7 +781,7 @@ def write_catalog(table, path: str, storage_options: dict | None = None, overwri
     atomically (refused if ``path`` exists, unless ``overwrite``), the dataset's ``fingerprint`` in
     its metadata (key ``l5dask.catalog``, JSON), and again where pandas keeps a DataFrame's
     ``attrs`` (key ``PANDAS_ATTRS``: ``{"l5dask": fingerprint}``): ``pandas.read_parquet`` gives
-    the catalog with its fingerprint in ``attrs["l5dask"]``, as :func:`catalog` does, which a
+    the catalog with its fingerprint in ``attrs["l5dask"]``, as ``catalog`` does, which a
     filter keeps and ``to_parquet`` writes back (before, a catalog read with pandas had lost it)."""
     import pyarrow as pa
 

@@ -1067,7 +1067,7 @@ def query_indices(
     """The indices of ``ds``'s scenes where ``expr`` holds over the columns of ``catalog`` (a
     pandas DataFrame or an Arrow table, or a catalog Parquet of ``ds``); a catalog that holds a
     fingerprint is checked against ``ds``. Its rows are matched to the scenes by their
-    ``scene_index`` (:func:`catalog_rows`, checked): a catalog of some of the scenes (filtered
+    ``scene_index`` (``catalog_rows``, checked): a catalog of some of the scenes (filtered
     with pandas, its fingerprint kept) chooses among those. Errors name ``--scenes`` and
     ``--catalog`` when ``cli``, else ``query`` and its ``catalog=``; ``key``: what the expression
     is said as instead (a job's key, ``scenes``). ``say`` (a function of one line) is told when the
