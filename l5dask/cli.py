@@ -78,9 +78,13 @@ def _count_cache(ctx: click.Context) -> None:
     ctx.meta["l5dask.cache-counts"] = (ctx, ctx.with_resource(cachelib.counting()))
 
 
-def cache_line(hits: int, misses: int) -> str:
-    """The line on stderr of what the cache did, for a run and a command given ``--cache`` (not with ``-q``)."""
-    return f"l5dask: cache: {hits:,} of {hits + misses:,} tasks read from the cache"
+def cache_line(hits: int, misses: int, damaged: int = 0) -> str:
+    """The line on stderr of what the cache did, for a run and a command given ``--cache`` (not with
+    ``-q``): with the damaged entries, every one (the cache's warning names the first of a process)."""
+    line = f"l5dask: cache: {hits:,} of {hits + misses:,} tasks read from the cache"
+    if damaged:
+        line += f"; {damaged:,} damaged entr{'y' if damaged == 1 else 'ies'} ignored and computed again"
+    return line
 
 
 _formatwarning = __import__("warnings").formatwarning
@@ -107,7 +111,7 @@ def _notes(result: object) -> object:
     if "l5dask.cache-counts" in meta:  # (a command given --cache: said unless -q)
         command, counts = meta["l5dask.cache-counts"]
         if not command.params.get("quiet"):
-            click.echo(cache_line(counts.hits, counts.misses), err=True)
+            click.echo(cache_line(counts.hits, counts.misses, counts.damaged), err=True)
     return result
 
 
@@ -162,7 +166,8 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
         fail=lambda line: click.echo(f"l5dask: failed: {line}", err=True),
     )
     if rec.get("cache") and not quiet:
-        click.echo(cache_line(rec["cache"]["hits"], rec["cache"]["misses"]), err=True)
+        c = rec["cache"]
+        click.echo(cache_line(c["hits"], c["misses"], c.get("damaged", 0)), err=True)
     failed = sum(a["status"] != "written" for a in rec["analyses"])
     if failed:
         click.echo(f"l5dask: {failed} of {len(rec['analyses'])} analyses failed", err=True)

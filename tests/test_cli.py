@@ -279,6 +279,38 @@ def test_a_cached_command_and_run_say_what_the_cache_did(small_ds, tmp_path):
     assert cli("run", job, "-q").stderr == ""
 
 
+def test_a_run_says_how_many_damaged_cache_entries_it_found(small_ds, tmp_path):
+    """Two damaged entries (a task's and a pass's) were ``damaged: 2`` in the record but one warning
+    on stderr, with nothing saying there were two: the closing line counts them, as the record."""
+    from l5dask.core import cache as cachelib
+
+    cache = tmp_path / "cache"
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[cache]\nurl = "{cache}"\n[datasets]\nsmall = "{small_ds}"\n'
+        f'[analyses.r]\nkind = "report"\noutput = "{tmp_path}/r.json"\n'
+    )
+    assert cli("run", job, "-q").returncode == 0
+    paths = [e["path"] for e in cachelib.Cache(str(cache)).entries()]
+    whole = [p for p in paths if "/pass-" in p]
+    tasks = sorted(p for p in paths if "/pass-" not in p and p.endswith(".l5c"))
+    assert whole and len(tasks) > 1
+    for p in whole[1:]:  # (one pass's entry damaged, the others gone: their tasks' entries read)
+        (cache / p).unlink()
+    with open(cache / whole[0], "r+b") as f:
+        f.seek(40)
+        f.write(b"\xff")
+    data = (cache / tasks[0]).read_bytes()
+    (cache / tasks[0]).write_bytes(data[: len(data) // 2])
+    r = cli("run", job, "--record", tmp_path / "rec.json")
+    assert r.returncode == 0, r.stderr
+    damaged = json.loads((tmp_path / "rec.json").read_text())["cache"]["damaged"]
+    assert damaged == 2
+    warned = [line for line in r.stderr.splitlines() if "ignoring a damaged entry" in line]
+    assert len(warned) == 1 and "(the first of this process; all are counted)" in warned[0], r.stderr
+    assert r.stderr.splitlines()[-1].endswith("; 2 damaged entries ignored and computed again"), r.stderr
+
+
 def test_warnings_of_l5dask_are_one_line(small_ds, tmp_path):
     """A warning raised in l5dask's code (an older dataset without traffic lights; numpy's in a
     user's ``where``: a division by 0) is one line on stderr, as the commands' other lines (it was

@@ -28,8 +28,8 @@ arrays' bytes; what cannot be encoded is not cached (``Unencodable``). (Not an `
 ``.npy`` headers are parsed by ``ast.literal_eval``, 0.3-0.5 ms an array, 2 ms an entry of the
 report's, more than the rest of a rerun's work; the manifest is one ``json.loads``.) An entry is
 ``MAGIC | format | blake2b digest | manifest length | manifest | arrays``, written to a temporary
-name and renamed into place (on an object store, one PUT), so that no reader ever sees half of one; an entry that is damaged, truncated or of another format is ignored with one warning,
-counted (:class:`Stats`), and its task computed again. A cache that cannot be written is one
+name and renamed into place (on an object store, one PUT), so that no reader ever sees half of one; an entry that is damaged, truncated or of another format is ignored (the first of a process
+with one warning), counted (:class:`Stats`), and its task computed again. A cache that cannot be written is one
 warning, and the run goes on without it; a location l5dask cannot write at all is a
 :class:`~l5dask.errors.UsageError`.
 
@@ -831,7 +831,11 @@ def load(entry: Entry) -> tuple[bool, Any]:
     try:
         value = decode(data)
     except Damaged as exc:
-        warn_once("damaged", f"{entry.cache.url}: ignoring a damaged entry {entry.path} ({exc}); computing it again")
+        warn_once(  # (the others are counted, not said: Stats.damaged, the record's, the closing line's)
+            "damaged",
+            f"{entry.cache.url}: ignoring a damaged entry {entry.path} ({exc}); computing it again "
+            "(the first of this process; all are counted)",
+        )
         count(damaged=1)
         return False, None
     count(bytes_read=len(data))
