@@ -210,7 +210,7 @@ class Store:
     #: A dataset larger than this machine's memory (set by its opener): on a local disk, what
     #: is not in the page cache is read around it (:mod:`l5dask.core.diskread`).
     large = False
-    #: The file's own name as given, for a store of one file (:func:`file_store`): its errors name it.
+    #: The file's own name as given, for a store of one file (``file_store``): its errors name it.
     file: str | None = None
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
