@@ -135,7 +135,7 @@ def cold_before_after(args: argparse.Namespace, path: str, cat: str, runs: dict[
                 if name != "full":
                     out = os.path.join(tmp, "count.json")
                     subprocess.run(
-                        [sys.executable, "-c", COUNTING, out, *command(side, name, 0)],
+                        [sys.executable, "-P", "-c", COUNTING, out, *command(side, name, 0)],
                         check=True,
                         stdout=subprocess.DEVNULL,
                         env=env(side),
@@ -150,7 +150,8 @@ def cold_before_after(args: argparse.Namespace, path: str, cat: str, runs: dict[
                         evict(path, cat)
                     else:
                         drop_caches()
-                    cmd = ["env", f"PYTHONPATH={sides[side]}", sys.executable, "-m", "l5dask.cli"]
+                    # (-P: the current folder, perhaps a checkout, must not come before the side's own)
+                    cmd = ["env", f"PYTHONPATH={sides[side]}", sys.executable, "-P", "-m", "l5dask.cli"]
                     u = measure([*cmd, *command(side, name, r + 1)])
                     if u.status != 0:
                         raise SystemExit(f"failed ({u.status}): {side} {name}")
