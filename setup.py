@@ -22,6 +22,8 @@ setup(
          Extension("l5dask.prediction._catalog", ["l5dask/prediction/_catalog.pyx"], include_dirs=["l5dask/prediction"],
                    depends=["l5dask/prediction/_distinct.h"],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
+         # core: a local file's range read around the page cache, the GIL released (l5dask.core.diskread)
+         Extension("l5dask.core._pread", ["l5dask/core/_pread.pyx"], extra_compile_args=["-O3"]),
          # perception: one module a job (token lookups and chains, lidar points in boxes, JSON scans,
          # detection's matching, box geometry's pairs)
          Extension("l5dask.perception._links", ["l5dask/perception/_links.pyx"], extra_compile_args=["-O3"]),

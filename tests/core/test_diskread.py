@@ -100,6 +100,44 @@ def test_reads_through_one_open_file_are_the_slices(blob, spans, cold, direct):
     assert f.fd == -1  # (closed)
 
 
+def test_a_cold_read_is_one_compiled_call(blob, monkeypatch):
+    """Around the page cache, a read is one compiled call (``l5dask.core._pread``: the look in the
+    cache, ``O_DIRECT`` and the reads, the GIL let go once), not Python's calls (``resident``'s
+    ``ctypes``, ``fstat``, ``fcntl``, ``preadv``), each of which let go of the GIL and took it back:
+    with those refusing, the same bytes, cold and cached."""
+
+    def refused(*a, **k):
+        raise AssertionError("a Python call of the read")
+
+    for name in ("resident", "_read_direct"):
+        monkeypatch.setattr(diskread, name, refused)
+    path, data = blob
+    for cold in (True, False):
+        cold_or_cached(path, cold)
+        monkeypatch.setattr(diskread.os, "preadv", refused)
+        monkeypatch.setattr(diskread.os, "pread", refused)
+        with diskread.File(path, True) as f:
+            assert f.read(5, 9000) == data[5:9000] and f.read(-3) == data[-3:]
+        assert diskread.read(path, 4096, None, direct=True) == data[4096:]
+        monkeypatch.undo()
+        for name in ("resident", "_read_direct"):
+            monkeypatch.setattr(diskread, name, refused)
+
+
+def test_a_cached_range_after_a_cold_one_through_one_file(blob):
+    """Through one open file, a range read around the cache (``O_DIRECT`` set on the file) and then
+    one in the cache (read through it, at any offset: ``O_DIRECT`` cleared), then one around it again."""
+    path, data = blob
+    evict(path)
+    with diskread.File(path, True) as f:
+        assert f.read(0, 100) == data[:100]
+        with open(path, "rb") as g:  # (the rest put in the page cache by another reader)
+            g.read()
+        assert f.read(4101, 4150) == data[4101:4150]
+        evict(path)
+        assert f.read(7, 20) == data[7:20]
+
+
 def test_a_file_read_through_the_cache_in_part_reads_nothing_ahead(blob):
     path, data = blob
     evict(path)
@@ -164,6 +202,7 @@ def test_a_filesystem_that_refuses_o_direct_is_read_through_the_cache(blob, monk
 
     monkeypatch.setattr(diskread.os, "preadv", refusing)
     monkeypatch.setattr(diskread, "_REFUSED", set())
+    monkeypatch.setattr(diskread, "_PREAD", None)  # (the reads of Python's calls, whose preadv refuses here)
     assert diskread.read(path, 7, None, direct=True) == data[7:]
     assert os.stat(path).st_dev in diskread._REFUSED
     assert diskread.read(path, direct=True) == data  # (from then on: through the cache at once)
