@@ -343,17 +343,36 @@ def test_aggregate_dataframe_and_xarray_groupby_on_a_cluster(dask_cluster, small
     assert {"l5-agents", "l5-combine-agents", "l5-df-agents", "l5-frames-join-pass", "l5-groupby"} <= set(ran)
 
 
+def one_thread_env(tasks: int) -> dict:
+    """A worker's settings: up to ``tasks`` tasks on its thread while they wait for a bucket, and
+    one task's reads 1 ahead (so at most 2 of its GETs at once)."""
+    return {"DASK_L5DASK__REQUESTS_IN_FLIGHT": "1", "DASK_L5DASK__REMOTE_TASKS_PER_CORE": str(tasks)}
+
+
+@pytest.fixture(scope="module")
+def one_thread_three_tasks():
+    """A cluster of one worker of one thread with ``one_thread_env(3)``, shared by the tests of
+    waiting tasks that ask for 3 (a cluster's start and stop is seconds of a busy machine): each
+    test computes through a proxy of its own, and nothing of a computation stays on the worker."""
+    cluster = DaskCluster(n_workers=1, threads=1, env=one_thread_env(3))
+    yield cluster
+    cluster.close()
+
+
 @pytest.mark.parametrize("tasks_per_thread", [2, 3])
-def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report, tasks_per_thread):
+def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report, tasks_per_thread, request):
     """On a worker of one thread, a task waiting for a bucket's bytes secedes: the next task's
     reads go out meanwhile (more agent chunk GETs at once than one task makes), at most
     ``l5dask.remote-tasks-per-core`` tasks run on the thread at once, and the report is exact."""
     from .test_faults import FlakyProxy
 
-    # one task's reads: 1 ahead, so at most 2 of its GETs at once
-    env = {"DASK_L5DASK__REQUESTS_IN_FLIGHT": "1", "DASK_L5DASK__REMOTE_TASKS_PER_CORE": str(tasks_per_thread)}
     tasks = tasks_per_thread
-    cluster = DaskCluster(n_workers=1, threads=1, env=env)
+    own = tasks != 3  # (3: the module's cluster of that setting)
+    cluster = (
+        DaskCluster(n_workers=1, threads=1, env=one_thread_env(tasks))
+        if own
+        else request.getfixturevalue("one_thread_three_tasks")
+    )
     proxy = FlakyProxy(s3.endpoint)
     proxy.delay, proxy.watch = 0.15, "/agents/"  # (long enough for the tasks to overlap on a busy machine)
     try:
@@ -363,7 +382,8 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
             got = without_source(compute_report(s3_small, storage_options=opts, scheduler=client))
     finally:
         proxy.close()
-        cluster.close()
+        if own:
+            cluster.close()
     # bit for bit, floats too, though the remote run (one worker thread) groups chunks into tasks
     # otherwise than the local one (two threads): the report's float sums do not follow the tasks
     assert got == local_report
@@ -399,16 +419,19 @@ def test_the_passes_of_one_compute_run_side_by_side(small_ds, local_report):
     assert order.index("t") < len(order) // 2, "".join(order)
 
 
-def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_small, small_ds):
+def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(
+    s3, s3_small, small_ds, one_thread_three_tasks
+):
     """The same for a pass whose tasks fetch their chunks as one block (``aggregate``'s, the
-    report's frames): 2 chunks a task, so 2 GETs of one task at once, and the GETs of up to
-    ``l5dask.remote-tasks-per-core`` tasks (3 here); the result is the same as on a local disk."""
+    report's frames): 2 chunks a task, so 2 GETs of one task at once (a block's GETs go out
+    together, requests-in-flight 1 or not), and the GETs of up to ``l5dask.remote-tasks-per-core``
+    tasks (3 here); the result is the same as on a local disk."""
     from l5dask.prediction.aggregation import aggregate
 
     from .test_faults import FlakyProxy
 
     tasks = 3
-    cluster = DaskCluster(n_workers=1, threads=1, env={"DASK_L5DASK__REMOTE_TASKS_PER_CORE": str(tasks)})
+    cluster = one_thread_three_tasks
     proxy = FlakyProxy(s3.endpoint)
     proxy.delay, proxy.watch = 0.15, "/agents/"
     query = {"by": "label", "values": {"speed": ["count", "max"]}, "chunks_per_task": 2}
@@ -419,7 +442,6 @@ def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(s3, s3_
             got = aggregate(s3_small, storage_options=opts, scheduler=client, **query)
     finally:
         proxy.close()
-        cluster.close()
     want = aggregate(small_ds, **query)
     assert got.equals(want)
     assert 2 * (tasks - 1) < proxy.most_in_flight <= 2 * tasks, proxy.most_in_flight
