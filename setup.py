@@ -24,6 +24,8 @@ setup(
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
          # core: a local file's range read around the page cache, the GIL released (l5dask.core.diskread)
          Extension("l5dask.core._pread", ["l5dask/core/_pread.pyx"], extra_compile_args=["-O3"]),
+         # core: the identities of a local folder's files (a listing and a stat each, without the GIL)
+         Extension("l5dask.core._stat", ["l5dask/core/_stat.pyx"], extra_compile_args=["-O3"]),
          # perception: one module a job (token lookups and chains, lidar points in boxes, JSON scans,
          # detection's matching, box geometry's pairs)
          Extension("l5dask.perception._links", ["l5dask/perception/_links.pyx"], extra_compile_args=["-O3"]),

@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 COMPILED = (
     "l5dask/core/_pread",
+    "l5dask/core/_stat",
     "l5dask/prediction/_report",
     "l5dask/prediction/_gather",
     "l5dask/prediction/_columns",

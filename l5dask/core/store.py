@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager, TypeVar
 
 from l5dask.core import config, diskread, objects
+from l5dask.core.lazy import compiled
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
 T = TypeVar("T")
@@ -31,6 +32,10 @@ _TIMEOUT_RETRIES = 2
 #: ... and an endpoint that refuses the connection (nothing listens there, or no such host), this
 #: many: it is most often a wrong endpoint, and 8 retries made 21 s of silence before the error.
 _REFUSED_RETRIES = 2
+#: OS threads that stat a local folder's files for the cache's keys (``Store.identities``), each a
+#: run of them in inode order: read cold, the inodes' reads overlap (a scratch ext4 remounted cold,
+#: 71,142 files: best wall 0.35 s with 4 threads, 0.63 s with one; the same CPU seconds).
+STAT_THREADS = 4
 #: Each retried read is said here as it happens (a warning: on stderr; ``-q`` silences it).
 log = logging.getLogger("l5dask.store")
 #: Connections per process to S3 (botocore's pool; its default is 10), and requests a task keeps in
@@ -651,16 +656,10 @@ class Store:
         path = self.path(folder)
 
         def listing() -> dict[str, str]:
-            if self.local:
-                with os.scandir(path) as entries:
-                    out: dict[str, str] = {}
-                    for e in entries:
-                        if e.is_file():
-                            st = e.stat()
-                            out[e.name] = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-                    return out
+            if self.local:  # (one listing and a stat a file, without the GIL, in inode order: l5dask/core/_stat.pyx)
+                return compiled("l5dask.core._stat").identities(path, STAT_THREADS)
             self.fs.invalidate_cache(path)
-            out = {}
+            out: dict[str, str] = {}
             for d in self.fs.ls(path, detail=True):
                 if d.get("type") != "file":
                     continue
