@@ -1311,6 +1311,45 @@ class Job:
                 f, m = f + size, m - size
 
         split(first, n)
+        if not present:
+            # (a folder with no entry, as a first run's and a killed run's first process find it: no
+            # piece is there, and the task is kept in its nodes; the nodes inside them are not keyed)
+            if len(nodes) == 1:
+                return None
+            ids = self.group_ids(spec, nodes, keep)
+            if ids is None:
+                return None
+            known = dict(zip(nodes, ids))
+            out = [(f, m, False) for f, m in nodes]
+        else:
+            got = self._cover(first, n, nodes, spec, keep, present)
+            if got is None:
+                return None
+            out, known = got
+        if len(out) == 1:
+            return None
+        assert self.cache is not None
+        return [
+            (
+                cachelib.Entry(
+                    self.cache,
+                    posixpath.join(
+                        folder, present.get(known[(f, m)]) or self.cache.entry_name(red_name, known[(f, m)])
+                    ),
+                    {"source": spec.source.name, "reduction": red_name, "chunks": [f, m]},
+                ),
+                hit,
+                f,
+                m,
+            )
+            for f, m, hit in out
+        ]
+
+    def _cover(
+        self, first: int, n: int, nodes: list[tuple[int, int]], spec: Pass, keep: str, present: dict
+    ) -> tuple[list[tuple[int, int, bool]], dict[tuple[int, int], str]] | None:
+        """The pieces of a task (``(first, n, found)``: see :meth:`_pieces`) over the aligned
+        ``nodes`` of its chunks, and the key of each node inside it; ``None`` when not cached."""
         # every aligned node inside the task, keyed in one call (a call a node was 40 us of overhead
         # each, 245 calls a rerun after growth)
         inside = [
@@ -1332,25 +1371,7 @@ class Job:
             inner = cover(f, half) + cover(f + half, m - half)
             return inner if any(hit for _, _, hit in inner) else [(f, m, False)]
 
-        out = [piece for f, m in nodes for piece in (cover(f, m) if m & (m - 1) == 0 else [(f, m, False)])]
-        if len(out) == 1:
-            return None
-        assert self.cache is not None
-        return [
-            (
-                cachelib.Entry(
-                    self.cache,
-                    posixpath.join(
-                        folder, present.get(known[(f, m)]) or self.cache.entry_name(red_name, known[(f, m)])
-                    ),
-                    {"source": spec.source.name, "reduction": red_name, "chunks": [f, m]},
-                ),
-                hit,
-                f,
-                m,
-            )
-            for f, m, hit in out
-        ]
+        return [piece for f, m in nodes for piece in (cover(f, m) if m & (m - 1) == 0 else [(f, m, False)])], known
 
     def token(self, spec: Pass) -> str:
         return tokenize(

@@ -486,6 +486,58 @@ def test_the_keys_of_a_task_and_of_its_pieces_are_made_in_one_call(dataset, tmp_
     assert st.misses > 10 and len(calls) <= st.misses + 4 * 3, (len(calls), st.misses)
 
 
+def test_a_first_cached_run_keys_no_piece_inside_its_tasks(tmp_path, monkeypatch):
+    """In a folder with no entry (a first run, a killed run's first process), a task not found is
+    kept in its aligned nodes, and no node inside them is keyed (``Job._pieces``: 15 keys a task
+    of 8 chunks before, 0 now); the entries written are those a folder holding entries writes."""
+    path = str(tmp_path / "d.zarr")
+    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows=CHUNKS)
+    agents = len(l5dask.open_dataset(path)["agents"])
+    path = str(tmp_path / "e.zarr")  # (79 agents chunks: the last task of 8 is 7, in 3 nodes)
+    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows={**CHUNKS, "agents": -(-agents // 79)})
+    assert l5dask.open_dataset(path)["agents"].meta.nchunks == 79
+    keyed: list[int] = []
+    group_ids, pieces = engine.Job.group_ids, engine.Job._pieces
+    inside: list[bool] = []
+    kept: list[int] = []  # (the pieces of each task kept in pieces)
+
+    def counted(self, spec, groups, keep="all"):
+        if inside:
+            keyed.append(len(groups))
+        return group_ids(self, spec, groups, keep)
+
+    def in_pieces(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            got = pieces(self, *args, **kwargs)
+        finally:
+            inside.pop()
+        kept.append(len(got or ()))
+        return got
+
+    monkeypatch.setattr(engine.Job, "group_ids", counted)
+    monkeypatch.setattr(engine.Job, "_pieces", in_pieces)
+    first = str(tmp_path / "first")
+    want = public(compute_report(path, chunks_per_task=8))
+    assert public(compute_report(path, cache=first, chunks_per_task=8)) == want
+    # (the nodes of the last tasks of the agents, 72-75, 76-77 and 78, and of another pass)
+    assert keyed == [n for n in kept if n] and 3 in keyed
+    # a folder holding an entry already (none of this run's): the nodes inside every task keyed,
+    # the same entries written
+    other = tmp_path / "other"
+    for e in cachelib.Cache(first).entries():
+        (other / e["path"]).parent.mkdir(parents=True, exist_ok=True)
+    for folder in {e["folder"] for e in cachelib.Cache(first).entries()}:
+        (other / cachelib.FOLDER / folder / "x.0.l5c").write_bytes(b"not an entry of this run")
+    keyed.clear()
+    assert public(compute_report(path, cache=str(other), chunks_per_task=8)) == want
+    assert sum(keyed) > 100
+    names = {e["path"] for e in cachelib.Cache(first).entries()}
+    assert names == {e["path"] for e in cachelib.Cache(str(other)).entries()} - {
+        e["path"] for e in cachelib.Cache(str(other)).entries() if e["path"].endswith("/x.0.l5c")
+    }
+
+
 def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(dataset, tmp_path, monkeypatch):
     """A task's key, made of the ``repr`` of each chunk's identity made once a job, is
     ``cachelib.digest(what, own token, the chunks' identities, the parent rows' identity)`` as it
