@@ -13,6 +13,10 @@ dataset, ``--cache`` on the commands, dask config ``l5dask.cache``), the partial
   inode on a local disk; a hash of its bytes where the store gives neither);
 - for a pass given parent rows, the identity of those rows (a hash of the rows held in memory,
   or the identity of the parent blocks, and their own parents, the rows are made from);
+  a task given the rows of a persisted parent is also found by the rows themselves (an *alias*
+  entry keyed by a hash of the parent rows it was given, naming the entry that holds its
+  partial): a parent chunk that changed only in rows the task does not take (the frames' last
+  chunk grown as scenes are appended) leaves it found (:func:`follow`);
 - the cache format (``FORMAT``) and l5dask's version.
 
 A rerun over unchanged data then reads the metadata and the cached partials, no chunk; after the
@@ -33,7 +37,7 @@ with one warning), counted (:class:`Stats`), and its task computed again. A cach
 warning, and the run goes on without it; a location l5dask cannot write at all is a
 :class:`~l5dask.errors.UsageError`.
 
-Layout: ``ROOT/l5dask-cache-v2/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
+Layout: ``ROOT/l5dask-cache-v3/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
 array: its ``source.json`` names it), so that a task's lookups are one listing a source.
 ``l5dask cache info|prune`` reads and trims it (``info``, ``prune``).
 """
@@ -65,7 +69,7 @@ from l5dask.core.version import __version__
 from l5dask.errors import StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.
-FORMAT = 2  # (2: a set of strings kept as one array)
+FORMAT = 3  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them)
 #: The folder of this format's entries under the cache's root.
 FOLDER = f"l5dask-cache-v{FORMAT}"
 MAGIC = b"L5DCACHE"
@@ -825,31 +829,80 @@ class Entry:
 def load(entry: Entry) -> tuple[bool, Any]:
     """``(True, partial)`` from a sound entry; ``(False, None)`` when it is missing or damaged
     (damage is one warning a process and counted)."""
+    ok, value, _ = load_bytes(entry)
+    return ok, value
+
+
+def store(entry: Entry, partial: Any) -> bool:
+    """Keep ``partial`` in ``entry`` (what cannot be encoded is not kept); whether it was kept."""
+    try:
+        data = encode(partial, {**entry.about, "written": time.time()})
+    except Unencodable as exc:
+        warn_once(f"unencodable-{entry.about.get('reduction')}", f"not caching {entry.about.get('reduction')}: {exc}")
+        return False
+    return entry.cache.write(entry.path, data)
+
+
+#: The name of an entry an alias may point to: in the alias's own folder, nothing else.
+_TARGET = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\.[0-9a-f]{40}" + re.escape(SUFFIX))
+#: An alias's key: ``r<first>-<n>-<digest>`` (the chunks of the task, then the key proper), so that
+#: a listing says which runs of chunks have aliases (worth a read) without reading them.
+_ALIAS_KEY = re.compile(r"r([0-9]+)-([0-9]+)-[0-9a-f]{40}")
+
+
+def alias_key(first: int, n: int, key: str) -> str:
+    """The key of an alias entry of the task over chunks ``first .. first + n - 1``."""
+    return f"r{int(first)}-{int(n)}-{key}"
+
+
+def alias_ranges(keys: Any) -> set[tuple[int, int]]:
+    """The runs of chunks ``(first, n)`` that have an alias among ``keys`` (a folder's keys)."""
+    out = set()
+    for k in keys:
+        m = _ALIAS_KEY.fullmatch(k) if k[:1] == "r" else None
+        if m is not None:
+            out.add((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def keep_alias(alias: Entry, target: Entry) -> bool:
+    """Keep in ``alias`` the name of ``target`` (an entry of the same folder): a second key of its partial."""
+    if posixpath.dirname(alias.path) != posixpath.dirname(target.path):
+        raise ValueError("an alias names an entry of its own folder")
+    return store(alias, ("alias", posixpath.basename(target.path)))
+
+
+def follow(alias: Entry) -> Entry | None:
+    """The entry ``alias`` names, ``None`` when the alias is missing or not sound (then its task is
+    computed, and the alias written again). An alias names a file of its own folder alone (the
+    name checked: never a path a cache's writer chose elsewhere)."""
+    ok, got = load(alias)
+    if not ok:
+        return None
+    if not (isinstance(got, tuple) and len(got) == 2 and got[0] == "alias" and isinstance(got[1], str)):
+        return None
+    if _TARGET.fullmatch(got[1]) is None:
+        return None
+    return Entry(alias.cache, posixpath.join(posixpath.dirname(alias.path), got[1]), alias.about)
+
+
+def load_bytes(entry: Entry) -> tuple[bool, Any, bytes | None]:
+    """:func:`load`, with the entry's bytes (to keep them under another key as they are)."""
     data = entry.cache.read(entry.path)
     if data is None:
-        return False, None
+        return False, None, None
     try:
         value = decode(data)
     except Damaged as exc:
-        warn_once(  # (the others are counted, not said: Stats.damaged, the record's, the closing line's)
+        warn_once(
             "damaged",
             f"{entry.cache.url}: ignoring a damaged entry {entry.path} ({exc}); computing it again "
             "(the first of this process; all are counted)",
         )
         count(damaged=1)
-        return False, None
+        return False, None, None
     count(bytes_read=len(data))
-    return True, value
-
-
-def store(entry: Entry, partial: Any) -> None:
-    """Keep ``partial`` in ``entry`` (what cannot be encoded is not kept)."""
-    try:
-        data = encode(partial, {**entry.about, "written": time.time()})
-    except Unencodable as exc:
-        warn_once(f"unencodable-{entry.about.get('reduction')}", f"not caching {entry.about.get('reduction')}: {exc}")
-        return
-    entry.cache.write(entry.path, data)
+    return True, value, data
 
 
 def reset_warnings() -> None:

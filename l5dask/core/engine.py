@@ -269,6 +269,9 @@ class Stage(NamedTuple):
     intervals: dict[str, int]
     blocks: bool
     encoded: bool = False
+    #: The parent rows' column of each one's first child row: a task is handed only the parent
+    #: rows that overlap its own (:func:`task_parent`), so that its result depends on those alone.
+    start: str | None = None
 
 
 @dataclass
@@ -328,7 +331,14 @@ class Pass:
 
     def stage(self) -> Stage:
         return Stage(
-            self.label, self.source, self.reduction, self.rows, dict(self.intervals), self.blocks, self.encoded
+            self.label,
+            self.source,
+            self.reduction,
+            self.rows,
+            dict(self.intervals),
+            self.blocks,
+            self.encoded,
+            self.parent.start if self.parent is not None else None,
         )
 
 
@@ -353,6 +363,8 @@ class Persisted:
     #: Block index -> ``run_group``'s arguments that make its rows again (a damaged cache entry of a
     #: child task is computed again with them).
     remake_calls: list[tuple] | None = None
+    #: Interval field -> (its bounds table, :meth:`child_range` of it): made once, asked a task.
+    _ranges: dict = field(default_factory=dict, repr=False, compare=False)
 
     def link(self, interval: str, start: str) -> Link:
         """Hand child passes the rows of this pass, placed by ``interval`` (checked), found by ``start``."""
@@ -363,6 +375,12 @@ class Persisted:
     def child_range(self, interval: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per block: first child row, child end, parent rows (from the checked bounds)."""
         t = self.bounds[interval]
+        got = self._ranges.get(interval)
+        if got is None or got[0] is not t:
+            got = self._ranges[interval] = (t, self._child_range(t))
+        return got[1]
+
+    def _child_range(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         if len(t) == len(self.groups):
             return t[:, 0], t[:, 1], t[:, 2]
         # a row per chunk (a pass that is not read in blocks): per block, over its chunks with rows
@@ -432,6 +450,18 @@ def parent_rows(link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | Non
     return Rows.concat(rows) if rows else None
 
 
+def task_parent(spec: Stage, first: int, n: int, link_rows: Rows | None, blocks: tuple[Block, ...]) -> Rows | None:
+    """The parent rows a task over chunks ``first .. first + n - 1`` computes with: of those handed
+    to it (:func:`parent_rows`: whole parent blocks), the rows whose child rows overlap its own (no
+    copy). Its result then depends on these rows alone, and the cache can find it by them
+    (:meth:`Job.by_rows`): a parent chunk that changed elsewhere (grown) changes nothing here."""
+    parent = parent_rows(link_rows, blocks)
+    if parent is None or spec.start is None or not n:
+        return parent
+    source = spec.source
+    return parent.overlapping(source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1], spec.start)
+
+
 def _note(exc: BaseException, spec_name: str, source: Any, first: int, n: int, what: str) -> None:
     chunks = f"chunk {first}" if n == 1 else f"chunks {first}..{first + n - 1}"
     exc.add_note(f"l5dask: in {what} of {source.name!r}, {chunks} (pass {spec_name!r})")
@@ -481,7 +511,7 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     """The task of a pass: read chunks ``first .. first + n - 1`` (each decoded once) and reduce
     them, keep their rows and their interval bounds."""
     source, red = spec.source, spec.reduction
-    parent = parent_rows(link_rows, parent_blocks)
+    parent = task_parent(spec, first, n, link_rows, parent_blocks)
     part, rows = None, []
     bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
     remote = getattr(source, "remote", False)
@@ -520,18 +550,73 @@ def run_group(spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_b
     )
 
 
+class ByRows(NamedTuple):
+    """How a task given a persisted parent's rows is also found by them (:meth:`Job.by_rows`):
+    ``prefix``, the ``repr`` of its key's parts before its parent rows (what it computes, its own
+    chunks); ``look``, whether the cache holds an alias of its chunks (a read worth making)."""
+
+    prefix: str
+    look: bool
+
+
+def _alias_of(
+    entry: cachelib.Entry, by: ByRows, spec: Stage, first: int, n: int, link_rows: Rows | None, blocks: tuple
+) -> cachelib.Entry | None:
+    """The alias entry of a task over chunks ``first .. first + n - 1``: keyed by what it computes,
+    its own chunks and a hash of the parent rows it computes with (:func:`task_parent`)."""
+    parent = task_parent(spec, first, n, link_rows, blocks)
+    if parent is None:
+        return None
+    key = cachelib.digest_repr(f"{by.prefix}{('rows', cachelib.rows_digest(parent.offset, parent.cols))!r})")
+    name = entry.cache.entry_name(str(entry.about.get("reduction")), cachelib.alias_key(first, n, key))
+    return cachelib.Entry(entry.cache, posixpath.join(posixpath.dirname(entry.path), name), entry.about)
+
+
+def _found_by_rows(entry: cachelib.Entry, alias: cachelib.Entry | None, spec: Stage) -> Block | None:
+    """The block an alias leads to (then kept under ``entry``'s key too, read directly next time);
+    ``None`` when it leads nowhere sound."""
+    target = cachelib.follow(alias) if alias is not None else None
+    if target is None:
+        return None
+    ok, got, data = cachelib.load_bytes(target)
+    if not ok or data is None or not _still_valid(got, spec.intervals):
+        return None
+    entry.cache.write(entry.path, data)
+    return got[0]
+
+
+def _kept(entry: cachelib.Entry, alias: cachelib.Entry | None, block: Block, intervals: dict) -> None:
+    """Keep a computed block in ``entry`` (its rows never), and the alias that names it."""
+    if cachelib.store(entry, (block._replace(rows=None), intervals)) and alias is not None:
+        cachelib.keep_alias(alias, entry)
+
+
 def run_group_cached(
-    entry: cachelib.Entry, spec: Stage, first: int, n: int, link_rows: Rows | None, *parent_blocks: Block
+    entry: cachelib.Entry,
+    by: ByRows | None,
+    spec: Stage,
+    first: int,
+    n: int,
+    link_rows: Rows | None,
+    *parent_blocks: Block,
 ) -> Block:
-    """:func:`run_group`, its block (partial and interval bounds) then kept in the cache's ``entry``."""
+    """:func:`run_group`, its block (partial and interval bounds) then kept in the cache's ``entry``;
+    ``by``: first looked for by its parent rows (:class:`ByRows`), and its alias kept."""
+    alias = _alias_of(entry, by, spec, first, n, link_rows, parent_blocks) if by is not None else None
+    if by is not None and by.look:
+        found = _found_by_rows(entry, alias, spec)
+        if found is not None:
+            cachelib.count(hits=1, misses=-1)
+            return found
     block = run_group(spec, first, n, link_rows, *parent_blocks)
-    cachelib.store(entry, (block._replace(rows=None), dict(spec.intervals)))  # (rows are never kept)
+    _kept(entry, alias, block, dict(spec.intervals))
     return block
 
 
 def run_pieces(
     entry: cachelib.Entry,
-    pieces: Sequence[tuple[cachelib.Entry, bool, int, int]],
+    by: ByRows | None,
+    pieces: Sequence[tuple[cachelib.Entry, bool, int, int, ByRows | None]],
     spec: Stage,
     first: int,
     n: int,
@@ -539,30 +624,40 @@ def run_pieces(
     *parent_blocks: Block,
 ) -> Block:
     """The task of an exact reduction over chunks ``first .. first + n - 1`` in aligned pieces
-    (``Job._pieces``): each piece read from the cache when it is there, else computed and kept;
-    their blocks combined in order (the same bits as one block: the reduction is exact), then kept
-    whole in ``entry`` too. A pass that makes rows (``spec.rows``) returns them when every piece
-    was computed (none is kept in the cache)."""
+    (``Job._pieces``): each piece read from the cache when it is there (by its key, or by its
+    parent rows: its :class:`ByRows`), else computed and kept; their blocks combined in order (the
+    same bits as one block: the reduction is exact), then kept whole in ``entry`` too. A pass that
+    makes rows (``spec.rows``) returns them when every piece was computed (none is kept in the cache)."""
     red = spec.reduction
     assert red is not None
     part: Any = None
     bounds: dict[str, list[np.ndarray]] = {f: [] for f in spec.intervals}
     rows: list[Rows | None] = []
-    for piece, hit, f, m in pieces:
+    found = 0
+    for piece, hit, f, m, piece_by in pieces:
         block = None
         if hit:
             ok, got = cachelib.load(piece)
             block = got[0] if ok and _still_valid(got, spec.intervals) else None
+            found += block is not None
+        alias = None
+        if block is None and piece_by is not None:
+            alias = _alias_of(piece, piece_by, spec, f, m, link_rows, parent_blocks)
+            block = _found_by_rows(piece, alias, spec) if piece_by.look else None
+            found += block is not None
         if block is None:
             block = run_group(spec, f, m, link_rows, *parent_blocks)
-            cachelib.store(piece, (block._replace(rows=None), dict(spec.intervals)))
+            _kept(piece, alias, block, dict(spec.intervals))
         part = block.partial if part is None else red.combine(part, block.partial)
         rows.append(block.rows)
         for k in bounds:
             bounds[k].append((block.bounds or {})[k])
     out = Block(part, None, {k: np.concatenate(b) for k, b in bounds.items()} if spec.intervals else None)
-    if not all(hit for _, hit, _, _ in pieces):
-        cachelib.store(entry, (out, dict(spec.intervals)))
+    if found == len(pieces) and not all(hit for _, hit, _, _, _ in pieces):
+        cachelib.count(hits=1, misses=-1)  # (found whole, some pieces by their parent rows)
+    if not all(hit for _, hit, _, _, _ in pieces):
+        alias = _alias_of(entry, by, spec, first, n, link_rows, parent_blocks) if by is not None else None
+        _kept(entry, alias, out, dict(spec.intervals))
     if spec.rows is not None and all(r is not None for r in rows):
         out = out._replace(rows=Rows.concat([r for r in rows if r is not None]))
     return out
@@ -605,7 +700,7 @@ def load_group(
     cachelib.count(hits=-1, misses=1)
     if remake:
         parent_blocks = tuple(run_group(*call) for call in remake)
-    return run_group_cached(entry, spec, first, n, link_rows, *parent_blocks)
+    return run_group_cached(entry, None, spec, first, n, link_rows, *parent_blocks)
 
 
 def keep_pass(entry: cachelib.Entry, bounds: dict | None, intervals: dict | None, partial: Any) -> Any:
@@ -1098,6 +1193,8 @@ class Job:
         self._ids: dict[int, tuple[Any, list | None]] = {}  # source -> its chunks' identities
         self._id_reprs: dict[int, tuple[list, list[str]]] = {}  # identities -> their reprs
         self._present: dict[str, dict[str, str]] = {}  # cache folder -> its entries' names by key
+        self._aliases: dict[str, set[tuple[int, int]]] = {}  # cache folder -> the chunks of its aliases
+        self._keys: dict[tuple, tuple[Pass, list[str] | None, list[str]]] = {}  # a pass's groups -> their keys
         self._events_since = time.time()
 
     @classmethod
@@ -1162,11 +1259,27 @@ class Job:
             got = self._ids[id(source)] = (source, digests)
         return got[1]
 
-    def group_ids(self, spec: Pass, groups: Sequence[tuple[int, int]], keep: str = "all") -> list[str] | None:
+    def group_ids(
+        self, spec: Pass, groups: Sequence[tuple[int, int]], keep: str = "all", prefixes: list[str] | None = None
+    ) -> list[str] | None:
         """The identity of what each task of ``spec`` computes (``keep`` as :meth:`leaves`): the
-        cache's key (:mod:`l5dask.core.cache`); ``None`` when the pass cannot be cached."""
+        cache's key (:mod:`l5dask.core.cache`); ``None`` when the pass cannot be cached.
+        ``prefixes``: filled with each key's parts before its parent's (:class:`ByRows`). Made once
+        a job for a pass's groups (a rerun asks for them for its tasks, then for its pass whole)."""
         if self.cache is None:
             return None
+        memo = (id(spec), keep, tuple(groups))
+        got = self._keys.get(memo)
+        if got is None or got[0] is not spec:
+            made: list[str] = []
+            got = self._keys[memo] = (spec, self._group_ids(spec, groups, keep, made), made)
+        if prefixes is not None and got[1] is not None:
+            prefixes += got[2]
+        return got[1]
+
+    def _group_ids(
+        self, spec: Pass, groups: Sequence[tuple[int, int]], keep: str, prefixes: list[str]
+    ) -> list[str] | None:
         source, link = spec.source, spec.parent
         ids = self._chunk_ids(source)
         if ids is None or (link is not None and isinstance(link.parent, Held)):
@@ -1185,6 +1298,7 @@ class Job:
             cachelib.FORMAT,
             cachelib.version(),
             "bounds and parent rows a chunk",  # (keys before it: a blocks pass's bounds a block)
+            "a task's parent rows those overlapping its own",  # (keys before it: whole parent blocks)
             keep,
             token,
             rows,
@@ -1218,11 +1332,28 @@ class Job:
                 parent = f"[{', '.join([parent_reprs[k] for k in chunks.tolist()])}]"
             try:
                 own = red.cache_token(got) if per_group and red is not None else None
-                text = f"{head}{own!r}, [{', '.join(reprs[first : first + n])}], {parent})"
-                out.append(cachelib.digest_repr(text))
+                prefix = f"{head}{own!r}, [{', '.join(reprs[first : first + n])}], "
+                out.append(cachelib.digest_repr(f"{prefix}{parent})"))
             except Exception:  # noqa: BLE001 - a token that cannot be made: not cached
                 return None
+            prefixes.append(prefix)
         return out
+
+    def by_rows(self, spec: Pass) -> bool:
+        """Whether the tasks of ``spec`` are also found by their parent rows (:class:`ByRows`): those
+        given a persisted parent's rows, whose keys name the parent's stored chunks (a chunk that
+        grew, its earlier rows maybe rewritten, changes them), while a task computes with the rows
+        that overlap its own alone (:func:`task_parent`). Rows handed in memory are in the key
+        already (a hash of them)."""
+        link = spec.parent
+        return link is not None and isinstance(link.parent, Persisted) and link.parent.row_ids is not None
+
+    def _aliased(self, folder: str) -> set[tuple[int, int]]:
+        """The runs of chunks ``(first, n)`` that have an alias in ``folder`` (from its listing)."""
+        got = self._aliases.get(folder)
+        if got is None:
+            got = self._aliases[folder] = cachelib.alias_ranges(self._present[folder])
+        return got
 
     def _reprs(self, ids: list[str]) -> list[str]:
         """The ``repr`` of each identity in ``ids`` (a source's chunks' or a persisted pass's rows'),
@@ -1253,17 +1384,21 @@ class Job:
             or (spec.reduction is None and not spec.intervals)
         ):
             return  # (rows are not kept: they would grow with the dataset)
-        ids = self.group_ids(spec, groups, keep)
+        by_rows = self.by_rows(spec)
+        prefixes: list[str] | None = [] if by_rows else None
+        ids = self.group_ids(spec, groups, keep, prefixes)
         if ids is None:
             return
         folder = self._folder(spec)
         cache = self.cache
         assert cache is not None
         present = self._present[folder]
+        aliased = self._aliased(folder) if by_rows else set()
         red_name = spec.reduction.name if spec.reduction is not None else "intervals"
         link = spec.parent
         hits = 0
         for i, ((first, n), ident) in enumerate(zip(groups, ids)):
+            by = ByRows(prefixes[i], (first, n) in aliased) if prefixes is not None else None
             key = (name, i)
             args = graph[key].args  # (stage, first, n, link_rows, *refs) of run_group
             entry = cachelib.Entry(
@@ -1273,8 +1408,8 @@ class Job:
             )
             pieces = self._pieces(spec, first, n, keep, present, folder, red_name) if ident not in present else None
             if pieces is not None:  # (an exact reduction: parts of it found, or the end kept in parts)
-                hits += all(hit for _, hit, _, _ in pieces)
-                graph[key] = Task(key, run_pieces, entry, pieces, *args)
+                hits += all(hit for _, hit, _, _, _ in pieces)
+                graph[key] = Task(key, run_pieces, entry, by, pieces, *args)
             elif ident in present:
                 hits += 1
                 remake: list[tuple] = []
@@ -1288,16 +1423,17 @@ class Job:
                         refs = tuple(args[4:])
                 graph[key] = Task(key, load_group, entry, remake, args[0], first, n, args[3], *refs)
             else:
-                graph[key] = Task(key, run_group_cached, entry, *args)
+                graph[key] = Task(key, run_group_cached, entry, by, *args)
         cachelib.count(hits=hits, misses=len(groups) - hits)
 
     def _pieces(
         self, spec: Pass, first: int, n: int, keep: str, present: dict, folder: str, red_name: str
-    ) -> list[tuple[cachelib.Entry, bool, int, int]] | None:
+    ) -> list[tuple[cachelib.Entry, bool, int, int, ByRows | None]] | None:
         """A task of an exact reduction (its partial the same bits however its chunks are grouped)
         not in the cache, as aligned pieces of it (runs of ``2**k`` chunks starting at a multiple
-        of ``2**k``): those in the cache read, the others computed and kept, so that the last task
-        of a dataset, kept in pieces, is mostly read again when the dataset grows and fills it.
+        of ``2**k``): those in the cache read (by their keys, or by their parent rows when an alias
+        of their chunks is there: :class:`ByRows`), the others computed and kept, so that the last
+        task of a dataset, kept in pieces, is mostly read again when the dataset grows and fills it.
         ``None``: one piece (the task computed and kept whole)."""
         red = spec.reduction
         if red is None or not red.exact or n < 2 or self.cache is None:
@@ -1311,21 +1447,23 @@ class Job:
                 f, m = f + size, m - size
 
         split(first, n)
+        prefixes: list[str] | None = [] if self.by_rows(spec) else None
         if not present:
             # (a folder with no entry, as a first run's and a killed run's first process find it: no
             # piece is there, and the task is kept in its nodes; the nodes inside them are not keyed)
             if len(nodes) == 1:
                 return None
-            ids = self.group_ids(spec, nodes, keep)
+            ids = self.group_ids(spec, nodes, keep, prefixes)
             if ids is None:
                 return None
             known = dict(zip(nodes, ids))
-            out = [(f, m, False) for f, m in nodes]
+            by = dict(zip(nodes, prefixes)) if prefixes is not None else {}
+            out = [(f, m, False, False) for f, m in nodes]
         else:
-            got = self._cover(first, n, nodes, spec, keep, present)
+            got = self._cover(first, n, nodes, spec, keep, present, folder, prefixes)
             if got is None:
                 return None
-            out, known = got
+            out, known, by = got
         if len(out) == 1:
             return None
         assert self.cache is not None
@@ -1341,15 +1479,26 @@ class Job:
                 hit,
                 f,
                 m,
+                ByRows(by[(f, m)], look) if (f, m) in by else None,
             )
-            for f, m, hit in out
+            for f, m, hit, look in out
         ]
 
     def _cover(
-        self, first: int, n: int, nodes: list[tuple[int, int]], spec: Pass, keep: str, present: dict
-    ) -> tuple[list[tuple[int, int, bool]], dict[tuple[int, int], str]] | None:
-        """The pieces of a task (``(first, n, found)``: see :meth:`_pieces`) over the aligned
-        ``nodes`` of its chunks, and the key of each node inside it; ``None`` when not cached."""
+        self,
+        first: int,
+        n: int,
+        nodes: list[tuple[int, int]],
+        spec: Pass,
+        keep: str,
+        present: dict,
+        folder: str,
+        prefixes: list[str] | None,
+    ) -> tuple[list[tuple[int, int, bool, bool]], dict[tuple[int, int], str], dict[tuple[int, int], str]] | None:
+        """The pieces of a task (``(first, n, found, worth a look by its parent rows)``: see
+        :meth:`_pieces`) over the aligned ``nodes`` of its chunks, the key of each node inside it and
+        (``prefixes``: a pass found by its parent rows) each one's :class:`ByRows` prefix; ``None``
+        when not cached."""
         # every aligned node inside the task, keyed in one call (a call a node was 40 us of overhead
         # each, 245 calls a rerun after growth)
         inside = [
@@ -1357,21 +1506,24 @@ class Job:
             for size in (1 << k for k in range(max(m for _, m in nodes).bit_length()))
             for f in range(-(-first // size) * size, first + n - size + 1, size)
         ]
-        ids = self.group_ids(spec, inside, keep)
+        ids = self.group_ids(spec, inside, keep, prefixes)
         if ids is None:
             return None
         known = dict(zip(inside, ids))
+        by = dict(zip(inside, prefixes)) if prefixes is not None else {}
+        aliased = self._aliased(folder) if prefixes is not None else set()
 
-        def cover(f: int, m: int) -> list[tuple[int, int, bool]]:
+        def cover(f: int, m: int) -> list[tuple[int, int, bool, bool]]:
             if known[(f, m)] in present:
-                return [(f, m, True)]
-            if m == 1:
-                return [(f, m, False)]
+                return [(f, m, True, False)]
+            if (f, m) in aliased or m == 1:
+                return [(f, m, False, (f, m) in aliased)]
             half = m // 2
             inner = cover(f, half) + cover(f + half, m - half)
-            return inner if any(hit for _, _, hit in inner) else [(f, m, False)]
+            return inner if any(hit or look for _, _, hit, look in inner) else [(f, m, False, False)]
 
-        return [piece for f, m in nodes for piece in (cover(f, m) if m & (m - 1) == 0 else [(f, m, False)])], known
+        out = [piece for f, m in nodes for piece in (cover(f, m) if m & (m - 1) == 0 else [(f, m, False, False)])]
+        return out, known, by
 
     def token(self, spec: Pass) -> str:
         return tokenize(

@@ -335,8 +335,10 @@ def test_the_aggregations_the_catalog_and_their_keys(dataset, tmp_path, monkeypa
         with cachelib.counting() as st:
             l5dask.aggregate(dataset, cache=cache, **other)
         new = {e["path"] for e in cachelib.Cache(cache).entries()} - before
-        tasks = [p for p in new if "/pass-" not in p]  # (and the pass whole: one entry)
-        assert st.misses == len(tasks) == len(new) - 1 > 5, new
+        # (and the pass whole: one entry; and a task's alias, found by its frame rows: as many)
+        aliases = [p for p in new if "/pass-" not in p and cachelib.key_of(p).startswith("r")]
+        tasks = [p for p in new if "/pass-" not in p and p not in aliases]
+        assert st.misses == len(tasks) == len(aliases) == (len(new) - 1) // 2 > 5, new
         assert all(".aggregate." in p or "/aggregate." in p or "/pass-aggregate." in p for p in new), new
     # the catalog: its rerun, too
     want = l5dask.catalog(dataset)
@@ -473,9 +475,9 @@ def test_the_keys_of_a_task_and_of_its_pieces_are_made_in_one_call(dataset, tmp_
     calls: list[int] = []
     group_ids = engine.Job.group_ids
 
-    def counted(self, spec, groups, keep="all"):
+    def counted(self, spec, groups, keep="all", prefixes=None):
         calls.append(len(groups))
-        return group_ids(self, spec, groups, keep)
+        return group_ids(self, spec, groups, keep, prefixes)
 
     monkeypatch.setattr(engine.Job, "group_ids", counted)
     with cachelib.counting() as st:
@@ -501,10 +503,10 @@ def test_a_first_cached_run_keys_no_piece_inside_its_tasks(tmp_path, monkeypatch
     inside: list[bool] = []
     kept: list[int] = []  # (the pieces of each task kept in pieces)
 
-    def counted(self, spec, groups, keep="all"):
+    def counted(self, spec, groups, keep="all", prefixes=None):
         if inside:
             keyed.append(len(groups))
-        return group_ids(self, spec, groups, keep)
+        return group_ids(self, spec, groups, keep, prefixes)
 
     def in_pieces(self, *args, **kwargs):
         inside.append(True)
@@ -546,8 +548,8 @@ def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(d
     group_ids = engine.Job.group_ids
     checked: list[int] = []
 
-    def reference(self, spec, groups, keep="all"):  # (the digest of the parts, made whole each time)
-        got = group_ids(self, spec, groups, keep)
+    def reference(self, spec, groups, keep="all", prefixes=None):  # (the digest of the parts, made whole each time)
+        got = group_ids(self, spec, groups, keep, prefixes)
         if got is None:
             return got
         source, link = spec.source, spec.parent
@@ -562,6 +564,7 @@ def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(d
             cachelib.FORMAT,
             cachelib.version(),
             "bounds and parent rows a chunk",
+            "a task's parent rows those overlapping its own",
             keep,
             token,
             rows,
@@ -581,6 +584,11 @@ def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(d
                 parent = [link.parent.row_ids[k] for k in link.parent.chunks(link.interval or "", lo, hi)]
             own = red.cache_token(rows_in) if per_group else None
             want.append(cachelib.digest(what, own, ids[first : first + n], parent))
+            if prefixes is not None:  # (an alias's key: the same parts, the parent rows' hash last)
+                rows_in = engine.Rows(7, {"x": np.arange(first, first + n)})
+                digest = cachelib.rows_digest(rows_in.offset, rows_in.cols)
+                alias = cachelib.digest_repr(f"{prefixes[len(want) - 1]}{('rows', digest)!r})")
+                assert alias == cachelib.digest(what, own, ids[first : first + n], ("rows", digest))
         assert got == want
         checked.append(len(got))
         return got
@@ -595,6 +603,142 @@ def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(d
     with cachelib.counting() as st:
         compute_report(dataset, cache=cache, chunks_per_task=2)
     assert st.hits > st.misses > 0 and len(checked) > 10 and sum(checked) > 100
+
+
+class FoundByRows:
+    """The tasks a run found by their parent rows (``engine._found_by_rows``): their chunks, found or not."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.looked: list[tuple[str, bool]] = []
+        found = engine._found_by_rows
+
+        def counted(entry, alias, spec):
+            got = found(entry, alias, spec)
+            self.looked.append((cachelib.key_of(alias.path).split("-", 2)[:2] if alias else None, got is not None))
+            return got
+
+        monkeypatch.setattr(engine, "_found_by_rows", counted)
+
+    def found(self) -> int:
+        return sum(ok for _, ok in self.looked)
+
+
+def agent_tasks_of_frames(ds, frame_lo: int, frame_hi: int, per_task: int) -> set[int]:
+    """The agents tasks (``per_task`` chunks each) holding agents of frames ``frame_lo .. frame_hi - 1``."""
+    iv = ds[fmt.FRAMES].read(0, ds[fmt.FRAMES].nchunks)["agent_index_interval"][frame_lo:frame_hi]
+    rows = ds[fmt.AGENTS].meta.chunk_rows
+    iv = iv[iv[:, 1] > iv[:, 0]]
+    return set(range(int(iv[0, 0]) // rows // per_task, (int(iv[-1, 1]) - 1) // rows // per_task + 1))
+
+
+def read_agent_tasks(reads: Reads, per_task: int) -> set[int]:
+    return {
+        int(k.rsplit("/", 1)[-1]) // per_task for k, a, b in reads.chunks() if k.split("/")[-2] == "agents" and b != 16
+    }
+
+
+def rewrite_frames_chunk(dataset: str, chunk: int, edit=None) -> None:
+    """Frames chunk ``chunk`` written again as a new file (a new identity), its records ``edit``ed."""
+    from l5dask.prediction.writing import encode_chunk
+
+    frames = l5dask.open_dataset(dataset)[fmt.FRAMES]
+    records = frames.read(chunk, 1).copy()
+    if edit is not None:
+        edit(records)
+    path = os.path.join(dataset, frames.meta.key(chunk))
+    with open(path + ".new", "wb") as f:
+        f.write(encode_chunk(records, frames.meta.chunk_rows))
+    os.replace(path + ".new", path)
+
+
+def test_after_growth_old_agents_tasks_are_found_by_their_frame_rows(dataset, tmp_path, monkeypatch):
+    """Issue 48: an agents task's key names the frames chunks it takes rows of, and the frames' last
+    chunk grows as scenes are appended; the old agents tasks over its frames are then found by the
+    frame rows they compute with (their alias): only the tasks of changed agents chunks run. Bit
+    for bit the uncached report."""
+    cache = str(tmp_path / "cache")
+    compute_report(dataset, cache=cache, chunks_per_task=4)
+    before = l5dask.open_dataset(dataset)
+    extra = str(tmp_path / "extra.zarr")
+    l5dask.synthesize(extra, num_scenes=1, seed=77, chunk_rows=CHUNKS)
+    replaced = append_in_place(dataset, extra, str(tmp_path), monkeypatch)
+    grown = l5dask.open_dataset(dataset)
+    changed_agents = min(int(r.split("/")[1]) for r in replaced if r.startswith("agents/") and "/." not in r)
+    changed_frames = min(int(r.split("/")[1]) for r in replaced if r.startswith("frames/") and "/." not in r)
+    frames_lo = changed_frames * CHUNKS[fmt.FRAMES]
+    # the old agents tasks whose frames are in the grown frames chunk (their keys changed)
+    old = agent_tasks_of_frames(before, frames_lo, before.counts()["frames"], 4) - {changed_agents // 4}
+    assert old and max(old) < changed_agents // 4, (old, changed_agents)
+    reads, by_rows = Reads(monkeypatch), FoundByRows(monkeypatch)
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache, chunks_per_task=4))
+    monkeypatch.undo()
+    assert got == public(compute_report(dataset, chunks_per_task=4))  # bit for bit the uncached report
+    ran = read_agent_tasks(reads, 4)
+    assert ran == set(range(changed_agents // 4, -(-grown[fmt.AGENTS].nchunks // 4))), (ran, changed_agents)
+    assert by_rows.found() >= len(old) and not ran & old
+    # the tasks found by their rows count as hits: the misses are the tasks that ran
+    with cachelib.counting() as again:
+        compute_report(dataset, cache=cache, chunks_per_task=4)
+    assert again.misses == 0 and st.hits > 0 and st.misses >= len(ran)
+
+
+def test_a_frame_row_changed_in_place_is_computed_again(dataset, tmp_path, monkeypatch):
+    """A frames chunk written again: the agents tasks whose frame rows it changed run again (never a
+    wrong hit), those whose frame rows are the same are found by them; and a chunk written again
+    with the same rows (another file: its identity changes) leaves every agents task found. Each
+    result bit for bit the uncached report of the data as it is."""
+    cache = str(tmp_path / "cache")
+    want_before = public(compute_report(dataset, cache=cache, chunks_per_task=2))
+    ds = l5dask.open_dataset(dataset)
+    nframes = ds[fmt.FRAMES].nchunks
+    chunk = nframes // 2
+    rows = CHUNKS[fmt.FRAMES]
+    frame = chunk * rows + rows // 2  # (a frame in the middle of the chunk, with agents)
+    touched = agent_tasks_of_frames(ds, frame, frame + 1, 2)
+    overlapping = agent_tasks_of_frames(ds, chunk * rows, (chunk + 1) * rows, 2)
+    assert len(overlapping) > len(touched) + 2
+
+    def move_ego(records):
+        records["ego_translation"][rows // 2, :2] += 250.0
+
+    rewrite_frames_chunk(dataset, chunk, move_ego)
+    reads, by_rows = Reads(monkeypatch), FoundByRows(monkeypatch)
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache, chunks_per_task=2))
+    monkeypatch.undo()
+    want = public(compute_report(dataset, chunks_per_task=2))
+    assert got == want and want != want_before  # (the distances to the ego of that frame's agents moved)
+    assert read_agent_tasks(reads, 2) == touched, (read_agent_tasks(reads, 2), touched)
+    assert by_rows.found() == len(overlapping - touched) and st.misses >= len(touched)
+
+    # the last chunk written again, the same rows: every agents task over it found by its rows
+    rewrite_frames_chunk(dataset, nframes - 1)
+    reads, by_rows = Reads(monkeypatch), FoundByRows(monkeypatch)
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache, chunks_per_task=2))
+    monkeypatch.undo()
+    assert got == want
+    assert read_agent_tasks(reads, 2) == set() and by_rows.found() > 0
+    assert all(ok for _, ok in by_rows.looked), by_rows.looked
+
+
+def test_an_alias_names_an_entry_of_its_own_folder_only(tmp_path):
+    """An alias read from a cache is followed only to a file of its own folder, by a checked name."""
+    cache = cachelib.Cache(str(tmp_path))
+    folder = cache.folder_of("d-agents")
+    target = cachelib.Entry(cache, f"{folder}/agents-17.{'a' * 40}.l5c", {"reduction": "agents-17"})
+    alias = cachelib.Entry(cache, f"{folder}/agents-17.{cachelib.alias_key(4, 2, 'b' * 40)}.l5c", target.about)
+    assert cachelib.keep_alias(alias, target)
+    assert cachelib.follow(alias) == target
+    assert cachelib.alias_ranges([cachelib.key_of(os.path.basename(alias.path)), "c" * 40]) == {(4, 2)}
+    for forged in ("../other/agents-17.%s.l5c" % ("a" * 40), "/etc/passwd", ".hidden.%s.l5c" % ("a" * 40), "x.l5c"):
+        cachelib.store(alias, ("alias", forged))
+        assert cachelib.follow(alias) is None, forged
+    cachelib.store(alias, (1, 2))
+    assert cachelib.follow(alias) is None
+    with pytest.raises(ValueError):
+        cachelib.keep_alias(alias, cachelib.Entry(cache, f"l5dask-cache-v3/other/agents-17.{'a' * 40}.l5c", {}))
 
 
 def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, caplog):
@@ -726,7 +870,8 @@ gather = reading.Encoded.gather
 def slow(*a, **k):  # (slower reads: the reductions, and so the keys, are the same)
     # once a third of the agents' tasks are stored, much slower: the signal comes before the end even
     # when a crowded machine lets the test look at the cache seldom (it once came after the run ended)
-    stored = sum(e["reduction"] == "agents-17" for e in cachelib.Cache(sys.argv[2]).entries())
+    stored = sum(e["reduction"] == "agents-17" and not cachelib.key_of(e["path"]).startswith("r")
+                 for e in cachelib.Cache(sys.argv[2]).entries())
     time.sleep(0.02 if stored < int(sys.argv[3]) // 3 else 0.5)
     return gather(*a, **k)
 reading.Encoded.gather = slow
@@ -744,7 +889,9 @@ def test_a_killed_run_computes_only_what_it_had_not_stored(dataset, tmp_path, si
     proc = subprocess.Popen(
         [sys.executable, str(script), dataset, cache, str(total)], stderr=subprocess.PIPE, preexec_fn=ctrl_c_reaches_it
     )
-    agents = lambda: [e for e in cachelib.Cache(cache).entries() if e["reduction"] == "agents-17"]  # noqa: E731
+    # (a task's entries: not the aliases that name them, found by their frame rows)
+    kept = lambda: [e for e in cachelib.Cache(cache).entries() if not cachelib.key_of(e["path"]).startswith("r")]  # noqa: E731
+    agents = lambda: [e for e in kept() if e["reduction"] == "agents-17"]  # noqa: E731
     deadline = time.time() + 120
     while len(agents()) < total // 3 and time.time() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -752,7 +899,7 @@ def test_a_killed_run_computes_only_what_it_had_not_stored(dataset, tmp_path, si
     proc.wait(60)
     assert proc.returncode != 0  # (killed before it was done)
     assert 0 < len(agents()) < total
-    stored = len(cachelib.Cache(cache).entries())
+    stored = len(kept())
     with cachelib.counting() as st:
         got = public(compute_report(dataset, cache=cache, chunks_per_task=1))
     with cachelib.counting() as whole:  # (the tasks of the run, in a cache of their own)
