@@ -20,7 +20,7 @@ setup(
          Extension("l5dask.prediction._columns", ["l5dask/prediction/_columns.pyx"],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
          Extension("l5dask.prediction._catalog", ["l5dask/prediction/_catalog.pyx"], include_dirs=["l5dask/prediction"],
-                   depends=["l5dask/prediction/_distinct.h"],
+                   depends=["l5dask/prediction/_agents.h", "l5dask/prediction/_distinct.h"],
                    extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno"]),
          # core: a local file's range read around the page cache, the GIL released (l5dask.core.diskread)
          Extension("l5dask.core._pread", ["l5dask/core/_pread.pyx"], extra_compile_args=["-O3"]),

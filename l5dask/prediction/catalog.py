@@ -413,6 +413,9 @@ def combine_keys(a: KeyPart, b: KeyPart, bits: tuple[int, ...]) -> KeyPart:
 #: What an agent gives the catalog, gathered from the stored bytes: its centroid and track id
 #: (and the argmax of its label probabilities, and their maximum).
 AGENT_ELEMENTS = (("centroid", (0,)), ("centroid", (1,)), ("track_id", ()))
+#: The per-row column the report's agents loop makes of the same rows in a fused pass
+#: (``l5dask.prediction.stats.SHARED_COLUMNS``), which the catalog's loop then takes.
+DISTANCE = "distance_to_ego"
 
 
 def agents_chunk(agents: Any, lo: int, frames: Rows, groups: np.ndarray) -> KeyPart:
@@ -430,6 +433,10 @@ def agents_chunk(agents: Any, lo: int, frames: Rows, groups: np.ndarray) -> KeyP
         columns, (label,) = agents.gather(AGENT_ELEMENTS, ["label_probabilities"], values=values)
     cx, cy, track = columns
     masks = np.empty(n, np.uint64)
+    # (each row's distance to its ego, made by the report's agents loop of the same rows when fused
+    # with it: the same bits; else made here)
+    made = getattr(agents, "derived", None)
+    dist = made(DISTANCE) if made is not None else None
     cuts, scenes, mins, lows = catalog_agents(
         label,
         values[0],
@@ -444,6 +451,7 @@ def agents_chunk(agents: Any, lo: int, frames: Rows, groups: np.ndarray) -> KeyP
         NEAR_M[1],
         LOW_CONFIDENCE,
         masks,
+        dist,
     )
     # (a bijection onto uint64: distinct ids stay distinct)
     keys = track if track.dtype == np.uint64 else track.astype(np.int64).view(np.uint64)
@@ -513,7 +521,7 @@ def agents_reduction(labels: tuple[str, ...]) -> Reduction:
         functools.partial(combine_keys, bits=(nlabels + 6,)),
         KeyPart,
         exact=True,  # (distinct keys, minima, integer sums)
-        reads=(AGENT_ELEMENTS, ("label_probabilities",), ("label_probabilities",)),
+        reads=(AGENT_ELEMENTS, ("label_probabilities",), ("label_probabilities",), (DISTANCE,)),
     )
 
 

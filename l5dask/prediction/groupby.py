@@ -25,7 +25,7 @@ import numpy as np
 from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, tree_combine
 from l5dask.errors import UsageError
-from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, sketch_counts, sketch_range
+from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, range_codes, sketch_counts, sketch_range
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
 QUANTILE_BITS = 12
@@ -74,6 +74,9 @@ def encode(keys: list[np.ndarray], n: int) -> tuple[np.ndarray, int, np.ndarray]
     los = [lo for lo, _ in ranges]
     spans = [hi - lo + 1 for lo, hi in ranges]
     total = math.prod(spans)
+    if len(keys) == 1 and keys[0].dtype != np.uint64 and total <= 2 * n + 4096:
+        # (one key: ``k - lo`` in one compiled pass, where numpy made four arrays of the rows)
+        return range_codes(keys[0], los[0], total), total, dense_table(los, spans)
     if total < 2**62:
         codes = np.zeros(n, np.int64)
         stride = 1

@@ -1298,6 +1298,32 @@ def test_keyed_reduce_equals_numpy(nkeys):
         keyed_reduce(keys, [0], [1], 5, (np.zeros(3, np.int64), None, None, None))
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, bool])
+def test_the_codes_of_one_dense_key_are_made_in_one_compiled_pass(dtype):
+    """One key of a small range (a quantile's ``label``): its codes ``k - lo`` made by one compiled
+    pass (``kernels.range_codes``, where numpy made four arrays of the rows), numpy's codes and key
+    table; two keys, and a key too sparse for dense codes, keep numpy's path (the same codes)."""
+    from l5dask.prediction import groupby, kernels
+
+    rng = np.random.default_rng(12)
+    n = 5_003
+    lo = 0 if dtype is bool or np.dtype(dtype).kind == "u" else -3
+    k = rng.integers(lo, 2 if dtype is bool else 17, n).astype(dtype)
+    calls = []
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(groupby, "range_codes", lambda *a: calls.append(a[1:]) or kernels.range_codes(*a))
+        codes, ngroups, table = groupby.encode([k], n)
+        two = groupby.encode([k, k], n)
+        sparse = groupby.encode([k.astype(np.int64) * 10**6], n)
+    wide = k.astype(np.int64)
+    assert calls == [(int(wide.min()), int(wide.max()) - int(wide.min()) + 1)]
+    assert codes.dtype == np.int64 and codes.tobytes() == (wide - wide.min()).tobytes()
+    assert ngroups == int(wide.max()) - int(wide.min()) + 1
+    np.testing.assert_array_equal(table[:, 0], np.arange(wide.min(), wide.max() + 1))
+    np.testing.assert_array_equal(two[2][two[0]], np.stack([wide, wide], 1))
+    np.testing.assert_array_equal(sparse[2][sparse[0], 0], wide * 10**6)
+
+
 def test_group_part_of_dense_keys_equals_numpy_bit_for_bit():
     """A partial of dense keys (``keyed_reduce``, no group codes made) against numpy's groups of
     the same rows: NaN values, rows left out by ``keep``, an integer column only counted, a float

@@ -199,6 +199,35 @@ def test_aggregations_take_the_speed_and_distance_the_reports_loop_made(ds, monk
     assert made["norm2"] > 0 and made["distance_to_parent"] > 0
 
 
+@pytest.mark.parametrize("report_first", [True, False])
+def test_the_catalog_takes_the_distances_the_reports_loop_made(ds, monkeypatch, report_first):
+    """Fused with the report, the catalog's agents loop takes each row's distance to its ego from
+    the report's loop (every call of it given the column) instead of making it again; the catalog
+    (and the report) still the analysis alone, bit for bit. Alone, or with aggregations only, it
+    makes them (given none)."""
+    from l5dask.prediction import catalog
+
+    want = {n: alone(ds, n, ALL[n]) for n in ("report", "catalog", "near")}
+    given: list = []
+    original = catalog.catalog_agents
+
+    def catalog_agents(*args):
+        given.append(args[13] if len(args) > 13 else None)
+        return original(*args)
+
+    monkeypatch.setattr(catalog, "catalog_agents", catalog_agents)
+    names = ["report", "catalog", "near"] if report_first else ["near", "catalog", "report"]
+    got = analyze(ds, {n: ALL[n] for n in names})
+    for n in names:
+        same(got[n], want[n], n)
+    assert given and all(d is not None for d in given)
+    given.clear()
+    got = analyze(ds, {n: ALL[n] for n in ("catalog", "near")})
+    for n in ("catalog", "near"):
+        same(got[n], want[n], n)
+    assert given and all(d is None for d in given)
+
+
 def test_a_derived_column_written_in_part_is_not_taken(ds):
     """A block's column made by the pieces of only some of its rows is not handed out (``None``:
     the reader makes its own), nor one no reader expects."""

@@ -161,27 +161,32 @@ def test_union_masks_and_mask_counts_match_numpy():
         mask_counts(masks, 8)
 
 
-def test_catalog_agents_match_numpy():
-    """Each agent's mask, its run's scene, least distances and low-confidence count: numpy's."""
+@pytest.mark.parametrize("given", [False, True])
+def test_catalog_agents_match_numpy(given):
+    """Each agent's mask, its run's scene, least distances and low-confidence count: numpy's; the
+    distances made by the loop (a frame's run of rows longer than its block of 4,096 among them, NaN
+    centroids counted within no distance) or ``given`` (the report's column in a fused pass)."""
     rng = np.random.default_rng(5)
-    n, m = 4_000, 60
-    starts = np.sort(rng.integers(0, n, m))
-    starts[0] = 0
+    n, m = 12_000, 60
+    starts = np.sort(np.r_[0, rng.integers(5_000, n, m - 1)])  # (frame 0: rows 0 .. 4,999)
     ego = rng.normal(0, 20, (m, 2))
     frame_scene = np.repeat(np.arange(6), 10) + 40
     label = rng.integers(0, 17, n).astype(np.int8)
     groups = rng.integers(-1, 3, 17).astype(np.int8)
+    groups[:3] = (0, 1, 2)
     pos = np.searchsorted(starts, np.arange(n), side="right") - 1
     cx, cy = ego[pos, 0] + rng.normal(0, 20, n), ego[pos, 1] + rng.normal(0, 20, n)
     cx[:50] = ego[pos[:50], 0] + 10.0  # at the 10 m edge exactly
     cy[:50] = ego[pos[:50], 1]
+    cx[60:90] = np.nan
     top = rng.random(n).astype(np.float32)
     top[::17] = np.nan
-    masks = np.empty(n, np.uint64)
-    cuts, scenes, mins, lows = catalog_agents(
-        label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks
-    )
     d = np.sqrt((cx - ego[pos, 0]) ** 2 + (cy - ego[pos, 1]) ** 2)
+    masks = np.empty(n, np.uint64)
+    extra = (d,) if given else ()
+    cuts, scenes, mins, lows = catalog_agents(
+        label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks, *extra
+    )
     g = groups[label]
     want = (
         (np.uint64(1) << label.astype(np.uint64))
@@ -195,9 +200,15 @@ def test_catalog_agents_match_numpy():
         at = row_scene == sc
         assert (cuts[r], cuts[r + 1]) == (np.flatnonzero(at)[0], np.flatnonzero(at)[-1] + 1)
         for k, grp in enumerate((1, 2)):
-            sel = at & (g == grp)
+            sel = at & (g == grp) & ~np.isnan(d)
             assert mins[r, k] == (d[sel].min() if sel.any() else np.inf)
         assert lows[r] == np.count_nonzero(top[at] < 0.5)
+    if given:  # (the distances taken from the column, not made again: other values, other masks)
+        far = np.full(n, 100.0)
+        catalog_agents(label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks, far)
+        assert masks.tolist() == (np.uint64(1) << label.astype(np.uint64)).tolist()
+        with pytest.raises(ValueError, match="columns of the rows"):
+            catalog_agents(label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks, far[1:])
 
 
 def test_catalog_agents_runs_sized_by_scenes():

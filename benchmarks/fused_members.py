@@ -1,0 +1,115 @@
+"""Where the CPU of one fused pass goes, member by member (issue 48): the report, the catalog and the
+three aggregations of ``analyze_benchmark.py``, in one ``l5dask.analyze`` on one thread.
+
+    python benchmarks/fused_members.py [--scenes 1700] [--repeat 3] [--before CHECKOUT]
+
+Each member's ``chunk`` and ``combine`` (its thread CPU seconds, its gathers from the stored bytes
+left out) and the block's gathers (``Encoded.gather``, all members together), averaged over
+``--repeat`` runs after one to warm up, on the synchronous scheduler (one thread: no time counted
+twice, none lost to the other thread). Finer and steadier than whole processes
+(``before_after.py --jobs run``), whose CPU seconds move by 5% from one round to the next here.
+With ``--before``, the same in a process of that checkout (first on ``PYTHONPATH``), the two
+alternating ``--repeat`` times, and both printed side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def measure(path: str, repeat: int) -> dict[str, float]:
+    """CPU seconds per member's chunk and combine, and the gathers, of ``repeat`` runs (averaged)."""
+    from analyze_benchmark import analyses
+
+    import l5dask
+    from l5dask.core import engine
+    from l5dask.prediction import reading
+
+    acc: collections.Counter = collections.Counter()
+    inside = [0, 0.0]  # (depth of gathers, their seconds so far)
+    gather = reading.Encoded.gather
+
+    def timed_gather(self, *a, **k):
+        t = time.thread_time()
+        inside[0] += 1
+        try:
+            return gather(self, *a, **k)
+        finally:
+            inside[0] -= 1
+            if inside[0] == 0:
+                dt = time.thread_time() - t
+                acc["gather"] += dt
+                inside[1] += dt
+
+    def wrap(red: engine.Reduction) -> engine.Reduction:
+        def chunk(*a):
+            g, t = inside[1], time.thread_time()
+            out = red.chunk(*a)
+            acc[f"{red.name[:16]}: chunk"] += time.thread_time() - t - (inside[1] - g)
+            return out
+
+        def combine(*a):
+            t = time.thread_time()
+            out = red.combine(*a)
+            acc[f"{red.name[:16]}: combine"] += time.thread_time() - t
+            return out
+
+        return dataclasses.replace(red, chunk=chunk, combine=combine)
+
+    fused = engine.fused_reduction
+
+    def fused_reduction(members, source):
+        return fused([dataclasses.replace(m, reduction=wrap(m.reduction)) for m in members], source)
+
+    reading.Encoded.gather = timed_gather  # type: ignore[method-assign]
+    engine.fused_reduction = fused_reduction  # type: ignore[assignment]
+    l5dask.analyze(path, analyses(), scheduler="sync")
+    acc.clear()
+    for _ in range(repeat):
+        l5dask.analyze(path, analyses(), scheduler="sync")
+    return {k: v / repeat for k, v in sorted(acc.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scenes", type=int, default=1700)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--before")
+    parser.add_argument("--child", metavar="PATH")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.child, 1)))
+        return
+    from common import dataset
+
+    path = dataset(args.scenes)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    trees = {"after": here} if not args.before else {"before": os.path.abspath(args.before), "after": here}
+    got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+    for _ in range(args.repeat):
+        for name, tree in trees.items():
+            env = {**os.environ, "PYTHONPATH": tree}
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), "--child", path], env=env, capture_output=True, text=True
+            )
+            if out.returncode:
+                raise SystemExit(out.stderr)
+            got[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    keys = sorted({k for runs in got.values() for r in runs for k in r})
+    print(f"dataset: {path}; CPU seconds a run, mean of {args.repeat} (one thread)")
+    print(f"{'':34}" + "".join(f"{n:>10}" for n in trees))
+    for k in keys:
+        print(f"{k:34}" + "".join(f"{sum(r.get(k, 0.0) for r in got[n]) / len(got[n]):10.3f}" for n in trees))
+
+
+if __name__ == "__main__":
+    main()
