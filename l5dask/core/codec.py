@@ -34,10 +34,11 @@ zarr-python 2's answer on every encoding it decodes).
 
 from __future__ import annotations
 
+import functools
 import struct
+from typing import Any
 
 import numpy as np
-from numcodecs import Blosc
 
 #: blosc 1.x's frame constants (``blosc.h``).
 VERSION_FORMAT = 2
@@ -50,7 +51,16 @@ SHUFFLE, MEMCPYED, BITSHUFFLE, FUTURE = 0x01, 0x02, 0x04, 0x08
 CODECS = {0: "blosclz", 1: "lz4", 3: "zlib", 4: "zstd"}
 
 _HEADER = struct.Struct("<BBBBiii")
-_DECODER = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)  # decoding reads the header only
+
+
+@functools.cache
+def _decoder() -> Any:
+    """numcodecs' blosc (decoding reads the header only), imported when a chunk is first decoded:
+    a rerun from a cache decodes none, and numcodecs' import (with wrapt's and asyncio's, 30 ms
+    warm, more cold) was a tenth of its process's start."""
+    from numcodecs import Blosc
+
+    return Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
 
 
 def typesize_of(itemsize: int) -> int:
@@ -112,4 +122,4 @@ def decode_blosc(raw, out: np.ndarray, typesize: int | None = None) -> np.ndarra
     if why is not None:
         raise ValueError(why)
     cbytes = _HEADER.unpack_from(view)[6]
-    return _DECODER.decode(view if len(view) == cbytes else memoryview(view)[:cbytes], out=out)
+    return _decoder().decode(view if len(view) == cbytes else memoryview(view)[:cbytes], out=out)

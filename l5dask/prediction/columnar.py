@@ -32,12 +32,13 @@ zarr-python 3 (L5Kit's stack moves to it) and that benchmark shows it within 10%
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from numcodecs import Blosc, VLenUTF8, Zstd
 
 from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
 from l5dask.core.outputs import json_text
@@ -60,7 +61,14 @@ JOINS = {
     fmt.SCENES: (),
 }
 _EMPTY = 2**64 - 1
-_VLEN, _ZSTD = VLenUTF8(), Zstd(level=CLEVEL)
+
+
+@functools.cache
+def _strings() -> tuple[Any, Any]:
+    """The string columns' codecs (numcodecs imported when first used: see ``codec._decoder``)."""
+    from numcodecs import VLenUTF8, Zstd
+
+    return VLenUTF8(), Zstd(level=CLEVEL)
 
 
 # --- one field array: metadata and chunk codecs -----------------------------------------------------
@@ -168,7 +176,10 @@ def encode_chunk(values: np.ndarray, m: FieldMeta) -> bytes:
         full[: len(values)] = values
         values = full
     if m.strings:
-        return _ZSTD.encode(_VLEN.encode(np.asarray(values, dtype=object)))
+        vlen, zstd = _strings()
+        return zstd.encode(vlen.encode(np.asarray(values, dtype=object)))
+    from numcodecs import Blosc
+
     blosc = Blosc(cname=cname_of(m.dtype), clevel=CLEVEL, shuffle=Blosc.SHUFFLE, blocksize=0)
     return blosc.encode(np.ascontiguousarray(values, dtype=m.dtype.newbyteorder("<")))
 
@@ -176,7 +187,8 @@ def encode_chunk(values: np.ndarray, m: FieldMeta) -> bytes:
 def decode_chunk(raw: bytes, m: FieldMeta, where: str) -> np.ndarray:
     try:
         if m.strings:
-            return _VLEN.decode(_ZSTD.decode(raw)).astype(m.dtype)
+            vlen, zstd = _strings()
+            return vlen.decode(zstd.decode(raw)).astype(m.dtype)
         shape = (m.chunk_rows, *m.tail)
         why = check_blosc(
             memoryview(raw).cast("B"), int(np.prod(shape)) * m.dtype.itemsize, typesize_of(m.dtype.itemsize)

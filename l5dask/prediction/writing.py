@@ -7,6 +7,7 @@ something that opens as a complete dataset.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -14,7 +15,6 @@ from typing import Any
 
 import numpy as np
 from dask.base import tokenize
-from numcodecs import Blosc
 
 from l5dask.core.engine import Job
 from l5dask.core.outputs import probe_folder
@@ -22,7 +22,13 @@ from l5dask.core.store import Store, archive_kind
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 
-_BLOSC = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
+
+@functools.cache
+def _blosc() -> Any:
+    """L5Kit's compressor (numcodecs imported when first a chunk is written: see ``codec._decoder``)."""
+    from numcodecs import Blosc
+
+    return Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, blocksize=0)
 
 
 def encode_chunk(records: np.ndarray, chunk_rows: int, flat: bool = False) -> bytes:
@@ -35,7 +41,7 @@ def encode_chunk(records: np.ndarray, chunk_rows: int, flat: bool = False) -> by
         full[: len(records)] = records
         records = full
     records = np.ascontiguousarray(records)
-    return _BLOSC.encode(records.view(fmt.fields_of(records.dtype)["value"][0].base) if flat else records)
+    return _blosc().encode(records.view(fmt.fields_of(records.dtype)["value"][0].base) if flat else records)
 
 
 def put(store: Store, key: str, data: bytes) -> None:
