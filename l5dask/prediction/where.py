@@ -176,6 +176,15 @@ def where_columns(text: str, table: Any, what: str | None = None, values: bool =
                     if isinstance(x, ast.Name) and table.columns[x.id].categorical:
                         if not isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)):
                             raise UsageError(f"where {text!r}: {x.id} is categorical: compare it with == or in")
+                        if isinstance(y, ast.Name) and y.id in table.columns:
+                            # another column: a categorical one compares by its names, as pandas does
+                            # (a null equals nothing); any other is no category name
+                            if not table.columns[y.id].categorical or not isinstance(op, (ast.Eq, ast.NotEq)):
+                                raise UsageError(
+                                    f"where {text!r}: {x.id} is categorical: compare it with its names "
+                                    f"({x.id} == 'name', {x.id} in [...]) or with another categorical column by == or !="
+                                )
+                            continue
                         if not values:
                             continue
                         cats = list(table.categories(x.id) or ())
@@ -239,6 +248,12 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
         for op, a, b in zip(node.ops, operands, operands[1:]):
             ca = categories.get(a.id) if isinstance(a, ast.Name) else None
             cb = categories.get(b.id) if isinstance(b, ast.Name) else None
+            if ca is not None and cb is not None:  # (two categorical columns: == and != only, checked)
+                assert isinstance(a, ast.Name) and isinstance(b, ast.Name)
+                r = _same_names(chunk[a.id], ca, chunk[b.id], cb)
+                r = r if isinstance(op, ast.Eq) else ~r
+                out = r if out is None else out & r
+                continue
             left, right = _value(a, chunk, categories, cb), _value(b, chunk, categories, ca)
             if isinstance(op, (ast.In, ast.NotIn)):
                 r = np.isin(left, np.asarray(right))
@@ -248,6 +263,16 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
             out = r if out is None else out & r
         return out
     raise UsageError(f"where: {ast.unparse(node)!r} is not allowed")
+
+
+def _same_names(x: np.ndarray, xcats: tuple[str, ...], y: np.ndarray, ycats: tuple[str, ...]) -> np.ndarray:
+    """Rows where two categorical columns (codes, ``-1`` null; each its own category names) hold the
+    same name: ``y``'s codes read in ``x``'s names first; a null equals nothing, not even a null (pandas)."""
+    if tuple(xcats) != tuple(ycats):
+        # (a name of y's that x has not: -3, no code of x; index -1 of the lookup is y's null)
+        lookup = np.array([xcats.index(c) if c in xcats else -3 for c in ycats] + [-1], np.int64)
+        y = lookup[np.asarray(y, np.int64)]
+    return (np.asarray(x) == y) & (np.asarray(x) >= 0)
 
 
 def evaluate_where(text: str, chunk, categories: dict[str, tuple[str, ...]]) -> np.ndarray:

@@ -665,6 +665,8 @@ def test_every_reading_command_takes_the_filters(data, tmp_path):
         ),
         (["--scenes", "num_frames in [1, 'a']"], 2, "num_frames is a number column (int64): compare it with a number"),
         (["--scenes", "host == 'host-zzz'"], 2, "'host-zzz' is not a host; they are: host-"),
+        (["--scenes", "turn == num_frames"], 2, "turn is categorical: compare it with its names"),
+        (["--scenes", "turn in turn_unwrapped"], 2, "or with another categorical column by == or !="),
         (["--scenes-from", "{list}"], 2, "line 2: scene index 12 is out of range (the dataset has 12 scenes: 0 to 11)"),
         (["--scenes", "num_frames > 0", "--catalog", "{other}"], 2, "was made from another dataset"),
         (["--catalog", "{catalog}"], 2, "--catalog is read by --scenes"),
@@ -686,6 +688,36 @@ def test_bad_filters_are_one_line(data, tmp_path_factory, args, code, says):
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("l5dask: error: ") and says in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and r.stdout == ""
         assert not os.path.exists(command[-1])
+
+
+def test_two_text_columns_compare_by_their_names_as_pandas_compares_them(data):
+    """``turn_unwrapped != turn`` (a new user's filter) compares two text columns by their values,
+    each column with its own names (their codes differ), a null equal to nothing, as pandas does."""
+    from l5dask.prediction.scenes import evaluate
+
+    _, _, cat_path = data
+    cat = pd.read_parquet(cat_path)
+    rng = np.random.default_rng(5)
+    n = 400
+    # (a's names and b's differ: "x" only in a, "w" only in b; nulls in both)
+    frame = pd.DataFrame(
+        {
+            "a": rng.choice(np.array(["left", "right", "x", None], dtype=object), n),
+            "b": rng.choice(np.array(["left", "right", "straight", "w", None], dtype=object), n),
+        }
+    )
+    for expr, expected in (
+        ("a == b", frame.a == frame.b),
+        ("a != b", frame.a != frame.b),
+        ("b != a", frame.b != frame.a),
+        ("a == b and a != 'left'", (frame.a == frame.b) & (frame.a != "left")),
+    ):
+        got = evaluate(expr, frame)
+        np.testing.assert_array_equal(got, expected.to_numpy(bool), err_msg=expr)
+    assert 0 < (frame.a == frame.b).sum() < n and frame.a.isna().any() and frame.b.isna().any()
+    # the catalog's own columns, the filter as the user wrote it
+    got = evaluate("turn_unwrapped != turn", cat)
+    np.testing.assert_array_equal(got, (cat.turn_unwrapped != cat.turn).to_numpy(bool))
 
 
 # --- reading part of a stored chunk -----------------------------------------------------------------
