@@ -340,6 +340,36 @@ def test_job_on_dask_threads_by_name_runs_in_a_pool_of_its_own():
         assert ran and not any(t.is_alive() for t in ran)
 
 
+def test_local_threads_keep_a_task_submitted_ahead_of_each_thread():
+    """On local threads the scheduler keeps ``TASKS_AHEAD`` tasks submitted a thread: a thread that
+    finishes a task takes the next from the pool's queue instead of waiting, idle, for the main
+    thread to submit it (issue 46). On one thread, the first task runs with the second submitted
+    too (dask's ``pretask`` callback: when a task is submitted); with one task a thread, the
+    second was submitted only once the first had ended (the first then waited in vain)."""
+    import threading
+
+    from dask.callbacks import Callback
+
+    from l5dask.core.policy import TASKS_AHEAD
+
+    both = threading.Event()
+    submitted: list = []
+
+    class Submitted(Callback):
+        def _pretask(self, key, dsk, state):
+            if isinstance(key, tuple) and key[0].startswith("ahead"):
+                submitted.append(key)
+                if len(submitted) == 2:
+                    both.set()
+
+    def task(i):
+        return both.wait(timeout=20)
+
+    assert TASKS_AHEAD >= 2
+    with dask.config.set(num_workers=1), Submitted():
+        assert Job().map(task, [(0,), (1,)], name="ahead") == [True, True]
+
+
 def _cat_combine():
     return Combine("cat", _cat, list)
 
