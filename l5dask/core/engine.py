@@ -813,6 +813,57 @@ def _held_here(passes: list[Persisted]) -> list[dict[str, np.ndarray]] | None:
 
 
 # --- the tree combine ----------------------------------------------------------------------
+def fold_exclusive(graph: Mapping[Any, Any], roots: Sequence[Any]) -> dict | None:
+    """``graph`` (every task a task spec node) with each of ``roots`` made one task that also runs
+    the tasks only it needs (``GraphNode.fuse``: the root's subgraph, run in order by the thread
+    that runs it); a task two roots need stays a task of its own, as does every task no root
+    needs. ``None`` when a task is not a task spec node (nothing is folded then).
+
+    The leaves of a reduction over a dask collection's blocks (:func:`~l5dask.prediction.groupby.reduce_parts`):
+    the tasks of one block are then one task, so that two of them that share the block's data
+    (the two columns a block's stored chunks are gathered into once) run one after the other in
+    one thread, never each on a thread of its own, one waiting for the other (on local threads,
+    the xarray view's mean speed per scene and label over 30 M agents: 11% of the workers' time
+    waited so), and the scheduler has a task a block to run, not eight."""
+    from dask.task_spec import GraphNode
+
+    if not all(isinstance(t, GraphNode) for t in graph.values()):
+        return None
+    shared = object()
+    owner: dict[Any, Any] = {}
+
+    def share(key: Any) -> None:
+        todo = [key]
+        while todo:
+            k = todo.pop()
+            if owner.get(k) is not shared and k in graph:
+                owner[k] = shared
+                todo.extend(graph[k].dependencies)
+
+    for root in roots:
+        owner[root] = root
+        todo = list(graph[root].dependencies)
+        while todo:
+            k = todo.pop()
+            if k not in graph:
+                continue
+            got = owner.get(k)
+            if got is None:
+                owner[k] = root
+                todo.extend(graph[k].dependencies)
+            elif got is not root and got is not shared:
+                share(k)
+    own: dict[Any, list] = {root: [] for root in roots}
+    out = {}
+    for k, task in graph.items():
+        o = owner.get(k)
+        if o is None or o is shared:
+            out[k] = task
+        elif k != o:
+            own[o].append(task)
+    for root in roots:
+        out[root] = GraphNode.fuse(*own[root], graph[root], key=root) if own[root] else graph[root]
+    return out
 
 
 def tree_reduce(

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core import cache as cachelib
-from l5dask.core.engine import Reduction, tree_combine
+from l5dask.core.engine import Reduction, fold_exclusive, tree_combine
 from l5dask.errors import UsageError
 from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, range_codes, sketch_counts, sketch_range
 
@@ -432,8 +432,15 @@ def reduce_parts(leaves: Sequence[Sequence[Any]], reduction: Reduction, name: st
     for i, deps in enumerate(leaves):
         key = (layer, i)
         graph[key] = Task(key, reduction.chunk, List(*[TaskRef(d) for d in deps]), i, None)
-    hlg = HighLevelGraph.from_collections(layer, graph, dependencies=list(dependencies))
-    parts = [Delayed(key, hlg, layer=layer) for key in graph]
+    keys = list(graph)
+    # (each leaf one task with the tasks of its block only it needs: see fold_exclusive)
+    whole = dict(HighLevelGraph.merge(*[c.__dask_graph__() for c in dependencies])) if dependencies else {}
+    folded = fold_exclusive({**whole, **graph}, keys) if whole else None
+    if folded is not None:
+        hlg = HighLevelGraph.from_collections(layer, folded, dependencies=())
+    else:
+        hlg = HighLevelGraph.from_collections(layer, graph, dependencies=list(dependencies))
+    parts = [Delayed(key, hlg, layer=layer) for key in keys]
     return tree_combine(parts, reduction, finalize=True, name=f"{name}-combine")
 
 

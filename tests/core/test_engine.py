@@ -466,3 +466,29 @@ def test_the_old_where_keywords_warn_and_run_where_they_did(tmp_path):
     assert job.kw == Job().kw
     with pytest.warns(FutureWarning, match="client= is deprecated"):
         assert Job(scheduler="sync", client=object()).kw == {"scheduler": "sync"}  # (scheduler wins)
+
+
+def test_fold_exclusive_makes_each_root_one_task_with_the_tasks_only_it_needs():
+    """Each root becomes one task running the tasks only it needs; a task two roots need, and a
+    task no root needs, stay tasks of their own; the values are those of the graph unfolded; a
+    graph holding a task that is not a task spec node is not folded."""
+    from dask.task_spec import Task, TaskRef
+
+    def add(*xs):
+        return sum(xs)
+
+    graph = {
+        "shared": Task("shared", add, 1, 2),
+        "a": Task("a", add, 10),
+        "b": Task("b", add, TaskRef("a"), TaskRef("shared")),
+        "c": Task("c", add, 100, TaskRef("shared")),
+        "other": Task("other", add, 5),
+        "r1": Task("r1", add, TaskRef("b"), TaskRef("a")),
+        "r2": Task("r2", add, TaskRef("c")),
+    }
+    folded = engine.fold_exclusive(graph, ["r1", "r2"])
+    assert set(folded) == {"shared", "other", "r1", "r2"}
+    assert set(folded["r1"].dependencies) == {"shared"} and set(folded["r2"].dependencies) == {"shared"}
+    want = dask.get(graph, ["r1", "r2"])
+    assert dask.get(folded, ["r1", "r2"]) == want == (23, 103)
+    assert engine.fold_exclusive({**graph, "legacy": (add, 1)}, ["r1", "r2"]) is None
