@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -220,7 +221,8 @@ def ego_steps(xy: np.ndarray, nxt: np.ndarray, dt: np.ndarray) -> tuple[np.ndarr
     """The ego's step (m) and speed (m/s) from frames at ``xy`` to frames at ``nxt``, ``dt`` ns
     later: one function for the pairs within a block and those across two blocks (the same bits)."""
     step = np.sqrt(((nxt - xy) ** 2).sum(1))
-    return step, step / (dt / 1e9)
+    with np.errstate(divide="ignore", invalid="ignore"):  # (a step of 0 ns: inf or NaN, said once in the report)
+        return step, step / (dt / 1e9)
 
 
 class FrameStats:
@@ -595,6 +597,17 @@ def finalize(
     if len(tracks):
         num_tracks[tracks.lo : tracks.lo + len(tracks)] = tracks.cols["n"]
     mean = lambda s, n: float(s / n) if n else 0.0  # noqa: E731
+    not_later = int(fp.dt_counts[fp.dt_values <= 0].sum()) if total_dt else 0
+    if not_later:
+        speed = mean(exact_total(fp.ego_speed_sum), fp.ego_pairs)
+        warnings.warn(
+            f"{not_later:,} pair(s) of consecutive frames of one scene are 0 ns or less apart (a timestamp "
+            "repeated or going back): ego.mean_speed_mps, the mean of each step over its time, "
+            + ("is not finite (null in the report)" if not math.isfinite(speed) else "takes them as they are")
+            + "; the catalog's timestamp_gaps counts such steps per scene",
+            RuntimeWarning,
+            stacklevel=1,  # (l5dask's own line: one line on the command's stderr, whoever called it)
+        )
     return {
         "version": 1,
         "counts": dict(counts),

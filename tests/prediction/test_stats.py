@@ -372,3 +372,40 @@ def test_stats_imports_only_what_it_uses(small_ds, tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().splitlines()[-1] == "[]"
     assert json.loads((tmp_path / "r.json").read_text())["counts"]["agents"] > 0
+
+
+@pytest.mark.parametrize("back", [0, 30_000_000], ids=["repeated", "going back"])
+def test_a_timestamp_repeated_or_going_back_is_said_once_and_the_mean_speed_is_its_definitions(tmp_path, back):
+    """A new user's dataset with one frame's timestamp repeated: the report's ego mean speed is
+    the definition's (a step over 0 s: not finite, null in the JSON), with one line that says why,
+    not numpy's "divide by zero"; a timestamp going back gives the definition's finite mean."""
+    src, path = str(tmp_path / "src.zarr"), str(tmp_path / "d.zarr")
+    l5dask.synthesize(src, num_scenes=3, seed=4, chunk_rows={fmt.FRAMES: 40})
+    ds = l5dask.open_dataset(src)
+    arrays = {n: ds[n].to_dask().compute() for n in ds.arrays}
+    ts = arrays[fmt.FRAMES]["timestamp"]
+    ts[10] = ts[9] - back  # (frames 9 and 10: one scene's, within one stored chunk)
+    ts[40] = ts[39] - back  # (39 and 40: across the seam of two stored chunks of 40 frames)
+    l5dask.write_dataset(path, arrays, chunk_rows={n: a.meta.chunk_rows for n, a in ds.arrays.items()})
+    frames, scene_of = arrays[fmt.FRAMES], np.repeat(
+        np.arange(len(arrays[fmt.SCENES])), np.diff(arrays[fmt.SCENES]["frame_index_interval"], axis=1)[:, 0]
+    )
+    same = scene_of[1:] == scene_of[:-1]
+    xy = frames["ego_translation"][:, :2].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speeds = (np.sqrt(((xy[1:] - xy[:-1]) ** 2).sum(1)) / ((ts[1:] - ts[:-1]) / 1e9))[same]
+    want = float(speeds.mean())
+    assert (math.isfinite(want)) == (back > 0)
+    out = tmp_path / "r.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", path, "-o", str(out), "-q"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("l5dask: warning: 2 pair(s) of consecutive frames"), r.stderr
+    assert "divide" not in r.stderr and ("not finite (null" in r.stderr) == (back == 0)
+    got = json.loads(out.read_text())["ego"]["mean_speed_mps"]
+    if back:
+        assert got == pytest.approx(want, rel=1e-12)
+    else:
+        assert got is None
