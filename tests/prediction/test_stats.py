@@ -387,8 +387,11 @@ def test_a_timestamp_repeated_or_going_back_is_said_once_and_the_mean_speed_is_i
     ts[10] = ts[9] - back  # (frames 9 and 10: one scene's, within one stored chunk)
     ts[40] = ts[39] - back  # (39 and 40: across the seam of two stored chunks of 40 frames)
     l5dask.write_dataset(path, arrays, chunk_rows={n: a.meta.chunk_rows for n, a in ds.arrays.items()})
-    frames, scene_of = arrays[fmt.FRAMES], np.repeat(
-        np.arange(len(arrays[fmt.SCENES])), np.diff(arrays[fmt.SCENES]["frame_index_interval"], axis=1)[:, 0]
+    frames, scene_of = (
+        arrays[fmt.FRAMES],
+        np.repeat(
+            np.arange(len(arrays[fmt.SCENES])), np.diff(arrays[fmt.SCENES]["frame_index_interval"], axis=1)[:, 0]
+        ),
     )
     same = scene_of[1:] == scene_of[:-1]
     xy = frames["ego_translation"][:, :2].astype(np.float64)
