@@ -37,7 +37,7 @@ with one warning), counted (:class:`Stats`), and its task computed again. A cach
 warning, and the run goes on without it; a location l5dask cannot write at all is a
 :class:`~l5dask.errors.UsageError`.
 
-Layout: ``ROOT/l5dask-cache-v3/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
+Layout: ``ROOT/l5dask-cache-v4/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
 array: its ``source.json`` names it), so that a task's lookups are one listing a source.
 ``l5dask cache info|prune`` reads and trims it (``info``, ``prune``).
 """
@@ -69,7 +69,8 @@ from l5dask.core.version import __version__
 from l5dask.errors import StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.
-FORMAT = 3  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them)
+FORMAT = 4  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them;
+# 4: integer columns' aggregation partials exact, their sums in two int64 limbs)
 #: The folder of this format's entries under the cache's root.
 FOLDER = f"l5dask-cache-v{FORMAT}"
 MAGIC = b"L5DCACHE"

@@ -9,7 +9,9 @@ tree; the result a pandas DataFrame, a row per group that has rows (sorted by th
 
 Reductions of a value column: ``count`` (values that are not NaN), ``sum``, ``mean``, ``min``,
 ``max``, ``var`` and ``std`` (ddof=1, as pandas; merged with Chan's formula), ``median`` and
-``q<percent>`` (``q50``, ``q99.9``). NaN values are skipped, as pandas does. Each is declared once,
+``q<percent>`` (``q50``, ``q99.9``). NaN values are skipped, as pandas does. Integer and
+boolean columns are reduced exactly (``groupby.int_stats``): their min, max and sum in pandas'
+dtypes, a sum that does not fit refused. Each is declared once,
 an :class:`~l5dask.prediction.groupby.Aggregation` (the statistics it needs, its finalize) in
 ``l5dask.prediction.groupby.AGGREGATIONS``, which the xarray accessor and the dataframes'
 quantiles use too.
@@ -50,6 +52,7 @@ from l5dask.prediction.groupby import (
     combine_parts,
     counts_rows,
     group_part,
+    one_group,
     stats_of,
 )
 from l5dask.prediction.groupby import empty_part as group_empty_part
@@ -113,7 +116,11 @@ class Spec:
 
 # --- the partial ----------------------------------------------------------------------------
 def empty_part(spec: Spec) -> GroupPart:
-    return group_empty_part(len(spec.by), {col: spec.stats(col) for col, _ in spec.values})
+    return group_empty_part(
+        len(spec.by),
+        {col: spec.stats(col) for col, _ in spec.values},
+        {col: spec.selection.columns[col].dtype for col, _ in spec.values},
+    )
 
 
 def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
@@ -171,7 +178,9 @@ class Result:
 
 
 def finalize_part(spec: Spec, part: GroupPart) -> Result:
-    """The result: a row per group with rows, the keys first (categoricals as codes)."""
+    """The result: a row per group with rows, the keys first (categoricals as codes); without
+    ``by``, one row even when no row is kept (count 0, sum 0, the others NaN)."""
+    part = one_group(part)
     data: dict[str, Any] = {}
     cats = {}
     for j, name in enumerate(spec.by):
@@ -180,7 +189,7 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
         if col.categorical:
             cats[name] = tuple(col.categories or ())
     for name, reds in spec.values:
-        stats = stats_of(part, name, spec.quantile_bits)
+        stats = stats_of(part, name, spec.quantile_bits, name)
         for r in reds:
             data[f"{name}_{r}"] = aggregation(r).finalize(stats)
     return Result(data, cats)
@@ -285,7 +294,10 @@ def aggregate(
     -------
     pandas.DataFrame
         The ``by`` columns (categoricals by name), then ``{column}_{reduction}`` for each value;
-        a row per group that has rows, sorted by the keys.
+        a row per group that has rows, sorted by the keys (without ``by``: one row, count 0 and
+        sum 0 where no row is kept). ``count`` is int64, ``min``/``max`` keep the column's dtype,
+        an integer column's ``sum`` is exact in int64 (uint64: unsigned), refused
+        (:class:`~l5dask.errors.UsageError`) where it does not fit; the others are float64.
     """
     # (pandas is imported at the end: imported in a thread while the pass runs, it slowed the pass
     # by more than its 0.25 s, the threads taking turns at the GIL)

@@ -320,9 +320,15 @@ def _group_chunks(
         if column is None:
             p = group_part(keys, {}, {}, bits, None, n=len(keys[0]))
         else:
-            p = group_part(keys, {"v": cols[column].astype(np.float64, copy=False)}, {"v": set(needs)}, bits)
+            p = group_part(keys, {"v": _values(cols[column])}, {"v": set(needs)}, bits)
         part = p if part is None else combine_parts(part, p)
     return part if part is not None else empty_part(len(by), {"v": set(needs)} if column is not None else {})
+
+
+def _values(column: np.ndarray) -> np.ndarray:
+    """A made column as the partial reduces it: integers and booleans as they are (exactly),
+    the rest as float64."""
+    return column if column.dtype.kind in "biu" else column.astype(np.float64, copy=False)
 
 
 def _group_chunks_part(by, column, bits, needs, parts: list[GroupPart], i: int, parent) -> GroupPart:
@@ -372,7 +378,13 @@ def _group_partition(
             keys.append(col.to_numpy())
     if column is None:
         return group_part(keys, {}, {}, bits, keep, n=len(frame))
-    values = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
+    col = frame[column]
+    # (integers and booleans as they are, reduced exactly; the rest as float64, NA as NaN)
+    values = (
+        col.to_numpy()
+        if isinstance(col.dtype, np.dtype) and col.dtype.kind in "biu"
+        else col.to_numpy(dtype=np.float64, na_value=np.nan)
+    )
     return group_part(keys, {"v": values}, {"v": set(needs)}, bits, keep)
 
 

@@ -182,6 +182,100 @@ def counts_rows(need: set[str], dtype: np.dtype) -> bool:
     return need == {"n"} and np.dtype(dtype).kind not in "fc"
 
 
+def exact(dtype: np.dtype) -> bool:
+    """Whether a value column is reduced exactly as integers (booleans, signed and unsigned
+    integers): min and max in its dtype, its sum in two int64 limbs (:func:`int_stats`)."""
+    return np.dtype(dtype).kind in "biu"
+
+
+_LOW = 0xFFFF_FFFF
+
+
+def _fill(dtype: np.dtype, high: bool) -> Any:
+    """The identity of a group's minimum (``high``: the largest value) or maximum in ``dtype``."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return high
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return info.max if high else info.min
+    return np.inf if high else -np.inf
+
+
+def _carried(hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A sum ``hi * 2**32 + lo`` with ``lo`` brought into ``[0, 2**32)`` (its carry into ``hi``)."""
+    return hi + (lo >> 32), lo & hi.dtype.type(_LOW)
+
+
+def int_mean(hi: np.ndarray, lo: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of integers whose sum is ``hi * 2**32 + lo`` (``lo`` in ``[0, 2**32)``) over ``n``
+    values (0: no value; any) as ``(whole, frac)``: its floor, exactly, in ``hi``'s dtype, and
+    the rest, ``0 <= frac < 1``, rounded once (made from integer divisions while a group has
+    fewer than ``2**31`` values; past that, ``frac`` within ``2**-21`` of it).
+    :func:`mean_value` makes the float64."""
+    wide = hi.dtype.type
+    nn = np.maximum(n, 1).astype(hi.dtype)
+    q = hi // nn  # (floor)
+    r = hi - q * nn  # (0 <= r < n)
+    with np.errstate(over="ignore"):  # (wrapping only where np.where drops it, or back into range)
+        rest = (r << wide(32)) + lo  # (< n * 2**32 + 2**32: fits while n < 2**31)
+        q2 = rest // nn
+        frac = (rest - q2 * nn).astype(np.float64) / nn.astype(np.float64)
+        big = nn >= 2**31
+        if big.any():
+            t = (r.astype(np.float64) * 2.0**32 + lo.astype(np.float64)) / nn.astype(np.float64)
+            w = np.floor(t)
+            q2 = np.where(big, w.astype(hi.dtype), q2)
+            frac = np.where(big, t - w, frac)
+        return (q << wide(32)) + q2, frac
+
+
+def mean_value(whole: np.ndarray, frac: np.ndarray) -> np.ndarray:
+    """``whole + frac`` (:func:`int_mean`) as float64, rounded once more: ``whole``'s own
+    rounding made up for by the exact difference."""
+    f = whole.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):  # (f = 2**63 or 2**64: the difference wraps back)
+        behind = (whole - f.astype(whole.dtype)).view(np.int64)
+    return f + (behind.astype(np.float64) + frac)
+
+
+def int_stats(codes: np.ndarray, raw: np.ndarray, ngroups: int, need: set[str]) -> dict[str, np.ndarray]:
+    """The statistics of an integer (or boolean) value column per group, exact: ``n`` (its rows),
+    ``sum_hi`` and ``sum_lo`` (the sum ``sum_hi * 2**32 + sum_lo``, ``sum_lo`` in ``[0, 2**32)``,
+    int64, uint64 for unsigned columns: any sum of fewer than ``2**31`` rows at a time, never
+    wrapped), ``min``/``max`` in the column's dtype, ``m2`` from each value's deviation from its
+    group's mean made as integers (exact) less the mean's fraction."""
+    stats: dict[str, np.ndarray] = {"n": np.bincount(codes, minlength=ngroups).astype(np.int64)}
+    one = ngroups == 1
+    if need & {"sum", "m2"}:
+        wide = np.uint64 if raw.dtype.kind == "u" else np.int64
+        v = raw.astype(wide, copy=False)
+        hi_v, lo_v = v >> wide(32), v & wide(_LOW)
+        hi, lo = np.zeros(ngroups, wide), np.zeros(ngroups, wide)
+        if one:
+            hi[:] = hi_v.sum(dtype=wide) if len(v) else 0
+            lo[:] = lo_v.sum(dtype=wide) if len(v) else 0
+        else:
+            np.add.at(hi, codes, hi_v)
+            np.add.at(lo, codes, lo_v)
+        stats["sum_hi"], stats["sum_lo"] = _carried(hi, lo)
+        if "m2" in need:
+            whole, frac = int_mean(stats["sum_hi"], stats["sum_lo"], stats["n"])
+            with np.errstate(over="ignore"):  # (a deviation is exact in int64 unless the values span 2**63)
+                dev = (v - whole[codes]).view(np.int64).astype(np.float64) - frac[codes]
+            stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
+    for stat, ufunc, reduce in (("min", np.minimum, np.min), ("max", np.maximum, np.max)):
+        if stat in need:
+            out = np.full(ngroups, _fill(raw.dtype, stat == "min"), raw.dtype)
+            if one:
+                if len(raw):
+                    out[:] = reduce(raw)
+            else:
+                ufunc.at(out, codes, raw)
+            stats[stat] = out
+    return stats
+
+
 def group_part(
     keys: list[np.ndarray],
     values: dict[str, np.ndarray],
@@ -202,7 +296,12 @@ def group_part(
         keys = [k.take(kept) for k in keys]
         values = {name: v if counts_rows(needs[name], v.dtype) else v.take(kept) for name, v in values.items()}
         n, keep = len(kept), None
-    if n and keys and not any(needs[c] & {"m2", "sketch"} for c in values):
+    if (
+        n
+        and keys
+        and not any(needs[c] & {"m2", "sketch"} for c in values)
+        and not any(exact(v.dtype) and not counts_rows(needs[c], v.dtype) for c, v in values.items())
+    ):
         ranges = [int_range(k) for k in keys]
         spans = [hi - lo + 1 for lo, hi in ranges]
         if math.prod(spans) <= 2 * n + 4096:
@@ -217,7 +316,10 @@ def group_part(
             continue
         floats[name] = raw = v
         stats: dict[str, Any] = {}
-        if need & {"n", "sum", "min", "max", "m2"}:
+        if exact(raw.dtype) and need & {"n", "sum", "min", "max", "m2"}:
+            stats = int_stats(codes, raw, ngroups, need)
+            rows = stats["n"] if rows is None else rows  # (integers: every row counts)
+        elif need & {"n", "sum", "min", "max", "m2"}:
             v = raw.astype(np.float64, copy=False)
             # (the first column reduced counts the groups' rows in its pass: no bincount of its own)
             counted = np.zeros(ngroups, np.int64) if rows is None else None
@@ -386,6 +488,22 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
         na, nb = _scatter(size, ia, sa["n"], 0), _scatter(size, ib, sb["n"], 0)
         n = na + nb
         s = {"n": n}
+        if "sum_hi" in sa:
+            s["sum_hi"], s["sum_lo"] = _carried(
+                _scatter(size, ia, sa["sum_hi"], 0) + _scatter(size, ib, sb["sum_hi"], 0),
+                _scatter(size, ia, sa["sum_lo"], 0) + _scatter(size, ib, sb["sum_lo"], 0),
+            )
+            if "m2" in sa:
+                wa, fa = int_mean(_scatter(size, ia, sa["sum_hi"], 0), _scatter(size, ia, sa["sum_lo"], 0), na)
+                wb, fb = int_mean(_scatter(size, ib, sb["sum_hi"], 0), _scatter(size, ib, sb["sum_lo"], 0), nb)
+                # (the means' difference from their floors, exact: not of two rounded means)
+                with np.errstate(over="ignore"):
+                    delta = (wb - wa).view(np.int64).astype(np.float64) + (fb - fa)
+                s["m2"] = (
+                    _scatter(size, ia, sa["m2"], 0.0)
+                    + _scatter(size, ib, sb["m2"], 0.0)
+                    + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=(na > 0) & (nb > 0))
+                )
         if "sum" in sa:
             ta, tb = _scatter(size, ia, sa["sum"], 0.0), _scatter(size, ib, sb["sum"], 0.0)
             s["sum"] = ta + tb
@@ -399,9 +517,11 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
                     + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=n > 0)
                 )
         if "min" in sa:
-            s["min"] = np.minimum(_scatter(size, ia, sa["min"], np.inf), _scatter(size, ib, sb["min"], np.inf))
+            fill = _fill(sa["min"].dtype, True)
+            s["min"] = np.minimum(_scatter(size, ia, sa["min"], fill), _scatter(size, ib, sb["min"], fill))
         if "max" in sa:
-            s["max"] = np.maximum(_scatter(size, ia, sa["max"], -np.inf), _scatter(size, ib, sb["max"], -np.inf))
+            fill = _fill(sa["max"].dtype, False)
+            s["max"] = np.maximum(_scatter(size, ia, sa["max"], fill), _scatter(size, ib, sb["max"], fill))
         out.stats[name] = s
     for name, (ga, ba, ca) in a.sketches.items():
         gb, bb, cb = b.sketches[name]
@@ -493,12 +613,16 @@ class Stats:
     max: Any = None
     sketch: Any = None
     quantile_bits: int = 12
+    sum_hi: Any = None  # (an integer column's exact sum: sum_hi * 2**32 + sum_lo)
+    sum_lo: Any = None
+    column: str = ""
 
 
-def stats_of(part: GroupPart, name: str, quantile_bits: int) -> Stats:
-    """The statistics of value column ``name`` in a (merged) partial."""
+def stats_of(part: GroupPart, name: str, quantile_bits: int, column: str | None = None) -> Stats:
+    """The statistics of value column ``name`` in a (merged) partial (``column``: as users name
+    it, for messages)."""
     s = part.stats.get(name, {})
-    return Stats(len(part), **s, sketch=part.sketches.get(name), quantile_bits=quantile_bits)
+    return Stats(len(part), **s, sketch=part.sketches.get(name), quantile_bits=quantile_bits, column=column or name)
 
 
 @dataclass(frozen=True)
@@ -538,10 +662,26 @@ def _count(s: Stats) -> np.ndarray:
 
 
 def _sum(s: Stats) -> np.ndarray:
-    return s.sum
+    if s.sum_hi is None:
+        return s.sum
+    hi, lo = s.sum_hi, s.sum_lo
+    if hi.dtype.kind == "u":  # (pandas' sum of unsigned integers: uint64)
+        fits, bound = hi < 2**32, "uint64"
+    else:
+        fits, bound = (hi >= -(2**31)) & (hi < 2**31), "int64"
+    if not fits.all():
+        bad = np.flatnonzero(~fits)
+        first = int(hi[bad[0]]) * 2**32 + int(lo[bad[0]])
+        raise UsageError(
+            f"the sum of {s.column} does not fit {bound} in {len(bad):,} group(s) (e.g. {first:.4g}): "
+            "refused rather than wrapped or rounded (ask its mean, or sum fewer rows)"
+        )
+    return (hi << hi.dtype.type(32)) + lo
 
 
 def _mean(s: Stats) -> np.ndarray:
+    if s.sum_hi is not None:  # (an integer column: from its exact sum)
+        return np.where(s.n > 0, mean_value(*int_mean(s.sum_hi, s.sum_lo, s.n)), np.nan)
     return np.divide(s.sum, s.n, out=np.full(s.size, np.nan), where=s.n > 0)
 
 
@@ -554,11 +694,13 @@ def _std(s: Stats) -> np.ndarray:
 
 
 def _min(s: Stats) -> np.ndarray:
-    return np.where(s.n > 0, s.min, np.nan)
+    # (an integer column's in its dtype when every group has a value; else float64, NaN where
+    # none, as pandas)
+    return s.min if exact(s.min.dtype) and (s.n > 0).all() else np.where(s.n > 0, s.min, np.nan)
 
 
 def _max(s: Stats) -> np.ndarray:
-    return np.where(s.n > 0, s.max, np.nan)
+    return s.max if exact(s.max.dtype) and (s.n > 0).all() else np.where(s.n > 0, s.max, np.nan)
 
 
 def _quantile(q: float, s: Stats) -> np.ndarray:
@@ -601,12 +743,38 @@ def aggregation(name: str, of: str = "") -> Aggregation:
     return quantile(q, name)
 
 
-def empty_part(nby: int, needs: dict[str, set[str]]) -> GroupPart:
+def empty_part(nby: int, needs: dict[str, set[str]], dtypes: dict[str, np.dtype] | None = None) -> GroupPart:
     """The partial of no rows (the identity of :func:`combine_parts`) for value columns that need
-    these statistics."""
+    these statistics (``dtypes``: the columns', float64 where not given)."""
     part = GroupPart(np.zeros((0, nby), np.int64), np.zeros(0, np.int64))
     for col, need in needs.items():
-        part.stats[col] = {s: np.zeros(0, np.int64 if s == "n" else np.float64) for s in set(need) - {"sketch"}}
+        dtype = np.dtype((dtypes or {}).get(col, np.float64))
+        if exact(dtype):
+            wide = np.uint64 if dtype.kind == "u" else np.int64
+            stats: dict[str, np.ndarray] = {"n": np.zeros(0, np.int64)}
+            if need & {"sum", "m2"}:
+                stats["sum_hi"], stats["sum_lo"] = np.zeros(0, wide), np.zeros(0, wide)
+            stats.update({s: np.zeros(0, dtype) for s in ("min", "max") if s in need})
+            if "m2" in need:
+                stats["m2"] = np.zeros(0)
+            part.stats[col] = stats
+        else:
+            part.stats[col] = {s: np.zeros(0, np.int64 if s == "n" else np.float64) for s in set(need) - {"sketch"}}
         if "sketch" in need:
             part.sketches[col] = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
     return part
+
+
+def one_group(part: GroupPart) -> GroupPart:
+    """A partial without keys (one group, the whole collection) that has no rows as the group of
+    no rows: each column's count and sum 0, its other statistics their identities (SQL's
+    ``count(*)`` without ``GROUP BY``, pandas' ``s[mask].agg([...])``: one row)."""
+    if len(part) or part.keys.shape[1]:
+        return part
+    out = GroupPart(np.zeros((1, 0), np.int64), np.zeros(1, np.int64), sketches=dict(part.sketches))
+    for col, stats in part.stats.items():
+        out.stats[col] = {
+            k: np.full(1, _fill(a.dtype, True) if k == "min" else _fill(a.dtype, False) if k == "max" else 0, a.dtype)
+            for k, a in stats.items()
+        }
+    return out
