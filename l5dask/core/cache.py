@@ -16,7 +16,7 @@ dataset, ``--cache`` on the commands, dask config ``l5dask.cache``), the partial
   a task given the rows of a persisted parent is also found by the rows themselves (an *alias*
   entry keyed by a hash of the parent rows it was given, naming the entry that holds its
   partial): a parent chunk that changed only in rows the task does not take (the frames' last
-  chunk grown as scenes are appended) leaves it found (:func:`follow`);
+  chunk grown as scenes are appended) leaves it found (``follow``);
 - the cache format (``FORMAT``) and l5dask's version.
 
 A rerun over unchanged data then reads the metadata and the cached partials, no chunk; after the

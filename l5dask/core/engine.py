@@ -270,7 +270,7 @@ class Stage(NamedTuple):
     blocks: bool
     encoded: bool = False
     #: The parent rows' column of each one's first child row: a task is handed only the parent
-    #: rows that overlap its own (:func:`task_parent`), so that its result depends on those alone.
+    #: rows that overlap its own (``task_parent``), so that its result depends on those alone.
     start: str | None = None
 
 
@@ -563,7 +563,7 @@ def _alias_of(
     entry: cachelib.Entry, by: ByRows, spec: Stage, first: int, n: int, link_rows: Rows | None, blocks: tuple
 ) -> cachelib.Entry | None:
     """The alias entry of a task over chunks ``first .. first + n - 1``: keyed by what it computes,
-    its own chunks and a hash of the parent rows it computes with (:func:`task_parent`)."""
+    its own chunks and a hash of the parent rows it computes with (``task_parent``)."""
     parent = task_parent(spec, first, n, link_rows, blocks)
     if parent is None:
         return None
@@ -601,7 +601,7 @@ def run_group_cached(
     *parent_blocks: Block,
 ) -> Block:
     """:func:`run_group`, its block (partial and interval bounds) then kept in the cache's ``entry``;
-    ``by``: first looked for by its parent rows (:class:`ByRows`), and its alias kept."""
+    ``by``: first looked for by its parent rows (``ByRows``), and its alias kept."""
     alias = _alias_of(entry, by, spec, first, n, link_rows, parent_blocks) if by is not None else None
     if by is not None and by.look:
         found = _found_by_rows(entry, alias, spec)
@@ -625,7 +625,7 @@ def run_pieces(
 ) -> Block:
     """The task of an exact reduction over chunks ``first .. first + n - 1`` in aligned pieces
     (``Job._pieces``): each piece read from the cache when it is there (by its key, or by its
-    parent rows: its :class:`ByRows`), else computed and kept; their blocks combined in order (the
+    parent rows: its ``ByRows``), else computed and kept; their blocks combined in order (the
     same bits as one block: the reduction is exact), then kept whole in ``entry`` too. A pass that
     makes rows (``spec.rows``) returns them when every piece was computed (none is kept in the cache)."""
     red = spec.reduction
@@ -1315,7 +1315,7 @@ class Job:
     ) -> list[str] | None:
         """The identity of what each task of ``spec`` computes (``keep`` as :meth:`leaves`): the
         cache's key (:mod:`l5dask.core.cache`); ``None`` when the pass cannot be cached.
-        ``prefixes``: filled with each key's parts before its parent's (:class:`ByRows`). Made once
+        ``prefixes``: filled with each key's parts before its parent's (``ByRows``). Made once
         a job for a pass's groups (a rerun asks for them for its tasks, then for its pass whole)."""
         if self.cache is None:
             return None
@@ -1391,10 +1391,10 @@ class Job:
         return out
 
     def by_rows(self, spec: Pass) -> bool:
-        """Whether the tasks of ``spec`` are also found by their parent rows (:class:`ByRows`): those
+        """Whether the tasks of ``spec`` are also found by their parent rows (``ByRows``): those
         given a persisted parent's rows, whose keys name the parent's stored chunks (a chunk that
         grew, its earlier rows maybe rewritten, changes them), while a task computes with the rows
-        that overlap its own alone (:func:`task_parent`). Rows handed in memory are in the key
+        that overlap its own alone (``task_parent``). Rows handed in memory are in the key
         already (a hash of them)."""
         link = spec.parent
         return link is not None and isinstance(link.parent, Persisted) and link.parent.row_ids is not None
@@ -1483,7 +1483,7 @@ class Job:
         """A task of an exact reduction (its partial the same bits however its chunks are grouped)
         not in the cache, as aligned pieces of it (runs of ``2**k`` chunks starting at a multiple
         of ``2**k``): those in the cache read (by their keys, or by their parent rows when an alias
-        of their chunks is there: :class:`ByRows`), the others computed and kept, so that the last
+        of their chunks is there: ``ByRows``), the others computed and kept, so that the last
         task of a dataset, kept in pieces, is mostly read again when the dataset grows and fills it.
         ``None``: one piece (the task computed and kept whole)."""
         red = spec.reduction
@@ -1548,7 +1548,7 @@ class Job:
     ) -> tuple[list[tuple[int, int, bool, bool]], dict[tuple[int, int], str], dict[tuple[int, int], str]] | None:
         """The pieces of a task (``(first, n, found, worth a look by its parent rows)``: see
         :meth:`_pieces`) over the aligned ``nodes`` of its chunks, the key of each node inside it and
-        (``prefixes``: a pass found by its parent rows) each one's :class:`ByRows` prefix; ``None``
+        (``prefixes``: a pass found by its parent rows) each one's ``ByRows`` prefix; ``None``
         when not cached."""
         # every aligned node inside the task, keyed in one call (a call a node was 40 us of overhead
         # each, 245 calls a rerun after growth)

@@ -850,7 +850,7 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
         ),
         (
             {"values": {"speed": ["mean"]}, "where": "label == speed"},
-            r"where 'label == speed': speed is not a label; they are: PERCEPTION_LABEL_NOT_SET",
+            r"where 'label == speed': label is categorical: compare it with its names",
         ),
         (
             {"values": {"speed": ["mean"]}, "where": "label > 'PERCEPTION_LABEL_CAR'"},
