@@ -14,15 +14,14 @@ cache of a shared machine cannot be dropped without root).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
 
-_ONE = """
-import os, resource, sys, time
-way, root = sys.argv[1], sys.argv[2]
-folders = [os.path.join(root, a) for a in ("scenes", "frames", "agents", "traffic_light_faces")]
-def python(path):
+
+def python_identities(path: str) -> dict[str, str]:
+    """The definition: the Python listing the compiled one replaced (the tests' reference too)."""
     out = {}
     with os.scandir(path) as entries:
         for e in entries:
@@ -30,6 +29,14 @@ def python(path):
                 st = e.stat()
                 out[e.name] = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
     return out
+
+
+_ONE = """
+import os, resource, sys, time
+way, root, here = sys.argv[1], sys.argv[2], sys.argv[3]
+folders = [os.path.join(root, a) for a in ("scenes", "frames", "agents", "traffic_light_faces")]
+sys.path.insert(0, here)
+from stat_benchmark import python_identities as python
 from l5dask.core import _stat
 from l5dask.core.store import STAT_THREADS
 fn = python if way == "python" else (lambda p: _stat.identities(p, STAT_THREADS if way == "compiled" else 1))
@@ -53,7 +60,10 @@ def main() -> None:
             if args.cold_command:
                 subprocess.run(args.cold_command, shell=True, check=True)
             out = subprocess.run(
-                [sys.executable, "-c", _ONE, way, args.dataset], capture_output=True, text=True, check=True
+                [sys.executable, "-c", _ONE, way, args.dataset, os.path.dirname(os.path.abspath(__file__))],
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.split()
             n, wall, user, system = int(out[0]), float(out[1]), float(out[2]), float(out[3])
             got[way].append((wall, user, system))

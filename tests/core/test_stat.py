@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
@@ -11,16 +12,8 @@ from l5dask.core import _stat
 from l5dask.core.store import Store
 from l5dask.errors import ChunkError, StoreError
 
-
-def scandir_identities(path: str) -> dict[str, str]:
-    """The definition: the Python listing the compiled one replaced."""
-    out = {}
-    with os.scandir(path) as entries:
-        for e in entries:
-            if e.is_file():
-                st = e.stat()
-                out[e.name] = f"stat:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_ino}"
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+from stat_benchmark import python_identities as scandir_identities  # noqa: E402  (the definition)
 
 
 @pytest.fixture
