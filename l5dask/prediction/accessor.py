@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -276,6 +277,16 @@ class _Grouped:
         declared = self._declared(attr)
         if declared is not None:
             return declared
+        obj = self._obj
+        if attr in ("min", "max", "sum") and isinstance(obj, xr.DataArray) and obj.dtype.kind in "iu":
+            if obj.dtype.itemsize == 8:  # (int32 and less: exact in float64)
+                warnings.warn(
+                    f"{obj.name or 'the variable'}: .l5.groupby(...).{attr}() of {obj.dtype} is xarray's, in "
+                    "float64 (NaN for a group without values): exact to 2**53 only (a timestamp in ns is rounded "
+                    f"to up to 128 ns); l5dask.aggregate and l5dask agg keep {obj.dtype}, exact",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
         value = getattr(self._grouped, attr)
         if not callable(value):
             return value

@@ -328,3 +328,23 @@ def test_view_join_coordinates_spread_only_the_overlapping_parent_rows(small_ds,
     assert len(seen) >= 3 * view.scene_index.data.npartitions
     for starts, lo, hi in seen:  # (the rows overlapping [lo, hi) alone)
         assert starts[0] <= lo and (len(starts) == 1 or starts[1] > lo) and starts[-1] < hi
+
+
+def test_integer_min_max_sum_through_the_view_say_they_are_float64(small_ds):
+    """The max timestamp per scene through ``.l5.groupby`` is xarray's, in float64 (NaN for empty
+    groups), rounded past 2**53 (a new user's finding): one warning says so and names the exact
+    route; the float64 declared reductions say nothing; ``l5dask.aggregate`` keeps int64, exact."""
+    import warnings
+
+    ds = l5dask.open_dataset(small_ds)
+    view = ds.joined("frames")
+    with pytest.warns(RuntimeWarning, match=r"exact to 2\*\*53 only.*l5dask.aggregate and l5dask agg keep int64"):
+        got = view.timestamp.l5.groupby("scene_index").max().compute()
+    frames, scenes = read_all(small_ds)[fmt.FRAMES], read_all(small_ds)[fmt.SCENES]
+    want = np.array([frames["timestamp"][a:b].max() for a, b in scenes["frame_index_interval"]])
+    assert got.dtype == np.float64 and np.array_equal(got.values, want.astype(np.float64))
+    exact = l5dask.aggregate(small_ds, "frames", by=["scene_index"], values={"timestamp": ["max"]})
+    assert exact["timestamp_max"].dtype == np.int64 and np.array_equal(exact["timestamp_max"].to_numpy(), want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        view.ego_translation.sel(xyz="x").l5.groupby("scene_index").max()  # (float64: declared, exact)
