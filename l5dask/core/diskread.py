@@ -48,8 +48,18 @@ from l5dask.core import config
 from l5dask.core.lazy import compiled
 
 #: The compiled reads (``None``: the same reads made of Python's calls, as where the kernel cannot
-#: say what is in the page cache).
-_PREAD: Any = compiled("l5dask.core._pread")
+#: say what is in the page cache; ``...``: not imported yet, see :func:`_pread`).
+_PREAD: Any = ...
+
+
+def _pread() -> Any:
+    """The compiled reads, imported on first use (not with this module: a broken install's commands
+    still start and say in one line which compiled module is missing)."""
+    global _PREAD
+    if _PREAD is ...:
+        _PREAD = compiled("l5dask.core._pread")
+    return _PREAD
+
 
 #: ``O_DIRECT`` wants the file offset, the length and the buffer aligned to the device's logical
 #: block (512 bytes or 4 KB): 4 KB suits both.
@@ -221,15 +231,16 @@ def _read_fd(fd: int, a: int, b: int, direct: bool, dev: int | None = None) -> b
     it. Around it, one compiled call (``l5dask.core._pread``: the look in the cache, ``O_DIRECT``
     and the reads, the GIL let go once) where Python's calls let go of it and took it back at each
     step; through the cache, ``os.pread`` (one step already; no copy more)."""
-    if direct and _PREAD is not None and dev not in _REFUSED:
+    pread = _pread() if direct else None
+    if pread is not None and dev not in _REFUSED:
         buf = _buffer(b - a + 2 * ALIGN)
-        status, at, n = _PREAD.read_range(fd, a, b, buf, True, _CACHESTAT or -1, ALIGN, PAGE)
+        status, at, n = pread.read_range(fd, a, b, buf, True, _CACHESTAT or -1, ALIGN, PAGE)
         if status == 0:
             return buf[at : at + n]
-        if status == _PREAD.REFUSED:
+        if status == pread.REFUSED:
             _REFUSED.add(os.fstat(fd).st_dev if dev is None else dev)
             return _read_cached(fd, a, b)
-        if status != _PREAD.UNKNOWN:
+        if status != pread.UNKNOWN:
             raise OSError(status, os.strerror(status))
     if direct and resident(fd, a, b) is False:
         data = _read_direct(fd, a, b)
@@ -252,8 +263,9 @@ class File:
 
     def __init__(self, path: str, direct: bool, random: bool = True) -> None:
         self.direct = direct
-        if _PREAD is not None:  # (open, its size and the hint: one compiled call, the GIL let go once)
-            self.fd, self.size, self.dev = _PREAD.open_file(os.fsencode(path), random and not direct and _FADVISE)
+        pread = _pread()
+        if pread is not None:  # (open, its size and the hint: one compiled call, the GIL let go once)
+            self.fd, self.size, self.dev = pread.open_file(os.fsencode(path), random and not direct and _FADVISE)
             if self.fd < 0:
                 raise OSError(-self.fd, os.strerror(-self.fd), path)
             return
