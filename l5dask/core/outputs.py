@@ -301,10 +301,87 @@ def finite(value: Any) -> Any:
 
 def json_text(value: Any, **kw: Any) -> str:
     """The one way l5dask makes JSON text: strict JSON (RFC 8259), a number that is not finite
-    written ``null`` (:func:`finite`). ``kw``: :func:`json.dumps`'s layout options."""
+    written ``null`` (:func:`finite`). ``kw``: :func:`json.dumps`'s layout options.
+
+    With ``indent`` alone (a report's layout), the same text as ``json.dumps(finite(value),
+    allow_nan=False, indent=indent)``, its lists of plain numbers encoded by json's C encoder:
+    json's own encoder is its pure-Python one whenever it indents (a report of 1 G agents, three
+    lists of 57,800 scenes: 0.033 CPU-s against 0.072, a sixth of a rerun's work from the cache)."""
     import json
 
+    if set(kw) == {"indent"} and type(kw["indent"]) is int and kw["indent"] >= 0:
+        parts: list[str] = []
+        try:
+            _indented(value, " " * kw["indent"], 0, parts)
+        except _Generic:
+            pass
+        else:
+            return "".join(parts)
     return json.dumps(finite(value), allow_nan=False, **kw)
+
+
+class _Generic(Exception):
+    """A value :func:`_indented` leaves to json's own encoder (keys that are not strings, objects
+    json does not know: json says what they are)."""
+
+
+_PLAIN = frozenset((int, float, bool, type(None)))
+
+
+def _indented(value: Any, indent: str, level: int, parts: list[str]) -> None:
+    """``json.dumps(finite(value), allow_nan=False, indent=len(indent))`` appended to ``parts``."""
+    import json
+    from json.encoder import encode_basestring_ascii
+
+    if isinstance(value, str):
+        parts.append(encode_basestring_ascii(value))
+    elif value is None:
+        parts.append("null")
+    elif value is True:
+        parts.append("true")
+    elif value is False:
+        parts.append("false")
+    elif isinstance(value, int):
+        parts.append(int.__repr__(value))
+    elif isinstance(value, float):
+        parts.append(float.__repr__(value) if math.isfinite(value) else "null")
+    elif isinstance(value, dict):
+        if not value:
+            parts.append("{}")
+            return
+        inner = "\n" + indent * (level + 1)
+        parts.append("{")
+        sep = inner
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _Generic
+            parts.append(sep)
+            parts.append(encode_basestring_ascii(k))
+            parts.append(": ")
+            _indented(v, indent, level + 1, parts)
+            sep = "," + inner
+        parts.append("\n" + indent * level + "}")
+    elif isinstance(value, (list, tuple)):
+        if not value:
+            parts.append("[]")
+            return
+        inner = "\n" + indent * (level + 1)
+        parts.append("[" + inner)
+        if _PLAIN.issuperset(map(type, value)):
+            # (numbers, booleans and nulls only: C-encoded in one call, no ", " inside any of them;
+            # a number that is not finite is null, as finite() makes it)
+            text = json.dumps(value, allow_nan=True)[1:-1]
+            if "N" in text or "I" in text:
+                text = text.replace("-Infinity", "null").replace("Infinity", "null").replace("NaN", "null")
+            parts.append(text.replace(", ", "," + inner))
+        else:
+            for i, v in enumerate(value):
+                if i:
+                    parts.append("," + inner)
+                _indented(v, indent, level + 1, parts)
+        parts.append("\n" + indent * level + "]")
+    else:
+        raise _Generic
 
 
 def write_json(report: dict[str, Any], path: str, storage_options: dict | None = None) -> None:
