@@ -27,6 +27,7 @@ pass returns a :class:`Block` (a NamedTuple), never a positional tuple.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import posixpath
 import time
@@ -342,6 +343,17 @@ class Pass:
         )
 
 
+def _sorted_bounds(t: np.ndarray) -> tuple[np.ndarray, list[int], list[int]] | None:
+    """Of a bounds table (a row a chunk: child start, child end, rows), the chunks with rows and
+    their starts and ends (lists, for :mod:`bisect`), when both are in order (``None`` when not:
+    then scanned)."""
+    with_rows = np.flatnonzero(t[:, 2] > 0)
+    starts, ends = t[with_rows, 0], t[with_rows, 1]
+    if np.any(starts[1:] < starts[:-1]) or np.any(ends[1:] < ends[:-1]):
+        return None
+    return with_rows, starts.tolist(), ends.tolist()
+
+
 @dataclass
 class Persisted:
     """A pass whose blocks are held (on the workers, or in this process): its keys, its graph,
@@ -365,6 +377,8 @@ class Persisted:
     remake_calls: list[tuple] | None = None
     #: Interval field -> (its bounds table, :meth:`child_range` of it): made once, asked a task.
     _ranges: dict = field(default_factory=dict, repr=False, compare=False)
+    #: Interval field -> (its bounds table, :func:`_sorted_bounds` of it): made once, for :meth:`chunks`.
+    _sorted: dict = field(default_factory=dict, repr=False, compare=False)
 
     def link(self, interval: str, start: str) -> Link:
         """Hand child passes the rows of this pass, placed by ``interval`` (checked), found by ``start``."""
@@ -395,7 +409,16 @@ class Persisted:
         t = self.bounds.get(interval)
         if t is None or self.row_ids is None or len(t) != len(self.row_ids):
             return None
-        return np.flatnonzero((t[:, 2] > 0) & (t[:, 0] < hi) & (t[:, 1] > lo))
+        got = self._sorted.get(interval)
+        if got is None or got[0] is not t:
+            got = self._sorted[interval] = (t, _sorted_bounds(t))
+        if got[1] is None:
+            return np.flatnonzero((t[:, 2] > 0) & (t[:, 0] < hi) & (t[:, 1] > lo))
+        # (the chunks with rows, their starts and ends both in order: those overlapping [lo, hi)
+        # are one run of them, found by two bisections; a restart's keys of the pieces inside its
+        # tasks asked 52,861 times at 1 G agents, each a scan of every frames chunk)
+        with_rows, starts, ends = got[1]
+        return with_rows[bisect.bisect_right(ends, lo) : bisect.bisect_left(starts, hi)]
 
     def overlapping(self, interval: str, lo: int, hi: int) -> np.ndarray:
         """The blocks whose child rows (by ``interval``) overlap ``[lo, hi)``."""

@@ -10,6 +10,8 @@ import dask
 import numpy as np
 import pytest
 from distributed import Client
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import l5dask
 from l5dask.core import engine
@@ -492,3 +494,24 @@ def test_fold_exclusive_makes_each_root_one_task_with_the_tasks_only_it_needs():
     want = dask.get(graph, ["r1", "r2"])
     assert dask.get(folded, ["r1", "r2"]) == want == (23, 103)
     assert engine.fold_exclusive({**graph, "legacy": (add, 1)}, ["r1", "r2"]) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.integers(0, 40)), min_size=1, max_size=30),
+    st.booleans(),
+    st.lists(st.tuples(st.integers(-3, 130), st.integers(0, 20)), min_size=1, max_size=10),
+)
+def test_a_persisted_pass_names_the_chunks_overlapping_rows_as_its_definition(table, ordered, asked):
+    """``Persisted.chunks`` (a child task's parent chunks, for its cache key): the chunks with rows
+    whose child rows overlap ``[lo, hi)``, as the scan of the bounds table defines it, whether the
+    chunks' starts and ends are in order (then found by bisection) or not."""
+    if ordered:  # (consecutive child rows, as checked intervals give them)
+        starts = np.cumsum([0] + [n for n, _, _ in table[:-1]])
+        t = np.array([(s, s + n, rows) for s, (n, rows, _) in zip(starts, table)], dtype=np.int64)
+    else:
+        t = np.array([(s, s + n, rows) for n, rows, s in table], dtype=np.int64)
+    p = engine.Persisted(spec=None, keys=[], collections=[], groups=[], bounds={"i": t}, row_ids=["x"] * len(t))
+    for lo, width in asked:
+        expected = np.flatnonzero((t[:, 2] > 0) & (t[:, 0] < lo + width) & (t[:, 1] > lo))
+        assert p.chunks("i", lo, lo + width).tolist() == expected.tolist()
