@@ -543,20 +543,63 @@ def test_a_first_cached_run_keys_no_piece_inside_its_tasks(tmp_path, monkeypatch
     assert public(compute_report(path, cache=first, chunks_per_task=8)) == want
     # (the nodes of the last tasks of the agents, 72-75, 76-77 and 78, and of another pass)
     assert keyed == [n for n in kept if n] and 3 in keyed
-    # a folder holding an entry already (none of this run's): the nodes inside every task keyed,
-    # the same entries written
+    # a folder holding an entry of each reduction already (none of this run's: a piece maybe): the
+    # nodes inside every task keyed, the same entries written
     other = tmp_path / "other"
     for e in cachelib.Cache(first).entries():
         (other / e["path"]).parent.mkdir(parents=True, exist_ok=True)
-    for folder in {e["folder"] for e in cachelib.Cache(first).entries()}:
-        (other / cachelib.FOLDER / folder / "x.0.l5c").write_bytes(b"not an entry of this run")
+        name = e["path"].rsplit("/", 1)[1][: -len(cachelib.SUFFIX)].rsplit(".", 1)[0]  # (its reduction's part)
+        stray = f"{name}.{cachelib.digest('not an entry of this run', name)}{cachelib.SUFFIX}"  # (a key of its own)
+        (other / e["path"]).with_name(stray).write_bytes(b"not an entry of this run")
     keyed.clear()
     assert public(compute_report(path, cache=str(other), chunks_per_task=8)) == want
     assert sum(keyed) > 100
     names = {e["path"] for e in cachelib.Cache(first).entries()}
     assert names == {e["path"] for e in cachelib.Cache(str(other)).entries()} - {
-        e["path"] for e in cachelib.Cache(str(other)).entries() if e["path"].endswith("/x.0.l5c")
+        e["path"] for e in cachelib.Cache(str(other)).entries() if e["size"] == len(b"not an entry of this run")
     }
+
+
+def test_a_restarted_run_keys_no_piece_inside_the_tasks_it_computes(dataset, tmp_path, monkeypatch):
+    """A run killed part way finds, started again, its own tasks whole (and their aliases): a task
+    not found is computed whole, no node inside it keyed (``Job._may_hold_pieces``; 51,257 keys of
+    814 tasks at 1.03 G agents killed at 20 CPU-s), the tasks found read, the report bit for bit."""
+    want = public(compute_report(dataset, chunks_per_task=8))
+    cache = str(tmp_path / "cache")
+    assert public(compute_report(dataset, cache=cache, chunks_per_task=8)) == want
+    # (a killed run's cache: no pass kept whole, every other agents task's entry removed, and the
+    # aliases, second keys of the entries, written after them: none left naming a task removed)
+    for e in cachelib.Cache(cache).entries():
+        if e["path"].rsplit("/", 1)[1].startswith("pass-") or cachelib.key_of(e["path"]).startswith("r"):
+            os.remove(os.path.join(cache, e["path"]))
+    entries = [e for e in cachelib.Cache(cache).entries() if e["reduction"] == "agents-17"]
+    removed = 0
+    for e in sorted(entries, key=lambda e: e["path"])[::2]:
+        os.remove(os.path.join(cache, e["path"]))
+        removed += 1
+    assert removed > 3
+    keyed: list[int] = []
+    group_ids, pieces = engine.Job.group_ids, engine.Job._pieces
+    inside: list[bool] = []
+
+    def counted(self, spec, groups, keep="all", prefixes=None):
+        if inside:
+            keyed.append(len(groups))
+        return group_ids(self, spec, groups, keep, prefixes)
+
+    def in_pieces(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return pieces(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(engine.Job, "group_ids", counted)
+    monkeypatch.setattr(engine.Job, "_pieces", in_pieces)
+    with cachelib.counting() as st:
+        assert public(compute_report(dataset, cache=cache, chunks_per_task=8)) == want
+    assert 0 < st.misses <= removed and st.hits > 0 and st.damaged == 0
+    assert sum(keyed) <= 4 * 3  # (the nodes of the last task of a pass: not those inside each task)
 
 
 def test_the_keys_are_the_digest_of_what_a_task_computes_and_of_its_identities(dataset, tmp_path, monkeypatch):
