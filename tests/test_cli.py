@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import click
@@ -120,14 +121,24 @@ def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
         (["agg", small_ds, "--by", "label", "--value", "speed:mean"], "speed_mean", "wrote {out}: ", "a.csv"),
         (["demo", "--num-scenes", "2"], "Distinct tracks", "report of ", "demo"),  # (and its page's time: below)
     ]
+    # the 14 commands are independent processes (loud writes an output of its own): run two at a
+    # time (the test waits on interpreter starts; the checks are the same)
+    runs = {}
+    for args, _, _, name in cases:
+        runs[name, "loud"] = (*args, "-o", tmp_path / f"loud-{name}")
+        runs[name, "quiet"] = (*args, "-q", "-o", tmp_path / name)
+        if name != "demo":  # (no -o: the answer is printed, -q or not; demo always writes its folder)
+            runs[name, "printed"] = (*args, "-q")
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(runs, pool.map(lambda argv: cli(*argv), runs.values())))
     for args, table, line, name in cases:
         out = tmp_path / name
-        loud, quiet = cli(*args, "-o", out), cli(*args, "-q", "-o", out)
+        loud, quiet = done[name, "loud"], done[name, "quiet"]
         assert loud.returncode == quiet.returncode == 0, (args, loud.stderr, quiet.stderr)
         assert quiet.stderr == "" and len(quiet.stdout.splitlines()) == 1, (args, quiet.stdout, quiet.stderr)
         assert quiet.stdout.startswith(line.format(out=out)) and table not in quiet.stdout, (args, quiet.stdout)
-        if name != "demo":  # (no -o: the answer is printed, -q or not; demo always writes its folder)
-            printed = cli(*args, "-q")
+        if name != "demo":
+            printed = done[name, "printed"]
             assert table in printed.stdout, (args, printed.stdout)
         if name != "a.csv":  # (agg -o never printed its table)
             assert table in loud.stdout, (args, loud.stdout)
