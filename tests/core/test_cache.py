@@ -507,20 +507,14 @@ def test_a_rerun_from_the_cache_imports_no_codec(dataset, tmp_path):
     assert "numcodecs" in got[0] and "numcodecs" not in got[1]
 
 
-def test_a_first_cached_run_keys_no_piece_inside_its_tasks(tmp_path, monkeypatch):
-    """In a folder with no entry (a first run, a killed run's first process), a task not found is
-    kept in its aligned nodes, and no node inside them is keyed (``Job._pieces``: 15 keys a task
-    of 8 chunks before, 0 now); the entries written are those a folder holding entries writes."""
-    path = str(tmp_path / "d.zarr")
-    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows=CHUNKS)
-    agents = len(l5dask.open_dataset(path)["agents"])
-    path = str(tmp_path / "e.zarr")  # (79 agents chunks: the last task of 8 is 7, in 3 nodes)
-    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows={**CHUNKS, "agents": -(-agents // 79)})
-    assert l5dask.open_dataset(path)["agents"].meta.nchunks == 79
+def keys_inside_pieces(monkeypatch) -> tuple[list[int], list[int]]:
+    """Counts, while a run looks for a task's aligned pieces (``Job._pieces``), the nodes it keys
+    (``Job.group_ids``): the first list the nodes keyed by each call made inside, the second each
+    look's pieces kept."""
     keyed: list[int] = []
+    kept: list[int] = []
     group_ids, pieces = engine.Job.group_ids, engine.Job._pieces
     inside: list[bool] = []
-    kept: list[int] = []  # (the pieces of each task kept in pieces)
 
     def counted(self, spec, groups, keep="all", prefixes=None):
         if inside:
@@ -538,6 +532,20 @@ def test_a_first_cached_run_keys_no_piece_inside_its_tasks(tmp_path, monkeypatch
 
     monkeypatch.setattr(engine.Job, "group_ids", counted)
     monkeypatch.setattr(engine.Job, "_pieces", in_pieces)
+    return keyed, kept
+
+
+def test_a_first_cached_run_keys_no_piece_inside_its_tasks(tmp_path, monkeypatch):
+    """In a folder with no entry (a first run, a killed run's first process), a task not found is
+    kept in its aligned nodes, and no node inside them is keyed (``Job._pieces``: 15 keys a task
+    of 8 chunks before, 0 now); the entries written are those a folder holding entries writes."""
+    path = str(tmp_path / "d.zarr")
+    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows=CHUNKS)
+    agents = len(l5dask.open_dataset(path)["agents"])
+    path = str(tmp_path / "e.zarr")  # (79 agents chunks: the last task of 8 is 7, in 3 nodes)
+    l5dask.synthesize(path, num_scenes=12, seed=31, chunk_rows={**CHUNKS, "agents": -(-agents // 79)})
+    assert l5dask.open_dataset(path)["agents"].meta.nchunks == 79
+    keyed, kept = keys_inside_pieces(monkeypatch)  # (kept: the pieces of each task kept in pieces)
     first = str(tmp_path / "first")
     want = public(compute_report(path, chunks_per_task=8))
     assert public(compute_report(path, cache=first, chunks_per_task=8)) == want
@@ -578,24 +586,7 @@ def test_a_restarted_run_keys_no_piece_inside_the_tasks_it_computes(dataset, tmp
         os.remove(os.path.join(cache, e["path"]))
         removed += 1
     assert removed > 3
-    keyed: list[int] = []
-    group_ids, pieces = engine.Job.group_ids, engine.Job._pieces
-    inside: list[bool] = []
-
-    def counted(self, spec, groups, keep="all", prefixes=None):
-        if inside:
-            keyed.append(len(groups))
-        return group_ids(self, spec, groups, keep, prefixes)
-
-    def in_pieces(self, *args, **kwargs):
-        inside.append(True)
-        try:
-            return pieces(self, *args, **kwargs)
-        finally:
-            inside.pop()
-
-    monkeypatch.setattr(engine.Job, "group_ids", counted)
-    monkeypatch.setattr(engine.Job, "_pieces", in_pieces)
+    keyed, _ = keys_inside_pieces(monkeypatch)
     with cachelib.counting() as st:
         assert public(compute_report(dataset, cache=cache, chunks_per_task=8)) == want
     assert 0 < st.misses <= removed and st.hits > 0 and st.damaged == 0
