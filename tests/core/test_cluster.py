@@ -374,7 +374,8 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
         else request.getfixturevalue("one_thread_three_tasks")
     )
     proxy = FlakyProxy(s3.endpoint)
-    proxy.delay, proxy.watch = 0.15, "/agents/"  # (long enough for the tasks to overlap on a busy machine)
+    # (the GETs held until more than tasks - 1 tasks' are in flight: the overlap, not a sleep's length)
+    proxy.delay, proxy.watch, proxy.hold = 0.15, "/agents/", 2 * (tasks - 1) + 1
     try:
         opts = s3.storage_options()
         opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
@@ -433,7 +434,7 @@ def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(
     tasks = 3
     cluster = one_thread_three_tasks
     proxy = FlakyProxy(s3.endpoint)
-    proxy.delay, proxy.watch = 0.15, "/agents/"
+    proxy.delay, proxy.watch, proxy.hold = 0.15, "/agents/", 2 * (tasks - 1) + 1
     query = {"by": "label", "values": {"speed": ["count", "max"]}, "chunks_per_task": 2}
     try:
         opts = s3.storage_options()

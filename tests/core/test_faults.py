@@ -42,6 +42,12 @@ class FlakyProxy:
         self.watch = ""  # the chunk GETs counted in flight: those whose path holds this
         self.in_flight = 0  # chunk GETs being answered now...
         self.most_in_flight = 0  # ... and the most at once
+        # watched GETs held until this many are in flight at once (then each waits ``delay``): the
+        # overlap a test looks for does not hang on a sleep outlasting the other tasks' start on a
+        # busy machine; if it is not reached within ``hold_timeout`` s, holding stops (the test's
+        # count then says how many overlapped)
+        self.hold = 0
+        self.hold_timeout = 3.0
         self.presigned = 0  # requests that came with a presigned URL (query-string signature)...
         self.presigned_v4 = 0  # ... signed with SigV4
         self.stalled = 0
@@ -49,6 +55,7 @@ class FlakyProxy:
         self.count = 0
         self.failures = 0
         self.lock = threading.Lock()
+        self.in_flight_changed = threading.Condition(self.lock)
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -93,9 +100,14 @@ class FlakyProxy:
                     self.wfile.write(proxy.body)
                     return
                 if chunk and proxy.watch in self.path:
-                    with proxy.lock:
+                    with proxy.in_flight_changed:
                         proxy.in_flight += 1
                         proxy.most_in_flight = max(proxy.most_in_flight, proxy.in_flight)
+                        proxy.in_flight_changed.notify_all()
+                        reached = lambda: proxy.most_in_flight >= proxy.hold  # noqa: E731
+                        if not proxy.in_flight_changed.wait_for(reached, proxy.hold_timeout):
+                            proxy.hold = 0  # (not reached: no more holding)
+                            proxy.in_flight_changed.notify_all()
                     try:
                         time.sleep(proxy.delay)
                         self._send(body)
