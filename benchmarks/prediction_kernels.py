@@ -12,6 +12,9 @@ the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block
 - ``range_codes``: ``k - lo`` in ``[0, n)`` else -1, against ``np.where`` of the two comparisons;
 - ``distance_to_parent``: each row's distance to its parent row's point, against numpy's takes of
   the parent's columns and the formula;
+- ``distance_to_runs``: the same distances of rows that come in runs, one per parent row (a
+  block's agents and its frames: ``Rows.runs``), against numpy's repeats of the parent's columns
+  and the formula;
 - ``norm2``: ``sqrt(x * x + y * y)`` of float32 pairs in float64, against numpy's casts and formula;
 - ``keyed_reduce``: the count, sum and rows per group of two keys (a scene, in runs, int64; a
   label, int8) without their group codes made whole, against numpy's codes and ``np.bincount``;
@@ -64,6 +67,12 @@ def cases(n: int) -> dict[str, tuple]:
     def np_distance():
         px, py = parent[pos, 0], parent[pos, 1]
         dx, dy = x - px, y - py
+        return np.sqrt(dx * dx + dy * dy)
+
+    counts = np.bincount(pos, minlength=len(parent))
+
+    def np_distance_runs():
+        dx, dy = x - np.repeat(parent[:, 0], counts), y - np.repeat(parent[:, 1], counts)
         return np.sqrt(dx * dx + dy * dy)
 
     def np_norm2():
@@ -119,6 +128,7 @@ def cases(n: int) -> dict[str, tuple]:
             lambda: np.where((key >= 0) & (key < 10), key.astype(np.int64), -1),
         ),
         "distance_to_parent": (lambda: k.distance_to_parent(x, y, parent, pos), np_distance),
+        "distance_to_runs": (lambda: k.distance_to_runs(x, y, parent, counts), np_distance_runs),
         "norm2": (lambda: k.norm2(vx, vy), np_norm2),
     }
 

@@ -222,24 +222,32 @@ class Rows:
         b = int(np.searchsorted(starts, hi - 1, side="right")) if hi > lo else a
         return Rows(self.offset + a, {k: v[a:b] for k, v in self.cols.items()})
 
+    def runs(self, lo: int, hi: int, start: str) -> np.ndarray | None:
+        """The number of child rows of ``[lo, hi)`` each of these rows is the parent of, in order
+        (the child rows come in runs, one per parent row), or ``None`` when a child row there has
+        no parent among these (before the first one's first child row) or there is none."""
+        starts = self.cols[start]
+        if not len(starts) or starts[0] > lo or hi <= lo:
+            return None
+        return np.diff(np.clip(starts, lo, hi), append=hi)
+
     def locate(self, lo: int, hi: int, start: str) -> np.ndarray:
         """Position (in these rows) of the parent of each child row in ``[lo, hi)``: the last row
         whose first child row is at or before it (``searchsorted(..., side="right") - 1``)."""
-        starts = self.cols[start]
-        if not len(starts) or starts[0] > lo or hi <= lo:
-            return np.searchsorted(starts, np.arange(lo, hi), side="right") - 1
+        counts = self.runs(lo, hi, start)
+        if counts is None:
+            return np.searchsorted(self.cols[start], np.arange(lo, hi), side="right") - 1
         # the same, in one pass over the rows: each parent repeated over its rows in [lo, hi)
-        cuts = np.clip(starts, lo, hi)
-        return np.repeat(np.arange(len(starts), dtype=np.int64), np.diff(cuts, append=hi))
+        return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
 
     def spread(self, lo: int, hi: int, start: str, values: np.ndarray) -> np.ndarray:
         """``values`` (one per row of these) of the parent of each child row in ``[lo, hi)``:
         ``values[self.locate(lo, hi, start)]``, each value repeated over its rows in one pass
         (no positions made and taken from: the scene of 30 M agents, 0.1 s against 0.4 s)."""
-        starts = self.cols[start]
-        if not len(starts) or starts[0] > lo or hi <= lo:
+        counts = self.runs(lo, hi, start)
+        if counts is None:
             return values[self.locate(lo, hi, start)]
-        return np.repeat(values, np.diff(np.clip(starts, lo, hi), append=hi), axis=0)
+        return np.repeat(values, counts, axis=0)
 
 
 @cachelib.partial_type

@@ -34,7 +34,7 @@ import numpy as np
 from l5dask.core.engine import Rows, parent_rows
 from l5dask.errors import FormatError, UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.kernels import distance_to_parent, gather, norm2
+from l5dask.prediction.kernels import distance_to_parent, distance_to_runs, gather, norm2
 
 #: Stored chunks fetched together, undecoded, when a partition's columns are made (12 MB of
 #: agents' compressed bytes).
@@ -93,6 +93,7 @@ class Chunk:
         self.parent_start = parent_start
         self._cols: dict[str, np.ndarray] = {}
         self._pos: np.ndarray | None = None
+        self._runs: np.ndarray | None | bool = False  # (False: not made yet)
         self._narrowed = False
 
     def __len__(self) -> int:
@@ -143,8 +144,17 @@ class Chunk:
         return self.parent
 
     def spread(self, values: np.ndarray) -> np.ndarray:
-        """``values`` (one per parent row) of each row's parent: ``values[self.pos]``, in one pass."""
-        return self.parent_rows.spread(self.start, self.start + len(self), self.parent_start, values)
+        """``values`` (one per parent row) of each row's parent: ``values[self.pos]``, in one pass
+        (``Rows.spread``, its runs made once for the chunk's columns)."""
+        runs = self.runs
+        return values[self.pos] if runs is None else np.repeat(values, runs, axis=0)
+
+    @property
+    def runs(self) -> np.ndarray | None:
+        """The rows of each parent row, in order (``Rows.runs``), or ``None`` (some row has no parent there)."""
+        if self._runs is False:
+            self._runs = self.parent_rows.runs(self.start, self.start + len(self), self.parent_start)
+        return self._runs  # type: ignore[return-value]
 
     @property
     def pos(self) -> np.ndarray:
@@ -209,17 +219,20 @@ def _hour(c: Chunk) -> np.ndarray:
 
 
 def _parent_hour(c: Chunk) -> np.ndarray:
-    """The hour of each row's frame: computed per frame, then taken per row."""
-    return hour_of_day(c.parent_rows["timestamp"]).take(c.pos)
+    """The hour of each row's frame: computed per frame, then spread over its rows."""
+    return c.spread(hour_of_day(c.parent_rows["timestamp"]))
 
 
 def _distance(c: Chunk) -> np.ndarray:
     """``sqrt(dx * dx + dy * dy)`` in float64 to the ego of the row's frame, as the report (one
-    compiled pass over the rows and their frames' positions: no per-row copies of the ego)."""
+    compiled pass over the rows, a frame's rows at a time: no per-row copies of the ego, nor
+    positions of it)."""
     made = _made(c, "distance_to_ego")
     if made is not None:
         return made
-    return distance_to_parent(c["centroid_x"], c["centroid_y"], c.parent_rows["ego_translation"], c.pos)
+    x, y, ego = c["centroid_x"], c["centroid_y"], c.parent_rows["ego_translation"]
+    runs = c.runs
+    return distance_to_parent(x, y, ego, c.pos) if runs is None else distance_to_runs(x, y, ego, runs)
 
 
 def _parent_index(c: Chunk) -> np.ndarray:

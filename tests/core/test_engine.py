@@ -515,3 +515,30 @@ def test_a_persisted_pass_names_the_chunks_overlapping_rows_as_its_definition(ta
     for lo, width in asked:
         expected = np.flatnonzero((t[:, 2] > 0) & (t[:, 0] < lo + width) & (t[:, 1] > lo))
         assert p.chunks("i", lo, lo + width).tolist() == expected.tolist()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 6), min_size=1, max_size=12),
+    first=st.integers(0, 8),
+    lo=st.integers(0, 40),
+    size=st.integers(0, 30),
+)
+def test_rows_runs_locate_and_spread_agree_with_searchsorted(lengths, first, lo, size):
+    """``Rows.runs``: each parent row's child rows within ``[lo, hi)``, in order (parents with no
+    child row, a range that starts or ends inside a parent), the positions numpy's
+    ``searchsorted(starts, rows, side="right") - 1`` gives, counted; ``None`` where a row has no
+    parent among them (before the first one's first child) or the range is empty. ``locate`` and
+    ``spread`` are those positions and the values taken at them, either way."""
+    starts = first + np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    rows = Rows(5, {"start": starts, "v": np.arange(len(starts)) * 10})
+    hi = lo + size
+    pos = np.searchsorted(starts, np.arange(lo, hi), side="right") - 1
+    runs = rows.runs(lo, hi, "start")
+    if size == 0 or starts[0] > lo:
+        assert runs is None
+    else:
+        assert runs is not None and (pos >= 0).all()
+        np.testing.assert_array_equal(runs, np.bincount(pos, minlength=len(starts)))
+    np.testing.assert_array_equal(rows.locate(lo, hi, "start"), pos)
+    np.testing.assert_array_equal(rows.spread(lo, hi, "start", rows["v"]), rows["v"][pos])

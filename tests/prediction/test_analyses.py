@@ -185,7 +185,7 @@ def test_aggregations_take_the_speed_and_distance_the_reports_loop_made(ds, monk
 
     want = {n: alone(ds, n, ALL[n]) for n in ("report", "speed", "near")}
     made: collections.Counter = collections.Counter()
-    for name in ("norm2", "distance_to_parent"):
+    for name in ("norm2", "distance_to_parent", "distance_to_runs"):
         original = getattr(columns, name)
         monkeypatch.setattr(columns, name, lambda *a, _f=original, _n=name: (made.update([_n]), _f(*a))[1])
     names = ["report", "speed", "near"] if report_first else ["speed", "near", "report"]
@@ -196,7 +196,7 @@ def test_aggregations_take_the_speed_and_distance_the_reports_loop_made(ds, monk
     got = analyze(ds, {n: ALL[n] for n in ("speed", "near")})
     for n in ("speed", "near"):
         same(got[n], want[n], n)
-    assert made["norm2"] > 0 and made["distance_to_parent"] > 0
+    assert made["norm2"] > 0 and made["distance_to_parent"] + made["distance_to_runs"] > 0
 
 
 @pytest.mark.parametrize("report_first", [True, False])

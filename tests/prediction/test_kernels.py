@@ -481,6 +481,35 @@ def test_distance_to_parent_equals_numpys_formula_on_taken_columns():
         distance_to_parent(x[:2], y[:2], parent, np.array([0, 50]))
 
 
+def test_distance_to_runs_equals_numpys_formula_on_taken_columns():
+    """Rows in runs, one per parent row (parents with no row, a run of one, NaN and infinite
+    values): numpy's formula on the parent's columns repeated over the rows, bit for bit; counts
+    that do not add up to the rows, or negative, refused."""
+    from l5dask.prediction.kernels import distance_to_runs
+
+    rng = np.random.default_rng(16)
+    parent = rng.normal(size=(60, 3)) * 1000
+    parent[7] = [np.nan, 1.0, 0.0]
+    counts = rng.integers(0, 700, 60)
+    counts[[0, 5, 59]] = 0
+    counts[9] = 1
+    n = int(counts.sum())
+    pos = np.repeat(np.arange(60), counts)
+    x, y = parent[pos, 0] + rng.normal(size=n) * 30, parent[pos, 1] + rng.normal(size=n) * 30
+    x[:3] = parent[pos[:3], 0]  # zero distance
+    x[3], y[4] = np.nan, np.inf
+    dx, dy = x - parent[:, 0].take(pos), y - parent[:, 1].take(pos)
+    want = np.sqrt(dx * dx + dy * dy)
+    assert distance_to_runs(x, y, parent, counts).tobytes() == want.tobytes()
+    assert distance_to_runs(x[:0], y[:0], parent, counts[:0]).shape == (0,)
+    with pytest.raises(ValueError, match=f"the counts hold {n - 1} rows, not {n}"):
+        distance_to_runs(x, y, parent, counts - np.eye(60, dtype=counts.dtype)[9])
+    with pytest.raises(ValueError, match="parent 1 has -1 rows"):
+        distance_to_runs(x[:2], y[:2], parent, np.array([3, -1]))
+    with pytest.raises(ValueError, match="at most m counts"):
+        distance_to_runs(x, y, parent[:2], counts)
+
+
 def test_agent_columns_writes_the_speed_and_distance_columns_bit_for_bit():
     """The report's loop writes out each row's speed and distance to its frame's ego for the
     other analyses of a fused pass (``speed_out``, ``dist_out``): the bits of the columns'
