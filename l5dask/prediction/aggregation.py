@@ -305,7 +305,9 @@ def aggregate(
     # and CPU time, with sys.setswitchinterval(0.0005) during it 1.047x/1.033x. Nor did freezing the
     # collector for the pass and unfreezing it after (the CLI's tune_gc, scoped): CPU 0.95x on q1,
     # 1.03x on q2, within the noise. What a whole process pays beyond `l5dask agg` is pandas: its
-    # import, ~0.2 CPU-s, and the interpreter's teardown of its objects at exit, ~0.1 CPU-s)
+    # import, ~0.2 CPU-s, and the interpreter's teardown at exit of every module's objects, 0.15-0.18
+    # CPU-s on 30 M agents (2026-11-28: gc.freeze registered with atexit skips it; not done here, a
+    # process's exit is its owner's: docs/guide/aggregations.md says how a script skips it))
     result = aggregate_result(
         ds,
         array,
