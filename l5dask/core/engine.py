@@ -999,9 +999,13 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     stored chunks not decoded), each handed what its own pass would have been: the block whole
     (``blocks``), else one stored chunk at a time (or, encoded, the groups ``source.iter_encoded``
     makes: ``data.pieces()``); records where the member takes no encoded chunks (decoded once).
-    The members that make per-row columns others read (``Reduction.provides``) run first."""
+    A streaming member whose reduction is ``exact`` and declares its ``reads`` takes the block
+    whole when the block serves the members' gathers (gathered once for the whole block: its
+    pieces would only add calls and combines). The members that make per-row columns others read
+    (``Reduction.provides``) run first."""
     encoded = hasattr(data, "records")
-    if encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1:
+    shared = encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1
+    if shared:
         for m in members:  # (what each will gather of the block, gathered once for all)
             if m.encoded and m.reduction.reads is not None:
                 data.expect(*m.reduction.reads)
@@ -1010,7 +1014,9 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     for k in sorted(range(len(members)), key=lambda k: not members[k].reduction.provides):
         m = members[k]
         red = m.reduction
-        if m.blocks:
+        if m.blocks or (shared and m.encoded and red.exact and red.reads is not None):
+            # (an exact member whose gathers the block serves takes the block whole: the same bits
+            # as its pieces combined, one call and no combine)
             p = red.chunk(data if m.encoded or not encoded else data.records(), start, parent)
         elif m.encoded and encoded:
             p = None

@@ -279,6 +279,40 @@ def test_a_fused_block_is_freed_when_its_task_ends(ds):
     assert sum(labels) == 2 * sum(b - a for a, b in map(source.chunk_bounds, range(min(4, source.nchunks))))
 
 
+def test_an_exact_member_takes_a_fused_block_whole(ds):
+    """In a fused task, a streaming member whose reduction is exact and whose gathers the block
+    serves is handed the block whole (one call, no combine); one that is not exact still takes the
+    block's pieces (a float sum's bits follow them); the report and the catalog with aggregations
+    are still their functions' results bit for bit (the test above)."""
+    from l5dask.core.engine import Member, fused_chunk
+
+    source = l5dask.open_dataset(ds)[fmt.AGENTS]
+    calls: dict[str, list] = {"exact": [], "float": []}
+
+    def chunk(name, piece, start, parent):
+        calls[name].append((start, len(piece)))
+        return len(piece.gather([], ["label_probabilities"])[1][0])
+
+    def red(name, exact):
+        return Reduction(
+            name,
+            lambda p, s, q: chunk(name, p, s, q),
+            lambda a, b: a + b,
+            lambda: 0,
+            exact=exact,
+            reads=((), ("label_probabilities",)),
+        )
+
+    members = (Member(red("exact", True), False, True), Member(red("float", False), False, True))
+    block = source.read_encoded(0, min(5, source.nchunks))
+    pieces = block.pieces()
+    assert len(pieces) > 1
+    got = fused_chunk(members, source, block, 0, None)
+    assert got == (len(block), len(block))
+    assert calls["exact"] == [(0, len(block))]
+    assert calls["float"] == [(lo, len(p)) for lo, p in pieces]
+
+
 def test_five_separate_calls_read_each_agent_chunk_five_times(ds, reads):
     """(What the one pass saves: the baseline of the test above.)"""
     ds_ = l5dask.open_dataset(ds)
