@@ -264,6 +264,7 @@ def test_view_groupby_makes_a_block_in_one_task(small_ds, monkeypatch):
     several blocks take, stay a task of their own. Lazy, and the values numpy's."""
     import threading
 
+    from l5dask.prediction.reading import Encoded
     from l5dask.prediction.views import Block
     from tests.conftest import raise_if_dask_computes
 
@@ -286,9 +287,18 @@ def test_view_groupby_makes_a_block_in_one_task(small_ds, monkeypatch):
         "_column",
         lambda self, key: threads.setdefault(self.data.start, set()).add(threading.get_ident()) or original(self, key),
     )
+    passes: dict[int, int] = {}
+    gather = Encoded.gather
+    monkeypatch.setattr(
+        Encoded,
+        "gather",
+        lambda self, *a, **kw: passes.update({self.start: passes.get(self.start, 0) + 1}) or gather(self, *a, **kw),
+    )
     with dask.config.set(scheduler="threads", num_workers=4):
         got = mean.to_series().dropna()
     assert len(threads) == speed.data.npartitions and all(len(t) == 1 for t in threads.values())
+    # (the velocity asked before the label: one pass a block gathers both, each chunk decompressed once)
+    assert len(passes) == speed.data.npartitions and set(passes.values()) == {1}
     ref = read_all(small_ds)
     fiv, siv = ref["frames"]["agent_index_interval"], ref["scenes"]["frame_index_interval"]
     scene = np.repeat(np.repeat(np.arange(len(siv)), siv[:, 1] - siv[:, 0]), fiv[:, 1] - fiv[:, 0])
