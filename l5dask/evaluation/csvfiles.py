@@ -88,6 +88,15 @@ def _first_difference(got: list[str], want: list[str]) -> str:
     return f"{len(got)} columns, L5Kit's has {len(want)}"
 
 
+def _named_difference(names: list[str], want: list[str], kind: str, where: str, hint: str = "") -> None:
+    """Refuse a header whose column count fits no future length by its first name that differs from
+    L5Kit's header of the nearest length, when there is one (a column missing from the start or
+    the middle); a column missing at the end leaves the count to say it."""
+    for i, (g, w) in enumerate(zip(names, want)):
+        if g != w:
+            raise CSVError(f"{where}: not L5Kit's {kind}: column {i + 1} is {g!r}, L5Kit's is {w!r}{hint}")
+
+
 def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where: str = "") -> int:
     """The future length T of a file whose header is ``names`` (after checking every name and its
     position against L5Kit's), else a :class:`CSVError` that says what differs."""
@@ -95,6 +104,7 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
     if kind == "gt":
         t = (n - 2) / 3
         if n < 5 or t != int(t):
+            _named_difference(names, gt_header(max(1, round(t))), "GT header", where)
             raise CSVError(f"{where}: not a GT file: {n} columns give no integer future length T = (columns - 2) / 3")
         want = gt_header(int(t))
     else:
@@ -103,6 +113,16 @@ def check_header(names: list[str], kind: str, max_modes: int = MAX_MODES, where:
             raise CSVError(f"{where}: {modes} modes (conf_0..conf_{modes - 1}), more than --max-modes {max_modes}")
         t = (n - 2 - max_modes) / (2 * max_modes)
         if n < 2 + 3 * max_modes or t != int(t):
+            hint = ""
+            if (
+                0 < modes < max_modes
+                and names[2 : 2 + modes] == [f"conf_{m}" for m in range(modes)]
+                and (n - 2 - modes) % (2 * modes) == 0
+            ):
+                hint = f" (a file of {modes} modes: --max-modes {modes} reads it)"
+            _named_difference(
+                names, pred_header(max(1, round(t)), max_modes), f"PRED header of {max_modes} modes", where, hint
+            )
             raise CSVError(
                 f"{where}: not a PRED file with {max_modes} modes: {n} columns give no integer future "
                 f"length T = (columns - 2 - M) / (2 M)"
@@ -829,6 +849,9 @@ def write_pred_csv(
         if not np.allclose(sums, 1.0):
             i = int(np.flatnonzero(~np.isclose(sums, 1.0))[0])
             raise CSVError(f"confs of row {i} sum to {float(sums[i])!r}, not 1")
+        if (np.asarray(confs) < 0).any():
+            i, j = (int(k[0]) for k in np.nonzero(np.asarray(confs) < 0))
+            raise CSVError(f"confs of row {i}: {float(confs[i, j])!r} is negative (a confidence is in [0, 1])")
     _write_blocks(
         csv_path,
         pred_header(t, max_modes),

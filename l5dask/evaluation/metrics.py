@@ -106,6 +106,13 @@ def _check_confs(conf: np.ndarray, f: CSVFile, rows: np.ndarray) -> None:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CSVError(f"{f.path}: line {int(rows[i]) + 2}: the confidences sum to {float(sums[i])!r}, not 1")
+    neg = conf < 0  # summing to 1 or not: L5Kit takes their log, and every probabilistic metric is NaN
+    if neg.any():
+        i, j = (int(k[0]) for k in np.nonzero(neg))
+        raise CSVError(
+            f"{f.path}: line {int(rows[i]) + 2}: conf_{j} is negative ({float(conf[i, j])!r}): a confidence is a "
+            "probability, in [0, 1]"
+        )
 
 
 def _pair_task(

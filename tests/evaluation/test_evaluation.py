@@ -675,6 +675,77 @@ def test_bad_rows(good_pair, tmp_path):
     )
 
 
+def test_negative_confidences_are_refused(good_pair, tmp_path):
+    """Confidences that sum to 1 with one below 0 (-0.1, 1.0, 0.1): L5Kit takes the log of each and
+    every probabilistic metric of the file is NaN (null in the JSON), with exit code 0; l5dask refuses
+    the row in one line, and its writer refuses to write such confidences."""
+    p = lines_of(good_pair / "p.csv")
+    neg = list(p)
+    cells = neg[6].split(b",")
+    cells[2:5] = [b"-0.1", b"1.0", b"0.1"]
+    neg[6] = b",".join(cells)
+    evaluate_error(
+        tmp_path,
+        good_pair / "gt.csv",
+        write_lines(tmp_path / "n.csv", neg),
+        "line 7",
+        "conf_0",
+        "negative",
+    )
+    cu, mt = l5kit_evaluation()[:2]
+    gt = list(cu.read_gt_csv(str(good_pair / "gt.csv")))[5]
+    row = list(cu.read_pred_csv(str(tmp_path / "n.csv")))[5]
+    args = (gt["coord"], row["coords"], row["conf"], gt["avail"])
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(mt.neg_multi_log_likelihood(*map(np.asarray, args)))
+    coords = np.zeros((2, 3, T, 2))
+    confs = np.array([[0.6, 0.3, 0.1], [1.2, -0.1, -0.1]])
+    with pytest.raises(csvfiles.CSVError, match="confs of row 1: -0.1 is negative"):
+        csvfiles.write_pred_csv(str(tmp_path / "w.csv"), np.array([1, 2]), np.array([1, 1]), coords, confs)
+    assert not (tmp_path / "w.csv").exists()
+
+
+def test_a_missing_column_is_named(good_pair, tmp_path):
+    """A header missing one of its first columns names the first column that differs, as a renamed
+    one does (it said before that its count gave no integer future length); a file of fewer modes
+    than --max-modes says which --max-modes reads it."""
+    p = lines_of(good_pair / "p.csv")
+    names = p[0].split(b",")
+    no_track = [b",".join([names[0]] + names[2:])] + [b",".join(r.split(b",")[:1] + r.split(b",")[2:]) for r in p[1:]]
+    evaluate_error(
+        tmp_path,
+        good_pair / "gt.csv",
+        write_lines(tmp_path / "a.csv", no_track),
+        "not L5Kit's PRED header of 3 modes",
+        "column 2 is 'conf_0', L5Kit's is 'track_id'",
+    )
+    keep = [i for i, n in enumerate(names) if not (n == b"conf_2" or n.startswith((b"coord_x2", b"coord_y2")))]
+    two = [b",".join(r.split(b",")[i] for i in keep) if r else r for r in p]
+    for k in range(1, len(two)):  # the two modes' confidences sum to 1 again
+        if two[k]:
+            cells = two[k].split(b",")
+            cells[2] = repr(1.0 - float(cells[3])).encode()
+            two[k] = b",".join(cells)
+    evaluate_error(
+        tmp_path,
+        good_pair / "gt.csv",
+        write_lines(tmp_path / "b.csv", two),
+        "column 5 is 'coord_x00', L5Kit's is 'conf_2'",
+        "2 modes: --max-modes 2",
+    )
+    assert cli("evaluate", good_pair / "gt.csv", tmp_path / "b.csv", "-q", "--max-modes", "2").returncode == 0
+    g = lines_of(good_pair / "gt.csv")
+    gnames = g[0].split(b",")
+    no_avail = [b",".join(gnames[:2] + gnames[3:])] + g[1:]
+    evaluate_error(
+        tmp_path,
+        write_lines(tmp_path / "c.csv", no_avail),
+        good_pair / "p.csv",
+        "not L5Kit's GT header",
+        "column 3 is 'avail_1', L5Kit's is 'avail_0'",
+    )
+
+
 def test_rows_that_do_not_pair(good_pair, tmp_path):
     g, p = lines_of(good_pair / "gt.csv"), lines_of(good_pair / "p.csv")
     dup = g[:4] + [g[3]] + g[4:]
