@@ -18,6 +18,7 @@ from xarray.groupers import EncodedGroups, UniqueGrouper
 from l5dask.core.engine import Reduction
 from l5dask.core.policy import ComputedLocally
 from l5dask.errors import UnknownNameError, UsageError
+from l5dask.prediction import format as fmt
 from l5dask.prediction.groupby import (
     AGGREGATIONS,
     QUANTILE_BITS,
@@ -32,14 +33,27 @@ from l5dask.prediction.groupby import (
 )
 from l5dask.prediction.kernels import range_codes
 
+#: The coordinates :func:`~l5dask.prediction.views.joined_dataset` adds (of agents, tl_faces or frames).
+JOIN_COORDS = ("frame_index", "scene_index", "timestamp", "hour", "host", "label", "status")
+#: The array of a view's row dimension (the views' ``ROW_DIMS``, which import this module).
+_ARRAY_OF_ROW_DIM = {"agent": fmt.AGENTS, "tl_face": fmt.TL_FACES, "frame": fmt.FRAMES}
+
 
 def groupers(obj, names: Sequence[str]) -> dict:
     """xarray groupers for coordinates that know their values (see :func:`joined_dataset`)."""
     out = {}
     for n in names:
         if n not in obj.coords:
+            hint = ""
+            if n in JOIN_COORDS:  # a view of the stored fields (xr.open_dataset(..., engine="l5kit"), ds.agents)
+                array = next((a for d, a in _ARRAY_OF_ROW_DIM.items() if d in obj.dims), fmt.AGENTS)
+                hint = (
+                    f"; {n!r} is a join coordinate: l5dask.open_dataset(path).joined({array!r}) adds it "
+                    '(xr.open_dataset(path, engine="l5kit") and ds.agents hold the stored fields only)'
+                )
             raise UnknownNameError(
-                f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords))}"
+                f"no coordinate {n!r} to group by; the coordinates are: {', '.join(map(str, obj.coords)) or 'none'}"
+                + hint
             )
         attrs = obj.coords[n].attrs
         if "flag_values" in attrs:

@@ -1455,8 +1455,34 @@ def test_xarray_accessor_refuses_coordinates_without_known_values(edge_ds):
     view = l5dask.open_dataset(edge_ds).joined("agents")
     with pytest.raises(ValueError, match=r"'timestamp' does not know its values"):
         view.yaw.l5.groupby("timestamp")
-    with pytest.raises(KeyError, match=r"no coordinate 'scene' to group by"):
+    with pytest.raises(KeyError, match=r"no coordinate 'scene' to group by") as e:
         view.yaw.l5.groupby("scene")
+    assert "join coordinate" not in str(e.value)
+
+
+def test_xarray_accessor_on_stored_fields_says_where_the_join_coordinates_are(edge_ds):
+    """The engine's view holds the stored fields only: grouping it by a join coordinate said that
+    the coordinates were '' (none); the line says which view has it."""
+    import xarray as xr
+
+    stored = xr.open_dataset(edge_ds, engine="l5kit")
+    with pytest.raises(KeyError) as e:
+        stored.yaw.l5.groupby("scene_index")
+    assert str(e.value).strip("'\"") == (
+        "no coordinate 'scene_index' to group by; the coordinates are: none; 'scene_index' is a join "
+        "coordinate: l5dask.open_dataset(path).joined('agents') adds it (xr.open_dataset(path, "
+        'engine="l5kit") and ds.agents hold the stored fields only)'
+    )
+    faces = l5dask.open_dataset(edge_ds).tl_faces
+    with pytest.raises(
+        KeyError, match=r"the coordinates are: none; 'host' is a join coordinate: .*joined\('traffic_light_faces'\)"
+    ):
+        faces.face_id.l5.groupby("host")
+    view = l5dask.open_dataset(edge_ds).joined("agents")
+    np.testing.assert_array_equal(
+        view.yaw.l5.groupby("scene_index").count().values,
+        np.bincount(view.scene_index.values, minlength=view.scene_index.attrs["valid_range"][1] + 1),
+    )
 
 
 def test_columns_kernels_equal_numpy():
