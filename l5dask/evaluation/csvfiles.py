@@ -787,6 +787,12 @@ def _write_blocks(
     write_ordered(path, header, parts, storage_options)
 
 
+def _arrays(*xs):
+    """Each of ``xs`` as an array: numpy's and dask's as they are, anything else (a list, a tuple)
+    through ``np.asarray``."""
+    return tuple(x if hasattr(x, "shape") else np.asarray(x) for x in xs)
+
+
 def _check_rows(timestamps, track_ids, n: int) -> None:
     if timestamps.shape != (n,) or track_ids.shape != (n,):
         raise CSVError(f"timestamps {timestamps.shape} and track_ids {track_ids.shape} must both be ({n},)")
@@ -799,6 +805,7 @@ def write_gt_csv(
     """Write a GT file with exactly L5Kit's bytes (``write_gt_csv``), from numpy or dask arrays,
     in parallel, atomically. ``coords`` (N, T, 2), ``avails`` (N, T). ``scheduler``: where the tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
     default: the active client, else local threads; ``job=`` is its old name, until the next release)."""
+    timestamps, track_ids, coords, avails = _arrays(timestamps, track_ids, coords, avails)
     if len(coords.shape) != 3 or coords.shape[2] != 2:
         raise CSVError(f"coords must be (examples, future_len, 2), got {coords.shape}")
     n, t, _ = coords.shape
@@ -827,6 +834,9 @@ def write_pred_csv(
     default: the active client, else local threads; ``job=`` is its old name, until the next release)."""
     import dask.array as da
 
+    timestamps, track_ids, coords = _arrays(timestamps, track_ids, coords)
+    if confs is not None:
+        (confs,) = _arrays(confs)
     if len(coords.shape) == 3:
         if confs is not None:
             raise CSVError("single-mode coords (N, T, 2) take no confs (L5Kit writes confidence 1)")

@@ -170,7 +170,7 @@ def _duplicates(f: CSVFile) -> None:
         first = rows[np.argmin(rows[:, 1])]
         raise CSVError(
             f"{f.path}: {len(i)} duplicate (timestamp, track_id) rows, first: lines {first[0] + 2} and "
-            f"{first[1] + 2} ({_keys_text(f.timestamps, f.track_ids, first[:1])})"
+            f"{first[1] + 2} {_keys_text(f.timestamps, f.track_ids, first[:1])}"
         )
 
 

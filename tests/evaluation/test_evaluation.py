@@ -603,8 +603,9 @@ def write_lines(path, lines):
 def evaluate_error(tmp_path, gt, pred, *needles, extra=()):
     out = tmp_path / "m.json"
     r = cli("evaluate", gt, pred, "-o", out, "-q", *extra)
-    one_line_error(r, *needles)
+    line = one_line_error(r, *needles)
     assert not out.exists() and not list(tmp_path.glob(".m.json*"))
+    return line
 
 
 def test_bad_headers(good_pair, tmp_path):
@@ -746,10 +747,35 @@ def test_a_missing_column_is_named(good_pair, tmp_path):
     )
 
 
+def test_the_writers_take_lists(tmp_path):
+    """Lists (as a user's loop makes them) write the bytes arrays do; the writers stopped at
+    ``timestamps.shape`` with an AttributeError."""
+    rng = np.random.default_rng(4)
+    ts, tid = [10, 10, 20], [1, 2, 1]
+    gt, avail = rng.normal(size=(3, T, 2)), rng.integers(0, 2, (3, T)).astype(np.float64)
+    pred, conf = rng.normal(size=(3, 2, T, 2)), np.array([[0.25, 0.75], [1.0, 0.0], [0.5, 0.5]])
+    csvfiles.write_gt_csv(str(tmp_path / "a.csv"), np.array(ts), np.array(tid), gt, avail)
+    csvfiles.write_gt_csv(str(tmp_path / "b.csv"), ts, tid, gt.tolist(), avail.tolist())
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
+    csvfiles.write_pred_csv(str(tmp_path / "c.csv"), np.array(ts), np.array(tid), pred, conf)
+    csvfiles.write_pred_csv(str(tmp_path / "d.csv"), ts, tid, pred.tolist(), conf.tolist())
+    assert (tmp_path / "c.csv").read_bytes() == (tmp_path / "d.csv").read_bytes()
+    cu = l5kit_evaluation()[0]
+    cu.write_pred_csv(str(tmp_path / "e.csv"), np.array(ts), np.array(tid), pred, conf)
+    assert (tmp_path / "c.csv").read_bytes() == (tmp_path / "e.csv").read_bytes()
+    csvfiles.write_pred_csv(str(tmp_path / "f.csv"), ts, tid, pred[:, 0].tolist())
+    cu.write_pred_csv(str(tmp_path / "g.csv"), np.array(ts), np.array(tid), pred[:, 0])
+    assert (tmp_path / "f.csv").read_bytes() == (tmp_path / "g.csv").read_bytes()
+
+
 def test_rows_that_do_not_pair(good_pair, tmp_path):
     g, p = lines_of(good_pair / "gt.csv"), lines_of(good_pair / "p.csv")
     dup = g[:4] + [g[3]] + g[4:]
-    evaluate_error(tmp_path, write_lines(tmp_path / "a.csv", dup), good_pair / "p.csv", "1 duplicate", "lines 4 and 5")
+    line = evaluate_error(
+        tmp_path, write_lines(tmp_path / "a.csv", dup), good_pair / "p.csv", "1 duplicate", "lines 4 and 5"
+    )
+    key = g[3].split(b",")
+    assert line.endswith(f"lines 4 and 5 (timestamp {int(key[0])}, track {int(key[1])})"), line
     missing = p[:3] + p[5:]
     evaluate_error(
         tmp_path,
