@@ -87,10 +87,22 @@ def read_boxes(path: str, kind: str, storage_options: dict | None = None) -> Box
             head = f.read(4096).lstrip()[:1]
         if head == b"[":
             return _from_json(local, path, kind)
+        _not_an_object(head, path)
     data = store.get(key, what="the detection file")
     if data.lstrip()[:1] == b"[":
         return _from_json(data, path, kind)
+    _not_an_object(data.lstrip()[:1], path)
     return _from_csv(data, path, kind)
+
+
+def _not_an_object(head: bytes, where: str) -> None:
+    """Refuse a file that opens a JSON object (no CSV header starts with ``{``): it was read as a
+    CSV, and said that its header was not ``Id,PredictionString``."""
+    if head == b"{":
+        raise FormatError(
+            f"{where}: a JSON object, not the SDK's JSON list of boxes ([{{...}}, ...]) nor the competition's "
+            "CSV (Id,PredictionString)"
+        )
 
 
 def _codes(values: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -479,6 +479,9 @@ BAD_JSON = [
         '[{"sample_token": "a", "translation": [NaN, 1, 2], "size": [1, 1, 1], "rotation": [1, 0, 0, 0], "name": "car", "score": 0.5}]',
         "NaN",
     ),
+    # an object holding the list (it was read as a CSV: "the header is '{\"boxes\": ...', expected Id,...")
+    (json.dumps({"boxes": [_box(score=0.5)]}), "a JSON object, not the SDK's JSON list of boxes ([{...}, ...])"),
+    (" \n" + json.dumps({"results": {}}), "a JSON object, not the SDK's JSON list of boxes"),
 ]
 
 
