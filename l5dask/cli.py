@@ -148,6 +148,10 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
         now = datetime.datetime.combine(day, datetime.datetime.now(datetime.timezone.utc).timetz())
     loaded = jobs.load_job(job)
     if check_only:
+        if cache:  # (refused as the run refuses it; the check makes nothing)
+            from l5dask.core.cache import check_location
+
+            check_location(cache)
         plan = runs.plan(loaded, now=now, record=record)
         for t in plan.tasks:
             click.echo(f"{t.analysis.name} on {t.dataset}: {', '.join(t.outputs.values()) or 'into the dataset'}")

@@ -867,6 +867,16 @@ def test_a_cache_url_l5dask_cannot_write_is_refused_before_anything_runs(small_d
     r = cli(write(tmp_path / "plain.toml", job.read_text().replace("[cache]\n", "").replace(
         'url = "http://127.0.0.1:9/cache"\n', "")), "-q", "--cache", "http://127.0.0.1:9/cache")  # fmt: skip
     assert r.returncode == 2 and "cannot write a cache on http://" in r.stderr and len(r.stderr.splitlines()) == 1
+    # --check refuses the --cache of its command line as the run does (it listed the plan and said
+    # "the job can run", exit 0)
+    plain = tmp_path / "plain.toml"
+    for where, why in (("http://127.0.0.1:9/cache", "l5dask cannot write a cache on http://"), (plain, "is a file")):
+        r = cli(plain, "--check", "--cache", where)
+        assert (r.returncode, r.stdout) == (2, ""), (r.returncode, r.stdout)
+        assert r.stderr.startswith(f"l5dask: error: --cache {where}: {why}") and r.stderr.count("\n") == 1, r.stderr
+    assert not out.exists()
+    r = cli(plain, "--check", "--cache", tmp_path / "a-cache")
+    assert r.returncode == 0 and r.stdout.endswith("the job can run\n") and not (tmp_path / "a-cache").exists()
 
 
 def test_damaged_cache_entries_are_recomputed_and_counted_in_the_record(small_ds, tmp_path):
