@@ -109,8 +109,7 @@ class PerceptionDataset:
             self._raw[name] = raw
 
     def raw(self, name: str) -> tables.RawTable:
-        if name not in tables.SCHEMA:
-            raise UnknownNameError(f"no table {name!r}; the tables are {', '.join(tables.TABLES)}")
+        _known(name)
         self.load([name])
         return self._raw[name]
 
@@ -123,6 +122,7 @@ class PerceptionDataset:
         """Table ``name`` with its links resolved to row indices, tokens checked unique, chains ranked."""
         if name in self._tables:
             return self._tables[name]
+        _known(name)  # (before any read: a typo is not a missing file)
         targets = {t for t, _ in links.LINKS.get(name, {}).values()}
         self.load(
             [
@@ -223,6 +223,11 @@ class PerceptionDataset:
         (see :class:`l5dask.perception.lidar.Sweeps`)."""
 
         return sweeps(self, channels, key_frames, frame)
+
+
+def _known(name: str) -> None:
+    if name not in tables.SCHEMA:
+        raise UnknownNameError(f"no table {name!r}; the tables are {', '.join(tables.TABLES)}")
 
 
 def _call(func: Any) -> Any:

@@ -270,6 +270,19 @@ def test_tables_are_parsed_only_when_needed(data):
     assert got.to_dict() == df.groupby("category_name")["distance_to_ego"].count().to_dict()
 
 
+def test_a_table_name_that_is_not_one_is_a_usage_error(data):
+    """A typo'd table name in frame/table/to_dask_dataframe said the table's file was missing (a
+    FormatError about the data); it names the tables, as raw() did, and reads nothing."""
+    ds = open_perception(data[0])
+    tables = "attribute, calibrated_sensor, category, ego_pose, instance, log, map, sample, sample_annotation, "
+    for call in (ds.frame, ds.table, ds.to_dask_dataframe):
+        with pytest.raises(KeyError) as err:
+            call("sample_annotations")
+        assert not isinstance(err.value, FormatError)
+        assert str(err.value).strip("'\"").startswith(f"no table 'sample_annotations'; the tables are {tables}")
+    assert ds._raw == {}
+
+
 def test_test_split_without_annotation_tables(tmp_path, data):
     _sdk()
     root = str(tmp_path / "test_split")
