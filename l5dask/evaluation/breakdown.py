@@ -70,7 +70,8 @@ def agent_groups(
     )
     tid = np.empty(len(agents), np.int64)
     tid[order] = np.asarray(got["track_id"], np.int64)
-    probs = np.asarray(got["label_probabilities"]).reshape(len(wanted), -1)
+    probs = np.asarray(got["label_probabilities"])
+    probs = probs.reshape(len(wanted), -1) if len(wanted) else np.zeros((0, 1))  # (no frame found: none)
     label = np.empty(len(agents), np.int64)
     label[order] = np.argmax(probs, axis=1)
     # join GT rows to agents on (timestamp, track_id); the first agent (frame order) wins

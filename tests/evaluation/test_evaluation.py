@@ -335,6 +335,15 @@ def test_evaluate_by_scene_refuses_scene_intervals_out_of_order(edge, tmp_path):
     assert not (tmp_path / "m.json").exists()
 
 
+def test_evaluate_with_a_dataset_the_gt_is_not_of(edge, good_pair, tmp_path):
+    """--dataset of another dataset, none of whose frames has a GT row's timestamp: one line saying
+    that the GT rows are not its agents (it was a traceback: reshaping no label probabilities)."""
+    line = evaluate_error(tmp_path, good_pair / "gt.csv", good_pair / "p.csv", extra=("--dataset", edge[0]))
+    n = len(lines_of(good_pair / "gt.csv")) - 2  # (the header; the last line's \r\n)
+    key = lines_of(good_pair / "gt.csv")[1].split(b",")
+    assert f"{n} GT rows are not agents of {edge[0]}: (timestamp {int(key[0])}, track {int(key[1])})" in line, line
+
+
 # --- agents mask ------------------------------------------------------------------------------------
 def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     path, ref, counts = edge
