@@ -132,3 +132,116 @@ def partial_gather_verdict(
             assert np.array_equal(seen[codes[0]], rows), "a row's code is not its value"
             assert {bytes(r) for r in seen} == {bytes(r) for r in rows}, "distinct values other than the rows'"
     return got, whole
+
+
+def _same_part(a: Any, b: Any) -> bool:
+    """Two outcomes of reading part of a chunk (a ``ChunkPart``, or a refusal's line) alike."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    rows = lambda p: None if p.rows is None else [r.tobytes() for r in p.rows]  # noqa: E731
+    return (None if a.raw is None else bytes(a.raw)) == (None if b.raw is None else bytes(b.raw)) and (
+        a.nbytes,
+        a.at,
+        rows(a),
+    ) == (b.nbytes, b.at, rows(b))
+
+
+def compiled_read_verdict(
+    raw: bytes, meta: fmt.ArrayMeta, index: int, ranges: Sequence[tuple[int, int]], direct: bool, cold: bool
+) -> tuple[Any, str]:
+    """``(outcome, how)``: a local chunk read in part (``read_chunk_part``) with its reads made at
+    once by the compiled reader (``l5dask.core._pread.read_part``: open, header, the blocks it
+    plans from the header, the last byte, close), held to the same reads made by the Python path
+    one at a time (``reading._read_part`` through a plain ``diskread.File``). ``raw`` is put in a
+    store of its own as stored chunk ``index``, read around the page cache when not in it
+    (``direct``), out of the page cache first (``cold``). Asserts: the same outcome (the same
+    ``ChunkPart``, or the same one-line refusal); every piece the compiled reader kept is the file's
+    bytes at its place, the header first; and where the chunk is sound and its block starts come
+    with the header (stored without compression, or 64 blocks at most), its pieces are exactly
+    the Python path's reads (no read more, no byte more) and the file is opened once. ``outcome``:
+    the ``ChunkPart`` or the refusal; ``how``: what the compiled reader did (for the tests' events)."""
+    import struct
+
+    import dask
+
+    from l5dask.core import diskread
+    from l5dask.core.codec import MAX_OVERHEAD
+    from l5dask.core.lazy import compiled
+    from l5dask.core.store import LocalFile
+    from l5dask.prediction import reading
+
+    compiled("l5dask.core._pread")  # (built: the compiled reader is what is tested)
+    key, what = meta.key(index), f"array {meta.name!r}, chunk {str(index)!r}"
+    start, item = meta.chunk_bounds(index)[0], meta.dtype.itemsize
+    cuts = np.array([((lo - start) * item, (hi - start) * item) for lo, hi in ranges], np.int64).ravel()
+    with tempfile.TemporaryDirectory() as tmp, dask.config.set({"l5dask.direct-reads": direct}):
+        path = os.path.join(tmp, key)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())  # (clean pages: evicted when asked)
+        store = Store(tmp)
+        assert diskread.wanted(store.large) == direct
+
+        def evict() -> None:
+            if cold:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
+        reads: list[tuple[int, int]] = []
+        opened = [0]
+        real_read, real_open = diskread.File.read, diskread.File._open
+
+        def read(self, a=None, b=None):
+            reads.append(diskread.span(a, b, self.size))
+            return real_read(self, a, b)
+
+        def reopen(self, random):
+            opened[0] += 1
+            return real_open(self, random)
+
+        def outcome(part: bool) -> Any:
+            reads.clear()
+            opened[0] = 0
+            evict()
+            diskread.File.read, diskread.File._open = read, reopen  # type: ignore[method-assign]
+            try:
+                if part:
+                    return reading.read_chunk_part(store, meta, index, ranges)
+                with LocalFile(store, key, what, diskread.File(path, direct)) as file:
+                    return reading._read_part(store, meta, index, ranges, key, what, file)
+            except L5DaskError as exc:
+                assert "\n" not in str(exc), f"a refusal of more than one line: {exc}"
+                return str(exc)
+            finally:
+                diskread.File.read, diskread.File._open = real_read, real_open  # type: ignore[method-assign]
+
+        python = outcome(False)
+        python_reads = list(reads)
+        together = outcome(True)
+        assert _same_part(python, together), f"the compiled reader's outcome {together!r}, Python's {python!r}"
+        reopened = opened[0]
+        evict()
+        with diskread.File(path, direct, part=(cuts, meta.chunk_nbytes, reading._HEAD_BYTES)) as file:
+            pieces = list(file.pieces)
+    head = raw[: reading._HEAD_BYTES]
+    for at, data in pieces:
+        assert data == raw[at : at + len(data)], f"a piece at {at} that is not the file's bytes there"
+    planned = bool(ranges) and not diskread._REFUSED and (not direct or bool(diskread._CACHESTAT))
+    if not planned:
+        return together, "not planned here"
+    assert pieces and pieces[0] == (0, head), "the header not read first"
+    sound = check_blosc(raw, meta.chunk_nbytes, meta.typesize) is None
+    if sound:
+        flags, nbytes, blocksize = raw[2], *struct.unpack_from("<ii", raw, 4)
+        if not flags & 0x02 and MAX_OVERHEAD + 4 * -(-nbytes // blocksize) > len(head):
+            assert len(pieces) == 1 and reopened == 1, "more than 64 blocks: the header read, the rest as before"
+            return together, "the header alone (more than 64 blocks)"
+        assert [(at, at + len(data)) for at, data in pieces] == python_reads, (pieces, python_reads)
+        assert reopened == 0, "a read the compiled reader did not make"
+        return together, f"{len(pieces)} reads at once, as Python's"
+    return together, f"damaged: {len(pieces)} pieces, {reopened} opened again"

@@ -23,7 +23,7 @@ from l5dask.prediction.reading import Encoded
 
 from . import strategies as s
 from .gather_reference import gather_verdict
-from .partial_reference import partial_gather_verdict, partial_verdict, plan_for
+from .partial_reference import compiled_read_verdict, partial_gather_verdict, partial_verdict, plan_for
 
 SETTINGS = settings(
     max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -240,6 +240,34 @@ def test_a_chunk_read_in_part_from_a_local_disk_reads_the_pieces_of_its_blocks_o
     rest = sorted(r for r in reads if r not in head)
     assert all(b2 - b1 >= 4096 for (_, b1), (b2, _) in zip(rest, rest[1:])), rest
     event(f"{len(rest)} reads after the header")
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(
+    data=st.data(),
+    dtype=s.record_dtypes(),
+    chunk_rows=st.integers(1, 2500),
+    params=s.BLOSC,
+    direct=st.booleans(),
+    cold=st.booleans(),
+)
+def test_the_compiled_reads_of_a_chunk_in_part_are_the_python_paths(data, dtype, chunk_rows, params, direct, cold):
+    """A local chunk read in part with its reads made at once by the compiled reader
+    (``l5dask.core._pread.read_part``: its own plan of the blocks from the header) against the same
+    chunk read by the Python path one read at a time (``reading._read_part``), any records, codec,
+    shuffle, block size (more than 64 blocks, stored without compression), short or not, first or
+    not, any sorted row ranges (a chunk's last short block alone), through the page cache or
+    around it, cold or cached: the same rows or the same one-line refusal; each piece read is the
+    file's bytes; a sound chunk's reads exactly the Python path's, its file opened once
+    (``tests/partial_reference.py``). Where it is sound, its rows decoded are the whole chunk's."""
+    rec, clean, raw, meta, index, ranges = partial_case(data, dtype, chunk_rows, params)
+    got, how = compiled_read_verdict(raw, meta, index, ranges, direct, cold)
+    event(how)
+    if raw == clean:
+        assert not isinstance(got, str), got
+        start = index * chunk_rows
+        for (lo, hi), rows in zip(ranges, got.decode(meta, index, ranges)):
+            assert rows.tobytes() == rec[lo - start : hi - start].tobytes()
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

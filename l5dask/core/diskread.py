@@ -257,36 +257,84 @@ class File:
     told the reads are random (``POSIX_FADV_RANDOM``, on this open file only): it reads no bytes
     ahead of them, which a chunk read in part does not want. Through one file, a partial read of
     a chunk of 121 M agents' dataset (one to three ranges of blocks) took 47 us of CPU in the page
-    cache against 89 us through ``Store.get`` and ``Store.iter_ranges``."""
+    cache against 89 us through ``Store.get`` and ``Store.iter_ranges``.
 
-    __slots__ = ("fd", "size", "direct", "dev")
+    Opened with ``part`` (a blosc chunk read in part), all of its reads are made as it is opened,
+    in one compiled call that opens and closes the file too (:meth:`_read_part`); :meth:`read`
+    then returns them, the same bytes, and reads (the file opened again) only what they do not
+    hold: where the header wants more (more than 64 blocks) or is damaged, the reader that checks
+    it reads on its own and refuses it as before."""
 
-    def __init__(self, path: str, direct: bool, random: bool = True) -> None:
-        self.direct = direct
+    __slots__ = ("fd", "size", "direct", "dev", "path", "pieces")
+
+    def __init__(self, path: str, direct: bool, random: bool = True, part: tuple[Any, int, int] | None = None) -> None:
+        self.direct, self.path = direct, path
+        self.pieces: list[tuple[int, bytes]] = []
+        if part is not None and random and self._read_part(*part):
+            return
+        self._open(random)
+
+    def _open(self, random: bool) -> None:
         pread = _pread()
         if pread is not None:  # (open, its size and the hint: one compiled call, the GIL let go once)
-            self.fd, self.size, self.dev = pread.open_file(os.fsencode(path), random and not direct and _FADVISE)
+            self.fd, self.size, self.dev = pread.open_file(
+                os.fsencode(self.path), random and not self.direct and _FADVISE
+            )
             if self.fd < 0:
-                raise OSError(-self.fd, os.strerror(-self.fd), path)
+                raise OSError(-self.fd, os.strerror(-self.fd), self.path)
             return
-        self.fd = os.open(path, os.O_RDONLY)
+        self.fd = os.open(self.path, os.O_RDONLY)
         try:
             st = os.fstat(self.fd)
             self.size, self.dev = st.st_size, st.st_dev
-            if random and not direct and _FADVISE:
+            if random and not self.direct and _FADVISE:
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         except BaseException:
             os.close(self.fd)
             raise
 
+    def _read_part(self, cuts: Any, nbytes: int, head: int) -> bool:
+        """A blosc chunk read in part (``part``: the decoded bytes wanted, pairs ``[lo, hi)`` in an
+        int64 array, its decoded size and how much of its header to read): its header, the ranges
+        of blocks that it says hold them and its last byte read in one compiled call that opens and
+        closes the file too (``l5dask.core._pread.read_part``, the GIL let go once, where each read,
+        the ``open`` and the ``close`` let go of it and took it back), kept for :meth:`read`. Whether
+        it was (not: where the kernel cannot say what is in the page cache, or a device refused
+        ``O_DIRECT``; the file is then opened as any)."""
+        pread = _pread()
+        if pread is None or _REFUSED or (self.direct and not _CACHESTAT):
+            return False
+        buf = _buffer(nbytes + head + (len(cuts) // 2 + 70) * 3 * ALIGN)
+        status, size, dev, pieces = pread.read_part(
+            os.fsencode(self.path), self.direct, _CACHESTAT or -1, ALIGN, PAGE, buf, head, nbytes, cuts
+        )
+        if size < 0:
+            raise OSError(status, os.strerror(status), self.path)
+        if status in (pread.OK, pread.SMALL):
+            self.fd, self.size, self.dev, self.pieces = _REOPEN, size, dev, pieces
+            return True
+        if status == pread.REFUSED:
+            _REFUSED.add(dev)
+        elif status != pread.UNKNOWN:
+            raise OSError(status, os.strerror(status))
+        return False
+
     def read(self, start: int | None = None, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of the file (as ``read()``: ``None``, negative ``start``)."""
-        return _read_fd(self.fd, *span(start, end, self.size), self.direct, self.dev)
+        """Bytes ``[start, end)`` of the file (as ``read()``: ``None``, negative ``start``): from a
+        chunk's reads made at once (``part``) when one holds them, else read now."""
+        a, b = span(start, end, self.size)
+        for at, data in self.pieces:
+            if at <= a and b <= at + len(data):
+                return data if a == at and b - a == len(data) else data[a - at : b - at]
+        if self.fd == _REOPEN:  # (closed after the reads made at once: opened again for this one)
+            self._open(True)
+        return _read_fd(self.fd, a, b, self.direct, self.dev)
 
     def close(self) -> None:
+        self.pieces = []
         if self.fd >= 0:
             os.close(self.fd)
-            self.fd = -1
+        self.fd = -1
 
     def __enter__(self) -> File:
         return self
@@ -295,6 +343,9 @@ class File:
         self.close()
 
 
+#: ``File.fd`` of a file closed after a chunk's reads made at once (``part``): opened again by a read
+#: that they do not hold.
+_REOPEN = -2
 _FADVISE = hasattr(os, "posix_fadvise") and hasattr(os, "POSIX_FADV_RANDOM")
 
 

@@ -412,16 +412,18 @@ class Store:
             return f"{self.file}: reading "
         return f"{self.url}: reading {key!r} "
 
-    def open_file(self, key: str, *, what: str | None = None) -> LocalFile:
+    def open_file(self, key: str, *, what: str | None = None, part: tuple[Any, int, int] | None = None) -> LocalFile:
         """On a local disk, object ``key`` opened once for several ranged reads (a chunk read in
         part: ``l5dask.prediction.reading.read_chunk_part``), each as :meth:`get` of the range
         reads it (around the page cache for a large dataset, counted), with no hint to the kernel
         to read ahead (``l5dask.core.diskread.File``); errors as :meth:`get`'s. Close it
-        (it is a context manager). Only for a :attr:`local` store."""
+        (it is a context manager). Only for a :attr:`local` store. ``part``: the object is a blosc
+        chunk read in part (its decoded bytes wanted, its decoded size, how much of its header to
+        read: ``l5dask.core.diskread.File``), its reads made at once as it is opened."""
         if not self.local:
             raise ValueError("Store.open_file: only for a store on a local disk")
         try:
-            return LocalFile(self, key, what, diskread.File(self.path(key), diskread.wanted(self.large)))
+            return LocalFile(self, key, what, diskread.File(self.path(key), diskread.wanted(self.large), part=part))
         except OSError as exc:
             raise self.read_error(key, what, exc) from exc
 

@@ -437,3 +437,34 @@ def test_reads_ahead_are_in_flight_together(blob, tmp_path):
 
     it = store.read_ahead(in_turn, list(range(5)), 1)
     assert order == [] and list(it) == list(range(5)) and order == list(range(5))
+
+
+def test_the_compiled_read_in_part_refuses_what_its_caller_gets_wrong(tmp_path):
+    """``l5dask.core._pread.read_part`` (a chunk read in part, its reads at once): arguments that
+    would send a read outside its buffer or the chunk are refused before anything is read; a
+    buffer too small for the planned reads keeps only the header (``SMALL``: the rest read as
+    before); a missing file is its ``errno``."""
+    from numcodecs import Blosc
+
+    from l5dask.core.lazy import compiled
+
+    pread = compiled("l5dask.core._pread")
+    rec = np.random.default_rng(1).integers(0, 4, 40000, dtype=np.uint8)
+    raw = Blosc("lz4", 5, Blosc.SHUFFLE, 4096).encode(rec)
+    path = tmp_path / "0"
+    path.write_bytes(raw)
+    buf = diskread._buffer(1 << 20)
+    args = (os.fsencode(path), False, -1, diskread.ALIGN, diskread.PAGE)
+    for cuts in ([-1, 5], [0, 40001], [9, 3], [0, 5, 7]):
+        with pytest.raises(ValueError, match="read_part: "):
+            pread.read_part(*args, buf, 272, 40000, np.array(cuts, np.int64))
+    with pytest.raises(ValueError, match="aligned"):
+        pread.read_part(*args, np.frombuffer(buf, np.uint8)[1:], 272, 40000, np.array([0, 5], np.int64))
+    status, size, _, pieces = pread.read_part(*args, buf, 272, 40000, np.array([20000, 20001], np.int64))
+    assert status == pread.OK and size == len(raw) and len(pieces) == 2 and pieces[0] == (0, raw[:272])
+    small = np.frombuffer(buf, np.uint8)[: 3 * diskread.ALIGN]
+    status, _, _, pieces = pread.read_part(*args, small, 272, 40000, np.array([20000, 20001], np.int64))
+    assert status == pread.SMALL and pieces == [(0, raw[:272])]
+    missing = (os.fsencode(tmp_path / "missing"), *args[1:])
+    status, size, _, pieces = pread.read_part(*missing, buf, 272, 40000, np.zeros(0, np.int64))
+    assert (status, size, pieces) == (errno.ENOENT, -1, [])

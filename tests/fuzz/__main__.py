@@ -6,7 +6,7 @@
 
 Targets (``tests/fuzz/targets.py``): the compiled blosc gather against numcodecs, the partial
 chunk reader (``read_chunk_rows``) and the compressed gather from the blocks it reads against the
-whole chunk decoded, ``.zarray``
+whole chunk decoded, the compiled reads of a chunk in part against the Python path's, ``.zarray``
 (1-D and N-D) and ``.zattrs`` parsing, L5Kit's CSV reader against ``float()``, and perception
 tables with the compiled JSON type scan against ``json``, and the cache's entries
 (``l5dask.core.cache``: read back bit for bit, or refused in one line). Inputs start from each target's seeds
@@ -42,7 +42,7 @@ CORPUS = HERE / "corpus"
 FINDINGS = HERE / "findings"
 INTERESTING8 = [0, 1, 2, 0x7F, 0x80, 0xFF, 0x10, 0x20, 0x21]
 #: targets whose inputs are a byte then a blosc chunk (mutated at its header's fields, never as JSON)
-BLOSC_TARGETS = ("blosc", "chunk_rows")
+BLOSC_TARGETS = ("blosc", "chunk_rows", "chunk_read_part")
 INTERESTING32 = [0, 1, -1, 2, 16, 17, 116, 127, 128, 255, 256, 4096, 65535, 65536, 2**31 - 1, -(2**31), 2**24]
 
 

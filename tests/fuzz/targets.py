@@ -145,6 +145,21 @@ def chunk_rows_gather(data: bytes) -> None:
     partial_gather_verdict(raw, meta, index, ranges, plan_for(meta.dtype, names[data[0] % len(names)]))
 
 
+def chunk_read_part(data: bytes) -> None:
+    """As :func:`chunk_rows`, the chunk's reads made at once by the compiled reader
+    (``l5dask.core._pread.read_part``: open, header, its own plan of the blocks from the header,
+    the last byte, close) held to the Python path's reads one at a time: the same rows or the same
+    one-line refusal, each piece read the file's bytes at its place, a sound chunk's reads exactly
+    the Python path's. Through the page cache or around it, cold or cached, by the input's length
+    (``tests/partial_reference.py``)."""
+    from tests.partial_reference import compiled_read_verdict
+
+    if not data:
+        return
+    raw, meta, index, ranges = _partial_case(data)
+    compiled_read_verdict(raw, meta, index, ranges, direct=bool(len(raw) & 1), cold=bool(len(raw) & 2))
+
+
 def _partial_seeds() -> list[bytes]:
     rng = np.random.default_rng(2)
     out = []
@@ -501,6 +516,7 @@ TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = 
     "blosc": (blosc, _blosc_seeds),
     "chunk_rows": (chunk_rows, _partial_seeds),
     "chunk_rows_gather": (chunk_rows_gather, _partial_seeds),
+    "chunk_read_part": (chunk_read_part, _partial_seeds),
     "zarray": (zarray, _metadata_seeds),
     "zarray_nd": (zarray_nd, lambda: [fmt.zarray_json(np.dtype([("value", "<u4", (2,))]), 999, 100, (2,))]),
     "zattrs": (zattrs, lambda: [fmt.zattrs_json()]),

@@ -300,3 +300,85 @@ def test_chunk_identities_name_each_chunk_its_rows_and_its_files_stat(tmp_path):
         arr = reading.L5Array(store, meta)
         assert arr.chunk_identities() == expected(arr)
         assert len(set(arr.chunk_identities())) == 3
+
+
+def _edge_ranges(kind: str, rows: int, per_block: float, blocks: int) -> list[tuple[int, int]]:
+    """Row ranges of a chunk of ``rows`` rows in ``blocks`` blosc blocks of ``per_block`` rows
+    (sorted, disjoint; block numbers past the chunk's last block taken as its last)."""
+    at = lambda b: min(rows, int(min(b, blocks - 1) * per_block))  # noqa: E731 - a block's first row
+    ranges = {
+        "the first row": [(0, 1)],
+        "inside one block": [(at(2) + 3, at(2) + 9)],
+        "the last full block and the short one": [(at(blocks - 2), rows)],
+        "the short last block alone": [(rows - 5, rows)],
+        "the first and the last block": [(0, 4), (rows - 2, rows)],
+        "two neighbouring blocks": [(at(3) - 2, at(3) + 2)],
+        "every block": [(0, rows)],
+        "three runs": [(1, 2), (at(4), at(4) + 1), (at(blocks - 3), at(blocks - 1))],
+    }[kind]
+    out: list[list[int]] = []
+    for lo, hi in sorted((max(0, lo), min(rows, hi)) for lo, hi in ranges):
+        if hi <= lo:
+            continue
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(lo, hi) for lo, hi in out]
+
+
+@pytest.mark.parametrize(
+    "codec",
+    [
+        dict(cname="lz4", clevel=5, shuffle=1, blocksize=16384),  # byte shuffle
+        dict(cname="zstd", clevel=3, shuffle=2, blocksize=16384),  # bit shuffle
+        dict(cname="blosclz", clevel=1, shuffle=0, blocksize=16384),  # no shuffle
+        dict(cname="lz4", clevel=0, shuffle=1, blocksize=16384),  # stored as it is (memcpyed)
+        dict(cname="lz4", clevel=5, shuffle=1, blocksize=2048),  # 114 blocks: starts past the header's 64
+        dict(cname="lz4", clevel=5, shuffle=1, blocksize=0),  # blosc's own block size
+    ],
+    ids=["shuffle", "bitshuffle", "noshuffle", "memcpyed", "114-blocks", "auto-blocks"],
+)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "the first row",
+        "inside one block",
+        "the last full block and the short one",
+        "the short last block alone",
+        "the first and the last block",
+        "two neighbouring blocks",
+        "every block",
+        "three runs",
+    ],
+)
+def test_the_compiled_reads_of_a_chunk_in_part_at_its_edges(codec, kind):
+    """The compiled reader of a local chunk in part (``l5dask.core._pread.read_part``) against the
+    Python path at the edges of its plan: the first and the last block, a range inside one block,
+    the chunk's last, short block (alone: the whole chunk read), every block, runs of blocks far
+    apart and touching; byte, bit and no shuffle, a chunk stored as it is, more block starts than
+    the header read holds; through the page cache, and around it cold. The same reads, the same
+    bytes, the rows those of the whole chunk decoded (``tests/partial_reference.py``)."""
+    import struct
+
+    from numcodecs import Blosc
+
+    from tests.partial_reference import compiled_read_verdict
+
+    dtype, chunk_rows, index = fmt.AGENT_DTYPE, 2000, 1
+    rec = np.zeros(chunk_rows, dtype)
+    rec.view(np.uint8)[:] = np.random.default_rng(3).integers(0, 5, rec.nbytes, dtype=np.uint8)
+    raw = Blosc(**codec).encode(rec)
+    flags, nbytes, blocksize = raw[2], *struct.unpack_from("<ii", raw, 4)
+    assert nbytes % blocksize or flags & 0x02  # (a short last block)
+    blocks = -(-nbytes // blocksize)
+    start = index * chunk_rows
+    ranges = [(start + a, start + b) for a, b in _edge_ranges(kind, chunk_rows, blocksize / dtype.itemsize, blocks)]
+    meta = fmt.ArrayMeta("agents", dtype, 3 * chunk_rows, chunk_rows)
+    for direct, cold in ((False, False), (True, True), (True, False)):
+        got, how = compiled_read_verdict(raw, meta, index, ranges, direct, cold)
+        assert not isinstance(got, str), got
+        if flags & 0x02 or blocks <= 64:
+            assert "as Python's" in how, how
+        for (lo, hi), rows in zip(ranges, got.decode(meta, index, ranges)):
+            assert rows.tobytes() == rec[lo - start : hi - start].tobytes()
