@@ -280,7 +280,9 @@ def select_agents(
         exists = store.fs.exists(store.path(".zarray"))
     if exists and not overwrite:
         where = f"{ds.url}/{name}" if output is None else str(output)
-        raise OutputError(f"{where} exists already (L5Kit supports one mask per threshold); pass --overwrite")
+        raise OutputError(
+            f"{where} exists already (L5Kit supports one mask per threshold; pass overwrite=True / --overwrite)"
+        )
     if exists:
         store.fs.rm(store.path(f"{array_name}/.zarray" if array_name else ".zarray"))
     n = len(ds[fmt.AGENTS])

@@ -135,7 +135,7 @@ def create_chopped_dataset(
         check_writable(p, storage_options)
         fs, q = filesystem(p, storage_options)
         if fs.exists(q) and not overwrite:
-            raise OutputError(f"{p} exists; pass --overwrite")
+            raise OutputError(f"{p} exists (pass overwrite=True / --overwrite)")
     store = target(data_url, [ds], storage_options, overwrite)
 
     # the last kept frame of each scene, its agents (and the faces' end)

@@ -528,6 +528,24 @@ def test_ground_truth_equals_l5kits(edge, tmp_path):
     same_gt(tmp_path / "gt3.csv", tmp_path / "ref3.csv")
 
 
+def test_the_python_functions_name_their_own_overwrite(edge, tmp_path):
+    """select_agents and create_chopped_dataset, called from Python on an existing output, said
+    'pass --overwrite' (a flag of the command line only); they say overwrite=True too, and do it."""
+    from l5dask.errors import OutputError
+    from l5dask.evaluation import create_chopped_dataset
+
+    work = str(tmp_path / "ds.zarr")
+    shutil.copytree(edge[0], work)
+    select_agents(work, 0.5)
+    with pytest.raises(OutputError, match=r"agents_mask/0.5 exists already .*pass overwrite=True / --overwrite\)$"):
+        select_agents(work, 0.5)
+    select_agents(work, 0.5, overwrite=True)
+    create_chopped_dataset(work, 0.5, 60, 20, 2, output=str(tmp_path / "chop"))
+    with pytest.raises(OutputError, match=r"gt.csv exists \(pass overwrite=True / --overwrite\)$"):
+        create_chopped_dataset(work, 0.5, 60, 20, 2, output=str(tmp_path / "chop"))
+    create_chopped_dataset(work, 0.5, 60, 20, 2, output=str(tmp_path / "chop"), overwrite=True)
+
+
 def test_chop_equals_l5kits(edge, tmp_path):
     path, ref_mask, _ = edge
     l5kit_data()
