@@ -7,7 +7,8 @@ Prints, for the report (``l5dask stats``):
 
 - **warm**: the rerun over unchanged data with a warm cache, against the uncached pass: the pass
   in one process (``compute_report``, after a first call warmed the imports), and whole processes
-  (``l5dask stats``, whose start, 0.3 CPU-s of imports, is the same with or without a cache). CPU
+  (``l5dask stats``, whose start, 0.2 CPU-s of imports, is the same with or without a cache:
+  ``benchmarks/start_benchmark.py`` takes a rerun's process apart). CPU
   seconds (every thread's), which depend less than wall times on the machine's other users;
 - **grown**: after ``--grow`` (5%) new scenes are appended in place (``l5dask concat`` into a
   folder beside, then only the files whose bytes differ moved in, as ``rsync --checksum``
@@ -137,10 +138,11 @@ def main() -> None:
 
         # killed at about half way (SIGKILL), then run again
         _, _, _, one_cpu = run_measured(stats_cmd(work, f"{tmp}/s.json", None))
-        # (a process's start: what the second one pays again, no work of the pass's)
-        _, _, _, start_cpu = run_measured(
-            [sys.executable, "-c", "import l5dask.prediction.cli, l5dask.prediction.report"]
-        )
+        # (a process's start: what the second one pays again, no work of the pass's: the command's
+        # imports, l5dask.cli's first (it sets OPENBLAS_NUM_THREADS before numpy), and no interpreter
+        # teardown, as the command leaves with os._exit: with it, 0.31 CPU-s here against the 0.23 of a
+        # whole warm rerun, and the figure without the starts took 0.08 CPU-s too many off each)
+        _, _, _, start_cpu = run_measured([sys.executable, "-c", START])
         rounds, works = [], []
         for r in range(args.repeat):
             killed_cache = os.path.join(tmp, f"killed-{r}")
@@ -164,6 +166,9 @@ def main() -> None:
             f"{statistics.median(rounds):.2f}x as whole processes (a second start included)"
         )
 
+
+#: A process's start as ``l5dask stats --cache`` pays it: its imports, then ``os._exit``.
+START = "import l5dask.cli, l5dask.prediction.cli, l5dask.core.cache, l5dask.prediction.report, os; os._exit(0)"
 
 #: Runs a command (argv[2:]); kills it (SIGKILL) once it has used argv[1] CPU seconds (its every
 #: thread's, read from /proc), and prints its status and the CPU seconds it used.

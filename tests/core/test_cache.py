@@ -490,7 +490,9 @@ def test_the_keys_of_a_task_and_of_its_pieces_are_made_in_one_call(dataset, tmp_
 
 def test_a_rerun_from_the_cache_imports_no_codec(dataset, tmp_path):
     """``l5dask stats --cache`` over unchanged data decodes no chunk: it does not import numcodecs
-    (with wrapt and asyncio: 30 ms of its start warm, more cold), which the first run does."""
+    (with wrapt and asyncio: 30 ms of its start warm, more cold), which the first run does. Nor
+    any of the heavy libraries a rerun has no use for: what it imports beyond numpy, dask and
+    click is 0.02 CPU-s, a tenth of its process (``benchmarks/start_benchmark.py``)."""
     code = (
         "import sys; from l5dask.cli import main; "
         "main(sys.argv[2:], standalone_mode=False); "
@@ -505,6 +507,8 @@ def test_a_rerun_from_the_cache_imports_no_codec(dataset, tmp_path):
         got.append(set(out.read_text().split()))
     assert (tmp_path / "first.json").read_bytes() == (tmp_path / "rerun.json").read_bytes()
     assert "numcodecs" in got[0] and "numcodecs" not in got[1]
+    heavy = {"pandas", "xarray", "distributed", "dask.array", "dask.dataframe", "pyarrow", "fsspec", "zarr", "numba"}
+    assert heavy & got[1] == set()
 
 
 def keys_inside_pieces(monkeypatch) -> tuple[list[int], list[int]]:
