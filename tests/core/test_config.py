@@ -56,6 +56,17 @@ def test_the_defaults_follow_their_schema_which_describes_every_key():
         jsonschema.validate({"l5dask": {"no-such-key": 1}}, schema)
 
 
+def test_the_defaults_loaded_are_the_file_as_pyyamls_safe_loader_reads_it():
+    """``defaults()`` reads the file with libyaml's safe loader where PyYAML has it (faster): the
+    same keys, values and types (their ``repr``) as PyYAML's own pure-Python safe loader gives (a
+    fresh process: the defaults are loaded once a process)."""
+    code = "from l5dask.core import config; print(repr(config.defaults()))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    with open(config.DEFAULTS_FILE) as f:
+        want = yaml.load(f, Loader=yaml.SafeLoader)
+    assert r.stdout.strip() == repr(want)
+
+
 def test_dask_holds_the_defaults_and_a_setting_given_wins():
     for key, value in DEFAULTS.items():
         assert config.get(key) == value
