@@ -21,7 +21,9 @@ dataset, ``--cache`` on the commands, dask config ``l5dask.cache``), the partial
 
 A rerun over unchanged data then reads the metadata and the cached partials, no chunk; after the
 dataset grows, only the tasks over new or changed chunks run (a cached pass's tasks are aligned
-groups of chunks, ``Job.groups``, stable as the dataset grows); a run killed part way
+groups of chunks, ``Job.groups``, stable as the dataset grows), and the tasks before them are read
+as one entry (a ``prefix-`` entry: the combined partial of a pass's first tasks, keyed by a chain of
+their keys, ``Job._prefix``) for a pass whose partials are the same bits however grouped; a run killed part way
 computes, when started again, only what was not stored. A partial is loaded as it was stored: the
 result is bit for bit the one computed over the same tasks without a cache.
 
@@ -66,7 +68,7 @@ from l5dask.core import config
 from l5dask.core.outputs import atomic_output
 from l5dask.core.store import Store
 from l5dask.core.version import __version__
-from l5dask.errors import StoreError, UsageError
+from l5dask.errors import OutputError, StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.
 FORMAT = 4  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them;
@@ -485,6 +487,8 @@ def slug(text: str, most: int = 48) -> str:
 
 # --- the cache --------------------------------------------------------------------------------
 _WARNED: set[str] = set()
+#: The local folders of entries this process made (or found there).
+_MADE: set[str] = set()
 _WARN_LOCK = threading.Lock()
 
 
@@ -639,12 +643,21 @@ class Cache:
         """``data`` at ``path`` (under the cache's root), whole or not at all."""
         if self.store.local:
             full = self.store.path(path)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            folder = os.path.dirname(full)
+            if folder not in _MADE:  # (a folder made once a process: a makedirs a write was 2 syscalls more)
+                os.makedirs(folder, exist_ok=True)
+                _MADE.add(folder)
         else:
             full = f"{self.url.rstrip('/')}/{path}"
-        with atomic_output(full, self.storage_options, checked=True) as tmp:
-            with open(tmp, "wb") as f:
-                f.write(data)
+        try:
+            with atomic_output(full, self.storage_options, checked=True) as tmp:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+        except OutputError:
+            if not self.store.local or os.path.isdir(os.path.dirname(full)):
+                raise
+            _MADE.discard(os.path.dirname(full))  # (removed since it was made: made again, once)
+            self.write_plain(path, data)
 
     def remove(self, path: str) -> None:
         if self.store.local:

@@ -753,6 +753,23 @@ def keep_pass(entry: cachelib.Entry, bounds: dict | None, intervals: dict | None
     return partial
 
 
+def keep_prefix(entry: cachelib.Entry, partial: Any) -> Any:
+    """Keep the combined partial of a pass's first tasks in the cache's ``entry`` (``Job._prefix``);
+    returns it."""
+    cachelib.store(entry, ("prefix", partial))
+    return partial
+
+
+class Prefix(NamedTuple):
+    """A pass's first tasks combined (``Job._prefix``): ``found``, how many the cache held (0: none),
+    their ``partial``; ``keep``, where this run keeps its first ``cut`` tasks (``None``: not kept)."""
+
+    found: int
+    partial: Any
+    keep: cachelib.Entry | None
+    cut: int
+
+
 def _remade(spec: Pass) -> bool:
     """Whether a persisted pass's blocks leave its rows out (made again by the child tasks that
     need them): its rows are kept, and its parent is none or rows in memory."""
@@ -1474,9 +1491,10 @@ class Job:
             self.cache.describe(folder, {"dataset": dataset, "source": source.name})
         return folder
 
-    def _cached_tasks(self, spec: Pass, groups: list, keep: str, name: str, graph: dict) -> None:
+    def _cached_tasks(self, spec: Pass, groups: list, keep: str, name: str, graph: dict, skip: int = 0) -> None:
         """Each task of ``spec`` in ``graph`` made a cached one: its block loaded from the cache when
-        it is there (no read of its chunks, nor of its parent rows), else computed and kept."""
+        it is there (no read of its chunks, nor of its parent rows), else computed and kept. The
+        first ``skip`` are not in ``graph`` (found in a prefix: counted as hits)."""
         if (
             keep == "rows"
             or (keep == "all" and spec.rows is not None)
@@ -1495,9 +1513,11 @@ class Job:
         aliased = self._aliased(folder) if by_rows else set()
         red_name = spec.reduction.name if spec.reduction is not None else "intervals"
         link = spec.parent
-        hits = 0
+        hits = skip
         fresh = not self._may_hold_pieces(spec, keep, groups, ids, present, red_name)
         for i, ((first, n), ident) in enumerate(zip(groups, ids)):
+            if i < skip:
+                continue
             by = ByRows(prefixes[i], (first, n) in aliased) if prefixes is not None else None
             key = (name, i)
             args = graph[key].args  # (stage, first, n, link_rows, *refs) of run_group
@@ -1671,12 +1691,13 @@ class Job:
         )
 
     def leaves(
-        self, spec: Pass, name: str, guided: bool = True, keep: str = "all"
+        self, spec: Pass, name: str, guided: bool = True, keep: str = "all", skip: int = 0
     ) -> tuple[dict, list, list[tuple[int, int]]]:
         """The tasks of a pass (a dict), the collections they depend on, and their groups.
         ``keep``: what its tasks do, ``"all"``, ``"no rows"`` (its reduction and checks),
         ``"rows"`` (its rows alone) or ``"held rows"`` (all, kept in the cache as ``"no rows"``:
-        a task read from the cache has no rows, one computed has them)."""
+        a task read from the cache has no rows, one computed has them). ``skip``: the first tasks
+        left out (their partials combined already: a prefix read from the cache, ``Job._prefix``)."""
         groups = self.groups(spec, guided)
         stage = spec.stage()
         if keep == "no rows":
@@ -1693,6 +1714,8 @@ class Job:
             graph.update(link.parent.graph)
         windows = hasattr(spec.source, "window")
         for i, (first, n) in enumerate(groups):
+            if i < skip:
+                continue
             lo = spec.source.chunk_bounds(first)[0]
             hi = spec.source.chunk_bounds(first + n - 1)[1]
             key = (name, i)
@@ -1707,7 +1730,7 @@ class Job:
             else:
                 graph[key] = Task(key, run_group, stage, first, n, link.parent.overlapping(lo, hi, link.start))
         if self.cache is not None:
-            self._cached_tasks(spec, groups, "no rows" if keep == "held rows" else keep, name, graph)
+            self._cached_tasks(spec, groups, "no rows" if keep == "held rows" else keep, name, graph, skip)
             needed = set().union(*(t.dependencies for t in graph.values())) | {k for k in graph if k[0] == name}
             graph = {k: t for k, t in graph.items() if k in needed}  # (the parent rows only hits' tasks needed)
         return graph, deps, groups
@@ -1857,6 +1880,79 @@ class Job:
             {"source": spec.source.name, "reduction": red, "chunks": [0, spec.source.nchunks], "tasks": len(groups)},
         )
         return entry, key in present
+
+    def _prefix(self, spec: Pass, groups: list[tuple[int, int]]) -> Prefix | None:
+        """The combined partial of a pass's first tasks, kept whole so that a rerun after the
+        dataset grew reads one entry for them instead of an entry a task (and combines none of
+        them): the longest such prefix the cache holds (``found`` tasks, their ``partial``), and
+        where to keep this run's (``keep``, its first ``cut`` tasks; ``None`` when it is there
+        already). ``None`` for a pass that keeps none: one whose reduction is not ``exact`` (a
+        prefix combined apart, then with the rest, is the same bits only for an exact one), that
+        checks intervals (a prefix keeps no bounds) or has fewer than three tasks.
+
+        The prefix kept is every task but the last (a dataset's last task takes the chunks appended
+        next), and, for a pass whose keys name its parent's stored chunks (``by_rows``), none
+        from the first task over the parent's last chunk (it grows too). Its key is a chain of the
+        tasks' keys (``digest(previous, key)``, the first ``digest("prefix")``): one digest a task
+        finds every prefix a folder may hold."""
+        red = spec.reduction
+        if self.cache is None or red is None or not red.exact or spec.intervals or len(groups) < 3:
+            return None
+        ids = self.group_ids(spec, groups, "all")
+        if ids is None:
+            return None
+        chain = [cachelib.digest("prefix")]
+        for ident in ids:
+            chain.append(cachelib.digest_repr(f"{chain[-1]}{ident}"))
+        folder = self._folder(spec)
+        present = self._present[folder]
+        about = {"source": spec.source.name, "reduction": red.name}
+        name = f"prefix-{red.name}"
+        found, partial = 0, None
+        for j in range(len(groups) - 1, 1, -1):
+            if chain[j] in present:
+                entry = cachelib.Entry(self.cache, posixpath.join(folder, present[chain[j]]), about)
+                ok, got = cachelib.load(entry)
+                if ok and isinstance(got, tuple) and len(got) == 2 and got[0] == "prefix":
+                    found, partial = j, got[1]
+                break
+        cut = len(groups) - 1
+        link = spec.parent
+        if self.by_rows(spec) and link is not None and isinstance(link.parent, Persisted):
+            last = len(link.parent.row_ids or ()) - 1
+            for i in range(cut - 1, -1, -1):
+                first, n = groups[i]
+                lo, hi = spec.source.chunk_bounds(first)[0], spec.source.chunk_bounds(first + n - 1)[1]
+                chunks = link.parent.chunks(link.interval or "", lo, hi)
+                if chunks is None:
+                    return None
+                if not len(chunks) or int(chunks[-1]) < last:
+                    break
+                cut = i
+        keep = None
+        if cut >= 2 and cut > found:
+            path = posixpath.join(folder, self.cache.entry_name(name, chain[cut]))
+            keep = cachelib.Entry(self.cache, path, {**about, "chunks": [0, groups[cut][0]], "tasks": cut})
+        return Prefix(found, partial, keep, cut)
+
+    def _prefix_tree(self, graph: dict, name: str, leaves: list, red: Reduction, head: Prefix) -> Any:
+        """The ordered tree of a pass's task ``leaves`` (those after ``head.found``), with the
+        prefix the cache held first, and the prefix to keep (``head.keep``) combined apart and
+        kept; its root key."""
+        if head.found:
+            key = (f"{name}-found",)
+            graph[key] = DataNode(key, head.partial)
+            leaves = [key, *leaves]
+        if head.keep is None:
+            return tree_reduce(graph, name, leaves, red)
+        cut = head.cut - head.found + (1 if head.found else 0)  # (the prefix's leaves)
+        left = tree_reduce(graph, f"{name}-prefix", leaves[:cut], red)
+        right = tree_reduce(graph, f"{name}-rest", leaves[cut:], red)
+        kept = (f"{name}-keep-prefix",)
+        graph[kept] = Task(kept, keep_prefix, head.keep, TaskRef(left))
+        root = (f"{name}-root",)
+        graph[root] = Task(root, combine_many, red, TaskRef(kept), TaskRef(right))
+        return root
 
     def _load_pass(self, spec: Pass, groups: list[tuple[int, int]], keep: str) -> tuple[bool, Any]:
         """``(True, (partial, bounds))`` of ``spec`` whole from the cache (its tasks counted as
@@ -2058,7 +2154,7 @@ class Job:
         spec_of: dict[int, Pass] = {}
         keeps: list[TaskRef] = []  # (the tasks that keep a whole pass in the cache)
         for u in units + units2:
-            kept = None
+            kept, head = None, None
             if id(u) in done:
                 persisted = done[id(u)]
                 spec, leaves = persisted.spec, list(persisted.keys)
@@ -2074,11 +2170,13 @@ class Job:
                     loaded[id(u)] = got[0]
                 else:
                     kept = self.pass_entry(spec, groups, "all") if self.cache is not None else None
+                    head = self._prefix(spec, groups) if kept is not None else None
+                    skip = head.found if head is not None else 0
                     tasks = f"l5-{spec.label}-{self.token(spec)}"
-                    g, d, groups = self.leaves(spec, tasks)
+                    g, d, groups = self.leaves(spec, tasks, skip=skip)
                     graph.update(g)
                     deps += d
-                    leaves = [(tasks, i) for i in range(len(groups))]
+                    leaves = [(tasks, i) for i in range(skip, len(groups))]
                     leaves_of.append(leaves)
             spec_of[id(u)] = spec
             if spec.reduction is None:
@@ -2087,7 +2185,11 @@ class Job:
                 root_of[id(u)] = (f"l5-cached-{spec.label}-{uuid.uuid4().hex}",)
                 graph[root_of[id(u)]] = DataNode(root_of[id(u)], loaded[id(u)])
                 continue
-            root_of[id(u)] = tree_reduce(graph, f"l5-combine-{spec.label}-{tokenize(leaves)}", leaves, spec.reduction)
+            name = f"l5-combine-{spec.label}-{tokenize(leaves)}"
+            if head is not None and (head.found or head.keep is not None):
+                root_of[id(u)] = self._prefix_tree(graph, name, leaves, spec.reduction, head)
+            else:
+                root_of[id(u)] = tree_reduce(graph, name, leaves, spec.reduction)
             if kept is not None:
                 k = (f"l5-keep-{spec.label}-{tokenize(root_of[id(u)])}",)
                 bounds = dict(done[id(u)].bounds) if id(u) in done and spec.intervals else None

@@ -16,6 +16,7 @@ import contextlib
 import errno
 import math
 import os
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -127,11 +128,7 @@ def atomic_output(
     parent = None if remote else os.path.dirname(path)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     try:
-        if folder:
-            tmp = tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent)
-        else:
-            fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".partial", dir=parent)
-            os.close(fd)
+        tmp = _temporary(parent, name, folder)
     except OSError as exc:  # (said of the output: its temporary name is no user's concern)
         raise OutputError(f"{path}: {_why_not_writable(str(parent), exc)}") from None
     try:
@@ -140,10 +137,6 @@ def atomic_output(
             fs, target = filesystem(path, storage_options)
             fs.put_file(tmp, target)  # one object, visible only once whole
         else:
-            umask = os.umask(0)
-            os.umask(umask)
-            # mkstemp and mkdtemp make 0600 and 0700; give the output the usual mode
-            os.chmod(tmp, (0o777 if folder else 0o666) & ~umask)
             if folder and os.path.isdir(path):
                 shutil.rmtree(path)
             os.replace(tmp, path)
@@ -158,6 +151,27 @@ def atomic_output(
     finally:
         if remote:
             _remove(tmp)
+
+
+def _temporary(parent: str | None, name: str, folder: bool) -> str:
+    """A new, empty temporary file (or folder) ``.NAME.<random>.partial`` in ``parent`` (the system's
+    temporary folder when ``None``), made with the output's usual mode (0666, or 0777 for a folder,
+    less the umask: the kernel applies it, so that the process's umask is never changed, which
+    would give a file another thread makes meanwhile the mode 0666). Its name is new (``O_EXCL``).
+    (``tempfile.mkstemp`` and a ``chmod`` after it, and reading the umask by setting it twice:
+    0.11-0.42 ms of CPU a 20 KB cache entry, against 0.05-0.08 ms.)"""
+    parent = parent if parent is not None else tempfile.gettempdir()
+    for _ in range(100):
+        tmp = os.path.join(parent, f".{name}.{secrets.token_hex(6)}.partial")
+        try:
+            if folder:
+                os.mkdir(tmp, 0o777)
+            else:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(errno.EEXIST, "no new temporary name", parent)
 
 
 def _remove(tmp: str) -> None:

@@ -402,6 +402,83 @@ def test_after_growth_only_new_chunks_are_computed(dataset, tmp_path, monkeypatc
     assert agg_after.equals(fresh)  # the same tasks cached or not: the same bits
 
 
+class EntryReads:
+    """The cache's entries read (``Cache.read``): each one's path and the chunks its manifest names."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.read: list[tuple[str, list[int] | None]] = []
+        read = cachelib.Cache.read
+
+        def counted(cache, path):
+            data = read(cache, path)
+            if data is not None and path.endswith(cachelib.SUFFIX):
+                self.read.append((path, cachelib.manifest_of(data)["about"].get("chunks")))
+            return data
+
+        monkeypatch.setattr(cachelib.Cache, "read", counted)
+
+    def of(self, array: str, kind: str = "") -> list[tuple[str, list[int] | None]]:
+        """The entries read of ``array``'s folder whose name starts with ``kind``."""
+        return [(p, c) for p, c in self.read if f"-{array}-" in p and p.rsplit("/", 1)[-1].startswith(kind)]
+
+
+def test_after_growth_a_pass_s_first_tasks_are_read_as_one_entry(dataset, tmp_path, monkeypatch):
+    """Issue 48: a pass's first tasks are kept combined (a ``prefix-`` entry: every task but the
+    last, and for the agents none over the frames' last chunk). After scenes are appended, the rerun
+    reads that one entry instead of an entry a task, reads at the store only the chunks that changed
+    and the rest of their aligned pieces, and is bit for bit the uncached report of the grown data."""
+    cache = str(tmp_path / "cache")
+    per_task = 2
+    compute_report(dataset, cache=cache, chunks_per_task=per_task)
+    before = {e["path"] for e in cachelib.Cache(cache).entries() if e["reduction"].startswith("prefix-")}
+    assert {p.split("/")[1].split("-")[1] for p in before} == {fmt.AGENTS, fmt.TL_FACES}, (
+        before
+    )  # (not frames: persisted)
+    extra = str(tmp_path / "extra.zarr")
+    l5dask.synthesize(extra, num_scenes=2, seed=79, chunk_rows=CHUNKS)
+    replaced = append_in_place(dataset, extra, str(tmp_path), monkeypatch)
+    reads, entries = Reads(monkeypatch), EntryReads(monkeypatch)
+    with cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache, chunks_per_task=per_task))
+    monkeypatch.undo()
+    assert got == public(compute_report(dataset, chunks_per_task=per_task))  # bit for bit, grown data
+    for array in (fmt.AGENTS, fmt.TL_FACES):
+        (prefix,) = entries.of(array, "prefix-")  # (the one kept before the growth)
+        assert prefix[0] in before
+        cut = prefix[1][1]  # (its tasks' chunks: 0 .. cut - 1)
+        tasks = [c for p, c in entries.of(array) if "/prefix-" not in p and "/pass-" not in p]
+        assert cut >= 2 * per_task and all(c is not None and c[0] >= cut for c in tasks), (cut, tasks)  # none before it
+        changed = {int(r.split("/")[1]) for r in replaced if r.startswith(f"{array}/") and "/." not in r}
+        read = {int(k.rsplit("/", 1)[-1]) for k, a, b in reads.chunks() if k.split("/")[-2] == array and b != 16}
+        # the changed chunks (the old last one grown, the new ones), and the rest of their pieces
+        assert changed <= read and min(read) >= min(changed) - (per_task - 1), (array, sorted(changed), sorted(read))
+        assert len(read) <= len(changed) + per_task - 1
+    assert st.hits > st.misses and st.damaged == 0
+
+
+def test_a_damaged_prefix_is_ignored_and_its_tasks_read(dataset, tmp_path, caplog):
+    """A prefix entry damaged: one warning, counted, its tasks' own entries read instead (and the
+    prefix written again); the same report."""
+    cache = str(tmp_path / "cache")
+    want = public(compute_report(dataset, cache=cache, chunks_per_task=2))
+    entries = cachelib.Cache(cache).entries()
+    for e in entries:
+        if e["reduction"].startswith("pass-"):  # (the passes whole gone: their prefixes are read)
+            os.unlink(os.path.join(cache, e["path"]))
+    prefixes = [e["path"] for e in entries if e["reduction"].startswith("prefix-")]
+    assert len(prefixes) == 2
+    with open(os.path.join(cache, prefixes[0]), "r+b") as f:
+        f.seek(-5, os.SEEK_END)
+        f.write(b"\xff")
+    cachelib.reset_warnings()
+    with caplog.at_level(logging.WARNING, logger="l5dask.cache"), cachelib.counting() as st:
+        assert public(compute_report(dataset, cache=cache, chunks_per_task=2)) == want
+    assert st.damaged == 1 and st.misses == 0 and "damaged" in caplog.text
+    with cachelib.counting() as st:  # (the prefix written again, sound: nothing damaged, no task missed)
+        assert public(compute_report(dataset, cache=cache, chunks_per_task=2)) == want
+    assert st.damaged == 0 and st.misses == 0
+
+
 def test_after_growth_the_frames_tasks_of_old_frames_are_read_from_the_cache(dataset, tmp_path, monkeypatch):
     """The report's sample scenes (for its plots, computed by the frames tasks that hold them) stay
     where they are as scenes are appended (spread over the first 2**k scenes): only the frames tasks
@@ -801,8 +878,13 @@ def test_an_alias_names_an_entry_of_its_own_folder_only(tmp_path):
 def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, caplog):
     cache = str(tmp_path / "cache")
     want = public(compute_report(dataset, cache=cache))
-    entries = sorted(e["path"] for e in cachelib.Cache(cache).entries() if "/pass-" not in e["path"])
+    entries = sorted(
+        e["path"] for e in cachelib.Cache(cache).entries() if e["reduction"].split("-")[0] not in ("pass", "prefix")
+    )
     whole = [e["path"] for e in cachelib.Cache(cache).entries() if "/pass-" in e["path"]]
+    prefixes = [e["path"] for e in cachelib.Cache(cache).entries() if "/prefix-" in e["path"]]
+    for path in prefixes:  # (the first tasks of a pass combined: gone, so that their tasks' entries are read)
+        os.unlink(os.path.join(cache, path))
     for path in whole[:1]:  # (a pass's whole entry damaged: its tasks' entries read instead)
         with open(os.path.join(cache, path), "r+b") as f:
             f.seek(40)
@@ -825,7 +907,7 @@ def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, capl
     with caplog.at_level(logging.WARNING, logger="l5dask.cache"), cachelib.counting() as st:
         got = public(compute_report(dataset, cache=cache))
     assert got == want
-    assert st.damaged == 4 + 1 and st.misses == 4 and st.written == 4 + len(whole)
+    assert st.damaged == 4 + 1 and st.misses == 4 and st.written == 4 + len(whole) + len(prefixes)
     assert len([r for r in caplog.records if "damaged" in r.getMessage()]) == 1, caplog.text
     with cachelib.counting() as st:  # rewritten whole
         assert public(compute_report(dataset, cache=cache)) == want

@@ -71,3 +71,37 @@ def test_a_reports_lists_of_numbers_skip_jsons_python_encoder(monkeypatch):
 
     monkeypatch.setattr(json.encoder, "_make_iterencode", refused)
     assert json_text(report, indent=1) == expected
+
+
+def test_atomic_outputs_never_change_the_umask(tmp_path, monkeypatch):
+    """An output (a file, a folder) gets the usual mode, 0666 (0777) less the umask, without the
+    process's umask being set (another thread making a file meanwhile would get the mode 0666:
+    the cache's entries are written from the workers' threads); its temporary name is new each
+    time, and nothing but the output is left."""
+    import os
+
+    from l5dask.core.outputs import atomic_output
+
+    umask = os.umask(0o027)
+    try:
+
+        def refuse(mask):
+            raise AssertionError("os.umask called")
+
+        monkeypatch.setattr(os, "umask", refuse)
+        temps = set()
+        for i in range(3):
+            with atomic_output(str(tmp_path / "out.bin")) as tmp:
+                temps.add(tmp)
+                with open(tmp, "wb") as f:
+                    f.write(bytes([i]))
+        with atomic_output(str(tmp_path / "folder"), folder=True) as tmp:
+            with open(os.path.join(tmp, "x"), "w") as f:
+                f.write("x")
+        monkeypatch.undo()
+    finally:
+        os.umask(umask)
+    assert len(temps) == 3 and (tmp_path / "out.bin").read_bytes() == b"\x02"
+    assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "folder").stat().st_mode & 0o777 == 0o750
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "out.bin"]
