@@ -1483,7 +1483,7 @@ class Job:
         assert self.cache is not None
         source = spec.source
         store = getattr(source, "store", None)
-        dataset = str((store.root if store.local else store.url) if isinstance(store, Store) else "")
+        dataset = store.location if isinstance(store, Store) else ""
         name = f"{dataset.rstrip('/').rsplit('/', 1)[-1]}-{source.name}"
         folder = self.cache.folder_of(f"{cachelib.slug(name, 40)}-{cachelib.digest(dataset, source.name)[:12]}")
         if folder not in self._present:

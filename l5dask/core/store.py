@@ -282,6 +282,16 @@ class Store:
         return self._fs is None or _protocol(self._fs) == "file"
 
     @property
+    def location(self) -> str:
+        """Where the store is, one spelling for one place (the cache's keys and folders): a local
+        folder's absolute path, a local archive's absolute path, else the URL as given.
+        (``d.zarr``, ``./d.zarr/`` and ``/abs/d.zarr`` are one dataset to the cache.)"""
+        if self._fs is None:
+            return self.root
+        folder = local_folder(self.url, {})
+        return folder.rstrip("/") if folder is not None else self.url
+
+    @property
     def remote(self) -> bool:
         """Whether every read is a request to a server (an object store, HTTP)."""
         return self._fs is not None and bool(getattr(self._fs, "async_impl", False))
@@ -704,7 +714,7 @@ class Store:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
 
     def __dask_tokenize__(self):
-        return ("l5dask.Store", self.url, self.root, "file" if self._fs is None else _protocol(self._fs))
+        return ("l5dask.Store", self.location, self.root, "file" if self._fs is None else _protocol(self._fs))
 
     def __repr__(self) -> str:
         return f"Store({self.url!r})"

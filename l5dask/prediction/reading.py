@@ -849,7 +849,7 @@ class L5Array:
         meta = self.meta
         # (what every chunk shares, once: the array's record layout and folder; then each chunk's
         # name, rows and identity, one string a chunk)
-        layout = repr((meta.name, str(meta.dtype.descr), meta.chunk_rows, self.compressed, self.store.url))
+        layout = repr((meta.name, str(meta.dtype.descr), meta.chunk_rows, self.compressed, self.store.location))
         prefix = hashlib.blake2b(layout.encode(), digest_size=10).hexdigest()
         n, rows, length = meta.nchunks, meta.chunk_rows, meta.length
         tail = "".join(meta.separator + "0" for _ in meta.tail)

@@ -315,6 +315,34 @@ def test_rerun_reads_no_chunk_and_is_bit_for_bit(dataset, tmp_path, monkeypatch)
     assert tasks.hits == cold.misses and tasks.misses == 0 and tasks.written == len(whole)
 
 
+@pytest.mark.parametrize("again", ["absolute", "dot-slash", "file-url", "other-cwd"])
+def test_one_dataset_however_its_path_is_spelled_is_one_to_the_cache(dataset, tmp_path, monkeypatch, again):
+    # (a cache filled through "d.zarr" read nothing from it through "/abs/d.zarr": the keys held
+    # the path as given)
+    cache = str(tmp_path / "cache")
+    monkeypatch.chdir(tmp_path)
+    with cachelib.counting() as cold:
+        first = public(compute_report("d.zarr", cache=cache))
+    assert cold.hits == 0 and cold.misses > 10
+    spelled = {
+        "absolute": os.path.abspath("d.zarr"),
+        "dot-slash": "./d.zarr/",
+        "file-url": "file://" + os.path.abspath("d.zarr"),
+        "other-cwd": os.path.join(os.path.basename(tmp_path), "d.zarr"),
+    }[again]
+    if again == "other-cwd":
+        monkeypatch.chdir(os.path.dirname(tmp_path))
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as warm:
+        got = public(compute_report(spelled, cache=cache))
+    assert warm.hits == cold.misses and warm.misses == 0 and warm.written == 0
+    assert header_probes_only(reads.chunks(), spelled)
+    first.pop("dataset", None), got.pop("dataset", None)  # (the path as the user gave it)
+    assert got == first
+    # one folder of entries an array, not one a spelling
+    assert len(os.listdir(os.path.join(cache, cachelib.FOLDER))) == len(l5dask.open_dataset(spelled).arrays)
+
+
 def test_the_aggregations_the_catalog_and_their_keys(dataset, tmp_path, monkeypatch):
     cache = str(tmp_path / "cache")
     kw = {"by": ["scene_index", "label"], "values": {"speed": ["mean", "max", "q50"]}, "where": "distance_to_ego < 30"}
