@@ -105,97 +105,38 @@ def open_file(bytes path, bint random):
     return fd, st.st_size, st.st_dev
 
 
-cdef int _set_direct(int fd, bint on) noexcept nogil:
-    """``O_DIRECT`` set (or cleared) on ``fd``: 0, or -1 with ``errno``."""
-    cdef int flags = fcntl(fd, F_GETFL)
-    if flags < 0:
-        return -1
-    if ((flags & O_DIRECT) != 0) == on:
-        return 0
-    return fcntl(fd, F_SETFL, (flags | O_DIRECT) if on else (flags & ~O_DIRECT))
-
-
 def read_range(int fd, int64_t a, int64_t b, uint8_t[::1] buf, bint direct, long cachestat_nr, int64_t align,
                int64_t page):
-    """Bytes ``[a, b)`` of the open file ``fd`` read into ``buf`` (aligned to ``align``, at least
-    ``b - a`` bytes plus twice ``align``): ``(status, at, n)``, the bytes at ``buf[at:at + n]`` (fewer
-    than asked at the end of the file). With ``direct``, whether the range is all in the page
-    cache is asked first (``cachestat``, system call ``cachestat_nr``): if it is, or not
-    ``direct``, the read goes through the cache (``O_DIRECT`` cleared), else around it (``O_DIRECT``
-    set, the range widened to ``align``); ``page``: the size of the cache's pages. ``status``: ``OK``; ``UNKNOWN`` (no ``cachestat``:
-    nothing read); ``REFUSED`` (``O_DIRECT`` refused: nothing read); or ``errno`` of a failed read."""
-    cdef int64_t lo, hi, got = 0, n, pages
-    cdef ssize_t r
+    """Bytes ``[a, b)`` of the open file ``fd`` (opened by :func:`open_file` or with ``O_RDONLY``
+    alone) read into ``buf`` (aligned to ``align``, at least ``b - a`` bytes plus twice ``align``):
+    ``(status, at, n)``, the bytes at ``buf[at:at + n]`` (fewer than asked at the end of the file).
+    With ``direct``, whether the range is all in the page cache is asked first (``cachestat``,
+    system call ``cachestat_nr``): if it is, or not ``direct``, the read goes through the cache
+    (``O_DIRECT`` cleared), else around it (``O_DIRECT`` set, the range widened to ``align``);
+    ``page``: the size of the cache's pages. ``status``: ``OK``; ``UNKNOWN`` (no ``cachestat``:
+    nothing read); ``REFUSED`` (``O_DIRECT`` refused: nothing read, ``fd`` left without it); or
+    ``errno`` of a failed read. :func:`_read_into` with the file's flags asked first."""
     cdef int status = _OK
-    cdef bint around = False
-    cdef cachestat_range rng
-    cdef cachestat_t cs
+    cdef int flags
+    cdef bint is_direct = False
+    cdef int64_t at = 0, n = 0
     cdef uint8_t* p = &buf[0]
-    cdef int64_t size = buf.shape[0]
     if b <= a:
         return _OK, 0, 0
-    with nogil:
-        if direct:
-            lo = a - a % page
-            rng.off = lo
-            rng.len = b - lo
-            pages = (b - lo + page - 1) // page
-            if syscall(cachestat_nr, fd, &rng, &cs, 0) == 0:
-                around = cs.nr_cache < <uint64_t>pages
-            elif errno == ENOSYS or errno == EPERM:
-                status = _UNKNOWN
-            else:
-                status = errno
-        if status == _OK and around:
-            lo = a - a % align
-            hi = b + (align - b % align) % align
-            if hi - lo > size:
-                status = _SMALL
-            elif _set_direct(fd, True) != 0:
-                status = _REFUSED
-            else:
-                while lo + got < b:
-                    r = pread(fd, p + got, hi - lo - got, lo + got)
-                    if r < 0:
-                        if errno == EINTR:
-                            continue
-                        status = _REFUSED if got == 0 and errno == EINVAL else errno  # (other alignments)
-                        break
-                    got += r
-                    if r == 0 or r % align:  # (the end of the file: a short read is only that)
-                        break
-                if status == _REFUSED:
-                    _set_direct(fd, False)
-            if status == _OK:
-                n = got - (a - lo)
-                if n > b - a:
-                    n = b - a
-                if n < 0:
-                    n = 0
-                got = n
-        elif status == _OK:
-            if b - a > size:
-                status = _SMALL
-            elif _set_direct(fd, False) != 0:
-                status = errno
-            else:
-                while a + got < b:
-                    r = pread(fd, p + got, b - a - got, a + got)
-                    if r < 0:
-                        if errno == EINTR:
-                            continue
-                        status = errno
-                        break
-                    if r == 0:
-                        break
-                    got += r
-    if status == _SMALL:
+    if b - a + 2 * align > buf.shape[0]:
         raise ValueError("read_range: the buffer is too small")
+    with nogil:
+        flags = fcntl(fd, F_GETFL)
+        if flags < 0:
+            status = errno
+        else:
+            is_direct = (flags & O_DIRECT) != 0
+            status = _read_into(fd, a, b, p, direct, &is_direct, cachestat_nr, align, page, &at, &n)
+            if status == _REFUSED and is_direct:
+                fcntl(fd, F_SETFL, 0)
     if status != _OK:
         return status, 0, 0
-    if around:
-        return _OK, a - (a - a % align), got
-    return _OK, 0, got
+    return _OK, at, n
 
 
 cdef int _read_into(int fd, int64_t a, int64_t b, uint8_t* p, bint direct, bint* is_direct, long cachestat_nr,
