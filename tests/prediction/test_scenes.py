@@ -1308,3 +1308,38 @@ def test_stats_with_a_filter_imports_only_what_it_uses(data, tmp_path):
     # (nor pyarrow.compute: a cast of the catalog's times imported it, 0.05 CPU-s with pydoc)
     assert "pyarrow.compute" not in got["filtered"]
     assert {m.split(".")[0] for m in got["filtered"] - got["full"]} == {"pyarrow"}
+
+
+def test_the_scene_ends_of_a_large_dataset_are_read_through_the_page_cache(data, monkeypatch):
+    # (a large dataset is read around the page cache; the frames' blocks at the chosen scenes'
+    # ends are nearly all those the pass over the chosen scenes' frames reads next: read through
+    # the cache, they are read from the disk once, not twice)
+    from l5dask.prediction.scenes import restriction
+
+    path, _, _ = data
+    sel = [1, 6, 7, 11]
+    want = compute_report(l5dask.open_dataset(path).isel(scene=sel))
+    monkeypatch.setattr("l5dask.prediction.dataset.memory_bytes", lambda: 1000)
+    ds = l5dask.open_dataset(path)
+    assert ds.store.large
+    seen: list[tuple[str, bool]] = []
+    get, open_file = Store.get, Store.open_file
+
+    def counting(self, key, **kw):
+        seen.append((key, self.large))
+        return get(self, key, **kw)
+
+    def opening(self, key, **kw):
+        seen.append((key, self.large))
+        return open_file(self, key, **kw)
+
+    monkeypatch.setattr(Store, "get", counting)
+    monkeypatch.setattr(Store, "open_file", opening)
+    restriction(ds, sel)
+    frames = [(k, large) for k, large in seen if k.startswith(fmt.FRAMES + "/") and not k.endswith(".zarray")]
+    assert frames and not any(large for _, large in frames), frames
+    assert ds.store.large and ds[fmt.FRAMES].store.large  # (the dataset's own store unchanged)
+    seen.clear()
+    got = compute_report(ds.isel(scene=sel))
+    assert any(k.startswith(fmt.AGENTS + "/") and large for k, large in seen)  # (the rest read as before)
+    same_report(got, want)
