@@ -1187,13 +1187,16 @@ class _Unit:
                     raise ValueError(f"fused passes check {f!r} against {intervals[f]} and {n} rows")
         encoded = any(p.encoded for p in reds) and not rows and not intervals and hasattr(self.source, "read_encoded")
         members = [Member(p.reduction, p.blocks, p.encoded) for p in reds]  # type: ignore[arg-type]
+        # members that all stream encoded pieces: the pass streams them too (each piece read, gathered
+        # once for all of them and reduced by each in turn), not a block held whole
+        stream = encoded and all(m.encoded and not m.blocks for m in members)
         return Pass(
             self.source,
             fused_reduction(members, windowed(self.source, 0, 0)) if members else None,  # (its chunking only)
             parent=link,
             rows=(rows[0] if len(rows) == 1 else functools.partial(merged_rows, tuple(rows))) if rows else None,
             intervals=intervals,
-            blocks=True,
+            blocks=not stream,
             encoded=encoded,
             priority=max(p.priority for p in self.passes),
             name="+".join(dict.fromkeys(p.label for p in self.passes)),

@@ -313,6 +313,33 @@ def test_an_exact_member_takes_a_fused_block_whole(ds):
     assert calls["float"] == [(lo, len(p)) for lo, p in pieces]
 
 
+@pytest.mark.parametrize("kw", [{}, {"chunks_per_task": 3}])
+def test_members_that_all_stream_are_fused_into_a_streaming_pass(ds, monkeypatch, kw):
+    """The report and the catalog (both streaming over encoded pieces) fused: their pass streams
+    the pieces as each of them alone does, and holds no block of encoded chunks whole (a block
+    of 32 chunks and its gathered columns doubled the run's page faults); each result still the
+    analysis alone, bit for bit. With an aggregation (which takes its block whole), blocks again."""
+    from l5dask.prediction import reading
+
+    want = {n: alone(ds, n, ALL[n], **kw) for n in ("report", "catalog", "speed")}
+    blocks: list = []
+    original = reading.L5Array.read_encoded
+
+    def read_encoded(self, first, n):
+        blocks.append((self.meta.name, first, n))
+        return original(self, first, n)
+
+    monkeypatch.setattr(reading.L5Array, "read_encoded", read_encoded)
+    got = analyze(ds, {n: ALL[n] for n in ("report", "catalog")}, **kw)
+    for n in ("report", "catalog"):
+        same(got[n], want[n], n)
+    assert blocks == []
+    got = analyze(ds, {n: ALL[n] for n in ("report", "catalog", "speed")}, **kw)
+    for n in ("report", "catalog", "speed"):
+        same(got[n], want[n], n)
+    assert {name for name, _, _ in blocks} == {fmt.AGENTS}
+
+
 def test_five_separate_calls_read_each_agent_chunk_five_times(ds, reads):
     """(What the one pass saves: the baseline of the test above.)"""
     ds_ = l5dask.open_dataset(ds)
