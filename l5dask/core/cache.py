@@ -239,19 +239,22 @@ class _Encoder:
         if type(x) in (frozenset, set):
             items = list(x)
             kinds = {type(v) for v in items}
+            if kinds <= {str} and items:
+                # (a set of strings: one "<U" array, when none ends with a NUL, which numpy drops: their
+                # lengths add up to the array's. 34,000 face ids: 8 ms to encode and 2.5 ms to decode,
+                # against 39 and 16 ms as a list in the manifest. Sorted by numpy, in the order
+                # ``list.sort`` gives (code points; a string before those it begins, as no string ends
+                # with a NUL): the same bytes in every process, 1.4 ms against 2.3 sorted in Python)
+                strings = np.array(items, dtype=str)
+                if sum(map(len, items)) == int(np.strings.str_len(strings).sum(dtype=np.int64)):
+                    strings.sort()
+                    return {"t": "fs" if type(x) is frozenset else "se", "k": "u", "i": self.array(strings)["i"]}
             if kinds <= {int} or kinds <= {str}:
                 items.sort()  # (the same bytes in every process: a set of strings iterates by their hashes)
             if kinds <= {int} and items and -(2**63) <= min(items) and max(items) < 2**63:
                 # (a set of numbers: one array)
                 arr = np.array(items, dtype=np.int64)
                 return {"t": "fs" if type(x) is frozenset else "se", "k": "i", "i": self.array(arr)["i"]}
-            if kinds <= {str} and items:
-                # (a set of strings: one "<U" array, when none ends with a NUL, which numpy drops: their
-                # lengths add up to the array's. 34,000 face ids: 8 ms to encode and 2.5 ms to decode,
-                # against 39 and 16 ms as a list in the manifest)
-                strings = np.array(items, dtype=str)
-                if sum(map(len, items)) == int(np.strings.str_len(strings).sum(dtype=np.int64)):
-                    return {"t": "fs" if type(x) is frozenset else "se", "k": "u", "i": self.array(strings)["i"]}
             return {"t": "fs" if type(x) is frozenset else "se", "v": [self(v) for v in items]}
         raise Unencodable(f"a {type(x).__module__}.{type(x).__qualname__}")
 

@@ -656,7 +656,7 @@ def run_group_cached(
 
 
 def run_pieces(
-    entry: cachelib.Entry,
+    entry: cachelib.Entry | None,
     by: ByRows | None,
     pieces: Sequence[tuple[cachelib.Entry, bool, int, int, ByRows | None]],
     spec: Stage,
@@ -668,8 +668,9 @@ def run_pieces(
     """The task of an exact reduction over chunks ``first .. first + n - 1`` in aligned pieces
     (``Job._pieces``): each piece read from the cache when it is there (by its key, or by its
     parent rows: its ``ByRows``), else computed and kept; their blocks combined in order (the
-    same bits as one block: the reduction is exact), then kept whole in ``entry`` too. A pass that
-    makes rows (``spec.rows``) returns them when every piece was computed (none is kept in the cache)."""
+    same bits as one block: the reduction is exact), then kept whole in ``entry`` too (``None``: a
+    pass's last, short task, kept in its pieces alone, ``Job._cached_tasks``). A pass that makes
+    rows (``spec.rows``) returns them when every piece was computed (none is kept in the cache)."""
     red = spec.reduction
     assert red is not None
     part: Any = None
@@ -697,7 +698,7 @@ def run_pieces(
     out = Block(part, None, {k: np.concatenate(b) for k, b in bounds.items()} if spec.intervals else None)
     if found == len(pieces) and not all(hit for _, hit, _, _, _ in pieces):
         cachelib.count(hits=1, misses=-1)  # (found whole, some pieces by their parent rows)
-    if not all(hit for _, hit, _, _, _ in pieces):
+    if entry is not None and not all(hit for _, hit, _, _, _ in pieces):
         alias = _alias_of(entry, by, spec, first, n, link_rows, parent_blocks) if by is not None else None
         _kept(entry, alias, out, dict(spec.intervals))
     if spec.rows is not None and all(r is not None for r in rows):
@@ -1534,7 +1535,11 @@ class Job:
             )
             if pieces is not None:  # (an exact reduction: parts of it found, or the end kept in parts)
                 hits += all(hit for _, hit, _, _, _ in pieces)
-                graph[key] = Task(key, run_pieces, entry, by, pieces, *args)
+                # (a pass's last task shorter than the others is kept in its pieces alone: its whole entry
+                # and alias would never be read again. A rerun over the same data reads the pass's entry,
+                # and a grown one its pieces, as the task grows with the dataset's last chunks)
+                last = i == len(groups) - 1 and n < groups[0][1]
+                graph[key] = Task(key, run_pieces, None if last else entry, by, pieces, *args)
             elif ident in present:
                 hits += 1
                 remake: list[tuple] = []

@@ -203,6 +203,22 @@ def test_sets_of_strings_are_one_array():
         assert got == value and all(type(s) is str for s in got)
 
 
+def test_a_set_of_strings_is_kept_in_python_s_order():
+    """A set of strings kept as one array is sorted by numpy, in the order ``sorted`` gives (code points,
+    a string before the strings it begins): the bytes written before, and in every process."""
+    rng = np.random.default_rng(5)
+    alphabet = ["\x00", "\x01", "a", "b", "é", "\uffff", "\ud800", "\udfff", "\U0001f600", "\U0010ffff"]
+    for _ in range(300):
+        value = {"".join(rng.choice(alphabet, rng.integers(0, 6))) for _ in range(rng.integers(1, 30))}
+        value = {s for s in value if not s.endswith("\x00")} | {"a\x00b", "a", "a\x00\x00b"}
+        data = cachelib.encode(value)
+        _, arrays = cachelib._open(data)
+        assert [a for a in arrays if a.dtype.kind == "U"][0].tolist() == sorted(value)
+        manifest = cachelib.manifest_of(data)
+        assert data == cachelib.encode(set(sorted(value, reverse=True)))  # (however the set iterates)
+        assert manifest["tree"]["k"] == "u" and cachelib.decode(data) == value
+
+
 def test_damaged_entries_are_refused():
     good = cachelib.encode(AgentPart(n=5))
     flipped = bytearray(good)
@@ -291,7 +307,8 @@ def test_rerun_reads_no_chunk_and_is_bit_for_bit(dataset, tmp_path, monkeypatch)
     whole = [e for e in cachelib.Cache(cache).entries() if e["reduction"].startswith("pass-")]
     assert len(whole) == 3  # (the frames, the agents and the faces, each pass whole too)
     # (written: each task's entry, each pass whole, and the last task of an exact reduction in its
-    # aligned pieces too, read again when the dataset grows: l5dask.core.engine.Job._pieces)
+    # aligned pieces, read again when the dataset grows: l5dask.core.engine.Job._pieces; whole too
+    # unless shorter than the others)
     assert cold.written == len(cachelib.Cache(cache).entries()) >= cold.misses + len(whole)
     assert cold.hits == 0 and cold.misses > 10 and cold.damaged == 0
     reads = Reads(monkeypatch)
@@ -313,6 +330,38 @@ def test_rerun_reads_no_chunk_and_is_bit_for_bit(dataset, tmp_path, monkeypatch)
     with cachelib.counting() as tasks:
         assert public(compute_report(dataset, cache=cache)) == want
     assert tasks.hits == cold.misses and tasks.misses == 0 and tasks.written == len(whole)
+
+
+def test_a_pass_s_last_short_task_is_kept_in_its_pieces_alone(dataset, tmp_path, monkeypatch):
+    """A pass's last task shorter than the others (not one aligned piece) is kept in its aligned pieces
+    only: its whole entry and alias would never be read again (a rerun over the same data reads the
+    pass's entry; after growth the task grows, and its pieces are read). Without the passes' entries
+    (a run killed before it kept them), the rerun reads the pieces, the same bits: no chunk of the agents
+    or the faces, only the frames (the parent rows) of the agents' last task, whose pieces are one task."""
+    cache = str(tmp_path / "cache")
+    want = public(compute_report(dataset, chunks_per_task=8))
+    assert public(compute_report(dataset, cache=cache, chunks_per_task=8)) == want
+    ranges: dict[str, set[tuple[int, ...]]] = {}
+    for e in cachelib.Cache(cache).entries():
+        if not e["reduction"].startswith(("pass-", "prefix-")):
+            about = cachelib.manifest_of((tmp_path / "cache" / e["path"]).read_bytes())["about"]
+            ranges.setdefault(e["reduction"], set()).add(tuple(about["chunks"]))
+    ds = l5dask.open_dataset(dataset)
+    for red, array in (("agents-17", fmt.AGENTS), ("tl-faces", fmt.TL_FACES)):
+        n = ds[array].nchunks
+        last = (n - n % 8, n % 8)  # (agents (96, 5), faces (32, 7): three pieces each at most)
+        assert last[1] & (last[1] - 1) and last not in ranges[red], (red, last)
+        assert set(engine._aligned_nodes(*last)) <= ranges[red] and (last[0] - 8, 8) in ranges[red]
+    for e in cachelib.Cache(cache).entries():
+        if e["reduction"].startswith("pass-"):
+            os.unlink(os.path.join(cache, e["path"]))
+    reads = Reads(monkeypatch)
+    with cachelib.counting() as st:
+        assert public(compute_report(dataset, cache=cache, chunks_per_task=8)) == want
+    whole = {k.split(".zarr/", 1)[-1] for k, lo, hi in reads.chunks() if (lo, hi) != (0, 16)}
+    assert whole and {k.split("/")[0] for k in whole} == {fmt.FRAMES}, whole
+    assert header_probes_only([r for r in reads.chunks() if (r[1], r[2]) == (0, 16)], dataset)
+    assert st.misses == 0 and st.hits > 10 and st.damaged == 0
 
 
 @pytest.mark.parametrize("again", ["absolute", "dot-slash", "file-url", "other-cwd"])
