@@ -1016,7 +1016,7 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     """The partials of every member of a fused pass over one block (read once: records, or the
     stored chunks not decoded), each handed what its own pass would have been: the block whole
     (``blocks``), else one stored chunk at a time (or, encoded, the groups ``source.iter_encoded``
-    makes: ``data.pieces()``); records where the member takes no encoded chunks (decoded once).
+    makes: ``data.pieces()``, or ``data`` itself when streamed already); records where the member takes no encoded chunks (decoded once).
     A streaming member whose reduction is ``exact`` and declares its ``reads`` takes the block
     whole when the block serves the members' gathers (gathered once for the whole block: its
     pieces would only add calls and combines). The members that make per-row columns others read
@@ -1038,7 +1038,8 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
             p = red.chunk(data if m.encoded or not encoded else data.records(), start, parent)
         elif m.encoded and encoded:
             p = None
-            pieces = data.pieces() if pieces is None else pieces
+            if pieces is None:  # (a streamed piece that has none of its own, a view's chunk: itself)
+                pieces = data.pieces() if hasattr(data, "pieces") else [(start, data)]
             for lo, piece in pieces:
                 q = red.chunk(piece, lo, parent)
                 p = q if p is None else red.combine(p, q)

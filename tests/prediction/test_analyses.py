@@ -438,3 +438,16 @@ def test_engine_fuses_passes_of_one_source():
     counts.clear()
     assert job.run(plans()) == want
     assert max(counts.values()) <= 2
+
+
+@pytest.mark.parametrize("kw", [{}, {"chunks_per_task": 3}])
+def test_a_scene_view_s_fused_streaming_pass_is_each_analysis_alone(ds, kw):
+    """The report and the catalog of a scene filter's view, fused: a view's streamed chunk has no
+    pieces of its own (it is one; ``l5dask report --scenes`` stopped with an AttributeError once
+    their fused pass streamed), each result the analysis alone, bit for bit."""
+    view = l5dask.open_dataset(ds).isel(scene=[1, 3, 4, 7])
+    names = ("report", "catalog")
+    want = {n: alone(view, n, ALL[n], **kw) for n in names}
+    got = analyze(view, {n: ALL[n] for n in names}, **kw)
+    for n in names:
+        same(got[n], want[n], n)
