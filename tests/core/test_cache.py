@@ -733,10 +733,11 @@ def test_a_restarted_run_keys_no_piece_inside_the_tasks_it_computes(dataset, tmp
     want = public(compute_report(dataset, chunks_per_task=8))
     cache = str(tmp_path / "cache")
     assert public(compute_report(dataset, cache=cache, chunks_per_task=8)) == want
-    # (a killed run's cache: no pass kept whole, every other agents task's entry removed, and the
-    # aliases, second keys of the entries, written after them: none left naming a task removed)
+    # (a killed run's cache: no pass kept whole nor its first tasks combined (a prefix), every
+    # other agents task's entry removed, and the aliases, second keys of the entries, written
+    # after them: none left naming a task removed)
     for e in cachelib.Cache(cache).entries():
-        if e["path"].rsplit("/", 1)[1].startswith("pass-") or cachelib.key_of(e["path"]).startswith("r"):
+        if e["path"].rsplit("/", 1)[1].startswith(("pass-", "prefix-")) or cachelib.key_of(e["path"]).startswith("r"):
             os.remove(os.path.join(cache, e["path"]))
     entries = [e for e in cachelib.Cache(cache).entries() if e["reduction"] == "agents-17"]
     removed = 0
