@@ -16,7 +16,7 @@ the same rounds (interleaved: these shared machines change speed by the minute):
 - **the uncached pass**: the same command without a cache, the rerun's denominator.
 
 Each process exits with ``os._exit``, as the command line does (no interpreter teardown), CPU
-seconds from ``os.wait4`` (every thread's); OPENBLAS_NUM_THREADS=1, as the command line sets it.
+seconds as every benchmark here measures them (``common.measure``: every thread's); OPENBLAS_NUM_THREADS=1, as the command line sets it.
 """
 
 from __future__ import annotations
@@ -24,24 +24,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import DATA, dataset  # noqa: E402
-
-
-def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of a whole process."""
-    t = time.perf_counter()
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-    err = p.stderr.read() if p.stderr else b""
-    _, status, usage = os.wait4(p.pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)[:200]}: {err.decode()[-300:]}")
-    return time.perf_counter() - t, usage.ru_utime + usage.ru_stime
+from common import DATA, dataset, run_measured  # noqa: E402
 
 
 def main() -> None:
@@ -50,12 +37,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
     path = dataset(args.scenes)
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"  # (as the command line sets it; the processes inherit it)
     py = sys.executable
     with tempfile.TemporaryDirectory(dir=DATA) as tmp:
         out, cache = os.path.join(tmp, "r.json"), os.path.join(tmp, "cache")
         stats = [py, "-m", "l5dask.cli", "stats", path, "-q", "-o", out]
-        timed([*stats, "--cache", cache], env)  # (the cache filled)
+        run_measured([*stats, "--cache", cache])  # (the cache filled)
         cmds = {
             "interpreter": [py, "-c", "import os; os._exit(0)"],
             "numpy, dask, click": [py, "-c", "import numpy, dask, click, os; os._exit(0)"],
@@ -70,7 +57,8 @@ def main() -> None:
         got: dict[str, list[tuple[float, float]]] = {k: [] for k in cmds}
         for r in range(args.rounds):
             for k in cmds if r % 2 == 0 else reversed(cmds):
-                got[k].append(timed(cmds[k], env))
+                _, wall, _, cpu_s = run_measured(cmds[k])
+                got[k].append((wall, cpu_s))
         cpu = {k: statistics.median(c for _, c in v) for k, v in got.items()}
         wall = {k: statistics.median(w for w, _ in v) for k, v in got.items()}
     parts = {
