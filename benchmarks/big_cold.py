@@ -75,6 +75,10 @@ def stored_bytes(path: str) -> int:
 
 
 def free_gb(path: str) -> float:
+    """Free space on the disk that holds ``path`` (or, not made yet, its nearest existing folder)."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
     return shutil.disk_usage(path).free / 1e9
 
 
