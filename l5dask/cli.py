@@ -10,6 +10,12 @@ import sys
 # CPU on 2 cores). Set before numpy is imported; a user's setting wins.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+# A command given a local cache: its dataset's chunk identities and the cache's folders read from
+# the disk while the imports below are (l5dask.core.prefetch: a rerun is little more than both).
+from l5dask.core import prefetch  # noqa: E402
+
+prefetch.start(sys.argv[1:])
+
 import click  # noqa: E402
 
 from l5dask.core.commands import EXIT_USER_ERROR, shared  # noqa: E402

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager, TypeVar
 
-from l5dask.core import config, diskread, objects
+from l5dask.core import config, diskread, objects, prefetch
 from l5dask.core.lazy import compiled
 from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
 
@@ -35,7 +35,7 @@ _REFUSED_RETRIES = 2
 #: OS threads that stat a local folder's files for the cache's keys (``Store.identities``), each a
 #: run of them in inode order: read cold, the inodes' reads overlap (a scratch ext4 remounted cold,
 #: 71,142 files: best wall 0.35 s with 4 threads, 0.63 s with one; the same CPU seconds).
-STAT_THREADS = 4
+STAT_THREADS = prefetch.STAT_THREADS
 #: Each retried read is said here as it happens (a warning: on stderr; ``-q`` silences it).
 log = logging.getLogger("l5dask.store")
 #: Connections per process to S3 (botocore's pool; its default is 10), and requests a task keeps in
@@ -669,7 +669,8 @@ class Store:
 
         def listing() -> dict[str, str]:
             if self.local:  # (one listing and a stat a file, without the GIL, in inode order: l5dask/core/_stat.pyx)
-                return compiled("l5dask.core._stat").identities(path, STAT_THREADS)
+                got = prefetch.take(path)  # (made while the command's imports ran: l5dask.core.prefetch)
+                return got if got is not None else compiled("l5dask.core._stat").identities(path, STAT_THREADS)
             self.fs.invalidate_cache(path)
             out: dict[str, str] = {}
             for d in self.fs.ls(path, detail=True):
