@@ -8,8 +8,8 @@ the inodes read from the disk), then the listing of the cache's folders and its 
 disk wait after another. Started first thing (``l5dask.cli``, before click, numpy and dask are
 imported), a thread stats the chunk files of each local dataset on the command line (the compiled
 listing, ``l5dask.core._stat``, without the GIL) and asks the disk for the cache's folders and its
-``pass-``/``prefix-``/``read.`` entries, while the main thread imports: the disk serves both at
-once. The identities are taken once by the first :meth:`Store.identities` of their folder (the
+``pass-`` and ``read.`` entries (what a rerun reads), while the main thread imports: the disk
+serves both at once. The identities are taken once by the first :meth:`Store.identities` of their folder (the
 same call, made earlier: what a run keys its tasks by is what its folders held when it started),
 and only while the folder is as it was (its own mtime and ctime, which a chunk written through a
 rename, as zarr and l5dask write them, changes); else, and for anything else, the listing is made
@@ -84,7 +84,7 @@ def _cache_folders(root: str) -> None:
                 sources = [e.path for e in it if e.is_dir()]
             for src in sources:
                 for name in os.listdir(src):
-                    if name.startswith(("pass-", "prefix-", "read.")) or name == "source.json":
+                    if name.startswith(("pass-", "read.")) or name == "source.json":
                         _will_need(os.path.join(src, name))
     except OSError:
         return
