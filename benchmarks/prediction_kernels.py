@@ -21,7 +21,14 @@ the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block
 - ``sketch``: a quantile sketch's (group, bucket, count) of a float32 column over 17 groups and
   the groups' rows (``groupby._sketch``: ``sketch_range`` and ``sketch_counts``, two passes),
   against the numpy it replaced (the rows' ``np.bincount``, the float64 bits shifted, their
-  range, one ``np.bincount`` of group and bucket, its cells that are not 0).
+  range, one ``np.bincount`` of group and bucket, its cells that are not 0);
+- ``sketch (wide)``: the same of speeds (a tenth 0, the others around a speed of their label's:
+  4.2 million buckets a group, past that table) through ``kernels.Sketch`` (the cells of the
+  (group, exponent) pairs that occur, counted in one pass, listed in order), against the sort it
+  replaced (``np.unique`` of group and bucket); ``sketch (spread)``: speeds spread over 0.01 to 30
+  m/s, too many pairs for the table: the sort, after the table gave up;
+- ``merge_sketches``: two such sketches (of each half of the rows) merged in one pass, against the
+  ``np.lexsort`` of the two that ``groupby.combine_parts`` made.
 
 (The ``(min, max)`` loop of an integer key measured here ran at 0.11x numpy's ``min()``/``max()``,
 0.166 against 0.018 ms: it was deleted, ``kernels.int_range`` is numpy's; ``mix_codes``, ``codes += (k -
@@ -99,6 +106,35 @@ def cases(n: int) -> dict[str, tuple]:
         nz = np.flatnonzero(counts != 0)
         return rows, nz // span, nz % span + blo, counts[nz]
 
+    # speeds: a tenth of them 0 (standing agents), the others around a speed of their label's: their
+    # buckets span 4.2 million a group, past sketch_counts' table (1,000 exponents, 2 or 3 of them
+    # occupied a group, as the generated datasets'); and spread over 0.01 to 30 m/s (10 or so a group)
+    standing = rng.random(n) < 0.1
+    speeds = np.where(standing, 0.0, rng.lognormal(1.0 + labels / 10, 0.1, n))
+    spread = np.where(standing, 0.0, rng.lognormal(1.0, 1.0, n).clip(0.01, 30.0))
+
+    def l5_sketch_of(v):
+        rows = np.zeros(17, np.int64)
+        return rows, *_sketch(labels, v, 12, 17, rows=rows)
+
+    def np_sketch_of(v):  # (the sort it replaced)
+        rows = np.bincount(labels, minlength=17)
+        b = (v + 0.0).view(np.int64) >> (52 - 12)
+        blo = int(b.min())
+        span = int(b.max()) - blo + 1
+        uniq, many = np.unique(labels * span + (b - blo), return_counts=True)
+        return rows, uniq // span, uniq % span + blo, many
+
+    ga, gb = _sketch(labels[: n // 2], speeds[: n // 2], 12, 17), _sketch(labels[n // 2 :], speeds[n // 2 :], 12, 17)
+
+    def np_merge():  # (combine_parts' lexsort of the two, which it replaced)
+        g, bk, cnt = (np.concatenate([x, y]) for x, y in zip(ga, gb))
+        order = np.lexsort((bk, g))
+        g, bk, cnt = g[order], bk[order], cnt[order]
+        new = np.r_[True, (g[1:] != g[:-1]) | (bk[1:] != bk[:-1])]
+        starts = np.flatnonzero(new)
+        return g[starts], bk[starts], np.add.reduceat(cnt, starts)
+
     scene = np.repeat(np.arange(1297, 1297 + 8), -(-n // 8))[:n].astype(np.int64)
     label = rng.integers(1, 15, n).astype(np.int8)
     keyed = values * 10
@@ -122,6 +158,9 @@ def cases(n: int) -> dict[str, tuple]:
     return {
         "keyed_reduce": (l5_keyed, np_keyed),
         "sketch": (l5_sketch, np_sketch),
+        "sketch (wide)": (lambda: l5_sketch_of(speeds), lambda: np_sketch_of(speeds)),
+        "sketch (spread)": (lambda: l5_sketch_of(spread), lambda: np_sketch_of(spread)),
+        "merge_sketches": (lambda: k.merge_sketches(ga, gb), np_merge),
         "group_reduce": (lambda: k.group_reduce(codes, values, ngroups, True, True, True), np_group_reduce),
         "range_codes": (
             lambda: k.range_codes(key, 0, 10),

@@ -25,10 +25,23 @@ import numpy as np
 from l5dask.core import cache as cachelib
 from l5dask.core.engine import Reduction, fold_exclusive, tree_combine
 from l5dask.errors import UsageError
-from l5dask.prediction.kernels import group_reduce, int_range, keyed_reduce, range_codes, sketch_counts, sketch_range
+from l5dask.prediction.kernels import (
+    Sketch,
+    group_reduce,
+    int_range,
+    keyed_reduce,
+    merge_sketches,
+    range_codes,
+    sketch_add,
+    sketch_counts,
+    sketch_range,
+)
 
 #: Mantissa bits the quantile sketch keeps by default: 1.2e-4 relative error at most.
 QUANTILE_BITS = 12
+#: Up to these mantissa bits, a sketch's counts are kept in a table of the (group, exponent) pairs
+#: that occur (``kernels.Sketch``: ``2 ** bits`` cells each).
+SKETCH_TABLE_BITS = 16
 _SIGN = np.int64(0x7FFF_FFFF_FFFF_FFFF)
 
 
@@ -132,8 +145,10 @@ def _sketch(
     The buckets' range (numpy's ``min`` and ``max`` of the values; ``kernels.sketch_range``'s
     compiled pass where a value is NaN), then one compiled pass (``kernels.sketch_counts``) counts
     each row in a table of (group, bucket) whose cells that are not 0 are the sketch (2.6x the
-    numpy it replaced: ``_columns.pyx``). Where that table
-    would be large, the buckets are made and sorted instead."""
+    numpy it replaced: ``_columns.pyx``). Where that table would be large (values from 0 to 30
+    span 4.2 million buckets), the cells of each (group, sign and exponent) that occurs
+    (``kernels.Sketch``, ``bits`` up to :data:`SKETCH_TABLE_BITS`); else the buckets are made and
+    sorted."""
     z = np.zeros(0, np.int64)
     if not len(values):
         return z, z, z
@@ -159,6 +174,17 @@ def _sketch(
         sketch_counts(codes, values, bits, blo, span, counts, None if counted else rows)
         nz = np.flatnonzero(counts != 0)  # (numpy's nonzero of bools: 7x its nonzero of int64)
         return nz // span, nz % span + blo, counts[nz].astype(np.int64)
+    hspan = (bhi >> bits) - (blo >> bits) + 1
+    if bits <= SKETCH_TABLE_BITS and g_hi * hspan <= 4 * n + 4096:
+        # (a value range wider than the table above (0 among values of 1 to 30: 4.2 million
+        # buckets a group): the cells of each (group, exponent) that occurs, no sort)
+        sketch = Sketch(g_hi, bits, blo >> bits, hspan, sketch_cells(n, bits))
+        # (rows counted first: a table that fills up leaves them partly counted)
+        if not counted and rows is not None:
+            rows += np.bincount(codes, minlength=ngroups)
+            counted = True
+        if sketch_add(codes, values, sketch):
+            return sketch.result()
     if not counted and rows is not None:
         rows += np.bincount(codes, minlength=ngroups)
     v = values.astype(np.float64, copy=False)
@@ -291,21 +317,17 @@ def group_part(
         n = len(keys[0]) if keys else len(next(iter(values.values())))
     if keep is not None and keep.all():
         keep = None
-    if keep is not None:  # (the kept rows taken: 5x faster than the codes of a mask)
+    if keep is not None:  # (the kept rows taken: 5x faster than the codes of a mask; faster than
+        # skipping the others in keyed_reduce's loop, 2026-11-28)
         kept = np.flatnonzero(keep)
         keys = [k.take(kept) for k in keys]
         values = {name: v if counts_rows(needs[name], v.dtype) else v.take(kept) for name, v in values.items()}
         n, keep = len(kept), None
-    if (
-        n
-        and keys
-        and not any(needs[c] & {"m2", "sketch"} for c in values)
-        and not any(exact(v.dtype) and not counts_rows(needs[c], v.dtype) for c, v in values.items())
-    ):
-        ranges = [int_range(k) for k in keys]
-        spans = [hi - lo + 1 for lo, hi in ranges]
-        if math.prod(spans) <= 2 * n + 4096:
-            return _group_part_keyed(keys, [lo for lo, _ in ranges], spans, values, needs, n)
+    keyed = _keyed_ranges(keys, values, needs, n, quantile_bits)
+    if keyed is not None:
+        part = _group_part_keyed(keys, *keyed, values, needs, n, quantile_bits)
+        if part is not None:
+            return part
     codes, ngroups, table = encode(list(keys), n)
     rows = None
     full: dict[str, dict[str, Any]] = {}  # each value column's statistics over all ngroups
@@ -382,24 +404,80 @@ def _present_part(
     return part, present, remap
 
 
+def sketch_cells(n: int, bits: int) -> int:
+    """The most cells a sketch's table of the pairs that occur (``kernels.Sketch``) may hold for
+    ``n`` rows: one a row, and room for 16 pairs; past them, the buckets are sorted instead (a
+    table of more cells, values spread over many exponents, lost to the sort, whose counts leave
+    the caches: ``benchmarks/prediction_kernels.py``, ``sketch (spread)``)."""
+    return n + 2 ** (bits + 4)
+
+
+def _exponents(values: np.ndarray, bits: int) -> tuple[int, int]:
+    """``(lowest, number)`` of the signs and exponents (a sketch's bucket ``>> bits``) from the
+    lowest value that is not NaN to the highest (numpy's vector minimum and maximum; ``(0, 1)``
+    when every value is NaN)."""
+    lo, hi = values.min(), values.max()
+    if np.isnan(lo) or np.isnan(hi):
+        lo, hi = np.fmin.reduce(values), np.fmax.reduce(values)  # (NaN left out)
+        if np.isnan(lo):
+            return 0, 1
+    blo, bhi = (int(b) >> bits for b in buckets(np.array([lo, hi], np.float64), bits))
+    return blo, bhi - blo + 1
+
+
+def _keyed_ranges(
+    keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dict[str, set[str]], n: int, bits: int
+) -> tuple[list[int], list[int], dict[str, tuple[int, int]]] | None:
+    """Whether :func:`_group_part_keyed` takes these rows: ``(los, spans, exponents)`` (the keys'
+    ranges; each sketched column's :func:`_exponents`), or ``None`` (no rows, no keys, keys not
+    dense, an ``m2``, an integer column reduced, a sketch of more than ``SKETCH_TABLE_BITS`` or of
+    too many exponents)."""
+    if (
+        not n
+        or not keys
+        or any("m2" in needs[c] for c in values)
+        or any(exact(v.dtype) and not counts_rows(needs[c], v.dtype) for c, v in values.items())
+        or (bits > SKETCH_TABLE_BITS and any("sketch" in needs[c] for c in values))
+    ):
+        return None
+    ranges = [int_range(k) for k in keys]
+    spans = [hi - lo + 1 for lo, hi in ranges]
+    size = math.prod(spans)
+    if size > 2 * n + 4096:
+        return None
+    exponents = {}
+    for name, v in values.items():
+        if "sketch" in needs[name]:
+            exponents[name] = _exponents(v, bits)
+            if size * exponents[name][1] > 4 * n + 4096:
+                return None
+    return [lo for lo, _ in ranges], spans, exponents
+
+
 def _group_part_keyed(
     keys: list[np.ndarray],
     los: list[int],
     spans: list[int],
+    exponents: dict[str, tuple[int, int]],
     values: dict[str, np.ndarray],
     needs: dict[str, set[str]],
     n: int,
-) -> GroupPart:
-    """:func:`group_part` of dense keys (``los``, ``spans``: their ranges), no ``m2`` or sketch
-    asked, no rows left out: each value column reduced by one compiled pass that makes the rows'
-    group codes a few thousand at a time as it goes (``kernels.keyed_reduce``), where they were
-    made whole, mixed and read again. The same statistics, bit for bit (each group's values added
-    in row order)."""
+    bits: int = QUANTILE_BITS,
+    keep: np.ndarray | None = None,
+) -> GroupPart | None:
+    """:func:`group_part` of dense keys (``los``, ``spans``: their ranges), no ``m2`` asked: each
+    value column reduced by one compiled pass that makes the rows' group codes a few thousand at a
+    time as it goes (``kernels.keyed_reduce``), where they were made whole, mixed and read again;
+    a sketch counted in the same pass (``kernels.Sketch``; ``exponents``: each sketched column's
+    range of them); the rows where ``keep`` is False skipped there, none taken out first. The same
+    statistics, bit for bit (each group's values added in row order). ``None`` when a sketch's
+    table would hold more than :func:`sketch_cells`."""
     table = dense_table(los, spans)
     size = len(table)
     strides = [math.prod(spans[j + 1 :]) for j in range(len(spans))]  # (the last key varies fastest)
     rows = np.zeros(size, np.int64)
     full: dict[str, dict[str, Any]] = {}
+    sketches: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     counted = False
     for name, v in values.items():
         need = needs[name]
@@ -411,12 +489,21 @@ def _group_part_keyed(
             np.full(size, np.inf) if "min" in need else None,
             np.full(size, -np.inf) if "max" in need else None,
         )
-        keyed_reduce(keys, los, strides, n, out, v, None if counted else rows)
+        sketch = Sketch(size, bits, *exponents[name], sketch_cells(n, bits)) if "sketch" in need else None
+        if not keyed_reduce(keys, los, strides, n, out, v, None if counted else rows, sketch, keep):
+            return None  # (the sketch's table full: group_part's other way)
         counted = True
-        full[name] = {"n": out[0], **{k: a for k, a in zip(("sum", "min", "max"), out[1:]) if a is not None}}
+        if sketch is not None:
+            sketches[name] = sketch.result()
+        if need & {"n", "sum", "min", "max"}:  # (a column only quantiled: its sketch holds everything)
+            full[name] = {"n": out[0], **{k: a for k, a in zip(("sum", "min", "max"), out[1:]) if a is not None}}
+        else:
+            full[name] = {}
     if not counted:
-        keyed_reduce(keys, los, strides, n, (np.zeros(size, np.int64), None, None, None), None, rows)
-    part, _, _ = _present_part(table, rows, full, values)
+        keyed_reduce(keys, los, strides, n, (np.zeros(size, np.int64), None, None, None), None, rows, None, keep)
+    part, _, remap = _present_part(table, rows, full, values)
+    for name, (sg, sb, sc) in sketches.items():
+        part.sketches[name] = (remap[sg] if remap is not None else sg, sb, sc)
     return part
 
 
@@ -525,6 +612,11 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
         out.stats[name] = s
     for name, (ga, ba, ca) in a.sketches.items():
         gb, bb, cb = b.sketches[name]
+        # (each sorted by group and bucket, the groups renumbered in their order: one merge)
+        merged = merge_sketches((ia[ga], ba, ca), (ib[gb], bb, cb))
+        if merged is not None:
+            out.sketches[name] = merged
+            continue
         g, bk, cnt = np.concatenate([ia[ga], ib[gb]]), np.concatenate([ba, bb]), np.concatenate([ca, cb])
         order = np.lexsort((bk, g))
         g, bk, cnt = g[order], bk[order], cnt[order]

@@ -59,6 +59,11 @@ _range_codes = _columns.range_codes
 _sketch_range = _columns.sketch_range
 _sketch_counts = _columns.sketch_counts
 _keyed_reduce = _columns.keyed_reduce
+_sketch_add = _columns.sketch_add
+_merge_sketches = _columns.merge_sketches
+#: The quantile sketch's counts in a table of the (group, exponent) pairs that occur
+#: (``_columns.pyx``): filled by :func:`sketch_add` or :func:`keyed_reduce`.
+Sketch = _columns.Sketch
 
 __all__ = [
     "agent_chunk",
@@ -342,13 +347,18 @@ def keyed_reduce(
     out: tuple[np.ndarray, np.ndarray | None, np.ndarray | None, np.ndarray | None],
     values: np.ndarray | None = None,
     rows: np.ndarray | None = None,
-) -> None:
+    sketch: Any = None,
+    keep: np.ndarray | None = None,
+) -> bool:
     """:func:`group_reduce` of ``n`` rows keyed by ``keys`` (integer columns of ``n`` rows) without
     their group codes made whole: a row's group is ``sum((keys[j] - los[j]) * strides[j])``
     (mixed-radix, as ``groupby.encode`` makes them). ``out``: the ``(count, sum, min, max)`` of
     each group (int64, then float64 or ``None`` where not asked), added to in place, as the values
     that are not NaN (numbers, read as float64; none: the rows are only counted); ``rows`` (int64)
-    adds each row, NaN or not."""
+    adds each row, NaN or not. ``sketch``: a :class:`Sketch` of the groups, each value that is not
+    NaN counted in it in the same pass (``False`` returned when its table is full: the outputs
+    then partly added to; else ``True``); ``keep`` (bool, a row each): the rows where it is False
+    left out, as if taken out first."""
     count, total, lo, hi = out
     ngroups = len(count) if isinstance(count, np.ndarray) else -1
     _check_out(count, np.int64, ngroups, "out's count", "keyed_reduce")
@@ -362,6 +372,10 @@ def keyed_reduce(
         raise ValueError(f"keyed_reduce: keys and values of {n} rows are needed")
     if values is not None and values.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
         values = values.astype(np.float64)
+    if keep is not None:
+        if keep.dtype != np.dtype(bool) or keep.shape != (n,):
+            raise ValueError(f"keyed_reduce: keep must be a bool of {n} rows")
+        keep = np.ascontiguousarray(keep).view(np.uint8)
     dummy = np.zeros(1)
     bad = _keyed_reduce(
         np.array([k.ctypes.data for k in held], np.int64),
@@ -380,9 +394,16 @@ def keyed_reduce(
         lo is not None,
         hi is not None,
         rows is not None,
+        sketch,
+        keep,
     )
     if bad >= 0:
+        if sketch is not None:
+            raise ValueError(
+                f"keyed_reduce: row {bad}'s group is not in [0, {ngroups}), or its bucket not in the sketch's"
+            )
         raise ValueError(f"keyed_reduce: row {bad}'s group is not in [0, {ngroups})")
+    return bad != -2
 
 
 def range_codes(k: np.ndarray, lo: int, n: int) -> np.ndarray:
@@ -486,6 +507,41 @@ def sketch_counts(
             f"sketch_counts: codes must lie in [0, {len(counts) // max(int(span), 1)}) and buckets in "
             f"[{lo}, {lo + span}) (row {bad} has code {codes[bad]})"
         )
+
+
+def sketch_add(codes: np.ndarray, values: np.ndarray, sketch: Any, rows: np.ndarray | None = None) -> bool:
+    """Each row whose value (float32 or float64) is not NaN counted in ``sketch`` (a
+    :class:`Sketch`; the rows' ``codes``, int64, among its groups), each row (NaN or not) added to
+    ``rows[code]`` if given, in one pass: ``True``, or ``False`` when the sketch's table is full
+    (``rows`` then partly added to)."""
+    codes = np.ascontiguousarray(codes, np.int64)
+    values = np.ascontiguousarray(values)
+    if values.dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+        values = values.astype(np.float64)
+    if rows is not None:
+        _check_out(rows, np.int64, len(rows) if isinstance(rows, np.ndarray) else -1, "rows", "sketch_add")
+    bad = _sketch_add(codes, values, sketch, rows if rows is not None else np.zeros(0, np.int64), rows is not None)
+    if bad >= 0:
+        raise ValueError(
+            f"sketch_add: row {bad} (code {codes[bad]}, value {values[bad]}) is out of the sketch's groups or exponents"
+        )
+    return bad != -2
+
+
+def merge_sketches(
+    a: tuple[np.ndarray, np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray, np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Two sketches' ``(group, bucket, count)`` (int64), each sorted by group then bucket without
+    repeats, merged in one pass (a cell in both: its counts added), or ``None`` when one is not
+    so sorted."""
+    a = tuple(np.ascontiguousarray(x, np.int64) for x in a)  # type: ignore[assignment]
+    b = tuple(np.ascontiguousarray(x, np.int64) for x in b)  # type: ignore[assignment]
+    size = len(a[0]) + len(b[0])
+    out = np.empty(size, np.int64), np.empty(size, np.int64), np.empty(size, np.int64)
+    k = _merge_sketches(*a, *b, *out)
+    if k < 0:
+        return None
+    return out[0][:k], out[1][:k], out[2][:k]
 
 
 def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -1525,3 +1525,124 @@ def test_columns_kernels_equal_numpy():
             group_reduce(wrong, values, 8, rows=np.zeros(8, np.int64))
     with pytest.raises(ValueError, match="rows must be a contiguous int64 array of 8 groups"):
         group_reduce(codes, values, 8, rows=np.zeros(7, np.int64))
+
+
+def test_sketch_table_of_the_exponents_that_occur_equals_numpy(monkeypatch):
+    """``kernels.Sketch`` (the cells of the (group, exponent) pairs that occur, where the table of
+    every bucket would be too large: 0 among speeds of 1 to 30) against numpy's buckets counted:
+    ``_sketch`` of codes, and ``group_part``'s keyed pass (the sketch counted in the same pass as
+    the count, sum and maximum); NaN, -0.0, infinities, negative values, groups without rows, 0 to
+    16 bits; a table that fills up (past ``sketch_cells``) gives the same by the sort; the same
+    partial as the codes' path, bit for bit."""
+    from l5dask.prediction import groupby
+    from l5dask.prediction.groupby import _sketch, buckets, group_part
+
+    rng = np.random.default_rng(48)
+    added = []
+    original_add = groupby.sketch_add
+    monkeypatch.setattr(groupby, "sketch_add", lambda *a: added.append(original_add(*a)) or added[-1])
+
+    def numpy_sketch(codes, x, bits):
+        wide = x.astype(np.float64)
+        ok = ~np.isnan(wide)
+        uniq, counts = np.unique(np.stack([codes[ok], buckets(wide[ok], bits)], 1), axis=0, return_counts=True)
+        return uniq[:, 0].tolist(), uniq[:, 1].tolist(), counts.tolist()
+
+    for case in range(24):
+        n = [3, 200, 20_000][case % 3]
+        ngroups = [1, 17, 5][case % 3]
+        codes = rng.integers(0, ngroups, n).astype(np.int64)
+        codes[codes == 2] = 3  # (a group without rows)
+        x = np.where(rng.random(n) < 0.2, 0.0, rng.lognormal(1.0 + codes / 10, 0.1, n))
+        if case % 2:
+            x[rng.integers(0, n, max(1, n // 50))] = np.nan
+        if case % 4 == 1:
+            x[rng.integers(0, n, 3)] = [-0.0, -2.5, np.inf]
+        x = x.astype(np.float32 if case % 5 == 0 else np.float64)
+        for bits in (12, 0, 5, 16):
+            full = case % 6 == 5  # (a table that fills up: the sort)
+            with pytest.MonkeyPatch.context() as m:
+                if full:
+                    m.setattr(groupby, "sketch_cells", lambda n, bits: 2**bits)
+                added.clear()
+                rows = np.zeros(ngroups, np.int64)
+                got = _sketch(codes, x, bits, ngroups, rows)
+                assert [a.tolist() for a in got] == list(numpy_sketch(codes, x, bits)), (case, bits)
+                np.testing.assert_array_equal(rows, np.bincount(codes, minlength=ngroups))
+                if n == 20_000 and bits == 12:
+                    assert added == [not full]  # (the table was used, or gave up)
+                # group_part: the keyed pass, or the codes' path (keys spread apart)
+                needs = {"v": {"n", "sum", "max", "sketch"}}
+                part = group_part([codes], {"v": x}, needs, bits)
+                other = group_part([codes * 10**6], {"v": x}, needs, bits)
+            present = np.unique(codes)
+            np.testing.assert_array_equal(part.keys[:, 0], present)
+            np.testing.assert_array_equal(other.keys[:, 0], present * 10**6)
+            remap = np.full(ngroups, -1)
+            remap[present] = np.arange(len(present))
+            g, b, c = numpy_sketch(codes, x, bits)
+            want = [remap[g].tolist() if len(g) else [], b, c]
+            assert [a.tolist() for a in part.sketches["v"]] == want, (case, bits)
+            assert [a.tolist() for a in other.sketches["v"]] == want
+            assert part.rows.tobytes() == other.rows.tobytes()
+            for k, a in part.stats["v"].items():
+                assert other.stats["v"][k].tobytes() == a.tobytes(), k
+            wide = x.astype(np.float64)
+            ok = ~np.isnan(wide)
+            sums = np.bincount(remap[codes[ok]], wide[ok], minlength=len(present))
+            assert part.stats["v"]["sum"].tobytes() == sums.tobytes()
+
+
+def test_sketches_merge_in_one_pass():
+    """``kernels.merge_sketches`` against the sort of the two sketches' cells, and
+    ``combine_parts`` of two partials' sketches against the sketch of all their rows; an input
+    not sorted by (group, bucket) is refused (``None``)."""
+    from l5dask.prediction.groupby import _sketch, combine_parts, group_part
+    from l5dask.prediction.kernels import merge_sketches
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 50, 5_000):
+        codes = rng.integers(0, 6, n).astype(np.int64)
+        x = rng.normal(0, 3, n)
+        a, b = _sketch(codes[: n // 3], x[: n // 3], 8, 6), _sketch(codes[n // 3 :], x[n // 3 :], 8, 6)
+        got = merge_sketches(a, b)
+        assert got is not None
+        cells = {}
+        for g, bk, c in (*zip(*a), *zip(*b)):
+            cells[(int(g), int(bk))] = cells.get((int(g), int(bk)), 0) + int(c)
+        assert list(zip(*(v.tolist() for v in got))) == sorted((g, bk, c) for (g, bk), c in cells.items())
+        if n:
+            whole = group_part([codes], {"v": x}, {"v": {"sketch"}}, 8)
+            parts = [
+                group_part([codes[s]], {"v": x[s]}, {"v": {"sketch"}}, 8) for s in (slice(0, n // 3), slice(n // 3, n))
+            ]
+            merged = combine_parts(*parts) if len(parts[0]) else parts[1]
+            for u, v in zip(merged.sketches["v"], whole.sketches["v"]):
+                assert u.tolist() == v.tolist()
+    unsorted = (np.array([1, 0]), np.array([0, 0]), np.array([1, 1]))
+    one = (np.array([0]), np.array([0]), np.array([1]))
+    assert merge_sketches(unsorted, one) is None
+    assert merge_sketches(one, (np.array([0, 0]), np.array([4, 4]), np.array([1, 1]))) is None  # (a repeat)
+
+
+def test_sketch_table_refuses_what_it_cannot_count():
+    """The table's arguments and rows out of its groups or exponents are refused, never counted
+    out of bounds."""
+    from l5dask.prediction.kernels import Sketch, keyed_reduce, sketch_add
+
+    with pytest.raises(ValueError, match="bits from 0 to 16"):
+        Sketch(3, 17, 0, 1, 10**6)
+    with pytest.raises(ValueError, match="bits from 0 to 16"):
+        Sketch(3, 12, 0, 5000, 10**6)
+    with pytest.raises(ValueError, match="row 1 \\(code 3"):
+        sketch_add(np.array([0, 3]), np.array([1.0, 1.0]), Sketch(3, 12, 1023, 1, 10**6))
+    with pytest.raises(ValueError, match="row 1 \\(code 0, value 4.0\\)"):
+        sketch_add(np.array([0, 0]), np.array([1.0, 4.0]), Sketch(3, 12, 1023, 1, 10**6))  # (4.0: exponent 1025)
+    out = (np.zeros(3, np.int64), None, None, None)
+    with pytest.raises(ValueError, match="row 2's group is not in"):
+        keyed_reduce(
+            [np.array([0, 0, 0])], [0], [1], 3, out, np.array([1.0, 1.5, 8.0]), None, Sketch(3, 12, 1023, 1, 10**6)
+        )
+    assert (
+        sketch_add(np.array([0, 1]), np.array([1.0, 1.0]), Sketch(3, 4, 1023, 1, 16)) is False
+    )  # (a second pair: no room)
