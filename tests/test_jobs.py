@@ -266,6 +266,12 @@ BAD = [
         "[analyses.r] writes nothing: give output or html or scenes-table",
     ),
     (
+        "not-a-day",  # (a date of the right shape that is no day: no folder of that name is made)
+        '[run]\ndate = "2026-13-45"\n[analyses.r]\nkind = "report"\noutput = "{date}/r.json"\n',
+        5,
+        "[run] date: '2026-13-45' is not a date YYYY-MM-DD\n",
+    ),
+    (
         "no-such-dataset-named",
         '[analyses.r]\nkind = "report"\noutput = "r.json"\ndatasets = ["big"]\n',
         7,
@@ -282,6 +288,22 @@ def test_a_job_that_cannot_run_is_one_line_naming_the_file_and_the_line(small_ds
     assert r.stdout == "" and len(r.stderr.splitlines()) == 1, r.stderr
     assert r.stderr.startswith(f"l5dask: error: {job}:{line}: {message}"), r.stderr
     assert sorted(os.listdir(tmp_path)) == ["job.toml"]  # nothing written
+
+
+@pytest.mark.parametrize(
+    "name, text", [("job.toml", "[run]\ndate = 2026-03-04\n"), ("job.yml", "run:\n  date: 2026-03-04\n")]
+)
+def test_a_date_written_unquoted_is_that_day(small_ds, tmp_path, name, text):
+    """TOML and YAML read ``2026-03-04`` unquoted as a date: it is the run's date, as the string is
+    (it was refused as "expected a string, not date datetime.date(2026, 3, 4)")."""
+    if name.endswith(".toml"):
+        body = f'[datasets]\nsmall = "{small_ds}"\n[analyses.c]\nkind = "catalog"\noutput = "{{date}}/c.parquet"\n'
+    else:
+        body = f'datasets:\n  small: {small_ds}\nanalyses:\n  c:\n    kind: catalog\n    output: "{{date}}/c.parquet"\n'
+    job = write(tmp_path / name, text + body)
+    r = cli(job, "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path / "2026-03-04")) == ["c.parquet"]
 
 
 def test_an_unknown_key_in_yaml_names_its_line(small_ds, tmp_path):

@@ -13,6 +13,7 @@ the schema is ``docs/jobs.md``.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import re
 import string
@@ -443,6 +444,17 @@ def expand(template: str, fields: Mapping[str, str]) -> str:
     return template.format_map(dict(fields))
 
 
+def _is_date(text: str) -> bool:
+    """Whether ``text`` is a day of the calendar written ``YYYY-MM-DD`` (not 2026-13-45)."""
+    if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+        return False
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
 def check(src: Source) -> Job:
     """The job, checked (one :class:`~l5dask.core.jobfile.JobError` naming the file and the line for the first fault)."""
     data = src.data
@@ -451,8 +463,12 @@ def check(src: Source) -> Job:
     for k in data:
         if k not in TOP:
             raise src.error((str(k),), f"unknown key {k!r}; the keys are: {', '.join(TOP)}")
-    run = _checked_table(src, ("run",), data.get("run", {}), RUN_KEYS, "[run]")
-    if run["date"] is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}", run["date"]):
+    raw_run = data.get("run", {})
+    if isinstance(raw_run, Mapping) and type(raw_run.get("date")) is datetime.date:
+        # a date written unquoted (TOML's and YAML's date) is that date
+        raw_run = {**raw_run, "date": raw_run["date"].isoformat()}
+    run = _checked_table(src, ("run",), raw_run, RUN_KEYS, "[run]")
+    if run["date"] is not None and not _is_date(run["date"]):
         raise src.error(("run", "date"), f"[run] date: {run['date']!r} is not a date YYYY-MM-DD")
     if any(f"{{{f}}}" in (run["record"] or "") for f in ("dataset", "analysis")):
         raise src.error(

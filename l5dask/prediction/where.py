@@ -106,6 +106,28 @@ def _kind(node: ast.AST, table: Any) -> str | None:
     return None
 
 
+def _unquoted(text: str, tree: ast.AST, table: Any, unknown: list[str]) -> str:
+    """A hint for a string compared with a text column without its quotes (``host == host-a011``
+    parses as ``host == host - a011``): the comparison as it is meant, else nothing."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        for a, b in zip(operands, operands[1:]):
+            for x, y in ((a, b), (b, a)):
+                if not (
+                    isinstance(x, ast.Name)
+                    and x.id in table.columns
+                    and (table.columns[x.id].categorical or _kind(x, table) == "text")
+                ):
+                    continue
+                for e in y.elts if isinstance(y, (ast.List, ast.Tuple)) else [y]:
+                    if any(isinstance(n, ast.Name) and n.id in unknown for n in ast.walk(e)):
+                        said = (ast.get_source_segment(text, e) or ast.unparse(e)).strip()
+                        return f" ({x.id} is text: a string is written in quotes, {said!r})"
+    return ""
+
+
 def where_columns(text: str, table: Any, what: str | None = None, values: bool = True) -> list[str]:
     """The columns a ``where`` names, checked (its syntax too) before any computation; ``what``
     names the table in the line that lists its columns (by default its array's name). ``values``:
@@ -162,8 +184,8 @@ def where_columns(text: str, table: Any, what: str | None = None, values: bool =
     if unknown:
         raise UsageError(
             f"where {text!r} names unknown column{'s' if len(unknown) > 1 else ''} "
-            f"{', '.join(map(repr, unknown))}; the columns of {what or fmt.SHORT_NAMES[table.array]} are: "
-            f"{', '.join(table.columns)}"
+            f"{', '.join(map(repr, unknown))}{_unquoted(text, tree, table, unknown)}; the columns of "
+            f"{what or fmt.SHORT_NAMES[table.array]} are: {', '.join(table.columns)}"
         )
     if not names:
         raise UsageError(f"where {text!r} names no column")

@@ -665,6 +665,14 @@ def test_every_reading_command_takes_the_filters(data, tmp_path):
         ),
         (["--scenes", "num_frames in [1, 'a']"], 2, "num_frames is a number column (int64): compare it with a number"),
         (["--scenes", "host == 'host-zzz'"], 2, "'host-zzz' is not a host; they are: host-"),
+        # a string without its quotes parses as arithmetic (host - a011): said as the string it is
+        (
+            ["--scenes", "host == host-a011"],
+            2,
+            "names unknown column 'a011' (host is text: a string is written in quotes, 'host-a011'); the columns",
+        ),
+        (["--scenes", "turn == sharp-left"], 2, "(turn is text: a string is written in quotes, 'sharp-left')"),
+        (["--scenes", "hots == 1"], 2, "names unknown column 'hots'; the columns of the catalog are: scene_index"),
         (["--scenes", "turn == num_frames"], 2, "turn is categorical: compare it with its names"),
         (["--scenes", "turn in turn_unwrapped"], 2, "or with another categorical column by == or !="),
         (["--scenes-from", "{list}"], 2, "line 2: scene index 12 is out of range (the dataset has 12 scenes: 0 to 11)"),
