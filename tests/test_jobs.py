@@ -772,6 +772,61 @@ def test_a_host_filter_of_a_job_keeps_that_hosts_scenes(small_ds, tmp_path):
     assert f"scenes \"host == 'host-zzz'\": 'host-zzz' is not a host; they are: {hosts}\n" in r.stderr
 
 
+def test_a_job_grouping_some_scenes_by_scene_index_says_they_are_renumbered(small_ds, tmp_path):
+    """A job's aggregation of some scenes by scene_index writes the subset's indices (0, 1, ...), as
+    ``l5dask agg --scenes`` does; the command line says so, the run said nothing (a nightly file of
+    plausible, wrong scene numbers): it says so in a line and in the record. Without ``scenes``, or
+    grouped by another column, nothing is said."""
+    ds = l5dask.open_dataset(small_ds)
+    table = l5dask.catalog(ds)
+    stored = table["scene_index"].to_numpy()[1::2]  # (every other scene)
+    expr = f"scene_index in {[int(i) for i in stored]}"
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.some]
+        kind = "aggregate"
+        by = "scene_index"
+        values = {{ speed = "count" }}
+        scenes = "{expr}"
+        output = "{tmp_path}/some.csv"
+
+        [analyses.labels]
+        kind = "aggregate"
+        by = "label"
+        values = {{ speed = "count" }}
+        scenes = "{expr}"
+        output = "{tmp_path}/labels.csv"
+
+        [analyses.all]
+        kind = "aggregate"
+        by = "scene_index"
+        values = {{ speed = "count" }}
+        output = "{tmp_path}/all.csv"
+        """,
+    )
+    r = cli(job, "--record", tmp_path / "run.json")
+    assert r.returncode == 0, r.stderr
+    some = pd.read_csv(tmp_path / "some.csv")
+    every = pd.read_csv(tmp_path / "all.csv").set_index("scene_index")["speed_count"]
+    # the subset's indices, each the count of the stored scene it stands for
+    assert some["scene_index"].tolist() == list(range(len(stored)))
+    assert some["speed_count"].tolist() == every.loc[stored].tolist()
+    said = [line for line in r.stdout.splitlines() if "chosen scenes" in line]
+    assert said == [
+        "some on small: its scene_index are those of the chosen scenes (counted from 0, as in the subset "
+        "l5dask subset writes), not the stored ones: the catalog of the same scenes maps each scene to its "
+        "stored_scene_index"
+    ], r.stdout
+    notes = {
+        a["analysis"]: a["result"].get("note") for a in json.loads((tmp_path / "run.json").read_text())["analyses"]
+    }
+    assert notes["some"] == said[0].removeprefix("some on small: ") and notes["labels"] is None and notes["all"] is None
+
+
 def test_an_analysis_of_some_scenes_reads_the_catalog_the_run_writes(small_ds, tmp_path):
     """``scenes`` restricts an aggregation (or a report) to the scenes its expression chooses over
     the scene catalog: the one the run writes of the dataset, else one computed for the run."""

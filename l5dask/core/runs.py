@@ -333,6 +333,8 @@ def execute(
                 entry.update(status="written", **({"result": result} if result else {}))
                 own = "" if shared else f" ({seconds:.1f} s)"
                 say(f"{t.analysis.name} on {name}: wrote {', '.join(t.outputs.values())}{own}")
+                if isinstance(result, dict) and result.get("note"):  # (what the output's reader must know)
+                    say(f"{t.analysis.name} on {name}: {result['note']}")
             entries.append(entry)
             if shared and last[shared] == i:
                 n = sum(r[2] == shared for r in results)

@@ -152,7 +152,10 @@ def write_report(report: dict, params: dict, outputs: dict, ctx: Any, seconds: f
         write_html(report, outputs["html"], elapsed_s=seconds, storage_options=options)
     if "scenes-table" in outputs:
         write_scene_table(report, outputs["scenes-table"], options)
-    return {"agents": report["counts"]["agents"], "scenes": report["counts"]["scenes"]}
+    result = {"agents": report["counts"]["agents"], "scenes": report["counts"]["scenes"]}
+    if params["scenes"] is not None and "scenes-table" in outputs:
+        result["note"] = RENUMBERED_NOTE.format(columns="scenes-table's scene indices")
+    return result
 
 
 # --- the catalog --------------------------------------------------------------------------------
@@ -202,9 +205,23 @@ class CatalogTable(Catalog):
         return with_fingerprint(out, ds)
 
 
+#: The columns whose values in a part of the scenes are those of the subset (counted from 0).
+RENUMBERED = ("scene_index", "frame_index", "agent_index")
+
+RENUMBERED_NOTE = (
+    "its {columns} are those of the chosen scenes (counted from 0, as in the subset l5dask subset writes), "
+    "not the stored ones: the catalog of the same scenes maps each scene to its stored_scene_index"
+)
+
+
 def write_aggregate(table: Any, params: dict, outputs: dict, ctx: Any, seconds: float) -> dict:
     write_table(table, outputs["output"], ctx.storage_options)
-    return {"groups": table.num_rows}
+    result: dict = {"groups": table.num_rows}
+    by = [params["by"]] if isinstance(params["by"], str) else list(params["by"])
+    renumbered = [c for c in by if c in RENUMBERED]
+    if params["scenes"] is not None and renumbered:  # (said, as the command line says it)
+        result["note"] = RENUMBERED_NOTE.format(columns=", ".join(renumbered))
+    return result
 
 
 def analysis(kind: str, params: dict) -> Any:
