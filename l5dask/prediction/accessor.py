@@ -31,7 +31,7 @@ from l5dask.prediction.groupby import (
     reduce_parts,
     stats_of,
 )
-from l5dask.prediction.kernels import range_codes
+from l5dask.prediction.kernels import int_range, range_codes
 
 #: The coordinates :func:`~l5dask.prediction.views.joined_dataset` adds (of agents, tl_faces or frames).
 JOIN_COORDS = ("frame_index", "scene_index", "timestamp", "hour", "host", "label", "status")
@@ -138,11 +138,23 @@ def _block_part(
     coordinate's ``labels``; rows whose key is none of its labels left out (as xarray's groupers
     leave them)."""
     values, *keys = blocks
+    if len(values) and all(_zero_based(k, lab) for k, lab in zip(keys, labels)):
+        # (labels 0 .. n - 1 and keys of them: each key is its own code, none made or left out;
+        # two int64 columns and four passes a block fewer)
+        ranges = [int_range(k) for k in keys]
+        if all(lo >= 0 and hi < len(lab) for (lo, hi), lab in zip(ranges, labels)):
+            return group_part(list(keys), {"v": values}, {"v": set(needs)}, bits, ranges=ranges)
     codes = [label_codes(k, lab) for k, lab in zip(keys, labels)]
     keep = None
     if len(values) and min(int(c.min()) for c in codes) < 0:
         keep = np.logical_and.reduce([c >= 0 for c in codes])
     return group_part(codes, {"v": values}, {"v": set(needs)}, bits, keep)
+
+
+def _zero_based(k: np.ndarray, labels: np.ndarray) -> bool:
+    """Whether ``labels`` are ``0 .. n - 1`` and ``k`` integers the compiled group loops read as
+    they are (any width but uint64)."""
+    return k.ndim == 1 and k.dtype.kind in "iu" and k.dtype != np.uint64 and _is_range(labels) and int(labels[0]) == 0
 
 
 def _grid(

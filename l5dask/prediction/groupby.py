@@ -309,10 +309,12 @@ def group_part(
     quantile_bits: int = QUANTILE_BITS,
     keep: np.ndarray | None = None,
     n: int | None = None,
+    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> GroupPart:
     """The partial of ``n`` rows (default: the keys' or the values' length): grouped by ``keys``
     (integer columns), each value column reduced to the statistics it ``needs`` (an integer column
-    only counted may be left empty); rows where ``keep`` is False left out."""
+    only counted may be left empty); rows where ``keep`` is False left out. ``ranges``: each key's
+    ``(min, max)`` where the caller knows them (no ``keep``), not computed again."""
     if n is None:
         n = len(keys[0]) if keys else len(next(iter(values.values())))
     if keep is not None and keep.all():
@@ -322,8 +324,8 @@ def group_part(
         kept = np.flatnonzero(keep)
         keys = [k.take(kept) for k in keys]
         values = {name: v if counts_rows(needs[name], v.dtype) else v.take(kept) for name, v in values.items()}
-        n, keep = len(kept), None
-    keyed = _keyed_ranges(keys, values, needs, n, quantile_bits)
+        n, keep, ranges = len(kept), None, None
+    keyed = _keyed_ranges(keys, values, needs, n, quantile_bits, ranges)
     if keyed is not None:
         part = _group_part_keyed(keys, *keyed, values, needs, n, quantile_bits)
         if part is not None:
@@ -426,12 +428,17 @@ def _exponents(values: np.ndarray, bits: int) -> tuple[int, int]:
 
 
 def _keyed_ranges(
-    keys: list[np.ndarray], values: dict[str, np.ndarray], needs: dict[str, set[str]], n: int, bits: int
+    keys: list[np.ndarray],
+    values: dict[str, np.ndarray],
+    needs: dict[str, set[str]],
+    n: int,
+    bits: int,
+    ranges: Sequence[tuple[int, int]] | None = None,
 ) -> tuple[list[int], list[int], dict[str, tuple[int, int]]] | None:
     """Whether :func:`_group_part_keyed` takes these rows: ``(los, spans, exponents)`` (the keys'
     ranges; each sketched column's :func:`_exponents`), or ``None`` (no rows, no keys, keys not
     dense, an ``m2``, an integer column reduced, a sketch of more than ``SKETCH_TABLE_BITS`` or of
-    too many exponents)."""
+    too many exponents). ``ranges``: the keys' ``(min, max)`` where known (not found again)."""
     if (
         not n
         or not keys
@@ -440,7 +447,7 @@ def _keyed_ranges(
         or (bits > SKETCH_TABLE_BITS and any("sketch" in needs[c] for c in values))
     ):
         return None
-    ranges = [int_range(k) for k in keys]
+    ranges = [int_range(k) for k in keys] if ranges is None else list(ranges)
     spans = [hi - lo + 1 for lo, hi in ranges]
     size = math.prod(spans)
     if size > 2 * n + 4096:

@@ -555,6 +555,27 @@ def norm2(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.sqrt(a * a + b * b)
 
 
+def field_of_columns(parts: Sequence[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """A field of ``shape`` per row from the columns of its elements (``parts``, in the order of
+    ``np.ndindex(shape)``): their transpose, no copy, where they are the rows of one array in
+    that order (as :meth:`Gather.outputs` makes them), else stacked (a copy). The mean speed per
+    scene and label through the xarray view: a velocity column pair stacked for each of 47 blocks
+    (30 M agents: 0.24 GB copied, 10% of the process's page faults) is not."""
+    base = parts[0].base if parts else None
+    if (
+        isinstance(base, np.ndarray)
+        and base.ndim == 2
+        and base.shape[0] == len(parts)
+        and base.flags.c_contiguous
+        and all(
+            p.base is base and p.shape == base.shape[1:] and p.ctypes.data == base.ctypes.data + i * base.strides[0]
+            for i, p in enumerate(parts)
+        )
+    ):
+        return base.T.reshape(-1, *shape)
+    return np.stack(parts, axis=1).reshape(-1, *shape)
+
+
 class Gather:
     """A gather's plan for records of one dtype: number elements of fields (``(field, index)``;
     ``()`` for a scalar field) as contiguous arrays of their base dtype, the argmax (int8;
@@ -602,7 +623,18 @@ class Gather:
         return _plan(dtype, tuple((f, tuple(i)) for f, i in elements), tuple(argmax), distinct)
 
     def outputs(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        return [np.empty(n, dt) for dt in self.dtypes], [np.empty(n, np.int8) for _ in self.argmax]
+        """Empty outputs of ``n`` rows: an element's column each (contiguous), those of one field's
+        consecutive elements the rows of one ``(elements, n)`` array, so that the field is their
+        transpose without a copy (:func:`field_of_columns`)."""
+        outs: list[np.ndarray] = []
+        i = 0
+        while i < len(self.elements):
+            j = i + 1
+            while j < len(self.elements) and self.elements[j][0] == self.elements[i][0]:
+                j += 1
+            outs.extend(np.empty((j - i, n), self.dtypes[i]) if j - i > 1 else [np.empty(n, self.dtypes[i])])
+            i = j
+        return outs, [np.empty(n, np.int8) for _ in self.argmax]
 
     def _addresses(self, outs: list[np.ndarray], maxes: list[np.ndarray], end: int) -> tuple[np.ndarray, np.ndarray]:
         """The outputs' addresses for the compiled loops, which write rows up to ``end``: checked

@@ -20,7 +20,7 @@ from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columns import Table, hour_of_day
 from l5dask.prediction.joins import Joins
-from l5dask.prediction.kernels import gather
+from l5dask.prediction.kernels import field_of_columns, gather
 
 #: The row dimension of each array.
 ROW_DIMS = {fmt.SCENES: "scene", fmt.FRAMES: "frame", fmt.AGENTS: "agent", fmt.TL_FACES: "tl_face"}
@@ -100,7 +100,7 @@ class Block:
         if name in self._numbers():
             shape = fmt.fields_of(self.data.dtype)[name][0].shape
             parts = self._column(name)
-            return parts[0] if not shape else np.stack(parts, axis=1).reshape(-1, *shape)
+            return parts[0] if not shape else field_of_columns(parts, shape)
         with self._lock:
             records = self.data if isinstance(self.data, np.ndarray) else self.data.records()
         return records[name]

@@ -358,3 +358,75 @@ def test_integer_min_max_sum_through_the_view_say_they_are_float64(small_ds):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         view.ego_translation.sel(xyz="x").l5.groupby("scene_index").max()  # (float64: declared, exact)
+
+
+def test_view_field_of_several_elements_is_its_gathered_columns(small_ds):
+    """A field of several numbers per row (``velocity``, ``ego_rotation``) is made of its elements'
+    columns, gathered as the rows of one array: their transpose, no copy (a stack copied it for
+    every block); the values numpy's, and a field of columns gathered apart is stacked."""
+    from l5dask.prediction.kernels import field_of_columns
+    from l5dask.prediction.views import blocks
+
+    ds = l5dask.open_dataset(small_ds)
+    ref = read_all(small_ds)
+    for name, fields in ((fmt.AGENTS, ["velocity", "extent", "yaw"]), (fmt.FRAMES, ["ego_rotation", "timestamp"])):
+        chunked = blocks(ds[name], fields, 2)
+        block = dask.compute(chunked.to_delayed()[1], scheduler="sync")[0]
+        lo = block.data.start
+        for f in fields:
+            got = block.field(f)
+            np.testing.assert_array_equal(got, ref[name][f][lo : lo + len(block.data)])
+            parts = block._column(f)
+            assert all(np.shares_memory(got, p) for p in parts)
+    xs = [np.arange(5.0), np.arange(5.0, 10.0), np.arange(10.0, 15.0), np.arange(15.0, 20.0)]
+    apart = field_of_columns(xs, (2, 2))
+    np.testing.assert_array_equal(apart, np.stack(xs, axis=1).reshape(-1, 2, 2))
+    assert not any(np.shares_memory(apart, x) for x in xs)
+    rows = np.arange(20.0).reshape(4, 5)
+    np.testing.assert_array_equal(field_of_columns(list(rows), (4,)), rows.T)
+    # (rows of one array out of order, or not all of them: stacked)
+    np.testing.assert_array_equal(field_of_columns([rows[1], rows[0]], (2,)), np.stack([rows[1], rows[0]], axis=1))
+    np.testing.assert_array_equal(field_of_columns(list(rows[:2]), (2,)), rows[:2].T)
+
+
+@pytest.mark.parametrize("case", ["inside", "outside", "not zero-based", "uint64"])
+def test_view_group_part_of_keys_that_are_their_codes(case):
+    """A block's partial of the declared groupby where the labels are ``0 .. n - 1`` and every key
+    is one of them takes the keys as their codes (none made); keys outside the labels are left out,
+    other labels coded: the same partial as numpy's per group of the labels' positions."""
+    import dask.array as da
+
+    from l5dask.prediction.accessor import group_reduce_lazily
+    from l5dask.prediction.groupby import AGGREGATIONS
+
+    rng = np.random.default_rng(7)
+    n = 50_000
+    scene = rng.integers(0, 40, n).astype(np.int64)
+    label = rng.integers(0, 17, n).astype(np.int8)
+    values = rng.normal(size=n)
+    values[::97] = np.nan
+    scene_labels, label_labels = np.arange(40), np.arange(17)
+    if case == "outside":
+        scene[::13] = 40  # (not a label: left out)
+        label[::31] = -1
+    elif case == "not zero-based":
+        scene_labels = np.arange(3, 43)
+    elif case == "uint64":
+        scene = scene.astype(np.uint64)
+    obj = xr.DataArray(
+        da.from_array(values, chunks=7_000),
+        dims="agent",
+        coords={"scene_index": ("agent", scene), "label": ("agent", label)},
+    )
+    labels = {"scene_index": scene_labels, "label": label_labels}
+    got = group_reduce_lazily(obj, ["scene_index", "label"], labels, [AGGREGATIONS["sum"], AGGREGATIONS["count"]])
+    got = got.compute(scheduler="sync").values
+    sp = np.searchsorted(scene_labels, scene.astype(np.int64))
+    ok = (sp < len(scene_labels)) & (scene_labels[np.minimum(sp, len(scene_labels) - 1)] == scene) & (label >= 0)
+    ok &= ~np.isnan(values)
+    key = sp[ok] * 17 + label[ok]
+    want_sum = np.bincount(key, weights=values[ok], minlength=40 * 17).reshape(40, 17)
+    want_n = np.bincount(key, minlength=40 * 17).reshape(40, 17).astype(np.float64)
+    want_n[want_n == 0] = np.nan  # (a group without values: xarray's NaN; its sum 0)
+    np.testing.assert_array_equal(got[..., 1], want_n)
+    np.testing.assert_allclose(got[..., 0], want_sum, rtol=1e-12, atol=1e-12)
