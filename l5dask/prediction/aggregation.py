@@ -66,6 +66,11 @@ MAX_GROUPS = 10_000_000
 # --- the declaration ------------------------------------------------------------------------
 def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """``{column: [reductions]}`` checked: known columns, known reductions, numbers only."""
+    if not isinstance(values, Mapping):
+        raise UsageError(
+            "values must map each column to its reductions, e.g. {'speed': ['mean', 'max']}, "
+            f"not a {type(values).__name__}"
+        )
     if not values:
         raise UsageError("no values to aggregate: give at least one column and its reductions (e.g. speed:mean)")
     out = []

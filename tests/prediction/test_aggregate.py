@@ -834,6 +834,10 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
             r"cannot group by 'speed' \(float64\): group by integer or categorical",
         ),
         ({"values": {}}, r"no values to aggregate"),
+        (
+            {"values": ["speed"]},
+            r"values must map each column to its reductions, e.g. \{'speed': \['mean', 'max'\]\}, not a list",
+        ),
         ({"values": {"speed": ["mean"]}, "where": "speed >"}, r"where 'speed >' does not parse: invalid syntax"),
         (
             {"values": {"speed": ["mean"]}, "where": "sped > 3"},
