@@ -18,6 +18,7 @@ import math
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -69,14 +70,29 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
             ) from None
         return path
     path = os.path.abspath(path.removeprefix("file://"))
-    folder = os.path.dirname(path)
     if os.path.isdir(path):
         raise OutputError(f"{path}: is a folder; give a file name")
+    if streamed(path):  # (a device, a pipe: written through, as it is)
+        if not os.access(path, os.W_OK):
+            raise OutputError(f"{path}: is not writable")
+        return path
+    folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
         raise OutputError(f"{path}: the folder {folder} {what}")
     probe_folder(folder, path)
     return path
+
+
+def streamed(path: str) -> bool:
+    """Whether the local ``path`` (its links followed) is there and not a regular file nor a folder:
+    a device (``/dev/null``, ``/dev/stdout``'s terminal), a named pipe, a socket. Such an output is
+    written through, not replaced: a rename onto ``/dev/null`` would put a regular file in its place."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def probe_folder(folder: str, path: str) -> None:
@@ -110,7 +126,9 @@ def atomic_output(
     """A temporary local path to write the output ``path`` at (a file, or with ``folder`` a folder
     made empty), moved into place whole when the block ends without an error.
 
-    A file goes to ``path`` by a rename beside it, or on an object store as one object put. A
+    A file goes to ``path`` by a rename beside it (a link's target is replaced, the link kept), or
+    on an object store as one object put; a device or a named pipe (``/dev/null``) is written
+    through once the file is whole, never replaced. A
     folder (local only) replaces ``path``, whose previous content is removed only then. An error
     in the block (a full disk, Ctrl-C...) removes the temporary file or folder and keeps any
     previous ``path``; an ``OSError`` is raised as an :class:`~l5dask.errors.OutputError` that
@@ -125,7 +143,10 @@ def atomic_output(
     elif not checked:
         path = check_writable(path, storage_options)
     remote = _remote(path)
-    parent = None if remote else os.path.dirname(path)
+    through = not folder and not remote and streamed(path)
+    if not folder and not remote and not through:
+        path = os.path.realpath(path)  # (a link to a file: the file is replaced, the link kept)
+    parent = None if remote or through else os.path.dirname(path)
     name = path.rstrip("/").rsplit("/", 1)[-1]
     try:
         tmp = _temporary(parent, name, folder)
@@ -136,6 +157,9 @@ def atomic_output(
         if remote:
             fs, target = filesystem(path, storage_options)
             fs.put_file(tmp, target)  # one object, visible only once whole
+        elif through:  # (a device or a pipe: its bytes, once whole, written into it)
+            with open(tmp, "rb") as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
         else:
             if folder and os.path.isdir(path):
                 shutil.rmtree(path)
@@ -149,7 +173,7 @@ def atomic_output(
             ) from exc
         raise
     finally:
-        if remote:
+        if remote or through:
             _remove(tmp)
 
 

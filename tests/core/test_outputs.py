@@ -105,3 +105,72 @@ def test_atomic_outputs_never_change_the_umask(tmp_path, monkeypatch):
     assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o640
     assert (tmp_path / "folder").stat().st_mode & 0o777 == 0o750
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "out.bin"]
+
+
+def _read_fifo(path, got):
+    with open(path, "rb") as f:
+        got.append(f.read())
+
+
+def test_an_output_on_a_named_pipe_is_written_through_not_replaced(tmp_path):
+    """A device or a pipe (``-o /dev/null``, ``-o /dev/stdout``) takes the bytes, once whole, and
+    stays what it is: a rename onto it would put a regular file in its place (as root, /dev/null)."""
+    import os
+    import stat
+    import threading
+
+    from l5dask.core.outputs import atomic_write, check_writable
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert check_writable(str(fifo)) == str(fifo)
+    got: list = []
+    reader = threading.Thread(target=_read_fifo, args=(fifo, got), daemon=True)
+    reader.start()
+    atomic_write(str(fifo), lambda tmp: open(tmp, "w").write('{"a": 1}'))
+    reader.join(10)
+    assert got == [b'{"a": 1}']
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # still the pipe
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]  # no temporary left beside it
+
+
+def test_an_output_through_a_link_replaces_the_file_and_keeps_the_link(tmp_path):
+    import os
+
+    from l5dask.core.outputs import atomic_write
+
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "report.json"
+    target.write_text("old")
+    link = tmp_path / "report.json"
+    os.symlink(target, link)
+    atomic_write(str(link), lambda tmp: open(tmp, "w").write("new"))
+    assert os.path.islink(link) and os.readlink(link) == str(target)
+    assert target.read_text() == "new"
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["report.json"]
+
+
+def test_the_cli_writes_a_report_into_a_named_pipe(tmp_path, small_ds):
+    """``l5dask stats DS -o PIPE``: the report's JSON comes out of the pipe, which stays a pipe."""
+    import json
+    import os
+    import stat
+    import subprocess
+    import sys
+    import threading
+
+    fifo = tmp_path / "report-pipe"
+    os.mkfifo(fifo)
+    got: list = []
+    reader = threading.Thread(target=_read_fifo, args=(fifo, got), daemon=True)
+    reader.start()
+    proc = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", small_ds, "-o", str(fifo), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    reader.join(30)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(got[0])["counts"]["scenes"] == 5
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
