@@ -516,12 +516,16 @@ def sketch_add(const int64_t[::1] codes, const real_t[::1] values, Sketch sketch
     with nogil:
         for i in range(n):
             g = codes[i]
+            v = values[i]
+            if v != v and not want_rows:
+                # (a NaN is not counted: its group may lie beyond the sketch's, which are the
+                # groups of the values that are not NaN, sketch_range's)
+                continue
             if g < 0 or g >= ngroups:
                 bad = i
                 break
             if want_rows:
                 rows[g] += 1
-            v = values[i]
             if v != v:
                 continue
             status = _sketch_add(sk, g, v)
