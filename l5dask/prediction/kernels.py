@@ -625,7 +625,7 @@ class Gather:
     def outputs(self, n: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Empty outputs of ``n`` rows: an element's column each (contiguous), those of one field's
         consecutive elements the rows of one ``(elements, n)`` array, so that the field is their
-        transpose without a copy (:func:`~l5dask.prediction.kernels.field_of_columns`)."""
+        transpose without a copy (``field_of_columns``)."""
         outs: list[np.ndarray] = []
         i = 0
         while i < len(self.elements):
