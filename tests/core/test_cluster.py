@@ -376,6 +376,9 @@ def test_a_waiting_task_gives_its_thread_to_the_next(s3, s3_small, local_report,
     proxy = FlakyProxy(s3.endpoint)
     # (the GETs held until more than tasks - 1 tasks' are in flight: the overlap, not a sleep's length)
     proxy.delay, proxy.watch, proxy.hold = 0.15, "/agents/", 2 * (tasks - 1) + 1
+    # (the last task's GETs come after the others' secede, a scheduler's round trip each: 3 s was
+    # too short once on CI's busy machine, 4 in flight where 5 came on every other run)
+    proxy.hold_timeout = 15.0
     try:
         opts = s3.storage_options()
         opts["client_kwargs"] = dict(opts["client_kwargs"], endpoint_url=proxy.endpoint)
@@ -435,6 +438,9 @@ def test_a_task_waiting_for_its_whole_block_gives_its_thread_to_the_next(
     cluster = one_thread_three_tasks
     proxy = FlakyProxy(s3.endpoint)
     proxy.delay, proxy.watch, proxy.hold = 0.15, "/agents/", 2 * (tasks - 1) + 1
+    # (the last task's GETs come after the others' secede, a scheduler's round trip each: 3 s was
+    # too short once on CI's busy machine, 4 in flight where 5 came on every other run)
+    proxy.hold_timeout = 15.0
     query = {"by": "label", "values": {"speed": ["count", "max"]}, "chunks_per_task": 2}
     try:
         opts = s3.storage_options()
