@@ -22,7 +22,6 @@ import collections
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -101,25 +100,19 @@ def measure(path: str, repeat: int) -> dict[str, float]:
         spec = (getattr(red.chunk, "args", ()) or (None,))[0]
         label = by_name.get(tuple(getattr(spec, "by", ())), red.name[:16])
 
-        def chunk(*a):
-            member[0] = label
-            enter("rest")
-            try:
-                return red.chunk(*a)
-            finally:
-                leave()
-                member[0] = ""
+        def counted(fn, part):
+            def call(*a):
+                member[0] = label
+                enter(part)
+                try:
+                    return fn(*a)
+                finally:
+                    leave()
+                    member[0] = ""
 
-        def combine(*a):
-            member[0] = label
-            enter("combine")
-            try:
-                return red.combine(*a)
-            finally:
-                leave()
-                member[0] = ""
+            return call
 
-        return dataclasses.replace(red, chunk=chunk, combine=combine)
+        return dataclasses.replace(red, chunk=counted(red.chunk, "rest"), combine=counted(red.combine, "combine"))
 
     fused = engine.fused_reduction
 
@@ -147,26 +140,15 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child, 1)))
         return
-    from common import dataset
+    from common import checkouts, child_json, dataset, print_means
 
     path = dataset(args.scenes)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    trees = {"after": here} if not args.before else {"before": os.path.abspath(args.before), "after": here}
+    trees = checkouts(args.before)
     got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     for _ in range(args.repeat):
         for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": tree}
-            out = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), "--child", path], env=env, capture_output=True, text=True
-            )
-            if out.returncode:
-                raise SystemExit(out.stderr)
-            got[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    keys = sorted({k for runs in got.values() for r in runs for k in r})
-    print(f"dataset: {path}; thread CPU seconds a run, mean of {args.repeat} (one thread)")
-    print(f"{'':24}" + "".join(f"{n:>10}" for n in trees))
-    for k in keys:
-        print(f"{k:24}" + "".join(f"{sum(r.get(k, 0.0) for r in got[n]) / len(got[n]):10.3f}" for n in trees))
+            got[name].append(child_json(__file__, tree, path))
+    print_means(f"dataset: {path}; thread CPU seconds a run, mean of {args.repeat} (one thread)", got)
 
 
 if __name__ == "__main__":

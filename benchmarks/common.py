@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import socket
 import subprocess
@@ -240,3 +241,31 @@ def record(stem: str, command: str, figures: dict, note: str = "") -> Path:
     finally:
         sys.path.pop(0)
     return measured.record(stem, command, figures, note)
+
+
+def checkouts(before: str | None) -> dict[str, str]:
+    """The source trees a ``--before`` comparison runs: this checkout as ``after``, and ``before``'s
+    first when given."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return {"after": here} if not before else {"before": os.path.abspath(before), "after": here}
+
+
+def child_json(script: str, tree: str, *args: str) -> dict:
+    """Run ``script --child ARGS`` in a process of ``tree`` (first on ``PYTHONPATH``): the JSON
+    object its last line prints."""
+    env = {**os.environ, "PYTHONPATH": tree}
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(script), "--child", *args], env=env, capture_output=True, text=True
+    )
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def print_means(title: str, got: dict[str, list[dict[str, float]]], width: int = 24) -> None:
+    """A table of each key's mean over the rounds, one column a checkout."""
+    keys = sorted({k for runs in got.values() for r in runs for k in r})
+    print(title)
+    print(f"{'':{width}}" + "".join(f"{n:>10}" for n in got))
+    for k in keys:
+        print(f"{k:{width}}" + "".join(f"{sum(r.get(k, 0.0) for r in got[n]) / len(got[n]):10.3f}" for n in got))

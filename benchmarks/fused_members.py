@@ -24,7 +24,6 @@ import collections
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -119,32 +118,23 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child, 1, args.alone)))
         return
-    from common import dataset
+    from common import checkouts, child_json, dataset, print_means
 
     path = dataset(args.scenes)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    trees = {"after": here} if not args.before else {"before": os.path.abspath(args.before), "after": here}
+    trees = checkouts(args.before)
     got: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
     for _ in range(args.repeat):
         for name, tree in trees.items():
-            env = {**os.environ, "PYTHONPATH": tree}
-            runs = {}
-            for alone in [False, True] if args.breakdown else [False]:
-                cmd = [sys.executable, os.path.abspath(__file__), "--child", path] + (["--alone"] if alone else [])
-                out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-                if out.returncode:
-                    raise SystemExit(out.stderr)
-                runs[alone] = json.loads(out.stdout.strip().splitlines()[-1])
+            runs = {
+                alone: child_json(__file__, tree, path, *(["--alone"] if alone else []))
+                for alone in ([False, True] if args.breakdown else [False])
+            }
             if args.breakdown:
                 report = runs[True]
                 runs[False].update({f"report alone: {k}": v for k, v in report.items()})
                 runs[False]["run / report alone (CPU)"] = runs[False]["process CPU"] / report["process CPU"]
             got[name].append(runs[False])
-    keys = sorted({k for runs in got.values() for r in runs for k in r})
-    print(f"dataset: {path}; CPU seconds a run, mean of {args.repeat} (one thread)")
-    print(f"{'':44}" + "".join(f"{n:>10}" for n in trees))
-    for k in keys:
-        print(f"{k:44}" + "".join(f"{sum(r.get(k, 0.0) for r in got[n]) / len(got[n]):10.3f}" for n in trees))
+    print_means(f"dataset: {path}; CPU seconds a run, mean of {args.repeat} (one thread)", got, 44)
 
 
 if __name__ == "__main__":

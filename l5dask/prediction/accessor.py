@@ -225,7 +225,10 @@ def group_reduce_lazily(
     coords: dict[str, Any] = {n: (n, labels[n], obj.coords[n].attrs) for n in names}
     if dim_coord is not None:
         coords[dim] = ((), np.asarray(dim_coord)[0]) if squeeze else dim_coord
-    return xr.DataArray(out, dims=(*names,) if squeeze else (*names, dim), coords=coords, name=obj.name)
+    # (a Variable: given a dask array and no name, xarray names the DataArray after the array's
+    # graph key, "from-value-<token>", where xarray's own groupby of an unnamed variable gives none)
+    data = xr.Variable((*names,) if squeeze else (*names, dim), out)
+    return xr.DataArray(data, coords=coords, name=obj.name)
 
 
 def sketch_quantile(

@@ -33,6 +33,7 @@ from l5dask.core.intervals import check_intervals
 from l5dask.core.policy import where_keywords
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
+from l5dask.prediction.columns import hour_of_day
 from l5dask.prediction.reading import decode_faults, header_faults
 
 if TYPE_CHECKING:
@@ -64,13 +65,15 @@ def scene_block_rows(scenes: np.ndarray, start: int, parent: Any, hosts: tuple[s
 def frame_rows(frames: np.ndarray, offset: int, scenes: Rows, starts: tuple[str, ...], fields: tuple[str, ...]) -> Rows:
     """The join columns of a block of frames for their children: each interval's start (named
     by its field), the scene, the scene's ``host`` code if asked (and the scene rows have it),
-    and the frame fields asked for."""
+    the frame's UTC ``hour`` of day if asked, and the frame fields asked for."""
     cols = {f: np.ascontiguousarray(frames[f][:, 0]) for f in starts}
     pos = scenes.locate(offset, offset + len(frames), "start")
     cols["scene"] = scenes.offset + pos
     if "host" in fields:
         cols["host"] = scenes["host"][pos]
-    cols.update({f: np.ascontiguousarray(frames[f]) for f in fields if f != "host"})
+    if "hour" in fields:  # (a frame's hour, spread as it is: not a row's hour from its spread timestamp)
+        cols["hour"] = hour_of_day(frames["timestamp"])
+    cols.update({f: np.ascontiguousarray(frames[f]) for f in fields if f not in ("host", "hour")})
     return Rows(offset, cols)
 
 
@@ -193,8 +196,9 @@ class Joins:
 
     def column(self, child: str, column: str) -> da.Array:
         """``column`` of each child row's parent: ``"index"`` (the parent row), ``"scene"``, a
-        field of the parent (frames only: ``timestamp``, ``ego_translation``...), or ``"host"``
-        (the code of the scene's host among the sorted names set in ``self._frames.hosts``)."""
+        field of the parent (frames only: ``timestamp``, ``ego_translation``...), ``"hour"`` (the
+        frame's UTC hour of day, int8), or ``"host"`` (the code of the scene's host among the sorted
+        names set in ``self._frames.hosts``)."""
         import dask.array as da
 
         parent, interval = PARENT[child]
@@ -213,8 +217,8 @@ class Joins:
         else:
             if column in ("index", "scene"):
                 dtype, tail = np.dtype(np.int64), ()
-            elif column == "host":
-                dtype, tail = np.dtype(np.int32), ()
+            elif column in ("host", "hour"):
+                dtype, tail = np.dtype(np.int32 if column == "host" else np.int8), ()
             else:
                 sub = fmt.fields_of(self.ds[fmt.FRAMES].dtype)[column][0]  # KeyError: no such frame field
                 dtype, tail = sub.base, sub.shape

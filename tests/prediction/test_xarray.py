@@ -85,6 +85,11 @@ def test_joined_views_have_join_coordinates(small_ds):
     np.testing.assert_array_equal(agents.ego_translation.sel(xyz="y").values, fr["ego_translation"][frame_of_agent, 1])
     faces = ds.joined("tl_faces")
     np.testing.assert_array_equal(faces.timestamp.values, fr["timestamp"][frame_of_face])
+    # the UTC hour of day of the row's frame (made per frame, then spread), int8
+    hour = (fr["timestamp"] // 3_600_000_000_000) % 24
+    assert agents.hour.dtype == faces.hour.dtype == np.int8
+    np.testing.assert_array_equal(agents.hour.values, hour[frame_of_agent])
+    np.testing.assert_array_equal(faces.hour.values, hour[frame_of_face])
     np.testing.assert_array_equal(ds.joined("frames").scene_index.values, scene_of_frame)
     # a user's aggregation over join coordinates, with xarray: agents per scene
     per_scene = agents.yaw.groupby(agents.scene_index.compute()).count().values
@@ -357,7 +362,12 @@ def test_integer_min_max_sum_through_the_view_say_they_are_float64(small_ds):
     assert exact["timestamp_max"].dtype == np.int64 and np.array_equal(exact["timestamp_max"].to_numpy(), want)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        view.ego_translation.sel(xyz="x").l5.groupby("scene_index").max()  # (float64: declared, exact)
+        declared = view.ego_translation.sel(xyz="x").l5.groupby("scene_index").max()  # (float64: declared, exact)
+    # named as xarray's groupby names them: after the variable, and none for an unnamed one (the
+    # declared route gave the dask graph's key, "from-value-<token>")
+    unnamed = (view.ego_translation.sel(xyz="x") * 1.0).rename(None)
+    assert (declared.name, unnamed.l5.groupby("scene_index").max().name) == ("ego_translation", None)
+    assert unnamed.groupby(view.scene_index.compute()).max().name is None
 
 
 def test_view_field_of_several_elements_is_its_gathered_columns(small_ds):
