@@ -275,17 +275,28 @@ def int_stats(codes: np.ndarray, raw: np.ndarray, ngroups: int, need: set[str]) 
     one = ngroups == 1
     if need & {"sum", "m2"}:
         wide = np.uint64 if raw.dtype.kind == "u" else np.int64
-        v = raw.astype(wide, copy=False)
-        hi_v, lo_v = v >> wide(32), v & wide(_LOW)
-        hi, lo = np.zeros(ngroups, wide), np.zeros(ngroups, wide)
-        if one:
-            hi[:] = hi_v.sum(dtype=wide) if len(v) else 0
-            lo[:] = lo_v.sum(dtype=wide) if len(v) else 0
+        if not one and raw.dtype.itemsize <= 2 and len(raw) < 2**31:
+            # values within 2**16 of 0 (booleans, 8- and 16-bit integers), fewer than 2**31 rows:
+            # every group's sum is within 2**47 of 0, exact in float64: bincount's weighted count
+            # instead of np.add.at into two limbs (this function with a sum, 640,000 rows, 300
+            # groups: 2.5-3.0 ms against 9.2-12.3 ms, the same bits; 4-byte and wider values still
+            # take the limbs, 10 ms)
+            weights = raw.view(np.uint8) if raw.dtype == bool else raw
+            total = np.bincount(codes, weights=weights, minlength=ngroups).astype(wide)
+            hi, lo = total >> wide(32), total & wide(_LOW)
         else:
-            np.add.at(hi, codes, hi_v)
-            np.add.at(lo, codes, lo_v)
+            v = raw.astype(wide, copy=False)
+            hi_v, lo_v = v >> wide(32), v & wide(_LOW)
+            hi, lo = np.zeros(ngroups, wide), np.zeros(ngroups, wide)
+            if one:
+                hi[:] = hi_v.sum(dtype=wide) if len(v) else 0
+                lo[:] = lo_v.sum(dtype=wide) if len(v) else 0
+            else:
+                np.add.at(hi, codes, hi_v)
+                np.add.at(lo, codes, lo_v)
         stats["sum_hi"], stats["sum_lo"] = _carried(hi, lo)
         if "m2" in need:
+            v = raw.astype(wide, copy=False)
             whole, frac = int_mean(stats["sum_hi"], stats["sum_lo"], stats["n"])
             with np.errstate(over="ignore"):  # (a deviation is exact in int64 unless the values span 2**63)
                 dev = (v - whole[codes]).view(np.int64).astype(np.float64) - frac[codes]

@@ -121,7 +121,27 @@ def test_an_unsigned_column_sums_as_uint64_and_keeps_its_dtype(paths):
     assert got.track_id_mean[0] == float(Fraction(sum(map(int, s)), len(s)))
 
 
-@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int8, np.int32, np.uint64, np.int64])
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint64, np.int64])
+def test_int_stats_sums_are_exact_at_the_dtypes_extremes(dtype):
+    """``int_stats``'s sums per group (booleans and 8/16-bit integers through a weighted bincount,
+    the wider through two limbs) equal Python's integer sums: groups of the dtype's least and
+    greatest values only, a group of both, a group of one row and a group of none."""
+    from l5dask.prediction.groupby import int_stats
+
+    info = np.iinfo(dtype) if dtype is not np.bool_ else None
+    lo, hi = (False, True) if info is None else (info.min, info.max)
+    n = 200_000
+    rng = np.random.default_rng(11)
+    codes = np.r_[np.zeros(n, np.int64), np.ones(n, np.int64), rng.integers(2, 4, n), [4]]
+    values = np.r_[np.full(n, lo), np.full(n, hi), rng.choice([lo, hi], n), [hi]].astype(dtype)
+    stats = int_stats(codes, values, 6, {"sum"})
+    got = [int(h) * 2**32 + int(lo_) for h, lo_ in zip(stats["sum_hi"], stats["sum_lo"])]
+    want = [sum(int(v) for v in values[codes == g]) for g in range(6)]
+    assert got == want and all(0 <= int(x) < 2**32 for x in stats["sum_lo"])
+    assert stats["n"].tolist() == np.bincount(codes, minlength=6).tolist()
+
+
+@pytest.mark.parametrize("dtype", [np.bool_, np.uint8, np.int8, np.int16, np.uint16, np.int32, np.uint64, np.int64])
 def test_partials_of_small_integers_and_booleans_equal_pandas_over_any_split(dtype):
     rng = np.random.default_rng(5)
     n = 3_000
