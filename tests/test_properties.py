@@ -440,7 +440,8 @@ def test_the_token_index_equals_a_dict(table, queries, splits):
 def test_spreading_parent_values_equals_taking_them_at_the_located_rows(counts, before, bounds, width):
     """``Rows.spread`` (each parent's value repeated over its child rows in one pass) against
     numpy's ``values[searchsorted(starts, rows, "right") - 1]``: parents with no rows, child
-    rows before the first parent, past the last child, empty ranges; values of any shape."""
+    rows before the first parent, past the last child, empty ranges; values of any shape, and
+    spread column by column (column-major)."""
     from l5dask.core.engine import Rows
 
     starts = (
@@ -456,6 +457,10 @@ def test_spreading_parent_values_equals_taking_them_at_the_located_rows(counts, 
         return  # (no parent: not a child row of these)
     np.testing.assert_array_equal(rows.spread(lo, max(hi, lo), "start", values), values[pos])
     np.testing.assert_array_equal(rows.locate(lo, max(hi, lo), "start"), pos)
+    # column by column (a field of several numbers): the same values, each column contiguous
+    by_column = rows.spread(lo, max(hi, lo), "start", values, by_column=True)
+    np.testing.assert_array_equal(by_column, values[pos])
+    assert by_column.ndim == 1 or by_column.flags.f_contiguous
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -85,7 +85,9 @@ def _take(lo: int, hi: int, start: str, column: str, rows: Rows | None, *blocks:
     rows = rows.overlapping(lo, hi, start)
     if column == "index":
         return rows.spread(lo, hi, start, np.arange(rows.offset, rows.offset + len(rows), dtype=np.int64))
-    return rows.spread(lo, hi, start, rows[column])
+    # (a field of several numbers, ego_translation, column-major: xarray's .sel(xyz="x") of it is a
+    # contiguous column, which dask's getitem copies in a third of a strided column's time)
+    return rows.spread(lo, hi, start, rows[column], by_column=True)
 
 
 class FramesPass:

@@ -83,6 +83,12 @@ def test_joined_views_have_join_coordinates(small_ds):
     np.testing.assert_array_equal(agents.scene_index.values, scene_of_frame[frame_of_agent])
     np.testing.assert_array_equal(agents.timestamp.values, fr["timestamp"][frame_of_agent])
     np.testing.assert_array_equal(agents.ego_translation.sel(xyz="y").values, fr["ego_translation"][frame_of_agent, 1])
+    # (each block column-major: a column of it, .sel(xyz="x"), is contiguous)
+    ego = agents.ego_translation.data
+    assert (
+        ego.map_blocks(lambda b: np.full((len(b), 1), b.flags.f_contiguous), chunks=(ego.chunks[0], 1)).all().compute()
+    )
+    np.testing.assert_array_equal(agents.ego_translation.values, fr["ego_translation"][frame_of_agent])
     faces = ds.joined("tl_faces")
     np.testing.assert_array_equal(faces.timestamp.values, fr["timestamp"][frame_of_face])
     # the UTC hour of day of the row's frame (made per frame, then spread), int8
@@ -326,8 +332,8 @@ def test_view_join_coordinates_spread_only_the_overlapping_parent_rows(small_ds,
     monkeypatch.setattr(
         Rows,
         "spread",
-        lambda self, lo, hi, start, values: (
-            seen.append((self[start].copy(), lo, hi)) or original(self, lo, hi, start, values)
+        lambda self, lo, hi, start, values, **kw: (
+            seen.append((self[start].copy(), lo, hi)) or original(self, lo, hi, start, values, **kw)
         ),
     )
     ds = l5dask.open_dataset(small_ds)
