@@ -1,5 +1,5 @@
 """The three queries of the aggregation benchmark, through one of the three paths, as a whole
-process: ``python aggregate_queries.py DATASET q1|q2|q3 aggregate|dataframe|xarray OUT.parquet``;
+process: ``python aggregate_queries.py DATASET q1|q2|q3 aggregate|aggregate_result|dataframe|xarray OUT.parquet``;
 and the baseline a user would pick instead: the same queries in DuckDB (2 threads) over l5dask's
 own Parquet export of the dataset (``l5dask export DATASET EXPORT``):
 ``python aggregate_queries.py EXPORT q1|q2|q3 duckdb OUT.parquet``.
@@ -59,11 +59,16 @@ def main(path: str, query: str, api: str, out: str) -> None:
     import l5dask  # (no pandas import of our own: the paths bring it when they use it)
 
     ds = l5dask.open_dataset(path)
-    if api == "aggregate":
+    if api in ("aggregate", "aggregate_result"):
+        # (aggregate_result: the same pass, its table written as Arrow, no pandas: what a script
+        # that writes a file needs, as `l5dask agg` does)
+        from l5dask.prediction.aggregation import aggregate_result
+
+        run = l5dask.aggregate if api == "aggregate" else aggregate_result
         if query == "q1":
-            res = l5dask.aggregate(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
+            res = run(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
         elif query == "q2":
-            res = l5dask.aggregate(
+            res = run(
                 ds,
                 "agents",
                 by=["host", "hour", "label"],
@@ -71,7 +76,12 @@ def main(path: str, query: str, api: str, out: str) -> None:
                 where="distance_to_ego < 20",
             )
         else:
-            res = l5dask.aggregate(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
+            res = run(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
+        if api == "aggregate_result":
+            import pyarrow.parquet as pq
+
+            pq.write_table(res.to_arrow(), out)
+            return
     elif api == "dataframe":
         if query == "q1":
             df = ds.to_dask_dataframe("agents", columns=["speed", "label"], joins=["scene_index"])
