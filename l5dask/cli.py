@@ -60,7 +60,45 @@ class _Commands(click.Group):
             module = importlib.import_module(f".{SYSTEMS[name]}.cli", __package__)
             for command in module.COMMANDS:
                 self.add_command(command)
-        return super().get_command(ctx, name)
+        command = super().get_command(ctx, name)
+        if command is not None and not getattr(command, "_once", False):
+            once(command)
+        return command
+
+
+#: What to do instead of repeating an option that takes one value.
+_ONCE_HINTS = {
+    "scenes": "join the conditions with and",
+    "where": "join the conditions with and",
+    "by": "give the keys comma-separated",
+}
+
+
+def once(command: click.Command) -> None:
+    """Refuse an option that takes one value given twice (click keeps the last: ``--scenes A
+    --scenes B`` filtered by B alone, ``--by label --by host`` grouped by host alone)."""
+    single: dict[str, click.Option] = {}
+    for p in command.params:
+        if isinstance(p, click.Option) and not (p.multiple or p.count or p.is_flag):
+            single.update({o: p for o in (*p.opts, *p.secondary_opts)})
+    parse = command.parse_args
+
+    def parse_args(ctx: click.Context, args: list[str]) -> list[str]:
+        seen: dict[str, str] = {}
+        for a in args:
+            if a == "--":
+                break
+            opt = single.get(a.split("=", 1)[0] if a.startswith("--") else a[:2])
+            if opt is None or opt.name is None:
+                continue
+            if opt.name in seen:
+                hint = _ONCE_HINTS.get(opt.name, "give it once")
+                raise click.UsageError(f"{seen[opt.name]} is given more than once: {hint}", ctx)
+            seen[opt.name] = max(opt.opts, key=len) if opt.opts else a
+        return parse(ctx, args)
+
+    command.parse_args = parse_args  # type: ignore[method-assign]
+    command._once = True  # type: ignore[attr-defined]
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

@@ -374,3 +374,80 @@ def test_an_answer_whose_reader_closed_the_pipe_is_no_error(small_ds, tmp_path):
         finally:
             os.close(write)
         assert r.returncode == 1 and r.stderr == "", (args, r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["stats", "{ds}", "--scenes", "scene_index >= 0", "--scenes", "scene_index < 2"],
+            "--scenes is given more than once: join the conditions with and",
+        ),
+        (
+            ["agg", "{ds}", "--by", "label", "-b", "host", "--value", "speed:mean"],
+            "--by is given more than once: give the keys comma-separated",
+        ),
+        (["stats", "{ds}", "-o", "{out}/a.json", "--output", "{out}/b.json"], "--output is given more than once"),
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_refused(small_ds, tmp_path, args, message):
+    """A new user's finding: click keeps the last of a repeated option, so ``--scenes A --scenes B``
+    filtered by B alone and ``--by label --by host`` grouped by host alone, silently."""
+    r = cli(*[a.format(ds=small_ds, out=tmp_path) for a in args])
+    assert r.returncode == 2 and r.stdout == "" and list(tmp_path.iterdir()) == []
+    assert r.stderr.startswith(f"l5dask: error: {message}") and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        (
+            "CHUNKS_PER_TASK=abc",
+            "the setting l5dask.chunks-per-task (DASK_L5DASK__CHUNKS_PER_TASK) is 'abc': it takes integer",
+        ),
+        (
+            "CHUNKS_PER_TASK=0",
+            "the setting l5dask.chunks-per-task (DASK_L5DASK__CHUNKS_PER_TASK) is 0: it takes at least 1",
+        ),
+        ("READ_TIMEOUT=-1", "the setting l5dask.read-timeout (DASK_L5DASK__READ_TIMEOUT) is -1: it takes more than 0"),
+        (
+            "DIRECT_READS=maybe",
+            "the setting l5dask.direct-reads (DASK_L5DASK__DIRECT_READS) is 'maybe': it takes one of",
+        ),
+        ("CHUNKS_PER_TAKS=4", "the setting l5dask.chunks-per-taks is not one of l5dask's (cache, chunks-per-task,"),
+        (
+            "DETECTION__BLOCK_BYTES=12",
+            "the setting l5dask.detection.block-bytes (DASK_L5DASK__DETECTION__BLOCK_BYTES) is 12",
+        ),
+    ],
+)
+def test_a_setting_out_of_its_schema_is_one_line_before_anything_runs(small_ds, tmp_path, setting, message):
+    """A new user's finding: ``DASK_L5DASK__CHUNKS_PER_TASK=abc`` was a traceback from inside the pass,
+    ``0`` and ``-1`` were taken, a misspelt setting ignored. Each is checked against the settings'
+    schema (l5dask-schema.yaml) first; nothing is written."""
+    import os
+
+    name, value = setting.split("=")
+    env = {**os.environ, f"DASK_L5DASK__{name}": value}
+    out = tmp_path / "r.json"
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", small_ds, "-o", str(out), "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert (r.returncode, r.stdout, out.exists()) == (2, "", False)
+    assert r.stderr.startswith(f"l5dask: error: {message}") and len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_a_setting_within_its_schema_is_taken(small_ds, tmp_path):
+    import os
+
+    env = {**os.environ, "DASK_L5DASK__DIRECT_READS": "Auto", "DASK_L5DASK__CHUNKS_PER_TASK": "3"}
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", small_ds, "-o", str(tmp_path / "r.json"), "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert r.returncode == 0, r.stderr

@@ -1136,3 +1136,59 @@ def test_a_cached_rerun_of_a_restricted_analysis_reads_what_the_docs_say(small_d
     for array in ("frames", "scenes"):  # (read to restrict the dataset: what the docs say besides)
         assert folders[array]["objects"] > 1 and folders[array]["bytes"] > 16, folders
     assert set(folders) <= {"frames", "agents", "traffic_light_faces", "scenes", cachelib.FOLDER}, folders
+
+
+def test_an_export_that_would_hold_its_dataset_is_refused_before_anything_runs(small_ds, tmp_path):
+    """A new user's finding: a job's export into the folder that holds its dataset passed
+    ``--check``, and the run replaced the folder (the dataset deleted). Refused at the output's
+    line, with ``--check`` and without; the dataset untouched."""
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copytree(small_ds, data / "sample.zarr")
+    text = f'[datasets]\nsample = "{data}/sample.zarr"\n\n[analyses.ex]\nkind = "export"\noutput = "{data}"\n'
+    job = write(tmp_path / "job.toml", text)
+    for args in ((), ("--check",)):
+        r = cli(job, *args)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == (
+            f"l5dask: error: {job}:6: [analyses.ex] output on sample: {data}: the output holds the dataset "
+            f"sample ({data}/sample.zarr); write elsewhere\n"
+        )
+        assert sorted(os.listdir(data)) == ["sample.zarr"]
+        assert l5dask.open_dataset(str(data / "sample.zarr")).counts() == l5dask.open_dataset(small_ds).counts()
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        (
+            "job.yaml",
+            "run:\n  date: 2026-02-30\ndatasets:\n  s: {ds}\nanalyses:\n  r:\n    kind: report\n    output: {out}/r.json\n",
+            "job.yaml:2: '2026-02-30' is not a value YAML can read (day is out of range for month)",
+        ),
+        (
+            "job.yaml",
+            "datasets:\n  s: {ds}\nanalyses:\n  r:\n    kind: report\n    output: {out}/r.json\n"
+            "  r:\n    kind: report\n    output: {out}/r2.json\n",
+            "job.yaml:7: analyses.r is given twice (first at line 4)",
+        ),
+        (
+            "job.toml",
+            '[cluster]\nworkers = 1\nmemory-limit = "lots"\n[datasets]\ns = "{ds}"\n'
+            '[analyses.r]\nkind = "report"\noutput = "{out}/r.json"\n',
+            "job.toml:3: [cluster] memory-limit: 'lots' is not an amount of memory (4GB, 512 MiB)",
+        ),
+    ],
+)
+def test_a_new_users_job_mistakes_are_one_line_at_their_line(small_ds, tmp_path, name, text, message):
+    """A new user's findings: an unquoted YAML date that is no day (2026-02-30) was a traceback; a
+    YAML job's two analyses of one name kept the last silently (TOML refuses them); a memory limit
+    that is no amount passed ``--check`` and the run died in a traceback. One line each, at its
+    line, with ``--check`` and without; nothing written."""
+    out = tmp_path / "out"
+    job = write(tmp_path / name, text.format(ds=small_ds, out=out))
+    for args in ((), ("--check",)):
+        r = cli(job, *args)
+        assert (r.returncode, r.stdout) == (2, ""), r.stderr
+        assert r.stderr == f"l5dask: error: {tmp_path}/{message}\n"
+        assert not out.exists()

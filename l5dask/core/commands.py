@@ -44,6 +44,10 @@ def friendly(func):
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
+            if any(k.startswith("DASK_L5DASK") for k in os.environ):  # (settings checked first, in one line)
+                from l5dask.core import config
+
+                config.check_all()
             return func(*args, **kwargs)
         except L5DaskError as exc:
             click.echo(f"l5dask: error: {exc}", err=True)

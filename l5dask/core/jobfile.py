@@ -288,7 +288,6 @@ def parse_yaml(text: str, name: str = "job.yaml") -> Source:
 
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         line = mark.line + 1 if mark is not None else 1
@@ -300,7 +299,11 @@ def parse_yaml(text: str, name: str = "job.yaml") -> Source:
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
                 p = (*path, str(k.value))
-                lines.setdefault(p, k.start_mark.line + 1)
+                if p in lines:  # (YAML keeps the last of two; TOML refuses them)
+                    raise JobError(
+                        f"{name}:{k.start_mark.line + 1}: {'.'.join(p)} is given twice (first at line {lines[p]})"
+                    )
+                lines[p] = k.start_mark.line + 1
                 walk(v, p)
         elif isinstance(n, yaml.SequenceNode):
             for i, v in enumerate(n.value):
@@ -309,9 +312,33 @@ def parse_yaml(text: str, name: str = "job.yaml") -> Source:
 
     if node is not None:
         walk(node, ())
+    try:
+        data = yaml.safe_load(text)
+    except (yaml.YAMLError, ValueError, TypeError, OverflowError) as exc:
+        # (a value YAML reads as a date that is none, 2026-02-30: its constructor's ValueError)
+        line, value = _unbuilt_scalar(node, yaml)
+        raise JobError(f"{name}:{line}: {value!r} is not a value YAML can read ({exc})") from None
     if data is None:
         data = {}
     return Source(name, data, lines)
+
+
+def _unbuilt_scalar(node: Any, yaml: Any) -> tuple[int, str]:
+    """The line and text of the first scalar of ``node`` that YAML's safe loader cannot build."""
+    constructor = yaml.SafeLoader("")
+    todo = [node]
+    while todo:
+        n = todo.pop(0)
+        if isinstance(n, yaml.ScalarNode):
+            try:
+                constructor.construct_object(n, deep=True)
+            except Exception:  # noqa: BLE001 - the one it cannot build
+                return n.start_mark.line + 1, n.value
+        elif isinstance(n, yaml.MappingNode):
+            todo.extend(x for kv in n.value for x in kv)
+        elif isinstance(n, yaml.SequenceNode):
+            todo.extend(n.value)
+    return 1, ""
 
 
 # --- the checked job ----------------------------------------------------------------------------
@@ -476,6 +503,16 @@ def check(src: Source) -> Job:
             "[run] record: one record is written for the whole run, so {dataset} and {analysis} cannot be in its path",
         )
     cluster = _checked_table(src, ("cluster",), data.get("cluster", {}), CLUSTER_KEYS, "[cluster]")
+    if cluster["memory-limit"] is not None:
+        from dask.utils import parse_bytes
+
+        try:
+            parse_bytes(cluster["memory-limit"])
+        except (ValueError, TypeError):
+            raise src.error(
+                ("cluster", "memory-limit"),
+                f"[cluster] memory-limit: {cluster['memory-limit']!r} is not an amount of memory (4GB, 512 MiB)",
+            ) from None
     if cluster["scheduler"] is not None and cluster["workers"] is not None:
         raise src.error(("cluster", "workers"), "[cluster]: give a scheduler or local workers, not both")
     cache = None

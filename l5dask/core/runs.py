@@ -155,6 +155,18 @@ def _check_output(path: str, folder: bool, options: dict, missing: list[str]) ->
     check_writable(path, options)
 
 
+def _apart_from_inputs(path: str, folder: bool, options: dict, inputs: Any) -> None:
+    """Refuse an output that is an input, holds one (a folder replaced whole would delete it), or
+    is a folder inside one."""
+    out = store_mod.Store(path, options)
+    for inp in inputs:
+        how = store_mod.nesting(out, store_mod.Store(inp.url, inp.storage_options))
+        if how == "is inside" and not folder:
+            continue  # (a file beside the dataset's arrays: nothing of the dataset replaced)
+        if how is not None:
+            raise JobError(f"{path}: the output {how} the dataset {inp.name} ({inp.url}); write elsewhere")
+
+
 def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None = None) -> Plan:
     """The job's plan, checked whole before anything runs (one :class:`~l5dask.core.jobfile.JobError` for the first
     fault: the file and the line where it is said)."""
@@ -218,6 +230,7 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
         t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
         try:
             _check_output(path, t_folder, job.storage_options, folders)
+            _apart_from_inputs(path, t_folder, job.storage_options, inputs.values())
         except L5DaskError as exc:
             line = ("run", "record")
             for t in tasks:

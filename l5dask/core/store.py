@@ -789,14 +789,26 @@ def file_store(path: str, storage_options: dict[str, Any] | None = None) -> tupl
     return store, name
 
 
-def same_place(a: Store, b: Store) -> bool:
-    """Whether two stores are the same location (an output that is an input is refused)."""
+def _where(s: Store) -> tuple[str, str]:
+    root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
+    return (type(s.fs).__name__, root)
 
-    def where(s: Store) -> tuple:
-        root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
-        return (type(s.fs).__name__, root)
 
-    return where(a) == where(b)
+def nesting(output: Store, source: Store) -> str | None:
+    """How an output's location meets an input's: ``"is"`` (the same), ``"holds"`` (the input is
+    inside the output's folder: replacing the output would delete it), ``"is inside"`` (the
+    output is a folder within the input), or ``None`` (apart)."""
+    (kind, out), (kind_in, src) = _where(output), _where(source)
+    if kind != kind_in:
+        return None
+    if out == src:
+        return "is"
+    sep = os.sep if output.local else "/"
+    if src.startswith(out.rstrip(sep) + sep) or (out in ("", sep) and src):
+        return "holds"
+    if out.startswith(src.rstrip(sep) + sep):
+        return "is inside"
+    return None
 
 
 def _own_retries(fs: Any) -> None:

@@ -36,7 +36,7 @@ from dask.task_spec import Task, TaskRef
 from l5dask.core.engine import Combine, Job, Pass, tree_reduce
 from l5dask.core.outputs import arrow_array, arrow_strings, atomic_output, json_text
 from l5dask.core.policy import compute, where_keywords
-from l5dask.core.store import Store, same_place
+from l5dask.core.store import Store, nesting
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columnar import (
@@ -134,8 +134,9 @@ def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bo
     """The output folder, checked (an object store's that exists removed, when ``overwrite``)."""
 
     final = Store(url, storage_options)
-    if same_place(final, ds.store):
-        raise OutputError(f"{final.url}: the output is the input; write elsewhere")
+    how = nesting(final, ds.store)
+    if how is not None:  # (replacing a folder that holds the input deleted it)
+        raise OutputError(f"{final.url}: the output {how} the input ({ds.url}); write elsewhere")
     try:
         exists = final.fs.exists(final.root) and (not final.fs.isdir(final.root) or bool(final.fs.ls(final.root)))
     except OSError as exc:

@@ -33,7 +33,7 @@ from dask.base import tokenize
 from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.intervals import check_intervals
 from l5dask.core.policy import auto_chunks_per_task, where_keywords
-from l5dask.core.store import Store, same_place
+from l5dask.core.store import Store, nesting
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
@@ -288,12 +288,13 @@ def remove(store: Store) -> None:
 
 # --- inputs and targets -------------------------------------------------------------------------
 def check_target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> None:
-    """Refuse (before any work) an output that is one of the inputs, or holds a dataset (unless
-    ``overwrite``)."""
+    """Refuse (before any work) an output that is one of the inputs, holds one or lies inside one,
+    or holds a dataset (unless ``overwrite``)."""
     probe = Store(os.fspath(url), storage_options)
     for ds in inputs:
-        if same_place(probe, ds.store):
-            raise OutputError(f"{probe.url}: the output is an input ({ds.url}); write elsewhere")
+        how = nesting(probe, ds.store)
+        if how is not None:
+            raise OutputError(f"{probe.url}: the output {how} an input ({ds.url}); write elsewhere")
     if not overwrite and probe.fs.exists(probe.path(".zgroup")):
         raise OutputError(f"{probe.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
 

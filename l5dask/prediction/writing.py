@@ -86,6 +86,15 @@ def write_chunks(store: Store, meta: fmt.ArrayMeta, first: int, records: np.ndar
     return len(records)
 
 
+def _not_a_datasets(store: Store) -> list[str]:
+    """What a local output folder holds besides a dataset's own entries (its arrays, the mask
+    group, zarr's metadata; hidden names aside): none when it is not there or not a folder."""
+    if not (store.local and store.root and archive_kind(store.url) is None and os.path.isdir(store.root)):
+        return []
+    own = {*fmt.ARRAY_NAMES, fmt.MASKS}
+    return sorted(n for n in os.listdir(store.root) if not n.startswith(".") and n not in own)
+
+
 def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> Store:
     """Open a location for writing; refuse to overwrite a dataset unless asked to."""
     store = Store(os.fspath(url), storage_options)
@@ -102,6 +111,12 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> S
         exists = store.fs.exists(store.path(".zgroup"))
     except PermissionError as exc:
         raise OutputError(f"{store.url}: access denied ({exc})") from exc
+    other = _not_a_datasets(store)
+    if other:  # (overwrite replaced a whole folder: `subset DS -o FOLDER_OF_DS --overwrite` deleted DS)
+        raise OutputError(
+            f"{store.url}: the folder holds {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, which is not "
+            "a dataset's; write to a new or empty folder (--overwrite replaces a dataset only)"
+        )
     if exists and not overwrite:
         raise OutputError(f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
     if overwrite and store.root and store.fs.exists(store.root):

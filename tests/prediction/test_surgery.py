@@ -384,3 +384,44 @@ def test_cli_surgery_errors_are_one_line(inputs, tmp_path, args, message):
     lines = [ln for ln in r.output.strip().splitlines() if ln]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.output, r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_an_output_that_holds_or_lies_in_its_input_is_refused_and_nothing_is_lost(inputs, tmp_path):
+    """A new user's finding: ``subset``/``export --overwrite`` with an output folder that holds the
+    input replaced that folder whole and deleted the input; an output inside the input was
+    accepted. Both are refused in one line, the input untouched; a folder of other things is not
+    taken for a dataset's, with or without ``--overwrite``."""
+    a, _ = inputs
+    dd = tmp_path / "dd"
+    dd.mkdir()
+    src = dd / "in.zarr"
+    shutil.copytree(a, src)
+    counts = l5dask.open_dataset(str(src)).counts()
+    cases = [
+        (["subset", src, "-o", dd, "--ranges", "0:2", "--overwrite"], "the output holds an input"),
+        (["subset", src, "-o", src / "sub.zarr", "--ranges", "0:2"], "the output is inside an input"),
+        (["export", src, "-o", dd, "--overwrite"], "the output holds the input"),
+        (["export", src, "-o", src / "ex"], "the output is inside the input"),
+    ]
+    for args, message in cases:
+        r = CliRunner().invoke(main, [str(x) for x in args])
+        lines = [ln for ln in r.output.strip().splitlines() if ln]
+        assert r.exit_code != 0 and len(lines) == 1 and message in lines[0], (args, r.output)
+        assert l5dask.open_dataset(str(src)).counts() == counts
+        assert sorted(os.listdir(dd)) == ["in.zarr"] and not (src / "sub.zarr").exists() and not (src / "ex").exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("keep me")
+    for extra in ([], ["--overwrite"]):
+        r = CliRunner().invoke(main, ["subset", str(src), "-o", str(kept), "--ranges", "0:2", *extra])
+        assert r.exit_code != 0 and "holds notes.txt, which is not a dataset's" in r.output, r.output
+        assert sorted(os.listdir(kept)) == ["notes.txt"]
+    with pytest.raises(L5DaskError, match="holds notes.txt, which is not a dataset's"):
+        l5dask.synthesize(str(kept), num_scenes=2, overwrite=True)
+    assert (kept / "notes.txt").read_text() == "keep me"
+    # a dataset (or an empty folder) is still replaced with --overwrite
+    out = tmp_path / "out.zarr"
+    for _ in range(2):
+        r = CliRunner().invoke(main, ["subset", str(src), "-o", str(out), "--ranges", "0:2", "--overwrite"])
+        assert r.exit_code == 0, r.output
+    assert l5dask.open_dataset(str(out)).counts()["scenes"] == 2
