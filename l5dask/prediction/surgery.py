@@ -18,12 +18,13 @@ wrote, so that nothing is left that opens as a dataset.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import functools
 import os
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +33,9 @@ from dask.base import tokenize
 
 from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.intervals import check_intervals
+from l5dask.core.outputs import atomic_output
 from l5dask.core.policy import auto_chunks_per_task, where_keywords
-from l5dask.core.store import Store, nesting
+from l5dask.core.store import Store, archive_kind, nesting
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
@@ -300,10 +302,32 @@ def check_target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | 
 
 
 def target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> Store:
-    """The output location, checked (:func:`check_target`) and made ready (an old dataset removed
-    when ``overwrite``)."""
+    """The output location, checked (:func:`check_target`) and made ready in place (an old dataset
+    removed when ``overwrite``): for a writer that cannot write beside it (:func:`targets` can)."""
     check_target(url, inputs, storage_options, overwrite)
     return prepare_target(url, storage_options, overwrite)
+
+
+@contextlib.contextmanager
+def targets(
+    urls: Sequence[Any], inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool
+) -> Iterator[list[Store]]:
+    """The output locations, checked (:func:`check_target`), as the stores to write: a local
+    folder is written beside it and moved into place whole when the block ends without an error,
+    the previous dataset (``overwrite``) removed only then (:func:`~l5dask.core.outputs.atomic_output`:
+    a run interrupted or failed keeps it; it was removed first); elsewhere the location itself, made
+    ready (an old dataset removed when ``overwrite``)."""
+    with contextlib.ExitStack() as stack:
+        stores = []
+        for url in urls:
+            check_target(url, inputs, storage_options, overwrite)
+            final = prepare_target(url, storage_options, overwrite, remove=False)
+            if final.local and final.root and archive_kind(final.url) is None:
+                os.makedirs(os.path.dirname(os.path.abspath(final.root)), exist_ok=True)
+                stores.append(Store(stack.enter_context(atomic_output(final.root, folder=True)), storage_options))
+            else:
+                stores.append(prepare_target(url, storage_options, overwrite))
+        yield stores
 
 
 def common_masks(inputs: Sequence[L5Dataset]) -> list[str]:
@@ -373,10 +397,10 @@ def concat(
     check_target(output, datasets, storage_options, overwrite)
     job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
     tables = [scene_table(ds, Job(job)) for ds in datasets]
-    store = target(output, datasets, storage_options, overwrite)
-    out = plan(store, [(ds, t, np.arange(len(t))) for ds, t in zip(datasets, tables)], common_masks(datasets))
-    write_outputs([out], job)
-    return _open(store.url, storage_options)
+    with targets([output], datasets, storage_options, overwrite) as (store,):
+        out = plan(store, [(ds, t, np.arange(len(t))) for ds, t in zip(datasets, tables)], common_masks(datasets))
+        write_outputs([out], job)
+    return _open(output, storage_options)
 
 
 def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
@@ -526,9 +550,9 @@ def subset(
     t = scene_table(ds, Job(job))
     stored = ds.scene_indices if restricted else None
     selected = select_scenes(t, scenes, hosts, start, end, stored, nstored)
-    store = target(output, [ds], storage_options, overwrite)
-    write_outputs([plan(store, [(ds, t, selected)], sorted(ds.masks))], job)
-    return _open(store.url, storage_options)
+    with targets([output], [ds], storage_options, overwrite) as (store,):
+        write_outputs([plan(store, [(ds, t, selected)], sorted(ds.masks))], job)
+    return _open(output, storage_options)
 
 
 def dataset_bytes(ds: L5Dataset) -> int:
@@ -606,8 +630,12 @@ def split(
         check_target(p, [ds], storage_options, overwrite)
     job = Job(scheduler, chunks_per_task=chunks_per_task, progress=progress)
     t = scene_table(ds, Job(job))
-    stores = [target(p, [ds], storage_options, overwrite) for p in paths]
+    if "://" not in base:
+        os.makedirs(base, exist_ok=True)
     edges = np.r_[0, np.cumsum(counts)]
-    outputs = [plan(s, [(ds, t, np.arange(edges[i], edges[i + 1]))], sorted(ds.masks)) for i, s in enumerate(stores)]
-    write_outputs(outputs, job)
-    return {name: _open(s.url, storage_options) for (name, _), s in zip(parsed, stores)}
+    with targets(paths, [ds], storage_options, overwrite) as stores:
+        outputs = [
+            plan(s, [(ds, t, np.arange(edges[i], edges[i + 1]))], sorted(ds.masks)) for i, s in enumerate(stores)
+        ]
+        write_outputs(outputs, job)
+    return {name: _open(p, storage_options) for (name, _), p in zip(parsed, paths)}

@@ -95,8 +95,9 @@ def _not_a_datasets(store: Store) -> list[str]:
     return sorted(n for n in os.listdir(store.root) if not n.startswith(".") and n not in own)
 
 
-def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> Store:
-    """Open a location for writing; refuse to overwrite a dataset unless asked to."""
+def prepare_target(url: Any, storage_options: dict | None, overwrite: bool, remove: bool = True) -> Store:
+    """Open a location for writing; refuse to overwrite a dataset unless asked to. ``remove=False``:
+    check only (the caller writes beside it and replaces it whole, :func:`~l5dask.core.outputs.atomic_output`)."""
     store = Store(os.fspath(url), storage_options)
     if (
         store.local and store.root and archive_kind(store.url) is None
@@ -119,7 +120,7 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool) -> S
         )
     if exists and not overwrite:
         raise OutputError(f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
-    if overwrite and store.root and store.fs.exists(store.root):
+    if remove and overwrite and store.root and store.fs.exists(store.root):
         # Remove the group metadata first: from here on the old dataset no longer looks complete.
         if exists:
             store.fs.rm(store.path(".zgroup"))

@@ -425,3 +425,38 @@ def test_an_output_that_holds_or_lies_in_its_input_is_refused_and_nothing_is_los
         r = CliRunner().invoke(main, ["subset", str(src), "-o", str(out), "--ranges", "0:2", "--overwrite"])
         assert r.exit_code == 0, r.output
     assert l5dask.open_dataset(str(out)).counts()["scenes"] == 2
+
+
+@pytest.mark.parametrize("fault", [OSError, KeyboardInterrupt])
+def test_an_overwrite_that_fails_part_way_keeps_the_previous_output(inputs, tmp_path, monkeypatch, fault):
+    """A new user's finding: ``subset --overwrite`` interrupted (Ctrl-C) after the old output was
+    removed left a half-written folder that is not a dataset. The new output is written beside
+    and replaces the old one whole at the end: a failure or Ctrl-C part way keeps the old one, and
+    leaves no temporary folder; ``split`` and ``concat`` alike."""
+    a, b = inputs
+    out, parts = tmp_path / "out.zarr", tmp_path / "parts"
+    l5dask.subset(a, str(out), scenes="0:2")
+    l5dask.split(a, str(parts), ["x=2", "y=rest"])
+    before = {p: l5dask.open_dataset(str(p)).counts() for p in (out, parts / "x", parts / "y")}
+    calls = []
+
+    def failing(*args, **kw):
+        calls.append(1)
+        if len(calls) > 1:
+            raise fault("stopped part way")
+        return copy(*args, **kw)
+
+    copy = surgery.copy_rows
+    monkeypatch.setattr(surgery, "copy_rows", failing)
+    for run in (
+        lambda: l5dask.subset(a, str(out), scenes="0:5", overwrite=True, chunks_per_task=1, scheduler="sync"),
+        lambda: l5dask.concat([a, b], str(out), overwrite=True, chunks_per_task=1, scheduler="sync"),
+        lambda: l5dask.split(a, str(parts), ["x=3", "y=rest"], overwrite=True, chunks_per_task=1, scheduler="sync"),
+    ):
+        calls.clear()
+        with pytest.raises(fault):
+            run()
+        assert {p: l5dask.open_dataset(str(p)).counts() for p in before} == before
+        assert sorted(os.listdir(tmp_path)) == ["out.zarr", "parts"] and sorted(os.listdir(parts)) == ["x", "y"]
+    monkeypatch.setattr(surgery, "copy_rows", copy)
+    assert l5dask.subset(a, str(out), scenes="0:5", overwrite=True).counts()["scenes"] == 5
