@@ -1192,3 +1192,25 @@ def test_a_new_users_job_mistakes_are_one_line_at_their_line(small_ds, tmp_path,
         assert (r.returncode, r.stdout) == (2, ""), r.stderr
         assert r.stderr == f"l5dask: error: {tmp_path}/{message}\n"
         assert not out.exists()
+
+
+def test_a_tag_that_is_none_of_its_names_is_refused_by_check(small_ds, tmp_path):
+    """A new user's finding: ``scenes = "turn == 'lft'"`` passed ``--check`` and failed the run (the
+    command line refuses it up front): a category column whose names are known before the catalog
+    is made (a turn's) is checked there; one whose names come with the data (hosts) at run time."""
+    out = tmp_path / "out"
+    for expr, refused in (("turn == 'lft'", True), ("turn == 'left'", False), ("host == 'no-such-host'", False)):
+        job = write(
+            tmp_path / "job.toml",
+            f'[datasets]\ns = "{small_ds}"\n[analyses.r]\nkind = "report"\noutput = "{out}/r.json"\nscenes = "{expr}"\n',
+        )
+        r = cli(job, "--check")
+        if refused:
+            assert (r.returncode, r.stdout) == (2, "")
+            assert r.stderr == (
+                f'l5dask: error: {job}:6: [analyses.r] on s: scenes "{expr}": ' + "'lft' is not a turn; "
+                "they are: left, right, straight\n"
+            )
+        else:
+            assert r.returncode == 0, r.stderr
+    assert not out.exists()

@@ -207,9 +207,9 @@ def where_columns(text: str, table: Any, what: str | None = None, values: bool =
                                     f"({x.id} == 'name', {x.id} in [...]) or with another categorical column by == or !="
                                 )
                             continue
-                        if not values:
-                            continue
                         cats = list(table.categories(x.id) or ())
+                        if not values and not cats:  # (not known yet: a catalog's hosts, before it is made)
+                            continue
                         consts = y.elts if isinstance(y, (ast.List, ast.Tuple)) else [y]
                         for c in consts:
                             if not (isinstance(c, ast.Constant) and c.value in cats):
