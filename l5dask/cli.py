@@ -178,6 +178,7 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
     analysis is written, 1 when some failed (each said in one line; the others are written), 2 when
     the job cannot run."""
     import datetime
+    import re
 
     from l5dask import jobs
     from l5dask.core import runs
@@ -187,8 +188,11 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
     if date is not None:
         try:
             day = datetime.date.fromisoformat(date)
-        except ValueError:
-            raise UsageError(f"--date {date!r}: expected YYYY-MM-DD") from None
+        except ValueError as exc:
+            shaped = re.fullmatch(r"\d{4}-\d{2}-\d{2}", date) is not None  # (2026-13-45: the form, no such day)
+            raise UsageError(
+                f"--date {date!r}: " + (f"no such day ({exc})" if shaped else "expected YYYY-MM-DD")
+            ) from None
         now = datetime.datetime.combine(day, datetime.datetime.now(datetime.timezone.utc).timetz())
     loaded = jobs.load_job(job)
     if check_only:

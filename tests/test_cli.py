@@ -451,3 +451,30 @@ def test_a_setting_within_its_schema_is_taken(small_ds, tmp_path):
         env=env,
     )
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize(
+    "where, hint",
+    [
+        ("speed = 1", "compare with == (x == 1), not ="),
+        ("speed > 1 && label == 'PERCEPTION_LABEL_CAR'", "join conditions with and, or, not (lower case)"),
+        ("speed > 1 AND speed < 2", "join conditions with and, or, not (lower case)"),
+        ("speed >= (1", ""),
+    ],
+)
+def test_a_where_in_sql_says_how_it_is_written(small_ds, where, hint):
+    """A new user's finding: ``local_hour = 19``, ``&&`` and ``AND`` said "invalid syntax" alone."""
+    r = cli("agg", small_ds, "--by", "label", "--value", "speed:mean", "--where", where, "-q")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert f"where {where!r} does not parse: " in r.stderr
+    assert r.stderr.rstrip("\n").endswith(f"; {hint}") if hint else ";" not in r.stderr.split("parse: ")[1], r.stderr
+
+
+def test_a_run_date_of_the_form_that_is_no_day_says_so(small_ds, tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[datasets]\ns = "{small_ds}"\n[analyses.r]\nkind = "report"\noutput = "{tmp_path}/{{date}}/r.json"\n'
+    )
+    for date, said in (("2026-13-45", "no such day (month must be in 1..12)"), ("2026-1-4", "expected YYYY-MM-DD")):
+        r = cli("run", job, "--check", "--date", date)
+        assert (r.returncode, r.stderr) == (2, f"l5dask: error: --date {date!r}: {said}\n")

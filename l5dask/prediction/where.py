@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import copy
 import functools
+import re
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,12 @@ def _parse(text: str) -> ast.Expression:
     except SyntaxError as exc:
         # (Python's column counts from 1 in the stripped text; 0 or none: the text ended too soon)
         at = f"at column {exc.offset + len(text) - len(text.lstrip())}" if exc.offset else "at its end"
-        raise UsageError(f"where {text!r} does not parse: {exc.msg} ({at})") from None
+        hint = ""
+        if re.search(r"(?<![=!<>])=(?!=)", text):  # (SQL's "x = 1")
+            hint = "; compare with == (x == 1), not ="
+        elif re.search(r"&&|\|\||\b(AND|OR|NOT)\b", text):
+            hint = "; join conditions with and, or, not (lower case)"
+        raise UsageError(f"where {text!r} does not parse: {exc.msg} ({at}){hint}") from None
 
 
 config.on_reset(_parse.cache_clear)
