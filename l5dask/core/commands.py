@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from l5dask.core import config
 from l5dask.core.outputs import check_writable
 from l5dask.errors import L5DaskError, UsageError
 
@@ -45,8 +46,6 @@ def friendly(func):
     def wrapper(*args, **kwargs):
         try:
             if any(k.startswith("DASK_L5DASK") for k in os.environ):  # (settings checked first, in one line)
-                from l5dask.core import config
-
                 config.check_all()
             return func(*args, **kwargs)
         except L5DaskError as exc:

@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from l5dask.errors import UsageError
+
 #: The defaults file and its schema (package data).
 DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "l5dask.yaml")
 SCHEMA_FILE = os.path.join(os.path.dirname(__file__), "l5dask-schema.yaml")
@@ -83,8 +85,6 @@ def check_all() -> None:
             name = str(k).replace("_", "-")  # (dask's names: DASK_L5DASK__DIRECT_READS is direct_reads)
             key, sub = f"{prefix}{name}", (spec.get("properties") or {}).get(name)
             if sub is None:
-                from l5dask.errors import UsageError
-
                 raise UsageError(
                     f"the setting l5dask.{key} is not one of l5dask's ({', '.join(sorted(spec.get('properties', {})))})"
                 )
@@ -129,8 +129,6 @@ def _check(key: str, value: Any) -> None:
         spec = (spec.get("properties") or {}).get(part)
         if spec is None:
             return
-    from l5dask.errors import UsageError
-
     where = f"the setting l5dask.{key} (DASK_L5DASK__{key.upper().replace('-', '_').replace('.', '__')})"
     types = spec.get("type", [])
     types = [types] if isinstance(types, str) else types
