@@ -16,7 +16,7 @@ import posixpath
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, ContextManager, TypeVar
 
 from l5dask.core import config, diskread, objects, prefetch
@@ -685,6 +685,33 @@ class Store:
             return out
 
         return self._retrying(listing, folder)
+
+    def names(self) -> list[str]:
+        """The names directly in this store's root folder (or key prefix), files and folders,
+        sorted; none when it is not there or is a file (one listing; a zip is read as it is)."""
+        root = self.root
+        if not root or (self.local and archive_kind(self.url) is not None):
+            return []
+        if self.local:
+            return sorted(os.listdir(root)) if os.path.isdir(root) else []
+        try:
+            self.fs.invalidate_cache(root)
+            listed = self.fs.ls(root, detail=False)
+        except FileNotFoundError:
+            return []
+        except PermissionError as exc:
+            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+        except OSError as exc:
+            raise StoreError(f"{self.url}: {_describe(exc)}") from exc
+        top = root.rstrip("/")
+        # (an object whose key is the prefix itself is the prefix's "file", not an entry in it)
+        return sorted({posixpath.basename(str(n).rstrip("/")) for n in listed if str(n).rstrip("/") != top})
+
+    def foreign(self, own: Iterable[str]) -> list[str]:
+        """What the root folder (or prefix) holds besides the names ``own`` (hidden names aside):
+        an output that holds them is no output of that kind, and replacing it would delete them."""
+        own = set(own)
+        return [n for n in self.names() if not n.startswith(".") and n not in own]
 
     def with_root(self, root: str) -> Store:
         """This store's filesystem (and URL) at another root path: a folder inside it."""

@@ -143,6 +143,12 @@ def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bo
         raise OutputError(f"{final.url}: cannot write there: {exc}") from None
     if exists and not overwrite:
         raise OutputError(f"{final.url}: already exists (pass overwrite=True / --overwrite)")
+    other = final.foreign({*fmt.ARRAY_NAMES, fmt.MASKS, "zarr.json"}) if exists else []
+    if other:  # (--overwrite replaced the whole folder or prefix: `export DS -o ~/work --overwrite`)
+        raise OutputError(
+            f"{final.url}: it holds {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, which is not an "
+            "export's; write to a new or empty folder (--overwrite replaces an export only)"
+        )
     if final.local:
         parent = os.path.dirname(os.path.abspath(final.root))
         if not os.path.isdir(parent):

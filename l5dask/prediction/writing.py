@@ -86,15 +86,6 @@ def write_chunks(store: Store, meta: fmt.ArrayMeta, first: int, records: np.ndar
     return len(records)
 
 
-def _not_a_datasets(store: Store) -> list[str]:
-    """What a local output folder holds besides a dataset's own entries (its arrays, the mask
-    group, zarr's metadata; hidden names aside): none when it is not there or not a folder."""
-    if not (store.local and store.root and archive_kind(store.url) is None and os.path.isdir(store.root)):
-        return []
-    own = {*fmt.ARRAY_NAMES, fmt.MASKS}
-    return sorted(n for n in os.listdir(store.root) if not n.startswith(".") and n not in own)
-
-
 def prepare_target(url: Any, storage_options: dict | None, overwrite: bool, remove: bool = True) -> Store:
     """Open a location for writing; refuse to overwrite a dataset unless asked to. ``remove=False``:
     check only (the caller writes beside it and replaces it whole, :func:`~l5dask.core.outputs.atomic_output`)."""
@@ -112,7 +103,7 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool, remo
         exists = store.fs.exists(store.path(".zgroup"))
     except PermissionError as exc:
         raise OutputError(f"{store.url}: access denied ({exc})") from exc
-    other = _not_a_datasets(store)
+    other = store.foreign({*fmt.ARRAY_NAMES, fmt.MASKS})
     if other:  # (overwrite replaced a whole folder: `subset DS -o FOLDER_OF_DS --overwrite` deleted DS)
         raise OutputError(
             f"{store.url}: the folder holds {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, which is not "

@@ -390,3 +390,51 @@ def test_the_tasks_of_a_map_over_a_bucket_give_their_thread_back_while_they_wait
         assert job.map(_waits_given_back, [()] * 3, name="l5-test-waits", remote=False) == [False] * 3
         assert job.map_reduce(_waits_given_back, [()] * 3, both, name="l5-test-waits", remote=True) is True
     assert Job().map(_waits_given_back, [()] * 2, name="l5-test-waits", remote=True) == [False] * 2
+
+
+def test_overwrite_on_a_bucket_replaces_only_what_l5dask_wrote(s3, s3_small, small_ds):
+    """``--overwrite`` of a prefix that holds other objects (a team's prefix, the bucket's root)
+    is refused in one line and removes nothing; a prefix holding a dataset or an export is replaced."""
+    from click.testing import CliRunner
+
+    from l5dask.cli import main
+
+    opts = s3.storage_options()
+    s3.make_bucket("l5-keep")
+    fs = s3.s3fs()
+    fs.pipe("l5-keep/team/notes.txt", b"keep me")
+    fs.pipe("l5-keep/team/old/part.bin", b"keep me too")
+    kept = sorted(fs.find("l5-keep"))
+    counts = l5dask.open_dataset(small_ds).counts()
+    for target in ("s3://l5-keep/team", "s3://l5-keep"):
+        for args, message in (
+            (["subset", small_ds, "-o", target, "--ranges", "0:2", "--overwrite"], "which is not a dataset's"),
+            (["export", small_ds, "-o", target, "--overwrite"], "which is not an export's"),
+        ):
+            r = CliRunner().invoke(main, [*args, "-q", *_s3_options(s3)])
+            lines = [ln for ln in r.output.strip().splitlines() if ln]
+            assert r.exit_code != 0 and len(lines) == 1 and message in lines[0], (args, r.output)
+            assert "notes.txt" in lines[0] or "team" in lines[0], lines
+            fs.invalidate_cache()
+            assert sorted(fs.find("l5-keep")) == kept and fs.cat("l5-keep/team/notes.txt") == b"keep me"
+    with pytest.raises(l5dask.errors.OutputError, match="which is not a dataset's"):
+        l5dask.synthesize("s3://l5-keep/team", num_scenes=2, overwrite=True, storage_options=opts)
+    # a dataset and an export on the bucket are replaced with --overwrite (and refused without it)
+    for args, kind in (
+        (["subset", small_ds, "-o", "s3://l5-keep/ds.zarr", "--ranges", "0:2"], "a dataset already exists"),
+        (["export", small_ds, "-o", "s3://l5-keep/ex"], "already exists"),
+    ):
+        for extra, ok in (([], True), ([], False), (["--overwrite"], True)):
+            r = CliRunner().invoke(main, [*args, "-q", *extra, *_s3_options(s3)])
+            assert (r.exit_code == 0) if ok else (r.exit_code != 0 and kind in r.output), r.output
+            fs.invalidate_cache()
+    assert l5dask.open_dataset("s3://l5-keep/ds.zarr", storage_options=opts).counts()["scenes"] == 2
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls("l5-keep/ex")) == [
+        "agents",
+        "frames",
+        "scenes",
+        "traffic_light_faces",
+    ]
+    fs.invalidate_cache()
+    assert {p for p in fs.find("l5-keep") if p.startswith("l5-keep/team")} == set(kept)
+    assert counts == l5dask.open_dataset(small_ds).counts()

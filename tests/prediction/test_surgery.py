@@ -416,6 +416,9 @@ def test_an_output_that_holds_or_lies_in_its_input_is_refused_and_nothing_is_los
         r = CliRunner().invoke(main, ["subset", str(src), "-o", str(kept), "--ranges", "0:2", *extra])
         assert r.exit_code != 0 and "holds notes.txt, which is not a dataset's" in r.output, r.output
         assert sorted(os.listdir(kept)) == ["notes.txt"]
+    r = CliRunner().invoke(main, ["export", str(src), "-o", str(kept), "--overwrite"])
+    assert r.exit_code != 0 and "holds notes.txt, which is not an export's" in r.output, r.output
+    assert sorted(os.listdir(kept)) == ["notes.txt"]
     with pytest.raises(L5DaskError, match="holds notes.txt, which is not a dataset's"):
         l5dask.synthesize(str(kept), num_scenes=2, overwrite=True)
     assert (kept / "notes.txt").read_text() == "keep me"
