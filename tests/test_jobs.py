@@ -306,6 +306,35 @@ def test_a_date_written_unquoted_is_that_day(small_ds, tmp_path, name, text):
     assert sorted(os.listdir(tmp_path / "2026-03-04")) == ["c.parquet"]
 
 
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        ('[datasets]\ns = ""\n', 2, "[datasets.s] path: is empty; give a folder"),
+        ('[datasets.s]\npath = "  "\n', 2, "[datasets.s] path: is empty"),
+        ('[cache]\nurl = ""\n[datasets]\ns = "DS"\n', 2, "[cache] url: is empty; give the cache"),
+        (
+            '[datasets]\ns = "DS"\n[analyses.a]\nkind = "aggregate"\nby = "label"\nvalues = { speed = ["mean"] }\nwhere = ""\n',
+            7,
+            "where: is empty",
+        ),
+    ],
+)
+def test_an_empty_string_is_refused_at_its_line(small_ds, tmp_path, text, line, message):
+    """An empty path listed the current folder as the dataset's content; an empty cache URL ran
+    without a cache, silently."""
+    body = text.replace("DS", small_ds)
+    if "[analyses" not in body:
+        body += '[analyses.r]\nkind = "catalog"\noutput = "r.parquet"\n'
+    else:
+        body += 'output = "a.parquet"\n'
+    job = write(tmp_path / "job.toml", body)
+    for extra in (["--check"], []):
+        r = cli(job, "-q", *extra, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.startswith(f"l5dask: error: {job}:{line}: "), r.stderr
+        assert message in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["job.toml"]
+
+
 def test_an_unknown_key_in_yaml_names_its_line(small_ds, tmp_path):
     job = write(
         tmp_path / "job.yml",

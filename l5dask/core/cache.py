@@ -769,11 +769,13 @@ def open_cache(cache: Any = None, storage_options: dict[str, Any] | None = None)
     location l5dask cannot write at all is a :class:`~l5dask.errors.UsageError`."""
     if isinstance(cache, Cache):
         return cache if cache.writable else None
+    said = "--cache"
     if cache is None or cache is True:
-        cache = config.get("cache")
+        cache, said = config.get("cache"), "l5dask.cache (DASK_L5DASK__CACHE or a config file):"
     if cache is None or cache is False or cache == "":
         return None
     url = os.fspath(cache)
+    check_location(url, said)  # (refused naming where it was said: no --cache was given)
     remote = "://" in url and not url.startswith("file://")
     got = Cache(url, storage_options if remote else None)
     if not got.probe():

@@ -416,6 +416,9 @@ def _checked_value(src: Source, path: Path, v: Any, key: Key, what: str) -> Any:
     if t in ("str", "template"):
         if not isinstance(v, str):
             raise bad("a string")
+        if not v.strip():  # (`path = ""` listed the current folder; `url = ""` was no cache, silently)
+            leave = "" if key.required else ", or leave the key out"
+            raise src.error(path, f"{what} {key.name}: is empty; give {key.doc.replace('``', '')}{leave}")
         if key.choices and v not in key.choices:
             raise src.error(path, f"{what} {key.name}: {v!r} is not one of {', '.join(key.choices)}")
         if t == "template":

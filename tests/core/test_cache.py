@@ -1065,6 +1065,18 @@ def test_what_is_not_a_cache_is_refused_in_one_line(dataset, tmp_path):
     r = run("stats", dataset, "--cache", "job.toml", "-q")
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == "l5dask: error: --cache job.toml: is a file; a cache is a folder\n"
+    # the same from dask config: named as it was given (no --cache was)
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", str(dataset), "-q", "-o", "r.json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "DASK_L5DASK__CACHE": "job.toml"},
+    )
+    assert (r.returncode, r.stdout) == (2, "") and not (tmp_path / "r.json").exists()
+    assert r.stderr == (
+        "l5dask: error: l5dask.cache (DASK_L5DASK__CACHE or a config file): job.toml: is a file; a cache is a folder\n"
+    )
     # a dataset's folder, or one in it: refused (a cache written there would be among its arrays)
     inside = tmp_path / "copy.zarr"
     shutil.copytree(dataset, inside)
