@@ -18,7 +18,7 @@ prefetch.start(sys.argv[1:])
 
 import click  # noqa: E402
 
-from l5dask.core.commands import EXIT_USER_ERROR, shared  # noqa: E402
+from l5dask.core.commands import EXIT_USER_ERROR, shared, stop_on_sigterm  # noqa: E402
 
 #: Each system's commands live in its subpackage (they share this module's error path), imported
 #: only when one of them runs or is listed (``l5dask info`` took 0.32 s instead of 0.36 s here).
@@ -251,6 +251,7 @@ def run() -> None:
     import logging
     import os
 
+    stop_on_sigterm()
     try:
         code = main.main(prog_name="l5dask", standalone_mode=False)
         code = code if isinstance(code, int) else 0

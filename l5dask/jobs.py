@@ -55,10 +55,12 @@ def run_job(
     job = job if isinstance(job, Job) else load_job(job)
     since = read_counts()  # (the run's reads: from its plan's, which opens the datasets)
     cache_url = cache or (job.cache or {}).get("url") or config.get("cache") or None
+    in_job = not cache and bool((job.cache or {}).get("url"))
     try:  # (a location l5dask cannot write a cache at is refused before anything runs)
-        store = cachelib.open_cache(cache_url, job.storage_options) if cache_url else None
+        # (from dask config: opened as None is, so that a refusal names l5dask.cache)
+        store = cachelib.open_cache(cache_url if cache or in_job else None, job.storage_options) if cache_url else None
     except UsageError as exc:
-        if cache:
+        if not in_job:
             raise
         raise job.source.error(("cache", "url"), f"[cache] url: {exc}") from None
     p = runs.plan(job, now=now, record=record)

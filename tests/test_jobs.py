@@ -1243,3 +1243,71 @@ def test_a_tag_that_is_none_of_its_names_is_refused_by_check(small_ds, tmp_path)
         else:
             assert r.returncode == 0, r.stderr
     assert not out.exists()
+
+
+def test_an_interrupted_run_writes_its_record_saying_so(small_ds, default_ds, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM part way (here in the second dataset's pass): the record is written, its
+    status ``interrupted``, the first dataset's analyses ``written``, the rest ``interrupted``;
+    the interruption goes on (the CLI says it and exits 130 or 143)."""
+    from l5dask.core import runs
+
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [run]
+        record = "{tmp_path}/run.json"
+        [datasets]
+        a = "{small_ds}"
+        b = "{default_ds}"
+        [analyses.count]
+        kind = "aggregate"
+        array = "scenes"
+        values = {{ scene_index = "count" }}
+        output = "{tmp_path}/out/{{dataset}}.csv"
+        """,
+    )
+    real = runs._run_dataset
+
+    def interrupted_at_b(inp, tasks, ctx):
+        if inp.name == "b":
+            raise KeyboardInterrupt
+        return real(inp, tasks, ctx)
+
+    monkeypatch.setattr(runs, "_run_dataset", interrupted_at_b)
+    with pytest.raises(KeyboardInterrupt):
+        run_job(job)
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["status"] == "interrupted"
+    assert [(a["dataset"], a["status"]) for a in record["analyses"]] == [("a", "written"), ("b", "interrupted")]
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.csv"]
+    monkeypatch.setattr(runs, "_run_dataset", real)
+    assert run_job(job)["status"] == "written"
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "written"
+
+
+@pytest.mark.parametrize("signame, code, said", [("SIGTERM", 143, "terminated"), ("SIGINT", 130, "interrupted")])
+def test_sigterm_unwinds_a_command_as_ctrl_c_does(tmp_path, signame, code, said):
+    """SIGTERM (Kubernetes stopping a pod) ended the process at once: a folder written in place
+    stayed half-written. Now it unwinds as Ctrl-C: the temporary output is removed, one line."""
+    script = textwrap.dedent(
+        f"""\
+        import os, signal, sys, time
+        import click
+        from l5dask.core.commands import friendly, stop_on_sigterm
+        from l5dask.core.outputs import atomic_output
+
+        @click.command()
+        @friendly
+        def cmd():
+            with atomic_output({str(tmp_path / "out")!r}, folder=True) as tmp:
+                open(os.path.join(tmp, "part"), "w").write("x")
+                os.kill(os.getpid(), signal.{signame})
+                time.sleep(30)
+
+        stop_on_sigterm()
+        cmd()
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (code, f"l5dask: {said}\n")
+    assert os.listdir(tmp_path) == []

@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import re
+import signal
 import sys
 from typing import Any
 
@@ -18,6 +19,22 @@ from l5dask.core.outputs import check_writable
 from l5dask.errors import L5DaskError, UsageError
 
 EXIT_USER_ERROR = 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's stop, Kubernetes ending a pod), raised in the main thread as Ctrl-C
+    is: the command unwinds the same way (temporary outputs removed, a run's record written)."""
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM interrupts the main thread as Ctrl-C does (:class:`Terminated`); its
+    default ended the process at once, leaving a half-written folder and no run record."""
+
+    def terminate(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (a second SIGTERM ends the process at once)
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminate)
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
@@ -55,10 +72,11 @@ def friendly(func):
             # the main thread has unwound (its outputs are atomic: nothing half-written is left);
             # end now: an interpreter exit would wait for the worker threads' reads in flight,
             # a stalled one up to its read timeout
-            click.echo("l5dask: interrupted", err=True)
+            terminated = isinstance(sys.exc_info()[1], Terminated)
+            click.echo(f"l5dask: {'terminated' if terminated else 'interrupted'}", err=True)
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(130)
+            os._exit(128 + (signal.SIGTERM if terminated else signal.SIGINT))
         except BrokenPipeError:
             # the answer's reader closed it (``| head -1``): nothing more can be said, as when
             # l5dask.cli.run's last flush meets a closed pipe (exit 1); what is left to print goes

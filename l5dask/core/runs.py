@@ -323,7 +323,33 @@ def execute(
     before = _read_counts(ctx.client)
     if since is not None:
         before["local"] = since
-    entries = []
+    entries: list[dict] = []
+    try:
+        _run_inputs(p, ctx, entries, say, fail)
+    except KeyboardInterrupt:  # (Ctrl-C, SIGTERM: the record says the day is incomplete, and what was written)
+        done = {(e["analysis"], e["dataset"]) for e in entries}
+        for t in p.tasks:
+            if (t.analysis.name, t.dataset) not in done:
+                entries.append(
+                    {
+                        "analysis": t.analysis.name,
+                        "kind": t.analysis.kind.name,
+                        "dataset": t.dataset,
+                        "outputs": t.outputs,
+                        "status": "interrupted",
+                    }
+                )
+        if p.record:
+            try:
+                _finish_record(p, ctx, entries, t0, before, cache, "interrupted")
+            except Exception:  # noqa: BLE001 - the interruption is what is said; the record is a courtesy
+                pass
+        raise
+    return _finish_record(p, ctx, entries, t0, before, cache)
+
+
+def _run_inputs(p: Plan, ctx: Context, entries: list[dict], say: Callable, fail: Callable) -> None:
+    """Run each dataset's analyses, adding an entry to ``entries`` for each."""
     for name, inp in p.inputs.items():
         tasks = [t for t in p.tasks if t.dataset == name]
         if not tasks:
@@ -352,6 +378,13 @@ def execute(
             if shared and last[shared] == i:
                 n = sum(r[2] == shared for r in results)
                 say(f"{n} analyses on {name} in one pass: {seconds:.1f} s")
+
+
+def _finish_record(
+    p: Plan, ctx: Context, entries: list[dict], t0: float, before: dict, cache: Callable | None, status: str = ""
+) -> dict:
+    """The run record of ``entries`` (written where the plan says): ``status`` ``written`` when
+    every analysis was, ``failed`` when one was not, or as given (``interrupted``)."""
     finished = datetime.datetime.now(datetime.timezone.utc)
     record = {
         "version": RECORD_VERSION,
@@ -359,7 +392,7 @@ def execute(
         "started": p.started.isoformat(timespec="seconds"),
         "finished": finished.isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0, 3),
-        "status": "written" if all(e["status"] == "written" for e in entries) else "failed",
+        "status": status or ("written" if all(e["status"] == "written" for e in entries) else "failed"),
         "inputs": [
             {"dataset": inp.name, "url": inp.url, "fingerprint": _fingerprint(inp, ctx)} for inp in p.inputs.values()
         ],
