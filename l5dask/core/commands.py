@@ -234,7 +234,7 @@ scene_options = [
         default=None,
         metavar="FILE",
         help="only the scenes listed in FILE (scene indices, one a line) or flagged by the one boolean column of "
-        "a catalog Parquet of the dataset",
+        "a catalog Parquet of the dataset, or the rows of a catalog of some of its scenes (catalog --scenes ... -o FILE)",
     ),
     click.option(
         *CONVENTION["catalog_file"],

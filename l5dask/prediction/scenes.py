@@ -849,7 +849,12 @@ def fingerprint(ds: Any, scenes_sha256: str | None = None) -> dict[str, Any]:
         scenes_sha256 = scenes_digest(scenes.read(0, scenes.nchunks))
     out = {"dataset": ds.url, "arrays": arrays, "scenes_sha256": scenes_sha256}
     if getattr(ds, "parent", None) is not None and ds.scene_indices is not None:  # (a restricted dataset)
-        out["restricted"] = {"scenes": len(ds.scene_indices), "of": len(ds.parent[fmt.SCENES])}
+        whole = fingerprint(ds.parent)  # (what the scenes were chosen from: its catalog rows map to it)
+        out["restricted"] = {
+            "scenes": len(ds.scene_indices),
+            "of": len(ds.parent[fmt.SCENES]),
+            "whole": {k: whole[k] for k in ("arrays", "scenes_sha256")},
+        }
     return out
 
 
@@ -859,20 +864,28 @@ def scene_records(ds: Any) -> np.ndarray:
     return scenes.read(0, scenes.nchunks)
 
 
-def check_fingerprint(theirs: dict, ds: Any, what: str, records: np.ndarray | None = None) -> None:
+def check_fingerprint(
+    theirs: dict, ds: Any, what: str, records: np.ndarray | None = None, some_scenes: bool = False
+) -> bool:
     """A catalog's fingerprint (``theirs``) against ``ds``'s: one line saying what differs (a
     catalog of some of its scenes, of the dataset as it was, of another dataset). ``records``: the
-    dataset's scene records, when the caller has read them."""
+    dataset's scene records, when the caller has read them. ``some_scenes``: a catalog of some of
+    ``ds``'s scenes (``l5dask catalog DATASET --scenes ...``) is taken too (``True`` returned for
+    it: its ``stored_scene_index`` says its scenes), as ``--scenes-from`` takes it."""
     mine = fingerprint(ds, None if records is None else scenes_digest(records))
     keys = ("arrays", "scenes_sha256", "restricted")
     if all(theirs.get(k) == mine.get(k) for k in keys):
-        return
+        return False
     src, part = theirs.get("dataset", "?"), theirs.get("restricted")
+    whole = {k: mine.get(k) for k in ("arrays", "scenes_sha256")}
+    if some_scenes and part and not mine.get("restricted") and part.get("whole") == whole:
+        return True
     remake = "make the catalog of the whole dataset: l5dask.catalog(ds), or l5dask catalog DATASET -o FILE"
     if part and not mine.get("restricted"):
         raise UsageError(
             f"{what} was made from {part['scenes']:,} of the {part['of']:,} scenes of {src} (a filtered "
             "catalog); a filter needs the catalog of the whole dataset (l5dask.catalog(ds), or l5dask catalog DATASET -o FILE)"
+            + ("" if some_scenes or part.get("whole") is None else "; --scenes-from takes it, to choose its scenes")
         )
     if mine.get("restricted"):
         raise UsageError(
@@ -900,6 +913,7 @@ def read_catalog(
     storage_options: dict | None = None,
     what: str = "the catalog",
     records: np.ndarray | None = None,
+    some_scenes: bool = False,
 ):
     """The catalog Parquet at ``path`` (a ``pyarrow.parquet.ParquetFile``: columns read when asked for), refused in one line if it is no catalog of
     ``ds`` (its fingerprint, written by ``l5dask catalog``, differs, or it has none). A context manager: the file is
@@ -928,7 +942,7 @@ def read_catalog(
                     "filtered with pandas (read_parquet keeps its fingerprint in DataFrame.attrs, to_parquet writes "
                     "it back), or make it again: l5dask catalog DATASET -o FILE"
                 )
-            check_fingerprint(theirs, ds, f"{what} {p}", records)
+            check_fingerprint(theirs, ds, f"{what} {p}", records, some_scenes)
             yield t
 
 
@@ -962,8 +976,12 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
         import pyarrow as pa
 
         records = scene_records(ds)
-        with read_catalog(p, ds, storage_options, "--scenes-from", records) as t:
+        with read_catalog(p, ds, storage_options, "--scenes-from", records, some_scenes=True) as t:
             flags = [f.name for f in t.schema_arrow if pa.types.is_boolean(f.type)]
+            theirs = parquet_fingerprint(t.schema_arrow.metadata or {}) or {}
+            if theirs.get("restricted") and getattr(ds, "scene_indices", None) is None:
+                # (a catalog of some scenes, checked against the whole dataset: its stored_scene_index says which)
+                return _some_scenes(t, ds, flags, what, records)
             if not flags and "scene_index" in t.schema_arrow.names:  # (rows chosen with pandas: their scenes)
                 return scene_indices(ds, catalog_rows(t, ds, what, records), f"{what} (its scene_index)")
             if len(flags) != 1:
@@ -993,6 +1011,27 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
             )
         out.append(k)
     return scene_indices(ds, np.asarray(out, np.int64), what)
+
+
+def _some_scenes(t: Any, ds: Any, flags: list[str], what: str, records: np.ndarray) -> np.ndarray:
+    """The scenes of ``ds`` a catalog of some of them chooses (all its rows, or those its one
+    boolean column flags): each row's ``stored_scene_index``, checked as a ``scene_index`` is
+    (:func:`catalog_rows`: in range, once, and its host and times that scene's)."""
+    names = t.schema_arrow.names
+    if "stored_scene_index" not in names:
+        raise UsageError(f"{what}: a catalog of some scenes needs its stored_scene_index column to say which")
+    if len(flags) > 1:
+        raise UsageError(
+            f"{what}: a catalog with one boolean column says which scenes; it has {len(flags)} ({', '.join(flags)})"
+        )
+    own = [c for c in ("stored_scene_index", "host", "start_time", "end_time", "num_frames") if c in names]
+    table = t.read(columns=own + flags)
+    table = table.rename_columns(["scene_index" if c == "stored_scene_index" else c for c in table.column_names])
+    rows = catalog_rows(table.select([c for c in table.column_names if c not in flags]), ds, what, records)
+    if not flags:
+        return scene_indices(ds, rows, f"{what} (its stored_scene_index)")
+    keep = np.asarray(table.column(flags[0]).fill_null(False).to_numpy(zero_copy_only=False), bool)
+    return scene_indices(ds, rows[keep], f"{what} (column {flags[0]})")
 
 
 def catalog_rows(table: Any, ds: Any, what: str, records: np.ndarray | None = None) -> np.ndarray:

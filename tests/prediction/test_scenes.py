@@ -374,6 +374,53 @@ def test_a_filtered_catalog_given_for_the_whole_dataset_says_so(data, tmp_path):
         check_fingerprint(theirs, l5dask.open_dataset(path), "the catalog")
 
 
+def test_scenes_from_a_filtered_catalog_chooses_its_scenes(data, tmp_path):
+    """``l5dask catalog DS --scenes EXPR -o part.parquet``, then ``--scenes-from part.parquet``: its
+    rows are the scenes its ``stored_scene_index`` says (refused before: "a filter needs the catalog
+    of the whole dataset"), checked as a catalog's rows are; its one boolean column chooses among
+    them. The same scenes as the filter itself, the same report bit for bit."""
+    path, cat, cat_path = data
+    part = tmp_path / "part.parquet"
+    expr = "num_frames > 0 and scene_index % 3 != 1"
+    r = cli("catalog", path, "--catalog", cat_path, "--scenes", expr, "-o", part, "-q")
+    assert r.returncode == 0, r.stderr
+    stored = pd.read_parquet(part)["stored_scene_index"].to_numpy()
+    want = [i for i in range(len(cat)) if cat["num_frames"][i] > 0 and i % 3 != 1]
+    assert stored.tolist() == want and len(want) < len(cat)
+    outs = {}
+    for how, args in (("filter", ["--scenes", expr, "--catalog", cat_path]), ("part", ["--scenes-from", part])):
+        r = cli("stats", path, *args, "-q", "-o", tmp_path / f"{how}.json")
+        assert r.returncode == 0, r.stderr
+        outs[how] = (tmp_path / f"{how}.json").read_bytes()
+    assert outs["filter"] == outs["part"]
+    assert json.loads(outs["part"])["counts"]["scenes"] == len(want)
+    ds = l5dask.open_dataset(path)
+    from l5dask.prediction.scenes import read_scene_list
+
+    assert read_scene_list(str(part), ds).tolist() == want
+    # a boolean column of it chooses among its rows
+    table = pq.read_table(part)
+    flag = pa.array([i % 2 == 0 for i in range(table.num_rows)])
+    flagged = tmp_path / "flagged.parquet"
+    pq.write_table(table.append_column("pick", flag), flagged)
+    assert read_scene_list(str(flagged), ds).tolist() == want[::2]
+    # its rows are checked: a stored_scene_index that says another scene is refused
+    moved = table.set_column(
+        table.column_names.index("stored_scene_index"), "stored_scene_index", pa.array(stored[::-1].copy())
+    )
+    pq.write_table(moved, tmp_path / "moved.parquet")
+    with pytest.raises(UsageError, match="but its .* is not that scene's"):
+        read_scene_list(str(tmp_path / "moved.parquet"), ds)
+    # as --catalog (a filter over it) it is still refused, saying what takes it
+    r = cli("stats", path, "--scenes", "num_frames > 0", "--catalog", part, "-q", "-o", tmp_path / "x.json")
+    assert r.returncode == 2 and "a filtered catalog" in r.stderr and "--scenes-from takes it" in r.stderr
+    # the catalog of some scenes of another dataset is refused
+    other = str(tmp_path / "other.zarr")
+    l5dask.synthesize(other, num_scenes=3, seed=5)
+    r = cli("stats", other, "--scenes-from", part, "-q", "-o", tmp_path / "y.json")
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1 and not (tmp_path / "y.json").exists(), r.stderr
+
+
 # --- the command line --------------------------------------------------------------------------------
 def cli(*args, cwd=None):
     return subprocess.run(
