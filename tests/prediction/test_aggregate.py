@@ -1072,7 +1072,7 @@ def test_xarray_declared_reductions_equal_xarrays_own(edge_ds):
     v = view.velocity.astype(np.float64)
     speed = np.sqrt(v.sel(xy="x") ** 2 + v.sel(xy="y") ** 2)
     speed = speed.where(speed > 0.5)  # groups whose values are all NaN
-    for obj, names in ((speed, ("scene_index", "label")), (speed < 1, ("host", "hour", "label"))):
+    for obj, names in ((speed, ("scene_index", "label")), (speed < 1, ("host", "hour", "label")), (speed, ("label",))):
         grouped = obj.l5.groupby(*names)
         for op in ("mean", "sum", "count", "min", "max"):
             if obj.dtype == bool and op in ("min", "max"):
@@ -1085,6 +1085,7 @@ def test_xarray_declared_reductions_equal_xarrays_own(edge_ds):
             xr.testing.assert_identical(got.isnull(), want.isnull())
             xr.testing.assert_allclose(got, want, rtol=1e-12)
             xr.testing.assert_identical(got.fillna(0) * 0, want.fillna(0) * 0)  # names, coords, attrs
+            assert got.dtype == want.dtype, (names, op)
             if obj.dtype == bool:
                 np.testing.assert_array_equal(got.values, want.values)
         np.testing.assert_array_equal(
