@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -174,3 +178,29 @@ def test_the_cli_writes_a_report_into_a_named_pipe(tmp_path, small_ds):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(got[0])["counts"]["scenes"] == 5
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_killed_writers_temporary_folder_is_removed_by_the_next_write(tmp_path):
+    """A folder output's temporary folder (``.NAME.PID@HOST.<random>.partial``) left by a process
+    killed with SIGKILL is removed when the output is next written; a live process's and another
+    machine's are kept."""
+    from l5dask.core import outputs
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    host = outputs._HOST
+    left = {
+        f".out.{dead}@{host}.0a1b2c.partial": False,  # (its process is gone: removed)
+        f".out.{os.getpid()}@{host}.3d4e5f.partial": True,  # (alive: kept)
+        f".out.{dead}@another-machine.6a7b8c.partial": True,  # (not ours to judge: kept)
+        f".other.{dead}@{host}.9d0e1f.partial": True,  # (another output's)
+    }
+    for name in left:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "part-0.parquet").write_bytes(b"x" * 100)
+    with outputs.atomic_output(str(tmp_path / "out"), folder=True) as tmp:
+        assert os.path.basename(tmp).startswith(f".out.{os.getpid()}@{host}.")
+        (Path(tmp) / "done").write_text("1")
+    kept = {n for n, keep in left.items() if keep}
+    assert set(os.listdir(tmp_path)) == {"out", *kept}
+    assert os.listdir(tmp_path / "out") == ["done"]
