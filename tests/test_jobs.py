@@ -410,8 +410,31 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(small_
     assert r.returncode == 2
     assert r.stderr == (
         f"l5dask: error: {job}:10: [analyses.r] output on small: {tmp_path}/ok/c.parquet is also written by "
-        "[analyses.c] output on small: put {dataset} (or {analysis}) in the template\n"
+        "[analyses.c] output on small: put {analysis} in the template, or give each its own path\n"
     )
+    # one analysis on two datasets (a second one added), and the run record on an output
+    two = text.replace("[analyses.c]", f'[datasets.other]\npath = "{small_ds}"\n\n[analyses.c]', 1)
+    two = two.replace('[analyses.r]\nkind = "catalog"\noutput = "' + f"{tmp_path}/ok/c.parquet" + '"\n', "")
+    write(job, two)
+    r = cli(job, "-q")
+    assert r.returncode == 2 and r.stderr.endswith(
+        f"{tmp_path}/ok/c.parquet is also written by [analyses.c] output on small: put {{dataset}} in the template\n"
+    ), r.stderr
+    one = write(
+        tmp_path / "one.toml",
+        f'[datasets]\ns = "{small_ds}"\n[analyses.c]\nkind = "catalog"\noutput = "ok/c.parquet"\n',
+    )
+    r = cli(one, "-q", "--record", "ok/c.parquet", cwd=tmp_path)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert lines[0].endswith("ok/c.parquet is also written by --record: give the run record another path"), r.stderr
+    # a folder as the record: said of --record, not of a line of the job file
+    r = cli(one, "-q", "--record", tmp_path, cwd=tmp_path)
+    assert (r.returncode, r.stderr) == (
+        2,
+        f"l5dask: error: --record {tmp_path}: {tmp_path}: is a folder; give a file name\n",
+    )
+    assert not (tmp_path / "ok" / "c.parquet").exists()
 
 
 def test_an_analysis_that_fails_is_one_line_and_the_others_are_written(small_ds, tmp_path):

@@ -212,19 +212,27 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                 raise src.error(line, f"[analyses.{t.analysis.name}] on {t.dataset}: {exc}") from None
     # the outputs: no two the same, each writable
     written: dict[str, str] = {}
+    by: dict[str, tuple[str, str] | None] = {}  # output -> (analysis, dataset) that writes it; None: the record
     record_path = record or (expand(job.run["record"], fields) if job.run["record"] else None)
     if record_path:
-        written[record_path] = "the run record"
+        written[record_path] = "--record" if record else "the run record"
+        by[record_path] = None
     for t in tasks:
         for key, path in t.outputs.items():
             where = f"[analyses.{t.analysis.name}] {key} on {t.dataset}"
             if path in written:
-                raise src.error(
-                    (*t.analysis.line, key),
-                    f"{where}: {path} is also written by {written[path]}: "
-                    "put {dataset} (or {analysis}) in the template",
-                )
+                other = by[path]
+                if other is None:
+                    hint = "give the run record another path"
+                elif other[0] == t.analysis.name:  # (one analysis on two datasets)
+                    hint = "put {dataset} in the template"
+                elif other[1] == t.dataset:  # (two analyses of one dataset)
+                    hint = "put {analysis} in the template, or give each its own path"
+                else:
+                    hint = "put {dataset} (or {analysis}) in the template"
+                raise src.error((*t.analysis.line, key), f"{where}: {path} is also written by {written[path]}: {hint}")
             written[path] = where
+            by[path] = (t.analysis.name, t.dataset)
     folders: list[str] = []
     for path, where in written.items():
         t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
@@ -232,6 +240,8 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
             _check_output(path, t_folder, job.storage_options, folders)
             _apart_from_inputs(path, t_folder, job.storage_options, inputs.values())
         except L5DaskError as exc:
+            if by[path] is None and record:  # (the command line's --record: no line of the file said it)
+                raise JobError(f"--record {path}: {exc}") from None
             line = ("run", "record")
             for t in tasks:
                 for key, p in t.outputs.items():
