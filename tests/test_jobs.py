@@ -1327,10 +1327,11 @@ def test_sigterm_unwinds_a_command_as_ctrl_c_does(tmp_path, signame, code, said)
                 os.kill(os.getpid(), signal.{signame})
                 time.sleep(30)
 
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's shell ignores SIGINT)
         stop_on_sigterm()
         cmd()
         """
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
-    assert (r.returncode, r.stderr) == (code, f"l5dask: {said}\n")
+    assert (r.returncode, r.stderr) == (code, f"l5dask: {said}\n"), r.stderr
     assert os.listdir(tmp_path) == []
