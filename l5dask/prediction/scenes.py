@@ -1041,24 +1041,32 @@ def catalog_rows(table: Any, ds: Any, what: str, records: np.ndarray | None = No
     in one row only, and the row's own record of its scene (``host``, ``start_time``,
     ``end_time``, ``num_frames``: those it has) that of the scene it says in ``ds`` (``records``:
     its scene records, if read already). One line otherwise. A catalog with no ``scene_index`` but
-    a row per scene is read in order."""
+    a row per scene is read in order, its rows' host and times checked to be the scenes' in that
+    order (none of them: refused)."""
     names, _, _, rows = _schema(table)
     n = len(ds[fmt.SCENES])
+    identity = [c for c in ("host", "start_time", "end_time", "num_frames") if c in names]
     if "scene_index" not in names:
-        if rows == n:
-            return np.arange(n, dtype=np.int64)
-        raise UsageError(
-            f"{what} has {rows:,} rows and no scene_index column: its rows cannot be matched to the {n:,} scenes of {ds.url}"
-        )
-    own = [c for c in ("scene_index", "host", "start_time", "end_time", "num_frames") if c in names]
+        # (read in order only when the rows say, by their host and times, that they are the
+        # scenes in order: sorted with pandas and the column dropped, they were taken by position)
+        if rows != n or not identity:
+            raise UsageError(
+                f"{what} has {rows:,} rows and no scene_index column"
+                + ("" if rows != n else ", nor the scenes' host and times")
+                + f": its rows cannot be matched to the {n:,} scenes of {ds.url} (keep its scene_index column)"
+            )
+    own = [c for c in ("scene_index", *identity) if c in names]
     if not hasattr(table, "schema") and not hasattr(table, "schema_arrow"):  # (a DataFrame: those columns only)
         table = table[own]
     cols = catalog_columns(table, set(own))
     step = _time_steps(table)  # (a time written coarser than ns, by a tool that rewrote it: compared at its unit)
-    values, cats = cols["scene_index"]
-    if cats is not None or values.dtype.kind not in "iuf" or not np.all(np.isfinite(values) & (values % 1 == 0)):
-        raise UsageError(f"{what}: its scene_index column is not scene indices (integers, none missing)")
-    idx = values.astype(np.int64)
+    if "scene_index" in names:
+        values, cats = cols["scene_index"]
+        if cats is not None or values.dtype.kind not in "iuf" or not np.all(np.isfinite(values) & (values % 1 == 0)):
+            raise UsageError(f"{what}: its scene_index column is not scene indices (integers, none missing)")
+        idx = values.astype(np.int64)
+    else:
+        idx = np.arange(n, dtype=np.int64)
     bad = np.flatnonzero((idx < 0) | (idx >= n))
     if len(bad):
         raise UsageError(
@@ -1090,8 +1098,12 @@ def catalog_rows(table: Any, ds: Any, what: str, records: np.ndarray | None = No
             r = int(differ[0])
             raise UsageError(
                 f"{what}: row {r} says it is scene {idx[r]} of {ds.url}, but its {name} is not that scene's "
-                f"({theirs[r]} against {mine[name][r]}): a catalog's rows are matched to the scenes by their "
-                "scene_index, as l5dask catalog wrote it"
+                f"({theirs[r]} against {mine[name][r]}): "
+                + (
+                    "a catalog's rows are matched to the scenes by their scene_index, as l5dask catalog wrote it"
+                    if "scene_index" in names
+                    else "without a scene_index column its rows are read in order (sorted? keep its scene_index column)"
+                )
             )
     return idx
 

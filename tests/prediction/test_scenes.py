@@ -374,6 +374,40 @@ def test_a_filtered_catalog_given_for_the_whole_dataset_says_so(data, tmp_path):
         check_fingerprint(theirs, l5dask.open_dataset(path), "the catalog")
 
 
+def test_a_catalog_without_scene_index_is_read_in_order_only_when_its_rows_are(data, tmp_path):
+    """A catalog sorted with pandas and its scene_index dropped was matched to the scenes by
+    position: ``--scenes "stops >= 1"`` chose the first scenes, a report of other scenes, exit 0.
+    Its rows' host and times are now checked in that order; with none of them it is refused."""
+    path, cat, cat_path = data
+    full = pd.read_parquet(cat_path)
+    want = sorted(full.loc[full["stops"] >= 1, "scene_index"].tolist())
+    assert 0 < len(want) < len(full) and want != list(range(len(want)))
+    cases = {
+        "sorted": (
+            full.sort_values("stops", ascending=False).drop(columns=["scene_index"]),
+            "its rows are read in order",
+        ),
+        "bare": (
+            full.drop(columns=["scene_index", "host", "start_time", "end_time", "num_frames"]),
+            "nor the scenes' host",
+        ),
+        "inorder": (full.drop(columns=["scene_index"]), None),
+    }
+    ds = l5dask.open_dataset(path)
+    for name, (frame, message) in cases.items():
+        f = tmp_path / f"{name}.parquet"
+        frame.to_parquet(f)
+        r = cli("stats", path, "--catalog", f, "--scenes", "stops >= 1", "-q", "-o", tmp_path / f"{name}.json")
+        if message is None:
+            assert r.returncode == 0, r.stderr
+            assert ds.query(scene="stops >= 1", catalog=str(f)).scene_indices.tolist() == want
+        else:
+            assert r.returncode == 2 and message in r.stderr and len(r.stderr.splitlines()) == 1, r.stderr
+            assert not (tmp_path / f"{name}.json").exists()
+            with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+                ds.query(scene="stops >= 1", catalog=frame)
+
+
 def test_scenes_from_a_filtered_catalog_chooses_its_scenes(data, tmp_path):
     """``l5dask catalog DS --scenes EXPR -o part.parquet``, then ``--scenes-from part.parquet``: its
     rows are the scenes its ``stored_scene_index`` says (refused before: "a filter needs the catalog
