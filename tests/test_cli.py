@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from l5dask.cli import main
 from l5dask.core.commands import CONVENTION, friendly
@@ -478,3 +479,30 @@ def test_a_run_date_of_the_form_that_is_no_day_says_so(small_ds, tmp_path):
     for date, said in (("2026-13-45", "no such day (month must be in 1..12)"), ("2026-1-4", "expected YYYY-MM-DD")):
         r = cli("run", job, "--check", "--date", date)
         assert (r.returncode, r.stderr) == (2, f"l5dask: error: --date {date!r}: {said}\n")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["stats", "-o", "{ds}/agents/.zarray"],
+        ["stats", "-o", "{ds}/.zattrs"],
+        ["report", "-o", "{ds}/scenes/.zarray"],
+        ["agg", "--by", "label", "--value", "speed:count", "-o", "{ds}/agents/.zarray.csv"],
+        ["catalog", "-o", "{ds}/c.parquet"],
+        ["stats", "--scenes-table", "{ds}/frames/t.parquet"],
+    ],
+    ids=lambda a: a[0] + ":" + a[-1].rsplit("/", 1)[-1],
+)
+def test_a_result_inside_its_input_dataset_is_refused_and_nothing_is_written(small_ds, tmp_path, args):
+    """``stats d.zarr -o d.zarr/.zattrs`` replaced the dataset's metadata (exit 0): refused in one
+    line, the dataset left byte for byte."""
+    ds = tmp_path / "d.zarr"
+    shutil.copytree(small_ds, ds)
+    before = {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()}
+    r = CliRunner().invoke(main, [args[0], str(ds), *[a.format(ds=ds) for a in args[1:]], "-q"])
+    lines = [ln for ln in r.output.strip().splitlines() if ln]
+    assert r.exit_code == 2 and len(lines) == 1, r.output
+    assert (
+        lines[0] == f"l5dask: error: {args[-1].format(ds=ds)}: the output is inside the input ({ds}); write elsewhere"
+    )
+    assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before

@@ -1335,3 +1335,36 @@ def test_sigterm_unwinds_a_command_as_ctrl_c_does(tmp_path, signame, code, said)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stderr) == (code, f"l5dask: {said}\n"), r.stderr
     assert os.listdir(tmp_path) == []
+
+
+def test_an_output_inside_a_dataset_or_over_a_users_files_is_refused_by_check(small_ds, tmp_path):
+    """A job's file inside its dataset (``ds.zarr/agents/c.parquet``: a stray file among the
+    dataset's own, or its ``.zattrs`` replaced) is refused; an export folder holding a user's file
+    at any depth is refused by ``--check`` as by the run, which deletes nothing."""
+    ds = tmp_path / "ds.zarr"
+    shutil.copytree(small_ds, ds)
+    before = {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()}
+    for kind, inside in (("catalog", "agents/c.parquet"), ("report", "r.json")):
+        job = write(
+            tmp_path / "in.toml",
+            f'[datasets]\nv = "{ds}"\n[analyses.c]\nkind = "{kind}"\noutput = "{ds}/{inside}"\n',
+        )
+        for extra in (["--check"], ["-q"]):
+            r = cli(job, *extra)
+            assert r.returncode == 2 and r.stderr == (
+                f"l5dask: error: {job}:5: [analyses.c] output on v: {ds}/{inside}: the output is inside the "
+                f"dataset v ({ds}); write elsewhere\n"
+            ), r.stderr
+    out = tmp_path / "exj"
+    job = write(tmp_path / "ex.toml", f'[datasets]\ns = "{ds}"\n[analyses.e]\nkind = "export"\noutput = "{out}"\n')
+    assert cli(job, "-q").returncode == 0
+    for mine in ("notes.txt", "agents/notes.txt"):
+        (out / mine).write_text("mine")
+        for extra in (["--check"], ["-q"]):
+            r = cli(job, *extra)
+            assert r.returncode == 2 and f"{out}: it holds {mine}, which is not an export's" in r.stderr, r.stderr
+            assert "--overwrite" not in r.stderr and len(r.stderr.splitlines()) == 1
+            assert (out / mine).read_text() == "mine"
+        (out / mine).unlink()
+    assert cli(job, "--check").returncode == 0
+    assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before

@@ -10,13 +10,15 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import click
 
 from l5dask.core import config
 from l5dask.core.outputs import check_writable
-from l5dask.errors import L5DaskError, UsageError
+from l5dask.core.store import Store, nesting
+from l5dask.errors import L5DaskError, OutputError, UsageError
 
 EXIT_USER_ERROR = 2
 
@@ -347,9 +349,16 @@ def shared(
     return apply
 
 
-def check_outputs(storage_options, *paths: str | None) -> None:
+def check_outputs(storage_options, *paths: str | None, inputs: Sequence[str] = ()) -> None:
     """Check every output before any work: a missing folder or bucket fails now, not after the
-    computation. Outputs on an object store use the same storage options (``-s``) as the dataset."""
+    computation; one that is, or lies inside, one of the ``inputs`` (``stats d.zarr -o
+    d.zarr/.zattrs`` replaced the dataset's metadata) is refused. Outputs on an object store use
+    the same storage options (``-s``) as the dataset."""
+    options = parse_storage_options(storage_options)
     for p in paths:
         if p:
-            check_writable(p, parse_storage_options(storage_options))
+            check_writable(p, options)
+            for url in inputs:
+                how = nesting(Store(p, options), Store(url, options))
+                if how is not None:
+                    raise OutputError(f"{p}: the output {how} the input ({url}); write elsewhere")

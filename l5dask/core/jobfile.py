@@ -70,6 +70,10 @@ class Kind:
     hashable key, ``None``: all of it); the analyses of one part run together, after those of the
     whole dataset, on ``restrict(ds, key, context, written)`` (``written``: the outputs of the
     analyses of the whole dataset written in this run, by kind).
+
+    ``check_output(key, path, storage_options)``, when set, refuses (raising an
+    :class:`~l5dask.errors.L5DaskError`) an output that the run would refuse: a folder holding
+    what the analysis does not write, which replacing it would delete.
     """
 
     name: str
@@ -84,6 +88,7 @@ class Kind:
     needs_output: bool = True
     restriction: Callable[[dict], Any] | None = None
     restrict: Callable[[Any, Any, Any, dict], Any] | None = None
+    check_output: Callable[[str, str, dict], None] | None = None
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -155,14 +155,13 @@ def _check_output(path: str, folder: bool, options: dict, missing: list[str]) ->
     check_writable(path, options)
 
 
-def _apart_from_inputs(path: str, folder: bool, options: dict, inputs: Any) -> None:
+def _apart_from_inputs(path: str, options: dict, inputs: Any) -> None:
     """Refuse an output that is an input, holds one (a folder replaced whole would delete it), or
-    is a folder inside one."""
+    lies inside one (a file among a dataset's own files: its metadata replaced, or a stray file
+    that a later ``--overwrite`` of it would refuse)."""
     out = store_mod.Store(path, options)
     for inp in inputs:
         how = store_mod.nesting(out, store_mod.Store(inp.url, inp.storage_options))
-        if how == "is inside" and not folder:
-            continue  # (a file beside the dataset's arrays: nothing of the dataset replaced)
         if how is not None:
             raise JobError(f"{path}: the output {how} the dataset {inp.name} ({inp.url}); write elsewhere")
 
@@ -238,7 +237,11 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
         t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
         try:
             _check_output(path, t_folder, job.storage_options, folders)
-            _apart_from_inputs(path, t_folder, job.storage_options, inputs.values())
+            _apart_from_inputs(path, job.storage_options, inputs.values())
+            for t in tasks:
+                for key, p in t.outputs.items():
+                    if p == path and t.analysis.kind.check_output is not None:
+                        t.analysis.kind.check_output(key, path, job.storage_options)
         except L5DaskError as exc:
             if by[path] is None and record:  # (the command line's --record: no line of the file said it)
                 raise JobError(f"--record {path}: {exc}") from None

@@ -16,12 +16,12 @@ import posixpath
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ContextManager, TypeVar
 
 from l5dask.core import config, diskread, objects, prefetch
 from l5dask.core.lazy import compiled
-from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError
+from l5dask.errors import ChunkError, L5DaskError, NotADatasetError, StoreError, UsageError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -686,32 +686,40 @@ class Store:
 
         return self._retrying(listing, folder)
 
-    def names(self) -> list[str]:
-        """The names directly in this store's root folder (or key prefix), files and folders,
-        sorted; none when it is not there or is a file (one listing; a zip is read as it is)."""
+    def files(self) -> list[str]:
+        """Every file under this store's root folder (or key prefix), as a path relative to it with
+        ``/`` between names, sorted; none when it is not there or is a file (one walk of the tree,
+        or one recursive listing; a zip is read as it is). A link is listed, not followed."""
         root = self.root
         if not root or (self.local and archive_kind(self.url) is not None):
             return []
         if self.local:
-            return sorted(os.listdir(root)) if os.path.isdir(root) else []
+            if not os.path.isdir(root):
+                return []
+            out = []
+            for folder, dirs, names in os.walk(root):
+                rel = os.path.relpath(folder, root).replace(os.sep, "/")
+                links = [d for d in dirs if os.path.islink(os.path.join(folder, d))]
+                for n in (*names, *links):
+                    out.append(n if rel == "." else f"{rel}/{n}")
+            return sorted(out)
         try:
             self.fs.invalidate_cache(root)
-            listed = self.fs.ls(root, detail=False)
+            listed = self.fs.find(root)
         except FileNotFoundError:
             return []
         except PermissionError as exc:
             raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
         except OSError as exc:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
-        top = root.rstrip("/")
+        top = root.rstrip("/") + "/"
         # (an object whose key is the prefix itself is the prefix's "file", not an entry in it)
-        return sorted({posixpath.basename(str(n).rstrip("/")) for n in listed if str(n).rstrip("/") != top})
+        return sorted({str(n)[len(top) :] for n in listed if str(n).startswith(top) and len(str(n)) > len(top)})
 
-    def foreign(self, own: Iterable[str]) -> list[str]:
-        """What the root folder (or prefix) holds besides the names ``own`` (hidden names aside):
+    def foreign(self, own: Callable[[str], bool]) -> list[str]:
+        """The files under the root folder (or prefix) that ``own`` does not claim (:meth:`files`):
         an output that holds them is no output of that kind, and replacing it would delete them."""
-        own = set(own)
-        return [n for n in self.names() if not n.startswith(".") and n not in own]
+        return [n for n in self.files() if not own(n)]
 
     def with_root(self, root: str) -> Store:
         """This store's filesystem (and URL) at another root path: a folder inside it."""
@@ -800,6 +808,24 @@ def archive_kind(url: str) -> str | None:
     if name.endswith((".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz")):
         return "tar"
     return None
+
+
+def some_names(names: Sequence[str], most: int = 3) -> str:
+    """The first ``most`` of ``names`` for a one-line message, `` ...`` when there are more."""
+    return ", ".join(names[:most]) + (" ..." if len(names) > most else "")
+
+
+def output_folder(url: Any, what: str) -> str:
+    """``url`` as the folder (or key prefix) an output of ``what`` (``"a dataset"``...) is written
+    to, refused in one line if it names an archive: a folder is written whole, never a zip."""
+    url = os.fspath(url)
+    kind = archive_kind(url)
+    if kind is not None:
+        raise UsageError(
+            f"{url}: {what} is written as a folder, not a {kind}; write it to a folder (then archive that "
+            "folder: l5dask reads a zip or tar of it as it is)"
+        )
+    return url
 
 
 def file_store(path: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, str]:

@@ -227,19 +227,14 @@ def to_l5kit(data, quiet, output, overwrite, storage_options) -> None:
 )
 def synth(num_scenes, old_num_scenes, seed, lidar_points, no_images, quiet, output, overwrite) -> None:
     """Generate a realistic perception dataset at OUTPUT (a local folder) that the Lyft SDK loads."""
-    import os
 
     from l5dask.core.outputs import atomic_output
-    from l5dask.errors import OutputError
 
     out = output
     scenes = scene_count(num_scenes, old_num_scenes)
-    from l5dask.perception.synth import generate
+    from l5dask.perception.synth import check_output, generate
 
-    if os.path.exists(os.path.join(out, "data", "scene.json")) and not overwrite:
-        raise OutputError(f"{out}: a dataset already exists there (pass --overwrite)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise OutputError(f"{out}: is a file, not a folder")
+    check_output(out, overwrite)
     t0 = time.perf_counter()
     with atomic_output(out, folder=True) as tmp:  # (a folder beside it, in place once whole)
         rows = generate(tmp, num_scenes=scenes, seed=seed, lidar_points=lidar_points, images=not no_images)

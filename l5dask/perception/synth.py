@@ -128,6 +128,36 @@ def _dump(rows: list[dict], path: str, rng: np.random.Generator) -> None:
         f.write(json_text([rows[i] for i in order], indent=2))
 
 
+#: The folders of a perception dataset and the one kind of file each holds.
+_FOLDER_FILES = {"data": ".json", "lidar": ".bin", "images": ".jpeg", "maps": ".png"}
+
+
+def dataset_key(key: str) -> bool:
+    """Whether ``key`` (a file's path in a perception dataset's folder, ``/`` between names) is
+    one the dataset holds: ``data/*.json``, ``lidar/*.bin``, ``images/*.jpeg``, ``maps/*.png``."""
+    parts = key.split("/")
+    return len(parts) == 2 and not parts[1].startswith(".") and parts[1].endswith(_FOLDER_FILES.get(parts[0], "/"))
+
+
+def check_output(out: str, overwrite: bool) -> None:
+    """Refuse (one line) an output folder that is a file, holds anything a perception dataset does
+    not (at any depth: replacing the folder would delete it), or holds a dataset unless ``overwrite``."""
+    from l5dask.core.store import Store, some_names
+    from l5dask.errors import OutputError
+
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise OutputError(f"{out}: is a file, not a folder")
+    files = Store(os.fspath(out)).files()
+    other = [k for k in files if not dataset_key(k)]
+    if other:
+        raise OutputError(
+            f"{out}: the folder holds {some_names(other)}, which is not a perception dataset's; write to a new "
+            "or empty folder (only a dataset is replaced)"
+        )
+    if files and not overwrite:
+        raise OutputError(f"{out}: a dataset already exists there (pass --overwrite)")
+
+
 @renamed_keyword("scenes", "num_scenes")
 def generate(
     out: str | os.PathLike,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import posixpath
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +35,7 @@ from l5dask.core import cache as cachelib
 from l5dask.core.cache import open_cache
 from l5dask.core.engine import Job, Link, Pass, Plan, Reduction, Rows
 from l5dask.core.intervals import check_intervals
-from l5dask.core.outputs import check_writable, exists, table_format, write_table
+from l5dask.core.outputs import check_writable, exists, write_table
 from l5dask.core.policy import where_keywords
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
@@ -777,7 +778,7 @@ def catalog_metadata(table) -> dict[str, Any]:
 def check_output(path: str, storage_options: dict | None = None, overwrite: bool = False) -> None:
     """Refuse (one line) an output that cannot be written, or that exists unless ``overwrite``."""
 
-    if table_format(path) != ".parquet":
+    if not os.fspath(path).lower().endswith(".parquet"):
         raise UsageError(f"{path}: the catalog is written as Parquet; name the file *.parquet")
     check_writable(path, storage_options)
     if not overwrite and exists(path, storage_options):

@@ -207,7 +207,7 @@ def stats(
     --scenes-from choose) in one parallel pass."""
     from l5dask.prediction.report import summary_text, write_json, write_scene_table
 
-    check_outputs(storage_options, output, scenes_table)
+    check_outputs(storage_options, output, scenes_table, inputs=(dataset,))
     report = _report(
         dataset, storage_options, chunks_per_task, quiet, scheduler, (scenes, scenes_from, catalog_file), cache
     )
@@ -256,7 +256,7 @@ def report(
     from l5dask.prediction.html import write_html
     from l5dask.prediction.report import write_json, write_scene_table
 
-    check_outputs(storage_options, output, json_path, scenes_table)
+    check_outputs(storage_options, output, json_path, scenes_table, inputs=(dataset,))
     start = time.perf_counter()
     table = None
     filters = (scenes, scenes_from, catalog_file)
@@ -350,7 +350,7 @@ def agg(
     options = parse_storage_options(storage_options)
     if output:
         table_format(output)
-    check_outputs(storage_options, output)
+    check_outputs(storage_options, output, inputs=(dataset,))
     values_map = agg_mod.parse_value_options(values)
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
     with connect(scheduler, quiet=True) as client:
@@ -710,8 +710,7 @@ def catalog(
     options = parse_storage_options(storage_options)
     check_tz(tz)
     check_output(output, options, overwrite)
-    if html_path:
-        check_outputs(storage_options, html_path)
+    check_outputs(storage_options, output, html_path, inputs=(dataset,))
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         table = make(

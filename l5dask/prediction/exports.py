@@ -36,7 +36,7 @@ from dask.task_spec import Task, TaskRef
 from l5dask.core.engine import Combine, Job, Pass, tree_reduce
 from l5dask.core.outputs import arrow_array, arrow_strings, atomic_output, json_text
 from l5dask.core.policy import compute, where_keywords
-from l5dask.core.store import Store, nesting
+from l5dask.core.store import Store, nesting, output_folder, some_names
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.columnar import (
@@ -130,25 +130,38 @@ def _field_metas(ds: L5Dataset, name: str) -> dict[str, FieldMeta]:
     return metas
 
 
-def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> Store:
-    """The output folder, checked (an object store's that exists removed, when ``overwrite``)."""
-
-    final = Store(url, storage_options)
-    how = nesting(final, ds.store)
-    if how is not None:  # (replacing a folder that holds the input deleted it)
-        raise OutputError(f"{final.url}: the output {how} the input ({ds.url}); write elsewhere")
+def check_output(url: Any, storage_options: dict | None = None, overwrite: bool = False) -> tuple[Store, bool]:
+    """Refuse (one line) an export's output folder that is a file, holds anything an export does
+    not (:func:`~l5dask.prediction.format.export_key`: a user's files at any depth, a dataset), or
+    holds an export unless ``overwrite``; return its store and whether something is there."""
+    final = Store(output_folder(url, "an export"), storage_options)
+    if final.local and os.path.exists(final.root) and not os.path.isdir(final.root):
+        raise OutputError(f"{final.url}: is a file, not a folder")
     try:
-        exists = final.fs.exists(final.root) and (not final.fs.isdir(final.root) or bool(final.fs.ls(final.root)))
+        files = final.files()
     except OSError as exc:
         raise OutputError(f"{final.url}: cannot write there: {exc}") from None
+    other = [k for k in files if not fmt.export_key(k)]
+    if other:  # (--overwrite replaced the whole folder or prefix: `export DS -o ~/work --overwrite`)
+        if ".zgroup" in files:  # (`export small.zarr -o train.zarr --overwrite`, arguments swapped)
+            raise OutputError(f"{final.url}: is a dataset, not an export; write elsewhere (only an export is replaced)")
+        raise OutputError(
+            f"{final.url}: it holds {some_names(other)}, which is not an export's; write to a new or empty folder "
+            "(only an export is replaced)"
+        )
+    exists = bool(files)
     if exists and not overwrite:
         raise OutputError(f"{final.url}: already exists (pass overwrite=True / --overwrite)")
-    other = final.foreign({*fmt.ARRAY_NAMES, fmt.MASKS, "zarr.json"}) if exists else []
-    if other:  # (--overwrite replaced the whole folder or prefix: `export DS -o ~/work --overwrite`)
-        raise OutputError(
-            f"{final.url}: it holds {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, which is not an "
-            "export's; write to a new or empty folder (--overwrite replaces an export only)"
-        )
+    return final, exists
+
+
+def _target(url: str, ds: L5Dataset, storage_options: dict | None, overwrite: bool) -> Store:
+    """The output folder, checked (an object store's that exists removed, when ``overwrite``)."""
+    probe = Store(output_folder(url, "an export"), storage_options)
+    how = nesting(probe, ds.store)
+    if how is not None:  # (replacing a folder that holds the input deleted it)
+        raise OutputError(f"{probe.url}: the output {how} the input ({ds.url}); write elsewhere")
+    final, exists = check_output(url, storage_options, overwrite)
     if final.local:
         parent = os.path.dirname(os.path.abspath(final.root))
         if not os.path.isdir(parent):

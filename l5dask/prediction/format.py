@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -484,3 +485,40 @@ def zattrs_json(labels: tuple[str, ...] = LABELS) -> bytes:
 
 
 ZGROUP_JSON = json_text({"zarr_format": 2}, indent=4).encode()
+
+
+# --- what an output folder of each kind holds (anything else is a user's: never replaced) -------
+_CHUNK_KEY = re.compile(r"\d+(\.\d+)*")
+_ZARR2_META = (".zarray", ".zattrs")
+
+
+def dataset_key(key: str) -> bool:
+    """Whether ``key`` (a file's path in a dataset's folder, ``/`` between names) is one an L5Kit
+    dataset holds: the group's ``.zgroup``, ``.zattrs`` (and a consolidated ``.zmetadata``), each
+    array's ``.zarray``, ``.zattrs`` and numbered chunks, and the agent masks' group of arrays."""
+    parts = key.split("/")
+    if len(parts) == 1:
+        return parts[0] in (".zgroup", ".zattrs", ".zmetadata")
+    if parts[0] in ARRAY_NAMES:
+        return len(parts) == 2 and (parts[1] in _ZARR2_META or _CHUNK_KEY.fullmatch(parts[1]) is not None)
+    if parts[0] == MASKS:
+        if len(parts) == 2:
+            return parts[1] in (".zgroup", ".zattrs")
+        return len(parts) == 3 and (parts[2] in _ZARR2_META or _CHUNK_KEY.fullmatch(parts[2]) is not None)
+    return False
+
+
+def export_key(key: str) -> bool:
+    """Whether ``key`` is one an export holds (:mod:`l5dask.prediction.exports`): Parquet's
+    ``ARRAY/part-NNNNNN.parquet``, or the zarr v3 layout's ``zarr.json`` files and
+    ``ARRAY/FIELD/c/N[/0...]`` shards."""
+    parts = key.split("/")
+    if len(parts) == 1:
+        return parts[0] == "zarr.json"
+    if parts[0] not in ARRAY_NAMES:
+        return False
+    if len(parts) == 2:
+        return parts[1] == "zarr.json" or re.fullmatch(r"part-\d+\.parquet", parts[1]) is not None
+    if len(parts) == 3:
+        return parts[2] == "zarr.json"
+    return parts[2] == "c" and all(p.isdigit() for p in parts[3:])

@@ -31,6 +31,7 @@ from l5dask.prediction.catalog import (
 from l5dask.prediction.columns import Table
 from l5dask.prediction.dataset import open_dataset
 from l5dask.prediction.exports import FORMATS, export
+from l5dask.prediction.exports import check_output as export_output
 from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.html import write_html
 from l5dask.prediction.report import write_scene_table
@@ -275,6 +276,10 @@ def run_export(ds: Any, params: dict, outputs: dict, ctx: Any) -> dict:
     return {"rows": rows}
 
 
+def check_export_output(key: str, path: str, storage_options: dict) -> None:
+    export_output(path, storage_options, overwrite=True)
+
+
 # --- the kinds, registered -------------------------------------------------------------------
 REPORT = register(
     Kind(
@@ -356,6 +361,7 @@ EXPORT = register(
         open=open_l5,
         run=run_export,
         folders=("output",),
+        check_output=check_export_output,
         fingerprint=run_fingerprint,
     )
 )

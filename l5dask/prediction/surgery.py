@@ -35,7 +35,7 @@ from l5dask.core.engine import Job, Pass, Reduction
 from l5dask.core.intervals import check_intervals
 from l5dask.core.outputs import atomic_output
 from l5dask.core.policy import auto_chunks_per_task, where_keywords
-from l5dask.core.store import Store, archive_kind, nesting
+from l5dask.core.store import Store, archive_kind, nesting, output_folder
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
@@ -291,14 +291,14 @@ def remove(store: Store) -> None:
 # --- inputs and targets -------------------------------------------------------------------------
 def check_target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> None:
     """Refuse (before any work) an output that is one of the inputs, holds one or lies inside one,
-    or holds a dataset (unless ``overwrite``)."""
-    probe = Store(os.fspath(url), storage_options)
+    holds anything a dataset does not, or holds a dataset (unless ``overwrite``):
+    :func:`~l5dask.prediction.writing.prepare_target`."""
+    probe = Store(output_folder(url, "a dataset"), storage_options)
     for ds in inputs:
         how = nesting(probe, ds.store)
         if how is not None:
             raise OutputError(f"{probe.url}: the output {how} an input ({ds.url}); write elsewhere")
-    if not overwrite and probe.fs.exists(probe.path(".zgroup")):
-        raise OutputError(f"{probe.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
+    prepare_target(url, storage_options, overwrite, remove=False)
 
 
 def target(url: Any, inputs: Sequence[L5Dataset], storage_options: dict | None, overwrite: bool) -> Store:
@@ -321,7 +321,7 @@ def targets(
         stores = []
         for url in urls:
             check_target(url, inputs, storage_options, overwrite)
-            final = prepare_target(url, storage_options, overwrite, remove=False)
+            final = Store(os.fspath(url), storage_options)
             if final.local and final.root and archive_kind(final.url) is None:
                 os.makedirs(os.path.dirname(os.path.abspath(final.root)), exist_ok=True)
                 stores.append(Store(stack.enter_context(atomic_output(final.root, folder=True)), storage_options))
@@ -624,7 +624,12 @@ def split(
     ds = _open(input, storage_options)
     nscenes = len(ds[fmt.SCENES])
     counts = split_counts(parsed, nscenes, dataset_bytes(ds) if any(s.lower().endswith("gb") for _, s in parsed) else 0)
-    base = os.fspath(outdir).rstrip("/")
+    base = output_folder(outdir, "a split").rstrip("/")
+    held = Store(base, storage_options).files()
+    if ".zgroup" in held or "zarr.json" in held:  # (its parts would be written inside that dataset)
+        raise OutputError(
+            f"{base}: is a dataset (or an export); split writes its parts as folders in a folder of their own"
+        )
     paths = [posixpath.join(base, name) if "://" in base else os.path.join(base, name) for name, _ in parsed]
     for p in paths:
         check_target(p, [ds], storage_options, overwrite)

@@ -18,7 +18,7 @@ from dask.base import tokenize
 
 from l5dask.core.engine import Job
 from l5dask.core.outputs import probe_folder
-from l5dask.core.store import Store, archive_kind
+from l5dask.core.store import Store, archive_kind, output_folder, some_names
 from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 
@@ -87,9 +87,12 @@ def write_chunks(store: Store, meta: fmt.ArrayMeta, first: int, records: np.ndar
 
 
 def prepare_target(url: Any, storage_options: dict | None, overwrite: bool, remove: bool = True) -> Store:
-    """Open a location for writing; refuse to overwrite a dataset unless asked to. ``remove=False``:
-    check only (the caller writes beside it and replaces it whole, :func:`~l5dask.core.outputs.atomic_output`)."""
-    store = Store(os.fspath(url), storage_options)
+    """Open a location for writing a dataset; refuse (one line) a folder that holds anything a
+    dataset does not (:func:`~l5dask.prediction.format.dataset_key`: a user's files, at any depth,
+    are never deleted), and one that holds a dataset (or part of one) unless ``overwrite``.
+    ``remove=False``: check only (the caller writes beside it and replaces it whole,
+    :func:`~l5dask.core.outputs.atomic_output`)."""
+    store = Store(output_folder(url, "a dataset"), storage_options)
     if (
         store.local and store.root and archive_kind(store.url) is None
     ):  # (a folder no file can be made in: one line now)
@@ -100,18 +103,26 @@ def prepare_target(url: Any, storage_options: dict | None, overwrite: bool, remo
             raise OutputError(f"{store.url}: {folder} is a file, not a folder")
         probe_folder(folder, store.url)
     try:
-        exists = store.fs.exists(store.path(".zgroup"))
+        files = store.files()
     except PermissionError as exc:
         raise OutputError(f"{store.url}: access denied ({exc})") from exc
-    other = store.foreign({*fmt.ARRAY_NAMES, fmt.MASKS})
+    other = [k for k in files if not fmt.dataset_key(k)]
+    if other and any(fmt.export_key(k) for k in files) and all(fmt.export_key(k) or fmt.dataset_key(k) for k in files):
+        raise OutputError(f"{store.url}: is an export, not a dataset; write elsewhere (only a dataset is replaced)")
     if other:  # (overwrite replaced a whole folder: `subset DS -o FOLDER_OF_DS --overwrite` deleted DS)
         raise OutputError(
-            f"{store.url}: the folder holds {', '.join(other[:3])}{' ...' if len(other) > 3 else ''}, which is not "
-            "a dataset's; write to a new or empty folder (--overwrite replaces a dataset only)"
+            f"{store.url}: the folder holds {some_names(other)}, which is not a dataset's; write to a new or "
+            "empty folder (only a dataset is replaced)"
         )
-    if exists and not overwrite:
-        raise OutputError(f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)")
-    if remove and overwrite and store.root and store.fs.exists(store.root):
+    exists = ".zgroup" in files
+    if files and not overwrite:
+        raise OutputError(
+            f"{store.url}: a dataset already exists there (pass overwrite=True / --overwrite)"
+            if exists
+            else f"{store.url}: part of a dataset is there (a run stopped part way?); pass overwrite=True / "
+            "--overwrite to replace it"
+        )
+    if remove and overwrite and files:
         # Remove the group metadata first: from here on the old dataset no longer looks complete.
         if exists:
             store.fs.rm(store.path(".zgroup"))

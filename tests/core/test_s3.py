@@ -435,6 +435,21 @@ def test_overwrite_on_a_bucket_replaces_only_what_l5dask_wrote(s3, s3_small, sma
         "scenes",
         "traffic_light_faces",
     ]
+    # an object of a user's one prefix down (ds.zarr/agents/NOTES.md) is never deleted either
+    for key, args in (
+        ("ds.zarr/agents/NOTES.md", ["subset", small_ds, "-o", "s3://l5-keep/ds.zarr", "--ranges", "0:1"]),
+        ("ex/frames/old/mine.txt", ["export", small_ds, "-o", "s3://l5-keep/ex"]),
+    ):
+        fs.pipe(f"l5-keep/{key}", b"mine")
+        fs.invalidate_cache()
+        before = sorted(fs.find("l5-keep"))
+        for extra in ([], ["--overwrite"]):
+            r = CliRunner().invoke(main, [*args, "-q", *extra, *_s3_options(s3)])
+            lines = [ln for ln in r.output.strip().splitlines() if ln]
+            assert r.exit_code == 2 and len(lines) == 1, r.output
+            assert f"holds {key.split('/', 1)[1]}, which is not" in lines[0], lines
+            fs.invalidate_cache()
+            assert sorted(fs.find("l5-keep")) == before and fs.cat(f"l5-keep/{key}") == b"mine"
     fs.invalidate_cache()
     assert {p for p in fs.find("l5-keep") if p.startswith("l5-keep/team")} == set(kept)
     assert counts == l5dask.open_dataset(small_ds).counts()

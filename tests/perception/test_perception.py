@@ -623,6 +623,27 @@ def test_synth_cli_writes_a_dataset_the_sdk_loads(tmp_path):
     assert r.returncode == 2 and "already exists" in r.stderr
 
 
+def test_synth_never_replaces_a_users_files(tmp_path):
+    """A folder holding a user's file at any depth (``notes.txt``, ``lidar/notes.txt``) was replaced
+    whole, without ``--overwrite`` even: refused in one line, left as it is; a dataset written
+    before is replaced with ``--overwrite``."""
+    for mine in ("notes.txt", "lidar/notes.txt", "data/.hidden.json"):
+        out = tmp_path / mine.replace("/", "_")
+        (out / mine).parent.mkdir(parents=True, exist_ok=True)
+        (out / mine).write_text("mine")
+        for flag in ([], ["--overwrite"]):
+            r = cli("perception", "synth", "-o", out, "--num-scenes", "1", "--no-images", *flag)
+            assert r.returncode == 2 and r.stderr == (
+                f"l5dask: error: {out}: the folder holds {mine}, which is not a perception dataset's; write to a "
+                "new or empty folder (only a dataset is replaced)\n"
+            ), r.stderr
+            assert [p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()] == [mine]
+    out = tmp_path / "ds"
+    for flag in ([], ["--overwrite"]):
+        r = cli("perception", "synth", "-o", out, "--num-scenes", "1", "--no-images", "--lidar-points", "50", *flag)
+        assert r.returncode == 0, r.stderr
+
+
 def test_a_sweep_gone_from_s3_after_the_listing_is_named(data, s3, on_s3):
     """On an object store a task's sweeps are fetched ahead while it counts the earlier ones
     (Store.iter_many); one deleted after the dataset was opened is named in one line, as on a disk."""

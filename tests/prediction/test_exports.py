@@ -226,9 +226,13 @@ def test_export_bad_input(source, tmp_path):
         export(source, str(tmp_path / "o"), "csv")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "x").write_text("keep me")
-    with pytest.raises(L5DaskError, match="already exists"):
-        export(source, str(tmp_path / "taken"), "parquet")
+    for overwrite in (False, True):
+        with pytest.raises(L5DaskError, match="taken: it holds x, which is not an export's"):
+            export(source, str(tmp_path / "taken"), "parquet", overwrite=overwrite)
     assert (tmp_path / "taken" / "x").read_text() == "keep me"
+    export(source, str(tmp_path / "done"), "parquet")
+    with pytest.raises(L5DaskError, match="done: already exists"):
+        export(source, str(tmp_path / "done"), "parquet")
     with pytest.raises(L5DaskError, match="the output is the input"):
         export(source, source, "zarr3", overwrite=True)
     assert l5dask.open_dataset(source).counts()["scenes"] == 6

@@ -463,3 +463,116 @@ def test_an_overwrite_that_fails_part_way_keeps_the_previous_output(inputs, tmp_
         assert sorted(os.listdir(tmp_path)) == ["out.zarr", "parts"] and sorted(os.listdir(parts)) == ["x", "y"]
     monkeypatch.setattr(surgery, "copy_rows", copy)
     assert l5dask.subset(a, str(out), scenes="0:5", overwrite=True).counts()["scenes"] == 5
+
+
+def _tree(folder) -> dict[str, bytes]:
+    """Every file under ``folder`` (relative path -> bytes)."""
+    out = {}
+    for d, _, names in os.walk(folder):
+        for n in names:
+            p = os.path.join(d, n)
+            out[os.path.relpath(p, folder)] = open(p, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["subset", "{a}", "--ranges", "0:2"],
+        ["concat", "{a}", "{b}"],
+        ["export", "{a}"],
+        ["export", "{a}", "--format", "zarr3"],
+        ["synth", "--num-scenes", "2"],
+    ],
+    ids=["subset", "concat", "export", "export-zarr3", "synth"],
+)
+def test_a_users_files_anywhere_in_an_output_are_never_replaced(inputs, tmp_path, command):
+    """A file of a user's at any depth of the output folder (``agents/NOTES.md``, a hidden
+    ``frames/.keep``, a folder of results) makes the output refused, with or without ``--overwrite``,
+    in one line naming it; the folder is left byte for byte. The output the command wrote itself
+    (a dataset with its agent masks, an export) is replaced with ``--overwrite``."""
+    a, b = inputs
+    args = [x.format(a=a, b=b) for x in command]
+    out = tmp_path / "out"
+    first = CliRunner().invoke(main, [*args, "-o", str(out), "-q"])
+    assert first.exit_code == 0, first.output
+    if command[0] in ("subset", "concat"):  # (the masks are written too: claimed as a dataset's)
+        assert any(k.startswith("agents_mask/") for k in _tree(out))
+    for extra in ("agents/NOTES.md", "frames/analysis/a.csv", "frames/.keep", "scenes/old/0"):
+        path = out / extra
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("mine")
+        before = _tree(out)
+        for flag in ([], ["--overwrite"]):
+            r = CliRunner().invoke(main, [*args, "-o", str(out), "-q", *flag])
+            lines = [ln for ln in r.output.strip().splitlines() if ln]
+            assert r.exit_code == 2 and len(lines) == 1, r.output
+            assert f"holds {extra}, which is not" in lines[0], lines
+            assert _tree(out) == before
+        os.unlink(path)
+    shutil.rmtree(out / "frames" / "analysis")
+    shutil.rmtree(out / "scenes" / "old")
+    r = CliRunner().invoke(main, [*args, "-o", str(out), "-q", "--overwrite"])
+    assert r.exit_code == 0, r.output
+    # the same with the output not yet there: a folder holding only a user's file under agents/
+    fresh = tmp_path / "fresh"
+    (fresh / "agents").mkdir(parents=True)
+    (fresh / "agents" / "NOTES.md").write_text("mine")
+    r = CliRunner().invoke(main, [*args, "-o", str(fresh), "-q"])
+    assert r.exit_code == 2 and "holds agents/NOTES.md" in r.output, r.output
+    assert _tree(fresh) == {os.path.join("agents", "NOTES.md"): b"mine"}
+
+
+def test_a_dataset_and_an_export_do_not_replace_each_other(inputs, tmp_path):
+    """``export small.zarr -o train.zarr --overwrite`` (arguments swapped) would have replaced an
+    L5Kit dataset with an export; a dataset's writer would replace an export: both refused, in
+    one line saying what is there; a split into a dataset's folder is refused too."""
+    a, _ = inputs
+    ds, ex = tmp_path / "ds.zarr", tmp_path / "ex"
+    shutil.copytree(a, ds)
+    assert CliRunner().invoke(main, ["export", a, "-o", str(ex), "-q"]).exit_code == 0
+    kept = (_tree(ds), _tree(ex))
+    for args, message in (
+        (["export", a, "-o", str(ds), "--overwrite"], "ds.zarr: is a dataset, not an export"),
+        (["export", a, "-o", str(ds), "--format", "zarr3", "--overwrite"], "ds.zarr: is a dataset, not an export"),
+        (["subset", a, "-o", str(ex), "--ranges", "0:1", "--overwrite"], "ex: is an export, not a dataset"),
+        (["synth", "-o", str(ex), "--num-scenes", "2", "--overwrite"], "ex: is an export, not a dataset"),
+        (["split", a, "-o", str(ds), "--part", "x=2", "--part", "y=rest", "--overwrite"], "ds.zarr: is a dataset"),
+    ):
+        r = CliRunner().invoke(main, [*args, "-q"])
+        lines = [ln for ln in r.output.strip().splitlines() if ln]
+        assert r.exit_code == 2 and len(lines) == 1 and message in lines[0], (args, r.output)
+        assert (_tree(ds), _tree(ex)) == kept
+
+
+def test_a_dataset_written_part_way_is_replaced_only_with_overwrite(inputs, tmp_path):
+    """A dataset folder without its group metadata (a run killed part way) is refused without
+    ``--overwrite`` (it was written over, without a word) and replaced with it."""
+    a, _ = inputs
+    out = tmp_path / "out.zarr"
+    l5dask.subset(a, str(out), scenes="0:1")
+    os.unlink(out / ".zgroup")
+    with pytest.raises(L5DaskError, match="part of a dataset is there"):
+        l5dask.subset(a, str(out), scenes="0:2")
+    l5dask.subset(a, str(out), scenes="0:2", overwrite=True)
+    assert len(l5dask.open_dataset(str(out))["scenes"]) == 2
+
+
+@pytest.mark.parametrize("name", ["out.zip", "out.tar.gz"])
+def test_an_output_named_as_an_archive_is_refused_as_such(inputs, tmp_path, name):
+    """A dataset (or an export, or a split) is written as a folder: an output named ``*.zip`` is
+    refused saying so (it said ``no such file``; ``split`` made a folder named ``out.zip``)."""
+    a, _ = inputs
+    out = str(tmp_path / name)
+    for args in (
+        ["subset", a, "--ranges", "0:1"],
+        ["concat", a, a],
+        ["synth", "--num-scenes", "1"],
+        ["export", a],
+        ["split", a, "--part", "x=1", "--part", "y=rest"],
+    ):
+        r = CliRunner().invoke(main, [*args, "-o", out, "-q"])
+        lines = [ln for ln in r.output.strip().splitlines() if ln]
+        assert r.exit_code == 2 and len(lines) == 1, (args, r.output)
+        assert "is written as a folder, not a " in lines[0] and "no such file" not in lines[0], lines
+    assert os.listdir(tmp_path) == []
