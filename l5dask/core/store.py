@@ -843,6 +843,8 @@ def file_store(path: str, storage_options: dict[str, Any] | None = None) -> tupl
 
 
 def _where(s: Store) -> tuple[str, str]:
+    if s._fs is None:  # (a plain local folder: its filesystem not made, fsspec not imported)
+        return ("LocalFileSystem", os.path.realpath(s.root))
     root = os.path.realpath(s.root) if s.local else s.root.rstrip("/")
     return (type(s.fs).__name__, root)
 

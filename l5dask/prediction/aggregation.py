@@ -56,7 +56,7 @@ from l5dask.prediction.groupby import (
     stats_of,
 )
 from l5dask.prediction.groupby import empty_part as group_empty_part
-from l5dask.prediction.joins import declared_parent_link
+from l5dask.prediction.joins import coverage, covered, declared_parent_link
 from l5dask.prediction.where import evaluate_where, where_columns
 
 #: Groups allowed unless the caller says otherwise (checked before computing).
@@ -408,11 +408,13 @@ def aggregate_plan(
     spec = Spec(selection, by, parsed, where, int(quantile_bits))
     source = selection.source
     link = declared_parent_link(ds, selection, job)
-    return Plan(
-        [Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)],
-        name="l5-aggregate",
-        size_for=source.nchunks,
-    )
+    passes = [Pass(source, reduction(spec), parent=link, blocks=True, encoded=True)]
+    # (no parent rows read: the parent's intervals must still end where the array does)
+    cover = coverage(ds, table.array, job) if link is None else None
+    if cover is not None:
+        passes.append(cover[0])
+        return Plan(passes, final=covered, args=(cover[1],), name="l5-aggregate", size_for=source.nchunks)
+    return Plan(passes, name="l5-aggregate", size_for=source.nchunks)
 
 
 def parse_value_options(items: Sequence[str]) -> dict[str, list[str]]:

@@ -28,8 +28,8 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task, TaskRef
 
-from l5dask.core.engine import Block, Held, Job, Link, Pass, Rows
-from l5dask.core.intervals import check_intervals
+from l5dask.core.engine import Block, Held, Job, Link, Pass, Reduction, Rows
+from l5dask.core.intervals import check_bounds, check_intervals, raise_first
 from l5dask.core.policy import where_keywords
 from l5dask.errors import ChunkError
 from l5dask.prediction import format as fmt
@@ -360,6 +360,49 @@ def parent_link(ds, selection, job: Job) -> Link | None:
         return Link(frames.scene_rows(), "start")
     persisted, _ = frames.run()
     return persisted.link(selection.parent_start, selection.parent_start)
+
+
+def _last_end(field: str, data: np.ndarray, start: int, parent: Any) -> int:
+    iv = data[field]
+    return int(iv[-1, 1]) if len(iv) else -1
+
+
+def _no_end() -> int:
+    return -1
+
+
+def covered(check: tuple[str, str, int], result: Any, end: int) -> tuple:
+    """A plan's ``final`` (:func:`coverage`): ``(result,)`` when the parent's last interval
+    (``end``; -1: no parent rows) ends where the child array does, else the
+    :class:`~l5dask.errors.IntervalError` of the passes that read the parent."""
+    parent, field, child_len = check
+    table = np.array([[0, max(end, 0), int(end >= 0), 0, 0, 0]], dtype=np.int64)
+    raise_first(check_bounds(table, parent, field, child_len))
+    return (result,)
+
+
+def coverage(ds, array: str, job: Job) -> tuple[Pass, tuple[str, str, int]] | None:
+    """For a pass over ``array`` that reads no parent rows (an aggregation of the agents' own
+    columns): what checks that the parent's intervals end where ``array`` does. A dataset caught
+    half-way through an append (its agents grown, its frames not yet) is refused, where such a
+    pass counted the rows no frame points to. The frames' check is a pass over their last stored
+    chunk (:func:`covered` its ``final``; exact, so that a frames pass of another analysis of the
+    run reads it once for both), ``None`` then for the scenes', made now from the scene rows the
+    job reads whole (an :class:`~l5dask.errors.IntervalError` raised here)."""
+    for parent_name, field, child in fmt.INTERVALS:
+        if child != array or not ds.has(parent_name) or not ds.has(child):
+            continue
+        parent, child_len = ds[parent_name], len(ds[child])
+        if parent_name == fmt.SCENES:
+            check_intervals(job.read(parent)[field].reshape(-1, 2), parent_name, field, child_len)
+            return None
+        if not len(parent):
+            covered((parent_name, field, child_len), None, -1)
+            return None
+        ends = Reduction(f"l5-last-end-{field}", functools.partial(_last_end, field), max, _no_end, exact=True)
+        spec = Pass(parent, ends, blocks=True, name=f"{parent_name}-ends", groups=[(parent.nchunks - 1, 1)])
+        return spec, (parent_name, field, child_len)
+    return None
 
 
 def declared_parent_link(ds, selection, job: Job) -> Link | None:

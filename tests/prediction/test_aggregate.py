@@ -1651,3 +1651,48 @@ def test_sketch_table_refuses_what_it_cannot_count():
     assert (
         sketch_add(np.array([0, 1]), np.array([1.0, 1.0]), Sketch(3, 4, 1023, 1, 16)) is False
     )  # (a second pair: no room)
+
+
+@pytest.mark.parametrize("array", ["agents", "tl_faces", "frames"])
+def test_an_aggregation_reading_no_parent_refuses_rows_no_parent_points_to(edge_ds, tmp_path, array):
+    """A dataset caught half-way through an append (the child array grown, its parent not yet):
+    an aggregation of the child's own columns read no parent rows and counted the orphans (exit 0)
+    where the report refuses the dataset; it is refused with the report's own message, and an
+    intact dataset is counted as numpy counts it."""
+    import json
+    import os
+    import shutil
+
+    from l5dask.prediction.report import compute_report
+
+    name = {"tl_faces": fmt.TL_FACES}.get(array, array)
+    column = {"agents": "track_id", "tl_faces": "tl_face_index", "frames": "timestamp"}[array]
+    assert aggregate(edge_ds, array, values={column: "count"})[f"{column}_count"].tolist() == [
+        len(read_all(edge_ds)[name])
+    ]
+    for case in ("appended", "shape"):
+        half = tmp_path / f"{case}.zarr"
+        if case == "appended":  # (the dataset twice, then every array but the child put back)
+            l5dask.concat([edge_ds, edge_ds], str(half))
+            for other in fmt.ARRAY_NAMES:
+                if other != name:
+                    shutil.rmtree(half / other)
+                    shutil.copytree(os.path.join(edge_ds, other), half / other)
+        else:  # (one row more in its .zarray, within its last stored chunk: a zero row)
+            shutil.copytree(edge_ds, half)
+            zarray = half / name / ".zarray"
+            meta = json.loads(zarray.read_text())
+            assert meta["shape"][0] % meta["chunks"][0]
+            meta["shape"][0] += 1
+            zarray.write_text(json.dumps(meta))
+        with pytest.raises(L5DaskError) as refused:
+            compute_report(str(half))
+        with pytest.raises(L5DaskError) as ours:
+            aggregate(str(half), array, values={column: "count"})
+        assert str(ours.value) == str(refused.value) and "but the child array has" in str(ours.value)
+        r = subprocess.run(
+            [sys.executable, "-m", "l5dask.cli", "agg", str(half), "--array", array, "--value", f"{column}:count"],
+            capture_output=True,
+            text=True,
+        )
+        assert (r.returncode, r.stderr) == (2, f"l5dask: error: {refused.value}\n")
