@@ -194,7 +194,7 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
         if col.categorical:
             cats[name] = tuple(col.categories or ())
     for name, reds in spec.values:
-        stats = stats_of(part, name, spec.quantile_bits, name)
+        stats = stats_of(part, name, spec.quantile_bits, name, spec.selection.columns[name].dtype)
         for r in reds:
             data[f"{name}_{r}"] = aggregation(r).finalize(stats)
     return Result(data, cats)

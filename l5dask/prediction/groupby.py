@@ -726,13 +726,16 @@ class Stats:
     sum_hi: Any = None  # (an integer column's exact sum: sum_hi * 2**32 + sum_lo)
     sum_lo: Any = None
     column: str = ""
+    dtype: Any = None  # (the column's, when known: a float32 column's min and max keep it, as pandas')
 
 
-def stats_of(part: GroupPart, name: str, quantile_bits: int, column: str | None = None) -> Stats:
+def stats_of(part: GroupPart, name: str, quantile_bits: int, column: str | None = None, dtype: Any = None) -> Stats:
     """The statistics of value column ``name`` in a (merged) partial (``column``: as users name
-    it, for messages)."""
+    it, for messages; ``dtype``: its dtype, when known)."""
     s = part.stats.get(name, {})
-    return Stats(len(part), **s, sketch=part.sketches.get(name), quantile_bits=quantile_bits, column=column or name)
+    return Stats(
+        len(part), **s, sketch=part.sketches.get(name), quantile_bits=quantile_bits, column=column or name, dtype=dtype
+    )
 
 
 @dataclass(frozen=True)
@@ -803,14 +806,21 @@ def _std(s: Stats) -> np.ndarray:
     return np.sqrt(_var(s))
 
 
-def _min(s: Stats) -> np.ndarray:
+def _extreme(s: Stats, values: np.ndarray) -> np.ndarray:
     # (an integer column's in its dtype when every group has a value; else float64, NaN where
-    # none, as pandas)
-    return s.min if exact(s.min.dtype) and (s.n > 0).all() else np.where(s.n > 0, s.min, np.nan)
+    # none, as pandas; a float32 column's in float32, whose values they are)
+    if exact(values.dtype) and (s.n > 0).all():
+        return values
+    out = np.where(s.n > 0, values, np.nan)
+    return out.astype(np.float32) if s.dtype is not None and np.dtype(s.dtype) == np.float32 else out
+
+
+def _min(s: Stats) -> np.ndarray:
+    return _extreme(s, s.min)
 
 
 def _max(s: Stats) -> np.ndarray:
-    return s.max if exact(s.max.dtype) and (s.n > 0).all() else np.where(s.n > 0, s.max, np.nan)
+    return _extreme(s, s.max)
 
 
 def _quantile(q: float, s: Stats) -> np.ndarray:

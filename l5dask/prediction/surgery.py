@@ -40,7 +40,7 @@ from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.reading import L5Array
-from l5dask.prediction.scenes import OUT_CHUNK_ROWS
+from l5dask.prediction.scenes import OUT_CHUNK_ROWS, NoScenesError
 from l5dask.prediction.writing import finish, prepare_target, write_chunks
 
 #: L5Kit's gigabyte (``zarr_utils.GIGABYTE``): 1024 ** 3 bytes.
@@ -504,7 +504,7 @@ def select_scenes(
         keep &= (t.timestamp >= lo) & (t.timestamp < hi) & (t.f1 > t.f0)
     selected = order[keep[order]]
     if not len(selected):
-        raise UsageError("no scene matches the subset asked for; nothing written")
+        raise NoScenesError("no scene matches the subset asked for; nothing written")
     return selected
 
 

@@ -282,3 +282,19 @@ def test_one_group_leaves_a_keyed_or_nonempty_partial_alone():
 
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "l5dask.cli", *args], capture_output=True, text=True)
+
+
+def test_a_float32_columns_min_and_max_keep_its_dtype_as_pandas(paths):
+    """``min`` and ``max`` of a float32 column are float32, as pandas' groupby gives them (they came
+    back float64), equal to pandas' value for value; a mean is float64 as the docs say."""
+    agents = read_all(paths["real"])[fmt.AGENTS]
+    got = aggregate(paths["real"], "agents", by=["scene_index"], values={"yaw": ["min", "max", "mean"]})
+    frame = pd.DataFrame({"yaw": agents["yaw"]})
+    assert frame.yaw.dtype == np.float32
+    ds = l5dask.open_dataset(paths["real"])
+    frame["scene_index"] = ds.to_dask_dataframe("agents", columns=["scene_index"]).compute()["scene_index"].values
+    want = frame.groupby("scene_index").yaw.agg(["min", "max"])
+    for r in ("min", "max"):
+        assert got[f"yaw_{r}"].dtype == np.float32 == want[r].dtype
+        np.testing.assert_array_equal(got[f"yaw_{r}"].to_numpy(), want[r].to_numpy())
+    assert got.yaw_mean.dtype == np.float64

@@ -576,3 +576,18 @@ def test_an_output_named_as_an_archive_is_refused_as_such(inputs, tmp_path, name
         assert r.exit_code == 2 and len(lines) == 1, (args, r.output)
         assert "is written as a folder, not a " in lines[0] and "no such file" not in lines[0], lines
     assert os.listdir(tmp_path) == []
+
+
+def test_a_subset_that_selects_no_scene_exits_1_as_every_scene_filter(inputs, tmp_path):
+    """``subset --start`` past the data selects no scene: exit 1 (an answer, as ``--scenes``
+    choosing none), where it was 2 (a mistake); an unknown host is still a mistake (2)."""
+    a, _ = inputs
+    out = tmp_path / "none.zarr"
+    for args, code, message in (
+        (["--start", "2030-01-01"], 1, "no scene matches the subset asked for; nothing written"),
+        (["--scenes", "num_frames < 0"], 1, "selects no scene (of 7)"),
+        (["--hosts", "host-zzz"], 2, "no scene has host 'host-zzz'"),
+    ):
+        r = CliRunner().invoke(main, ["subset", a, "-o", str(out), "-q", *args])
+        assert r.exit_code == code and message in r.output, (args, r.output)
+        assert not out.exists()
