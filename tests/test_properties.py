@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from numcodecs import Blosc
 
 from l5dask.core.codec import check_blosc, decode_blosc, typesize_of
-from l5dask.errors import ChunkError
+from l5dask.errors import ChunkError, L5DaskError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import evaluate_where
 from l5dask.prediction.kernels import Gather
@@ -401,6 +401,45 @@ def test_where_equals_the_same_condition_in_numpy(expr, data):
     with np.errstate(invalid="ignore"):
         want = np.broadcast_to(fn(cols), (len(cols["x"]),))
     assert got.tolist() == want.tolist(), text
+
+
+_INT_DTYPES = [np.int8, np.uint8, np.int16, np.int32, np.uint32, np.int64, np.uint64]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    dtype=st.sampled_from(_INT_DTYPES),
+    op=st.sampled_from(["+", "-", "*", "**"]),
+    data=st.data(),
+    constant=st.one_of(st.integers(-5, 5), st.integers(-(2**64), 2**64), st.sampled_from([2**31, 2**63 - 1, -(2**63)])),
+    bound=st.integers(-(2**65), 2**65),
+    swap=st.booleans(),
+)
+def test_integer_arithmetic_in_where_is_exact_or_refused(dtype, op, data, constant, bound, swap):
+    """Integer arithmetic in a ``where`` keeps the rows Python's exact integers keep, or is refused
+    in one line when a value does not fit int64: never wrapped (numpy wraps ``track_id - 5`` of an
+    unsigned column, and an int32 column times 1000, silently; pandas' query too)."""
+    info = np.iinfo(dtype)
+    k = np.array(data.draw(st.lists(st.integers(int(info.min), int(info.max)), min_size=1, max_size=20)), dtype)
+    if op == "**":
+        constant = abs(constant) % 70
+        swap = False
+    left, right = ("k", str(constant)) if not swap else (str(constant), "k")
+    text = f"{left} {op} {right} < {bound}"
+    exact = []
+    for v in map(int, k):
+        a, b = (v, constant) if not swap else (constant, v)
+        exact.append(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a**b)
+    fits = all(-(2**63) <= int(v) < 2**63 for v in k) and -(2**63) <= constant < 2**63
+    fits = fits and all(-(2**63) <= e < 2**63 for e in exact)
+    try:
+        got = evaluate_where(text, _Chunk({"x": k, "k": k}), {})
+    except L5DaskError as exc:
+        assert not fits, (text, str(exc))
+        assert "\n" not in str(exc) and "where" in str(exc)
+        return
+    assert fits, (text, exact)
+    assert got.tolist() == [e < bound for e in exact], text
 
 
 @settings(max_examples=150, deadline=None)

@@ -267,9 +267,16 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
         v = _value(node.operand, chunk, categories)
         if isinstance(node.op, (ast.Not, ast.Invert)):
             return np.logical_not(v)
-        return -v if isinstance(node.op, ast.USub) else v
+        if isinstance(node.op, ast.USub):
+            if isinstance(v, int) and not isinstance(v, bool):  # (a literal: -9223372036854775808 fits)
+                return -v
+            return _checked(node, ast.Sub(), 0, v) if _integer(v) else -v
+        return v
     if isinstance(node, ast.BinOp):
-        return _BIN[type(node.op)](_value(node.left, chunk, categories), _value(node.right, chunk, categories))
+        left, right = _value(node.left, chunk, categories), _value(node.right, chunk, categories)
+        if isinstance(node.op, _CHECKED) and _integer(left) and _integer(right):
+            return _checked(node, node.op, left, right)
+        return _BIN[type(node.op)](left, right)
     if isinstance(node, ast.Compare):
         operands = [node.left, *node.comparators]
         out = None
@@ -291,6 +298,62 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
             out = r if out is None else out & r
         return out
     raise UsageError(f"where: {ast.unparse(node)!r} is not allowed")
+
+
+#: Integer arithmetic done in int64 and checked: numpy wraps it silently (``track_id - 5 < 0``
+#: kept no row of an unsigned column; an int32 column times 1000 wrapped at 2**31), as pandas'
+#: ``query`` does; here an overflow is refused, as an integer sum that does not fit is.
+_CHECKED = (ast.Add, ast.Sub, ast.Mult, ast.Pow)
+_INT64 = np.iinfo(np.int64)
+_SIGN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Pow: "**"}
+
+
+def _integer(v: Any) -> bool:
+    """An integer operand (not a boolean): an integer array, or a Python or numpy integer."""
+    if isinstance(v, (bool, np.bool_)):
+        return False
+    if isinstance(v, (int, np.integer)):
+        return True
+    return isinstance(v, np.ndarray) and v.dtype.kind in "iu"
+
+
+def _as_int64(node: ast.AST, v: Any) -> np.ndarray:
+    a = np.asarray(v)
+    if a.dtype.kind == "u" and a.size and int(a.max()) > _INT64.max:
+        raise UsageError(f"where: {ast.unparse(node)!r}: a value exceeds int64 (e.g. {int(a.max())}); refused")
+    if a.dtype == object or (a.ndim == 0 and not _INT64.min <= int(a) <= _INT64.max):
+        raise UsageError(f"where: {ast.unparse(node)!r}: {int(a)} does not fit int64; refused")
+    return a.astype(np.int64, copy=False)
+
+
+def _checked(node: ast.AST, op: ast.operator, left: Any, right: Any) -> Any:
+    """``left op right`` of integers in int64, refused (one line) where any row overflows it."""
+    a, b = _as_int64(node, left), _as_int64(node, right)
+    with np.errstate(over="ignore"):
+        if isinstance(op, ast.Add):
+            r = a + b
+            bad = ((a ^ r) & (b ^ r)) < 0
+        elif isinstance(op, ast.Sub):
+            r = a - b
+            bad = ((a ^ b) & (a ^ r)) < 0
+        elif isinstance(op, ast.Mult):
+            r = a * b
+            nz = a != 0
+            bad = (nz & (r // np.where(nz, a, 1) != b)) | ((a == -1) & (b == _INT64.min))
+        else:
+            if np.any(b < 0):
+                raise UsageError(f"where: {ast.unparse(node)!r}: an integer to a negative power; write it as a float")
+            exact = np.power(a.astype(np.float64), b.astype(np.float64))
+            r = np.power(a, b)
+            bad = np.abs(exact) >= 2.0**63
+    if np.any(bad):
+        i = int(np.flatnonzero(np.broadcast_to(bad, np.broadcast(a, b).shape))[0]) if np.ndim(bad) else 0
+        x, y = (int(np.broadcast_to(v, np.broadcast(a, b).shape).flat[i]) for v in (a, b))
+        raise UsageError(
+            f"where: {ast.unparse(node)!r} overflows int64 (e.g. {x} {_SIGN[type(op)]} {y}); refused rather than "
+            "wrapped (write a number as a float, e.g. 1000.0, to compute in float64)"
+        )
+    return r
 
 
 def _same_names(x: np.ndarray, xcats: tuple[str, ...], y: np.ndarray, ycats: tuple[str, ...]) -> np.ndarray:
