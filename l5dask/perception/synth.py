@@ -20,6 +20,8 @@ import numpy as np
 
 from l5dask.core.outputs import json_text
 from l5dask.core.policy import renamed_keyword
+from l5dask.core.store import Store, some_names
+from l5dask.errors import OutputError
 
 #: Real train split: annotations per category (the generator draws instances in this mix).
 CATEGORY_MIX = {
@@ -142,9 +144,6 @@ def dataset_key(key: str) -> bool:
 def check_output(out: str, overwrite: bool) -> None:
     """Refuse (one line) an output folder that is a file, holds anything a perception dataset does
     not (at any depth: replacing the folder would delete it), or holds a dataset unless ``overwrite``."""
-    from l5dask.core.store import Store, some_names
-    from l5dask.errors import OutputError
-
     if os.path.exists(out) and not os.path.isdir(out):
         raise OutputError(f"{out}: is a file, not a folder")
     files = Store(os.fspath(out)).files()
