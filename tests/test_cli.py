@@ -506,3 +506,33 @@ def test_a_result_inside_its_input_dataset_is_refused_and_nothing_is_written(sma
         lines[0] == f"l5dask: error: {args[-1].format(ds=ds)}: the output is inside the input ({ds}); write elsewhere"
     )
     assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before
+
+
+def test_an_evaluation_or_perception_output_over_its_input_is_refused(small_ds, tmp_path):
+    """``perception stats DATA -o DATA/data/scene.json`` replaced a table of the dataset, ``gt DS -o
+    DS/gt.csv`` put a file among the dataset's own, ``evaluate GT PRED -o GT`` replaced the ground
+    truth with its metrics: each refused in one line, every input left byte for byte."""
+    from l5dask.perception.synth import generate
+
+    data = tmp_path / "perception"
+    generate(data, num_scenes=1, lidar_points=20, images=False)
+    ds = tmp_path / "d.zarr"
+    shutil.copytree(small_ds, ds)
+    gt, pred = tmp_path / "gt.csv", tmp_path / "pred.csv"
+    gt.write_text("kept\n")
+    pred.write_text("kept too\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for args, output, inp in (
+        (["perception", "stats", str(data)], data / "data" / "scene.json", data),
+        (["perception", "report", str(data)], data / "r.html", data),
+        (["gt", str(ds)], ds / "gt.csv", ds),
+        (["evaluate", str(gt), str(pred)], gt, gt),
+        (["evaluate", str(gt), str(pred)], pred, pred),
+    ):
+        r = CliRunner().invoke(main, [*args, "-o", str(output), "-q"])
+        lines = [ln for ln in r.output.strip().splitlines() if ln]
+        how = "is" if output == inp else "is inside"
+        assert r.exit_code == 2 and lines == [
+            f"l5dask: error: {output}: the output {how} the input ({inp}); write elsewhere"
+        ], (args, r.output)
+        assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

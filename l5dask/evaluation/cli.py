@@ -42,7 +42,7 @@ def evaluate(gt, pred, max_modes, dataset, html_path, quiet, output, scheduler, 
     from l5dask.evaluation.metrics import METRICS
     from l5dask.evaluation.metrics import evaluate as run
 
-    check_outputs(storage_options, output, html_path)
+    check_outputs(storage_options, output, html_path, inputs=[p for p in (gt, pred, dataset) if p])
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
@@ -171,7 +171,7 @@ def gt(
 
     if mask and (min_history is not None or min_future is not None):
         raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
-    check_outputs(storage_options, output)
+    check_outputs(storage_options, output, inputs=(dataset,))
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rows = export_zarr_to_csv(

@@ -64,7 +64,7 @@ def stats(data, output, no_lidar, points_in_boxes, quiet, scheduler, storage_opt
     from l5dask.core.outputs import write_json
     from l5dask.perception.report import summary
 
-    check_outputs(storage_options, output)
+    check_outputs(storage_options, output, inputs=(data,))
     report, _, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
     if output:
         write_json(report, output, opts)
@@ -82,7 +82,7 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
     from l5dask.core.page import write_page
     from l5dask.perception.html import render_perception
 
-    check_outputs(storage_options, output, json_path)
+    check_outputs(storage_options, output, json_path, inputs=(data,))
     rep, took, opts = _run(data, storage_options, scheduler, quiet, no_lidar, points_in_boxes)
     write_page(render_perception(rep, data, took), output, opts)
     if json_path:
@@ -146,7 +146,7 @@ def evaluate(
         raise UsageError(f"--iou: {iou!r} is not a comma-separated list of numbers") from None
     if geometry not in detection.GEOMETRIES:
         raise UsageError(f"--geometry: {geometry!r} is not one of {', '.join(detection.GEOMETRIES)}")
-    check_outputs(storage_options, output, html_path)
+    check_outputs(storage_options, output, html_path, inputs=[p for p in (pred, gt, dataset) if p])
     opts = parse_storage_options(storage_options)
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
