@@ -536,3 +536,19 @@ def test_an_evaluation_or_perception_output_over_its_input_is_refused(small_ds, 
             f"l5dask: error: {output}: the output {how} the input ({inp}); write elsewhere"
         ], (args, r.output)
         assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize(
+    "where, message",
+    [
+        ("track_id % 0 == 0", "where: 'track_id % 0' divides by an integer zero; refused"),
+        ("track_id // 0 == 0", "where: 'track_id // 0' divides by an integer zero; refused"),
+        ("timestamp * 1000 > 0", "where: 'timestamp * 1000' overflows int64 (e.g. "),
+    ],
+)
+def test_integer_arithmetic_that_numpy_would_wrap_is_one_line(small_ds, where, message):
+    """``track_id % 0 == 0`` kept every row (numpy makes x % 0 zero), exit 0; ``timestamp * 1000``
+    wrapped: each refused in one line, exit 2."""
+    r = CliRunner().invoke(main, ["agg", small_ds, "--value", "track_id:count", "--where", where, "-q"])
+    lines = [ln for ln in r.output.strip().splitlines() if ln]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"l5dask: error: {message}"), r.output
