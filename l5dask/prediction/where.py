@@ -276,8 +276,14 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
         left, right = _value(node.left, chunk, categories), _value(node.right, chunk, categories)
         if isinstance(node.op, _CHECKED) and _integer(left) and _integer(right):
             return _checked(node, node.op, left, right)
-        if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and _integer(right) and np.any(np.asarray(right) == 0):
-            # (numpy makes x // 0 and x % 0 zero, x / 0 infinite: a condition true of every row)
+        if (
+            isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod))
+            and _integer(left)
+            and _integer(right)
+            and np.any(np.asarray(right) == 0)
+        ):
+            # (numpy makes x // 0 and x % 0 of integers zero: a condition true of every row; a float
+            # divided by zero is IEEE's infinity or NaN, numpy's warning one line)
             raise UsageError(f"where: {ast.unparse(node)!r} divides by an integer zero; refused")
         if isinstance(node.op, (ast.Div, ast.FloorDiv, ast.Mod)) and _integer(left) and _integer(right):
             # (in int64: numpy refused an int8 column % 128 with a traceback, 128 not being an int8)
