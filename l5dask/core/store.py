@@ -716,11 +716,6 @@ class Store:
         # (an object whose key is the prefix itself is the prefix's "file", not an entry in it)
         return sorted({str(n)[len(top) :] for n in listed if str(n).startswith(top) and len(str(n)) > len(top)})
 
-    def foreign(self, own: Callable[[str], bool]) -> list[str]:
-        """The files under the root folder (or prefix) that ``own`` does not claim (:meth:`files`):
-        an output that holds them is no output of that kind, and replacing it would delete them."""
-        return [n for n in self.files() if not own(n)]
-
     def with_root(self, root: str) -> Store:
         """This store's filesystem (and URL) at another root path: a folder inside it."""
         return _rebuild_store(self.url, self._fs, root)

@@ -1165,4 +1165,6 @@ def _chosen(ds: Any, expr: str, catalog: Any, name: str, what: str, say: Any, re
     n = len(ds[fmt.SCENES])
     if len(rows) < n and say is not None:
         say(f"l5dask: {name} holds {len(rows):,} of the {n:,} scenes (a filtered catalog): {what} chooses among those")
+    if len(rows) < n and not keep.any():  # (it chose among the catalog's scenes: said so, not "of n")
+        raise NoScenesError(f"{what} selects no scene (of the {len(rows):,} in {name}; the dataset has {n:,})")
     return scene_indices(ds, rows[keep], what)

@@ -601,6 +601,10 @@ def test_a_catalog_filtered_with_pandas_keeps_its_fingerprint_and_chooses_among_
     r = cli("stats", path, "--catalog", filtered, "--scenes", expr, "-o", tmp_path / "chosen.json")
     assert r.returncode == 0, r.stderr
     assert f"--catalog {filtered} holds 8 of the 12 scenes (a filtered catalog)" in r.stderr, r.stderr
+    # a filter that chooses none of them says how many it chose among (a trial said "of 12")
+    r = cli("stats", path, "--catalog", filtered, "--scenes", "path_length_m < 0", "-o", tmp_path / "none.json")
+    assert r.returncode == 1 and not (tmp_path / "none.json").exists(), r.stderr
+    assert f"selects no scene (of the 8 in --catalog {filtered}; the dataset has 12)" in r.stderr, r.stderr
     assert in_process("stats", ref_subset(path, want, tmp_path), "-o", tmp_path / "ref.json", "-q").exit_code == 0
     same_report(json.loads((tmp_path / "chosen.json").read_text()), json.loads((tmp_path / "ref.json").read_text()))
     for given in (filtered, some, pq.read_table(filtered)):  # (the file, the DataFrame, an Arrow table)
