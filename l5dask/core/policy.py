@@ -49,7 +49,11 @@ from l5dask.errors import UsageError
 #: that streams its chunks from a local store (one chunk decoded at a time, whatever the task's
 #: size) takes up to 32 a task: the report on 30 M agents ran 345 tasks with 8, 1.04 s against
 #: 1.11 s as a whole process (medians of 9 interleaved rounds, 2026-11-26); block tasks (which
-#: hold their chunks) and tasks that wait for an object store keep 8.
+#: hold their chunks) and tasks that wait for an object store keep 8. A fused run of the report,
+#: the catalog and three aggregations (a block pass: ``python benchmarks/fused_members.py --repeat 2
+#: --breakdown``, one thread, 30 M agents, ``DASK_L5DASK__CHUNKS_PER_TASK`` set, 2026-11-29): 3.27
+#: CPU-s with 8 chunks a task, 3.72-3.86 with 16 or 32 (the block's gathered columns no longer stay
+#: in a core's cache: the gathers 1.37-1.43 CPU-s against 0.99), 3.84 with 4 and 5.93 with 2.
 TASK_SIZING = {"threads": (16, 8), "threads-streaming": (16, 32), "distributed": (8, 64)}
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
