@@ -508,6 +508,33 @@ def test_a_result_inside_its_input_dataset_is_refused_and_nothing_is_written(sma
     assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before
 
 
+def test_an_output_over_the_file_a_scene_filter_reads_is_refused(small_ds, tmp_path):
+    """A new user's trial: ``agg --catalog cat.parquet ... -o cat.parquet`` replaced the catalog it
+    read (exit 0), ``stats --scenes-from pick.txt -o pick.txt`` the scene list, ``--scenes-table``
+    the catalog: each refused in one line, every file left byte for byte."""
+    ds = tmp_path / "d.zarr"
+    shutil.copytree(small_ds, ds)
+    cat, pick = tmp_path / "cat.parquet", tmp_path / "pick.txt"
+    assert CliRunner().invoke(main, ["catalog", str(ds), "-o", str(cat), "-q"]).exit_code == 0
+    pick.write_text("0\n1\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    scenes = ["--catalog", str(cat), "--scenes", "num_frames > 0"]
+    for args, output in (
+        (["agg", str(ds), *scenes, "--value", "speed:mean", "-o", str(cat)], cat),
+        (["stats", str(ds), "--scenes-from", str(pick), "-o", str(pick)], pick),
+        (["stats", str(ds), *scenes, "--scenes-table", str(cat), "-o", str(tmp_path / "s.json")], cat),
+        (["report", str(ds), "--scenes-from", str(pick), "-o", str(pick)], pick),
+        (["catalog", str(ds), *scenes, "-o", str(cat), "--overwrite"], cat),
+        (["gt", str(ds), "--scenes-from", str(pick), "-o", str(pick)], pick),
+    ):
+        r = CliRunner().invoke(main, [*args, "-q"])
+        lines = [ln for ln in r.output.strip().splitlines() if ln]
+        assert r.exit_code == 2 and lines == [
+            f"l5dask: error: {output}: the output is the input ({output}); write elsewhere"
+        ], (args, r.output)
+        assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_an_evaluation_or_perception_output_over_its_input_is_refused(small_ds, tmp_path):
     """``perception stats DATA -o DATA/data/scene.json`` replaced a table of the dataset, ``gt DS -o
     DS/gt.csv`` put a file among the dataset's own, ``evaluate GT PRED -o GT`` replaced the ground

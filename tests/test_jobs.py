@@ -1190,6 +1190,44 @@ def test_a_cached_rerun_of_a_restricted_analysis_reads_what_the_docs_say(small_d
     assert set(folders) <= {"frames", "agents", "traffic_light_faces", "scenes", cachelib.FOLDER}, folders
 
 
+def test_an_output_over_the_job_file_or_a_scene_catalog_it_reads_is_refused(small_ds, tmp_path):
+    """A new user's trial: ``run nightly.toml --record nightly.toml`` (or ``[run] record`` naming the
+    job file) replaced the job with its run record, exit 0, and every later run failed; an output
+    over another analysis' ``scene-catalog`` replaced the catalog it reads. Refused before anything
+    runs (``--check`` too), at the line that names the output; every file left byte for byte."""
+    ds = tmp_path / "d.zarr"
+    shutil.copytree(small_ds, ds)
+    cat = tmp_path / "cat.parquet"
+    l5dask.catalog(str(ds)).to_parquet(cat)
+    agg = 'kind = "aggregate"\nvalues = { speed = "mean" }\n'
+    base = f'[datasets]\nd = "{ds}"\n[analyses.a]\n{agg}output = "{tmp_path}/a.csv"\n'
+    job = write(tmp_path / "job.toml", f'[run]\nrecord = "{tmp_path}/job.toml"\n' + base)
+    plain = write(tmp_path / "plain.toml", base)
+    reads = write(
+        tmp_path / "reads.toml",
+        base.replace("[analyses.a]\n", f'[analyses.a]\nscenes = "num_frames > 0"\nscene-catalog = "{cat}"\n')
+        + f'[analyses.b]\n{agg}output = "{cat}"\n',
+    )
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for args, message in (
+        ((job,), f"{job}:2: the run record: {job}: the output is the job file ({job}), which the run reads"),
+        (
+            (plain, "--record", plain),
+            f"--record {plain}: {plain}: the output is the job file ({plain}), which the run reads",
+        ),
+        (
+            (reads,),
+            f"{reads}:12: [analyses.b] output on d: {cat}: the output is [analyses.a] scene-catalog ({cat}), "
+            "which the run reads",
+        ),
+    ):
+        for check in ((), ("--check",)):
+            r = cli(*args, *check)
+            assert (r.returncode, r.stdout) == (2, ""), r.stderr
+            assert r.stderr == f"l5dask: error: {message}; write elsewhere\n"
+            assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+
+
 def test_an_export_that_would_hold_its_dataset_is_refused_before_anything_runs(small_ds, tmp_path):
     """A new user's finding: a job's export into the folder that holds its dataset passed
     ``--check``, and the run replaced the folder (the dataset deleted). Refused at the output's

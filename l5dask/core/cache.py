@@ -595,9 +595,11 @@ class Cache:
 
     @staticmethod
     def entry_name(reduction: str, key: str) -> str:
-        """An entry's file name: the reduction's name (without a dask token that may hold the
-        dataset's own, which changes as it grows), then its key."""
-        return f"{slug(re.sub(r'-[0-9a-f]{32}$', '', reduction))}.{key}{SUFFIX}"
+        """An entry's file name: the reduction's name (without the dask tokens that may hold the
+        dataset's own, which changes as it grows: at its end, or a fused pass's members' inside
+        ``fused(...)``), then its key. The key says what it computes; the name is what aliases
+        are found by (a fused pass with an aggregation missed them all after an append)."""
+        return f"{slug(re.sub(r'-[0-9a-f]{32}(?![0-9a-zA-Z])', '', reduction))}.{key}{SUFFIX}"
 
     def present(self, folder: str) -> set[str]:
         """The entries in ``folder`` (one listing); none when it cannot be listed."""

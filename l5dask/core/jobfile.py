@@ -74,6 +74,9 @@ class Kind:
     ``check_output(key, path, storage_options)``, when set, refuses (raising an
     :class:`~l5dask.errors.L5DaskError`) an output that the run would refuse: a folder holding
     what the analysis does not write, which replacing it would delete.
+
+    ``reads``: its keys that name a file it reads (a scene catalog): no output of the job may be
+    one, nor hold one.
     """
 
     name: str
@@ -89,6 +92,7 @@ class Kind:
     restriction: Callable[[dict], Any] | None = None
     restrict: Callable[[Any, Any, Any, dict], Any] | None = None
     check_output: Callable[[str, str, dict], None] | None = None
+    reads: tuple[str, ...] = ()
 
     @property
     def outputs(self) -> tuple[str, ...]:

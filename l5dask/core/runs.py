@@ -26,7 +26,7 @@ import glob
 import os
 import posixpath
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,15 +155,21 @@ def _check_output(path: str, folder: bool, options: dict, missing: list[str]) ->
     check_writable(path, options)
 
 
-def _apart_from_inputs(path: str, options: dict, inputs: Any) -> None:
+def _apart_from_inputs(path: str, options: dict, inputs: Any, files: Sequence[tuple[str, str]] = ()) -> None:
     """Refuse an output that is an input, holds one (a folder replaced whole would delete it), or
     lies inside one (a file among a dataset's own files: its metadata replaced, or a stray file
-    that a later ``--overwrite`` of it would refuse)."""
+    that a later ``--overwrite`` of it would refuse). ``files``: ``(what, path)`` of the other files
+    the run reads (the job file itself, a scene catalog an analysis reads), refused alike (a
+    ``--record`` naming the job file replaced it with the record: a new user's trial)."""
     out = store_mod.Store(path, options)
     for inp in inputs:
         how = store_mod.nesting(out, store_mod.Store(inp.url, inp.storage_options))
         if how is not None:
             raise JobError(f"{path}: the output {how} the dataset {inp.name} ({inp.url}); write elsewhere")
+    for what, file in files:
+        how = store_mod.nesting(out, store_mod.Store(file, options))
+        if how is not None:
+            raise JobError(f"{path}: the output {how} {what} ({file}), which the run reads; write elsewhere")
 
 
 def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None = None) -> Plan:
@@ -232,12 +238,20 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                 raise src.error((*t.analysis.line, key), f"{where}: {path} is also written by {written[path]}: {hint}")
             written[path] = where
             by[path] = (t.analysis.name, t.dataset)
+    # the files the run reads besides its datasets: the job file, the scene catalogs analyses read
+    reads = [("the job file", src.name)] if os.path.isfile(src.name) else []
+    reads += [
+        (f"[analyses.{t.analysis.name}] {key}", t.analysis.params[key])
+        for t in tasks
+        for key in t.analysis.kind.reads
+        if t.analysis.params.get(key)
+    ]
     folders: list[str] = []
     for path, where in written.items():
         t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
         try:
             _check_output(path, t_folder, job.storage_options, folders)
-            _apart_from_inputs(path, job.storage_options, inputs.values())
+            _apart_from_inputs(path, job.storage_options, inputs.values(), reads)
             for t in tasks:
                 for key, p in t.outputs.items():
                     if p == path and t.analysis.kind.check_output is not None:
@@ -384,7 +398,8 @@ def _run_inputs(p: Plan, ctx: Context, entries: list[dict], say: Callable, fail:
             else:
                 entry.update(status="written", **({"result": result} if result else {}))
                 own = "" if shared else f" ({seconds:.1f} s)"
-                say(f"{t.analysis.name} on {name}: wrote {', '.join(t.outputs.values())}{own}")
+                wrote = ", ".join(t.outputs.values()) or "into the dataset"  # (select-agents' mask, no output)
+                say(f"{t.analysis.name} on {name}: wrote {wrote}{own}")
                 if isinstance(result, dict) and result.get("note"):  # (what the output's reader must know)
                     say(f"{t.analysis.name} on {name}: {result['note']}")
             entries.append(entry)

@@ -167,11 +167,11 @@ def gt(
         MIN_FRAME_HISTORY,
         export_zarr_to_csv,
     )
-    from l5dask.prediction.cli import scene_filter
+    from l5dask.prediction.cli import inputs_of, scene_filter
 
     if mask and (min_history is not None or min_future is not None):
         raise UsageError("--mask selects the agents itself: give it, or --min-history/--min-future, not both")
-    check_outputs(storage_options, output, inputs=(dataset,))
+    check_outputs(storage_options, output, inputs=inputs_of(dataset, scenes_from, catalog_file))
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         rows = export_zarr_to_csv(

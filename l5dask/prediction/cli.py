@@ -21,6 +21,13 @@ from l5dask.core.commands import (
 )
 
 
+def inputs_of(dataset: str, scenes_from: Any = None, catalog_file: Any = None) -> list[str]:
+    """What a command reads: its dataset and the files its scene filter reads (``--scenes-from``,
+    ``--catalog``). An output may be none of them, nor lie inside one (``agg --catalog cat.parquet
+    ... -o cat.parquet`` replaced the catalog it read: a new user's trial)."""
+    return [os.fspath(p) for p in (dataset, scenes_from, catalog_file) if p]
+
+
 def scene_filter(
     dataset: str,
     scenes,
@@ -207,7 +214,7 @@ def stats(
     --scenes-from choose) in one parallel pass."""
     from l5dask.prediction.report import summary_text, write_json, write_scene_table
 
-    check_outputs(storage_options, output, scenes_table, inputs=(dataset,))
+    check_outputs(storage_options, output, scenes_table, inputs=inputs_of(dataset, scenes_from, catalog_file))
     report = _report(
         dataset, storage_options, chunks_per_task, quiet, scheduler, (scenes, scenes_from, catalog_file), cache
     )
@@ -256,7 +263,9 @@ def report(
     from l5dask.prediction.html import write_html
     from l5dask.prediction.report import write_json, write_scene_table
 
-    check_outputs(storage_options, output, json_path, scenes_table, inputs=(dataset,))
+    check_outputs(
+        storage_options, output, json_path, scenes_table, inputs=inputs_of(dataset, scenes_from, catalog_file)
+    )
     start = time.perf_counter()
     table = None
     filters = (scenes, scenes_from, catalog_file)
@@ -350,7 +359,7 @@ def agg(
     options = parse_storage_options(storage_options)
     if output:
         table_format(output)
-    check_outputs(storage_options, output, inputs=(dataset,))
+    check_outputs(storage_options, output, inputs=inputs_of(dataset, scenes_from, catalog_file))
     values_map = agg_mod.parse_value_options(values)
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
     with connect(scheduler, quiet=True) as client:
@@ -710,7 +719,7 @@ def catalog(
     options = parse_storage_options(storage_options)
     check_tz(tz)
     check_output(output, options, overwrite)
-    check_outputs(storage_options, output, html_path, inputs=(dataset,))
+    check_outputs(storage_options, output, html_path, inputs=inputs_of(dataset, scenes_from, catalog_file))
     t0 = time.perf_counter()
     with connect(scheduler, quiet=True) as client:
         table = make(
