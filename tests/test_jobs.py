@@ -120,6 +120,7 @@ def test_a_job_writes_each_analysis_as_its_own_function_computes_it(small_ds, tm
     # the record
     record = json.loads((out / DATE / "run.json").read_text())
     assert record["status"] == "written" and record["job"]["name"] == "nightly" and record["job"]["date"] == DATE
+    assert sorted(record["job"]) == ["date", "file", "name", "time"], record["job"]  # (its name once: a trial)
     assert record["inputs"] == [
         {
             "dataset": "small",

@@ -416,7 +416,11 @@ def _finish_record(
     finished = datetime.datetime.now(datetime.timezone.utc)
     record = {
         "version": RECORD_VERSION,
-        "job": {"name": p.job.name, "file": os.path.abspath(p.job.source.name), **p.fields},
+        "job": {
+            "name": p.job.name,
+            "file": os.path.abspath(p.job.source.name),
+            **{k: v for k, v in p.fields.items() if k != "job"},  # (the template's {job}: its name)
+        },
         "started": p.started.isoformat(timespec="seconds"),
         "finished": finished.isoformat(timespec="seconds"),
         "seconds": round(time.perf_counter() - t0, 3),

@@ -379,7 +379,7 @@ def agg(
     if output:
         table = result.to_arrow()
         write_table(table, output, options)
-        click.echo(f"wrote {output}: {table.num_rows:,} groups")
+        click.echo(f"wrote {output}: {table.num_rows:,} group{'' if table.num_rows == 1 else 's'}")
     else:
         import pandas as pd
 

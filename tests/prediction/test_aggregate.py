@@ -914,6 +914,11 @@ def test_count_of_a_text_column_counts_its_rows(edge_ds, ref, tmp_path, more):
         assert p.returncode == 0, p.stderr
         want = tl.groupby("status", observed=True)["face_id"].count()
         assert pd.read_csv(tmp_path / "c.csv")["face_id_count"].tolist() == want.tolist()
+        assert p.stdout == f"wrote {tmp_path / 'c.csv'}: {len(want)} group{'s' if len(want) != 1 else ''}\n"
+        p = _cli("agg", edge_ds, "-a", "tl_faces", "--value", "face_id:count", "-o", tmp_path / "one.csv")
+        assert p.returncode == 0 and p.stdout == f"wrote {tmp_path / 'one.csv'}: 1 group\n", (
+            p.stdout
+        )  # (not "1 groups")
         p = _cli("agg", edge_ds, "-a", "tl_faces", "--value", "face_id:max", "-q")
         assert (
             p.returncode == 2
