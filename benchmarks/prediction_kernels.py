@@ -27,6 +27,9 @@ the dataframes and the xarray accessor call), on ``--rows`` rows (a task's block
   (group, exponent) pairs that occur, counted in one pass, listed in order), against the sort it
   replaced (``np.unique`` of group and bucket); ``sketch (spread)``: speeds spread over 0.01 to 30
   m/s, too many pairs for the table: the sort, after the table gave up;
+- ``keyed_reduce + sketch``: the wide speeds' count, sum, maximum and sketch per label in
+  ``keyed_reduce``'s one pass (``kernels.Sketch`` counted as the codes are made: ``aggregate``'s
+  ``speed:mean,max,q99`` of a block), against numpy's ``np.bincount``, ``np.maximum.at`` and the sort;
 - ``merge_sketches``: two such sketches (of each half of the rows) merged in one pass, against the
   ``np.lexsort`` of the two that ``groupby.combine_parts`` made.
 
@@ -86,7 +89,7 @@ def cases(n: int) -> dict[str, tuple]:
         a, b = vx.astype(np.float64), vy.astype(np.float64)
         return np.sqrt(a * a + b * b)
 
-    from l5dask.prediction.groupby import _sketch
+    from l5dask.prediction.groupby import _exponents, _sketch, sketch_cells
 
     labels = rng.integers(0, 17, n).astype(np.int64)
     lengths = rng.lognormal(1.0, 0.6, n).astype(np.float32)  # (an agent's extent: 0.3 to 30 m)
@@ -127,6 +130,20 @@ def cases(n: int) -> dict[str, tuple]:
 
     ga, gb = _sketch(labels[: n // 2], speeds[: n // 2], 12, 17), _sketch(labels[n // 2 :], speeds[n // 2 :], 12, 17)
 
+    def l5_keyed_sketch():  # (a label's speeds: their mean, maximum and quantiles, aggregate's pass of a block)
+        out = (np.zeros(17, np.int64), np.zeros(17), None, np.full(17, -np.inf))
+        rows = np.zeros(17, np.int64)
+        sketch = k.Sketch(17, 12, *_exponents(speeds, 12), sketch_cells(n, 12))
+        assert k.keyed_reduce([labels], [0], [1], n, out, speeds, rows, sketch)
+        return rows, *sketch.result(), out[0], out[1], out[3]
+
+    def np_keyed_sketch():
+        rows = np.bincount(labels, minlength=17)
+        sums = np.bincount(labels, weights=speeds, minlength=17)
+        highs = np.full(17, -np.inf)
+        np.maximum.at(highs, labels, speeds)
+        return (*np_sketch_of(speeds), rows, sums, highs)
+
     def np_merge():  # (combine_parts' lexsort of the two, which it replaced)
         g, bk, cnt = (np.concatenate([x, y]) for x, y in zip(ga, gb))
         order = np.lexsort((bk, g))
@@ -160,6 +177,7 @@ def cases(n: int) -> dict[str, tuple]:
         "sketch": (l5_sketch, np_sketch),
         "sketch (wide)": (lambda: l5_sketch_of(speeds), lambda: np_sketch_of(speeds)),
         "sketch (spread)": (lambda: l5_sketch_of(spread), lambda: np_sketch_of(spread)),
+        "keyed_reduce + sketch": (l5_keyed_sketch, np_keyed_sketch),
         "merge_sketches": (lambda: k.merge_sketches(ga, gb), np_merge),
         "group_reduce": (lambda: k.group_reduce(codes, values, ngroups, True, True, True), np_group_reduce),
         "range_codes": (
