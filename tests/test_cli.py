@@ -201,6 +201,24 @@ def test_agg_value_has_no_v_and_info_has_q(small_ds):
     assert r.returncode == 0 and "agents" in r.stdout
 
 
+def test_agg_of_no_group_says_so_not_pandas_repr(small_ds, tmp_path):
+    """``agg --by`` where no row is kept printed pandas' ``Empty DataFrame / Columns: [...] /
+    Index: []`` (a new user's trial); it says that no row is kept and names the columns. With
+    ``-o`` the file holds no row, those columns; without ``by``, one row (count 0)."""
+    import pyarrow.parquet as pq
+
+    none = ["agg", small_ds, "--by", "label", "--value", "speed:mean", "--where", "speed > 1e9"]
+    r = cli(*none, "-q")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == "no group: no row is kept (the columns: label, speed_mean)\n"
+    r = cli(*none, "-o", tmp_path / "g.parquet")
+    assert r.returncode == 0 and "0 groups" in r.stdout, r.stdout + r.stderr
+    table = pq.read_table(tmp_path / "g.parquet")
+    assert table.num_rows == 0 and table.column_names == ["label", "speed_mean"]
+    r = cli("agg", small_ds, "--value", "speed:count", "--where", "speed > 1e9", "-q")
+    assert r.returncode == 0 and r.stdout.split() == ["speed_count", "0"], r.stdout
+
+
 def test_outputs_are_options_everywhere(small_ds, tmp_path):
     """synth, subset, split, export and demo take their output as -o/--output, as the others."""
     ds = tmp_path / "s.zarr"

@@ -384,6 +384,9 @@ def agg(
         import pandas as pd
 
         frame = result.to_pandas()
+        if not len(frame):  # (pandas' repr of it is "Empty DataFrame / Columns: [...] / Index: []")
+            click.echo(f"no group: no row is kept (the columns: {', '.join(map(str, frame.columns))})")
+            return
         with pd.option_context("display.max_rows", 60, "display.width", 200):
             click.echo(frame.to_string(index=False) if len(frame) <= 60 else frame)
 
