@@ -68,8 +68,10 @@ def friendly(func):
                 config.check_all()
             return func(*args, **kwargs)
         except L5DaskError as exc:
-            click.echo(f"l5dask: error: {exc}", err=True)
-            sys.exit(getattr(exc, "exit_code", EXIT_USER_ERROR))  # (an answer such as "no scene": 1)
+            code = getattr(exc, "exit_code", EXIT_USER_ERROR)
+            # (an answer such as "no scene", exit 1, is said as what it is, not as an error)
+            click.echo(f"l5dask: {'' if code == 1 else 'error: '}{exc}", err=True)
+            sys.exit(code)
         except KeyboardInterrupt:
             # the main thread has unwound (its outputs are atomic: nothing half-written is left);
             # end now: an interpreter exit would wait for the worker threads' reads in flight,
