@@ -47,7 +47,8 @@ METRICS = (
     "final_displacement_error_oracle",
     "final_displacement_error_mean",
 )
-#: Bins of the NLL histogram (log-spaced; the first bin holds everything below 1e-3).
+#: Bins of the NLL histogram (log-spaced; the first bin holds everything below 1e-3, the last
+#: everything above 1e6: every row is counted).
 NLL_BINS = np.concatenate([[0.0], np.logspace(-3, 6, 91)])
 #: Keys printed when a pair does not match.
 
@@ -70,7 +71,9 @@ def _sums(values: dict[str, np.ndarray], groups: dict[str, tuple[np.ndarray, int
     out: dict[str, Any] = {
         "rows": len(values["rmse"]),
         "sum": {k: v.sum(axis=0) for k, v in values.items()},
-        "nll_hist": np.histogram(np.minimum(values["neg_multi_log_likelihood"], NLL_BINS[-1]), NLL_BINS)[0],
+        # (an NLL is >= 0; a row without a step rounds to -2e-16: first bin, as those above the last
+        # edge go to the last)
+        "nll_hist": np.histogram(np.clip(values["neg_multi_log_likelihood"], 0.0, NLL_BINS[-1]), NLL_BINS)[0],
     }
     for name, (codes, n) in groups.items():
         g = {"rows": np.bincount(codes, minlength=n)}

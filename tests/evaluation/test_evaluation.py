@@ -237,6 +237,13 @@ def test_metrics_equal_l5kits(tmp_path, monkeypatch, modes):
     per["rmse"][nan_rows] = 0.0  # l5dask's clamp (documented)
     for k in M.METRICS:
         np.testing.assert_allclose(ours[k], per[k].mean(axis=0), rtol=1e-9, atol=0, err_msg=k)
+    # the NLL histogram counts every row: those without a step (an NLL of 0, or a rounding below
+    # it: -2e-16) in the first bin, where they were left out (a new user's trial)
+    nll = per["neg_multi_log_likelihood"]
+    assert (nll[2:6] <= 1e-12).all()
+    hist = ours["nll_histogram"]
+    assert hist["edges"] == M.NLL_BINS.tolist() and sum(hist["counts"]) == n
+    assert hist["counts"] == np.histogram(np.clip(nll, 0.0, M.NLL_BINS[-1]), M.NLL_BINS)[0].tolist()
     # and L5Kit's compute_metrics_csv itself, on the pair without the colliding keys or NaN rows
     keep = np.ones(n, bool)
     keep[:2] = False
