@@ -226,7 +226,6 @@ class Store:
         if folder is not None:  # (its filesystem is made when asked for: see fs)
             self._fs, self.root = None, folder.rstrip("/")
             return
-        import fsspec
         from fsspec.core import url_to_fs
 
         try:
@@ -234,10 +233,7 @@ class Store:
                 target_fs, zpath = url_to_fs(self.url, **options)
                 if not target_fs.exists(zpath):
                     raise NotADatasetError(f"{self.url}: no such file")
-                # (fsspec's tar infers gzip, bz2, xz from the name)
-                self._fs = fsspec.filesystem(
-                    kind, fo=zpath, target_protocol=_protocol(target_fs), target_options=options
-                )
+                self._fs = _archive_fs(self.url, kind, zpath, target_fs, options)
                 self.root = self._archive_root()
             else:
                 self._fs, root = url_to_fs(self.url, **options)
@@ -791,6 +787,27 @@ def local_folder(url: str, storage_options: dict[str, Any]) -> str | None:
     elif "://" in url:
         return None
     return os.path.abspath(os.path.expanduser(url)) if url else None
+
+
+def _archive_fs(url: str, kind: str, path: str, target_fs: Any, options: dict[str, Any]) -> Any:
+    """fsspec's filesystem of the zip or tar at ``path`` of ``target_fs`` (its table of contents
+    read); one that is not such an archive, or is cut short (a partial download), refused in one
+    line: zipfile's and tarfile's own errors are no ``OSError``."""
+    import tarfile
+    import zipfile
+    import zlib
+
+    import fsspec
+
+    try:
+        # (fsspec's tar infers gzip, bz2, xz from the name)
+        return fsspec.filesystem(kind, fo=path, target_protocol=_protocol(target_fs), target_options=options)
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error) as exc:
+        raise NotADatasetError(
+            f"{url}: not a {kind} that can be read ({_describe(exc)}): a damaged file, or one not written whole"
+        ) from None
+    except (LookupError, ValueError) as exc:  # (a compression that is not one, a bad header field)
+        raise NotADatasetError(f"{url}: not a {kind} that can be read ({_describe(exc)})") from None
 
 
 def archive_kind(url: str) -> str | None:

@@ -229,6 +229,35 @@ def test_outputs_are_checked_before_any_chunk_is_read(unreadable, tmp_path, args
     assert any(w in r.stderr for w in ("does not exist", "is a folder", "is a directory")) and "chunk" not in r.stderr
 
 
+def test_a_damaged_archive_is_one_line(small_ds, tmp_path):
+    """A file named .zip or .tar that is not one, or is cut short (a partial download), was a
+    traceback of zipfile's or tarfile's (a new user's trial): one line, exit 2, for the prediction
+    commands, the perception ones and ``open_dataset``; an intact archive of the same dataset reads."""
+    import tarfile
+    import zipfile
+
+    good_zip, good_tar = tmp_path / "good.zip", tmp_path / "good.tar"
+    with zipfile.ZipFile(good_zip, "w") as z:
+        for f in Path(small_ds).rglob("*"):
+            z.write(f, f.relative_to(small_ds))
+    with tarfile.open(good_tar, "w") as t:
+        t.add(small_ds, arcname=".")
+    (tmp_path / "fake.zip").write_text("notzip\n")
+    (tmp_path / "cut.zip").write_bytes(good_zip.read_bytes()[:10_000])
+    (tmp_path / "cut.tar").write_bytes(good_tar.read_bytes()[:20_000])
+    (tmp_path / "fake.tar").write_text("notzip\n")
+    for name, kind in (("fake.zip", "zip"), ("cut.zip", "zip"), ("cut.tar", "tar"), ("fake.tar", "tar")):
+        path = tmp_path / name
+        for args in (["info", path], ["stats", path, "-q"], ["perception", "stats", path, "-q"]):
+            r = cli(*args)
+            assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+            assert r.stderr.startswith(f"l5dask: error: {path}: not a {kind} that can be read ("), r.stderr
+        with pytest.raises(NotADatasetError, match=f"not a {kind} that can be read"):
+            l5dask.open_dataset(str(path))
+    for good in (good_zip, good_tar):
+        assert l5dask.open_dataset(str(good)).counts() == l5dask.open_dataset(small_ds).counts()
+
+
 def test_usage_errors_are_one_line(small_ds):
     for args in (["stats"], ["stats", small_ds, "--chunks-per-task", "0"], ["nosuchcommand"], ["stats", "--bogus"]):
         r = cli(*args)

@@ -8,8 +8,9 @@ Targets (``tests/fuzz/targets.py``): the compiled blosc gather against numcodecs
 chunk reader (``read_chunk_rows``) and the compressed gather from the blocks it reads against the
 whole chunk decoded, the compiled reads of a chunk in part against the Python path's, ``.zarray``
 (1-D and N-D) and ``.zattrs`` parsing, L5Kit's CSV reader against ``float()``, and perception
-tables with the compiled JSON type scan against ``json``, and the cache's entries
-(``l5dask.core.cache``: read back bit for bit, or refused in one line). Inputs start from each target's seeds
+tables with the compiled JSON type scan against ``json``, the cache's entries
+(``l5dask.core.cache``: read back bit for bit, or refused in one line), and a dataset in a zip or
+a tar (opened and read, or refused in one line). Inputs start from each target's seeds
 and the corpus (``tests/fuzz/corpus/TARGET/``: inputs that once broke l5dask), then are mutated:
 bit flips, interesting bytes and 32-bit integers (at blosc's header fields most of all),
 insertions, deletions, truncation, splices, and JSON-aware edits (numbers made huge, negative or

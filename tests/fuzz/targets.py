@@ -512,6 +512,49 @@ def _cache_seeds() -> list[bytes]:
     return out
 
 
+# --- a dataset in a zip or a tar ------------------------------------------------------------------------------
+def archive(data: bytes) -> None:
+    """First byte even: the rest is a zip of a dataset folder, odd: a tar. Opened as a dataset (its
+    metadata, its chunks' headers) and its scenes read: an answer, or one of l5dask's errors (a
+    damaged archive said in one line: zipfile's and tarfile's errors reached the user as tracebacks)."""
+    import l5dask
+
+    suffix = ".tar" if data[:1] and data[0] % 2 else ".zip"
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "dataset" + suffix)
+        with open(path, "wb") as f:
+            f.write(data[1:])
+        try:
+            ds = l5dask.open_dataset(path)
+            scenes = ds[fmt.SCENES]
+            scenes.read(0, len(scenes))
+        except L5DaskError:
+            return
+
+
+def _archive_seeds() -> list[bytes]:
+    """A dataset of two scenes (no frame) as a zip and as a tar."""
+    import tarfile
+    import zipfile
+
+    files = {".zgroup": b'{"zarr_format": 2}', ".zattrs": fmt.zattrs_json()}
+    for name in fmt.ARRAY_NAMES:
+        files[f"{name}/.zarray"] = fmt.zarray_json(fmt.DTYPES[name], 2 if name == fmt.SCENES else 0, 10)
+    scenes = np.zeros(10, fmt.SCENE_DTYPE)
+    scenes["host"][:2] = ["host-a", "host-b"]
+    files["scenes/0"] = Blosc("lz4", 5, Blosc.SHUFFLE).encode(scenes)
+    z, t = io.BytesIO(), io.BytesIO()
+    with zipfile.ZipFile(z, "w") as zf:
+        for name, body in files.items():
+            zf.writestr(name, body)
+    with tarfile.open(fileobj=t, mode="w") as tf:
+        for name, body in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tf.addfile(info, io.BytesIO(body))
+    return [b"\x00" + z.getvalue(), b"\x01" + t.getvalue()]
+
+
 TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = {
     "blosc": (blosc, _blosc_seeds),
     "chunk_rows": (chunk_rows, _partial_seeds),
@@ -525,6 +568,7 @@ TARGETS: dict[str, tuple[Callable[[bytes], None], Callable[[], list[bytes]]]] = 
     "detection": (detection, _detection_seeds),
     "detection_blocks": (detection_blocks, _detection_block_seeds),
     "cache_entry": (cache_entry, _cache_seeds),
+    "archive": (archive, _archive_seeds),
 }
 
 
