@@ -138,7 +138,7 @@ def select_agents(
 @click.argument("dataset")
 @click.option("--future-frames", default=50, show_default=True, type=click.IntRange(1), help="T")
 @threshold_option
-@click.option("--mask", "mask", help="L5Kit's mask.npz (key arr_0): the agents to export")
+@click.option("--mask", "mask", help="L5Kit's mask.npz (key arr_0), or a .npy of the array: the agents to export")
 @click.option("--min-history", default=None, type=click.IntRange(0), help="with the agents mask [default: 10]")
 @click.option("--min-future", default=None, type=click.IntRange(0), help="with the agents mask [default: 1]")
 @shared(output="the GT CSV: a path or a URL", output_required=True, chunks=True, scheduler=True, scenes=True)

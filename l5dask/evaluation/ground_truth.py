@@ -200,16 +200,25 @@ def _gt_task(
 
 
 def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndarray:
-    """A boolean agents mask: an array, or L5Kit's ``mask.npz`` (key ``arr_0``); its length must be
-    the number of agents."""
+    """A boolean agents mask: an array, L5Kit's ``mask.npz`` (key ``arr_0``), or a ``.npy`` of the
+    array (told by their first bytes: a zip, numpy's magic string); its length must be the number of
+    agents. Never unpickled."""
     if isinstance(mask, (str, bytes)) or hasattr(mask, "__fspath__"):
         path = str(mask)
         try:
             store, key = file_store(path, storage_options)  # (the store's retries and errors)
-            with np.load(io.BytesIO(store.get(key, what="the mask")), allow_pickle=False) as z:
-                if "arr_0" not in z.files:
-                    raise MaskError(f"{path}: no array 'arr_0' (L5Kit's mask.npz holds one): {z.files}")
-                mask = z["arr_0"]
+            raw = store.get(key, what="the mask")
+            if raw[:6] == b"\x93NUMPY":
+                mask = np.load(io.BytesIO(raw), allow_pickle=False)
+            elif raw[:2] == b"PK":
+                with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+                    if "arr_0" not in z.files:
+                        raise MaskError(f"{path}: no array 'arr_0' (L5Kit's mask.npz holds one): {z.files}")
+                    mask = z["arr_0"]
+            else:
+                raise MaskError(
+                    f"{path}: not a numpy .npz file (L5Kit's mask.npz, as select-agents writes it) nor a .npy file"
+                )
         except (FileNotFoundError, ChunkError):
             raise MaskError(f"{path}: no such file") from None
         except StoreError:
@@ -217,7 +226,7 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
         except (ValueError, OSError) as exc:
             if isinstance(exc, MaskError):
                 raise
-            raise MaskError(f"{path}: not a numpy .npz file ({exc})") from None
+            raise MaskError(f"{path}: not a numpy .npz or .npy file that can be read ({exc})") from None
     mask = np.asarray(mask)
     if mask.ndim != 1 or len(mask) != n:
         raise MaskError(f"the mask has shape {mask.shape}; the dataset has {n:,} agents (one flag per agent)")

@@ -533,6 +533,11 @@ def test_ground_truth_equals_l5kits(edge, tmp_path):
     r = cli("gt", path, "-o", tmp_path / "gt3.csv", "--mask", tmp_path / "mask.npz", "-q")
     assert r.returncode == 0, r.stderr
     same_gt(tmp_path / "gt3.csv", tmp_path / "ref3.csv")
+    # the mask as a .npy of the array (a new user's: a traceback); the same rows
+    np.save(tmp_path / "mask.npy", pick)
+    r = cli("gt", path, "-o", tmp_path / "gt4.csv", "--mask", tmp_path / "mask.npy", "-q")
+    assert r.returncode == 0, r.stderr
+    same_gt(tmp_path / "gt4.csv", tmp_path / "ref3.csv")
 
 
 def test_the_python_functions_name_their_own_overwrite(edge, tmp_path):
@@ -845,6 +850,14 @@ def test_bad_masks_and_frames(edge, tmp_path):
     np.savez(tmp_path / "bad.npz", bad)
     r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / "bad.npz", "-q")
     one_line_error(r, f"agent {failing[0]}", "fails the label filter")
+    assert not (tmp_path / "gt.csv").exists() and not list(tmp_path.glob(".gt.csv*"))
+    # a mask that is no numpy file (a text file, a CSV): said as such, not as pickled data
+    (tmp_path / "notes.txt").write_text("agent 1\n")
+    r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / "notes.txt", "-q")
+    one_line_error(r, "notes.txt: not a numpy .npz file (L5Kit's mask.npz, as select-agents writes it) nor a .npy file")
+    np.save(tmp_path / "objects.npy", np.array([None] * n, dtype=object))
+    r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / "objects.npy", "-q")
+    one_line_error(r, "objects.npy: not a numpy .npz or .npy file that can be read", "allow_pickle")
     assert not (tmp_path / "gt.csv").exists() and not list(tmp_path.glob(".gt.csv*"))
     r = cli("chop", path, "--frames", 10_000, "-o", tmp_path / "out", "-q")
     one_line_error(r, "--frames 10000", "every scene must have more")
