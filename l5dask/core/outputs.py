@@ -242,6 +242,35 @@ def _remove(tmp: str) -> None:
         os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def made_folder(path: str) -> Iterator[None]:
+    """A local output folder made (with its missing parents) for the block's writes; when the block
+    fails, the folders made here are removed again if they are empty (the block's own cleanup
+    removed what it wrote): a failed command leaves no empty folder behind. A folder that was
+    there is left as it was."""
+    path = os.path.abspath(path)
+    top = path
+    while not os.path.exists(os.path.dirname(top)) and os.path.dirname(top) != top:
+        top = os.path.dirname(top)  # (the highest missing one)
+    made = not os.path.exists(path)
+    if made:
+        os.makedirs(path)
+    try:
+        yield
+    except BaseException:
+        if made:
+            folder = path
+            while True:
+                try:
+                    os.rmdir(folder)  # (only an empty one)
+                except OSError:
+                    break
+                if folder == top:
+                    break
+                folder = os.path.dirname(folder)
+        raise
+
+
 def atomic_write(path: str, write: Callable[[str], None], storage_options: dict[str, Any] | None = None) -> None:
     """Call ``write(tmp)`` on a local temporary file, then move it into place at ``path`` whole
     (:func:`atomic_output`)."""

@@ -15,6 +15,7 @@ selected agent failing the label filter shows), then ``mask.npz``, then the data
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import posixpath
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core.engine import Job
-from l5dask.core.outputs import atomic_write, check_writable, filesystem
+from l5dask.core.outputs import atomic_write, check_writable, filesystem, made_folder
 from l5dask.core.policy import where_keywords
 from l5dask.errors import OutputError, UsageError
 from l5dask.evaluation.agents import (
@@ -127,83 +128,84 @@ def create_chopped_dataset(
             f"--frames {n_copy}: scene {s} has {int(lengths[s])} frames; every scene must have more "
             f"than the frames kept ({int((lengths <= n_copy).sum())} scenes do not)"
         )
-    if "://" not in out_dir and not os.path.isdir(out_dir):
-        if os.path.exists(out_dir):
-            raise OutputError(f"{out_dir}: is not a folder")
-        os.makedirs(out_dir)
-    for p in (gt_path, mask_path):
-        check_writable(p, storage_options)
-        fs, q = filesystem(p, storage_options)
-        if fs.exists(q) and not overwrite:
-            raise OutputError(f"{p} exists (pass overwrite=True / --overwrite)")
-    store = target(data_url, [ds], storage_options, overwrite)
-
-    # the last kept frame of each scene, its agents (and the faces' end)
-    last = (table.f0 + n_copy - 1).astype(np.int64)
-    tl = tl_field(ds)
-    fields = ("agent_index_interval",) + ((tl,) if tl else ())
-    got = pick_rows(ds[fmt.FRAMES], np.unique(last), fields, job)
-    pos = np.searchsorted(np.unique(last), last)
-    last_iv = got["agent_index_interval"].reshape(-1, 2)[pos]
-    a_end = last_iv[:, 1]
-    rows = np.concatenate([np.arange(a, b) for a, b in last_iv]) if len(last_iv) else np.zeros(0, np.int64)
-    counts = future_counts(ds, rows, th, job)
-    keep = counts[:, 1] >= int(min_frame_future)
-    orig = np.zeros(len(ds[fmt.AGENTS]), bool)
-    orig[rows[keep]] = True
-    kept_agents = a_end - table.a0
-    out_a0 = np.r_[0, np.cumsum(kept_agents)[:-1]].astype(np.int64)
-    chopped = np.zeros(int(kept_agents.sum()), bool)
-    chopped_rows = (
-        np.concatenate([o + np.arange(a - a0, b - a0) for o, a0, (a, b) in zip(out_a0, table.a0, last_iv)])
-        if len(last_iv)
-        else np.zeros(0, np.int64)
-    )
-    chopped[chopped_rows[keep]] = True
-
-    def write_mask(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            buf = io.BytesIO()
-            np.savez(buf, chopped)  # key arr_0, as L5Kit's np.savez(path, mask)
-            f.write(buf.getvalue())
-
-    written = []
-    try:
-        export_zarr_to_csv(ds, gt_path, n_gt, th.threshold, orig, storage_options=storage_options, scheduler=job)
-        written.append(gt_path)
-        atomic_write(mask_path, write_mask, storage_options)
-        written.append(mask_path)
-        o = Output(store, ds.labels)
-        scenes = job.read(ds[fmt.SCENES]).copy()
-        out_f0 = np.arange(len(scenes), dtype=np.int64) * n_copy
-        iv = scenes["frame_index_interval"].reshape(-1, 2)
-        iv[:, 0], iv[:, 1] = out_f0, out_f0 + n_copy
-        o.pieces[fmt.SCENES] = [Piece(Memory(scenes), 0, len(scenes), 0)] if len(scenes) else []
-        o.pieces[fmt.FRAMES], o.pieces[fmt.AGENTS] = [], []
-        names = [fmt.SCENES, fmt.FRAMES, fmt.AGENTS]
-        if tl:
-            o.pieces[fmt.TL_FACES] = []
-            names.append(fmt.TL_FACES)
-            t_end = got[tl].reshape(-1, 2)[pos][:, 1]
-            kept_faces = t_end - table.t0
-            out_t0 = np.r_[0, np.cumsum(kept_faces)[:-1]].astype(np.int64)
-        for s in range(len(scenes)):
-            f0, a0 = int(table.f0[s]), int(table.a0[s])
-            shifts: tuple[tuple[str, int], ...] = (("agent_index_interval", int(out_a0[s]) - a0),)
-            if tl:
-                t0 = int(table.t0[s])
-                shifts += ((tl, int(out_t0[s]) - t0),)
-                o.pieces[fmt.TL_FACES].append(Piece(ds[fmt.TL_FACES], t0, int(t_end[s]), int(out_t0[s])))
-            o.pieces[fmt.FRAMES].append(Piece(ds[fmt.FRAMES], f0, f0 + n_copy, int(out_f0[s]), shifts))
-            o.pieces[fmt.AGENTS].append(Piece(ds[fmt.AGENTS], a0, int(a_end[s]), int(out_a0[s])))
-        for n in names:
-            o.dtypes[n], o.tails[n] = ds[n].dtype, ()
-            o.pieces[n] = [p for p in o.pieces[n] if p.hi > p.lo]
-        write_outputs([o], job)
-    except BaseException:
-        for p in written:
+    local = "://" not in out_dir
+    if local and os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise OutputError(f"{out_dir}: is not a folder")
+    # (a failed chop removes what it wrote, and the folders it made: nothing is left behind)
+    with made_folder(out_dir) if local else contextlib.nullcontext():
+        for p in (gt_path, mask_path):
+            check_writable(p, storage_options)
             fs, q = filesystem(p, storage_options)
-            fs.rm(q)
-        remove(store)
-        raise
-    return out_dir
+            if fs.exists(q) and not overwrite:
+                raise OutputError(f"{p} exists (pass overwrite=True / --overwrite)")
+        store = target(data_url, [ds], storage_options, overwrite)
+
+        # the last kept frame of each scene, its agents (and the faces' end)
+        last = (table.f0 + n_copy - 1).astype(np.int64)
+        tl = tl_field(ds)
+        fields = ("agent_index_interval",) + ((tl,) if tl else ())
+        got = pick_rows(ds[fmt.FRAMES], np.unique(last), fields, job)
+        pos = np.searchsorted(np.unique(last), last)
+        last_iv = got["agent_index_interval"].reshape(-1, 2)[pos]
+        a_end = last_iv[:, 1]
+        rows = np.concatenate([np.arange(a, b) for a, b in last_iv]) if len(last_iv) else np.zeros(0, np.int64)
+        counts = future_counts(ds, rows, th, job)
+        keep = counts[:, 1] >= int(min_frame_future)
+        orig = np.zeros(len(ds[fmt.AGENTS]), bool)
+        orig[rows[keep]] = True
+        kept_agents = a_end - table.a0
+        out_a0 = np.r_[0, np.cumsum(kept_agents)[:-1]].astype(np.int64)
+        chopped = np.zeros(int(kept_agents.sum()), bool)
+        chopped_rows = (
+            np.concatenate([o + np.arange(a - a0, b - a0) for o, a0, (a, b) in zip(out_a0, table.a0, last_iv)])
+            if len(last_iv)
+            else np.zeros(0, np.int64)
+        )
+        chopped[chopped_rows[keep]] = True
+
+        def write_mask(tmp: str) -> None:
+            with open(tmp, "wb") as f:
+                buf = io.BytesIO()
+                np.savez(buf, chopped)  # key arr_0, as L5Kit's np.savez(path, mask)
+                f.write(buf.getvalue())
+
+        written = []
+        try:
+            export_zarr_to_csv(ds, gt_path, n_gt, th.threshold, orig, storage_options=storage_options, scheduler=job)
+            written.append(gt_path)
+            atomic_write(mask_path, write_mask, storage_options)
+            written.append(mask_path)
+            o = Output(store, ds.labels)
+            scenes = job.read(ds[fmt.SCENES]).copy()
+            out_f0 = np.arange(len(scenes), dtype=np.int64) * n_copy
+            iv = scenes["frame_index_interval"].reshape(-1, 2)
+            iv[:, 0], iv[:, 1] = out_f0, out_f0 + n_copy
+            o.pieces[fmt.SCENES] = [Piece(Memory(scenes), 0, len(scenes), 0)] if len(scenes) else []
+            o.pieces[fmt.FRAMES], o.pieces[fmt.AGENTS] = [], []
+            names = [fmt.SCENES, fmt.FRAMES, fmt.AGENTS]
+            if tl:
+                o.pieces[fmt.TL_FACES] = []
+                names.append(fmt.TL_FACES)
+                t_end = got[tl].reshape(-1, 2)[pos][:, 1]
+                kept_faces = t_end - table.t0
+                out_t0 = np.r_[0, np.cumsum(kept_faces)[:-1]].astype(np.int64)
+            for s in range(len(scenes)):
+                f0, a0 = int(table.f0[s]), int(table.a0[s])
+                shifts: tuple[tuple[str, int], ...] = (("agent_index_interval", int(out_a0[s]) - a0),)
+                if tl:
+                    t0 = int(table.t0[s])
+                    shifts += ((tl, int(out_t0[s]) - t0),)
+                    o.pieces[fmt.TL_FACES].append(Piece(ds[fmt.TL_FACES], t0, int(t_end[s]), int(out_t0[s])))
+                o.pieces[fmt.FRAMES].append(Piece(ds[fmt.FRAMES], f0, f0 + n_copy, int(out_f0[s]), shifts))
+                o.pieces[fmt.AGENTS].append(Piece(ds[fmt.AGENTS], a0, int(a_end[s]), int(out_a0[s])))
+            for n in names:
+                o.dtypes[n], o.tails[n] = ds[n].dtype, ()
+                o.pieces[n] = [p for p in o.pieces[n] if p.hi > p.lo]
+            write_outputs([o], job)
+        except BaseException:
+            for p in written:
+                fs, q = filesystem(p, storage_options)
+                fs.rm(q)
+            remove(store)
+            raise
+        return out_dir

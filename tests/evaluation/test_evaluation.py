@@ -862,9 +862,15 @@ def test_bad_masks_and_frames(edge, tmp_path):
     r = cli("chop", path, "--frames", 10_000, "-o", tmp_path / "out", "-q")
     one_line_error(r, "--frames 10000", "every scene must have more")
     assert not (tmp_path / "out" / "edge.zarr").exists()
-    r = cli("chop", path, "--frames", 60, "--min-future", 0, "-o", tmp_path / "out0", "-q")
+    r = cli("chop", path, "--frames", 60, "--min-future", 0, "-o", tmp_path / "new" / "out0", "-q")
     one_line_error(r, "fails the label filter")  # L5Kit raises there too
-    assert not any(os.scandir(tmp_path / "out0"))
+    # the folders it made for its output removed with what it wrote (a new user's trial: left empty)
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "keep.txt").write_text("the user's")
+    r = cli("chop", path, "--frames", 60, "--min-future", 0, "-o", tmp_path / "mine", "-q")
+    one_line_error(r, "fails the label filter")
+    assert [e.name for e in os.scandir(tmp_path / "mine")] == ["keep.txt"]  # (a folder that was there: kept)
 
 
 # --- S3 and a cluster ---------------------------------------------------------------------------------
