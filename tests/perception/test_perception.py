@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import json
 import math
+from fractions import Fraction
 import os
 import re
 import shutil
@@ -381,6 +382,26 @@ def test_archives_s3_and_a_cluster_give_the_same_report(data, tmp_path, s3, on_s
     same(got, json.loads(json.dumps(base)))
 
 
+def test_to_l5kit_timestamps_are_the_exact_nanoseconds():
+    """``to_ns``: the JSON's microseconds times 1000, exactly (``Fraction``), rounded half to even
+    where a fraction of a nanosecond is left (timestamps, and small values with many fraction
+    bits): float64's product was off by up to 128 ns (a new user's trial: no frame's timestamp a
+    multiple of 1000)."""
+    from l5dask.perception.to_l5kit import to_ns
+
+    rng = np.random.default_rng(9)
+    us = np.concatenate(
+        [
+            rng.integers(1_500_000_000_000_000, 1_600_000_000_000_000, 200).astype(np.float64),  # whole us
+            rng.uniform(1.5e15, 1.6e15, 200),  # (fractions of 0.25 us at this size)
+            rng.uniform(0, 1e6, 200),  # small: many fraction bits
+            [0.0, 0.25, 2.0**53, 1557861643224377.0],  # (not 0.0005: a half nanosecond, plus 1e-20)
+        ]
+    )
+    assert to_ns(us).tolist() == [round(Fraction(float(u)) * 1000) for u in us]
+    assert to_ns(np.array([1557861643224377.0]))[0] == 1557861643224377000
+
+
 def test_to_l5kit_opens_in_l5kit_and_agrees_with_the_report(data, sdk, tmp_path):
     from l5dask import open_dataset
     from l5dask.perception.to_l5kit import CATEGORY_LABELS
@@ -406,7 +427,8 @@ def test_to_l5kit_opens_in_l5kit_and_agrees_with_the_report(data, sdk, tmp_path)
         while tok:
             sample = sdk.get("sample", tok)
             frame = z.frames[f]
-            assert frame["timestamp"] == int(round(sample["timestamp"] * 1000))
+            # (exact: the microseconds' value times 1000, where float64's product rounds to 256 ns)
+            assert frame["timestamp"] == round(Fraction(sample["timestamp"]) * 1000)
             a0, a1 = frame["agent_index_interval"]
             assert a1 - a0 == len(sample["anns"])
             agents = z.agents[a0:a1]
