@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import json
 import math
-from fractions import Fraction
 import os
 import re
 import shutil
@@ -15,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from fractions import Fraction
 
 import numpy as np
 import pytest
