@@ -169,6 +169,11 @@ def _from_csv(data: bytes, where: str, kind: str) -> Boxes:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FormatError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not text.strip():  # (an empty .json as much as an empty .csv: both forms named)
+        raise FormatError(
+            f"{where}: empty: expected the SDK's JSON list of boxes ([{{...}}, ...]) or the competition's "
+            "CSV (Id,PredictionString)"
+        )
     ids, counts, tokens, lines = [], [], [], []
     limit = csv.field_size_limit()
     csv.field_size_limit(2**31 - 1)  # (a sample's PredictionString may pass csv's 128 KB)

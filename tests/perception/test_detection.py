@@ -482,6 +482,9 @@ BAD_JSON = [
     # an object holding the list (it was read as a CSV: "the header is '{\"boxes\": ...', expected Id,...")
     (json.dumps({"boxes": [_box(score=0.5)]}), "a JSON object, not the SDK's JSON list of boxes ([{...}, ...])"),
     (" \n" + json.dumps({"results": {}}), "a JSON object, not the SDK's JSON list of boxes"),
+    # an empty file (a new user's trial: said to need a CSV header)
+    ("", "pred.json: empty: expected the SDK's JSON list of boxes ([{...}, ...]) or the competition's CSV"),
+    (" \n\n", "empty: expected the SDK's JSON list of boxes"),
 ]
 
 
