@@ -115,6 +115,11 @@ def report(data, output, json_path, no_lidar, points_in_boxes, quiet, scheduler,
     is_flag=True,
     help="count predictions on samples the ground truth does not list as false positives (else an error)",
 )
+@click.option(
+    "--allow-unknown-classes",
+    is_flag=True,
+    help="leave out predictions of classes the ground truth has no box of, as the SDK does (else an error)",
+)
 @shared(output="write the metrics (JSON) here: a path or a URL; the mAP is printed too, unless -q", scheduler=True)
 def evaluate(
     pred,
@@ -126,6 +131,7 @@ def evaluate(
     curves,
     geometry,
     allow_unknown_samples,
+    allow_unknown_classes,
     storage_options,
     scheduler,
     quiet,
@@ -152,7 +158,11 @@ def evaluate(
     with connect(scheduler, quiet=True) as client:
         job = Job(client)
         kw = dict(
-            iou_thresholds=thresholds, scheduler=job, allow_unknown_samples=allow_unknown_samples, geometry=geometry
+            iou_thresholds=thresholds,
+            scheduler=job,
+            allow_unknown_samples=allow_unknown_samples,
+            allow_unknown_classes=allow_unknown_classes,
+            geometry=geometry,
         )
         if dataset is not None:  # (the dataset's boxes are in memory: the predictions too, for the bands)
             from l5dask.perception import open_perception

@@ -308,6 +308,7 @@ def evaluate(
     samples_per_task: int = SAMPLES_PER_TASK,
     block_bytes: int | None = None,
     geometry: str = DEFAULT_GEOMETRY,
+    allow_unknown_classes: bool = False,
 ) -> dict[str, Any]:
     """The Lyft SDK's detection mAP of predictions against ground truth (paths of JSON or CSV
     files, or :class:`~l5dask.perception.boxes.Boxes`), every threshold in one pass.
@@ -328,6 +329,10 @@ def evaluate(
     with ``curves`` each class's recall and precision per threshold (a class without predictions
     too: no point, recall 0).
 
+    A prediction of a class the ground truth has no box of is refused (a misspelt class), unless
+    ``allow_unknown_classes``: then it is left out, as the SDK's ``get_average_precisions`` leaves it
+    (a split without that class), and ``warnings`` counts them.
+
     ``scheduler``: where its tasks run (a ``distributed.Client`` or its address, ``"threads"``...;
     default: the active client, else local threads); ``job=`` and ``client=`` are its old names
     (until the next release, with a ``FutureWarning``).
@@ -339,13 +344,33 @@ def evaluate(
     plan = read_plan(pred, gt, storage_options, block_bytes)
     if plan.how == "blocks":
         assert plan.pred is not None and plan.gt is not None
-        result, fault = _in_blocks(plan.pred, plan.gt, thresholds, job, curves, geometry, allow_unknown_samples)
+        result, fault = _in_blocks(
+            plan.pred, plan.gt, thresholds, job, curves, geometry, allow_unknown_samples, allow_unknown_classes
+        )
         if result is not None:
             return result
         warnings.append(f"read whole, not in blocks: {fault}")
     p = pred if isinstance(pred, Boxes) else read_boxes(pred, "pred", storage_options)
     g = gt if isinstance(gt, Boxes) else read_boxes(gt, "gt", storage_options)
-    return _whole(p, g, thresholds, job, curves, allow_unknown_samples, samples_per_task, warnings, geometry)
+    return _whole(
+        p,
+        g,
+        thresholds,
+        job,
+        curves,
+        allow_unknown_samples,
+        samples_per_task,
+        warnings,
+        geometry,
+        allow_unknown_classes,
+    )
+
+
+def _unknown_classes(names: list[str], n: int) -> str:
+    """The warning of ``n`` predictions of classes the ground truth has no box of, left out."""
+    return (
+        f"{n} prediction(s) of classes the ground truth has no box of ({', '.join(names)}): left out, as the SDK does"
+    )
 
 
 def _whole(
@@ -358,6 +383,7 @@ def _whole(
     samples_per_task: int,
     warnings: list[str],
     geometry: str,
+    allow_unknown_classes: bool = False,
 ) -> dict[str, Any]:
     if len(g) == 0:
         raise FormatError(f"{g.where}: no ground-truth box: the mAP is not defined")
@@ -365,9 +391,15 @@ def _whole(
     known_cls = np.isin(p.classes, classes)
     if len(p) and not known_cls[p.cls].all():
         i = int(np.flatnonzero(~known_cls[p.cls])[0])
-        raise FormatError(
-            f"{p.at(i)}: the class {p.classes[p.cls[i]]!r} is not in the ground truth, whose classes are {', '.join(classes)}"
-        )
+        if not allow_unknown_classes:
+            raise FormatError(
+                f"{p.at(i)}: the class {p.classes[p.cls[i]]!r} is not in the ground truth, whose classes are "
+                f"{', '.join(classes)} (--allow-unknown-classes leaves such predictions out, as the SDK does)"
+            )
+        keep = known_cls[p.cls]
+        unknown = sorted(set(p.classes[np.unique(p.cls[~keep])].tolist()))
+        warnings.append(_unknown_classes(unknown, int((~keep).sum())))
+        p = take(p, keep)
     if p.score is None:
         raise UsageError(f"{p.where}: predictions need scores")
     if len(p):  # (the samples a JSON ground truth lists: those with a box)
@@ -514,12 +546,16 @@ def _in_blocks(
     curves: bool,
     geometry: str,
     allow_unknown_samples: bool = False,
+    allow_unknown_classes: bool = False,
 ) -> tuple[dict[str, Any] | None, str]:
     """The result of a plan of blocks, or ``None`` and why: where a guess of the plan does not hold,
     or a block's strict parse fails, or a prediction's sample is not in the ground truth (the whole
     read names the fault, or cuts no box)."""
     try:
-        return _blocks_result(pb, gb, thresholds, job, curves, geometry, allow_unknown_samples), ""
+        return (
+            _blocks_result(pb, gb, thresholds, job, curves, geometry, allow_unknown_samples, allow_unknown_classes),
+            "",
+        )
     except (boxes.Unsure, FormatError) as exc:
         return None, str(exc)
 
@@ -532,6 +568,7 @@ def _blocks_result(
     curves: bool,
     geometry: str,
     allow_unknown_samples: bool = False,
+    allow_unknown_classes: bool = False,
 ) -> dict[str, Any]:
     remote = pb.store()[0].remote or gb.store()[0].remote  # (each task reads its block)
     index = boxes.GroundIndex.merge(
@@ -582,14 +619,19 @@ def _blocks_result(
     classes = sorted(counts)
     names = np.asarray(classes, dtype=object)
     p_cls, score, tp = [], [], []
+    left_out: dict[str, int] = {}
     for o in with_edges:
         pos = np.searchsorted(names, o["names"])
         known = (pos < len(names)) & (names[np.minimum(pos, len(names) - 1)] == o["names"])
-        if not known[o["cls"]].all():
-            raise boxes.Unsure(f"{pb.path}: a class the ground truth does not have")
-        p_cls.append(pos[o["cls"]])
-        score.append(o["score"])
-        tp.append(o["tp"])
+        keep = known[o["cls"]]
+        if not keep.all():
+            if not allow_unknown_classes:  # (the whole read names the first one)
+                raise boxes.Unsure(f"{pb.path}: a class the ground truth does not have")
+            for c, n in zip(*np.unique(np.asarray(o["names"], dtype=object)[o["cls"][~keep]], return_counts=True)):
+                left_out[str(c)] = left_out.get(str(c), 0) + int(n)
+        p_cls.append(pos[o["cls"]][keep])
+        score.append(o["score"][keep])
+        tp.append(o["tp"][keep])
     cat = lambda xs, z: np.concatenate(xs) if xs else z  # noqa: E731
     samples = {"ground_truth": int(len(index.tokens)), "predicted": int(len(seen))}
     return _result(
@@ -601,7 +643,8 @@ def _blocks_result(
         thresholds,
         curves,
         samples,
-        [f"{unknown} prediction(s) on samples the ground truth does not list"] if unknown else [],
+        ([f"{unknown} prediction(s) on samples the ground truth does not list"] if unknown else [])
+        + ([_unknown_classes(sorted(left_out), sum(left_out.values()))] if left_out else []),
         geometry,
         {"blocks": {"predictions": pb.n, "ground_truth": gb.n}},
     )

@@ -116,6 +116,42 @@ def test_json_equals_the_sdk_bit_for_bit(files):
     assert sum(r["predictions"].values()) == len(pred)
 
 
+@pytest.mark.parametrize("block_bytes", [None, 4000, "whole"])
+def test_predictions_of_a_class_without_ground_truth_are_refused_or_left_out_as_the_sdk(files, tmp_path, block_bytes):
+    """A split without trams (a class of its own category table), a detector that finds some (a new user's trial): refused in one line
+    naming the option by default (a misspelt class looks the same); with ``allow_unknown_classes``
+    left out as the SDK's ``get_average_precisions`` leaves them, the same APs bit for bit, counted
+    in a warning; read whole and in blocks alike."""
+    root, (gt, pred), _ = files
+    trams, mixed = [], []
+    for i, b in enumerate(pred):  # (each tram beside a box of its sample: grouped by sample, read in blocks)
+        mixed.append(b)
+        if i % 5 == 0:
+            trams.append(dict(b, name="tram", score=0.01 + 0.98 * (i % 7) / 7))
+            mixed.append(trams[-1])
+    write_json(mixed, tmp_path / "mixed.json")
+    classes, ref = reference(gt, pred)
+    sdk_classes = sdk("corrected").get_class_names(gt)
+    assert "tram" not in sdk_classes
+    args = (str(tmp_path / "mixed.json"), str(root / "gt.json"))
+    paths = args
+    if block_bytes == "whole":  # (boxes given: read whole, matched in groups of samples)
+        args, block_bytes = (detection.read_boxes(args[0], "pred"), detection.read_boxes(args[1], "gt")), None
+    with pytest.raises(FormatError, match="the class 'tram' is not in the ground truth.*--allow-unknown-classes"):
+        evaluate(*args, block_bytes=block_bytes)
+    r = evaluate(*args, block_bytes=block_bytes, allow_unknown_classes=True)
+    assert r["classes"] == classes
+    np.testing.assert_array_equal(ours(r), ref)
+    with boxes_built_once(sdk("corrected")):  # (the SDK itself on the mixed list: the trams ignored)
+        mixed_ref = np.array([sdk("corrected").get_average_precisions(gt, mixed, classes, t) for t in THRESHOLDS])
+    np.testing.assert_array_equal(ours(r), mixed_ref)
+    assert f"{len(trams)} prediction(s) of classes the ground truth has no box of (tram)" in r["warnings"][-1]
+    assert ("blocks" in r) == isinstance(args[0], str) and not any("read whole" in w for w in r["warnings"])
+    c = cli(paths[0], "--gt", paths[1], "--allow-unknown-classes", "-o", str(tmp_path / "m.json"))
+    assert c.returncode == 0 and "prediction(s) of classes the ground truth has no box of (tram)" in c.stderr
+    assert json.loads((tmp_path / "m.json").read_text())["mean_map"] == r["mean_map"]
+
+
 def test_csv_equals_the_sdk_on_what_kaggle2nuscenes_makes_of_it(files):
     root, _, (gt_csv, pred_csv) = files
     classes, ref = reference(gt_csv, pred_csv)
