@@ -254,7 +254,10 @@ def made_folder(path: str) -> Iterator[None]:
         top = os.path.dirname(top)  # (the highest missing one)
     made = not os.path.exists(path)
     if made:
-        os.makedirs(path)
+        try:
+            os.makedirs(path)
+        except OSError as exc:  # (one line: where and why, not errno's own words alone)
+            raise OutputError(f"{path}: cannot make the output folder ({exc.strerror or exc})") from None
     try:
         yield
     except BaseException:

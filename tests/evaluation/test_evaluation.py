@@ -871,6 +871,8 @@ def test_bad_masks_and_frames(edge, tmp_path):
     r = cli("chop", path, "--frames", 60, "--min-future", 0, "-o", tmp_path / "mine", "-q")
     one_line_error(r, "fails the label filter")
     assert [e.name for e in os.scandir(tmp_path / "mine")] == ["keep.txt"]  # (a folder that was there: kept)
+    r = cli("chop", path, "--frames", 60, "-o", "/proc/l5dask-chop/out", "-q")
+    one_line_error(r, "/proc/l5dask-chop/out: cannot make the output folder (")
 
 
 # --- S3 and a cluster ---------------------------------------------------------------------------------
