@@ -416,7 +416,10 @@ def collect_scan(f: CSVFile, parts: list[tuple]) -> CSVFile:
             line = before + bad + 2
             if column == "(an empty line)":
                 raise CSVError(f"{f.path}: line {line} is empty")
-            raise CSVError(f"{f.path}: line {line}, column {column!r}: not an integer (or a short row)")
+            raise CSVError(
+                f"{f.path}: line {line}, column {column!r}: not an integer of int64's range, -2**63 to 2**63-1 "
+                "(or a short row)"
+            )
         before += len(starts)
     f.starts = np.concatenate([p[0] for p in parts] + [np.array([f.size], np.int64)])
     f.timestamps = np.concatenate([p[1] for p in parts] + [np.zeros(0, np.int64)])

@@ -696,6 +696,13 @@ def test_bad_rows(good_pair, tmp_path):
     key = list(g)
     key[4] = b"x" + key[4]
     evaluate_error(tmp_path, write_lines(tmp_path / "k.csv", key), good_pair / "p.csv", "line 5", "'timestamp'")
+    big = list(g)  # (a track id of 2**63: an integer, past int64; it was said to be none)
+    cells = big[3].split(b",")
+    cells[1] = str(2**63).encode()
+    big[3] = b",".join(cells)
+    evaluate_error(
+        tmp_path, write_lines(tmp_path / "t.csv", big), good_pair / "p.csv", "line 4", "'track_id'", "of int64's range"
+    )
     nan = list(p)
     cells = nan[3].split(b",")
     cells[20] = b"nan"
