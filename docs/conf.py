@@ -67,6 +67,11 @@ html_css_files = ["l5dask.css"]
 DOTS = re.compile(r"(?<=\w)\.(?=\w)")
 
 
+def truth(value) -> bool:
+    """A theme option as the theme's templates read it (jinja's ``tobool``: ``"False"`` is false)."""
+    return value.strip().lower() in ("true", "1", "yes", "on") if isinstance(value, str) else bool(value)
+
+
 def fit_the_window(app, pagename, templatename, context, doctree) -> None:
     """A page with no section navigation (a top-level page with no page below it) gets no left
     sidebar rather than an empty one, an API page whose contents are its own name no right
@@ -75,7 +80,16 @@ def fit_the_window(app, pagename, templatename, context, doctree) -> None:
     make = context.get("generate_toctree_html")
     if make is not None and context.get("sidebars"):
         try:
-            nav = make("sidebar", show_nav_level=1, maxdepth=4, collapse=True, includehidden=True, titles_only=True)
+            # (asked as the theme's sidebar template asks it, its options as it reads them: the theme
+            # keeps the answer of each page, and its own call later takes it: 0.1 s a page made once)
+            nav = make(
+                "sidebar",
+                show_nav_level=int(context.get("theme_show_nav_level", 1)),
+                maxdepth=int(context.get("theme_navigation_depth", 4)),
+                collapse=truth(context.get("theme_collapse_navigation", False)),
+                includehidden=truth(context.get("theme_sidebar_includehidden", True)),
+                titles_only=True,
+            )
         except Exception:  # noqa: BLE001 - no page above this one (the index, search): the theme hides it itself
             nav = "<a"
         if "<a" not in str(nav):
