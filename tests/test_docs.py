@@ -15,8 +15,9 @@ warning, and a real browser renders it.
   environment. A block with a ``<!-- docs-test: file (NAME) -->`` line (a job file, in TOML or
   YAML) is written to ``NAME`` in that folder, for the blocks after it.
 - ``python docs/build.py`` (``sphinx-build -W --keep-going -n``: every warning and broken reference
-  an error) builds the site from the notebooks executed once here; the notebook tests check those
-  same runs (tests/test_notebooks.py).
+  an error) builds the site from the notebooks executed once here (``executed_notebooks``); the
+  notebook tests below check those same runs. They are in this file so that one test process makes
+  them (the suite's processes each take whole files: the notebooks' 30 s runs once, not twice).
 - Headless chromium opens the index, an API page and the search page: styles loaded, nothing wider
   than a 1280 px window, and the search finds ``open_dataset``.
 """
@@ -32,6 +33,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
+import pandas as pd
 import pytest
 
 from .conftest import CHROMIUM, require
@@ -493,3 +496,55 @@ def test_nothing_is_cut_in_a_1280_px_window(site, tmp_path):
     assert sorted(cut) == pages  # every page measured
     bad = {page: what for page, what in cut.items() if what}
     assert not bad, bad
+
+
+# --- the notebooks ----------------------------------------------------------------------------------
+# Every notebook runs top to bottom (nbclient, a real kernel) on generated data, a local S3 endpoint
+# and the test cluster, with no manual step: the session's ``executed_notebooks`` (tests/conftest.py),
+# which the site renders too.
+def outputs(nb) -> list:
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def load(executed_notebooks, name: str):
+    return nbformat.read(executed_notebooks / name, as_version=4)
+
+
+def test_quickstart(executed_notebooks):
+    nb = load(executed_notebooks, "01_quickstart.ipynb")
+    assert (executed_notebooks / "01_quickstart" / "quickstart.zarr" / ".zgroup").exists()
+    assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) >= 2
+    assert not [o for o in outputs(nb) if o.output_type == "error"]
+
+
+def test_cluster_and_s3(executed_notebooks):
+    nb = load(executed_notebooks, "02_cluster_and_s3.ipynb")
+    text = "".join(o.get("text", "") for o in outputs(nb))
+    assert "Num Scenes" in text
+
+
+def test_scene_explorer(executed_notebooks):
+    nb = load(executed_notebooks, "03_scene_explorer.ipynb")
+    assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) == 3
+
+
+def test_custom_aggregations(executed_notebooks):
+    nb = load(executed_notebooks, "04_custom_aggregations.ipynb")
+    assert not [o for o in outputs(nb) if o.output_type == "error"]
+    assert sum("image/png" in o.get("data", {}) for o in outputs(nb)) >= 3
+    by_label = pd.read_csv(executed_notebooks / "04_custom_aggregations" / "by_label.csv")
+    assert list(by_label.columns) == ["label", "speed_mean", "speed_count"]
+
+
+def test_markdown_cells_start_with_their_text():
+    """No markdown cell opens with a stray marker line (such as ``md``), which the pages render as
+    a paragraph of its own."""
+    from pathlib import Path
+
+    stray = []
+    for path in sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            first = cell.source.split("\n", 1)[0].strip() if cell.cell_type == "markdown" else ""
+            if first.lower() in ("md", "markdown", "%%md", "%%markdown"):
+                stray.append(f"{path.name} cell {i}: {first!r}")
+    assert not stray
