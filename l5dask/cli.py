@@ -164,7 +164,11 @@ def _notes(result: object) -> object:
 @click.option(
     "--check", "check_only", is_flag=True, help="check the job (datasets, outputs) and list its plan; run nothing"
 )
-@click.option("--record", default=None, help="write the run record (JSON) here (over the job's [run] record)")
+@click.option(
+    "--record",
+    default=None,
+    help="write the run record (JSON) here, a template as [run] record is: {date}, {time}, {job} (over the job's [run] record)",
+)
 @click.option(
     "--cache", default=None, metavar="DIR_OR_URL", help="the cache of the passes (over the job's [cache] url)"
 )

@@ -221,6 +221,18 @@ BAD = [
         "[analyses.r] (kind report) output: unknown field {day}; the fields are: date, time, job, dataset, analysis",
     ),
     (
+        "field-with-a-format",  # (a trial's: a traceback from str.format, exit 1)
+        '[analyses.r]\nkind = "report"\noutput = "{date:%Y}/r.json"\n',
+        6,
+        "[analyses.r] (kind report) output: {date:%Y} takes no format or conversion; write {date} ({date} is YYYY-MM-DD)",
+    ),
+    (
+        "field-with-a-conversion",  # (it was taken: quotes in the file's name)
+        '[run]\nrecord = "{date!r}.json"\n[analyses.r]\nkind = "report"\noutput = "r.json"\n',
+        5,
+        "[run] record: {date!r} takes no format or conversion; write {date} ({date} is YYYY-MM-DD)",
+    ),
+    (
         "unknown-column",
         '[analyses.a]\nkind = "aggregate"\nby = "lable"\nvalues = { speed = "mean" }\noutput = "a.csv"\n',
         6,  # (the line of by)
@@ -436,6 +448,24 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(small_
         f"l5dask: error: --record {tmp_path}: {tmp_path}: is a folder; give a file name\n",
     )
     assert not (tmp_path / "ok" / "c.parquet").exists()
+    # --record is a template as [run] record is (a trial's: it wrote a folder named "{date}"), with
+    # its faults said of --record
+    r = cli(one, "-q", "--record", "recs/{date}-{job}.json", "--date", "2026-01-02", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "recs" / "2026-01-02-job.json").read_text())["analyses"][0]["status"] == "written"
+    assert not (tmp_path / "recs" / "{date}-{job}.json").exists()
+    for given, said in (
+        (
+            "r/{dataset}.json",
+            "one record is written for the whole run, so {dataset} and {analysis} cannot be in its path",
+        ),
+        ("r/{day}.json", "unknown field {day}; the fields are: date, time, job, dataset, analysis"),
+        ("r/{date:%Y}.json", "{date:%Y} takes no format or conversion; write {date} ({date} is YYYY-MM-DD)"),
+    ):
+        for check in ((), ("--check",)):
+            r = cli(one, "-q", "--record", given, *check, cwd=tmp_path)
+            assert (r.returncode, r.stderr) == (2, f"l5dask: error: --record {given}: {said}\n"), (check, r.stderr)
+    assert not (tmp_path / "r").exists()
 
 
 def test_an_analysis_that_fails_is_one_line_and_the_others_are_written(small_ds, tmp_path):

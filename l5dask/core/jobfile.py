@@ -468,14 +468,25 @@ def _checked_value(src: Source, path: Path, v: Any, key: Key, what: str) -> Any:
     return v
 
 
-def check_template(src: Source, path: Path, text: str, what: str) -> None:
+def template_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as a path template (:data:`FIELDS`), said in words; ``None``: nothing."""
     try:
-        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
+        parts = [(f, spec, conv) for _, f, spec, conv in string.Formatter().parse(text) if f is not None]
     except ValueError as exc:
-        raise src.error(path, f"{what}: {text!r} is not a template ({exc})") from None
-    for f in names:
+        return f"{text!r} is not a template ({exc})"
+    for f, spec, conv in parts:
         if f not in FIELDS:
-            raise src.error(path, f"{what}: unknown field {{{f}}}; the fields are: {', '.join(FIELDS)}")
+            return f"unknown field {{{f}}}; the fields are: {', '.join(FIELDS)}"
+        if spec or conv:  # (the fields are text: {date} is YYYY-MM-DD, never reformatted)
+            given = "{" + f + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}"
+            return f"{given} takes no format or conversion; write {{{f}}} ({{date}} is YYYY-MM-DD)"
+    return None
+
+
+def check_template(src: Source, path: Path, text: str, what: str) -> None:
+    problem = template_problem(text)
+    if problem is not None:
+        raise src.error(path, f"{what}: {problem}")
 
 
 def expand(template: str, fields: Mapping[str, str]) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 from l5dask.core import store as store_mod
 from l5dask.core.cluster import connect
-from l5dask.core.jobfile import Analysis, Job, JobError, expand
+from l5dask.core.jobfile import Analysis, Job, JobError, expand, template_problem
 from l5dask.core.outputs import atomic_write, check_writable, filesystem, json_text, probe_folder
 from l5dask.errors import L5DaskError
 
@@ -176,6 +176,12 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
     """The job's plan, checked whole before anything runs (one :class:`~l5dask.core.jobfile.JobError` for the first
     fault: the file and the line where it is said)."""
     src = job.source
+    if record is not None:  # (a template as [run] record is: {date}, {time}, {job})
+        problem = template_problem(record)
+        if problem is None and any(f"{{{f}}}" in record for f in ("dataset", "analysis")):
+            problem = "one record is written for the whole run, so {dataset} and {analysis} cannot be in its path"
+        if problem is not None:
+            raise JobError(f"--record {record}: {problem}")
     started = now or datetime.datetime.now(datetime.timezone.utc)
     fields = {
         "date": job.run["date"] or started.strftime("%Y-%m-%d"),
@@ -218,7 +224,9 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
     # the outputs: no two the same, each writable
     written: dict[str, str] = {}
     by: dict[str, tuple[str, str] | None] = {}  # output -> (analysis, dataset) that writes it; None: the record
-    record_path = record or (expand(job.run["record"], fields) if job.run["record"] else None)
+    record_path = (
+        expand(record, fields) if record else (expand(job.run["record"], fields) if job.run["record"] else None)
+    )
     if record_path:
         written[record_path] = "--record" if record else "the run record"
         by[record_path] = None
