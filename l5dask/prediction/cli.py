@@ -37,13 +37,15 @@ def scene_filter(
     quiet: bool = False,
     client: Any = None,
     cache: Any = None,
+    renumbered: bool = True,
 ) -> Any:
     """What a command reads: ``dataset`` as given when no scene filter is, else the dataset
     restricted to the scenes ``--scenes`` and ``--scenes-from`` choose (both: the scenes both
     choose), made before any output is written. ``--scenes`` reads the ``--catalog`` FILE (checked
     against the dataset), else the one kept in the cache (``cache``: ``--cache``, else dask config
     ``l5dask.cache``), else the catalog computed here (and kept in the cache when there is one),
-    said on stderr."""
+    said on stderr. ``renumbered``: the output holds indices of the chosen scenes (said in a note
+    when the command is done)."""
     from l5dask.errors import UsageError
 
     if scenes is None and scenes_from is None:
@@ -91,7 +93,7 @@ def scene_filter(
         keep &= chosen
     if not keep.any():
         raise NoScenesError(f"--scenes and --scenes-from together select no scene (of {n:,})")
-    if not quiet and not keep.all():  # (said when the command is done: a user's error stays one line)
+    if not quiet and renumbered and not keep.all():  # (said when the command is done: a user's error stays one line)
         k = int(keep.sum())
         note = (
             f"l5dask: scene indices in the output are those of the {k:,} chosen scenes (0-{k - 1}), not the stored "
@@ -355,6 +357,7 @@ def agg(
     from l5dask.core.cluster import connect
     from l5dask.core.outputs import table_format, write_table
     from l5dask.prediction import aggregation as agg_mod
+    from l5dask.prediction import format as fmt
 
     options = parse_storage_options(storage_options)
     if output:
@@ -362,11 +365,14 @@ def agg(
     check_outputs(storage_options, output, inputs=inputs_of(dataset, scenes_from, catalog_file))
     values_map = agg_mod.parse_value_options(values)
     kw = {k: v for k, v in (("max_groups", max_groups), ("quantile_bits", quantile_bits)) if v is not None}
+    by_columns = [b.strip() for b in by.split(",") if b.strip()]
+    # (the note on renumbered indices: said where the output has such a column)
+    indices = any(c in fmt.RENUMBERED for c in (*by_columns, *values_map))
     with connect(scheduler, quiet=True) as client:
         result = agg_mod.aggregate_result(
-            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client, cache),
+            scene_filter(dataset, scenes, scenes_from, catalog_file, storage_options, quiet, client, cache, indices),
             array,
-            by=[b.strip() for b in by.split(",") if b.strip()],
+            by=by_columns,
             values=values_map,
             where=where,
             storage_options=options,

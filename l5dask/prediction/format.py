@@ -522,3 +522,8 @@ def export_key(key: str) -> bool:
     if len(parts) == 3:
         return parts[2] == "zarr.json"
     return parts[2] == "c" and all(p.isdigit() for p in parts[3:])
+
+
+#: The columns whose values in a part of the scenes (``--scenes``, a job's ``scenes``) are those of
+#: the subset, counted from 0 as in the subset ``l5dask subset`` writes.
+RENUMBERED = ("scene_index", "frame_index", "agent_index")

@@ -207,7 +207,7 @@ class CatalogTable(Catalog):
 
 
 #: The columns whose values in a part of the scenes are those of the subset (counted from 0).
-RENUMBERED = ("scene_index", "frame_index", "agent_index")
+RENUMBERED = fmt.RENUMBERED
 
 RENUMBERED_NOTE = (
     "its {columns} are those of the chosen scenes (counted from 0, as in the subset l5dask subset writes), "

@@ -573,6 +573,11 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     assert "no --catalog given: computing the scene catalog" in r.stderr
     assert "scene indices in the output are those of the 2 chosen scenes (0-1)" in r.stderr
     assert json.loads((tmp_path / "both.json").read_text())["counts"]["scenes"] == 2
+    # agg says it only where its output holds such indices (a trial's: said of an output by label)
+    for by, said in (("label", False), ("scene_index,label", True)):
+        r = cli("agg", path, "--scenes-from", listing, "--by", by, "--value", "speed:mean", "-o", tmp_path / "a.csv")
+        assert r.returncode == 0, r.stderr
+        assert ("scene indices in the output are those of the 3 chosen scenes (0-2)" in r.stderr) is said, r.stderr
 
 
 def test_a_catalog_filtered_with_pandas_keeps_its_fingerprint_and_chooses_among_its_scenes(data, tmp_path):
