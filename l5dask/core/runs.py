@@ -422,6 +422,9 @@ def _finish_record(
     """The run record of ``entries`` (written where the plan says): ``status`` ``written`` when
     every analysis was, ``failed`` when one was not, or as given (``interrupted``)."""
     finished = datetime.datetime.now(datetime.timezone.utc)
+    # (the cache's counts are the passes': taken before the fingerprints, whose scenes a run with a
+    # cache reads from the entry its pass wrote; counted, a first run on an empty cache said 1 hit)
+    counts = cache() if cache is not None else None
     record = {
         "version": RECORD_VERSION,
         "job": {
@@ -438,7 +441,7 @@ def _finish_record(
         ],
         "analyses": entries,
         "reads": _reads_between(before, _read_counts(ctx.client)),
-        "cache": cache() if cache is not None else None,
+        "cache": counts,
     }
     if p.record:
         write_record(record, p.record, p.job.storage_options)
