@@ -200,11 +200,17 @@ def run_command(job, check_only, record, cache, date, quiet, chunks_per_task, sc
         now = datetime.datetime.combine(day, datetime.datetime.now(datetime.timezone.utc).timetz())
     loaded = jobs.load_job(job)
     if check_only:
-        if cache:  # (refused as the run refuses it; the check makes nothing)
-            from l5dask.core.cache import check_location
+        from l5dask.core.cache import cannot_write, check_location
 
+        if cache:  # (refused as the run refuses it; the check makes nothing)
             check_location(cache)
         plan = runs.plan(loaded, now=now, record=record)
+        where = cache or (loaded.cache or {}).get("url")
+        why = cannot_write(str(where)) if where else None
+        if why is not None:  # (the run warns of it and goes on uncached: said by the check too)
+            click.echo(
+                f"l5dask: cache: {where}: cannot write to the cache ({why}); the run will go on without it", err=True
+            )
         for t in plan.tasks:
             click.echo(f"{t.analysis.name} on {t.dataset}: {', '.join(t.outputs.values()) or 'into the dataset'}")
         n, d = len(plan.tasks), len(plan.inputs)

@@ -1037,6 +1037,20 @@ def test_a_cache_url_l5dask_cannot_write_is_refused_before_anything_runs(small_d
     assert not out.exists()
     r = cli(plain, "--check", "--cache", tmp_path / "a-cache")
     assert r.returncode == 0 and r.stdout.endswith("the job can run\n") and not (tmp_path / "a-cache").exists()
+    assert r.stderr == ""
+    # a cache under a file: the run warns and goes on uncached, and the check says so (a trial's: it
+    # said nothing), making nothing; the job's [cache] url alike
+    (tmp_path / "a-file").write_text("x")
+    said = (
+        f"l5dask: cache: {tmp_path}/a-file/c: cannot write to the cache ({tmp_path}/a-file is a file); "
+        "the run will go on without it\n"
+    )
+    r = cli(plain, "--check", "--cache", tmp_path / "a-file" / "c")
+    assert (r.returncode, r.stderr) == (0, said) and r.stdout.endswith("the job can run\n"), r.stderr
+    in_job = write(tmp_path / "in-job.toml", plain.read_text() + f'\n[cache]\nurl = "{tmp_path}/a-file/c"\n')
+    r = cli(in_job, "--check")
+    assert (r.returncode, r.stderr) == (0, said), r.stderr
+    assert (tmp_path / "a-file").read_text() == "x" and not list(tmp_path.glob(".l5dask-probe*"))
 
 
 def test_damaged_cache_entries_are_recomputed_and_counted_in_the_record(small_ds, tmp_path):

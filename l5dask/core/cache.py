@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core import config
-from l5dask.core.outputs import atomic_output
+from l5dask.core.outputs import atomic_output, probe_folder
 from l5dask.core.store import Store
 from l5dask.core.version import __version__
 from l5dask.errors import OutputError, StoreError, UsageError
@@ -536,6 +536,24 @@ def check_location(url: str, key: str = "--cache") -> str:
                 break
             path = parent
     return proto
+
+
+def cannot_write(url: str) -> str | None:
+    """Why a local cache at ``url`` could not be written (what a run would warn of, then go on
+    without it), found making nothing that stays: ``None`` when it can be, or when it is not local
+    (a bucket is probed by writing, which a check does not do)."""
+    if "://" in url and not url.startswith("file://"):
+        return None
+    path = os.path.abspath(url.removeprefix("file://"))
+    while not os.path.exists(path):  # (the nearest folder that is there: the cache's are made in it)
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is a file"
+    try:
+        probe_folder(path, url)
+    except OutputError as exc:
+        return str(exc).removeprefix(f"{url}: ")
+    return None
 
 
 def require_cache(cache: Cache) -> Cache:
