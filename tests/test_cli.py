@@ -143,6 +143,10 @@ def test_q_with_an_output_prints_one_line_saying_where(small_ds, tmp_path):
             assert table in printed.stdout, (args, printed.stdout)
         if name != "a.csv":  # (agg -o never printed its table)
             assert table in loud.stdout, (args, loud.stdout)
+        # without -q, the answer then where it went, said once (a trial's: stats -o did not say it)
+        loud_line = line.format(out=tmp_path / f"loud-{name}")
+        assert loud.stdout.splitlines()[-1].startswith(loud_line), (args, loud.stdout)
+        assert loud.stdout.count(loud_line) == 1, (args, loud.stdout)
         if name == "demo":  # (the pass's time, and the page's apart: a user saw 0.4 s for a 7 s command)
             assert re.search(r"in \d+\.\d s \(its page's figures drawn in \d+\.\d s\): ", quiet.stdout), quiet.stdout
 
@@ -243,7 +247,8 @@ def test_perception_evaluate_quiet_still_prints_the_map(tmp_path):
     assert r.returncode == 0, r.stderr
     r2 = cli("perception", "evaluate", tmp_path / "pred.json", "--gt", tmp_path / "gt.json", "-o", tmp_path / "m.json")
     mean_map = json.loads((tmp_path / "m.json").read_text())["mean_map"]
-    assert r.stdout.startswith(f"mAP {mean_map:.4f}") and r.stdout == r2.stdout
+    # (with -o, the answer then the line saying where it went)
+    assert r.stdout.startswith(f"mAP {mean_map:.4f}") and r2.stdout == r.stdout + f"wrote {tmp_path / 'm.json'}\n"
     assert r.stderr == "" and np.isfinite(mean_map)
 
 

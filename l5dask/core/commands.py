@@ -180,13 +180,13 @@ quiet_option = click.option(
 
 
 def echo_answer(text: str, quiet: bool, written: str | None, line: str | None = None) -> None:
-    """Print a command's answer (``text``) on stdout; with ``-q``, once the answer was written to a
-    file (``written``: the command's ``-o``), only one line saying where (``line``, default
-    ``wrote FILE``): ``-q -o FILE`` is quiet but for that line, as ``agg -q -o`` always was."""
-    if quiet and written:
-        click.echo(line if line is not None else f"wrote {written}")
-    else:
+    """Print a command's answer (``text``) on stdout, then, once the answer was written to a file
+    (``written``: the command's ``-o``), one line saying where (``line``, default ``wrote FILE``);
+    with ``-q``, that line only: ``-q -o FILE`` is quiet but for it, as ``agg -q -o`` always was."""
+    if not quiet or not written:
         click.echo(text)
+    if written:
+        click.echo(line if line is not None else f"wrote {written}")
 
 
 storage_option = click.option(

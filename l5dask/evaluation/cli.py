@@ -58,7 +58,7 @@ def evaluate(gt, pred, max_modes, dataset, html_path, quiet, output, scheduler, 
     written = ", ".join(p for p in (output, html_path) if p)
     done = f"{result['rows']:,} rows in {took:.1f} s" + (f": {written}" if written else "")
     table = "\n".join(f"{k:<36} {_shown(k, result[k])}" for k in METRICS)
-    echo_answer(f"{table}\n{done}", quiet, output, done)
+    echo_answer(table if output else f"{table}\n{done}", quiet, output, done)  # (done: said once)
 
 
 def _shown(name: str, v) -> str:

@@ -440,7 +440,7 @@ def demo(num_scenes: int, old_num_scenes: int, quiet: bool, output: str) -> None
         f"report of {report['counts']['agents']:,} agents in {took:.1f} s (its page's figures drawn in "
         f"{drawn:.1f} s): {os.path.join(out, 'report.json')}, scenes.parquet, report.html"
     )
-    echo_answer(f"{summary_text(report)}\n{done}", quiet, out, done)
+    echo_answer(summary_text(report), quiet, out, done)  # (then done)
 
 
 def _written(ds, seconds: float) -> None:
