@@ -221,6 +221,12 @@ BAD = [
         "[analyses.r] (kind report) output: unknown field {day}; the fields are: date, time, job, dataset, analysis",
     ),
     (
+        "run-date-a-date-time",  # (said as the file writes it, not as datetime.datetime(2026, 1, 2, 10, 0))
+        '[run]\ndate = 2026-01-02T10:00:00\n[analyses.r]\nkind = "report"\noutput = "r.json"\n',
+        5,
+        "[run] date: expected a string, not a date-time 2026-01-02T10:00:00",
+    ),
+    (
         "field-with-a-format",  # (a trial's: a traceback from str.format, exit 1)
         '[analyses.r]\nkind = "report"\noutput = "{date:%Y}/r.json"\n',
         6,

@@ -393,7 +393,18 @@ def _type_name(v: Any) -> str:
         str: "a string",
         list: "a list",
         dict: "a table",
+        datetime.datetime: "a date-time",
+        datetime.date: "a date",
+        datetime.time: "a time",
     }.get(type(v), type(v).__name__)
+
+
+def _shown(v: Any) -> str:
+    """A value of the file as the file writes it: a TOML or YAML date, time or date-time in ISO form
+    (not Python's ``datetime.datetime(2026, 1, 2, 10, 0)``), else its ``repr``."""
+    if isinstance(v, (datetime.date, datetime.time)):
+        return v.isoformat()
+    return repr(v)
 
 
 def _checked_table(src: Source, path: Path, value: Any, keys: tuple[Key, ...], what: str) -> dict:
@@ -419,7 +430,7 @@ def _checked_table(src: Source, path: Path, value: Any, keys: tuple[Key, ...], w
 
 def _checked_value(src: Source, path: Path, v: Any, key: Key, what: str) -> Any:
     def bad(expected: str) -> JobError:
-        return src.error(path, f"{what} {key.name}: expected {expected}, not {_type_name(v)} {v!r}")
+        return src.error(path, f"{what} {key.name}: expected {expected}, not {_type_name(v)} {_shown(v)}")
 
     t = key.type
     if t in ("str", "template"):
