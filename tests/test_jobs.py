@@ -1048,7 +1048,7 @@ def test_a_cache_url_l5dask_cannot_write_is_refused_before_anything_runs(small_d
     # said nothing), making nothing; the job's [cache] url alike
     (tmp_path / "a-file").write_text("x")
     said = (
-        f"l5dask: cache: {tmp_path}/a-file/c: cannot write to the cache ({tmp_path}/a-file is a file); "
+        f"l5dask: cache: {tmp_path}/a-file/c: cannot write to the cache (cannot make its folder: {tmp_path}/a-file is a file); "
         "the run will go on without it\n"
     )
     r = cli(plain, "--check", "--cache", tmp_path / "a-file" / "c")

@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 
 from l5dask.core import config
-from l5dask.core.outputs import atomic_output, probe_folder
+from l5dask.core.outputs import atomic_output, folders_to_make
 from l5dask.core.store import Store
 from l5dask.core.version import __version__
 from l5dask.errors import OutputError, StoreError, UsageError
@@ -545,14 +545,10 @@ def cannot_write(url: str) -> str | None:
     if "://" in url and not url.startswith("file://"):
         return None
     path = os.path.abspath(url.removeprefix("file://"))
-    while not os.path.exists(path):  # (the nearest folder that is there: the cache's are made in it)
-        path = os.path.dirname(path)
-    if not os.path.isdir(path):
-        return f"{path} is a file"
-    try:
-        probe_folder(path, url)
+    try:  # (the cache's folders are made in the nearest one that is there, as an output's)
+        folders_to_make(os.path.join(path, FOLDER))
     except OutputError as exc:
-        return str(exc).removeprefix(f"{url}: ")
+        return str(exc).split(": ", 1)[1]
     return None
 
 

@@ -494,6 +494,15 @@ def template_problem(text: str) -> str | None:
     return None
 
 
+def record_problem(text: str) -> str | None:
+    """What is wrong with ``text`` as the run record's path (``[run] record``, ``--record``): a
+    template's faults, and the fields that have no value for the one record of a run."""
+    problem = template_problem(text)
+    if problem is None and any(f"{{{f}}}" in text for f in ("dataset", "analysis")):
+        problem = "one record is written for the whole run, so {dataset} and {analysis} cannot be in its path"
+    return problem
+
+
 def check_template(src: Source, path: Path, text: str, what: str) -> None:
     problem = template_problem(text)
     if problem is not None:
@@ -531,11 +540,9 @@ def check(src: Source) -> Job:
     run = _checked_table(src, ("run",), raw_run, RUN_KEYS, "[run]")
     if run["date"] is not None and not _is_date(run["date"]):
         raise src.error(("run", "date"), f"[run] date: {run['date']!r} is not a date YYYY-MM-DD")
-    if any(f"{{{f}}}" in (run["record"] or "") for f in ("dataset", "analysis")):
-        raise src.error(
-            ("run", "record"),
-            "[run] record: one record is written for the whole run, so {dataset} and {analysis} cannot be in its path",
-        )
+    problem = record_problem(run["record"]) if run["record"] else None
+    if problem is not None:  # (the template's own faults were said by its check: this is the rest)
+        raise src.error(("run", "record"), f"[run] record: {problem}")
     cluster = _checked_table(src, ("cluster",), data.get("cluster", {}), CLUSTER_KEYS, "[cluster]")
     if cluster["memory-limit"] is not None:
         from dask.utils import parse_bytes

@@ -96,6 +96,21 @@ def streamed(path: str) -> bool:
     return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
+def folders_to_make(path: str) -> list[str]:
+    """The folders above the local ``path`` that are not there yet (outermost first), once the
+    nearest one that is there is found to be a folder a file can be made in (else an
+    :class:`~l5dask.errors.OutputError` naming ``path``); nothing is made that stays."""
+    parent = os.path.dirname(path)
+    absent = []
+    while not os.path.exists(parent):
+        absent.append(parent)
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise OutputError(f"{path}: cannot make its folder: {parent} is a file")
+    probe_folder(parent, path)
+    return absent[::-1]
+
+
 def probe_folder(folder: str, path: str) -> None:
     """Refuse (one line naming ``path``) a local ``folder`` a file cannot be made in: a file is made
     there and removed (permissions do not tell: root, ``/proc``, a read-only mount)."""

@@ -32,9 +32,9 @@ from typing import Any
 
 from l5dask.core import store as store_mod
 from l5dask.core.cluster import connect
-from l5dask.core.jobfile import Analysis, Job, JobError, expand, template_problem
-from l5dask.core.outputs import atomic_write, check_writable, filesystem, json_text, probe_folder
-from l5dask.errors import L5DaskError
+from l5dask.core.jobfile import Analysis, Job, JobError, expand, record_problem
+from l5dask.core.outputs import atomic_write, check_writable, filesystem, folders_to_make, json_text
+from l5dask.errors import L5DaskError, OutputError
 
 #: The run record's format.
 RECORD_VERSION = 1
@@ -139,15 +139,11 @@ def _check_output(path: str, folder: bool, options: dict, missing: list[str]) ->
             raise JobError(f"{path}: is a folder; give a file name")
         if folder and os.path.exists(path) and not os.path.isdir(path):
             raise JobError(f"{path}: is a file, not a folder")
-        parent = os.path.dirname(path)
-        absent = []
-        while not os.path.exists(parent):
-            absent.append(parent)
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            raise JobError(f"{path}: cannot make its folder: {parent} is a file")
-        probe_folder(parent, path)
-        missing.extend(f for f in reversed(absent) if f not in missing)
+        try:
+            absent = folders_to_make(path)
+        except OutputError as exc:
+            raise JobError(str(exc)) from None
+        missing.extend(f for f in absent if f not in missing)
         return
     if folder:
         check_writable(path.rstrip("/") + "/.l5dask", options)
@@ -176,12 +172,9 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
     """The job's plan, checked whole before anything runs (one :class:`~l5dask.core.jobfile.JobError` for the first
     fault: the file and the line where it is said)."""
     src = job.source
-    if record is not None:  # (a template as [run] record is: {date}, {time}, {job})
-        problem = template_problem(record)
-        if problem is None and any(f"{{{f}}}" in record for f in ("dataset", "analysis")):
-            problem = "one record is written for the whole run, so {dataset} and {analysis} cannot be in its path"
-        if problem is not None:
-            raise JobError(f"--record {record}: {problem}")
+    problem = record_problem(record) if record is not None else None
+    if problem is not None:  # (a template as [run] record is: {date}, {time}, {job})
+        raise JobError(f"--record {record}: {problem}")
     started = now or datetime.datetime.now(datetime.timezone.utc)
     fields = {
         "date": job.run["date"] or started.strftime("%Y-%m-%d"),
