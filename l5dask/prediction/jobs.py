@@ -206,9 +206,8 @@ class CatalogTable(Catalog):
         return with_fingerprint(out, ds)
 
 
-#: The columns whose values in a part of the scenes are those of the subset (counted from 0).
-RENUMBERED = fmt.RENUMBERED
-
+#: What a run record says of an aggregation of some scenes grouped by a column of
+#: ``fmt.RENUMBERED`` (its values are those of the subset, counted from 0).
 RENUMBERED_NOTE = (
     "its {columns} are those of the chosen scenes (counted from 0, as in the subset l5dask subset writes), "
     "not the stored ones: the catalog of the same scenes maps each scene to its stored_scene_index"
@@ -219,7 +218,7 @@ def write_aggregate(table: Any, params: dict, outputs: dict, ctx: Any, seconds: 
     write_table(table, outputs["output"], ctx.storage_options)
     result: dict = {"groups": table.num_rows}
     by = [params["by"]] if isinstance(params["by"], str) else list(params["by"])
-    renumbered = [c for c in by if c in RENUMBERED]
+    renumbered = [c for c in by if c in fmt.RENUMBERED]
     if params["scenes"] is not None and renumbered:  # (said, as the command line says it)
         result["note"] = RENUMBERED_NOTE.format(columns=", ".join(renumbered))
     return result
