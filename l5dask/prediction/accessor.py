@@ -158,14 +158,21 @@ def _zero_based(k: np.ndarray, labels: np.ndarray) -> bool:
 
 
 def _grid(
-    aggs: tuple[Aggregation, ...], labels: tuple[np.ndarray, ...], bits: int, squeeze: bool, part: GroupPart
+    aggs: tuple[Aggregation, ...],
+    labels: tuple[np.ndarray, ...],
+    bits: int,
+    squeeze: bool,
+    dtype: np.dtype,
+    column: str,
+    part: GroupPart,
 ) -> np.ndarray:
     """The aggregations of each group of a merged partial (keyed by positions in the ``labels``)
     on the grid of the groups' labels (the last axis: one per aggregation, none with ``squeeze``
     and one aggregation; a group without values, no rows or only NaN ones, holds the
-    aggregation's fill value, as in xarray's results)."""
+    aggregation's fill value, as in xarray's results). ``dtype``, ``column``: the variable's (an
+    integer one's quantiles exact or refused)."""
     out = np.empty((*[len(x) for x in labels], len(aggs)))
-    stats = stats_of(part, "v", bits)
+    stats = stats_of(part, "v", bits, column, dtype)
     for i, agg in enumerate(aggs):
         out[..., i] = agg.fill_value
         values = agg.finalize(stats)
@@ -215,7 +222,7 @@ def group_reduce_lazily(
         functools.partial(_block_part, grid, needs, quantile_bits),
         combine_parts,
         functools.partial(empty_part, len(names), {"v": set(needs)}),
-        functools.partial(_grid, aggs, grid, quantile_bits, squeeze),
+        functools.partial(_grid, aggs, grid, quantile_bits, squeeze, obj.dtype, str(obj.name or "the variable")),
     )
     blocks = [a.__dask_keys__() for a in (data, *keys)]
     root = reduce_parts(list(zip(*blocks)), red, red.name, [data, *keys])

@@ -447,7 +447,9 @@ def quantiles(
     root = reduce_parts([[p.key] for p in parts], sketch, f"{sketch.name}-{tokenize(parts)}", parts)
     job = Job(scheduler)  # (the result is a pandas DataFrame: computed here)
     part = compute(root, client=job.client, **job.kw)
-    stats = stats_of(part, "v", int(bits))
+    stats = stats_of(
+        part, "v", int(bits), column, None if isinstance(dtypes[column], pd.CategoricalDtype) else dtypes[column]
+    )
     data = {qq: quantile(float(qq)).finalize(stats) for qq in qs}
     levels = []
     for j, b in enumerate(by):

@@ -8,7 +8,10 @@ partials merged by the engine's one ordered tree (:func:`~l5dask.prediction.grou
 
 The quantile sketch keeps each value's float64 bits with all but ``quantile_bits`` of the mantissa
 dropped: numpy's "linear" quantile within ``2 ** -(quantile_bits + 1)`` of the larger of the two
-order statistics it interpolates.
+order statistics it interpolates. Of an integer (or boolean) column, a bucket that holds one
+integer stands for it, exactly; a quantile that would come from a bucket of several integers (a
+``timestamp`` in nanoseconds: 2**48 of them a bucket at 12 bits, a scene's 25 s in one) is refused
+(:class:`~l5dask.errors.UsageError`, naming ``quantile_bits=52``), never given approximately.
 """
 
 from __future__ import annotations
@@ -681,10 +684,31 @@ def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where(t >= 0.5, b - diff * (1 - t), out)
 
 
+def integer_buckets(b: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Of buckets of integers: each one's integer where it holds one (as float64), and whether it
+    holds one (else its midpoint, and False). A bucket holds the values whose float64 bits agree
+    but for the mantissa's last ``52 - bits``: from 2**(bits + 1) on, more than one integer."""
+    shift = 52 - bits
+    lo_ord = b << shift
+    hi_ord = lo_ord + ((1 << shift) - 1)
+    lo = (lo_ord ^ ((lo_ord >> 63) & _SIGN)).view(np.float64)
+    hi = (hi_ord ^ ((hi_ord >> 63) & _SIGN)).view(np.float64)
+    a, z = np.ceil(np.minimum(lo, hi)), np.floor(np.maximum(lo, hi))
+    one = a == z  # (a bucket that holds an integer column's value holds at least that one)
+    return np.where(one, a, bucket_values(b, bits)), one
+
+
 def sketch_quantiles(
-    sketch: tuple[np.ndarray, np.ndarray, np.ndarray], ngroups: int, q: float, bits: int
+    sketch: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ngroups: int,
+    q: float,
+    bits: int,
+    integers: bool = False,
+    column: str = "",
 ) -> np.ndarray:
-    """Quantile ``q`` of each group (NaN for a group without values), numpy's "linear" method."""
+    """Quantile ``q`` of each group (NaN for a group without values), numpy's "linear" method.
+    ``integers``: the sketch of an integer column (``column``, for the message): exact, or a
+    :class:`~l5dask.errors.UsageError` where a bucket it needs holds more than one integer."""
     g, b, cnt = sketch
     n = np.bincount(g, weights=cnt, minlength=ngroups).astype(np.int64)
     out = np.full(ngroups, np.nan)
@@ -696,10 +720,22 @@ def sketch_quantiles(
     h = (n[has] - 1) * q
     lo_rank = np.floor(h).astype(np.int64)
     hi_rank = np.minimum(lo_rank + 1, n[has] - 1)
-    vals = bucket_values(b, bits)
-    x_lo = vals[np.searchsorted(cum, base[has] + lo_rank, side="right")]
-    x_hi = vals[np.searchsorted(cum, base[has] + hi_rank, side="right")]
-    out[has] = _lerp(x_lo, x_hi, h - lo_rank)
+    at_lo = np.searchsorted(cum, base[has] + lo_rank, side="right")
+    at_hi = np.searchsorted(cum, base[has] + hi_rank, side="right")
+    if integers:
+        vals, one = integer_buckets(b, bits)
+        if not (one[at_lo].all() and one[at_hi].all()):
+            wide = np.concatenate([at_lo[~one[at_lo]], at_hi[~one[at_hi]]])
+            largest = float(np.max(np.abs(vals[wide])))
+            off = largest * 2.0 ** -(bits + 1)
+            raise UsageError(
+                f"the q{q * 100:g} of {column or 'an integer column'} cannot be exact: its integers (up to "
+                f"{largest:.4g}) share the quantile sketch's buckets at quantile_bits={bits} (off by up to "
+                f"{off:.3g}); pass quantile_bits=52 (--quantile-bits 52; exact to 2**53)"
+            )
+    else:
+        vals = bucket_values(b, bits)
+    out[has] = _lerp(vals[at_lo], vals[at_hi], h - lo_rank)
     return out
 
 
@@ -824,7 +860,8 @@ def _max(s: Stats) -> np.ndarray:
 
 
 def _quantile(q: float, s: Stats) -> np.ndarray:
-    return sketch_quantiles(s.sketch, s.size, q, s.quantile_bits)
+    integers = s.dtype is not None and exact(s.dtype)
+    return sketch_quantiles(s.sketch, s.size, q, s.quantile_bits, integers, s.column)
 
 
 def quantile(q: float, name: str | None = None) -> Aggregation:

@@ -40,8 +40,14 @@ _BIN = {
 }
 
 
-@functools.lru_cache(maxsize=64)
 def _parse(text: str) -> ast.Expression:
+    if not isinstance(text, str):  # (before the cache: a list is not hashable, an int has no strip)
+        raise UsageError(f"where must be a string, such as 'distance_to_ego < 20', not {type(text).__name__} {text!r}")
+    return _parsed(text)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(text: str) -> ast.Expression:
     try:
         return ast.parse(text.strip(), mode="eval")
     except SyntaxError as exc:
@@ -55,7 +61,7 @@ def _parse(text: str) -> ast.Expression:
         raise UsageError(f"where {text!r} does not parse: {exc.msg} ({at}){hint}") from None
 
 
-config.on_reset(_parse.cache_clear)
+config.on_reset(_parsed.cache_clear)
 
 
 def names_in(text: str) -> set[str]:

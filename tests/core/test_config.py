@@ -124,8 +124,8 @@ def test_reset_empties_the_process_wide_caches(tmp_path):
     objects._STORES["bucket"] = object()
     diskread._REFUSED.add(12345)
     policy._WAITING = (1, 1, None)  # type: ignore[assignment]
-    assert kernels._plan.cache_info().currsize and where._parse.cache_info().currsize
+    assert kernels._plan.cache_info().currsize and where._parsed.cache_info().currsize
     config.reset()
-    assert kernels._plan.cache_info().currsize == 0 and where._parse.cache_info().currsize == 0
+    assert kernels._plan.cache_info().currsize == 0 and where._parsed.cache_info().currsize == 0
     assert where._named.cache_info().currsize == 0 and objects._bucket_region.cache_info().currsize == 0
     assert not objects._STORES and not diskread._REFUSED and policy._WAITING is None

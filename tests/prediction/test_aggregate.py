@@ -865,6 +865,8 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
             r"grouping agents by scene_index, track_id may make up to [\d,]+ groups, more than the limit of 1,000; raise max_groups",
         ),
         ({"values": {"speed": ["mean"]}, "quantile_bits": 60}, r"quantile_bits must be an integer from 0 to 52"),
+        ({"values": {"speed": ["mean"]}, "where": 5}, r"^where must be a string, such as .*, not int 5$"),
+        ({"values": {"speed": ["mean"]}, "where": ["speed > 1"]}, r"^where must be a string, .*not list"),
         (
             {"values": {"speed": ["mean"]}, "where": "speed > 'x'"},
             r"where \"speed > 'x'\": speed is a number column \(float64\): compare it with a number, not 'x'$",
@@ -1701,3 +1703,44 @@ def test_an_aggregation_reading_no_parent_refuses_rows_no_parent_points_to(edge_
             text=True,
         )
         assert (r.returncode, r.stderr) == (2, f"l5dask: error: {refused.value}\n")
+
+
+def test_integer_quantiles_are_exact_or_refused(edge_ds, ref, tmp_path):
+    """An integer column's quantiles at the default 12 bits: exact (numpy's) where each bucket they
+    need holds one integer (a frame's agents: the median of integers was 105.0078 for 105); a
+    nanosecond timestamp's, whose bucket holds a scene's 25 s and more (its median came out 12 h
+    off, below the scene's first frame), refused in one line naming quantile_bits=52 by every
+    path, nothing written; exact at 52 bits (numpy's quantile of the float64 values)."""
+    fr = ref["frames"]
+    got = aggregate(edge_ds, "frames", by="scene_index", values={"num_agents": ["median", "q37", "q90"]})
+    for i, (scene, group) in enumerate(fr.groupby("scene_index")):
+        x = group.num_agents.to_numpy()
+        for name, q in (("median", 0.5), ("q37", 0.37), ("q90", 0.9)):
+            assert got[f"num_agents_{name}"][i] == np.quantile(x, q), (scene, name)
+    for q, name in ((0.5, "median"), (0.99, "q99")):
+        with pytest.raises(L5DaskError, match=rf"the q{q * 100:g} of timestamp cannot be exact.*quantile_bits=52"):
+            aggregate(edge_ds, "frames", by="scene_index", values={"timestamp": [name]})
+    exact = aggregate(edge_ds, "frames", by="scene_index", values={"timestamp": ["median"]}, quantile_bits=52)
+    want = [np.quantile(g.timestamp.to_numpy().astype(np.float64), 0.5) for _, g in fr.groupby("scene_index")]
+    np.testing.assert_array_equal(exact.timestamp_median, want)
+    # the command line: one line, exit 2, no output
+    out = tmp_path / "t.parquet"
+    p = _cli("agg", edge_ds, "-a", "frames", "-b", "scene_index", "--value", "timestamp:median,min", "-o", out)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "--quantile-bits 52" in p.stderr, p.stderr
+    assert not out.exists()
+    # the xarray accessor and the dask dataframe's quantiles
+    ds = l5dask.open_dataset(edge_ds)
+    with pytest.raises(L5DaskError, match="the q50 of timestamp cannot be exact"):
+        ds.joined("frames").timestamp.l5.groupby("scene_index").quantile(0.5).values
+    from l5dask.prediction.dataframe import quantiles
+
+    df = ds.to_dask_dataframe("frames", columns=["timestamp"], joins=["scene_index"])
+    with pytest.raises(L5DaskError, match="the q50 of timestamp cannot be exact"):
+        quantiles(df, "scene_index", "timestamp", 0.5)
+    np.testing.assert_array_equal(quantiles(df, "scene_index", "timestamp", 0.5, quantile_bits=52).iloc[:, 0], want)
+    small = ds.joined("frames")
+    n = (small.agent_index_interval.isel(interval=1) - small.agent_index_interval.isel(interval=0)).astype("int64")
+    med = n.l5.groupby("scene_index").quantile(0.5).values
+    np.testing.assert_array_equal(
+        med, [np.quantile(g.num_agents.to_numpy(), 0.5) for _, g in fr.groupby("scene_index")]
+    )
