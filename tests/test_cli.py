@@ -602,3 +602,13 @@ def test_integer_arithmetic_that_numpy_would_wrap_is_one_line(small_ds, where, m
     r = CliRunner().invoke(main, ["agg", small_ds, "--value", "track_id:count", "--where", where, "-q"])
     lines = [ln for ln in r.output.strip().splitlines() if ln]
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"l5dask: error: {message}"), r.output
+
+
+def test_report_with_more_outputs_says_each_it_wrote(small_ds, tmp_path):
+    """``report -o page.html --json r.json --scenes-table t.parquet``: its line named the page
+    alone, though it wrote the three."""
+    html, js, table = tmp_path / "r.html", tmp_path / "r.json", tmp_path / "t.parquet"
+    r = cli("report", small_ds, "-o", html, "--json", js, "--scenes-table", table, "-q")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == f"wrote {html}, {js}, {table}\n" and r.stderr == ""
+    assert html.exists() and js.exists() and table.exists()

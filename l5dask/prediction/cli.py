@@ -294,7 +294,7 @@ def report(
         write_json(rep, json_path, options)
     if scenes_table:
         write_scene_table(rep, scenes_table, options)
-    click.echo(f"wrote {output}")
+    click.echo(f"wrote {', '.join(str(p) for p in (output, json_path, scenes_table) if p)}")
 
 
 @click.command()

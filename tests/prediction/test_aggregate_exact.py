@@ -81,6 +81,7 @@ def test_integer_reductions_are_exact_and_keep_their_dtypes(paths, by, chunks_pe
             values={"timestamp": ALL},
             chunks_per_task=chunks_per_task,
             cache=None if cache is None else str(cache),
+            quantile_bits=52,  # (at 12 bits these integers' quantiles are refused: below)
         )
         for r in ("count", "sum", "min", "max"):
             assert got[f"timestamp_{r}"].dtype == np.int64, r
@@ -96,7 +97,11 @@ def test_integer_reductions_are_exact_and_keep_their_dtypes(paths, by, chunks_pe
             assert abs(got.timestamp_mean[i] - np.mean(x)) <= 1e-15 * abs(m)
             np.testing.assert_allclose(got.timestamp_var[i], v, rtol=1e-12)
             np.testing.assert_allclose(got.timestamp_std[i], np.sqrt(v), rtol=1e-12)
-            np.testing.assert_allclose(got.timestamp_median[i], np.median(x), rtol=2.0**-13)
+            # the quantiles: numpy's of the float64 values, to the bit (each bucket one float64)
+            assert got.timestamp_median[i] == np.quantile(x.astype(np.float64), 0.5)
+            assert got.timestamp_q10[i] == np.quantile(x.astype(np.float64), 0.1)
+    with pytest.raises(UsageError, match=r"the q10 of timestamp cannot be exact.*quantile_bits=52"):
+        aggregate(paths["odd"], "frames", by=by, values={"timestamp": ["q10"]}, chunks_per_task=chunks_per_task)
 
 
 def test_the_real_timestamps_max_is_numpys_and_the_dataframes(paths):
