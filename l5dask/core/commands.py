@@ -40,7 +40,7 @@ def stop_on_sigterm() -> None:
 
 
 def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs to fsspec storage options; dotted keys nest, values parse as JSON if they can."""
+    """``KEY=VALUE`` pairs to fsspec storage options; dotted keys nest, values parse as JSON if they can (one that starts with ``{`` or ``[`` must: a one-line error)."""
     options: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -48,7 +48,12 @@ def parse_storage_options(pairs: tuple[str, ...]) -> dict[str, Any]:
         key, value = pair.split("=", 1)
         try:
             parsed: Any = json.loads(value)
-        except ValueError:
+        except ValueError as exc:
+            if value.lstrip().startswith(("{", "[")):  # (meant as JSON: never taken as a string)
+                raise UsageError(
+                    f"--storage-option {pair!r}: its value starts as JSON but does not parse ({exc}); "
+                    "a string that starts so is written as JSON, in double quotes"
+                ) from None
             parsed = value
         node = options
         *parents, leaf = key.split(".")

@@ -131,6 +131,25 @@ def test_cli_bad_input_is_one_line_exit_2(copy, tmp_path):
     assert r.returncode == 2 and "expected KEY=VALUE" in r.stderr
 
 
+@pytest.mark.parametrize("value", ["{bad", "[1, 2", ' {"key": }'])
+def test_a_storage_option_that_starts_as_json_but_does_not_parse_is_refused(small_ds, tmp_path, value):
+    """``-s 'client_kwargs={bad'`` was taken as the string ``{bad`` (and a local dataset's run
+    went on without a word): a value that starts as JSON is JSON or a one-line error."""
+    from l5dask.core.commands import parse_storage_options
+
+    r = cli("stats", small_ds, "-s", f"client_kwargs={value}", "-q", "-o", tmp_path / "r.json")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--storage-option 'client_kwargs={value}'" in r.stderr and "does not parse" in r.stderr
+    assert not (tmp_path / "r.json").exists()
+    # what parses is taken as JSON, and other values as strings
+    assert parse_storage_options(('a.b={"c": 1}', "d=[1]", "e=anon", 'f="{x"')) == {
+        "a": {"b": {"c": 1}},
+        "d": [1],
+        "e": "anon",
+        "f": "{x",
+    }
+
+
 # --- outputs: checked before any work, written atomically, failures named ------------------------
 @pytest.fixture
 def unreadable(small_ds, tmp_path) -> Path:
