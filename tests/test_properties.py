@@ -387,6 +387,39 @@ def test_the_quantile_sketch_is_within_its_stated_bound(values, groups, bits, qs
             assert abs(value - want) <= bound, (q, value, want, bound)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.one_of(st.integers(-300, 300), st.integers(-(2**62), 2**62)), min_size=1, max_size=200),
+    groups=st.integers(1, 4),
+    bits=st.sampled_from([0, 3, 8, 12, 20, 52]),
+    qs=st.lists(st.floats(0, 1), min_size=1, max_size=3, unique=True),
+    parts=st.integers(1, 3),
+)
+def test_integer_quantiles_are_numpys_or_refused(values, groups, bits, qs, parts):
+    """An int64 column's quantiles through the dataframes' sketch: numpy's (of the float64 values,
+    to the bit) or a one-line refusal naming quantile_bits=52; always numpy's when every value is
+    below 2**(bits + 1) in size (each bucket then holds one integer) or at 52 bits."""
+    import dask.dataframe as dd
+
+    from l5dask.prediction.dataframe import quantiles
+
+    v = np.array(values, np.int64)
+    g = np.arange(len(v)) % groups
+    df = dd.from_pandas(pd.DataFrame({"g": g, "v": v}), npartitions=min(parts, len(v)))
+    small = bits == 52 or bool((np.abs(v.astype(np.float64)) < 2.0 ** (bits + 1)).all())
+    try:
+        got = quantiles(df, ["g"], "v", qs, quantile_bits=bits)
+    except L5DaskError as exc:
+        assert not small and "quantile_bits=52" in str(exc) and "\n" not in str(exc), str(exc)
+        event("refused")
+        return
+    event("exact")
+    for key in range(groups):
+        x = v[g == key].astype(np.float64)
+        for q in qs if len(x) else ():
+            assert float(got.loc[key, q]) == float(np.quantile(x, q)), (key, q)
+
+
 class _Chunk(dict):
     def __len__(self) -> int:
         return len(self["x"])
