@@ -122,13 +122,19 @@ def buckets(values: np.ndarray, bits: int) -> np.ndarray:
     return ordered >> (52 - bits)
 
 
-def bucket_values(b: np.ndarray, bits: int) -> np.ndarray:
-    """The midpoint of each bucket (the value itself when a bucket holds one value)."""
+def _bucket_edges(b: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 values of each bucket's lowest and highest bits (in the order of the bits)."""
     shift = 52 - bits
     lo_ord = b << shift
     hi_ord = lo_ord + ((1 << shift) - 1)
     lo = (lo_ord ^ ((lo_ord >> 63) & _SIGN)).view(np.float64)
     hi = (hi_ord ^ ((hi_ord >> 63) & _SIGN)).view(np.float64)
+    return lo, hi
+
+
+def bucket_values(b: np.ndarray, bits: int) -> np.ndarray:
+    """The midpoint of each bucket (the value itself when a bucket holds one value)."""
+    lo, hi = _bucket_edges(b, bits)
     mid = lo + (hi - lo) / 2
     # the bucket that starts at 0.0 holds 0 (exactly) and the smallest subnormals: it stands for 0
     return np.where(lo == 0.0, 0.0, np.where(np.isfinite(lo) & np.isfinite(hi), mid, lo))
@@ -688,11 +694,7 @@ def integer_buckets(b: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     """Of buckets of integers: each one's integer where it holds one (as float64), and whether it
     holds one (else its midpoint, and False). A bucket holds the values whose float64 bits agree
     but for the mantissa's last ``52 - bits``: from 2**(bits + 1) on, more than one integer."""
-    shift = 52 - bits
-    lo_ord = b << shift
-    hi_ord = lo_ord + ((1 << shift) - 1)
-    lo = (lo_ord ^ ((lo_ord >> 63) & _SIGN)).view(np.float64)
-    hi = (hi_ord ^ ((hi_ord >> 63) & _SIGN)).view(np.float64)
+    lo, hi = _bucket_edges(b, bits)
     a, z = np.ceil(np.minimum(lo, hi)), np.floor(np.maximum(lo, hi))
     one = a == z  # (a bucket that holds an integer column's value holds at least that one)
     return np.where(one, a, bucket_values(b, bits)), one
