@@ -463,6 +463,7 @@ def _surgery(op, *args, scheduler, storage_options, quiet, filters=None, **kw):
         )
     for ds in out.values() if isinstance(out, dict) else [out]:
         _written(ds, time.perf_counter() - t0)
+    return out, args[0]
 
 
 def writer_options(output: str, scenes: bool = True) -> Any:
@@ -538,7 +539,7 @@ def subset(
     if scenes is None and scenes_from is None and ranges is None and hosts is None and start is None and end is None:
         raise UsageError("say which scenes to keep: --scenes, --scenes-from, --ranges, --hosts, or --start/--end")
     if ranges is not None:
-        parse_ranges(ranges, sys.maxsize)  # (its form, refused before any work; its bounds when the dataset is read)
+        parse_ranges(ranges, None)  # (its form, refused before any work; its bounds when the dataset is read)
     _surgery(
         op,
         dataset,
@@ -586,9 +587,11 @@ def split(
 ) -> None:
     """Split DATASET (or the scenes --scenes and --scenes-from keep) into consecutive parts of
     scenes, each a dataset under OUTPUT."""
+    from l5dask.prediction import format as fmt
+    from l5dask.prediction.dataset import L5Dataset, open_dataset
     from l5dask.prediction.surgery import split as op
 
-    _surgery(
+    out, source = _surgery(
         op,
         dataset,
         output,
@@ -600,6 +603,14 @@ def split(
         storage_options=storage_options,
         quiet=quiet,
     )
+    if not isinstance(source, L5Dataset):
+        source = open_dataset(source, storage_options=parse_storage_options(storage_options))
+    n, kept = len(source[fmt.SCENES]), sum(len(part[fmt.SCENES]) for part in out.values())
+    if kept < n:  # (L5Kit's zarr_split asks for a last part of the rest: said, not silent)
+        click.echo(
+            f"l5dask: note: scenes {kept:,} to {n - 1:,} ({n - kept:,} of {n:,}) are in no part (no NAME=rest)",
+            err=True,
+        )
 
 
 @click.command()

@@ -733,7 +733,7 @@ def sketch_quantiles(
             raise UsageError(
                 f"the q{q * 100:g} of {column or 'an integer column'} cannot be exact: its integers (up to "
                 f"{largest:.4g}) share the quantile sketch's buckets at quantile_bits={bits} (off by up to "
-                f"{off:.3g}); pass quantile_bits=52 (--quantile-bits 52; exact to 2**53)"
+                f"{off:.3g}); pass quantile_bits=52 (--quantile-bits 52; quantile-bits = 52 in a job): exact to 2**53"
             )
     else:
         vals = bucket_values(b, bits)

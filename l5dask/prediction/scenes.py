@@ -984,9 +984,15 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
                 return _some_scenes(t, ds, flags, what, records)
             if not flags and "scene_index" in t.schema_arrow.names:  # (rows chosen with pandas: their scenes)
                 return scene_indices(ds, catalog_rows(t, ds, what, records), f"{what} (its scene_index)")
+            if not flags:  # (no scene_index either: above)
+                raise UsageError(
+                    f"{what}: a catalog says which scenes by one boolean column, or by its scene_index column "
+                    "(its rows chosen with pandas); it has neither"
+                )
             if len(flags) != 1:
-                has = f"{len(flags)} ({', '.join(flags)})" if flags else "none"
-                raise UsageError(f"{what}: a catalog with one boolean column says which scenes; it has {has}")
+                raise UsageError(
+                    f"{what}: a catalog with one boolean column says which scenes; it has {len(flags)} ({', '.join(flags)})"
+                )
             rows = catalog_rows(t, ds, what, records)
             col = t.read(columns=flags).column(0)
         keep = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), bool)

@@ -24,6 +24,7 @@ import functools
 import os
 import posixpath
 import re
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -403,17 +404,21 @@ def concat(
     return _open(output, storage_options)
 
 
-def parse_ranges(text: str, nscenes: int) -> list[tuple[int, int]]:
+def parse_ranges(text: str, nscenes: int | None) -> list[tuple[int, int]]:
     """``"0:100,200:250"`` as scene ranges ``[start, end)``; empty, overlapping or out-of-range
-    ranges are refused."""
+    ranges are refused (``nscenes`` None: their form alone, before the dataset is read)."""
     ranges: list[tuple[int, int]] = []
+    known = nscenes is not None
+    top = nscenes if nscenes is not None else sys.maxsize
     for part in str(text).split(","):
         m = re.fullmatch(r"\s*(-?\d*)\s*:\s*(-?\d*)\s*", part)
         if not m:
             raise UsageError(f"scene range {part.strip()!r} is not START:END (e.g. 0:100)")
         a = int(m.group(1)) if m.group(1) else 0
-        b = int(m.group(2)) if m.group(2) else nscenes
-        if a < 0 or b > nscenes:
+        b = int(m.group(2)) if m.group(2) else top
+        if a < 0 and not known:
+            raise UsageError(f"scene range {part.strip()!r} is out of range: scene indices start at 0")
+        if a < 0 or b > top:
             raise UsageError(
                 f"scene range {part.strip()!r} is out of range: the dataset has {nscenes} scenes (0:{nscenes})"
             )
@@ -623,7 +628,16 @@ def split(
         raise UsageError("split needs at least one part (NAME=N, NAME=1.5GB or NAME=rest)")
     ds = _open(input, storage_options)
     nscenes = len(ds[fmt.SCENES])
-    counts = split_counts(parsed, nscenes, dataset_bytes(ds) if any(s.lower().endswith("gb") for _, s in parsed) else 0)
+    sized = [f"{n}={s}" for n, s in parsed if s.lower().endswith("gb")]
+    if sized and ds.parent is not None and nscenes < len(ds.parent[fmt.SCENES]):
+        # (the size is that of the stored files, as zarr_split counts them: the chosen scenes' own
+        # is known only once they are written; the whole dataset's cut 2 of 20 chosen scenes for 7)
+        raise UsageError(
+            f"part {sized[0]}: a part in GB is cut by the size of a stored dataset's files (L5Kit's "
+            f"zarr_split), and these are {nscenes} of its scenes: write them first (l5dask subset) and "
+            "split that, or give the parts in scenes (NAME=N)"
+        )
+    counts = split_counts(parsed, nscenes, dataset_bytes(ds) if sized else 0)
     base = output_folder(outdir, "a split").rstrip("/")
     held = Store(base, storage_options).files()
     if ".zgroup" in held or "zarr.json" in held:  # (its parts would be written inside that dataset)

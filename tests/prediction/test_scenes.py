@@ -567,6 +567,15 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
         r = in_process("stats", path, "--scenes-from", source, "-o", out, "-q")
         assert r.exit_code == 0, (r.output, repr(r.exception))
         same_report(json.loads(out.read_text()), ref)
+    # a catalog with neither a flag column nor scene_index: said so (it said "one boolean column ...
+    # it has none", a trial's finding, where the scene_index it lacks is the other way)
+    bare = tmp_path / "bare.parquet"
+    cat.drop(columns=["scene_index"]).to_parquet(bare)
+    r = in_process("stats", path, "--scenes-from", bare, "-o", tmp_path / "bare.json", "-q")
+    assert r.exit_code == 2 and not (tmp_path / "bare.json").exists()
+    assert (
+        "by one boolean column, or by its scene_index column (its rows chosen with pandas); it has neither" in r.output
+    )
     # both filters: the scenes both keep; without --catalog, the catalog is computed and said
     r = cli("stats", path, "--scenes-from", listing, "--scenes", "scene_index >= 5", "-o", tmp_path / "both.json")
     assert r.returncode == 0, r.stderr

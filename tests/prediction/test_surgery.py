@@ -374,6 +374,25 @@ def test_cli_surgery(inputs, tmp_path):
         (["subset", "{a}", "-o", "{out}"], "say which scenes"),
         (["concat", "{a}", "{a}", "--output", "{b}"], "a dataset already exists there"),
         (["split", "{a}", "-o", "{out}", "--part", "x=rest", "--part", "y=1"], "only the last part"),
+        # (its form checked before the dataset is read: the bound was said as 9223372036854775807 scenes)
+        (["subset", "{a}", "-o", "{out}", "--ranges", "-3:2"], "is out of range: scene indices start at 0"),
+        (
+            [
+                "split",
+                "{a}",
+                "-o",
+                "{out}",
+                "--scenes",
+                "scene_index >= 2",
+                "--part",
+                "x=0.001GB",
+                "--part",
+                "y=rest",
+                "-q",
+            ],
+            "part x=0.001GB: a part in GB is cut by the size of a stored dataset's files (L5Kit's zarr_split), "
+            "and these are 5 of its scenes: write them first (l5dask subset)",
+        ),
     ],
 )
 def test_cli_surgery_errors_are_one_line(inputs, tmp_path, args, message):
@@ -591,3 +610,33 @@ def test_a_subset_that_selects_no_scene_exits_1_as_every_scene_filter(inputs, tm
         r = CliRunner().invoke(main, ["subset", a, "-o", str(out), "-q", *args])
         assert r.exit_code == code and message in r.output, (args, r.output)
         assert not out.exists()
+
+
+def test_a_split_in_gb_of_some_scenes_is_refused_and_one_of_all_scenes_is_l5kits(inputs, tmp_path):
+    """A new user's finding: ``split --scenes EXPR --part a=xGB`` cut the chosen scenes by the whole
+    dataset's size (2 of 20 chosen scenes where L5Kit's zarr_split of the written subset cuts 7).
+    The chosen scenes' stored size is known only once written: refused in one line, nothing
+    written; a choice of every scene is the dataset itself, cut as zarr_split cuts it."""
+    zu, _ = _zarr_utils()
+    a, _ = inputs
+    ds = l5dask.open_dataset(a)
+    with pytest.raises(L5DaskError, match=r"^part x=0.01GB: a part in GB .* these are 3 of its scenes"):
+        l5dask.split(ds.isel([1, 2, 3]), str(tmp_path / "some"), ["x=0.01GB", "y=rest"])
+    assert not (tmp_path / "some").exists()
+    size_gb = zu._compute_path_size(a) / zu.GIGABYTE
+    cuts = zu.zarr_split(
+        a, str(tmp_path / "ref"), [{"name": "x", "split_size_GB": size_gb * 0.45}, {"name": "y", "split_size_GB": -1}]
+    )
+    parts = l5dask.split(ds.isel(slice(None)), str(tmp_path / "all"), [f"x={size_gb * 0.45!r}GB", "y=rest"])
+    assert [len(p["scenes"]) for p in parts.values()] == [s1 - s0 for s0, s1 in cuts]
+
+
+def test_a_split_that_leaves_scenes_out_says_so(inputs, tmp_path):
+    """``split --part a=2 --part b=3`` of 7 scenes (no NAME=rest, which L5Kit's zarr_split asks
+    for) wrote 5 and said nothing of the 2 left out: a note on stderr names them."""
+    a, _ = inputs
+    r = CliRunner().invoke(main, ["split", a, "-o", str(tmp_path / "p"), "--part", "a=2", "--part", "b=3", "-q"])
+    assert r.exit_code == 0, r.output
+    assert "l5dask: note: scenes 5 to 6 (2 of 7) are in no part (no NAME=rest)" in r.output
+    r = CliRunner().invoke(main, ["split", a, "-o", str(tmp_path / "q"), "--part", "a=2", "--part", "b=rest", "-q"])
+    assert r.exit_code == 0 and "note" not in r.output, r.output
