@@ -481,9 +481,10 @@ def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage
     """Concatenate the datasets INPUTS into one, as L5Kit's zarr_concat (intervals rebased), in
     parallel; agent masks that every input holds are concatenated too. Inputs that cannot be
     opened, or differ in dtypes or labels, are refused."""
+    from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.surgery import concat as op
 
-    _surgery(
+    out, _ = _surgery(
         op,
         list(inputs),
         output,
@@ -493,6 +494,14 @@ def concat(inputs, quiet, output, overwrite, chunks_per_task, scheduler, storage
         storage_options=storage_options,
         quiet=quiet,
     )
+    options = parse_storage_options(storage_options)
+    held = {m for path in inputs for m in open_dataset(path, storage_options=options).masks}
+    dropped = sorted(held - set(out.masks))
+    if dropped:  # (documented, and said: a mask only some inputs hold has no rows for the others)
+        click.echo(
+            f"l5dask: note: agent masks {', '.join(dropped)} are not in the output (not every input holds them)",
+            err=True,
+        )
 
 
 @click.command()

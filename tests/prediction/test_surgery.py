@@ -358,6 +358,11 @@ def test_cli_surgery(inputs, tmp_path):
     assert r.exit_code == 0, r.output
     assert "c.zarr" in r.output and "scenes" in r.output
     assert len(l5dask.open_dataset(str(tmp_path / "c.zarr"))["scenes"]) == 11
+    # a's mask 0.8, which b lacks, is dropped (documented) and said (a trial found it silent)
+    assert "l5dask: note: agent masks 0.8 are not in the output (not every input holds them)" in r.output
+    assert list(l5dask.open_dataset(str(tmp_path / "c.zarr")).masks) == ["0.5"]
+    r = runner.invoke(main, ["concat", b, b, "--output", str(tmp_path / "bb.zarr")])
+    assert r.exit_code == 0 and "note" not in r.output, r.output
     r = runner.invoke(main, ["subset", a, "-o", str(tmp_path / "s.zarr"), "--ranges", "1:3"])
     assert r.exit_code == 0, r.output
     r = runner.invoke(main, ["split", a, "-o", str(tmp_path / "parts"), "--part", "a=2", "--part", "b=rest"])
