@@ -806,6 +806,8 @@ def _archive_fs(url: str, kind: str, path: str, target_fs: Any, options: dict[st
         raise NotADatasetError(
             f"{url}: not a {kind} that can be read ({_describe(exc)}): a damaged file, or one not written whole"
         ) from None
+    except NotImplementedError as exc:  # (zipfile: "zip file version 9.0", a compression it lacks)
+        raise NotADatasetError(f"{url}: a {kind} that Python's {kind}file cannot read ({exc})") from None
     except (LookupError, ValueError) as exc:  # (a compression that is not one, a bad header field)
         raise NotADatasetError(f"{url}: not a {kind} that can be read ({_describe(exc)})") from None
 

@@ -273,6 +273,19 @@ def test_a_damaged_archive_is_one_line(small_ds, tmp_path):
             assert r.stderr.startswith(f"l5dask: error: {path}: not a {kind} that can be read ("), r.stderr
         with pytest.raises(NotADatasetError, match=f"not a {kind} that can be read"):
             l5dask.open_dataset(str(path))
+    # a zip whose entries need a version of the format zipfile does not implement (a fuzzer's
+    # finding: zipfile's NotImplementedError, "zip file version 9.0", was a traceback)
+    data = bytearray(good_zip.read_bytes())
+    at = data.find(b"PK\x01\x02")
+    data[at + 6 : at + 8] = (90).to_bytes(2, "little")  # (the first entry's "version needed to extract")
+    (tmp_path / "v9.zip").write_bytes(bytes(data))
+    path = tmp_path / "v9.zip"
+    for args in (["info", path], ["stats", path, "-q"], ["perception", "stats", path, "-q"]):
+        r = cli(*args)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.stderr == f"l5dask: error: {path}: a zip that Python's zipfile cannot read (zip file version 9.0)\n"
+    with pytest.raises(NotADatasetError, match="a zip that Python's zipfile cannot read"):
+        l5dask.open_dataset(str(path))
     for good in (good_zip, good_tar):
         assert l5dask.open_dataset(str(good)).counts() == l5dask.open_dataset(small_ds).counts()
 
