@@ -204,6 +204,9 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
     array (told by their first bytes: a zip, numpy's magic string); its length must be the number of
     agents. Never unpickled."""
     if isinstance(mask, (str, bytes)) or hasattr(mask, "__fspath__"):
+        import zipfile
+        import zlib
+
         path = str(mask)
         try:
             store, key = file_store(path, storage_options)  # (the store's retries and errors)
@@ -223,7 +226,8 @@ def load_mask(mask: Any, n: int, storage_options: dict | None = None) -> np.ndar
             raise MaskError(f"{path}: no such file") from None
         except StoreError:
             raise
-        except (ValueError, OSError) as exc:
+        except (ValueError, OSError, EOFError, NotImplementedError, zipfile.BadZipFile, zlib.error) as exc:
+            # (an .npz is a zip: zipfile's own errors are none of numpy's, and were tracebacks)
             if isinstance(exc, MaskError):
                 raise
             raise MaskError(f"{path}: not a numpy .npz or .npy file that can be read ({exc})") from None

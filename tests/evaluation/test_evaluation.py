@@ -865,6 +865,13 @@ def test_bad_masks_and_frames(edge, tmp_path):
     np.save(tmp_path / "objects.npy", np.array([None] * n, dtype=object))
     r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / "objects.npy", "-q")
     one_line_error(r, "objects.npy: not a numpy .npz or .npy file that can be read", "allow_pickle")
+    # an .npz that is not a whole zip (cut short, or a zip's magic and no more): zipfile's BadZipFile
+    # was a traceback
+    good = (tmp_path / "short.npz").read_bytes()
+    for name, data in (("cut.npz", good[: len(good) // 2]), ("magic.npz", b"PK\x03\x04garbage")):
+        (tmp_path / name).write_bytes(data)
+        r = cli("gt", path, "-o", tmp_path / "gt.csv", "--mask", tmp_path / name, "-q")
+        one_line_error(r, f"{name}: not a numpy .npz or .npy file that can be read")
     assert not (tmp_path / "gt.csv").exists() and not list(tmp_path.glob(".gt.csv*"))
     r = cli("chop", path, "--frames", 10_000, "-o", tmp_path / "out", "-q")
     one_line_error(r, "--frames 10000", "every scene must have more")
