@@ -965,6 +965,13 @@ def parquet_fingerprint(meta: dict) -> dict | None:
     return found if isinstance(found, dict) and "arrays" in found else None
 
 
+def _many_flags(what: str, flags: list[str]) -> UsageError:
+    """The one line for a catalog given with more than one boolean column (which one chooses?)."""
+    return UsageError(
+        f"{what}: a catalog with one boolean column says which scenes; it has {len(flags)} ({', '.join(flags)})"
+    )
+
+
 def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> np.ndarray:
     """``--scenes-from``: a text file of scene indices (one a line; blank lines and ``#`` comments
     skipped), or a catalog Parquet of ``ds`` with one boolean column (its true rows), or with
@@ -990,9 +997,7 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
                     "(its rows chosen with pandas); it has neither"
                 )
             if len(flags) != 1:
-                raise UsageError(
-                    f"{what}: a catalog with one boolean column says which scenes; it has {len(flags)} ({', '.join(flags)})"
-                )
+                raise _many_flags(what, flags)
             rows = catalog_rows(t, ds, what, records)
             col = t.read(columns=flags).column(0)
         keep = np.asarray(col.fill_null(False).to_numpy(zero_copy_only=False), bool)
@@ -1027,9 +1032,7 @@ def _some_scenes(t: Any, ds: Any, flags: list[str], what: str, records: np.ndarr
     if "stored_scene_index" not in names:
         raise UsageError(f"{what}: a catalog of some scenes needs its stored_scene_index column to say which")
     if len(flags) > 1:
-        raise UsageError(
-            f"{what}: a catalog with one boolean column says which scenes; it has {len(flags)} ({', '.join(flags)})"
-        )
+        raise _many_flags(what, flags)
     own = [c for c in ("stored_scene_index", "host", "start_time", "end_time", "num_frames") if c in names]
     table = t.read(columns=own + flags)
     table = table.rename_columns(["scene_index" if c == "stored_scene_index" else c for c in table.column_names])
