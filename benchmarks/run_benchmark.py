@@ -1,13 +1,18 @@
 """``l5dask run`` of the report, the catalog and three aggregations against the report alone and
 against the five separate commands (issue 48: the run at most 1.3x the report alone).
 
-    python benchmarks/run_benchmark.py [--scenes 1700] [--repeat 3]
+    python benchmarks/run_benchmark.py [--scenes 1700] [--repeat 3] [--malloc]
 
 Whole processes on the embedded default, each writing its outputs, in interleaved rounds (these
 shared machines change speed from one minute to the next): ``l5dask stats -o``; ``l5dask run`` of
 a job of the five analyses; the five commands one after the other (``stats``, ``catalog``, three
 ``agg``). Each round's times, the best of each, and the median of the per-round ratios to the
 report alone; the run's record says the bytes it read (against the dataset's stored bytes).
+
+``--malloc``: the run and the report with the command line's own glibc settings
+(``l5dask.core.policy.LOCAL_ENV``: freed heap kept up to 256 MB) against the workers' (``WORKER_ENV``,
+given back above 8 MB: set in the environment, which the command line then leaves alone), in
+interleaved rounds: wall and CPU seconds, peak RSS.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import dataset, run  # noqa: E402
+from common import dataset, measure, run  # noqa: E402
 
 AGGREGATIONS = {
     "speeds": ("agents", "label", ["speed:mean,max,q99"], None),
@@ -74,14 +79,51 @@ def stored_bytes(path: str) -> int:
     )
 
 
+def malloc_rounds(path: str, repeat: int) -> None:
+    """``--malloc``: each command with the command line's settings and with the workers'."""
+    from l5dask.core.cluster import WORKER_ENV
+
+    workers = ["env", *(f"{k}={v}" for k, v in WORKER_ENV.items())]
+    got: dict[tuple[str, str], list] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        job = os.path.join(tmp, "job.toml")
+        with open(job, "w") as f:
+            f.write(job_text(path, f"{tmp}/run"))
+        commands = {"stats": cli("stats", path, "-o", f"{tmp}/stats.json"), "run": cli("run", job)}
+        for r in range(repeat):
+            for name, cmd in commands.items():
+                for setting in (("local", "workers") if r % 2 == 0 else ("workers", "local")):
+                    u = measure(cmd if setting == "local" else workers + cmd)
+                    if u.status != 0:
+                        raise SystemExit(f"failed ({u.status}): {' '.join(cmd)[:200]}")
+                    got.setdefault((name, setting), []).append(u)
+                    print(
+                        f"round {r + 1}: {name:<5} {setting:<7} {u.wall:5.2f} s wall, {u.cpu:5.2f} s CPU, "
+                        f"peak RSS {u.rss_gb * 1000:4.0f} MB",
+                        flush=True,
+                    )
+    for name in ("stats", "run"):
+        loc, wrk = got[(name, "local")], got[(name, "workers")]
+        print(
+            f"{name}: median wall {statistics.median(u.wall for u in loc):.2f} s (local) against "
+            f"{statistics.median(u.wall for u in wrk):.2f} s (workers'), CPU "
+            f"{statistics.median(u.cpu for u in loc):.2f} against {statistics.median(u.cpu for u in wrk):.2f} s, "
+            f"peak RSS {max(u.rss_gb for u in loc) * 1000:.0f} against {max(u.rss_gb for u in wrk) * 1000:.0f} MB"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenes", type=int, default=1700)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--malloc", action="store_true", help="the command line's glibc settings against the workers'")
     args = parser.parse_args()
     path = dataset(args.scenes)
     agents = int(__import__("l5dask").open_dataset(path).counts()["agents"])
     print(f"dataset: {path}: {agents:,} agents, {os.cpu_count()} cores", flush=True)
+    if args.malloc:
+        malloc_rounds(path, args.repeat)
+        return
     times: dict[str, list[float]] = {"stats": [], "run": [], "separate": []}
     reads = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -163,18 +163,51 @@ def test_worker_settings_everywhere(dask_cluster):
     assert all(c == WORKER_CONFIG for c in configs.values())
 
 
-def test_the_cli_sets_the_workers_malloc_thresholds_in_its_own_process():
-    """``tune_malloc`` applies WORKER_ENV through glibc's mallopt (a child process: the setting is
-    process-wide), and leaves an environment that sets them alone."""
+#: A child process that frees 32 MB of heap (blocks under the mmap threshold, the last at the top)
+#: and takes them again, ten times: the page faults of the nine rounds after the first.
+_REFAULTS = """
+import ctypes, resource, sys
+from l5dask.core.policy import tune_malloc
+print(tune_malloc() if sys.argv[1] == "tuned" else "untouched")
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+def round_():
+    blocks = [libc.malloc(4 << 20) for _ in range(8)]
+    for b in blocks:
+        ctypes.memset(b, 1, 4 << 20)
+    for b in reversed(blocks):
+        libc.free(b)
+round_()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(9):
+    round_()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_the_cli_sets_its_malloc_thresholds_in_its_own_process():
+    """``tune_malloc`` applies LOCAL_ENV through glibc's mallopt (a child process: the setting is
+    process-wide): 32 MB of temporaries freed and taken again are not faulted in again (the
+    workers' 8 MB trim threshold gives them back: about 8,000 faults a round); an environment that
+    sets one of them is left alone."""
     import os
 
-    code = "from l5dask.core.policy import tune_malloc; print(tune_malloc())"
+    from l5dask.core.cluster import WORKER_ENV
+    from l5dask.core.policy import LOCAL_ENV
+
+    assert LOCAL_ENV == {**WORKER_ENV, "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert r.stdout.strip() == "True"
-    env["MALLOC_MMAP_THRESHOLD_"] = "1048576"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    assert r.stdout.strip() == "False"
+
+    def child(kind: str, environ: dict) -> tuple[str, int]:
+        r = subprocess.run([sys.executable, "-c", _REFAULTS, kind], capture_output=True, text=True, env=environ, check=True)
+        applied, faults = r.stdout.split()
+        return applied, int(faults)
+
+    applied, tuned = child("tuned", env)
+    assert applied == "True" and tuned < 1000, tuned
+    applied, workers = child("tuned", {**env, **WORKER_ENV})  # (the workers' settings, from the environment)
+    assert applied == "False" and workers > 9 * 4000, workers
 
 
 def test_the_cli_keeps_the_collector_off_its_imports_before_each_local_pass(small_ds, tmp_path):
