@@ -210,6 +210,31 @@ def test_the_cli_sets_its_malloc_thresholds_in_its_own_process():
     assert applied == "False" and workers > 9 * 4000, workers
 
 
+def test_a_pass_on_local_threads_sets_the_allocator_thresholds_once_unless_configured_not_to():
+    """``local_malloc``: the first pass of a library's caller on local threads (or "sync") sets
+    ``tune_malloc``'s thresholds, not its heaps (a child process: the setting is process-wide); with
+    ``l5dask.tune-malloc`` false, or a ``MALLOC_*`` variable set, the allocator is left alone; a
+    cluster's client never sets it here."""
+    import os
+
+    code = """
+import sys, dask
+from l5dask.core import policy
+with dask.config.set({"l5dask.tune-malloc": sys.argv[1] == "on"}):
+    print(policy._MALLOC, end=" ")
+    print(policy.compute(dask.delayed(sum)([1, 2]), scheduler=sys.argv[2]), policy._MALLOC)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def child(*args: str, environ: dict = env) -> str:
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=environ, check=True).stdout.strip()
+
+    assert child("on", "threads") == "None 3 True"
+    assert child("on", "sync") == "None 3 True"
+    assert child("off", "threads") == "None 3 None"
+    assert child("on", "threads", environ={**env, "MALLOC_ARENA_MAX": "4"}) == "None 3 False"
+
+
 def test_the_cli_keeps_the_collector_off_its_imports_before_each_local_pass(small_ds, tmp_path):
     """``tune_gc`` (the command line's own process): a pass on local threads first freezes the
     objects alive (``gc.freeze``); without it, or on another scheduler, nothing is frozen (a child

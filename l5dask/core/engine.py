@@ -1341,7 +1341,7 @@ class Job:
         if self.chunks_per_task:
             return int(self.chunks_per_task)
         kind = self.scheduler_kind
-        if kind == "threads" and not spec.blocks and not getattr(spec.source, "remote", False):
+        if kind == "threads" and (spec.encoded or not spec.blocks) and not getattr(spec.source, "remote", False):
             kind = "threads-streaming"
         return auto_chunks_per_task(_pow2(self.size_for or spec.source.nchunks), self.threads, kind)
 

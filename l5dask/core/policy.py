@@ -46,14 +46,18 @@ from l5dask.errors import UsageError
 
 # --- sizing ---------------------------------------------------------------------------------
 #: (tasks wanted per thread, most stored chunks in a task), by scheduler. On local threads, a pass
-#: that streams its chunks from a local store (one chunk decoded at a time, whatever the task's
-#: size) takes up to 32 a task: the report on 30 M agents ran 345 tasks with 8, 1.04 s against
-#: 1.11 s as a whole process (medians of 9 interleaved rounds, 2026-11-26); block tasks (which
-#: hold their chunks) and tasks that wait for an object store keep 8. A fused run of the report,
-#: the catalog and three aggregations (a block pass: ``python benchmarks/fused_members.py --repeat 2
-#: --breakdown``, one thread, 30 M agents, ``DASK_L5DASK__CHUNKS_PER_TASK`` set, 2026-11-29): 3.27
-#: CPU-s with 8 chunks a task, 3.72-3.86 with 16 or 32 (the block's gathered columns no longer stay
-#: in a core's cache: the gathers 1.37-1.43 CPU-s against 0.99), 3.84 with 4 and 5.93 with 2.
+#: over a local store that streams its chunks (one chunk decoded at a time, whatever the task's
+#: size) or gathers its columns from their compressed bytes (``encoded``: an aggregation's blocks, a
+#: fused run's) takes up to 32 a task: the report on 30 M agents ran 345 tasks with 8, 1.04 s against
+#: 1.11 s as a whole process (medians of 9 interleaved rounds, 2026-11-26); a fused run of the
+#: report, the catalog and three aggregations (``python benchmarks/fused_members.py --repeat 2
+#: --breakdown``, one thread, ``DASK_L5DASK__CHUNKS_PER_TASK`` set, 2026-11-29) 2.36-2.55 CPU-s with
+#: 32 against 2.61-2.80 with 8, and ``aggregate()`` of the three queries of
+#: ``aggregate_benchmark.py`` 12-15% faster as whole processes (peak RSS 190-260 MB against
+#: 150-200). That needs the allocator's thresholds of :func:`local_malloc`: under glibc's defaults
+#: a block of 32 chunks was given back and faulted in again each task (300 k faults, the fused run
+#: 3.72-3.86 CPU-s against 3.27 with 8). Block tasks of records and tasks that wait for an object
+#: store keep 8.
 TASK_SIZING = {"threads": (16, 8), "threads-streaming": (16, 32), "distributed": (8, 64)}
 #: Tasks per thread of a pass whose rows place child tasks (spread over the workers).
 PARENT_TASKS_PER_THREAD = 4
@@ -217,7 +221,8 @@ def auto_chunks_per_task(
     the scheduling cost small against the work (each task still decodes each chunk once).
 
     On local threads a task costs about 0.3 ms of scheduling, as much as decoding a chunk:
-    16 tasks per thread and up to 8 chunks a task (32 for a pass streaming a local store,
+    16 tasks per thread and up to 8 chunks a task (32 for a pass over a local store that
+    streams its chunks or gathers its columns from their compressed bytes,
     ``scheduler="threads-streaming"``: see ``TASK_SIZING``). On dask.distributed a task
     costs 1-3 ms (a round between worker and scheduler): 8 tasks per thread and up to 64 chunks
     a task.
@@ -397,34 +402,54 @@ def _forget_waiting() -> None:
 
 
 # --- tuning ---------------------------------------------------------------------------------
-#: glibc's settings for the command line's own process (:func:`tune_malloc`): the workers'
-#: (:data:`WORKER_ENV`) but for freed heap given back to the system above 256 MB, not 8 MB. A
-#: pass of several analyses (``l5dask run``: the report, the catalog and three aggregations)
-#: frees more than 8 MB of temporaries at the end of each task; given back, the next task
-#: faulted them in again: 110-170 k page faults and 0.65-0.85 s of system time against 43 k and
-#: 0.4-0.5 s, the run 10-15% faster on 30 M agents (``benchmarks/run_benchmark.py --malloc``).
-#: The cost: the process keeps up to 256 MB a heap (two) of its peak.
+#: glibc's settings for a process that runs passes on its own threads (:func:`tune_malloc`): the
+#: workers' (:data:`WORKER_ENV`) but for freed heap given back to the system above 256 MB, not 8 MB.
+#: A pass of several analyses (``l5dask run``: the report, the catalog and three aggregations)
+#: frees more than 8 MB of temporaries at the end of each task; given back, the next task faulted
+#: them in again: 110-170 k page faults and 0.65-0.85 s of system time against 43 k and 0.4-0.5 s,
+#: the run 10-15% faster on 30 M agents (``benchmarks/run_benchmark.py --malloc``). glibc's own
+#: defaults (a threshold that follows the largest block freed, at most 32 MB, and trims above
+#: twice that) faulted a task's block of 32 chunks in again after each task: 300 k faults and
+#: 1.0 s of system time a fused run. The cost: the process keeps up to 256 MB a heap of its peak.
 LOCAL_ENV = {**WORKER_ENV, "MALLOC_TRIM_THRESHOLD_": str(256 * 2**20)}
 
+#: Whether :func:`tune_malloc` ran in this process (its answer), ``None`` before.
+_MALLOC: bool | None = None
 
-def tune_malloc() -> bool:
+
+def tune_malloc(arenas: bool = True) -> bool:
     """:data:`LOCAL_ENV`'s settings for this process (glibc's ``mallopt``), unless the
     environment sets one of them: the CLI's embedded default reads multi-MB blocks (CSV ranges,
     chunk runs), each a fresh mmap that page-faults when above glibc's threshold (1.3 GB of CSV
-    read in 32 MB blocks: 1-1.6 GB/s; in 8 MB blocks, from a reused heap: 4-10 GB/s). Returns
-    whether it applied them."""
+    read in 32 MB blocks: 1-1.6 GB/s; in 8 MB blocks, from a reused heap: 4-10 GB/s).
+    ``arenas=False``: the two thresholds only, the number of heaps left as it is (a library's
+    caller's threads keep theirs: :func:`local_malloc`). Returns whether it applied them."""
     import ctypes
     import os
 
+    global _MALLOC
     if any(k in os.environ for k in WORKER_ENV):
+        _MALLOC = False
         return False
     try:
         # this process's own symbols, libc's among them (ctypes.util.find_library runs ldconfig: 3 ms)
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
+        _MALLOC = False
         return False
     params = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_ARENA_MAX": -8}  # <malloc.h>
-    return all([bool(mallopt(params[k], int(v))) for k, v in LOCAL_ENV.items()])
+    settings = {k: v for k, v in LOCAL_ENV.items() if arenas or k != "MALLOC_ARENA_MAX"}
+    _MALLOC = all([bool(mallopt(params[k], int(v))) for k, v in settings.items()])
+    return _MALLOC
+
+
+def local_malloc() -> None:
+    """Before a pass on this process's threads: :func:`tune_malloc`'s thresholds (not its heaps),
+    once a process, unless the command line set them already or ``l5dask.tune-malloc`` is false.
+    A pass's tasks take blocks of up to 32 chunks (:data:`TASK_SIZING`); under glibc's defaults
+    each task's temporaries were given back and faulted in again by the next."""
+    if _MALLOC is None and config.get("tune-malloc"):
+        tune_malloc(arenas=False)
 
 
 #: Whether each pass on local threads first puts the objects then alive out of the garbage
@@ -480,6 +505,7 @@ def _local_pool(kw: dict, threads: int | None) -> Iterator[dict]:
     pool, as it sizes dask's own."""
     import dask
 
+    local_malloc()  # (tasks run in this process: on its threads, or on its own with "sync")
     kw = {**kw, "scheduler": threads_scheduler(kw["scheduler"])} if "scheduler" in kw else kw
     if kw.get("scheduler") is not threads_scheduler("threads") or "pool" in kw:
         yield kw

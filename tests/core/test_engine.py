@@ -212,9 +212,10 @@ def test_task_sizing_by_scheduler():
 
 
 def test_a_pass_streaming_a_local_store_takes_larger_tasks_on_local_threads():
-    """On local threads a pass that streams its chunks from a local store takes up to 32 a task;
-    block tasks, a store of requests (an object store) and a cluster keep their sizes; an asked
-    size wins; the size is part of the tasks' names."""
+    """On local threads a pass that streams its chunks from a local store, or gathers its columns
+    from their compressed bytes, takes up to 32 a task; block tasks of records, a store of
+    requests (an object store) and a cluster keep their sizes; an asked size wins; the size is
+    part of the tasks' names."""
     from dask.threaded import get
 
     from l5dask.core.engine import Job, Pass
@@ -230,6 +231,8 @@ def test_a_pass_streaming_a_local_store_takes_larger_tasks_on_local_threads():
     job.threads = 2
     assert job.per_task(Pass(local)) == 32 and job.per_task(Pass(local, encoded=True)) == 32
     assert job.per_task(Pass(local, blocks=True)) == 8 and job.per_task(Pass(remote)) == 8
+    assert job.per_task(Pass(local, blocks=True, encoded=True)) == 32  # (an aggregation's, a fused pass's)
+    assert job.per_task(Pass(remote, blocks=True, encoded=True)) == 8
     eight = Job(scheduler=get, chunks_per_task=8)
     eight.threads = 2
     assert job.token(Pass(local)) != eight.token(Pass(local))  # (keys of tasks of other sizes differ)
