@@ -34,12 +34,15 @@ arrays' bytes; what cannot be encoded is not cached (``Unencodable``). (Not an `
 ``.npy`` headers are parsed by ``ast.literal_eval``, 0.3-0.5 ms an array, 2 ms an entry of the
 report's, more than the rest of a rerun's work; the manifest is one ``json.loads``.) An entry is
 ``MAGIC | format | blake2b digest | manifest length | manifest | arrays``, written to a temporary
-name and renamed into place (on an object store, one PUT), so that no reader ever sees half of one; an entry that is damaged, truncated or of another format is ignored (the first of a process
+name and renamed into place (on an object store, one PUT), so that no reader ever sees half of one.
+Its manifest names the entry (its file name, the key in it): a sound entry found under another
+name (copied or renamed over another task's) is not that task's partial. An entry that is damaged,
+truncated, of another format or under another's name is ignored (the first of a process
 with one warning), counted (:class:`Stats`), and its task computed again. A cache that cannot be written is one
 warning, and the run goes on without it; a location l5dask cannot write at all is a
 :class:`~l5dask.errors.UsageError`.
 
-Layout: ``ROOT/l5dask-cache-v4/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
+Layout: ``ROOT/l5dask-cache-v5/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
 array: its ``source.json`` names it), so that a task's lookups are one listing a source.
 ``l5dask cache info|prune`` reads and trims it (``info``, ``prune``).
 """
@@ -71,8 +74,9 @@ from l5dask.core.version import __version__
 from l5dask.errors import OutputError, StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.
-FORMAT = 4  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them;
-# 4: integer columns' aggregation partials exact, their sums in two int64 limbs)
+FORMAT = 5  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them;
+# 4: integer columns' aggregation partials exact, their sums in two int64 limbs; 5: each entry names
+# itself, checked on reading)
 #: The folder of this format's entries under the cache's root.
 FOLDER = f"l5dask-cache-v{FORMAT}"
 MAGIC = b"L5DCACHE"
@@ -392,9 +396,15 @@ def _open(data: bytes) -> tuple[dict[str, Any], list[np.ndarray]]:
     return manifest, arrays
 
 
-def decode(data: bytes) -> Any:
-    """The partial an entry holds (:class:`Damaged` if it is not a sound entry of this format)."""
+def decode(data: bytes, name: str | None = None) -> Any:
+    """The partial an entry holds (:class:`Damaged` if it is not a sound entry of this format);
+    ``name``: the entry's file name, which its manifest must give as its own (:func:`store`)."""
     manifest, arrays = _open(data)
+    if name is not None:
+        about = manifest.get("about")
+        own = about.get("entry") if isinstance(about, dict) else None
+        if own != name:
+            raise Damaged(f"it is the entry {str(own)[:80]!r}, filed under another name")
     try:
         return _Decoder(arrays)(manifest["tree"])
     except Damaged:
@@ -864,14 +874,27 @@ class Entry:
 def load(entry: Entry) -> tuple[bool, Any]:
     """``(True, partial)`` from a sound entry; ``(False, None)`` when it is missing or damaged
     (damage is one warning a process and counted)."""
-    ok, value, _ = load_bytes(entry)
-    return ok, value
+    data = entry.cache.read(entry.path)
+    if data is None:
+        return False, None
+    try:
+        value = decode(data, posixpath.basename(entry.path))
+    except Damaged as exc:
+        warn_once(
+            "damaged",
+            f"{entry.cache.url}: ignoring a damaged entry {entry.path} ({exc}); computing it again "
+            "(the first of this process; all are counted)",
+        )
+        count(damaged=1)
+        return False, None
+    count(bytes_read=len(data))
+    return True, value
 
 
 def store(entry: Entry, partial: Any) -> bool:
     """Keep ``partial`` in ``entry`` (what cannot be encoded is not kept); whether it was kept."""
     try:
-        data = encode(partial, {**entry.about, "written": time.time()})
+        data = encode(partial, {**entry.about, "entry": posixpath.basename(entry.path), "written": time.time()})
     except Unencodable as exc:
         warn_once(f"unencodable-{entry.about.get('reduction')}", f"not caching {entry.about.get('reduction')}: {exc}")
         return False
@@ -919,25 +942,6 @@ def follow(alias: Entry) -> Entry | None:
     if _TARGET.fullmatch(got[1]) is None:
         return None
     return Entry(alias.cache, posixpath.join(posixpath.dirname(alias.path), got[1]), alias.about)
-
-
-def load_bytes(entry: Entry) -> tuple[bool, Any, bytes | None]:
-    """:func:`load`, with the entry's bytes (to keep them under another key as they are)."""
-    data = entry.cache.read(entry.path)
-    if data is None:
-        return False, None, None
-    try:
-        value = decode(data)
-    except Damaged as exc:
-        warn_once(
-            "damaged",
-            f"{entry.cache.url}: ignoring a damaged entry {entry.path} ({exc}); computing it again "
-            "(the first of this process; all are counted)",
-        )
-        count(damaged=1)
-        return False, None, None
-    count(bytes_read=len(data))
-    return True, value, data
 
 
 def reset_warnings() -> None:

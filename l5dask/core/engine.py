@@ -627,10 +627,10 @@ def _found_by_rows(entry: cachelib.Entry, alias: cachelib.Entry | None, spec: St
     target = cachelib.follow(alias) if alias is not None else None
     if target is None:
         return None
-    ok, got, data = cachelib.load_bytes(target)
-    if not ok or data is None or not _still_valid(got, spec.intervals):
+    ok, got = cachelib.load(target)
+    if not ok or not _still_valid(got, spec.intervals):
         return None
-    entry.cache.write(entry.path, data)
+    cachelib.store(entry, got)  # (written again under its own name: an entry names itself)
     return got[0]
 
 

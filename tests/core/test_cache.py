@@ -1023,6 +1023,47 @@ def test_damaged_entries_are_recomputed_with_one_warning(dataset, tmp_path, capl
     assert st.damaged == 0 and st.misses == 0
 
 
+def test_an_entry_filed_under_another_tasks_name_is_not_trusted(dataset, tmp_path, caplog):
+    """A new user's trial: sound entries of one reduction copied over each other's names (the
+    passes' whole and prefix entries removed) were read as those tasks' partials, and the report
+    came out wrong with no warning. An entry names itself; one under another name is damaged:
+    ignored, one warning, counted, its task computed again; the answer is the uncached one."""
+    cache = str(tmp_path / "cache")
+    want = public(compute_report(dataset))
+    assert public(compute_report(dataset, cache=cache)) == want
+    listed = cachelib.Cache(cache).entries()
+    for e in listed:
+        if e["reduction"].split("-")[0] in ("pass", "prefix"):
+            os.unlink(os.path.join(cache, e["path"]))
+    by_reduction: dict[str, list[str]] = {}
+    for e in listed:
+        if e["reduction"].split("-")[0] not in ("pass", "prefix") and not os.path.basename(e["path"]).count(".r"):
+            by_reduction.setdefault(e["reduction"], []).append(e["path"])
+    paths = max(by_reduction.values(), key=len)  # (the agents' tasks: the most entries)
+    assert len(paths) >= 3
+    blobs = []
+    for path in paths:
+        with open(os.path.join(cache, path), "rb") as f:
+            blobs.append(f.read())
+    for path, data in zip(paths, blobs[1:] + blobs[:1]):  # (each task's entry moved to the next's name)
+        with open(os.path.join(cache, path), "wb") as f:
+            f.write(data)
+    with open(os.path.join(cache, paths[0]), "rb") as f:
+        moved = f.read()
+    with pytest.raises(cachelib.Damaged, match="filed under another name"):
+        cachelib.decode(moved, os.path.basename(paths[0]))
+    assert cachelib.decode(moved, os.path.basename(paths[1])) is not None  # (sound under its own name)
+    cachelib.reset_warnings()
+    with caplog.at_level(logging.WARNING, logger="l5dask.cache"), cachelib.counting() as st:
+        got = public(compute_report(dataset, cache=cache))
+    assert got == want
+    assert st.damaged >= len(paths), st
+    assert "filed under another name" in caplog.text, caplog.text
+    with cachelib.counting() as st:  # rewritten under their own names
+        assert public(compute_report(dataset, cache=cache)) == want
+    assert st.damaged == 0 and st.misses == 0
+
+
 def test_a_cache_that_cannot_be_written_is_one_warning(dataset, tmp_path, caplog):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
