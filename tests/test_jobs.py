@@ -1148,6 +1148,7 @@ def test_the_nightly_job_twice_on_a_cluster_over_s3_reads_no_chunk_the_second_ti
 #: type or choice, an unknown key): (kind, keys given before the bad one, the bad key, its value,
 #: what the line says). Each fault is said at the bad key's own line, never at its table's.
 TABLE = object()  # (a value given as a table: values = { speed = "mean" })
+NAN = object()  # (a float NaN: nan in TOML, .nan in YAML)
 KEY_FAULTS = [
     ("report", {"output": "r.json"}, "html", "r.json", "html 'r.json': name the file *.html or *.htm"),
     ("report", {"html": "r.html"}, "output", "r.txt", "output 'r.txt': name the file *.json"),
@@ -1169,6 +1170,7 @@ KEY_FAULTS = [
     ("export", {"output": "ex"}, "datasets", ["big"], "datasets: no dataset 'big'; the datasets are: small"),
     ("select-agents", {"output": "mask"}, "threshold", 2.0, "threshold must be from 0 to 1, not 2.0"),
     ("select-agents", {"output": "mask"}, "threshold", "high", "threshold: expected a number, not a string 'high'"),
+    ("select-agents", {"output": "mask"}, "yaw-degrees", NAN, "yaw-degrees is NaN: give a number"),
     ("select-agents", {"output": "mask"}, "report", "mask.txt", "report 'mask.txt': name the file *.json"),
     ("select-agents", {"output": "mask"}, "yaw_degrees", 20.0, "unknown key 'yaw_degrees' in [analyses.x] (kind "
      "select-agents); the keys are: datasets, distance-m, extent-ratio, kind, output, report, threshold, yaw-degrees"),
@@ -1179,6 +1181,8 @@ def _job_text(small_ds: str, kind: str, before: dict, key: str, value, yaml: boo
     def show(v) -> str:
         if v is TABLE:
             return "{speed: mean}" if yaml else '{ speed = "mean" }'
+        if v is NAN:
+            return ".nan" if yaml else "nan"
         return json.dumps(v)  # (a JSON scalar or list: TOML's and YAML's both)
 
     items = [("kind", kind), *before.items(), (key, value)]
@@ -1434,6 +1438,9 @@ def test_an_output_inside_a_dataset_or_over_a_users_files_is_refused_by_check(sm
     ds = tmp_path / "ds.zarr"
     shutil.copytree(small_ds, ds)
     before = {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()}
+    # (its folders untouched: refused before a file is made and removed in them to test them, a
+    # trial's finding: the dataset folder's modification time moved)
+    times = {p: p.stat().st_mtime_ns for p in (ds, ds / "agents")}
     for kind, inside in (("catalog", "agents/c.parquet"), ("report", "r.json")):
         job = write(
             tmp_path / "in.toml",
@@ -1445,6 +1452,7 @@ def test_an_output_inside_a_dataset_or_over_a_users_files_is_refused_by_check(sm
                 f"l5dask: error: {job}:5: [analyses.c] output on v: {ds}/{inside}: the output is inside the "
                 f"dataset v ({ds}); write elsewhere\n"
             ), r.stderr
+    assert {p: p.stat().st_mtime_ns for p in times} == times
     out = tmp_path / "exj"
     job = write(tmp_path / "ex.toml", f'[datasets]\ns = "{ds}"\n[analyses.e]\nkind = "export"\noutput = "{out}"\n')
     assert cli(job, "-q").returncode == 0

@@ -128,10 +128,12 @@ def expand_datasets(job: Job) -> list[tuple[str, str, dict, tuple]]:
     return out
 
 
-def _check_output(path: str, folder: bool, options: dict, missing: list[str]) -> None:
+def _check_output(path: str, folder: bool, options: dict, missing: list[str], apart: Callable[[], None]) -> None:
     """Refuse (one line) an output that cannot be written, making nothing: a local output's missing
     folders are added to ``missing`` (made when the run starts) once the nearest existing one is
-    found to be a folder a file can be made in."""
+    found to be a folder a file can be made in. ``apart``: the check that it is apart from what the
+    run reads, made before a file is made and removed to test the folder (a refused output's
+    folder, a dataset's, is not touched)."""
     remote = "://" in path and not path.startswith("file://")
     if not remote:
         path = os.path.abspath(path.removeprefix("file://"))
@@ -139,12 +141,14 @@ def _check_output(path: str, folder: bool, options: dict, missing: list[str]) ->
             raise JobError(f"{path}: is a folder; give a file name")
         if folder and os.path.exists(path) and not os.path.isdir(path):
             raise JobError(f"{path}: is a file, not a folder")
+        apart()
         try:
             absent = folders_to_make(path)
         except OutputError as exc:
             raise JobError(str(exc)) from None
         missing.extend(f for f in absent if f not in missing)
         return
+    apart()
     if folder:
         check_writable(path.rstrip("/") + "/.l5dask", options)
         return
@@ -251,8 +255,13 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
     for path, where in written.items():
         t_folder = any(path == t.outputs.get(k) for t in tasks for k in t.analysis.kind.folders)
         try:
-            _check_output(path, t_folder, job.storage_options, folders)
-            _apart_from_inputs(path, job.storage_options, inputs.values(), reads)
+            _check_output(
+                path,
+                t_folder,
+                job.storage_options,
+                folders,
+                lambda: _apart_from_inputs(path, job.storage_options, inputs.values(), reads),
+            )
             for t in tasks:
                 for key, p in t.outputs.items():
                     if p == path and t.analysis.kind.check_output is not None:

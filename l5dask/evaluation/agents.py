@@ -24,6 +24,7 @@ scene more at each end) and writes its chunks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,6 +234,16 @@ def _mask_task(
     return {"rejects": rejects, "table": table, "agents": np.array(hi - lo)}
 
 
+def check_threshold(name: str, value: float) -> None:
+    """One of :class:`Thresholds` (its field, or a caller's name for it: ``yaw-degrees``) checked:
+    a number (NaN, which L5Kit takes and every comparison then fails, is almost surely a mistake:
+    a one-line :class:`~l5dask.errors.UsageError`), ``threshold`` from 0 to 1."""
+    if math.isnan(value):
+        raise UsageError(f"{name} is NaN: give a number (infinity leaves that test out)")
+    if name == "threshold" and not 0 <= value <= 1:
+        raise UsageError(f"threshold must be from 0 to 1, not {value}")
+
+
 def mask_name(threshold: float) -> str:
     """``agents_mask/{threshold}`` as L5Kit names it (``str`` of the float: ``0.5``)."""
     return f"{fmt.MASKS}/{float(threshold)}"
@@ -266,6 +277,8 @@ def select_agents(
     job = Job.of(scheduler, progress=progress)
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(threshold), float(yaw_degrees), float(extent_ratio), float(distance_m))
+    for field_name, value in vars(th).items():
+        check_threshold(field_name, value)
     name = mask_name(th.threshold)
     if output is None and getattr(ds, "parent", None) is not None:
         raise UsageError(

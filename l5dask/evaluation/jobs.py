@@ -9,14 +9,21 @@ from l5dask.core.engine import Job
 from l5dask.core.jobfile import Key, Kind, at_key, register
 from l5dask.core.outputs import write_json
 from l5dask.errors import UsageError
-from l5dask.evaluation.agents import TH_DISTANCE_AV, TH_EXTENT_RATIO, TH_YAW_DEGREE, mask_name, select_agents
+from l5dask.evaluation.agents import (
+    TH_DISTANCE_AV,
+    TH_EXTENT_RATIO,
+    TH_YAW_DEGREE,
+    check_threshold,
+    mask_name,
+    select_agents,
+)
 from l5dask.prediction.jobs import open_l5, run_fingerprint
 
 
 def check_select_agents(ds: Any, params: dict) -> None:
-    with at_key("threshold"):  # (said at the key's line)
-        if not 0 <= params["threshold"] <= 1:
-            raise UsageError(f"threshold must be from 0 to 1, not {params['threshold']}")
+    for key in ("threshold", "yaw-degrees", "extent-ratio", "distance-m"):
+        with at_key(key):  # (said at the key's line)
+            check_threshold(key, float(params[key]))
     with at_key("report"):
         if params["report"] and not params["report"].lower().endswith(".json"):
             raise UsageError(f"report {params['report']!r}: name the file *.json")

@@ -1004,7 +1004,7 @@ def read_scene_list(path: Any, ds: Any, storage_options: dict | None = None) -> 
         return scene_indices(ds, rows[keep], f"{what} (column {flags[0]})")
     try:
         with _open_input(p, storage_options) as f:
-            text = f.read().decode("utf-8", "replace")
+            text = f.read().decode("utf-8-sig", "replace")  # (a leading byte order mark taken out)
     except FileNotFoundError:
         raise UsageError(f"{what}: no such file") from None
     out = []

@@ -17,6 +17,7 @@ import pytest
 import zarr
 
 import l5dask
+from l5dask.errors import UsageError
 from l5dask.evaluation import csvfiles
 from l5dask.evaluation import metrics as M
 from l5dask.evaluation.agents import KEEP, select_agents
@@ -376,6 +377,22 @@ def test_select_agents_equals_l5kits_mask_and_report(edge, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "past/future" in r.stdout and "reject_th_yaw" in r.stdout
     np.testing.assert_array_equal(zarr.open(str(tmp_path / "m.zarr"), mode="r")[:], ref)
+
+
+def test_a_nan_threshold_is_refused_in_one_line(edge, tmp_path):
+    """A new user's trial: ``--yaw-degrees nan`` was taken (as L5Kit takes it: every comparison
+    fails). Now a one-line error from the library and the command line, nothing written; infinity
+    (a test left out) is still taken."""
+    path, _, _ = edge
+    for name in ("yaw_degrees", "extent_ratio", "distance_m"):
+        with pytest.raises(UsageError, match=f"^{name} is NaN: give a number"):
+            select_agents(path, 0.5, **{name: float("nan")}, output=tmp_path / "m.zarr")
+    r = cli("select-agents", path, "--yaw-degrees", "nan", "--output", tmp_path / "m.zarr")
+    one_line_error(r, "yaw_degrees is NaN")
+    assert not (tmp_path / "m.zarr").exists()
+    rep = select_agents(path, 0.5, extent_ratio=float("inf"), output=tmp_path / "m.zarr")
+    default = select_agents(path, 0.5, output=tmp_path / "d.zarr")
+    assert rep["reject_th_extent"] < default["reject_th_extent"]  # (a ratio past infinity: none but 0/0's)
 
 
 def test_mask_pass_with_a_table_that_grows(edge, tmp_path, monkeypatch):

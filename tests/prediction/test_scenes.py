@@ -550,6 +550,8 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     path, cat, _ = data
     listing = tmp_path / "scenes.txt"
     listing.write_text("# chosen\n7\n2\n\n10\n2\n")
+    marked = tmp_path / "marked.txt"  # (a trial's: a leading UTF-8 byte order mark, CRLF line ends)
+    marked.write_bytes(b"\xef\xbb\xbf7\r\n2\r\n10\r\n")
     flagged = tmp_path / "flagged.parquet"
     c = cat.copy()
     c["keep"] = c["scene_index"].isin([2, 7, 10])
@@ -562,7 +564,7 @@ def test_scenes_from_a_list_or_a_flagged_catalog(data, tmp_path):
     c.to_parquet(by_pandas)
     rows = tmp_path / "pandas-rows.parquet"
     cat[cat["scene_index"].isin([2, 7, 10])].to_parquet(rows)
-    for source in (listing, flagged, by_pandas, rows):
+    for source in (listing, marked, flagged, by_pandas, rows):
         out = tmp_path / f"{source.stem}.json"
         r = in_process("stats", path, "--scenes-from", source, "-o", out, "-q")
         assert r.exit_code == 0, (r.output, repr(r.exception))
