@@ -200,7 +200,9 @@ def test_the_cli_sets_its_malloc_thresholds_in_its_own_process():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
 
     def child(kind: str, environ: dict) -> tuple[str, int]:
-        r = subprocess.run([sys.executable, "-c", _REFAULTS, kind], capture_output=True, text=True, env=environ, check=True)
+        r = subprocess.run(
+            [sys.executable, "-c", _REFAULTS, kind], capture_output=True, text=True, env=environ, check=True
+        )
         applied, faults = r.stdout.split()
         return applied, int(faults)
 
@@ -227,7 +229,9 @@ with dask.config.set({"l5dask.tune-malloc": sys.argv[1] == "on"}):
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
 
     def child(*args: str, environ: dict = env) -> str:
-        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=environ, check=True).stdout.strip()
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, env=environ, check=True
+        ).stdout.strip()
 
     assert child("on", "threads") == "None 3 True"
     assert child("on", "sync") == "None 3 True"

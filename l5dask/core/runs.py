@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import glob
 import os
 import posixpath
@@ -260,7 +261,7 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                 t_folder,
                 job.storage_options,
                 folders,
-                lambda: _apart_from_inputs(path, job.storage_options, inputs.values(), reads),
+                functools.partial(_apart_from_inputs, path, job.storage_options, inputs.values(), reads),
             )
             for t in tasks:
                 for key, p in t.outputs.items():
