@@ -92,7 +92,7 @@ def malloc_rounds(path: str, repeat: int) -> None:
         commands = {"stats": cli("stats", path, "-o", f"{tmp}/stats.json"), "run": cli("run", job)}
         for r in range(repeat):
             for name, cmd in commands.items():
-                for setting in (("local", "workers") if r % 2 == 0 else ("workers", "local")):
+                for setting in ("local", "workers") if r % 2 == 0 else ("workers", "local"):
                     u = measure(cmd if setting == "local" else workers + cmd)
                     if u.status != 0:
                         raise SystemExit(f"failed ({u.status}): {' '.join(cmd)[:200]}")
