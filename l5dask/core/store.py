@@ -198,6 +198,24 @@ def _describe(exc: BaseException) -> str:
     return re.sub(r" in [0-9.]+(?:ns|µs|ms|s) - ", " - ", text)[:300]  # (obstore's: without its timing)
 
 
+#: What an S3 client says when it found no credentials and asked the instance metadata service
+#: (IMDS, on a machine outside EC2: refused, or no answer) for them.
+_NO_CREDENTIALS = re.compile(r"169\.254\.169\.254|instance metadata|NoCredentialsError|Unable to locate credentials")
+
+
+def _denied(url: str, exc: BaseException, key: str | None = None) -> StoreError:
+    """The one line of an access refused: "access denied", or, where the client found no
+    credentials at all (it then asks the instance metadata service, whose refusal it reports as
+    the access denied), what to give instead."""
+    reading = f" reading {key!r}" if key is not None else ""
+    if _NO_CREDENTIALS.search(str(exc)) or type(exc).__name__ == "NoCredentialsError":
+        return StoreError(
+            f"{url}: no credentials found{reading}: give them in the storage options (-s key=... -s secret=...), "
+            "as AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile; anon=true for a public bucket"
+        )
+    return StoreError(f"{url}: access denied{reading} ({_describe(exc)})")
+
+
 class Store:
     """A dataset root on some filesystem.
 
@@ -244,7 +262,7 @@ class Store:
         except (ValueError, ImportError) as exc:
             raise StoreError(f"{self.url}: cannot open this location: {_describe(exc)}") from exc
         except PermissionError as exc:
-            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+            raise _denied(self.url, exc) from exc
         except OSError as exc:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
 
@@ -409,7 +427,7 @@ class Store:
         if isinstance(exc, FileNotFoundError):
             return ChunkError(f"{self.url}: {what or key}: object {key!r} is missing")
         if isinstance(exc, PermissionError):
-            return StoreError(f"{self.url}: access denied reading {key!r} ({_describe(exc)})")
+            return _denied(self.url, exc, key)
         return StoreError(f"{self._named(key)}failed: {_describe(exc)}")
 
     def _named(self, key: str) -> str:
@@ -705,7 +723,7 @@ class Store:
         except FileNotFoundError:
             return []
         except PermissionError as exc:
-            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+            raise _denied(self.url, exc) from exc
         except OSError as exc:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
         top = root.rstrip("/") + "/"
@@ -726,7 +744,7 @@ class Store:
                     return bool(self.fs.isfile(self.path(key)))
             return bool(self.fs.isfile(self.path(key)))
         except PermissionError as exc:
-            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+            raise _denied(self.url, exc) from exc
         except OSError as exc:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
 
@@ -736,7 +754,7 @@ class Store:
                 return os.path.exists(self.root)
             return bool(self.fs.exists(self.root or "/")) if self.root else True
         except PermissionError as exc:
-            raise StoreError(f"{self.url}: access denied ({_describe(exc)})") from exc
+            raise _denied(self.url, exc) from exc
         except OSError as exc:
             raise StoreError(f"{self.url}: {_describe(exc)}") from exc
 

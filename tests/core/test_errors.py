@@ -118,6 +118,24 @@ def test_missing_chunk_object(copy):
     assert len(ds["agents"].to_dask()[:100].compute()) == 100
 
 
+def test_no_credentials_is_said_so_not_access_denied():
+    """A new user's trial: with no credentials at all, obstore asked the instance metadata service
+    (refused outside EC2) and the line said "access denied", quoting the metadata request. The
+    line now says that no credentials were found and where to give them; a refusal with
+    credentials is still "access denied"."""
+    from l5dask.core.store import _denied
+
+    imds = PermissionError(
+        13,
+        "Generic S3 error: Error performing PUT http://169.254.169.254/latest/api/token - 403 Forbidden: resolve_deny",
+    )
+    err = _denied("s3://bkt1/s20.zarr", imds, ".zgroup")
+    assert str(err).startswith("s3://bkt1/s20.zarr: no credentials found reading '.zgroup': give them in the storage")
+    assert "169.254" not in str(err) and "\n" not in str(err)
+    refused = PermissionError(13, "Forbidden: AccessDenied")
+    assert str(_denied("s3://b/x.zarr", refused)) == "s3://b/x.zarr: access denied ([Errno 13] Forbidden: AccessDenied)"
+
+
 def test_cli_bad_input_is_one_line_exit_2(copy, tmp_path):
     (tmp_path / "empty").mkdir()
     r = cli("info", str(tmp_path / "empty"))

@@ -421,7 +421,8 @@ def _detection_block_seeds() -> list[bytes]:
 
 
 # --- the cache's entries ---------------------------------------------------------------------------------
-_ABOUT = {"source": "agents", "reduction": "fuzz", "chunks": [0, 4]}
+#: (an entry names itself: ``e.l5c``, the file ``load`` reads it from)
+_ABOUT = {"source": "agents", "reduction": "fuzz", "chunks": [0, 4], "entry": "e.l5c"}
 
 
 def _cache_known() -> dict[bytes, object]:
@@ -458,7 +459,7 @@ def cache_entry(data: bytes) -> None:
         raw = cachelib._HEAD.pack(cachelib.MAGIC, cachelib.FORMAT, hashlib.blake2b(raw, digest_size=16).digest()) + raw
     accepted, value = True, None
     try:
-        value = cachelib.decode(raw)
+        value = cachelib.decode(raw, _ABOUT["entry"])
     except cachelib.Damaged as exc:
         assert str(exc) and "\n" not in str(exc), f"a refusal of more than one line: {exc!r}"
         accepted = False
@@ -473,7 +474,7 @@ def cache_entry(data: bytes) -> None:
         with open(os.path.join(tmp, "e.l5c"), "wb") as f:
             f.write(raw)
         cachelib.reset_warnings()
-        ok, got = cachelib.load(cachelib.Entry(cachelib.Cache(tmp), "e.l5c", _ABOUT))
+        ok, got = cachelib.load(cachelib.Entry(cachelib.Cache(tmp), _ABOUT["entry"], _ABOUT))
     assert ok == accepted and (same_bits(got, value) if ok else got is None), "load disagrees with decode"
     assert len(said) == (0 if ok else 1) and all("\n" not in m for m in said), f"load said {said}"
 
