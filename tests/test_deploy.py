@@ -212,7 +212,7 @@ def test_the_cli_sets_its_malloc_thresholds_in_its_own_process():
     assert applied == "False" and workers > 9 * 4000, workers
 
 
-def test_a_pass_on_local_threads_sets_the_allocator_thresholds_once_unless_configured_not_to():
+def test_a_pass_on_local_threads_sets_the_allocator_thresholds_once_unless_configured_not_to(small_ds):
     """``local_malloc``: the first pass of a library's caller on local threads (or "sync") sets
     ``tune_malloc``'s thresholds, not its heaps (a child process: the setting is process-wide); with
     ``l5dask.tune-malloc`` false, or a ``MALLOC_*`` variable set, the allocator is left alone; a
@@ -237,6 +237,16 @@ with dask.config.set({"l5dask.tune-malloc": sys.argv[1] == "on"}):
     assert child("on", "sync") == "None 3 True"
     assert child("off", "threads") == "None 3 None"
     assert child("on", "threads", environ={**env, "MALLOC_ARENA_MAX": "4"}) == "None 3 False"
+    # opening a dataset sets them (a dask collection of it may be computed by dask itself)
+    opened = (
+        "import sys, l5dask; from l5dask.core import policy; l5dask.open_dataset(sys.argv[1]); print(policy._MALLOC)"
+    )
+    assert (
+        subprocess.run(
+            [sys.executable, "-c", opened, small_ds], capture_output=True, text=True, env=env, check=True
+        ).stdout.strip()
+        == "True"
+    )
 
 
 def test_the_cli_keeps_the_collector_off_its_imports_before_each_local_pass(small_ds, tmp_path):

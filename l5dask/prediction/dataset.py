@@ -19,7 +19,7 @@ import numpy as np
 from l5dask.core.cluster import warm_workers
 from l5dask.core.diskread import memory_bytes
 from l5dask.core.engine import Job
-from l5dask.core.policy import resolve_scheduler, thread_pool, where_keywords
+from l5dask.core.policy import local_malloc, resolve_scheduler, thread_pool, where_keywords
 from l5dask.core.store import Store, open_store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError, UsageError
 from l5dask.prediction import format as fmt
@@ -229,6 +229,7 @@ def open_dataset(url: Any, storage_options: dict[str, Any] | None = None) -> L5D
     """
     if isinstance(url, L5Dataset):
         return url
+    local_malloc()  # (its chunks read and decoded in this process's threads when computed here)
     try:
         store = open_store(url, storage_options)
     except NotADatasetError:
