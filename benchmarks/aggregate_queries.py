@@ -47,6 +47,15 @@ def duckdb_query(export: str, query: str) -> str:
             FROM {agents} GROUP BY ALL) ORDER BY code"""
 
 
+def aggregate_kwargs(query: str) -> dict:
+    """The query's arguments of ``l5dask.aggregate`` (after the dataset and ``"agents"``)."""
+    if query == "q1":
+        return {"by": ["scene_index", "label"], "values": {"speed": ["mean"]}}
+    if query == "q2":
+        return {"by": ["host", "hour", "label"], "values": {"agent_index": ["count"]}, "where": "distance_to_ego < 20"}
+    return {"by": ["label"], "values": {"extent_length": ["q50", "q90", "q99"]}}
+
+
 def main(path: str, query: str, api: str, out: str) -> None:
     if api == "duckdb":
         import duckdb
@@ -65,18 +74,7 @@ def main(path: str, query: str, api: str, out: str) -> None:
         from l5dask.prediction.aggregation import aggregate_result
 
         run = l5dask.aggregate if api == "aggregate" else aggregate_result
-        if query == "q1":
-            res = run(ds, "agents", by=["scene_index", "label"], values={"speed": ["mean"]})
-        elif query == "q2":
-            res = run(
-                ds,
-                "agents",
-                by=["host", "hour", "label"],
-                values={"agent_index": ["count"]},
-                where="distance_to_ego < 20",
-            )
-        else:
-            res = run(ds, "agents", by=["label"], values={"extent_length": ["q50", "q90", "q99"]})
+        res = run(ds, "agents", **aggregate_kwargs(query))
         if api == "aggregate_result":
             import pyarrow.parquet as pq
 
