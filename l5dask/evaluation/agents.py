@@ -234,14 +234,15 @@ def _mask_task(
     return {"rejects": rejects, "table": table, "agents": np.array(hi - lo)}
 
 
-def check_threshold(name: str, value: float) -> None:
+def check_threshold(name: str, value: float, probability: bool | None = None) -> None:
     """One of :class:`Thresholds` (its field, or a caller's name for it: ``yaw-degrees``) checked:
     a number (NaN, which L5Kit takes and every comparison then fails, is almost surely a mistake:
-    a one-line :class:`~l5dask.errors.UsageError`), ``threshold`` from 0 to 1."""
+    a one-line :class:`~l5dask.errors.UsageError`); the label probability's (``threshold``, or
+    ``probability=True``) from 0 to 1."""
     if math.isnan(value):
         raise UsageError(f"{name} is NaN: give a number (infinity leaves that test out)")
-    if name == "threshold" and not 0 <= value <= 1:
-        raise UsageError(f"threshold must be from 0 to 1, not {value}")
+    if (name == "threshold" if probability is None else probability) and not 0 <= value <= 1:
+        raise UsageError(f"{name} must be from 0 to 1, not {value}")
 
 
 def mask_name(threshold: float) -> str:

@@ -256,6 +256,8 @@ def open_csv(path: str, kind: str, max_modes: int = MAX_MODES, storage_options: 
             raise CSVError(f"{path}: no header line")
         end = len(head)
     line = head[:end].rstrip(b"\r")
+    if line.startswith(b"\xef\xbb\xbf"):  # (L5Kit's csv reader takes it into the first column's name too)
+        raise CSVError(f"{path}: the file starts with a UTF-8 byte order mark; write it without one (as L5Kit does)")
     try:
         names = line.decode("ascii").split(",")
     except UnicodeDecodeError:

@@ -30,6 +30,7 @@ from l5dask.errors import ChunkError, L5DaskError, StoreError, UsageError
 from l5dask.evaluation.agents import (
     Thresholds,
     as_stored,
+    check_threshold,
     label_ok,
     rows_per_task,
     span_frames,
@@ -265,6 +266,8 @@ def export_zarr_to_csv(
     (until the next release, with a ``FutureWarning``).
     """
 
+    # (a threshold past 1 wrote a header alone; below 0, every agent: a new user's trial)
+    check_threshold("filter_agents_threshold", float(filter_agents_threshold), probability=True)
     check_writable(csv_file_path, storage_options)
     if int(future_num_frames) < 1:
         raise UsageError(f"future frames must be at least 1, got {future_num_frames}")

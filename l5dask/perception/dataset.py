@@ -14,6 +14,7 @@ from l5dask.core.policy import where_keywords
 from l5dask.core.store import Store
 from l5dask.errors import FormatError, NotADatasetError, UnknownNameError
 from l5dask.perception import links, tables
+from l5dask.perception.geometry import check_values
 from l5dask.perception.joins import frame
 from l5dask.perception.lidar import sweeps
 
@@ -177,6 +178,14 @@ class PerceptionDataset:
                     t.tokens,
                     "instance",
                     self._raw["instance"].arrow.column("token"),
+                )
+                # (each box a box, for every command: a rotation of norm 0 or a size of 0 was
+                # counted by stats, points-in-boxes and to-l5kit, and refused by evaluate alone)
+                check_values(
+                    t.vectors("translation"),
+                    t.vectors("size"),
+                    t.vectors("rotation"),
+                    lambda i: f"{t.where}: row {int(i)}",
                 )
         except BaseException:
             del self._tables[name]

@@ -390,6 +390,11 @@ def test_a_nan_threshold_is_refused_in_one_line(edge, tmp_path):
     r = cli("select-agents", path, "--yaw-degrees", "nan", "--output", tmp_path / "m.zarr")
     one_line_error(r, "yaw_degrees is NaN")
     assert not (tmp_path / "m.zarr").exists()
+    # export_zarr_to_csv's threshold outside [0, 1] (a trial's: 1.5 wrote a header alone, -1 every agent)
+    for bad in (1.5, -1.0, float("nan")):
+        with pytest.raises(UsageError, match="^filter_agents_threshold (must be from 0 to 1|is NaN)"):
+            export_zarr_to_csv(path, str(tmp_path / "gt.csv"), 10, bad)
+        assert not (tmp_path / "gt.csv").exists()
     rep = select_agents(path, 0.5, extent_ratio=float("inf"), output=tmp_path / "m.zarr")
     default = select_agents(path, 0.5, output=tmp_path / "d.zarr")
     assert rep["reject_th_extent"] < default["reject_th_extent"]  # (a ratio past infinity: none but 0/0's)
@@ -682,6 +687,14 @@ def test_bad_headers(good_pair, tmp_path):
         tmp_path, write_lines(tmp_path / "c.csv", [short] + g[1:]), good_pair / "p.csv", "no integer future length"
     )
     evaluate_error(tmp_path, good_pair / "gt.csv", good_pair / "p.csv", "4 modes", extra=("--max-modes", 4))
+    # a byte order mark (a trial's: said "the header is not text"); L5Kit's reader would take it
+    # into the first column's name
+    evaluate_error(
+        tmp_path,
+        write_lines(tmp_path / "d.csv", [b"\xef\xbb\xbf" + g[0]] + g[1:]),
+        good_pair / "p.csv",
+        "d.csv: the file starts with a UTF-8 byte order mark",
+    )
     evaluate_error(
         tmp_path,
         good_pair / "gt.csv",

@@ -546,6 +546,22 @@ def _edit_translation_element(root):
     return f'row 3 (token {rows[3]["token"]}): translation[1] is a string ("1.5"), expected a number'
 
 
+def _edit_zero_rotation(root):
+    """A trial's: a box whose rotation has norm 0 was counted by stats (no point in it, where the
+    SDK's test counts every one) and refused by evaluate alone; now refused by every command."""
+    rows = load(root, "sample_annotation")
+    rows[5]["rotation"] = [0, 0, 0, 0]
+    save(root, "sample_annotation", rows)
+    return "rotation [0.0, 0.0, 0.0, 0.0] has norm 0 (it is no rotation)"
+
+
+def _edit_zero_size(root):
+    rows = load(root, "sample_annotation")
+    rows[6]["size"] = [0, 0, 0]
+    save(root, "sample_annotation", rows)
+    return "size must be positive, got [0.0, 0.0, 0.0]"
+
+
 def _edit_escaped_key(root):
     """A key spelled with an escape: the compiled scan does not vouch for it; json does."""
     path = os.path.join(root, "data", "sensor.json")
@@ -575,6 +591,8 @@ BAD = [
     (_edit_name_number, "category.json: row 2"),
     (_edit_timestamp_string, "sample.json: row 7"),
     (_edit_translation_element, "sample_annotation.json: row 3"),
+    (_edit_zero_rotation, "sample_annotation.json: row 5"),
+    (_edit_zero_size, "sample_annotation.json: row 6"),
     (_edit_escaped_key, "sensor.json: row"),
     (_edit_deep, "log.json"),
     (_edit_key_twice, "sensor.json: row"),
