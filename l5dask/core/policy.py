@@ -449,9 +449,10 @@ def local_malloc() -> None:
     ``l5dask.tune-malloc`` is false. A pass's tasks take blocks of up to 32 chunks
     (:data:`TASK_SIZING`); under glibc's defaults each task's temporaries were given back and
     faulted in again by the next. A dask collection of a dataset's (an xarray view, a dataframe)
-    computed by dask itself reads each chunk into a fresh buffer: the xarray route's q2 of
-    ``benchmarks/aggregate_benchmark.py``, one thread, 2.52 s against 1.72 s tuned (its reads
-    0.44 s of faulting against 0.19)."""
+    computed by dask itself reads each chunk into a fresh buffer: the xarray route's three
+    queries as whole processes, 1.93, 2.22 and 1.75 s against 2.27, 2.69 and 1.97 s with
+    ``DASK_L5DASK__TUNE_MALLOC=false`` (medians of 3 interleaved rounds, 2026-11-29:
+    ``python benchmarks/aggregate_queries.py DATASET q1|q2|q3 xarray OUT.parquet``)."""
     if _MALLOC is None and config.get("tune-malloc"):
         tune_malloc(arenas=False)
 

@@ -234,14 +234,14 @@ def _mask_task(
     return {"rejects": rejects, "table": table, "agents": np.array(hi - lo)}
 
 
-def check_threshold(name: str, value: float, probability: bool | None = None) -> None:
-    """One of :class:`Thresholds` (its field, or a caller's name for it: ``yaw-degrees``) checked:
-    a number (NaN, which L5Kit takes and every comparison then fails, is almost surely a mistake:
-    a one-line :class:`~l5dask.errors.UsageError`); the label probability's (``threshold``, or
-    ``probability=True``) from 0 to 1."""
+def check_threshold(name: str, value: float, probability: bool = False) -> None:
+    """One of :class:`Thresholds` (``name``: as the caller says it, ``yaw-degrees``) checked: a
+    number (NaN, which L5Kit takes and every comparison then fails, is almost surely a mistake: a
+    one-line :class:`~l5dask.errors.UsageError`); with ``probability`` (the label threshold), from
+    0 to 1."""
     if math.isnan(value):
         raise UsageError(f"{name} is NaN: give a number (infinity leaves that test out)")
-    if (name == "threshold" if probability is None else probability) and not 0 <= value <= 1:
+    if probability and not 0 <= value <= 1:
         raise UsageError(f"{name} must be from 0 to 1, not {value}")
 
 
@@ -279,7 +279,7 @@ def select_agents(
     ds = dataset if hasattr(dataset, "arrays") else open_dataset(dataset, storage_options=storage_options)
     th = Thresholds(float(threshold), float(yaw_degrees), float(extent_ratio), float(distance_m))
     for field_name, value in vars(th).items():
-        check_threshold(field_name, value)
+        check_threshold(field_name, value, probability=field_name == "threshold")
     name = mask_name(th.threshold)
     if output is None and getattr(ds, "parent", None) is not None:
         raise UsageError(

@@ -23,7 +23,7 @@ from l5dask.prediction.jobs import open_l5, run_fingerprint
 def check_select_agents(ds: Any, params: dict) -> None:
     for key in ("threshold", "yaw-degrees", "extent-ratio", "distance-m"):
         with at_key(key):  # (said at the key's line)
-            check_threshold(key, float(params[key]))
+            check_threshold(key, float(params[key]), probability=key == "threshold")
     with at_key("report"):
         if params["report"] and not params["report"].lower().endswith(".json"):
             raise UsageError(f"report {params['report']!r}: name the file *.json")
