@@ -18,7 +18,7 @@ import click
 from l5dask.core import config
 from l5dask.core.outputs import check_writable
 from l5dask.core.store import Store, nesting
-from l5dask.errors import L5DaskError, OutputError, UsageError
+from l5dask.errors import ChunkError, L5DaskError, OutputError, UsageError
 
 EXIT_USER_ERROR = 2
 
@@ -74,8 +74,14 @@ def friendly(func):
             return func(*args, **kwargs)
         except L5DaskError as exc:
             code = getattr(exc, "exit_code", EXIT_USER_ERROR)
+            line = str(exc)
+            # (a damaged chunk met by a pass names its array and chunk; the command's dataset too,
+            # as a missing one's line does)
+            dataset = kwargs.get("dataset")
+            if isinstance(exc, ChunkError) and isinstance(dataset, str) and not line.startswith(dataset):
+                line = f"{dataset}: {line}"
             # (an answer such as "no scene", exit 1, is said as what it is, not as an error)
-            click.echo(f"l5dask: {'' if code == 1 else 'error: '}{exc}", err=True)
+            click.echo(f"l5dask: {'' if code == 1 else 'error: '}{line}", err=True)
             sys.exit(code)
         except KeyboardInterrupt:
             # the main thread has unwound (its outputs are atomic: nothing half-written is left);
