@@ -272,3 +272,57 @@ def test_zarr3_metadata_is_valid_json_with_dimension_names(source, tmp_path):
     assert meta["codecs"][0]["name"] == "sharding_indexed"
     assert meta["attributes"]["labels"] == list(fmt.LABELS)
     assert sys.getsizeof(meta) > 0
+
+
+def with_extra_fields(src: str, dst: str) -> np.ndarray:
+    """A copy of ``src`` whose agents carry two more fields (the format keeps any others): a bool
+    ``flag`` and an int16 ``small``; their values returned (records)."""
+    import zarr
+
+    shutil.copytree(src, dst)
+    z = zarr.open_group(dst, "r+")
+    old = z["agents"]
+    a = old[:]
+    dtype = np.dtype(a.dtype.descr + [("flag", "?"), ("small", "<i2")])
+    b = np.zeros(len(a), dtype)
+    for name in a.dtype.names:
+        b[name] = a[name]
+    rng = np.random.default_rng(5)
+    b["flag"] = rng.random(len(b)) < 0.3
+    b["small"] = rng.integers(-300, 300, len(b))
+    chunks, compressor = old.chunks, old.compressor
+    del z["agents"]
+    z.create_dataset("agents", data=b, chunks=chunks, compressor=compressor)
+    return b
+
+
+def test_a_bool_field_is_exported_and_aggregated_as_stored(source, tmp_path):
+    """Arrow's booleans are bits, numpy's bytes: every bool written to Parquet (the export, an
+    aggregation's table) reads back as stored (a bool field was written as its bytes, wrong)."""
+    import pandas as pd
+    import pyarrow.dataset as pds
+    import pyarrow.parquet as pq
+
+    from l5dask.core.outputs import arrow_array
+
+    for n in (0, 1, 7, 8, 9, 1001):
+        v = np.random.default_rng(n).random(n) < 0.5
+        assert arrow_array(v).to_pylist() == v.tolist()
+        assert arrow_array(v[3:]).to_pylist() == v[3:].tolist()
+    data = str(tmp_path / "extra.zarr")
+    want = with_extra_fields(source, data)
+    out = str(tmp_path / "pq")
+    export(data, out, "parquet")
+    agents = pds.dataset(os.path.join(out, "agents")).to_table().sort_by("agent_index")
+    assert agents["flag"].to_pylist() == want["flag"].tolist()
+    np.testing.assert_array_equal(agents["small"].to_numpy(), want["small"])
+    label = want["label_probabilities"].argmax(1)
+    result = CliRunner().invoke(
+        main, ["agg", data, "--by", "label", "--value", "flag:sum,min,max", "-o", str(tmp_path / "f.parquet"), "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    got = pq.read_table(tmp_path / "f.parquet").to_pandas()
+    ref = pd.DataFrame({"label": label, "flag": want["flag"]}).groupby("label")["flag"].agg(["sum", "min", "max"])
+    assert got["flag_sum"].tolist() == ref["sum"].tolist()
+    assert got["flag_min"].tolist() == ref["min"].tolist()
+    assert got["flag_max"].tolist() == ref["max"].tolist()
