@@ -22,8 +22,10 @@ count is kept exactly. A quantile is numpy's "linear" one with each of the two o
 it interpolates replaced by the midpoint of its bucket, so that
 ``|estimate - numpy| <= 2 ** -(quantile_bits + 1) * max(|x_lo|, |x_hi|)`` (``x_lo``, ``x_hi``
 the two order statistics); zero is exact (its bucket stands for 0; it also holds the subnormal
-numbers below ``2 ** (-1074 + 52 - quantile_bits)``, 5e-312 by default, which it rounds to 0). With ``quantile_bits >= 23`` a float32 column is exact (each bucket
-holds one float32 value), with ``quantile_bits=52`` every column is.
+numbers below ``2 ** (-1074 + 52 - quantile_bits)``, 5e-312 by default, which it rounds to 0).
+With ``quantile_bits=52`` every column is exact (each bucket one float64 value; below, a bucket
+stands for its midpoint, so that a float32 column too is exact only then). A quantile that falls
+on one value is that value, an infinity too (numpy's formula makes NaN of ``x + inf * 0``).
 """
 
 from __future__ import annotations

@@ -135,9 +135,13 @@ def _bucket_edges(b: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 def bucket_values(b: np.ndarray, bits: int) -> np.ndarray:
     """The midpoint of each bucket (the value itself when a bucket holds one value)."""
     lo, hi = _bucket_edges(b, bits)
-    mid = lo + (hi - lo) / 2
-    # the bucket that starts at 0.0 holds 0 (exactly) and the smallest subnormals: it stands for 0
-    return np.where(lo == 0.0, 0.0, np.where(np.isfinite(lo) & np.isfinite(hi), mid, lo))
+    with np.errstate(invalid="ignore"):
+        mid = lo + (hi - lo) / 2
+    # the bucket that starts at 0.0 holds 0 (exactly) and the smallest subnormals: it stands for 0;
+    # an infinity's bucket holds it alone (its other edge a NaN's bits: -inf's is its low one)
+    inf = np.where(np.isinf(hi), hi, lo)
+    with np.errstate(invalid="ignore"):
+        return np.where(lo == 0.0, 0.0, np.where(np.isfinite(lo) & np.isfinite(hi), mid, inf))
 
 
 def _sketch(
@@ -396,8 +400,11 @@ def group_part(
             if "m2" in need:
                 assert total is not None  # asked for with m2
                 mean = np.divide(total, count, out=np.zeros(ngroups), where=count > 0)
-                dev = v - mean[codes]
-                dev[np.isnan(dev)] = 0.0
+                with np.errstate(invalid="ignore"):  # (inf - inf: NaN, as it should be)
+                    dev = v - mean[codes]
+                # (a NaN value is skipped; a group holding an infinity has no variance: NaN, as
+                # pandas and numpy say, never the 0 or inf of its deviations taken as 0)
+                dev[np.isnan(v)] = 0.0
                 stats["m2"] = np.bincount(codes, weights=dev * dev, minlength=ngroups)
         full[name] = stats
     # (each sketch over the column as it came, the groups' rows counted by the first when no column
@@ -603,49 +610,50 @@ def combine_parts(a: GroupPart, b: GroupPart) -> GroupPart:
     rows = _scatter(size, ia, a.rows, 0)
     rows[ib] += b.rows
     out = GroupPart(uniq, rows)
-    for name, sa in a.stats.items():
-        sb = b.stats[name]
-        if not sa:  # quantiles only: the sketch holds everything
-            out.stats[name] = {}
-            continue
-        na, nb = _scatter(size, ia, sa["n"], 0), _scatter(size, ib, sb["n"], 0)
-        n = na + nb
-        s = {"n": n}
-        if "sum_hi" in sa:
-            s["sum_hi"], s["sum_lo"] = _carried(
-                _scatter(size, ia, sa["sum_hi"], 0) + _scatter(size, ib, sb["sum_hi"], 0),
-                _scatter(size, ia, sa["sum_lo"], 0) + _scatter(size, ib, sb["sum_lo"], 0),
-            )
-            if "m2" in sa:
-                wa, fa = int_mean(_scatter(size, ia, sa["sum_hi"], 0), _scatter(size, ia, sa["sum_lo"], 0), na)
-                wb, fb = int_mean(_scatter(size, ib, sb["sum_hi"], 0), _scatter(size, ib, sb["sum_lo"], 0), nb)
-                # (the means' difference from their floors, exact: not of two rounded means)
-                with np.errstate(over="ignore"):
-                    delta = (wb - wa).view(np.int64).astype(np.float64) + (fb - fa)
-                s["m2"] = (
-                    _scatter(size, ia, sa["m2"], 0.0)
-                    + _scatter(size, ib, sb["m2"], 0.0)
-                    + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=(na > 0) & (nb > 0))
+    with np.errstate(invalid="ignore"):  # (an infinity's group: NaN sums and deviations, said by the result)
+        for name, sa in a.stats.items():
+            sb = b.stats[name]
+            if not sa:  # quantiles only: the sketch holds everything
+                out.stats[name] = {}
+                continue
+            na, nb = _scatter(size, ia, sa["n"], 0), _scatter(size, ib, sb["n"], 0)
+            n = na + nb
+            s = {"n": n}
+            if "sum_hi" in sa:
+                s["sum_hi"], s["sum_lo"] = _carried(
+                    _scatter(size, ia, sa["sum_hi"], 0) + _scatter(size, ib, sb["sum_hi"], 0),
+                    _scatter(size, ia, sa["sum_lo"], 0) + _scatter(size, ib, sb["sum_lo"], 0),
                 )
-        if "sum" in sa:
-            ta, tb = _scatter(size, ia, sa["sum"], 0.0), _scatter(size, ib, sb["sum"], 0.0)
-            s["sum"] = ta + tb
-            if "m2" in sa:
-                ma = np.divide(ta, na, out=np.zeros(size), where=na > 0)
-                mb = np.divide(tb, nb, out=np.zeros(size), where=nb > 0)
-                delta = mb - ma
-                s["m2"] = (
-                    _scatter(size, ia, sa["m2"], 0.0)
-                    + _scatter(size, ib, sb["m2"], 0.0)
-                    + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=n > 0)
-                )
-        if "min" in sa:
-            fill = _fill(sa["min"].dtype, True)
-            s["min"] = np.minimum(_scatter(size, ia, sa["min"], fill), _scatter(size, ib, sb["min"], fill))
-        if "max" in sa:
-            fill = _fill(sa["max"].dtype, False)
-            s["max"] = np.maximum(_scatter(size, ia, sa["max"], fill), _scatter(size, ib, sb["max"], fill))
-        out.stats[name] = s
+                if "m2" in sa:
+                    wa, fa = int_mean(_scatter(size, ia, sa["sum_hi"], 0), _scatter(size, ia, sa["sum_lo"], 0), na)
+                    wb, fb = int_mean(_scatter(size, ib, sb["sum_hi"], 0), _scatter(size, ib, sb["sum_lo"], 0), nb)
+                    # (the means' difference from their floors, exact: not of two rounded means)
+                    with np.errstate(over="ignore"):
+                        delta = (wb - wa).view(np.int64).astype(np.float64) + (fb - fa)
+                    s["m2"] = (
+                        _scatter(size, ia, sa["m2"], 0.0)
+                        + _scatter(size, ib, sb["m2"], 0.0)
+                        + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=(na > 0) & (nb > 0))
+                    )
+            if "sum" in sa:
+                ta, tb = _scatter(size, ia, sa["sum"], 0.0), _scatter(size, ib, sb["sum"], 0.0)
+                s["sum"] = ta + tb
+                if "m2" in sa:
+                    ma = np.divide(ta, na, out=np.zeros(size), where=na > 0)
+                    mb = np.divide(tb, nb, out=np.zeros(size), where=nb > 0)
+                    delta = mb - ma
+                    s["m2"] = (
+                        _scatter(size, ia, sa["m2"], 0.0)
+                        + _scatter(size, ib, sb["m2"], 0.0)
+                        + np.divide(delta * delta * na * nb, n, out=np.zeros(size), where=n > 0)
+                    )
+            if "min" in sa:
+                fill = _fill(sa["min"].dtype, True)
+                s["min"] = np.minimum(_scatter(size, ia, sa["min"], fill), _scatter(size, ib, sb["min"], fill))
+            if "max" in sa:
+                fill = _fill(sa["max"].dtype, False)
+                s["max"] = np.maximum(_scatter(size, ia, sa["max"], fill), _scatter(size, ib, sb["max"], fill))
+            out.stats[name] = s
     for name, (ga, ba, ca) in a.sketches.items():
         gb, bb, cb = b.sketches[name]
         # (each sorted by group and bucket, the groups renumbered in their order: one merge)
@@ -693,10 +701,14 @@ def reduce_parts(leaves: Sequence[Sequence[Any]], reduction: Reduction, name: st
 
 
 def _lerp(a: np.ndarray, b: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """numpy's linear interpolation of its quantiles (``numpy.lib._function_base_impl._lerp``)."""
-    diff = b - a
-    out = a + diff * t
-    return np.where(t >= 0.5, b - diff * (1 - t), out)
+    """numpy's linear interpolation of its quantiles (``numpy.lib._function_base_impl._lerp``),
+    but for a quantile that falls on one value (``t == 0``, or both order statistics the same):
+    that value, an infinity too (numpy's formula makes NaN of ``x + inf * 0``; its median and
+    pandas' quantiles take the value)."""
+    with np.errstate(invalid="ignore"):
+        diff = b - a
+        out = np.where(t >= 0.5, b - diff * (1 - t), a + diff * t)
+    return np.where((t == 0) | (a == b), a, out)
 
 
 def integer_buckets(b: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:

@@ -674,7 +674,9 @@ def test_quantile_sketch_negative_values_and_zero():
         sk = _sketch(np.zeros(len(x), np.int64), x, bits)
         for q in (0.0, 0.001, 0.25, 0.5, 0.75, 1.0):
             got, want = sketch_quantiles(sk, 1, q, bits)[0], np.quantile(x, q)
-            if bits == 52 or not np.isfinite(want):  # exact (NaN where numpy's lerp from -inf is NaN too)
+            if q == 0:  # (on one value, -inf: numpy's lerp makes NaN of it, its median and pandas take it)
+                want = np.sort(x)[0]
+            if bits == 52 or not np.isfinite(want):  # exact
                 np.testing.assert_equal(got, want, err_msg=str(q))
             else:
                 assert (
@@ -1195,6 +1197,61 @@ def test_declared_aggregations_equal_pandas_over_any_split():
                 np.testing.assert_array_equal(got, want[r].to_numpy(), err_msg=r)
             else:
                 np.testing.assert_allclose(got, want[r].to_numpy(), rtol=1e-9, atol=1e-9, err_msg=r)
+
+
+def test_infinities_give_pandas_variance_and_the_order_statistic_quantiles_over_any_split():
+    """A group holding an infinity has no variance (NaN, as pandas and numpy: it was inf or 0
+    within a chunk, its deviations inf - inf taken as 0); a quantile that falls on one value is
+    that value, an infinity too (the median of [1, 2, inf] is 2; numpy's formula makes NaN of
+    ``x + inf * 0``), else numpy's linear formula; the same over any split of the rows and at
+    any ``quantile_bits`` (an infinity's bucket holds it alone)."""
+    import warnings
+
+    from l5dask.prediction.groupby import aggregation, combine_parts, group_part, stats_of
+
+    inf = np.inf
+    groups = [[1.0, inf], [inf, inf], [-inf, inf, 1.0], [1.0, 2.0, inf], [-inf, 1.0, 2.0], [3.0, -inf], [inf],
+              [-inf], [1.0, 5.0, 2.0], [np.nan, inf, 4.0], [2.0, 2.0, inf, inf]]  # fmt: skip
+    key = np.concatenate([np.full(len(g), i) for i, g in enumerate(groups)])
+    x = np.concatenate(groups)
+    order = np.random.default_rng(1).permutation(len(x))
+    key, x = key[order], x[order]
+    qs = [0, 0.25, 0.5, 0.75, 1]
+    names = ["var", "std", "median", "min", "max", *(f"q{q * 100:g}" for q in qs)]
+    needs = {"v": {s for r in names for s in aggregation(r).needs}}
+    frame = pd.DataFrame({"k": key, "v": x})
+    want = frame.groupby("k").v.agg(["var", "std", "min", "max"])
+
+    def quantile(values: np.ndarray, q: float) -> float:
+        v = np.sort(values[~np.isnan(values)])
+        h = (len(v) - 1) * q
+        lo = int(np.floor(h))
+        hi, t = min(lo + 1, len(v) - 1), h - lo
+        if t == 0 or v[lo] == v[hi]:
+            return v[lo]
+        with np.errstate(invalid="ignore"):
+            return v[hi] - (v[hi] - v[lo]) * (1 - t) if t >= 0.5 else v[lo] + (v[hi] - v[lo]) * t
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no numpy warning reaches a user for an infinity)
+        for bits in (12, 52):
+            for cuts in ([], [1, 5], list(range(1, len(x)))):
+                edges = [0, *cuts, len(x)]
+                part = None
+                for a, b in zip(edges, edges[1:]):
+                    p = group_part([key[a:b]], {"v": x[a:b]}, needs, bits)
+                    part = p if part is None else combine_parts(part, p)
+                stats = stats_of(part, "v", bits)
+                for r in ("var", "std", "min", "max"):  # (NaN where pandas says NaN; the others close)
+                    got, exp = aggregation(r).finalize(stats), want[r].to_numpy()
+                    np.testing.assert_array_equal(np.isnan(got), np.isnan(exp), err_msg=(r, bits, cuts))
+                    np.testing.assert_allclose(got, exp, rtol=1e-12, err_msg=r)
+                for r, q in [("median", 0.5)] + [(f"q{q * 100:g}", q) for q in qs]:
+                    exp = [quantile(np.array(g), q) for g in groups]
+                    got = aggregation(r).finalize(stats)
+                    finite = np.isfinite(exp)
+                    np.testing.assert_array_equal(got[~finite], np.array(exp)[~finite], err_msg=(r, bits, cuts))
+                    np.testing.assert_allclose(got[finite], np.array(exp)[finite], rtol=2.0 ** -bits, err_msg=r)
 
 
 @pytest.mark.parametrize("width", [0, 1, 2, 3])
