@@ -148,7 +148,24 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
         else:
             values[name] = c[name]
     # (the rows a where leaves out: skipped by group_part's compiled loops, or taken out first)
-    return group_part([c[b] for b in spec.by], values, needs, spec.quantile_bits, keep=keep, n=len(c))
+    return group_part([ordered_key(c[b]) for b in spec.by], values, needs, spec.quantile_bits, keep=keep, n=len(c))
+
+
+_TOP = np.uint64(1 << 63)
+
+
+def ordered_key(k: np.ndarray) -> np.ndarray:
+    """A key column as the groups take it (int64): uint64 with its top bit flipped (in the same
+    order: ids from 2**63 on are no negative numbers sorted first), others as they are."""
+    return (k ^ _TOP).view(np.int64) if k.dtype == np.uint64 else k
+
+
+def key_values(keys: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """The groups' keys (int64, as :func:`ordered_key` made them) in their column's dtype, as
+    pandas gives a groupby's keys."""
+    if dtype == np.uint64:
+        return keys.view(np.uint64) ^ _TOP
+    return keys.astype(dtype)
 
 
 @dataclass
@@ -195,6 +212,8 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
         data[name] = part.keys[:, j]
         if col.categorical:
             cats[name] = tuple(col.categories or ())
+        else:
+            data[name] = key_values(np.ascontiguousarray(part.keys[:, j]), col.dtype)
     for name, reds in spec.values:
         stats = stats_of(part, name, spec.quantile_bits, name, spec.selection.columns[name].dtype)
         for r in reds:

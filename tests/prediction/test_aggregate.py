@@ -1199,6 +1199,32 @@ def test_declared_aggregations_equal_pandas_over_any_split():
                 np.testing.assert_allclose(got, want[r].to_numpy(), rtol=1e-9, atol=1e-9, err_msg=r)
 
 
+def test_keys_come_back_in_their_columns_dtype_and_order_as_pandas_gives_them(tmp_path):
+    """Group keys in their column's dtype (``hour`` int8, ``track_id`` uint64), sorted as pandas
+    sorts them: a track id from 2**63 on is no negative number sorted first (it was, cast to int64)."""
+    base = str(tmp_path / "base.zarr")
+    l5dask.synthesize(base, num_scenes=3, seed=2, chunk_rows=SMALL_CHUNKS)
+    arrays = read_all(base)
+    agents = arrays[fmt.AGENTS].copy()
+    big = np.array([2**64 - 1, 2**63, 2**63 + 5, 2**63 - 1], np.uint64)
+    agents["track_id"][: len(big) * 50] = np.repeat(big, 50)
+    arrays[fmt.AGENTS] = agents
+    path = str(tmp_path / "big.zarr")
+    l5dask.write_dataset(path, arrays, chunk_rows=SMALL_CHUNKS)
+    got = l5dask.aggregate(path, "agents", by=["track_id"], values={"extent_length": ["count"]})
+    ref = pd.DataFrame({"t": agents["track_id"], "x": agents["extent"][:, 0]}).groupby("t").x.count()
+    assert got["track_id"].dtype == np.uint64
+    np.testing.assert_array_equal(got["track_id"].to_numpy(), ref.index.to_numpy())
+    np.testing.assert_array_equal(got["extent_length_count"].to_numpy(), ref.to_numpy())
+    frames = arrays[fmt.FRAMES]
+    got = l5dask.aggregate(path, "frames", by=["hour"], values={"num_agents": ["max"]})
+    hour = ((frames["timestamp"] // 3_600_000_000_000) % 24).astype(np.int8)
+    ref = pd.DataFrame({"h": hour, "n": np.diff(frames["agent_index_interval"], axis=1)[:, 0]}).groupby("h").n.max()
+    assert got["hour"].dtype == ref.index.dtype == np.int8
+    np.testing.assert_array_equal(got["hour"].to_numpy(), ref.index.to_numpy())
+    np.testing.assert_array_equal(got["num_agents_max"].to_numpy(), ref.to_numpy())
+
+
 def test_infinities_give_pandas_variance_and_the_order_statistic_quantiles_over_any_split():
     """A group holding an infinity has no variance (NaN, as pandas and numpy: it was inf or 0
     within a chunk, its deviations inf - inf taken as 0); a quantile that falls on one value is
