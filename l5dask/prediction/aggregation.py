@@ -87,8 +87,8 @@ def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tup
         if (c.categorical or c.dtype.kind not in "biuf") and set(reds) - {"count"}:
             raise UsageError(
                 f"{col!r} is {'categorical' if c.categorical else c.dtype.name if c.dtype.kind not in 'SU' else c.dtype.str[1:]}: "
-                "only count applies "
-                "(group by it instead)"
+                "only count applies"
+                + (" (group by it instead)" if c.categorical else "")
             )
         out.append((col, tuple(dict.fromkeys(reds))))
     return tuple(out)

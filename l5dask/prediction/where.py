@@ -140,6 +140,12 @@ def _unquoted(text: str, tree: ast.AST, table: Any, unknown: list[str]) -> str:
     return ""
 
 
+def _joins(node: ast.AST) -> bool:
+    """Whether ``node`` joins with ``&`` or ``|`` (a compared operand that does is a condition
+    written as pandas' query reads it, not as Python does)."""
+    return isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr))
+
+
 def where_columns(text: str, table: Any, what: str | None = None, values: bool = True) -> list[str]:
     """The columns a ``where`` names, checked (its syntax too) before any computation; ``what``
     names the table in the line that lists its columns (by default its array's name). ``values``:
@@ -172,6 +178,13 @@ def where_columns(text: str, table: Any, what: str | None = None, values: bool =
         elif isinstance(node, ast.Compare):
             if not all(type(op) in _CMP or isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
                 raise UsageError(f"where {text!r}: only ==, !=, <, <=, >, >=, in and not in compare")
+            if any(_joins(o) for o in (node.left, *node.comparators)):
+                # (Python binds & and | before comparisons, pandas' query after them: the same text,
+                # two answers; `speed > 1 & speed < 3` would keep every row over 1)
+                raise UsageError(
+                    f"where {text!r}: & and | bind before comparisons here; join conditions with and, or "
+                    "(speed > 1 and speed < 3), or put each in parentheses ((speed > 1) & (speed < 3))"
+                )
         elif not isinstance(node, (ast.Expression, ast.Load, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)):
             raise UsageError(
                 f"where {text!r}: {ast.unparse(node)!r} is not allowed (columns, numbers, strings, "

@@ -609,6 +609,9 @@ def test_aggregate_where_and_three_keys(edge_ds, ref):
         ),
         # the label's probability column of the same name, where it is not compared with a label
         ("PERCEPTION_LABEL_CAR > 0.5", lambda a, p: p[:, fmt.LABELS.index("PERCEPTION_LABEL_CAR")] > 0.5),
+        # & and | between conditions in parentheses, as pandas' query reads them
+        ("(speed > 1) & (speed < 3)", lambda a, p: (a.speed > 1) & (a.speed < 3)),
+        ("(speed < 1) | (label == PERCEPTION_LABEL_CAR)", lambda a, p: (a.speed < 1) | (a.label == "PERCEPTION_LABEL_CAR")),
     ],
 )
 def test_where_reads_a_bare_label_name_compared_with_a_label_as_that_label(edge_ds, ref, where, keep):
@@ -889,6 +892,14 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
             {"array": "tl_faces", "values": {"ACTIVE": ["mean"]}, "where": "face_id == frame_index"},
             r"face_id is a text column \(U16\): compare it with a string, not frame_index \(a number column\)$",
         ),
+        (  # (Python's precedence, not pandas' query's: refused, never another answer)
+            {"values": {"speed": ["mean"]}, "where": "speed > 1 & speed < 3"},
+            r"& and \| bind before comparisons here; join conditions with and, or",
+        ),
+        (
+            {"values": {"speed": ["mean"]}, "where": "speed < 1 | label == 'PERCEPTION_LABEL_CAR'"},
+            r"& and \| bind before comparisons here",
+        ),
     ],
 )
 def test_aggregate_bad_input_is_refused_before_reading(edge_ds, monkeypatch, kwargs, message):
@@ -926,7 +937,7 @@ def test_count_of_a_text_column_counts_its_rows(edge_ds, ref, tmp_path, more):
         p = _cli("agg", edge_ds, "-a", "tl_faces", "--value", "face_id:max", "-q")
         assert (
             p.returncode == 2
-            and p.stderr == "l5dask: error: 'face_id' is U16: only count applies (group by it instead)\n"
+            and p.stderr == "l5dask: error: 'face_id' is U16: only count applies\n"
         )
 
 
