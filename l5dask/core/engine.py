@@ -1115,7 +1115,8 @@ def merge_rows(blocks: Sequence[Rows]) -> Rows:
             raise ValueError("fused passes keep rows of different parent rows")
         for k, v in rows.cols.items():
             if k in cols:
-                if not np.array_equal(cols[k], v):
+                floats = cols[k].dtype.kind in "fc" and v.dtype.kind in "fc"  # (NaN where NaN: the same)
+                if not np.array_equal(cols[k], v, equal_nan=floats):
                     raise ValueError(f"fused passes keep two different columns named {k!r}")
                 continue
             cols[k] = v

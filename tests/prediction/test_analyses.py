@@ -91,6 +91,26 @@ def test_each_result_is_the_analysis_alone(ds, kw):
         same(got[name], alone(ds, name, analysis, **kw), name)
 
 
+def test_an_ego_position_of_nan_is_fused_as_each_analysis_reads_it(tmp_path):
+    """The report's and the catalog's frame rows, fused, keep one ego position column: NaN where
+    NaN is the same column (the fused run refused it as two different ones, where each analysis
+    alone and the CLI's run answered)."""
+    from tests.conftest import read_all
+
+    base = str(tmp_path / "base.zarr")
+    l5dask.synthesize(base, num_scenes=4, seed=3, chunk_rows=CHUNKS)
+    arrays = read_all(base)
+    frames = arrays[fmt.FRAMES].copy()
+    frames["ego_translation"][[5, 90], 0] = np.nan
+    arrays[fmt.FRAMES] = frames
+    path = str(tmp_path / "nan.zarr")
+    l5dask.write_dataset(path, arrays, chunk_rows=CHUNKS)
+    analyses = {"report": ALL["report"], "catalog": ALL["catalog"]}
+    got = analyze(path, analyses)
+    for name, a in analyses.items():
+        same(got[name], alone(path, name, a), name)
+
+
 def test_subsets_and_repeats(ds):
     """Any subset, and one analysis twice under two names: the same results."""
     want = {name: alone(ds, name, a) for name, a in ALL.items()}
