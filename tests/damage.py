@@ -193,4 +193,12 @@ METADATA: list[tuple[str, Callable[[Path], None], str]] = [
         r"field 'velocity' has dtype '>f4', big-endian: l5dask reads little-endian numbers only \('<f4'",
     ),
     ("big-endian-centroid", _zarray(_set_dtype("centroid", ">f8")), r"field 'centroid' has dtype '>f8', big-endian"),
+    # another width of the fields the report's compiled loop reads: accepted at open, and a
+    # traceback from the report (a new user's trial)
+    (
+        "float64-velocity",
+        _zarray(_set_dtype("velocity", "<f8")),
+        r"field agents\.velocity has dtype <f8\[2\], expected <f4\[2\]",
+    ),
+    ("float32-centroid", _zarray(_set_dtype("centroid", "<f4")), r"field agents\.centroid has dtype <f4\[2\], expected <f8\[2\]"),
 ]

@@ -36,13 +36,14 @@ cdef enum:
 
 
 cdef inline int64_t _bin(double value, double width, double inv_width, int64_t nbins) noexcept nogil:
-    """Bin ``i`` with ``i * width <= value < (i + 1) * width``; the last bin takes the rest (and NaN).
+    """Bin ``i`` with ``i * width <= value < (i + 1) * width``; the last bin takes the rest (inf
+    too); -1 (no bin) for NaN and below 0.
 
     The product with ``inv_width`` only guesses ``i``; exact comparisons at the edges decide.
     """
-    if not value < (nbins - 1) * width:  # overflow (also inf) and NaN; the last edge is exact
+    if value >= (nbins - 1) * width:  # overflow (also inf); the last edge is exact
         return nbins - 1
-    if value < 0.0:
+    if not value >= 0.0:  # (below 0, and NaN: no bin)
         return -1
     cdef int64_t i = <int64_t>(value * inv_width)
     if i * width > value:

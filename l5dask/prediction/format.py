@@ -279,6 +279,12 @@ def descr_from_dtype(dtype: np.dtype) -> list[list[Any]]:
     return out
 
 
+#: Fields whose width the compiled loops read as L5Kit writes it (the report's speeds and
+#: distances: float32 velocities, float64 centroids); another width of them is refused when the
+#: dataset is opened (the others of the same kind are read at any width).
+EXACT_WIDTH = {("agents", "velocity"), ("agents", "centroid")}
+
+
 def check_fields(name: str, dtype: np.dtype, where: str) -> None:
     """Check that ``dtype`` holds the fields a reader needs, with the expected types."""
     if dtype.names is None:
@@ -293,7 +299,8 @@ def check_fields(name: str, dtype: np.dtype, where: str) -> None:
         if field not in names_of(expected):
             continue
         got, want = fields_of(dtype)[field][0], fields_of(expected)[field][0]
-        if got.shape != want.shape or got.base.kind != want.base.kind:
+        wide = (name, field) in EXACT_WIDTH and got.base.itemsize != want.base.itemsize
+        if got.shape != want.shape or got.base.kind != want.base.kind or wide:
             raise FormatError(
                 f"{where}: field {name}.{field} has dtype {got.base.str}{list(got.shape)}, "
                 f"expected {want.base.str}{list(want.shape)}"

@@ -44,7 +44,7 @@ I64_MAX, I64_MIN = np.iinfo(np.int64).max, np.iinfo(np.int64).min
 
 
 def histogram(values: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]`` (and NaN).
+    """Counts with ``edges[i] <= v < edges[i+1]``, the last bin counting ``v >= edges[-1]`` (NaN in none).
 
     ``edges`` are uniform from 0; binning is exact at the edges (see :func:`l5dask.prediction.kernels.uniform_bin`).
     """
@@ -584,7 +584,16 @@ def finalize(
         raise ValueError(f"{len(ap.labels)} label counts for {len(labels)} label names")
     n_scenes, n_frames, n_agents = counts["scenes"], counts["frames"], counts["agents"]
     total_dt = int(fp.dt_counts.sum())
-    hz = 1e9 / median_from_counts(fp.dt_values, fp.dt_counts) if total_dt else 10.0
+    step = median_from_counts(fp.dt_values, fp.dt_counts) if total_dt else 1e8
+    hz = 1e9 / step if step else math.inf
+    if not step:
+        warnings.warn(
+            "the median step between consecutive frames of a scene is 0 ns (at least half of them repeat a "
+            "timestamp): frame_frequency_hz is not finite (null in the report), and total_time_hours and "
+            "avg_scene_time_s, made with it, are 0",
+            RuntimeWarning,
+            stacklevel=1,
+        )
     series = close_scenes(fp.series, fp.open)
     per_scene = {}
     for name in ("num_agents", "num_tl_faces", "ego_distance_m", "first_ts", "last_ts"):
@@ -597,6 +606,18 @@ def finalize(
     if len(tracks):
         num_tracks[tracks.lo : tracks.lo + len(tracks)] = tracks.cols["n"]
     mean = lambda s, n: float(s / n) if n else 0.0  # noqa: E731
+    for what, hist, why in (
+        ("speed", ap.speed_hist, "a NaN velocity: agents.speed_mps.mean is null"),
+        ("distance to its ego", ap.dist_hist, "a NaN centroid or ego position"),
+    ):
+        unbinned = ap.n - int(hist.sum())
+        if unbinned:
+            warnings.warn(
+                f"{unbinned:,} agent(s) have a {what} that is not a number ({why}): its histogram counts "
+                "no bin for them",
+                RuntimeWarning,
+                stacklevel=1,
+            )
     not_later = int(fp.dt_counts[fp.dt_values <= 0].sum()) if total_dt else 0
     if not_later:
         speed = mean(exact_total(fp.ego_speed_sum), fp.ego_pairs)

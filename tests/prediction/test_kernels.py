@@ -38,7 +38,8 @@ def _numpy_agent_partial(rec: np.ndarray, frames: Rows) -> dict:
     speed = np.sqrt(v[:, 0] ** 2 + v[:, 1] ** 2)
     d = rec["centroid"].astype(np.float64) - frames["ego_xy"][frame]
     dist = np.sqrt(d[:, 0] ** 2 + d[:, 1] ** 2)
-    hist = lambda x, e: np.bincount(np.digitize(x, e) - 1, minlength=len(e))[: len(e)]  # noqa: E731
+    # (NaN in no bin: the contract's bins are edges[i] <= v < edges[i+1], and v >= the last edge)
+    hist = lambda x, e: np.bincount(np.digitize(x[~np.isnan(x)], e) - 1, minlength=len(e))[: len(e)]  # noqa: E731
     scene = frames["scene"][frame]
     return {
         "labels": np.bincount(rec["label_probabilities"].argmax(1), minlength=17),
@@ -623,8 +624,9 @@ def test_agent_columns_frame_runs_across_blocks_and_empty_frames():
     speed = np.sqrt(vx.astype(np.float64) ** 2 + vy.astype(np.float64) ** 2)
     dist = np.sqrt((cx - ego[frame, 0]) ** 2 + (cy - ego[frame, 1]) ** 2)
 
-    def hist(x, width):  # bin i: i * width <= x < (i + 1) * width; the last takes the rest and NaN
-        b = np.where(np.isnan(x) | (x >= 100 * width), 100, np.floor(x / width)).astype(np.int64)
+    def hist(x, width):  # bin i: i * width <= x < (i + 1) * width; the last takes the rest (NaN: none)
+        x = x[~np.isnan(x)]
+        b = np.where(x >= 100 * width, 100, np.floor(x / width)).astype(np.int64)
         return np.bincount(b, minlength=101)
 
     np.testing.assert_array_equal(counts, np.bincount(label, minlength=17))

@@ -358,6 +358,67 @@ def test_binning_is_exact_at_edges_and_overflow():
             int((v >= edges[-1]).sum())
         ]
         assert histogram(v, edges).tolist() == want
+        # (NaN is in no bin: not >= the last edge, as the contract says; it was counted there)
+        assert histogram(np.r_[v, np.nan, np.nan], edges).tolist() == want
+
+
+def _edited(tmp_path, edit) -> str:
+    """A generated dataset whose arrays ``edit`` changed (in place), written again."""
+    src, path = str(tmp_path / "src.zarr"), str(tmp_path / "edited.zarr")
+    l5dask.synthesize(src, num_scenes=2, seed=6, chunk_rows={fmt.FRAMES: 40, fmt.AGENTS: 900})
+    ds = l5dask.open_dataset(src)
+    arrays = {n: ds[n].to_dask().compute() for n in ds.arrays}
+    edit(arrays)
+    l5dask.write_dataset(path, arrays, chunk_rows={n: a.meta.chunk_rows for n, a in ds.arrays.items()})
+    return path
+
+
+def _stats(path: str, out) -> tuple[dict, list[str]]:
+    r = subprocess.run(
+        [sys.executable, "-m", "l5dask.cli", "stats", path, "-o", str(out), "-q"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text()), r.stderr.splitlines()
+
+
+def test_nan_speeds_and_distances_are_in_no_bin_and_said(tmp_path):
+    """Agents whose speed or distance to the ego is NaN: counted in no bin of their histograms
+    (they were counted as ">= 50 m/s" and ">= 200 m"), and said in one line each."""
+
+    def edit(a):
+        a[fmt.AGENTS]["velocity"][[3, 1500]] = np.nan
+        a[fmt.AGENTS]["centroid"][7, 0] = np.nan
+
+    path = _edited(tmp_path, edit)
+    want = reference_report(read_all(path), fmt.LABELS)
+    report, lines = _stats(path, tmp_path / "r.json")
+    for key in ("speed_mps", "distance_to_ego_m"):
+        assert report["agents"][key]["histogram"] == want["agents"][key]["histogram"], key
+    n = report["counts"]["agents"]
+    assert sum(report["agents"]["speed_mps"]["histogram"]["counts"]) == n - 2
+    assert sum(report["agents"]["distance_to_ego_m"]["histogram"]["counts"]) == n - 1
+    assert report["agents"]["speed_mps"]["mean"] is None
+    assert lines == [
+        "l5dask: warning: 2 agent(s) have a speed that is not a number (a NaN velocity: agents.speed_mps.mean "
+        "is null): its histogram counts no bin for them",
+        "l5dask: warning: 1 agent(s) have a distance to its ego that is not a number (a NaN centroid or ego "
+        "position): its histogram counts no bin for them",
+    ]
+
+
+def test_a_median_frame_step_of_0_ns_is_said_and_its_frequency_null(tmp_path):
+    """At least half the steps between frames repeat a timestamp: the frame frequency, 1e9 over
+    the median step, is not finite (null), said in one line (it was a ZeroDivisionError)."""
+
+    def edit(a):
+        a[fmt.FRAMES]["timestamp"][:] = a[fmt.FRAMES]["timestamp"][0]
+
+    path = _edited(tmp_path, edit)
+    report, lines = _stats(path, tmp_path / "r.json")
+    assert report["summary"]["frame_frequency_hz"] is None
+    assert report["summary"]["total_time_hours"] == 0.0 and report["summary"]["avg_scene_time_s"] == 0.0
+    assert lines[0].startswith("l5dask: warning: the median step between consecutive frames of a scene is 0 ns")
+    assert "frame_frequency_hz is not finite (null in the report)" in lines[0]
 
 
 def test_stats_imports_only_what_it_uses(small_ds, tmp_path):
