@@ -42,7 +42,7 @@ with one warning), counted (:class:`Stats`), and its task computed again. A cach
 warning, and the run goes on without it; a location l5dask cannot write at all is a
 :class:`~l5dask.errors.UsageError`.
 
-Layout: ``ROOT/l5dask-cache-v5/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
+Layout: ``ROOT/l5dask-cache-v6/<source>/<reduction>.<key>.l5c``, one folder a source (a dataset's
 array: its ``source.json`` names it), so that a task's lookups are one listing a source.
 ``l5dask cache info|prune`` reads and trims it (``info``, ``prune``).
 """
@@ -74,9 +74,10 @@ from l5dask.core.version import __version__
 from l5dask.errors import OutputError, StoreError, UsageError
 
 #: The cache format: part of every key, and checked in every entry read.
-FORMAT = 5  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them;
+FORMAT = 6  # (2: a set of strings kept as one array; 3: a child task given only its parent rows, found by them;
 # 4: integer columns' aggregation partials exact, their sums in two int64 limbs; 5: each entry names
-# itself, checked on reading)
+# itself, checked on reading; 6: a NaN speed or distance in no bin of the report's partials, a float
+# group's m2 NaN where it holds an infinity)
 #: The folder of this format's entries under the cache's root.
 FOLDER = f"l5dask-cache-v{FORMAT}"
 MAGIC = b"L5DCACHE"
