@@ -183,8 +183,10 @@ def frame_table(ts: np.ndarray, xy: np.ndarray, yaw: np.ndarray, agents: np.ndar
     with np.errstate(divide="ignore", invalid="ignore"):
         out[:, 3] = np.where(duration > 0, path / duration, np.nan)
     out[:, 4] = np.fmax.reduceat(speed, starts)
-    out[:, 5] = np.fmax.reduceat(accel, starts)
-    out[:, 6] = np.fmax.reduceat(-accel, starts)
+    # (the largest rise and fall: 0 where the speed never rises, or never falls; NaN without two steps)
+    rise, fall = np.fmax.reduceat(accel, starts), np.fmax.reduceat(-accel, starts)
+    out[:, 5] = np.where(rise < 0, 0.0, rise)
+    out[:, 6] = np.where(fall < 0, 0.0, fall)
     out[:, 7] = np.fmax.reduceat(rate, starts)
     out[:, 8] = np.add.reduceat(np.where(stopped, dt, 0), starts) / 1e9
     out[:, 9] = np.bincount(run[first[long_stop]], minlength=r)

@@ -54,6 +54,13 @@ def edge_ds(tmp_path_factory) -> str:
     head["frame_index_interval"] = np.stack([cuts[:-1], cuts[1:]], 1)
     scenes = np.concatenate([head, scenes[1:]])
     iv = scenes["frame_index_interval"]
+    # the ego only speeding up in scene 2, only slowing down in scene 3: no fall, no rise (0: the
+    # largest fall was the smallest rise, negative)
+    for k, (v0, acc) in ((2, (2.0, 1.0)), (3, (10.0, -1.0))):
+        a, b = iv[k]
+        t = (frames["timestamp"][a:b] - frames["timestamp"][a]) / 1e9
+        frames["ego_translation"][a:b, 0] = frames["ego_translation"][a, 0] + v0 * t + 0.5 * acc * t**2
+        frames["ego_translation"][a:b, 1] = frames["ego_translation"][a, 1]
     # yaws: scene 5 turns left across +pi (wraps), scene 6 turns right across -pi, scene 7 left by 1.2 rad
     for k, yaw0, rate in ((5, np.pi - 0.6, 0.03), (6, -np.pi + 0.6, -0.03), (7, 0.2, 0.025)):
         a0, b0 = iv[k]
@@ -168,8 +175,8 @@ def reference(path: str) -> pd.DataFrame:
             path_length_m=path,
             mean_speed_mps=path / duration if duration > 0 else np.nan,
             max_speed_mps=max(fin(speeds), default=np.nan),
-            max_accel_mps2=max(fin(acc), default=np.nan),
-            max_decel_mps2=max((-x for x in fin(acc)), default=np.nan),
+            max_accel_mps2=max(0.0, *fin(acc)) if fin(acc) else np.nan,
+            max_decel_mps2=max(0.0, *(-x for x in fin(acc))) if fin(acc) else np.nan,
             max_abs_yaw_rate_rps=max(fin(yaw_rates), default=np.nan),
             time_stopped_s=sum(dt for st, dt in zip(stopped, dts) if st),
             stops=stops,
