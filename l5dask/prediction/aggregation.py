@@ -385,6 +385,18 @@ def aggregate_result(
     return result
 
 
+def as_names(by: Any) -> tuple[str, ...]:
+    """``by`` as a tuple of column names (one name, a sequence of them, or ``None``: none), or a
+    one-line error."""
+    if by is None:
+        return ()
+    if isinstance(by, str):
+        return (by,)
+    if not isinstance(by, (list, tuple)) or not all(isinstance(b, str) for b in by):
+        raise UsageError(f"by must be a column name or a list of them, such as ['scene_index', 'label'], not {by!r}")
+    return tuple(by)
+
+
 def aggregate_plan(
     ds: L5Dataset,
     job: Job,
@@ -401,7 +413,7 @@ def aggregate_plan(
     pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`); its result is the tuple of
     one ``Result``."""
     table = Table(ds, array, read=job.read)
-    by = (by,) if isinstance(by, str) else tuple(by)
+    by = as_names(by)
     table.resolve(by, "group column")
     for b in by:
         c = table.columns[b]

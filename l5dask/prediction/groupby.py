@@ -903,15 +903,15 @@ median = quantile(0.5, "median")
 
 #: The declared aggregations by name; ``q<percent>`` (``q50``, ``q99.9``) makes a quantile's.
 AGGREGATIONS = {a.name: a for a in (count, sum_, mean, min_, max_, var, std, median)}
-_Q = re.compile(r"^q(\d+(?:\.\d*)?)$")
+_Q = re.compile(r"^q(\d+(?:\.\d+)?)$")
 
 
 def aggregation(name: str, of: str = "") -> Aggregation:
     """The declared aggregation called ``name`` (``of``: the column, for the error message)."""
-    found = AGGREGATIONS.get(name)
+    found = AGGREGATIONS.get(name) if isinstance(name, str) else None
     if found is not None:
         return found
-    m = _Q.match(name)
+    m = _Q.fullmatch(name) if isinstance(name, str) else None
     if m is None:
         raise UsageError(
             f"unknown reduction {name!r}{f' (for {of})' if of else ''}; they are: {', '.join(AGGREGATIONS)}, "

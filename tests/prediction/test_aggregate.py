@@ -892,6 +892,9 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
             {"array": "tl_faces", "values": {"ACTIVE": ["mean"]}, "where": "face_id == frame_index"},
             r"face_id is a text column \(U16\): compare it with a string, not frame_index \(a number column\)$",
         ),
+        ({"by": 3, "values": {"speed": ["mean"]}}, r"by must be a column name or a list of them.*not 3$"),
+        ({"values": {"speed": [1]}}, r"unknown reduction 1 \(for speed\)"),
+        ({"values": {"speed": ["q50."]}}, r"unknown reduction 'q50\.' \(for speed\)"),
         (  # (Python's precedence, not pandas' query's: refused, never another answer)
             {"values": {"speed": ["mean"]}, "where": "speed > 1 & speed < 3"},
             r"& and \| bind before comparisons here; join conditions with and, or",
@@ -1865,3 +1868,9 @@ def test_integer_quantiles_are_exact_or_refused(edge_ds, ref, tmp_path):
     np.testing.assert_array_equal(
         med, [np.quantile(g.num_agents.to_numpy(), 0.5) for _, g in fr.groupby("scene_index")]
     )
+
+
+def test_by_none_is_no_keys(edge_ds):
+    """``by=None`` (a user's "no grouping") is the whole array, as ``by=()``: it was a TypeError."""
+    want = aggregate(edge_ds, "agents", values={"speed": ["mean", "count"]})
+    pd.testing.assert_frame_equal(aggregate(edge_ds, "agents", by=None, values={"speed": ["mean", "count"]}), want)
