@@ -13,7 +13,9 @@ STATUSES = ("ACTIVE", "INACTIVE", "UNKNOWN")
 
 
 def _hist(values: np.ndarray, edges: np.ndarray) -> list[int]:
-    idx = np.digitize(values[~np.isnan(values)], edges) - 1  # edges[i] <= v < edges[i+1]; v >= last edge -> last bin; NaN none
+    idx = (
+        np.digitize(values[~np.isnan(values)], edges) - 1
+    )  # edges[i] <= v < edges[i+1]; v >= last edge -> last bin; NaN none
     return np.bincount(idx, minlength=len(edges))[: len(edges)].tolist()
 
 

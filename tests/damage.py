@@ -200,5 +200,9 @@ METADATA: list[tuple[str, Callable[[Path], None], str]] = [
         _zarray(_set_dtype("velocity", "<f8")),
         r"field agents\.velocity has dtype <f8\[2\], expected <f4\[2\]",
     ),
-    ("float32-centroid", _zarray(_set_dtype("centroid", "<f4")), r"field agents\.centroid has dtype <f4\[2\], expected <f8\[2\]"),
+    (
+        "float32-centroid",
+        _zarray(_set_dtype("centroid", "<f4")),
+        r"field agents\.centroid has dtype <f4\[2\], expected <f8\[2\]",
+    ),
 ]

@@ -305,7 +305,9 @@ def arrow_array(values):
     if values.dtype.kind in "US":
         return arrow_strings(values.tolist())
     if values.dtype == np.dtype(bool):  # (Arrow's booleans are bits, numpy's bytes: packed)
-        return pa.Array.from_buffers(pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
+        return pa.Array.from_buffers(
+            pa.bool_(), len(values), [None, pa.py_buffer(np.packbits(values, bitorder="little"))]
+        )
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [None, pa.py_buffer(values)])
 
 

@@ -24,6 +24,8 @@ from l5dask.prediction.groupby import (
     QUANTILE_BITS,
     Aggregation,
     GroupPart,
+    checked_bits,
+    checked_probabilities,
     combine_parts,
     empty_part,
     group_part,
@@ -243,10 +245,10 @@ def sketch_quantile(
 ) -> xr.DataArray:
     """Quantiles of a dask-backed 1-D DataArray per group of the coordinates ``names``, in one
     pass: the sketch of :mod:`l5dask.prediction.groupby` (its error bound) per chunk, merged in a tree."""
-    bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
+    bits = checked_bits(quantile_bits)
     if obj.ndim != 1:
         raise UsageError(f"quantiles per group of a 1-D variable: select one element first (dims {obj.dims})")
-    qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    qs = checked_probabilities(q)
     aggs = [quantile(float(qq)) for qq in qs]
     result = group_reduce_lazily(obj, names, labels, aggs, bits, "quantile", qs, squeeze=not np.ndim(q))
     result.attrs["l5dask_quantile_bits"] = bits

@@ -51,6 +51,7 @@ from l5dask.prediction.groupby import (
     QUANTILE_BITS,
     GroupPart,
     aggregation,
+    checked_bits,
     combine_parts,
     counts_rows,
     group_part,
@@ -87,8 +88,7 @@ def parse_values(values: Mapping[str, Sequence[str] | str], table: Table) -> tup
         if (c.categorical or c.dtype.kind not in "biuf") and set(reds) - {"count"}:
             raise UsageError(
                 f"{col!r} is {'categorical' if c.categorical else c.dtype.name if c.dtype.kind not in 'SU' else c.dtype.str[1:]}: "
-                "only count applies"
-                + (" (group by it instead)" if c.categorical else "")
+                "only count applies" + (" (group by it instead)" if c.categorical else "")
             )
         out.append((col, tuple(dict.fromkeys(reds))))
     return tuple(out)
@@ -425,8 +425,7 @@ def aggregate_plan(
     if len(set(by)) != len(by):
         raise UsageError(f"a column is named twice in by: {', '.join(by)}")
     parsed = parse_values(values or {}, table)
-    if not isinstance(quantile_bits, (int, np.integer)) or not 0 <= quantile_bits <= 52:
-        raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
+    quantile_bits = checked_bits(quantile_bits)
     names = list(by) + [c for c, _ in parsed]
     if where is not None:
         names += where_columns(where, table)

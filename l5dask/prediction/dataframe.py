@@ -38,6 +38,8 @@ from l5dask.prediction.groupby import (
     QUANTILE_BITS,
     Aggregation,
     GroupPart,
+    checked_bits,
+    checked_probabilities,
     combine_parts,
     empty_part,
     group_part,
@@ -419,9 +421,7 @@ def quantiles(
         A row per group that has values (indexed by the groups, categories by name, sorted), a
         column per probability.
     """
-    bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
-    if not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:
-        raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
+    bits = checked_bits(quantile_bits)
     by = [by] if isinstance(by, str) else list(by)
     missing = [c for c in by + [column] if c not in df.columns]
     if missing:
@@ -434,9 +434,7 @@ def quantiles(
             raise UsageError(f"cannot group by {b!r} ({dtypes[b]}): group by integer or categorical columns")
     if isinstance(dtypes[column], pd.CategoricalDtype) or np.dtype(dtypes[column]).kind not in "biuf":
         raise UsageError(f"quantiles of {column!r} ({dtypes[column]}): a numeric column is needed")
-    qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
-    if ((qs < 0) | (qs > 1) | np.isnan(qs)).any():
-        raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}")
+    qs = checked_probabilities(q)
     parts = df[by + [column]].to_delayed()
     sketch = Reduction(
         f"l5-df-quantiles-{tokenize(by, column, int(bits))}",

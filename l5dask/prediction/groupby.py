@@ -906,6 +906,25 @@ AGGREGATIONS = {a.name: a for a in (count, sum_, mean, min_, max_, var, std, med
 _Q = re.compile(r"^q(\d+(?:\.\d+)?)$")
 
 
+def checked_bits(quantile_bits: Any) -> int:
+    """The sketch's mantissa bits (``None``: the default), or a one-line error."""
+    bits = QUANTILE_BITS if quantile_bits is None else quantile_bits
+    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 0 <= bits <= 52:
+        raise UsageError(f"quantile_bits must be an integer from 0 to 52, not {quantile_bits!r}")
+    return int(bits)
+
+
+def checked_probabilities(q: Any) -> np.ndarray:
+    """Quantiles' probabilities (one, or a sequence) as float64, each in [0, 1], or a one-line error."""
+    try:
+        qs = np.atleast_1d(np.asarray(q, dtype=np.float64))
+    except (TypeError, ValueError):
+        raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}") from None
+    if qs.ndim != 1 or not len(qs) or ((qs < 0) | (qs > 1) | np.isnan(qs)).any():
+        raise UsageError(f"quantiles are probabilities in [0, 1], not {q!r}")
+    return qs
+
+
 def aggregation(name: str, of: str = "") -> Aggregation:
     """The declared aggregation called ``name`` (``of``: the column, for the error message)."""
     found = AGGREGATIONS.get(name) if isinstance(name, str) else None

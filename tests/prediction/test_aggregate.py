@@ -611,7 +611,10 @@ def test_aggregate_where_and_three_keys(edge_ds, ref):
         ("PERCEPTION_LABEL_CAR > 0.5", lambda a, p: p[:, fmt.LABELS.index("PERCEPTION_LABEL_CAR")] > 0.5),
         # & and | between conditions in parentheses, as pandas' query reads them
         ("(speed > 1) & (speed < 3)", lambda a, p: (a.speed > 1) & (a.speed < 3)),
-        ("(speed < 1) | (label == PERCEPTION_LABEL_CAR)", lambda a, p: (a.speed < 1) | (a.label == "PERCEPTION_LABEL_CAR")),
+        (
+            "(speed < 1) | (label == PERCEPTION_LABEL_CAR)",
+            lambda a, p: (a.speed < 1) | (a.label == "PERCEPTION_LABEL_CAR"),
+        ),
     ],
 )
 def test_where_reads_a_bare_label_name_compared_with_a_label_as_that_label(edge_ds, ref, where, keep):
@@ -938,10 +941,7 @@ def test_count_of_a_text_column_counts_its_rows(edge_ds, ref, tmp_path, more):
             p.stdout
         )  # (not "1 groups")
         p = _cli("agg", edge_ds, "-a", "tl_faces", "--value", "face_id:max", "-q")
-        assert (
-            p.returncode == 2
-            and p.stderr == "l5dask: error: 'face_id' is U16: only count applies\n"
-        )
+        assert p.returncode == 2 and p.stderr == "l5dask: error: 'face_id' is U16: only count applies\n"
 
 
 def _cli(*args):
@@ -1291,7 +1291,7 @@ def test_infinities_give_pandas_variance_and_the_order_statistic_quantiles_over_
                     got = aggregation(r).finalize(stats)
                     finite = np.isfinite(exp)
                     np.testing.assert_array_equal(got[~finite], np.array(exp)[~finite], err_msg=(r, bits, cuts))
-                    np.testing.assert_allclose(got[finite], np.array(exp)[finite], rtol=2.0 ** -bits, err_msg=r)
+                    np.testing.assert_allclose(got[finite], np.array(exp)[finite], rtol=2.0**-bits, err_msg=r)
 
 
 @pytest.mark.parametrize("width", [0, 1, 2, 3])
@@ -1874,3 +1874,26 @@ def test_by_none_is_no_keys(edge_ds):
     """``by=None`` (a user's "no grouping") is the whole array, as ``by=()``: it was a TypeError."""
     want = aggregate(edge_ds, "agents", values={"speed": ["mean", "count"]})
     pd.testing.assert_frame_equal(aggregate(edge_ds, "agents", by=None, values={"speed": ["mean", "count"]}), want)
+
+
+@pytest.mark.parametrize(
+    "q,bits,message",
+    [
+        (1.5, None, r"quantiles are probabilities in \[0, 1\], not 1\.5$"),
+        ([0.5, 2], None, r"quantiles are probabilities in \[0, 1\], not \[0\.5, 2\]$"),
+        (-0.1, None, r"not -0\.1$"),
+        (0.5, 60, r"quantile_bits must be an integer from 0 to 52, not 60$"),
+        (0.5, True, r"quantile_bits must be an integer from 0 to 52, not True$"),
+    ],
+)
+def test_xarray_quantile_refuses_what_the_other_routes_refuse(edge_ds, q, bits, message):
+    """The accessor's quantile takes the probabilities and bits the aggregate and the dataframe
+    take (q above 1 was an IndexError, below 0 answered numbers, 60 bits a kernel's error)."""
+    from l5dask.prediction.dataframe import quantiles
+
+    x = l5dask.open_dataset(edge_ds).joined("agents").extent.sel(lwh="length")
+    with pytest.raises(L5DaskError, match=message):
+        x.l5.groupby("label").quantile(q, quantile_bits=bits)
+    df = l5dask.open_dataset(edge_ds).to_dask_dataframe("agents", columns=["label", "extent_length"])
+    with pytest.raises(L5DaskError, match=message):
+        quantiles(df, ["label"], "extent_length", q, quantile_bits=bits)
