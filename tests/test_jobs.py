@@ -1163,6 +1163,8 @@ KEY_FAULTS = [
     ("aggregate", {"values": TABLE}, "output", "a.txt", "unknown table format '.txt'"),
     ("aggregate", {"values": TABLE, "output": "a.csv"}, "array", "agent", "array: 'agent' is not one of scenes, frames, agents"),
     ("aggregate", {"values": TABLE, "output": "a.csv"}, "where", "nosuch < 1", "nosuch"),
+    ("aggregate", {"values": TABLE, "output": "a.csv"}, "by", ["speed"], "cannot group by 'speed' (float64)"),
+    ("aggregate", {"values": TABLE, "output": "a.csv"}, "by", ["label", "label"], "a column is named twice in by"),
     ("export", {"output": "ex"}, "format", "csv", "format: 'csv' is not one of parquet, zarr3"),
     ("export", {"format": "zarr3"}, "output", "{day}/ex", "output: unknown field {day}; the fields are: date, "),
     ("export", {"output": "ex"}, "formt", "zarr3", "unknown key 'formt' in [analyses.x] (kind export); the keys are: "

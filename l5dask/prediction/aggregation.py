@@ -397,6 +397,43 @@ def as_names(by: Any) -> tuple[str, ...]:
     return tuple(by)
 
 
+def check_arguments(
+    table: Table,
+    by: Any,
+    values: Mapping[str, Sequence[str] | str] | None,
+    where: str | None,
+    max_groups: int = MAX_GROUPS,
+    quantile_bits: Any = QUANTILE_BITS,
+) -> tuple[tuple[str, ...], tuple, int, list[str]]:
+    """An aggregation's arguments over ``table`` checked, before any chunk is read (a one-line
+    :class:`~l5dask.errors.UsageError` each): ``(by, values, quantile_bits, the columns it reads)``.
+    What a job's ``--check`` and a plan both ask."""
+    by = as_names(by)
+    table.resolve(by, "group column")
+    for b in by:
+        c = table.columns[b]
+        if not (c.categorical or c.dtype.kind in "biu"):
+            raise UsageError(
+                f"cannot group by {b!r} ({c.dtype.name}): group by integer or categorical columns "
+                "(label, host, scene_index, hour...)"
+            )
+    if len(set(by)) != len(by):
+        raise UsageError(f"a column is named twice in by: {', '.join(by)}")
+    parsed = parse_values(values or {}, table)
+    bits = checked_bits(quantile_bits)
+    names = list(by) + [c for c, _ in parsed]
+    if where is not None:
+        names += where_columns(where, table)
+    bound = group_bound(table, by)
+    if bound > max_groups:
+        raise UsageError(
+            f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
+            f"groups, more than the limit of {max_groups:,}; raise max_groups (--max-groups) or "
+            "group by fewer columns"
+        )
+    return by, parsed, bits, names
+
+
 def aggregate_plan(
     ds: L5Dataset,
     job: Job,
@@ -413,29 +450,7 @@ def aggregate_plan(
     pass (:func:`l5dask.analyze <l5dask.prediction.analyses.analyze>`); its result is the tuple of
     one ``Result``."""
     table = Table(ds, array, read=job.read)
-    by = as_names(by)
-    table.resolve(by, "group column")
-    for b in by:
-        c = table.columns[b]
-        if not (c.categorical or c.dtype.kind in "biu"):
-            raise UsageError(
-                f"cannot group by {b!r} ({c.dtype.name}): group by integer or categorical columns "
-                "(label, host, scene_index, hour...)"
-            )
-    if len(set(by)) != len(by):
-        raise UsageError(f"a column is named twice in by: {', '.join(by)}")
-    parsed = parse_values(values or {}, table)
-    quantile_bits = checked_bits(quantile_bits)
-    names = list(by) + [c for c, _ in parsed]
-    if where is not None:
-        names += where_columns(where, table)
-    bound = group_bound(table, by)
-    if bound > max_groups:
-        raise UsageError(
-            f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
-            f"groups, more than the limit of {max_groups:,}; raise max_groups (--max-groups) or "
-            "group by fewer columns"
-        )
+    by, parsed, quantile_bits, names = check_arguments(table, by, values, where, max_groups, quantile_bits)
     selection = table.select(names)
     spec = Spec(selection, by, parsed, where, int(quantile_bits))
     source = selection.source

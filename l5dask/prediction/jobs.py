@@ -17,7 +17,7 @@ from l5dask.core.jobfile import Key, Kind, at_key, register
 from l5dask.core.outputs import table_format, write_json, write_table
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.aggregation import MAX_GROUPS, parse_values, where_columns
+from l5dask.prediction.aggregation import MAX_GROUPS, check_arguments, parse_values, where_columns
 from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
 from l5dask.prediction.catalog import (
     DEFAULT_TZ,
@@ -188,6 +188,10 @@ def check_aggregate(ds: Any, params: dict) -> None:
     with at_key("quantile-bits"):
         if not 0 <= params["quantile-bits"] <= 52:
             raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
+    with at_key("by"):  # (the rest a plan asks: columns to group by of integers or categories, the groups' bound)
+        check_arguments(
+            table, params["by"], params["values"], params["where"], params["max-groups"], params["quantile-bits"]
+        )
 
 
 class AggregateTable(Aggregate):
