@@ -404,10 +404,13 @@ def check_arguments(
     where: str | None,
     max_groups: int = MAX_GROUPS,
     quantile_bits: Any = QUANTILE_BITS,
+    bound: bool = True,
 ) -> tuple[tuple[str, ...], tuple, int, list[str]]:
     """An aggregation's arguments over ``table`` checked, before any chunk is read (a one-line
     :class:`~l5dask.errors.UsageError` each): ``(by, values, quantile_bits, the columns it reads)``.
-    What a job's ``--check`` and a plan both ask."""
+    What a job's ``--check`` and a plan both ask; ``bound``: the groups' bound too (a categorical
+    key's categories read: the scenes' hosts; a job's check leaves it to the run, which reads
+    them through its cache)."""
     by = as_names(by)
     table.resolve(by, "group column")
     for b in by:
@@ -424,10 +427,10 @@ def check_arguments(
     names = list(by) + [c for c, _ in parsed]
     if where is not None:
         names += where_columns(where, table)
-    bound = group_bound(table, by)
-    if bound > max_groups:
+    most = group_bound(table, by) if bound else 0
+    if most > max_groups:
         raise UsageError(
-            f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {bound:,} "
+            f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {most:,} "
             f"groups, more than the limit of {max_groups:,}; raise max_groups (--max-groups) or "
             "group by fewer columns"
         )

@@ -188,9 +188,15 @@ def check_aggregate(ds: Any, params: dict) -> None:
     with at_key("quantile-bits"):
         if not 0 <= params["quantile-bits"] <= 52:
             raise UsageError(f"quantile-bits must be from 0 to 52, not {params['quantile-bits']}")
-    with at_key("by"):  # (the rest a plan asks: columns to group by of integers or categories, the groups' bound)
+    with at_key("by"):  # (the rest a plan asks: columns to group by of integers or categories, none twice)
         check_arguments(
-            table, params["by"], params["values"], params["where"], params["max-groups"], params["quantile-bits"]
+            table,
+            params["by"],
+            params["values"],
+            params["where"],
+            params["max-groups"],
+            params["quantile-bits"],
+            bound=False,
         )
 
 
