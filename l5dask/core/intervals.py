@@ -73,7 +73,7 @@ def check_bounds(table: np.ndarray, parent: str, field: str, child_len: int) -> 
         if start != expected:
             problems.append(
                 f"{parent}.{field}: row {off}: starts at {start}, expected {expected} "
-                "(not contiguous with the previous row)"
+                + ("(not contiguous with the previous row)" if off else "(the first row starts the child array)")
             )
         expected = end
     if len(table) and table[:, 2].sum() and expected != child_len:

@@ -295,6 +295,7 @@ def _break_intervals(src, dest, array, field, row, value):
         (700, [0, 0], "not contiguous"),  # a frame that jumps back
         (400, [50_000, 49_000], "not increasing"),
         (-1, [10**9, 10**9 + 5], "outside the child array"),
+        (0, [3, 3], r"starts at 3, expected 0 \(the first row starts the child array\)"),  # (no previous row)
     ],
 )
 def test_bad_intervals_name_array_and_first_row(small_ds, tmp_path, row, value, why):
