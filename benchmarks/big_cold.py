@@ -218,10 +218,8 @@ def same(a: str, b: str, what: str) -> None:
             raise SystemExit(f"{what}: the report differs from the uncached one")
 
 
-def run_pair(r: int, path: str, tmp: str) -> dict[str, float]:
-    """``--run-only``: steps a and g alone (the run against the report), in this round's order."""
-    out = os.path.join(tmp, f"p{r}")
-    os.makedirs(out)
+def a_and_g(r: int, path: str, out: str) -> dict[str, Usage]:
+    """Steps a (the report) and g (the run of five analyses), in this round's order."""
     job = os.path.join(out, "job.toml")
     with open(job, "w") as f:
         f.write(job_text(path, os.path.join(out, "run")))
@@ -231,6 +229,14 @@ def run_pair(r: int, path: str, tmp: str) -> dict[str, float]:
             u["a"] = timed("a  stats, no cache", stats(path, f"{out}/a.json"), True)
         else:
             u["g"] = timed("g  run: report+catalog+3 aggs", cli("run", job, "-q"), True)
+    return u
+
+
+def run_pair(r: int, path: str, tmp: str) -> dict[str, float]:
+    """``--run-only``: steps a and g alone (the run against the report)."""
+    out = os.path.join(tmp, f"p{r}")
+    os.makedirs(out)
+    u = a_and_g(r, path, out)
     a, g = u["a"], u["g"]
     return {"a_s": a.wall, "a_cpu_s": a.cpu, "run_s": g.wall, "run_x": g.wall / a.wall, "run_cpu_x": g.cpu / a.cpu}
 
@@ -240,15 +246,7 @@ def one_round(r: int, path: str, extra: str, tmp: str, keep_gb: float) -> dict[s
     out = os.path.join(tmp, f"r{r}")
     os.makedirs(out)
     cache, killed = os.path.join(out, "cache"), os.path.join(out, "killed")
-    job = os.path.join(out, "job.toml")
-    with open(job, "w") as f:
-        f.write(job_text(path, os.path.join(out, "run")))
-    u: dict[str, Usage] = {}
-    for step in ("a", "g") if r % 2 == 0 else ("g", "a"):
-        if step == "a":
-            u["a"] = timed("a  stats, no cache", stats(path, f"{out}/a.json"), True)
-        else:
-            u["g"] = timed("g  run: report+catalog+3 aggs", cli("run", job, "-q"), True)
+    u = a_and_g(r, path, out)
     u["b"] = timed("b  stats --cache (filled)", stats(path, f"{out}/b.json", cache), True)
     u["c"] = timed("c  stats --cache (rerun)", stats(path, f"{out}/c.json", cache), True)
     # (a process's start, cold: the interpreter and the imports read from the disk, no work of the pass's)
