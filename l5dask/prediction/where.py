@@ -178,6 +178,9 @@ def where_columns(text: str, table: Any, what: str | None = None, values: bool =
         elif isinstance(node, ast.Compare):
             if not all(type(op) in _CMP or isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
                 raise UsageError(f"where {text!r}: only ==, !=, <, <=, >, >=, in and not in compare")
+            for o in node.comparators:
+                if isinstance(o, (ast.List, ast.Tuple)) and any(isinstance(e, (ast.List, ast.Tuple)) for e in o.elts):
+                    raise UsageError(f"where {text!r}: in takes a list of numbers or names, not of lists")
             if any(_joins(o) for o in (node.left, *node.comparators)):
                 # (Python binds & and | before comparisons, pandas' query after them: the same text,
                 # two answers; `speed > 1 & speed < 3` would keep every row over 1)
@@ -325,13 +328,34 @@ def _value(node: ast.AST, chunk, categories: dict, cats: tuple[str, ...] | None 
                 continue
             left, right = _value(a, chunk, categories, cb), _value(b, chunk, categories, ca)
             if isinstance(op, (ast.In, ast.NotIn)):
-                r = np.isin(left, np.asarray(right))
+                r = _member(left, right)
                 r = ~r if isinstance(op, ast.NotIn) else r
             else:
                 r = _CMP[type(op)](left, right)
             out = r if out is None else out & r
         return out
     raise UsageError(f"where: {ast.unparse(node)!r} is not allowed")
+
+
+def _member(left: Any, values: list) -> np.ndarray:
+    """Rows of ``left`` equal to one of ``values``, each compared as ``==`` compares it: an integer
+    with an integer column exactly (``np.isin`` of the list as one array made float64 of a list
+    that mixed 2**63 + 4 and 2: every id near 2**63 matched), one outside the column's type never."""
+    a = np.asarray(left)
+    out = np.zeros(a.shape, bool)
+    ints = [v for v in values if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))]
+    rest = [v for v in values if not (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)))]
+    if ints and a.dtype.kind in "iu":
+        info = np.iinfo(a.dtype)
+        fit = [int(v) for v in ints if info.min <= int(v) <= info.max]
+        if fit:
+            out |= np.isin(a, np.array(fit, a.dtype))
+    elif ints:
+        for v in ints:  # (a float column: as == compares an integer with it)
+            out |= np.equal(a, v)
+    for v in rest:
+        out |= np.equal(a, v)
+    return out
 
 
 #: Integer arithmetic done in int64 and checked: numpy wraps it silently (``track_id - 5 < 0``

@@ -898,6 +898,7 @@ def test_a_frame_join_reads_the_frames_once_unless_their_rows_are_too_large(edge
         ({"by": 3, "values": {"speed": ["mean"]}}, r"by must be a column name or a list of them.*not 3$"),
         ({"values": {"speed": [1]}}, r"unknown reduction 1 \(for speed\)"),
         ({"values": {"speed": ["q50."]}}, r"unknown reduction 'q50\.' \(for speed\)"),
+        ({"values": {"speed": ["mean"]}, "where": "frame_index in [[1, 2]]"}, r"in takes a list of numbers or names"),
         (  # (Python's precedence, not pandas' query's: refused, never another answer)
             {"values": {"speed": ["mean"]}, "where": "speed > 1 & speed < 3"},
             r"& and \| bind before comparisons here; join conditions with and, or",
@@ -1897,3 +1898,37 @@ def test_xarray_quantile_refuses_what_the_other_routes_refuse(edge_ds, q, bits, 
     df = l5dask.open_dataset(edge_ds).to_dask_dataframe("agents", columns=["label", "extent_length"])
     with pytest.raises(L5DaskError, match=message):
         quantiles(df, ["label"], "extent_length", q, quantile_bits=bits)
+
+
+def test_in_compares_each_value_as_equality_does():
+    """``in [...]`` keeps the rows ``==`` keeps for one of the values (numpy's isin of the list made
+    float64 of [2**63 + 4, 2] and matched every id near 2**63; an integer outside the column's type
+    matches nothing); ``not in`` the others."""
+    from l5dask.prediction.where import evaluate_where
+
+    class Chunk(dict):
+        def __len__(self) -> int:
+            return len(next(iter(self.values())))
+
+    big = 2**63
+    chunk = Chunk(
+        t=np.array([1, 2, big + 4, big + 5, 2**64 - 1, big], np.uint64),
+        ts=np.array([10**18, 10**18 + 1, 5, -7, 0, 2**62], np.int64),
+        x=np.array([0.5, 1.0, np.nan, 2.0, -0.0, 3.0]),
+        f=np.array(["a", "bb", "c", "", "a", "d"]),
+    )
+    for col, values in [
+        ("t", [big + 4, 2]),
+        ("t", [-1, big + 4]),
+        ("t", [2**64 - 1, 0.5, big]),
+        ("ts", [10**18 + 1, 0.5]),
+        ("ts", [-7, 2**63]),
+        ("x", [1, 0.5, 0]),
+        ("f", ["a", "c"]),
+    ]:
+        want = np.zeros(6, bool)
+        for v in values:
+            want |= np.array([a == v for a in chunk[col].tolist()])  # (Python's own ==: exact)
+        text = f"{col} in {values!r}"
+        np.testing.assert_array_equal(evaluate_where(text, chunk, {}), want, err_msg=text)
+        np.testing.assert_array_equal(evaluate_where(f"{col} not in {values!r}", chunk, {}), ~want, err_msg=text)
