@@ -1031,8 +1031,6 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     encoded = hasattr(data, "records")
     shared = encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1
     if shared:
-        if hasattr(data, "share_distinct"):  # (a distinct field's gather too, made once for all)
-            data.share_distinct()
         for m in members:  # (what each will gather of the block, gathered once for all)
             if m.encoded and m.reduction.reads is not None:
                 data.expect(*m.reduction.reads)

@@ -722,7 +722,6 @@ def catalog_plan(ds: L5Dataset, job: Job, tz: str = DEFAULT_TZ) -> Plan:
                 ds[fmt.TL_FACES].select(["face_id", "traffic_light_face_status"]),
                 FACES_REDUCTION,
                 parent=Link(frame_pass, "tl_start", "traffic_light_faces_index_interval"),
-                blocks=True,
                 encoded=True,
                 name="catalog-faces",
             )

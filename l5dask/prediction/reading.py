@@ -540,13 +540,6 @@ class Encoded:
             out.append((piece.start, piece))
         return out
 
-    def share_distinct(self) -> None:
-        """The gathers with ``distinct`` of these rows (the faces' ids for the report and the
-        catalog) made once for every reader, as a streamed piece's are (read-only arrays): what a
-        fused pass whose members take the block whole asks (:func:`l5dask.core.engine.fused_chunk`)."""
-        if self._distinct is None:
-            self._distinct = {}
-
     def expect(
         self,
         elements: Sequence[tuple[str, tuple[int, ...]]] = (),

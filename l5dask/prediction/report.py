@@ -127,7 +127,7 @@ def report_plan(ds: L5Dataset, job: Job) -> Plan:
         intervals=intervals,
         blocks=True,
     )
-    tl = [Pass(ds[fmt.TL_FACES], TL_FACES, blocks=True, encoded=True)] if ds.has(fmt.TL_FACES) else []
+    tl = [Pass(ds[fmt.TL_FACES], TL_FACES, encoded=True)] if ds.has(fmt.TL_FACES) else []
     agent_pass = Pass(
         agents,
         agents_reduction(agents.dtype["label_probabilities"].shape[0]),

@@ -335,12 +335,10 @@ def test_an_exact_member_takes_a_fused_block_whole(ds):
 
 @pytest.mark.parametrize("kw", [{}, {"chunks_per_task": 3}])
 def test_members_that_all_stream_are_fused_into_a_streaming_pass(ds, monkeypatch, kw):
-    """The report and the catalog (both streaming over encoded pieces of agents) fused: their pass
-    streams the agents' pieces as each of them alone does, and holds no block of encoded agents
-    whole (a block of 32 chunks and its gathered columns doubled the run's page faults); the
-    faces, small records, both take a block whole (a call a task, their distinct ids gathered once
-    for both); each result still the analysis alone, bit for bit. With an aggregation (which takes
-    its block whole), the agents in blocks too."""
+    """The report and the catalog (both streaming over encoded pieces) fused: their pass streams
+    the pieces as each of them alone does, and holds no block of encoded chunks whole (a block
+    of 32 chunks and its gathered columns doubled the run's page faults); each result still the
+    analysis alone, bit for bit. With an aggregation (which takes its block whole), blocks again."""
     from l5dask.prediction import reading
 
     want = {n: alone(ds, n, ALL[n], **kw) for n in ("report", "catalog", "speed")}
@@ -352,26 +350,14 @@ def test_members_that_all_stream_are_fused_into_a_streaming_pass(ds, monkeypatch
         return original(self, first, n)
 
     monkeypatch.setattr(reading.L5Array, "read_encoded", read_encoded)
-    distinct: list = []
-    gather = reading.Encoded._gather
-
-    def counted(self, elements, argmax, distinct_field, *a):
-        if distinct_field is not None:
-            distinct.append((self.meta.name, self.chunks[0][0]))
-        return gather(self, elements, argmax, distinct_field, *a)
-
-    monkeypatch.setattr(reading.Encoded, "_gather", counted)
     got = analyze(ds, {n: ALL[n] for n in ("report", "catalog")}, **kw)
     for n in ("report", "catalog"):
         same(got[n], want[n], n)
-    assert {name for name, _, _ in blocks} == {fmt.TL_FACES}
-    # (each block's face ids gathered once for both members)
-    assert sorted(distinct) == sorted((fmt.TL_FACES, first) for _, first, _ in blocks)
-    blocks.clear()
+    assert blocks == []
     got = analyze(ds, {n: ALL[n] for n in ("report", "catalog", "speed")}, **kw)
     for n in ("report", "catalog", "speed"):
         same(got[n], want[n], n)
-    assert {name for name, _, _ in blocks} == {fmt.AGENTS, fmt.TL_FACES}
+    assert {name for name, _, _ in blocks} == {fmt.AGENTS}
 
 
 def test_five_separate_calls_read_each_agent_chunk_five_times(ds, reads):
