@@ -58,6 +58,7 @@ def scene_filter(
     from l5dask.prediction import format as fmt
     from l5dask.prediction.dataset import open_dataset
     from l5dask.prediction.scenes import NoScenesError, evaluate, query_indices, read_scene_list
+    from l5dask.prediction.where import reworded
 
     options = parse_storage_options(storage_options)
     ds = open_dataset(dataset, storage_options=options)
@@ -76,7 +77,10 @@ def scene_filter(
 
             # the expression's syntax and columns, checked before the catalog is made (its columns
             # are known from the metadata, no chunk read): a mistake is said at once
-            evaluate(scenes, empty_catalog(ds), values=False)  # (its hosts: known once it is made)
+            try:
+                evaluate(scenes, empty_catalog(ds), values=False)  # (its hosts: known once it is made)
+            except UsageError as exc:  # (said as the command names it)
+                raise UsageError(reworded(str(exc), scenes, f"--scenes {scenes!r}")) from None
         say = None if quiet else (lambda line: click.echo(line, err=True))
         if store is not None:
             table = cached_catalog(ds, store, storage_options=options, progress=not quiet, scheduler=client, say=say)

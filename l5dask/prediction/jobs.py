@@ -36,7 +36,7 @@ from l5dask.prediction.groupby import QUANTILE_BITS
 from l5dask.prediction.html import write_html
 from l5dask.prediction.report import write_scene_table
 from l5dask.prediction.scenes import evaluate, query_indices, read_catalog, scenes_digest
-from l5dask.prediction.where import names_in
+from l5dask.prediction.where import names_in, reworded
 
 
 def open_l5(url: str, storage_options: dict) -> Any:
@@ -111,8 +111,7 @@ def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
                 values=False,
             )
         except UsageError as exc:  # (said with the job's key)
-            rest = str(exc).removeprefix(f"where {params['scenes']!r}")  # (" is ...", or ": ...")
-            err = UsageError(f"scenes {params['scenes']!r}{rest}")
+            err = UsageError(reworded(str(exc), params["scenes"], f"scenes {params['scenes']!r}"))
             err.job_key = "scenes"  # type: ignore[attr-defined]
             raise err from None
 

@@ -46,7 +46,7 @@ from l5dask.prediction.reading import (
     read_chunk_part,
     sorted_unique,
 )
-from l5dask.prediction.where import evaluate_where, names_in, where_columns
+from l5dask.prediction.where import evaluate_where, names_in, reworded, where_columns
 
 #: Rows per chunk of a restricted dataset's arrays: those L5Kit writes a subset with (its
 #: ``ChunkedDataset`` sizes; 10 000 for agent masks), so that it is chunked as the written subset.
@@ -1168,8 +1168,7 @@ def _chosen(ds: Any, expr: str, catalog: Any, name: str, what: str, say: Any, re
     try:
         keep = np.asarray(evaluate(expr, catalog), bool)
     except UsageError as exc:  # (said as the caller said the expression)
-        rest = str(exc).removeprefix(f"where {expr!r}")  # (" is ...", or ": ...")
-        raise UsageError(f"{what}{rest}") from None
+        raise UsageError(reworded(str(exc), expr, what)) from None
     rows = catalog_rows(catalog, ds, name, records)
     n = len(ds[fmt.SCENES])
     if len(rows) < n and say is not None:

@@ -140,6 +140,16 @@ def _unquoted(text: str, tree: ast.AST, table: Any, unknown: list[str]) -> str:
     return ""
 
 
+def reworded(message: str, expr: str, what: str) -> str:
+    """A ``where``'s one-line error said as its caller names the expression (``what``: ``--scenes
+    '...'``, a job's ``scenes '...'``): its checks begin ``where '<expr>'``, its evaluation's
+    ``where: ...``."""
+    for prefix in (f"where {expr!r}", "where"):
+        if message.startswith(prefix):
+            return what + message[len(prefix) :]
+    return f"{what}: {message}"
+
+
 def _joins(node: ast.AST) -> bool:
     """Whether ``node`` joins with ``&`` or ``|`` (a compared operand that does is a condition
     written as pandas' query reads it, not as Python does)."""

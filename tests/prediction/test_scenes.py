@@ -775,6 +775,8 @@ def test_every_reading_command_takes_the_filters(data, tmp_path):
         ),
         (["--scenes", "turn == sharp-left"], 2, "(turn is text: a string is written in quotes, 'sharp-left')"),
         (["--scenes", "hots == 1"], 2, "names unknown column 'hots'; the columns of the catalog are: scene_index"),
+        # (an error of the evaluation said as the option names it, not glued to "where": ...)
+        (["--scenes", "local_hour ** 100 > 0"], 2, "--scenes 'local_hour ** 100 > 0': 'local_hour ** 100' overflows"),
         (["--scenes", "turn == num_frames"], 2, "turn is categorical: compare it with its names"),
         (["--scenes", "turn in turn_unwrapped"], 2, "or with another categorical column by == or !="),
         (["--scenes-from", "{list}"], 2, "line 2: scene index 12 is out of range (the dataset has 12 scenes: 0 to 11)"),
