@@ -72,11 +72,13 @@ static const uint8_t* l5_skip_value(const uint8_t* p, const uint8_t* end, int ro
     if (*p == '"') return l5_skip_string(p, end);
     if (*p == '[' || *p == '{') {
         int depth = 0;
+        uint8_t prev = 0; /* the last byte that is no whitespace */
         while (p < end) {
             uint8_t c = *p;
             if (c == '"') {
                 p = l5_skip_string(p, end);
                 if (!p) return NULL;
+                prev = '"';
                 continue;
             }
             if (c == '[' || c == '{') {
@@ -85,8 +87,12 @@ static const uint8_t* l5_skip_value(const uint8_t* p, const uint8_t* end, int ro
                     return NULL;
                 }
             } else if (c == ']' || c == '}') {
+                /* a comma before a closing bracket: no JSON, which DuckDB reads (found by fuzzing):
+                   not vouched for, and json refuses it */
+                if (prev == ',') return NULL;
                 if (--depth == 0) return p + 1;
             }
+            if (c != ' ' && c != '\n' && c != '\r' && c != '\t') prev = c;
             p++;
         }
         return NULL;
@@ -164,7 +170,7 @@ static int l5_json_types(const uint8_t* start, const uint8_t* end, const uint8_t
                     } else {
                         for (;; e++) {
                             p = l5_ws(p, end);
-                            if (p >= end) return L5_JSON_UNSURE;
+                            if (p >= end || *p == ']') return L5_JSON_UNSURE; /* (after a comma: no JSON) */
                             int te = l5_type_of(*p);
                             if (te != want && te != L5_T_NULL) {
                                 fault->row = row, fault->key = k, fault->element = e, fault->found = te;

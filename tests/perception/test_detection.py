@@ -498,6 +498,11 @@ BAD_JSON = [
     ('[{"sample_token": "a", ', "not valid JSON at line 1"),
     # an array cut after a comma (DuckDB reads it as if closed; found by fuzzing)
     (json.dumps([_box(score=0.5), _box(score=0.25)])[:-1] + ", ", "not valid JSON at line 1, column "),
+    # a comma before a closing bracket, in a list of a key not read or of one read (DuckDB reads it,
+    # json does not; found by fuzzing)
+    (json.dumps([_box(score=0.5, extra=[1, 0, 10**30])]).replace("]}", ",]}"), "not valid JSON at line 1, column "),
+    (json.dumps([_box(score=0.5, extra={"a": 1})]).replace("1}", "1,}"), "not valid JSON at line 1, column "),
+    (json.dumps([_box(score=0.5)]).replace("2.0, 3.0]", "2.0, 3.0,]", 1), "not valid JSON at line 1, column "),
     (json.dumps([_box(score=0.5, translation=None)]), "row 0: no translation"),
     (json.dumps([_box(score=0.5, translation=[1, 2])]), "row 0: translation has 2 numbers, expected 3"),
     (json.dumps([_box(score=0.5, rotation=[1, 0, 0])]), "row 0: rotation has 3 numbers, expected 4"),
