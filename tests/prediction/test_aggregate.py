@@ -1932,3 +1932,20 @@ def test_in_compares_each_value_as_equality_does():
         text = f"{col} in {values!r}"
         np.testing.assert_array_equal(evaluate_where(text, chunk, {}), want, err_msg=text)
         np.testing.assert_array_equal(evaluate_where(f"{col} not in {values!r}", chunk, {}), ~want, err_msg=text)
+
+
+def test_xarray_median_is_the_quantile_of_one_half(edge_ds):
+    """``.l5.groupby(...).median()`` of a dask-backed variable: numpy's median of each group
+    (exact at ``quantile_bits=52``), where xarray's own went through flox and failed (TypeError)."""
+    x = l5dask.open_dataset(edge_ds).joined("agents").extent.sel(lwh="length")
+    got = x.l5.groupby("label").median(quantile_bits=52).compute()
+    values, labels = x.values, np.asarray(x.label.values)
+    names = [str(n) for n in got.label.values]
+    for name, m in zip(names, got.values):
+        rows = (
+            values[np.asarray([fmt.LABELS[c] for c in labels]) == name]
+            if labels.dtype.kind in "iu"
+            else values[labels == name]
+        )
+        rows = rows[~np.isnan(rows)]
+        assert (np.isnan(m) and not len(rows)) or m == np.median(rows), name
