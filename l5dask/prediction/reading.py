@@ -419,14 +419,53 @@ def decode_faults(store: Store, meta: fmt.ArrayMeta, compressed: bool, indices: 
     return faults
 
 
-def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> list[tuple[int, bytes]]:
-    """The stored bytes of ``nchunks`` chunks from ``first_chunk`` on, fetched together."""
+class Arriving(Sequence):
+    """``(index, stored bytes)`` of a block's chunks, in order, each there when it has come: what
+    :func:`fetch_chunks` asked for, taken as its reader gets to it. A fused pass's first gather
+    goes through its block's chunks in order (:meth:`Encoded.gather`), so it works on the first
+    chunks while the later ones are read, where it waited for the whole block: the run of five
+    analyses on 1 G agents, cold, kept its two cores busy while the disk read (see docs/scale.md).
+    The chunks' numbers (``indices``) are known at once; a read that failed raises where its
+    chunk is taken."""
+
+    __slots__ = ("indices", "_raws", "_got")
+
+    def __init__(self, indices: Sequence[int], raws: Iterator[bytes]) -> None:
+        self.indices = list(indices)
+        self._raws = iter(raws)
+        self._got: list[tuple[int, bytes]] = []
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def _upto(self, n: int) -> None:
+        while len(self._got) < n:
+            self._got.append((self.indices[len(self._got)], next(self._raws)))
+
+    def __getitem__(self, k: Any) -> Any:
+        if isinstance(k, slice):
+            lo, hi, step = k.indices(len(self))
+            self._upto(max(lo, hi) if step > 0 else lo + 1)
+            return self._got[k]
+        k = range(len(self))[k]  # (an IndexError past the end, as a list's)
+        self._upto(k + 1)
+        return self._got[k]
+
+    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+        for k in range(len(self)):
+            self._upto(k + 1)
+            yield self._got[k]
+
+
+def fetch_chunks(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: int) -> Arriving:
+    """The stored bytes of ``nchunks`` chunks from ``first_chunk`` on, all asked for at once
+    (as ``get_many``), each taken as it comes (:class:`Arriving`)."""
     indices = range(first_chunk, first_chunk + nchunks)
     keys = [meta.key(index) for index in indices]
     what = {k: f"array {meta.name!r}, chunk {str(i)!r}" for k, i in zip(keys, indices)}
-    raws = store.iter_many(keys, what, depth=len(keys))  # (all asked for at once, as get_many)
+    raws = store.iter_many(keys, what, depth=len(keys))
     hint_next(store, meta, first_chunk, nchunks)  # (after: its own reads go first)
-    return list(zip(indices, raws))
+    return Arriving(indices, raws)
 
 
 def touch(url: str, storage_options: dict | None = None) -> None:
@@ -504,8 +543,10 @@ class Encoded:
 
     def __init__(self, meta: fmt.ArrayMeta, compressed: bool, chunks: list[tuple[int, bytes]]) -> None:
         self.meta, self.compressed, self.chunks = meta, compressed, chunks
-        self.start = meta.chunk_bounds(chunks[0][0])[0] if chunks else 0
-        self.stop = meta.chunk_bounds(chunks[-1][0])[1] if chunks else 0
+        # (the chunks' numbers, known before their bytes come: ``Arriving``)
+        self.indices = chunks.indices if isinstance(chunks, Arriving) else [i for i, _ in chunks]
+        self.start = meta.chunk_bounds(self.indices[0])[0] if self.indices else 0
+        self.stop = meta.chunk_bounds(self.indices[-1])[1] if self.indices else 0
         self._records: np.ndarray | None = None
         # what the readers of a fused pass will gather (expect), what was gathered for them, and
         # the block a piece belongs to (its gathers are the block's, sliced)
@@ -630,7 +671,7 @@ class Encoded:
     def spans(self) -> list[tuple[int, int]]:
         """Each stored chunk's rows ``[a, b)`` among these rows, in order."""
         out = []
-        for index, _ in self.chunks:
+        for index in self.indices:
             lo, hi = self.meta.chunk_bounds(index)
             out.append((lo - self.start, hi - self.start))
         return out

@@ -396,3 +396,53 @@ def test_the_report_finds_face_ids_in_the_compressed_bytes(small_ds, monkeypatch
     assert report["tl_faces"]["unique_faces"] == len(np.unique(rec["face_id"])) > 1
     counts = np.bincount(rec["traffic_light_face_status"].argmax(1), minlength=3)
     assert list(report["tl_faces"]["status_counts"].values()) == counts.tolist()
+
+
+def test_a_block_s_chunks_are_taken_as_they_come(small_ds):
+    """A fused pass's block (``fetch_chunks``) is worked on as its chunks come: the chunks'
+    numbers are known before any bytes, nothing is taken before a reader asks for it, the first
+    gather takes them one at a time, in order, and the columns are those of the bytes fetched whole;
+    a read that failed is raised where its chunk is taken. Indexing and slicing are a list's."""
+    from l5dask.prediction.reading import Arriving, Encoded, fetch_chunks
+
+    agents = l5dask.open_dataset(small_ds)["agents"]
+    n = min(5, agents.meta.nchunks)
+    assert n >= 3
+    fetched = fetch_chunks(agents.store, agents.meta, 0, n)
+    assert isinstance(fetched, Arriving) and fetched.indices == list(range(n))
+    whole = list(fetched)
+    taken: list[int] = []
+
+    def coming():
+        for index, raw in whole:
+            taken.append(index)
+            yield raw
+
+    arriving = Arriving([i for i, _ in whole], coming())
+    block = Encoded(agents.meta, True, arriving)
+    assert taken == [] and (block.start, block.stop) == (0, agents.meta.chunk_bounds(n - 1)[1])
+    assert block.spans() == Encoded(agents.meta, True, whole).spans() and taken == []
+    seen = []
+    first = arriving[0]  # (one chunk taken, no more)
+    assert first == whole[0] and taken == [0]
+    for index, _ in arriving:
+        seen.append((index, list(taken)))
+    assert seen == [(i, list(range(i + 1))) for i in range(n)]  # (each taken when its turn came)
+    got = Encoded(agents.meta, True, Arriving(range(n), (raw for _, raw in whole))).gather(ELEMENTS, ["label_probabilities"])
+    exp = Encoded(agents.meta, True, whole).gather(ELEMENTS, ["label_probabilities"])
+    for a, b in zip(got[0] + got[1], exp[0] + exp[1]):
+        np.testing.assert_array_equal(a, b)
+    # indexing and slicing as a list's
+    for k in (0, 1, -1, -n, n - 1, slice(None), slice(1, 3), slice(-2, None), slice(None, None, 2), slice(3, 1)):
+        assert Arriving(range(n), (raw for _, raw in whole))[k] == whole[k]
+    for k in (n, -n - 1):
+        with pytest.raises(IndexError):
+            Arriving(range(n), (raw for _, raw in whole))[k]
+
+    def failing():
+        yield whole[0][1]
+        raise OSError("the disk said no")
+
+    block = Encoded(agents.meta, True, Arriving(range(n), failing()))
+    with pytest.raises(OSError, match="the disk said no"):
+        block.gather(ELEMENTS, ["label_probabilities"])
