@@ -474,6 +474,72 @@ def test_an_output_that_cannot_be_written_is_refused_before_anything_runs(small_
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize(
+    "spelling",
+    ["{tmp}/ok/c.parquet", "./ok/c.parquet", "ok/./c.parquet", "ok/x/../c.parquet", "alias/c.parquet", "ok//c.parquet"],
+)
+def test_two_spellings_of_one_output_are_refused_before_anything_runs(small_ds, tmp_path, spelling):
+    """Two analyses writing one file named two ways (absolute and relative, ``.`` and ``..``, a
+    link to its folder) are refused as the same path twice is: the second would silently replace
+    the first (a new user's trial: the run said both were written)."""
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "ok")
+    other = spelling.format(tmp=tmp_path)
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.a]
+        kind = "aggregate"
+        by = "label"
+        values = {{ speed = "mean" }}
+        output = "ok/c.parquet"
+
+        [analyses.b]
+        kind = "aggregate"
+        values = {{ speed = "max" }}
+        output = "{other}"
+        """,
+    )
+    for args in ((), ("--check",)):
+        r = cli(job, "-q", *args, cwd=tmp_path)
+        assert (r.returncode, r.stderr) == (
+            2,
+            f"l5dask: error: {job}:13: [analyses.b] output on small: {other} is also written by "
+            "[analyses.a] output on small: put {analysis} in the template, or give each its own path\n",
+        )
+        assert not (tmp_path / "ok" / "c.parquet").exists()
+
+
+def test_a_location_is_one_string_however_spelled(tmp_path):
+    """``store.location``: spellings of one place agree, other places differ; a URL's path is
+    resolved as a path, its protocol in any case."""
+    from l5dask.core.store import location
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    same = [
+        f"{tmp_path}/d/f",
+        f"{tmp_path}/d/./f",
+        f"{tmp_path}/d/x/../f",
+        f"{tmp_path}/link/f",
+        f"file://{tmp_path}/d/f",
+    ]
+    assert len({location(p) for p in same}) == 1
+    assert location(f"{tmp_path}/d/g") != location(same[0])
+    urls = [
+        "s3://bucket/a/b.parquet",
+        "S3://bucket/a/./b.parquet",
+        "s3://bucket/a/x/../b.parquet",
+        "s3://bucket//a/b.parquet",
+    ]
+    assert {location(u) for u in urls} == {"s3://bucket/a/b.parquet"}
+    assert location("s3://bucket/a/c.parquet") != location(urls[0])
+    assert location("gs://bucket/a/b.parquet") != location(urls[0])
+
+
 def test_an_analysis_that_fails_is_one_line_and_the_others_are_written(small_ds, tmp_path):
     bad = tmp_path / "bad.zarr"
     shutil.copytree(small_ds, bad)

@@ -219,20 +219,23 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                 key = getattr(exc, "job_key", None)  # (jobfile.at_key: the line of that key)
                 line = (*t.analysis.line, key) if key else t.analysis.line
                 raise src.error(line, f"[analyses.{t.analysis.name}] on {t.dataset}: {exc}") from None
-    # the outputs: no two the same, each writable
+    # the outputs: no two the same (however spelled: store_mod.location), each writable
     written: dict[str, str] = {}
-    by: dict[str, tuple[str, str] | None] = {}  # output -> (analysis, dataset) that writes it; None: the record
+    by: dict[str, tuple[str, str] | None] = {}  # place -> (analysis, dataset) that writes it; None: the record
+    said: dict[str, str] = {}  # place -> who writes it
     record_path = (
         expand(record, fields) if record else (expand(job.run["record"], fields) if job.run["record"] else None)
     )
     if record_path:
         written[record_path] = "--record" if record else "the run record"
-        by[record_path] = None
+        said[store_mod.location(record_path)] = written[record_path]
+        by[store_mod.location(record_path)] = None
     for t in tasks:
         for key, path in t.outputs.items():
             where = f"[analyses.{t.analysis.name}] {key} on {t.dataset}"
-            if path in written:
-                other = by[path]
+            place = store_mod.location(path)
+            if place in said:
+                other = by[place]
                 if other is None:
                     hint = "give the run record another path"
                 elif other[0] == t.analysis.name:  # (one analysis on two datasets)
@@ -241,9 +244,9 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                     hint = "put {analysis} in the template, or give each its own path"
                 else:
                     hint = "put {dataset} (or {analysis}) in the template"
-                raise src.error((*t.analysis.line, key), f"{where}: {path} is also written by {written[path]}: {hint}")
-            written[path] = where
-            by[path] = (t.analysis.name, t.dataset)
+                raise src.error((*t.analysis.line, key), f"{where}: {path} is also written by {said[place]}: {hint}")
+            written[path] = said[place] = where
+            by[place] = (t.analysis.name, t.dataset)
     # the files the run reads besides its datasets: the job file, the scene catalogs analyses read
     reads = [("the job file", src.name)] if os.path.isfile(src.name) else []
     reads += [

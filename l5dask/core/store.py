@@ -874,6 +874,21 @@ def file_store(path: str, storage_options: dict[str, Any] | None = None) -> tupl
     return store, name
 
 
+def location(path: str) -> str:
+    """The place a path or URL names, as one string, without touching it: two spellings of one
+    file (``out/a.parquet``, ``./out/a.parquet``, its absolute path, ``out/x/../a.parquet``, a
+    link to it) give the same. A local path: absolute, its links, ``.`` and ``..`` resolved
+    (``file://`` too); a URL: its protocol in lower case, ``.`` and ``..`` of its path resolved,
+    no ``/`` at its end."""
+    text = str(path)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    if "://" not in text:
+        return os.path.realpath(text)
+    protocol, _, rest = text.partition("://")
+    return f"{protocol.lower()}://{posixpath.normpath(rest) if rest else ''}"
+
+
 def _where(s: Store) -> tuple[str, str]:
     if s._fs is None:  # (a plain local folder: its filesystem not made, fsspec not imported)
         return ("LocalFileSystem", os.path.realpath(s.root))
