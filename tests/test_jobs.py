@@ -513,6 +513,60 @@ def test_two_spellings_of_one_output_are_refused_before_anything_runs(small_ds, 
         assert not (tmp_path / "ok" / "c.parquet").exists()
 
 
+@pytest.mark.parametrize(
+    "by, most, refused",
+    [('"track_id"', 5, True), ('["label", "host"]', 3, True), ('"host"', 1, False), ('"hour"', 24, False)],
+)
+def test_a_grouping_over_max_groups_is_refused_before_anything_runs(small_ds, tmp_path, by, most, refused):
+    """A job's ``max-groups`` is checked with ``--check`` and before the run (exit 2, nothing
+    written: a new user's trial found it said only at run time, exit 1): the groups the metadata
+    says; a ``host``'s groups are the scenes' hosts, read by the run (exit 1 there, the others
+    written)."""
+    import l5dask
+    from l5dask.prediction.aggregation import group_bound
+    from l5dask.prediction.columns import Table
+
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.c]
+        kind = "catalog"
+        output = "{tmp_path}/c.parquet"
+
+        [analyses.a]
+        kind = "aggregate"
+        by = {by}
+        values = {{ speed = "mean" }}
+        max-groups = {most}
+        output = "{tmp_path}/a.parquet"
+        """,
+    )
+    names = [by.strip('"')] if by.startswith('"') else [n.strip(' "') for n in by.strip("[]").split(",")]
+    table = Table(l5dask.open_dataset(small_ds), "agents")
+    bound = group_bound(table, names)
+    for args in (("--check",), ()):
+        r = cli(job, "-q", *args)
+        if refused:
+            assert group_bound(table, names, read=False) > most  # (known without the scenes)
+            assert (r.returncode, r.stderr) == (
+                2,
+                f"l5dask: error: {job}:10: [analyses.a] on small: grouping agents by {', '.join(names)} may make up "
+                f"to {group_bound(table, names, read=False):,} groups, more than the limit of {most:,}; raise "
+                "max_groups (--max-groups) or group by fewer columns\n",
+            )
+            assert not (tmp_path / "c.parquet").exists()
+        elif bound > most:  # (a host's groups: the run reads them, and says so)
+            assert r.returncode == (0 if args else 1), r.stderr
+            assert args or "more than the limit of 1" in r.stderr
+        else:
+            assert r.returncode == 0, r.stderr
+    if not refused:
+        assert (tmp_path / "c.parquet").exists()
+
+
 def test_a_location_is_one_string_however_spelled(tmp_path):
     """``store.location``: spellings of one place agree, other places differ; a URL's path is
     resolved as a path, its protocol in any case."""

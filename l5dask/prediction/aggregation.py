@@ -44,7 +44,7 @@ from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.core.policy import where_keywords
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.columns import INDEX, SHARED, Selection, Table
+from l5dask.prediction.columns import INDEX, SHARED, LazyHosts, Selection, Table
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.groupby import (
     AGGREGATIONS,
@@ -254,8 +254,10 @@ def reduction(spec: Spec) -> Reduction:
 
 
 # --- the API --------------------------------------------------------------------------------
-def group_bound(table: Table, by: Sequence[str]) -> int:
-    """An upper bound of the number of groups, known before computing."""
+def group_bound(table: Table, by: Sequence[str], read: bool = True) -> int:
+    """An upper bound of the number of groups, known before computing. ``read=False``: the
+    columns whose categories are read from the scenes (the hosts) count one group each, none
+    read: a bound of the others' groups alone (what a job's check knows without reading)."""
     ds, rows = table.ds, len(table.source)
     known = {
         "scene_index": len(ds[fmt.SCENES]),
@@ -266,6 +268,8 @@ def group_bound(table: Table, by: Sequence[str]) -> int:
     bound = 1
     for b in by:
         cats = table.columns[b].categories
+        if not read and isinstance(cats, LazyHosts):
+            continue
         card = len(cats) if cats is not None else known.get(b, rows)
         if table.columns[b].dtype == np.dtype(bool):
             card = 2
@@ -408,9 +412,9 @@ def check_arguments(
 ) -> tuple[tuple[str, ...], tuple, int, list[str]]:
     """An aggregation's arguments over ``table`` checked, before any chunk is read (a one-line
     :class:`~l5dask.errors.UsageError` each): ``(by, values, quantile_bits, the columns it reads)``.
-    What a job's ``--check`` and a plan both ask; ``bound``: the groups' bound too (a categorical
-    key's categories read: the scenes' hosts; a job's check leaves it to the run, which reads
-    them through its cache)."""
+    What a job's ``--check`` and a plan both ask; ``bound=False``: the groups' bound without
+    the categories read from the scenes (the hosts: a job's check leaves them to the run, which
+    reads them through its cache), each counting one group."""
     by = as_names(by)
     table.resolve(by, "group column")
     for b in by:
@@ -427,7 +431,7 @@ def check_arguments(
     names = list(by) + [c for c, _ in parsed]
     if where is not None:
         names += where_columns(where, table)
-    most = group_bound(table, by) if bound else 0
+    most = group_bound(table, by, read=bound)
     if most > max_groups:
         raise UsageError(
             f"grouping {fmt.SHORT_NAMES[table.array]} by {', '.join(by)} may make up to {most:,} "

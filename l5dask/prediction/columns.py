@@ -427,8 +427,8 @@ class Table:
         """The parent rows' column that holds each parent's first row of this array."""
         return PARENT[self.array][1] if self.array in (fmt.AGENTS, fmt.TL_FACES) else "start"
 
-    def _hosts(self) -> _LazyHosts:
-        return _LazyHosts(self)
+    def _hosts(self) -> LazyHosts:
+        return LazyHosts(self)
 
     def host_names(self) -> tuple[str, ...]:
         """The distinct hosts of the dataset's scenes, sorted (their chunks read once, here: no
@@ -484,7 +484,7 @@ class Table:
         names = tuple(dict.fromkeys(self.resolve(names)))
         cols = {}
         for c in self.closure(names):
-            if isinstance(c.categories, _LazyHosts):
+            if isinstance(c.categories, LazyHosts):
                 hosts = self.host_names()
                 make = c.make
                 if c.kind == "stored":
@@ -575,8 +575,9 @@ class Selection:
         return {n: np.zeros(0, self.columns[n].dtype) for n in self.names}
 
 
-class _LazyHosts(Sequence):
-    """The host categories, read from the scenes only when a host column is used."""
+class LazyHosts(Sequence):
+    """The host categories, read from the scenes only when a host column is used (what a job's
+    check leaves unread: ``aggregation.group_bound``)."""
 
     def __init__(self, table: Table) -> None:
         self.table = table

@@ -428,7 +428,9 @@ def test_a_block_s_chunks_are_taken_as_they_come(small_ds):
     for index, _ in arriving:
         seen.append((index, list(taken)))
     assert seen == [(i, list(range(i + 1))) for i in range(n)]  # (each taken when its turn came)
-    got = Encoded(agents.meta, True, Arriving(range(n), (raw for _, raw in whole))).gather(ELEMENTS, ["label_probabilities"])
+    got = Encoded(agents.meta, True, Arriving(range(n), (raw for _, raw in whole))).gather(
+        ELEMENTS, ["label_probabilities"]
+    )
     exp = Encoded(agents.meta, True, whole).gather(ELEMENTS, ["label_probabilities"])
     for a, b in zip(got[0] + got[1], exp[0] + exp[1]):
         np.testing.assert_array_equal(a, b)
