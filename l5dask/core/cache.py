@@ -365,17 +365,33 @@ def manifest_of(data: bytes) -> dict[str, Any]:
     return _open(data)[0]
 
 
+def _manifest_format(body: memoryview) -> Any:
+    """The format a sound entry's manifest says (``None`` when it says none)."""
+    try:
+        (size,) = struct.unpack_from("<I", body)
+        manifest = json.loads(bytes(body[4 : 4 + size]))
+    except Exception:  # noqa: BLE001 - any fault of the bytes: no format said
+        return None
+    return manifest.get("format") if isinstance(manifest, dict) else None
+
+
 def _open(data: bytes) -> tuple[dict[str, Any], list[np.ndarray]]:
     if len(data) < _HEAD.size + 4:
         raise Damaged("truncated (shorter than its header)")
     magic, fmt, digest = _HEAD.unpack_from(data)
     if magic != MAGIC:
         raise Damaged("not an l5dask cache entry")
-    if fmt != FORMAT:
-        raise Damaged(f"of cache format {fmt}, not {FORMAT}")
     body = memoryview(data)[_HEAD.size :]
     if hashlib.blake2b(body, digest_size=16).digest() != digest:
         raise Damaged("its checksum does not match (damaged or truncated)")
+    if fmt != FORMAT:
+        # (another format's entry says its format in its manifest too; a header whose field was
+        # changed alone, a bit flipped, is damaged: it once said "of cache format 65542")
+        raise Damaged(
+            f"of cache format {fmt}, not {FORMAT}"
+            if _manifest_format(body) == fmt
+            else "its header does not match its contents (damaged)"
+        )
     try:
         (size,) = struct.unpack_from("<I", body)
         manifest = json.loads(bytes(body[4 : 4 + size]))

@@ -158,15 +158,19 @@ def test_what_cannot_be_encoded_is_refused(value):
         cachelib.encode(value)
 
 
-def _forged(manifest: dict, data: bytes = b"") -> bytes:
-    """An entry with a valid checksum around ``manifest`` and its arrays' bytes ``data``."""
+def _forged(manifest: dict, data: bytes = b"", fmt: int | None = None) -> bytes:
+    """An entry with a valid checksum around ``manifest`` and its arrays' bytes ``data`` (its
+    header saying format ``fmt``: this one's by default)."""
     import hashlib
     import json
     import struct
 
     text = json.dumps({"arrays": [], **manifest}).encode()
     body = struct.pack("<I", len(text)) + text + data
-    return cachelib._HEAD.pack(cachelib.MAGIC, cachelib.FORMAT, hashlib.blake2b(body, digest_size=16).digest()) + body
+    head = cachelib._HEAD.pack(
+        cachelib.MAGIC, cachelib.FORMAT if fmt is None else fmt, hashlib.blake2b(body, digest_size=16).digest()
+    )
+    return head + body
 
 
 def test_only_declared_partial_types_are_kept():
@@ -295,6 +299,19 @@ def test_damaged_entries_are_refused():
             cachelib.decode(data)
         assert what  # (each kind refused)
     assert cachelib.decode(good).n == 5  # (the sound entry is read)
+    # what the warning says: another format only of an entry that says so in its manifest too; a
+    # bit flipped in the header's format field is damage (it said "of cache format 65542", a new
+    # user's trial); a bit flipped in the body fails the checksum
+    newer = _forged({"format": cachelib.FORMAT + 1, "tree": None}, fmt=cachelib.FORMAT + 1)
+    with pytest.raises(cachelib.Damaged, match=f"^of cache format {cachelib.FORMAT + 1}, not {cachelib.FORMAT}$"):
+        cachelib.decode(newer)
+    for bit in range(32):
+        header = bytearray(good)
+        header[8 + bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(cachelib.Damaged, match="^its header does not match its contents"):
+            cachelib.decode(bytes(header))
+    with pytest.raises(cachelib.Damaged, match="its checksum does not match"):
+        cachelib.decode(bytes(flipped))
 
 
 # --- runs ----------------------------------------------------------------------------------------
