@@ -567,6 +567,50 @@ def test_a_grouping_over_max_groups_is_refused_before_anything_runs(small_ds, tm
         assert (tmp_path / "c.parquet").exists()
 
 
+def test_each_pass_s_analyses_are_said_together(small_ds, tmp_path):
+    """Analyses of one pass are said one after the other, then the pass's time, whatever their
+    order in the job (a new user's trial: a catalog said first belonged to the last pass)."""
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.cat]
+        kind = "catalog"
+        output = "{tmp_path}/cat.parquet"
+
+        [analyses.some]
+        kind = "aggregate"
+        values = {{ speed = "mean" }}
+        scenes = "scene_index < 2"
+        output = "{tmp_path}/some.parquet"
+
+        [analyses.rep]
+        kind = "report"
+        scenes = "scene_index < 2"
+        output = "{tmp_path}/rep.json"
+
+        [analyses.whole]
+        kind = "aggregate"
+        values = {{ speed = "max" }}
+        output = "{tmp_path}/whole.parquet"
+        """,
+    )
+    r = cli(job, "--record", str(tmp_path / "run.json"))
+    assert r.returncode == 0, r.stderr
+    assert [line.split(":")[0] for line in r.stdout.splitlines()] == [
+        "cat on small",
+        "whole on small",
+        "2 analyses on small in one pass",
+        "some on small",
+        "rep on small",
+        "2 analyses on small in one pass",
+    ], r.stdout
+    record = json.loads((tmp_path / "run.json").read_text())  # (the record keeps the job's order)
+    assert [a["analysis"] for a in record["analyses"]] == ["cat", "some", "rep", "whole"]
+
+
 def test_a_location_is_one_string_however_spelled(tmp_path):
     """``store.location``: spellings of one place agree, other places differ; a URL's path is
     resolved as a path, its protocol in any case."""

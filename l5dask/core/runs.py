@@ -396,9 +396,16 @@ def _run_inputs(p: Plan, ctx: Context, entries: list[dict], say: Callable, fail:
         if not tasks:
             continue
         results = _run_dataset(inp, tasks, ctx)
-        # a pass of several analyses: its time said once, after its last analysis
+        # each pass's analyses said together (a pass of several: its time once, after its last
+        # analysis), the passes in the order of their first analysis; the record in the job's
+        firsts: dict[int, int] = {}
+        for i, (_, _, shared) in enumerate(results):
+            firsts.setdefault(shared or -1 - i, i)
+        said = sorted(range(len(tasks)), key=lambda i: (firsts[results[i][2] or -1 - i], i))
         last = {shared: i for i, (_, _, shared) in enumerate(results) if shared}
+        lines: dict[int, list[tuple[Callable, str]]] = {}
         for i, (t, (result, seconds, shared)) in enumerate(zip(tasks, results)):
+            out = lines.setdefault(i, [])
             entry: dict[str, Any] = {
                 "analysis": t.analysis.name,
                 "kind": t.analysis.kind.name,
@@ -408,18 +415,21 @@ def _run_inputs(p: Plan, ctx: Context, entries: list[dict], say: Callable, fail:
             }
             if isinstance(result, BaseException):
                 entry.update(status="failed", error=one_line(result))
-                fail(f"{t.analysis.name} on {name}: {one_line(result)}")
+                out.append((fail, f"{t.analysis.name} on {name}: {one_line(result)}"))
             else:
                 entry.update(status="written", **({"result": result} if result else {}))
                 own = "" if shared else f" ({seconds:.1f} s)"
                 wrote = ", ".join(t.outputs.values()) or "into the dataset"  # (select-agents' mask, no output)
-                say(f"{t.analysis.name} on {name}: wrote {wrote}{own}")
+                out.append((say, f"{t.analysis.name} on {name}: wrote {wrote}{own}"))
                 if isinstance(result, dict) and result.get("note"):  # (what the output's reader must know)
-                    say(f"{t.analysis.name} on {name}: {result['note']}")
+                    out.append((say, f"{t.analysis.name} on {name}: {result['note']}"))
             entries.append(entry)
             if shared and last[shared] == i:
                 n = sum(r[2] == shared for r in results)
-                say(f"{n} analyses on {name} in one pass: {seconds:.1f} s")
+                out.append((say, f"{n} analyses on {name} in one pass: {seconds:.1f} s"))  # (its last)
+        for i in said:
+            for write, line in lines.get(i, []):
+                write(line)
 
 
 def _finish_record(
