@@ -9,14 +9,18 @@ open scenes (``union_masks``, ``mask_counts``). Wrapped by
 What it beats, and by how much: the catalog's numpy formulation (one sort of packed (scene, kind,
 track) keys, face ids decoded and sorted), these loops with the gather's maxima and codes
 (``_gather.pyx``): ``l5dask catalog`` on 30 M agents, the whole process, 1.6-1.7 s of CPU against
-5.6 s (``python benchmarks/catalog_benchmark.py``, 2026-11-27). When to delete a loop: when a numpy
-or flox formulation of it runs within 10% of it in that benchmark.
+5.6 s (``python benchmarks/catalog_benchmark.py``, 2026-11-27). ``face_runs`` (the faces' frames,
+scenes, id codes and masks in one pass, where they were made whole and counted by two ``key_runs``):
+the catalog's faces of 30 M agents (5.4 M faces, 270 calls) 0.059-0.072 CPU-s against 0.108 s,
+their gathers apart (the report and the catalog in one ``l5dask.analyze``, one thread, mean of 3
+runs; 2026-11-29). When to delete a loop: when a numpy or flox formulation of it runs within 10%
+of it in that benchmark.
 """
 
 import numpy as np
 
 from libc.math cimport sqrt
-from libc.stdint cimport int8_t, int64_t, uint8_t, uint64_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, qsort
 from libc.string cimport memcmp, memset
 
@@ -144,6 +148,90 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
     head = (first[:nfirst, 0].copy(), first[:nfirst, 1].copy())
     tail = head if nruns == 1 else (last[:nlast, 0].copy(), last[:nlast, 1].copy())
     return counts, head, tail
+
+
+def face_runs(const int32_t[::1] found, const int64_t[::1] inverse, int64_t nids, const int8_t[::1] status,
+              const int64_t[::1] tl_start, const int64_t[::1] frame_scene, int64_t offset, int64_t lo):
+    """The catalog's per-face work, one pass over a chunk of faces (rows ``lo .. lo + n - 1``,
+    ordered by frame), where it made each face's frame, scene, id code and mask whole and counted
+    them with two ``key_runs``: each face's id code ``inverse[found[i]]`` (in ``0 .. nids - 1``),
+    its frame the last of ``tl_start`` (the first face row of each frame overlapping them; the first
+    of them is frame ``offset``) at or before its row, its frame's scene ``frame_scene``, its
+    status ``status[i]`` (0, 1, 2). Per run of faces of one scene: ``(scenes, counts, first_codes,
+    last_codes, first_frames, first_masks, last_frames, last_masks)``: each run's scene; its
+    distinct id codes (``counts[:, 0]``) and its distinct frames with a face of each status
+    (``counts[:, 1 + status]``); the first and last runs' distinct id codes (in the order met: the
+    caller sorts them) and their frames (increasing) with the OR of their faces' status bits (those
+    runs may go on in the neighbouring chunks). The same counts as ``key_runs`` of the codes and of
+    the frames with ``1 << status``, in one pass: faces come in runs of one frame, a frame's in one
+    scene, and a code is met again in a run when its stamp says so (no table cleared a run)."""
+    cdef Py_ssize_t i, n = status.shape[0], m = tl_start.shape[0], nfound = inverse.shape[0]
+    cdef Py_ssize_t r = -1, f = 0, nfc = 0, ncc = 0, nff = 0, ncf = 0, b
+    cdef int64_t c, k, row, cur_frame = -1, scene = 0
+    cdef uint64_t mask = 0
+    cdef int problem = 0
+    if n == 0 or m == 0 or frame_scene.shape[0] != m or found.shape[0] != n or nids < 1 or tl_start[0] > lo:
+        raise ValueError("face_runs: a status and a code per face, and the frames of every face, expected")
+    stamp_a = np.full(nids, -1, np.int64)
+    scenes_a, counts_a = np.empty(n, np.int64), np.zeros((n, 4), np.int64)
+    fc_a, cc_a = np.empty(n, np.uint64), np.empty(n, np.uint64)
+    ff_a, fm_a, cf_a, cm_a = np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64), np.empty(n, np.uint64)
+    cdef int64_t[::1] stamp = stamp_a, scenes = scenes_a
+    cdef int64_t[:, ::1] counts = counts_a
+    cdef uint64_t[::1] fc = fc_a, cc = cc_a, ff = ff_a, fm = fm_a, cf = cf_a, cm = cm_a
+    with nogil:
+        for i in range(n):
+            row = lo + i
+            while f + 1 < m and tl_start[f + 1] <= row:
+                f += 1
+            if f != cur_frame:
+                if cur_frame >= 0:  # (the frame before, whole: its bits counted in its run)
+                    for b in range(3):
+                        if (mask >> b) & 1:
+                            counts[r, 1 + b] += 1
+                    cf[ncf], cm[ncf] = <uint64_t>(offset + cur_frame), mask
+                    ncf += 1
+                if cur_frame < 0 or frame_scene[f] != scene:  # (a new run: the run before kept if first)
+                    if r == 0:
+                        nfc, nff = ncc, ncf
+                        fc[:nfc] = cc[:ncc]
+                        ff[:nff] = cf[:ncf]
+                        fm[:nff] = cm[:ncf]
+                    r += 1
+                    scene = frame_scene[f]
+                    scenes[r] = scene
+                    ncc = ncf = 0
+                cur_frame, mask = f, 0
+            k = found[i]
+            if k < 0 or k >= nfound or status[i] < 0 or status[i] > 2:
+                problem = 1
+                break
+            c = inverse[k]
+            if c < 0 or c >= nids:
+                problem = 1
+                break
+            if stamp[c] != r:
+                stamp[c] = r
+                counts[r, 0] += 1
+                cc[ncc] = <uint64_t>c
+                ncc += 1
+            mask |= (<uint64_t>1) << status[i]
+        if not problem:
+            for b in range(3):
+                if (mask >> b) & 1:
+                    counts[r, 1 + b] += 1
+            cf[ncf], cm[ncf] = <uint64_t>(offset + cur_frame), mask
+            ncf += 1
+            if r == 0:
+                nfc, nff = ncc, ncf
+                fc[:nfc] = cc[:ncc]
+                ff[:nff] = cf[:ncf]
+                fm[:nff] = cm[:ncf]
+    if problem:
+        raise ValueError("face_runs: each face's code among the ids, its status 0, 1 or 2, expected")
+    nruns = r + 1
+    return (scenes_a[:nruns].copy(), counts_a[:nruns].copy(), fc_a[:nfc].copy(), cc_a[:ncc].copy(),
+            ff_a[:nff].copy(), fm_a[:nff].copy(), cf_a[:ncf].copy(), cm_a[:ncf].copy())
 
 
 cdef enum:

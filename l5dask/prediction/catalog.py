@@ -41,7 +41,7 @@ from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
-from l5dask.prediction.kernels import catalog_agents, gather, key_runs, mask_counts, union_masks
+from l5dask.prediction.kernels import catalog_agents, face_runs, gather, key_runs, mask_counts, union_masks
 from l5dask.prediction.scenes import CATALOG_KEY, fingerprint, scenes_digest
 
 #: L5Kit's ``categorize_scenes.py``: a turn is a yaw change of at least this (rad) ...
@@ -481,26 +481,30 @@ def faces_chunk(faces: Any, lo: int, frames: Rows) -> KeyPart:
         _, (status,) = faces.gather([], argmax, "face_id", found, codes=found_codes)
     # each chunk's values and codes, as codes of the task's distinct values
     ids, inverse = unique_inverse(np.concatenate(found))
-    codes = inverse.astype(np.uint64)[found_codes[0]]
     # (the frames of these faces first: a task's frames are many more than a group of chunks')
     near = frames.overlapping(lo, lo + n, "tl_start")
-    pos = near.locate(lo, lo + n, "tl_start") + (near.offset - frames.offset)
-    scene = frames["scene"][pos]
-    starts, _ = runs(scene)
-    cuts = np.append(starts, n).astype(np.int64)
-    ones = np.ones(n, np.uint64)
-    c_ids, f_ids, l_ids = key_runs(codes, ones, cuts, 1)
-    frame = (frames.offset + pos).astype(np.uint64)
-    c_frames, f_frames, l_frames = key_runs(frame, np.left_shift(ones, status.astype(np.uint64)), cuts, 3)
-    by_id = lambda km: (ids[km[0].astype(np.int64)], km[1])  # noqa: E731  (the codes as the ids)
+    scenes, counts, f_codes, l_codes, f_frames, f_masks, l_frames, l_masks = face_runs(
+        np.ascontiguousarray(found_codes[0], np.int32),  # (each row's, among all chunks' values found)
+        inverse,
+        max(len(ids), 1),
+        np.ascontiguousarray(status, np.int8),
+        near["tl_start"],
+        near["scene"],
+        near.offset,
+        lo,
+    )
+
+    def by_id(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # (the codes as the ids, sorted)
+        return ids[np.sort(codes).astype(np.int64)], np.ones(len(codes), np.uint64)
+
     return keyed_part(
         n,
-        scene[starts],
-        np.concatenate([c_ids, c_frames], 1),
-        np.zeros((len(starts), 0)),
-        np.zeros((len(starts), 0), np.int64),
-        (by_id(f_ids), f_frames),
-        (by_id(l_ids), l_frames),
+        scenes,
+        counts,
+        np.zeros((len(scenes), 0)),
+        np.zeros((len(scenes), 0), np.int64),
+        (by_id(f_codes), (f_frames, f_masks)),
+        (by_id(l_codes), (l_frames, l_masks)),
     )
 
 

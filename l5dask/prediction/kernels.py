@@ -38,6 +38,7 @@ _columns = compiled("l5dask.prediction._columns")
 _catalog = compiled("l5dask.prediction._catalog")
 byte_codes = _catalog.byte_codes
 catalog_agents = _catalog.catalog_agents
+face_runs = _catalog.face_runs
 key_runs = _catalog.key_runs
 mask_counts = _catalog.mask_counts
 union_masks = _catalog.union_masks

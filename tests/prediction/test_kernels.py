@@ -11,6 +11,7 @@ from l5dask.prediction.kernels import (
     byte_codes,
     catalog_agents,
     distinct_values,
+    face_runs,
     key_runs,
     layout,
     mask_counts,
@@ -145,6 +146,67 @@ def test_key_runs_match_numpy(id_kind):
             assert got[0].tolist() == u.tolist() and got[1].tolist() == ored.tolist()
     with pytest.raises(ValueError, match="bits"):
         key_runs(keys, masks, cuts, 20)  # masks beyond the bits
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_face_runs_match_two_key_runs(seed):
+    """The catalog's faces in one pass (``face_runs``) against what it replaced: each face's frame
+    (``searchsorted``), scene and id code made whole, then ``key_runs`` of the codes and of the
+    frames with ``1 << status``; on frames with no face, runs of one face and of one frame, one
+    run, a chunk that starts inside a frame, codes met again in later runs."""
+    rng = np.random.default_rng(seed)
+    nframes = int(rng.integers(1, 60))
+    per_frame = rng.integers(0, 6, nframes)  # (0: a frame with no face)
+    per_frame[0] = max(per_frame[0], 1)
+    tl_start = np.concatenate([[0], np.cumsum(per_frame)[:-1]]).astype(np.int64) + 1000
+    nfaces = int(per_frame.sum())
+    frame_scene = np.repeat(np.arange(nframes), rng.integers(1, 4, nframes))[:nframes].astype(np.int64) + 7
+    if seed % 4 == 0:
+        frame_scene[:] = 7  # (one run)
+    lo = int(tl_start[0] + (rng.integers(0, per_frame[0]) if seed % 3 == 0 else 0))  # (inside the first frame)
+    n = nfaces - (lo - int(tl_start[0]))
+    nfound = int(rng.integers(1, 12))
+    inverse = rng.integers(0, max(1, nfound - 2), nfound).astype(np.int64)
+    inverse[int(rng.integers(0, nfound))] = nfound  # (the greatest code: at least 1)
+    nids = int(inverse.max()) + 1
+    found = rng.integers(0, nfound, n).astype(np.int32)
+    status = rng.integers(0, 3, n).astype(np.int8)
+    offset = 500
+    got = face_runs(found, inverse, nids, status, tl_start, frame_scene, offset, lo)
+    # the reference: each face's frame, scene, code and mask made whole, then two key_runs
+    pos = np.searchsorted(tl_start, np.arange(lo, lo + n), side="right") - 1
+    scene = frame_scene[pos]
+    cut = np.flatnonzero(scene[1:] != scene[:-1]) + 1
+    starts = np.concatenate([[0], cut])
+    cuts = np.append(starts, n).astype(np.int64)
+    codes = inverse[found].astype(np.uint64)
+    ones = np.ones(n, np.uint64)
+    c_ids, f_ids, l_ids = key_runs(codes, ones, cuts, 1)
+    frame = (offset + pos).astype(np.uint64)
+    c_frames, f_frames, l_frames = key_runs(frame, np.left_shift(ones, status.astype(np.uint64)), cuts, 3)
+    scenes, counts, f_codes, l_codes, ff, fm, lf, lm = got
+    np.testing.assert_array_equal(scenes, scene[starts])
+    np.testing.assert_array_equal(counts, np.concatenate([c_ids, c_frames], 1))
+    np.testing.assert_array_equal(np.sort(f_codes), f_ids[0])
+    np.testing.assert_array_equal(np.sort(l_codes), l_ids[0])
+    np.testing.assert_array_equal(ff, f_frames[0])
+    np.testing.assert_array_equal(fm, f_frames[1])
+    np.testing.assert_array_equal(lf, l_frames[0])
+    np.testing.assert_array_equal(lm, l_frames[1])
+    # what it refuses: a status beyond the three, a code beyond the ids, faces before their frames
+    bad = status.copy()
+    bad[-1] = 3
+    with pytest.raises(ValueError, match="status 0, 1 or 2"):
+        face_runs(found, inverse, nids, bad, tl_start, frame_scene, offset, lo)
+    beyond = found.copy()
+    beyond[-1] = int(np.argmax(inverse))
+    with pytest.raises(ValueError, match="among the ids"):
+        face_runs(beyond, inverse, nids - 1, status, tl_start, frame_scene, offset, lo)
+    beyond[-1] = nfound
+    with pytest.raises(ValueError, match="among the ids"):
+        face_runs(beyond, inverse, nids, status, tl_start, frame_scene, offset, lo)
+    with pytest.raises(ValueError, match="the frames of every face"):
+        face_runs(found, inverse, nids, status, tl_start, frame_scene, offset, int(tl_start[0]) - 1)
 
 
 def test_union_masks_and_mask_counts_match_numpy():
