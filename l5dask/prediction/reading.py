@@ -541,7 +541,7 @@ class Encoded:
     which says what is wrong with it.
     """
 
-    def __init__(self, meta: fmt.ArrayMeta, compressed: bool, chunks: list[tuple[int, bytes]]) -> None:
+    def __init__(self, meta: fmt.ArrayMeta, compressed: bool, chunks: Sequence[tuple[int, bytes]]) -> None:
         self.meta, self.compressed, self.chunks = meta, compressed, chunks
         # (the chunks' numbers, known before their bytes come: ``Arriving``)
         self.indices = chunks.indices if isinstance(chunks, Arriving) else [i for i, _ in chunks]
