@@ -9,6 +9,7 @@ one array share a single decode per chunk in a computation.
 from __future__ import annotations
 
 import bisect
+import threading
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -426,21 +427,29 @@ class Arriving(Sequence):
     chunks while the later ones are read, where it waited for the whole block: the run of five
     analyses on 1 G agents, cold, kept its two cores busy while the disk read (see docs/scale.md).
     The chunks' numbers (``indices``) are known at once; a read that failed raises where its
-    chunk is taken."""
+    chunk is taken. Threads may take from one at once (a view's block, read by the tasks of
+    several of its variables); it travels (pickled) as the list of its chunks, all taken."""
 
-    __slots__ = ("indices", "_raws", "_got")
+    __slots__ = ("indices", "_raws", "_got", "_lock")
 
     def __init__(self, indices: Sequence[int], raws: Iterator[bytes]) -> None:
         self.indices = list(indices)
         self._raws = iter(raws)
         self._got: list[tuple[int, bytes]] = []
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.indices)
 
+    def __reduce__(self) -> tuple:
+        return (list, (list(self),))
+
     def _upto(self, n: int) -> None:
-        while len(self._got) < n:
-            self._got.append((self.indices[len(self._got)], next(self._raws)))
+        if len(self._got) >= n:
+            return
+        with self._lock:
+            while len(self._got) < n:
+                self._got.append((self.indices[len(self._got)], next(self._raws)))
 
     def __getitem__(self, k: Any) -> Any:
         if isinstance(k, slice):

@@ -441,6 +441,26 @@ def test_a_block_s_chunks_are_taken_as_they_come(small_ds):
         with pytest.raises(IndexError):
             Arriving(range(n), (raw for _, raw in whole))[k]
 
+    # several threads at once take each chunk once, in order; pickled, the list of its chunks
+    import pickle
+    import threading
+
+    arriving = Arriving(range(n), (raw for _, raw in whole))
+    got_by: list[list] = [[] for _ in range(4)]
+    threads = [threading.Thread(target=lambda k=k: got_by[k].extend(arriving)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(g == whole for g in got_by)
+    half = Arriving(range(n), (raw for _, raw in whole))
+    half[1]
+    assert pickle.loads(pickle.dumps(half)) == whole
+    block = Encoded(agents.meta, True, Arriving(range(n), (raw for _, raw in whole)))
+    again = pickle.loads(pickle.dumps(block))
+    for a, b in zip(again.gather(ELEMENTS)[0], exp[0]):
+        np.testing.assert_array_equal(a, b)
+
     def failing():
         yield whole[0][1]
         raise OSError("the disk said no")
