@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -419,8 +420,8 @@ def collect_scan(f: CSVFile, parts: list[tuple]) -> CSVFile:
             if column == "(an empty line)":
                 raise CSVError(f"{f.path}: line {line} is empty")
             raise CSVError(
-                f"{f.path}: line {line}, column {column!r}: not an integer of int64's range, -2**63 to 2**63-1 "
-                "(or a short row)"
+                f"{f.path}: line {line}, column {column!r}: not an integer of int64's range, -2**63 to 2**63-1, "
+                "written plainly (digits, a '-' first; no quotes, '+', spaces or decimal point; or a short row)"
             )
         before += len(starts)
     f.starts = np.concatenate([p[0] for p in parts] + [np.array([f.size], np.int64)])
@@ -457,11 +458,30 @@ def _locate_bad(f: CSVFile, data: bytes, first_row: int) -> str:
         if len(cells) != len(f.names):
             return f"{where}: {len(cells)} values, the header has {len(f.names)} columns (a ragged row)"
         for j, c in enumerate(cells):
-            try:
-                int(c) if j < 2 else float(c)
-            except ValueError:
+            if not _arrow_reads(c, j < 2):
                 return f"{where}, column {j + 1} ({f.names[j]!r}): not a number: {c[:24].decode(errors='replace')!r}"
     return f"{f.path}: rows {first_row + 2}..: cannot be parsed"
+
+
+#: Numbers written plainly, which Arrow's parser reads (the cells of a row that are not are asked
+#: of Arrow itself: ``+10`` and ``1_0`` are Python's numbers, not Arrow's).
+_PLAIN_INT = re.compile(rb"-?[0-9]+")
+_PLAIN_FLOAT = re.compile(rb"-?[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?")
+
+
+def _arrow_reads(cell: bytes, integer: bool) -> bool:
+    """Whether Arrow's CSV reader takes ``cell`` as an int64 (``integer``) or a float64: the cast
+    of a string that its CSV conversion makes (the same parser)."""
+    if (_PLAIN_INT if integer else _PLAIN_FLOAT).fullmatch(cell):
+        return not integer or -(2**63) <= int(cell) < 2**63
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        pc.cast(pa.array([cell.decode("utf-8", errors="replace")]), pa.int64() if integer else pa.float64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return False
+    return True
 
 
 def _arrow_rows(f: CSVFile, data: bytes, lo: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -251,6 +251,8 @@ def _evaluate(
     job: Job,
     task_bytes: int,
 ) -> dict[str, Any]:
+    if not len(gt.timestamps):  # (L5Kit refuses it too: a scheduled job fed an empty file must not pass)
+        raise CSVError(f"{gt.path}: no rows under its header: nothing to evaluate")
     match = join(gt, pred)
     groups: dict[str, tuple[np.ndarray, int]] = {}
     names: dict[str, list] = {}

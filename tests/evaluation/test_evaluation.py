@@ -752,6 +752,42 @@ def test_bad_rows(good_pair, tmp_path):
     )
 
 
+def test_numbers_python_reads_and_arrow_does_not_are_said_at_their_cell(good_pair, tmp_path):
+    """A key written ``+10`` or a coordinate ``1_0`` (Python's ``int`` and ``float`` read them, the
+    CSV parser does not) is said at its line and column, as any other number that is none (it was
+    "rows 2..: cannot be parsed": a new user's trial); a quoted key is said to be one; a ground
+    truth of a header only is refused, as L5Kit refuses it (it was 0 rows, every metric null,
+    exit 0)."""
+    g, p = lines_of(good_pair / "gt.csv"), lines_of(good_pair / "p.csv")
+    for row, column, cell, name in ((3, 0, b"+", "'timestamp'"), (5, 7, b"1_0", None), (6, 9, b"0x10", None)):
+        rows = list(p)
+        cells = rows[row].split(b",")
+        cell = cell + cells[column] if cell == b"+" else cell  # (the same key, a '+' before it)
+        cells[column] = cell
+        rows[row] = b",".join(cells)
+        header = p[0].split(b",")
+        evaluate_error(
+            tmp_path,
+            good_pair / "gt.csv",
+            write_lines(tmp_path / "p.csv", rows),
+            f"line {row + 1}, column {column + 1} ({name or repr(header[column].decode())}): not a number: "
+            f"{cell.decode()!r}",
+        )
+    quoted = list(g)
+    cells = quoted[2].split(b",")
+    cells[0] = b'"' + cells[0] + b'"'
+    quoted[2] = b",".join(cells)
+    evaluate_error(
+        tmp_path, write_lines(tmp_path / "q.csv", quoted), good_pair / "p.csv", "line 3", "'timestamp'", "no quotes"
+    )
+    evaluate_error(
+        tmp_path,
+        write_lines(tmp_path / "h.csv", g[:1]),
+        write_lines(tmp_path / "hp.csv", p[:1]),
+        "h.csv: no rows under its header: nothing to evaluate",
+    )
+
+
 def test_negative_confidences_are_refused(good_pair, tmp_path):
     """Confidences that sum to 1 with one below 0 (-0.1, 1.0, 0.1): L5Kit takes the log of each and
     every probabilistic metric of the file is NaN (null in the JSON), with exit code 0; l5dask refuses
