@@ -240,6 +240,16 @@ class Rows:
         # the same, in one pass over the rows: each parent repeated over its rows in [lo, hi)
         return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
 
+    def parents_of(self, rows: np.ndarray, start: str) -> np.ndarray:
+        """How many of the child rows ``rows`` (increasing) each of these rows is the parent of, in
+        order: ``np.repeat(values, counts)`` spreads their values over them (a search of each of
+        these rows' first child among ``rows``, not of each child among these); ``ValueError``
+        where a child row has none among these."""
+        firsts = np.searchsorted(rows, self.cols[start], side="left")
+        if len(rows) and (not len(firsts) or firsts[0] > 0):
+            raise ValueError(f"child row {int(rows[0])} has no parent among rows from {self.offset}")
+        return np.diff(firsts, append=len(rows))
+
     def spread(self, lo: int, hi: int, start: str, values: np.ndarray, by_column: bool = False) -> np.ndarray:
         """``values`` (one per row of these) of the parent of each child row in ``[lo, hi)``:
         ``values[self.locate(lo, hi, start)]``, each value repeated over its rows in one pass
@@ -504,11 +514,18 @@ def task_parent(spec: Stage, first: int, n: int, link_rows: Rows | None, blocks:
     to it (:func:`parent_rows`: whole parent blocks), the rows whose child rows overlap its own (no
     copy). Its result then depends on these rows alone, and the cache can find it by them
     (:meth:`Job.by_rows`): a parent chunk that changed elsewhere (grown) changes nothing here."""
-    parent = parent_rows(link_rows, blocks)
-    if parent is None or spec.start is None or not n:
-        return parent
-    source = spec.source
-    return parent.overlapping(source.chunk_bounds(first)[0], source.chunk_bounds(first + n - 1)[1], spec.start)
+    if spec.start is None or not n:
+        return parent_rows(link_rows, blocks)
+    lo, hi, start = spec.source.chunk_bounds(first)[0], spec.source.chunk_bounds(first + n - 1)[1], spec.start
+    if link_rows is not None:
+        return link_rows.overlapping(lo, hi, start)
+    rows = [b.rows for b in blocks if b.rows is not None and len(b.rows)]
+    if not rows:
+        return parent_rows(None, blocks)
+    # from the last block whose first row is the parent of a row at or before ``lo``, each block's
+    # rows that overlap ``[lo, hi)`` joined (consecutive rows): not every block's rows copied
+    first = max((i for i, r in enumerate(rows) if r.cols[start][0] <= lo), default=0)
+    return Rows.concat([r.overlapping(lo, hi, start) for r in rows[first:]]).overlapping(lo, hi, start)
 
 
 def _note(exc: BaseException, spec_name: str, source: Any, first: int, n: int, what: str) -> None:

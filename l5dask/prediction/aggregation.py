@@ -44,7 +44,7 @@ from l5dask.core.outputs import arrow_array, arrow_strings
 from l5dask.core.policy import where_keywords
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.columns import INDEX, SHARED, LazyHosts, Selection, Table
+from l5dask.prediction.columns import INDEX, SHARED, Chunk, Kept, LazyHosts, Selection, Table
 from l5dask.prediction.dataset import L5Dataset, open_dataset, warm_up
 from l5dask.prediction.groupby import (
     AGGREGATIONS,
@@ -134,11 +134,15 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
     """The partial of one stored chunk (or block) of rows: its columns made, the rows a ``where``
     keeps taken, then grouped. An integer column only counted is never made (its count is the
     group's rows), nor a text column only counted (no row of it is null)."""
-    c = spec.selection.chunk(data, start, parent)
-    keep = None
+    chunk = spec.selection.chunk(data, start, parent)
+    c: Chunk | Kept = chunk
     if spec.where is not None:
         cats = {n: tuple(col.categories or ()) for n, col in spec.selection.columns.items() if col.categorical}
-        keep = evaluate_where(spec.where, c, cats)
+        keep = evaluate_where(spec.where, chunk, cats)
+        if not keep.all():
+            # (the rows it keeps, their keys and values made or taken for them alone: a key of the
+            # parent rows is spread over them only)
+            c = chunk.kept(np.flatnonzero(keep))
     needs = {name: spec.stats(name) for name, _ in spec.values}
     values = {}
     for name, _ in spec.values:
@@ -147,8 +151,7 @@ def chunk_part(spec: Spec, data: np.ndarray, start: int, parent) -> GroupPart:
             values[name] = np.zeros(0, dtype)
         else:
             values[name] = c[name]
-    # (the rows a where leaves out: skipped by group_part's compiled loops, or taken out first)
-    return group_part([ordered_key(c[b]) for b in spec.by], values, needs, spec.quantile_bits, keep=keep, n=len(c))
+    return group_part([ordered_key(c[b]) for b in spec.by], values, needs, spec.quantile_bits, n=len(c))
 
 
 _TOP = np.uint64(1 << 63)

@@ -545,3 +545,45 @@ def test_rows_runs_locate_and_spread_agree_with_searchsorted(lengths, first, lo,
         np.testing.assert_array_equal(runs, np.bincount(pos, minlength=len(starts)))
     np.testing.assert_array_equal(rows.locate(lo, hi, "start"), pos)
     np.testing.assert_array_equal(rows.spread(lo, hi, "start", rows["v"]), rows["v"][pos])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_a_tasks_parent_rows_are_the_overlapping_rows_of_its_blocks_joined(data):
+    """``task_parent`` joins, of the parent blocks it is given, only the rows that overlap its own
+    child rows: the same rows (offset, columns) as every block joined and then cut to them."""
+    sizes = data.draw(st.lists(st.integers(0, 6), min_size=1, max_size=5))
+    runs = data.draw(st.lists(st.integers(0, 4), min_size=sum(sizes), max_size=sum(sizes)))
+    starts = np.concatenate([[0], np.cumsum(runs)[:-1]]).astype(np.int64) if runs else np.zeros(0, np.int64)
+    nchild = int(sum(runs))
+    blocks, at = [], 0
+    for n in sizes:
+        cols = {"start": starts[at : at + n], "v": np.arange(at, at + n, dtype=np.float64)}
+        blocks.append(engine.Block(None, Rows(at + 5, cols), None))
+        at += n
+    if not nchild:
+        return
+    lo = data.draw(st.integers(0, nchild - 1))
+    hi = data.draw(st.integers(lo + 1, nchild))
+
+    class Source:
+        def chunk_bounds(self, i):
+            return (lo, hi)
+
+    stage = engine.Stage("t", Source(), None, None, {}, False, False, "start")
+    got = engine.task_parent(stage, 0, 1, None, tuple(blocks))
+    exp = Rows.concat([b.rows for b in blocks]).overlapping(lo, hi, "start")
+    assert got.offset == exp.offset
+    for k in ("start", "v"):
+        np.testing.assert_array_equal(got.cols[k], exp.cols[k])
+
+
+def test_the_parents_of_child_rows_count_them_and_a_row_before_every_parent_is_refused():
+    rows = Rows(10, {"start": np.array([5, 8, 8, 12], np.int64)})
+    child = np.array([5, 7, 8, 30, 31])
+    counts = rows.parents_of(child, "start")
+    np.testing.assert_array_equal(counts, [2, 0, 1, 2])
+    np.testing.assert_array_equal(np.repeat(np.arange(4), counts), np.searchsorted(rows["start"], child, "right") - 1)
+    np.testing.assert_array_equal(rows.parents_of(np.zeros(0, np.int64), "start"), [0, 0, 0, 0])
+    with pytest.raises(ValueError, match="child row 4 has no parent among rows from 10"):
+        rows.parents_of(np.array([4, 9]), "start")

@@ -596,6 +596,40 @@ def test_aggregate_where_and_three_keys(edge_ds, ref):
 
 
 @pytest.mark.parametrize(
+    "by,where",
+    [
+        (["scene_index"], "distance_to_ego < 20"),
+        (["frame_index"], "speed > 3 and label == 'PERCEPTION_LABEL_CAR'"),
+        (["host", "scene_index"], "track_id % 7 == 3"),  # (sparse: whole frames and chunks left out)
+        (["scene_index"], "distance_to_ego < 0"),  # (no row kept)
+        (["timestamp"], "agent_index >= 0"),  # (every row kept)
+    ],
+)
+def test_a_where_spreads_its_parents_keys_and_values_over_the_rows_it_keeps(edge_ds, ref, by, where):
+    """The rows a ``where`` keeps get their frame's and scene's columns (keys and values) made for
+    them alone: the same groups and statistics as pandas over the rows it keeps."""
+    ds = l5dask.open_dataset(edge_ds)
+    values = {"ego_x": ["mean", "max"], "timestamp": ["min"], "extent_length": ["count"]}
+    got = aggregate(ds, "agents", by=by, values=values, where=where, chunks_per_task=2)
+    a = ref["agents"].reset_index()
+    kept = a.query(where.replace("track_id % 7", "track_id.mod(7)"), engine="python")
+    exp = kept.groupby(by, observed=True).agg(
+        ego_x_mean=("ego_x", "mean"),
+        ego_x_max=("ego_x", "max"),
+        timestamp_min=("timestamp", "min"),
+        extent_length_count=("extent_length", "count"),
+    )
+    exp = exp.reset_index()
+    assert len(got) == len(exp)
+    assert (len(exp) > 0) == (where != "distance_to_ego < 0")
+    for c in by:
+        assert list(got[c].astype(str)) == list(exp[c].astype(str)), c
+    np.testing.assert_allclose(got.ego_x_mean, exp.ego_x_mean, rtol=1e-12)
+    for c in ("ego_x_max", "timestamp_min", "extent_length_count"):
+        np.testing.assert_array_equal(got[c], exp[c], err_msg=c)
+
+
+@pytest.mark.parametrize(
     "where,keep",
     [
         ("label == PERCEPTION_LABEL_CAR", lambda a, p: a.label == "PERCEPTION_LABEL_CAR"),
