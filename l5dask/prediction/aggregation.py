@@ -54,6 +54,7 @@ from l5dask.prediction.groupby import (
     checked_bits,
     combine_parts,
     counts_rows,
+    exact,
     group_part,
     one_group,
     stats_of,
@@ -224,6 +225,21 @@ def finalize_part(spec: Spec, part: GroupPart) -> Result:
     return Result(data, cats)
 
 
+#: The statistics whose partials combine to the same bits in any grouping: of an integer column
+#: (counts, sums in two int64 limbs, minima and maxima in its dtype), of a float column its counts
+#: alone (its rows, the sketch's buckets). A float's sum follows the order of its additions, and
+#: its minimum the order of -0.0 and 0.0.
+EXACT_STATS = {True: frozenset({"n", "sum", "min", "max", "sketch"}), False: frozenset({"n", "sketch"})}
+
+
+def exact_spec(spec: Spec) -> bool:
+    """Whether an aggregation's result is the same bits however its chunks are grouped into tasks
+    (``Reduction.exact``): in a run of several analyses, its pass then takes the groups of the
+    passes it is fused with (an aggregation of 43 chunks of frames, in tasks of one chunk alone,
+    made the report's and the catalog's frames pass as small, 44 tasks against 12)."""
+    return all(spec.stats(name) <= EXACT_STATS[exact(spec.selection.columns[name].dtype)] for name, _ in spec.values)
+
+
 def reduction(spec: Spec) -> Reduction:
     from dask.base import tokenize
 
@@ -236,6 +252,7 @@ def reduction(spec: Spec) -> Reduction:
         combine_parts,
         functools.partial(empty_part, spec),
         functools.partial(finalize_part, spec),
+        exact=exact_spec(spec),
         reads=(
             [c.element for c in columns if c.element is not None],
             [c.argmax for c in columns if c.argmax],

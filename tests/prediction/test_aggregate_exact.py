@@ -303,3 +303,34 @@ def test_a_float32_columns_min_and_max_keep_its_dtype_as_pandas(paths):
         assert got[f"yaw_{r}"].dtype == np.float32 == want[r].dtype
         np.testing.assert_array_equal(got[f"yaw_{r}"].to_numpy(), want[r].to_numpy())
     assert got.yaw_mean.dtype == np.float64
+
+
+@pytest.mark.parametrize(
+    "array,values,exact",
+    [
+        ("frames", {"num_agents": ["mean", "sum", "min", "max", "q90"], "timestamp": ["count"]}, True),
+        ("agents", {"speed": ["count", "median", "q99"], "track_id": ["max", "sum"]}, True),
+        ("agents", {"speed": ["mean"]}, False),  # (a float's sum: the order of its additions)
+        ("agents", {"extent_length": ["min"]}, False),  # (a float's minimum: -0.0 against 0.0)
+        ("frames", {"num_agents": ["var"]}, False),
+    ],
+)
+def test_an_aggregation_declared_exact_is_the_same_bits_in_any_tasks(paths, array, values, exact):
+    """An aggregation whose statistics are integers' or counts is declared ``exact`` (a run then
+    groups its chunks as the passes it is fused with): its result is the same bits whatever the
+    stored chunks per task; the others keep their own groups (their float sums follow them)."""
+    from l5dask.prediction.aggregation import Spec, exact_spec
+    from l5dask.prediction.columns import Table
+
+    ds = l5dask.open_dataset(paths["real"])
+    by = ["scene_index"] if array == "agents" else ["host", "scene_index"]
+    table = Table(ds, array)
+    parsed = tuple((c, tuple(r)) for c, r in values.items())
+    spec = Spec(table.select([*by, *values]), tuple(by), parsed)
+    assert exact_spec(spec) is exact
+    if not exact:
+        return
+    got = [aggregate(ds, array, by=by, values=values, chunks_per_task=n) for n in (1, 2, 5)]
+    for other in got[1:]:
+        pd.testing.assert_frame_equal(other, got[0], check_exact=True)
+    assert len(got[0]) > 1
