@@ -809,6 +809,40 @@ def test_the_sketchs_compiled_passes_equal_numpy(dtype):
             _sketch(wrong, x, 12, 3, rows=rows)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_keyed_sketch_of_every_exponent_counts_what_numpy_counts(dtype, monkeypatch):
+    """A sketch of few groups is made with the table of every float64 sign and exponent (no pass
+    for the values' range first): the same (group, bucket) counts as numpy's buckets of the rows,
+    and as the table sized by the values' range, over infinities, zeros of both signs,
+    subnormals, the largest floats and NaN."""
+    from l5dask.prediction import groupby
+    from l5dask.prediction.groupby import buckets, group_part
+
+    rng = np.random.default_rng(5)
+    info = np.finfo(dtype)
+    edge = np.array([np.inf, -np.inf, 0.0, -0.0, info.tiny / 4, -info.tiny / 4, info.max, -info.max, np.nan], dtype)
+    for case in range(12):
+        n = [6000, 10, 1][case % 3]
+        x = (rng.normal(0, 10, n) * [1.0, 1e-30, 1e30][case % 3]).astype(dtype)
+        x[rng.integers(0, n, min(n, 9))] = edge[rng.integers(0, len(edge), min(n, 9))]
+        keys = [rng.integers(3, 9, n).astype(np.int8)]
+        needs = {"v": {"n", "sketch"}}
+        with monkeypatch.context() as m:
+            if n == 6000:  # (the table of every exponent taken: the values' range never found)
+                m.setattr(groupby, "_exponents", None)
+            full = group_part(keys, {"v": x}, needs, quantile_bits=7)
+        with monkeypatch.context() as m:
+            m.setattr(groupby, "FULL_TABLE_PAIRS", 0)  # (the values' range found first)
+            ranged = group_part(keys, {"v": x}, needs, quantile_bits=7)
+        wide = x.astype(np.float64)
+        ok = ~np.isnan(wide)
+        pairs, counts = np.unique(np.stack([keys[0][ok], buckets(wide[ok], 7)], 1), axis=0, return_counts=True)
+        for part in (full, ranged):
+            g, b, c = part.sketches["v"]
+            got = sorted(zip(part.keys[g, 0].tolist(), b.tolist(), c.tolist()))
+            assert got == sorted(zip(pairs[:, 0].tolist(), pairs[:, 1].tolist(), counts.tolist())), case
+
+
 def test_quantile_of_many_zeros_is_zero():
     """Speeds are mostly exactly 0 for parked agents: a median of 0 must be 0, not the middle of
     the bucket that holds 0 (found by the demo: 2.7e-312)."""
