@@ -528,14 +528,22 @@ def iter_stored(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: in
     yield from zip(indices, raws)
 
 
-#: Stored chunks a streaming pass hands its chunk function at a time (:meth:`L5Array.iter_encoded`):
-#: what a call costs besides its compiled loops (the gather's plan and outputs, the partial and
-#: its combine: about 45 us for a report's chunk of 20,000 agents, 0.4 ms in all) is paid once for
-#: them, and the two threads wait less for each other's Python. The report on 30 M agents, as a
-#: whole process: 1.33x the read-and-decode floor with 2, 1.37x with 4 or 1 (medians of 21
+#: Rows of stored chunks a streaming pass hands its chunk function at a time (whole chunks, at
+#: least one: :func:`piece_chunks`; :meth:`L5Array.iter_encoded`): what a call costs besides its
+#: compiled loops (the gather's plan and outputs, the partial and its combine: about 45 us for a
+#: report's chunk of 20,000 agents, 0.4 ms in all) is paid once for them, and the two threads wait
+#: less for each other's Python. The report on 30 M agents, as a whole process: 1.33x the
+#: read-and-decode floor with two chunks of 20,000 agents a call, 1.37x with 4 or 1 (medians of 21
 #: interleaved rounds, 2026-11-26; within one process, 0.474 s with 2 and 0.497 s with 1). More
-#: chunks' columns no longer stay in a core's cache.
-ENCODED_CHUNKS = 2
+#: rows' columns no longer stay in a core's cache. Counted in rows, not chunks: the faces' chunks
+#: of 10,000 rows (and L5Kit's) came two at a time, 270 calls of each of the report's and the
+#: catalog's faces on 30 M agents where 135 do.
+PIECE_ROWS = 40_000
+
+
+def piece_chunks(meta: fmt.ArrayMeta) -> int:
+    """Stored chunks of ``meta``'s array a streaming pass takes at a time (:data:`PIECE_ROWS`)."""
+    return max(1, PIECE_ROWS // max(1, meta.chunk_rows))
 
 
 class Encoded:
@@ -576,11 +584,12 @@ class Encoded:
 
     def pieces(self) -> list[tuple[int, Encoded]]:
         """``(start row, Encoded)`` of these chunks in the groups :meth:`L5Array.iter_encoded`
-        hands a streaming pass (``ENCODED_CHUNKS`` at a time): what a pass fused with others
+        hands a streaming pass (:func:`piece_chunks` at a time): what a pass fused with others
         (:func:`l5dask.core.engine.fused_chunk`) hands a member that streams, from one block."""
         out = []
-        for i in range(0, len(self.chunks), ENCODED_CHUNKS):
-            group = self.chunks[i : i + ENCODED_CHUNKS]
+        step = piece_chunks(self.meta)
+        for i in range(0, len(self.chunks), step):
+            group = self.chunks[i : i + step]
             piece = Encoded(self.meta, self.compressed, group)
             if self._records is not None:  # (decoded already: its rows, not decoded again)
                 piece._records = self._records[piece.start - self.start : piece.stop - self.start]
@@ -873,12 +882,13 @@ class L5Array:
 
     def iter_encoded(self, first: int, n: int):
         """``(start row, Encoded)`` of stored chunks ``first .. first + n - 1``, up to
-        ``ENCODED_CHUNKS`` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
+        :func:`piece_chunks` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
         (see :class:`Encoded`)."""
         group: list[tuple[int, bytes]] = []
+        step = piece_chunks(self.meta)
         for index, raw in iter_stored(self.store, self.meta, first, n):
             group.append((index, raw))
-            if len(group) == ENCODED_CHUNKS:
+            if len(group) == step:
                 yield self.meta.chunk_bounds(group[0][0])[0], Encoded(self.meta, self.compressed, group)
                 group = []
         if group:

@@ -248,10 +248,13 @@ def test_the_catalog_takes_the_distances_the_reports_loop_made(ds, monkeypatch, 
     assert given and all(d is None for d in given)
 
 
-def test_a_derived_column_written_in_part_is_not_taken(ds):
+def test_a_derived_column_written_in_part_is_not_taken(ds, monkeypatch):
     """A block's column made by the pieces of only some of its rows is not handed out (``None``:
     the reader makes its own), nor one no reader expects."""
+    from l5dask.prediction import reading
+
     source = l5dask.open_dataset(ds)[fmt.AGENTS]
+    monkeypatch.setattr(reading, "PIECE_ROWS", source.meta.chunk_rows)  # (a chunk a piece)
     block = source.read_encoded(0, 4)
     assert block.derived_out("speed") is None  # (nobody expects it: not made)
     block.expect((), ("label_probabilities",), (), ("speed",))
@@ -299,14 +302,16 @@ def test_a_fused_block_is_freed_when_its_task_ends(ds):
     assert sum(labels) == 2 * sum(b - a for a, b in map(source.chunk_bounds, range(min(4, source.nchunks))))
 
 
-def test_an_exact_member_takes_a_fused_block_whole(ds):
+def test_an_exact_member_takes_a_fused_block_whole(ds, monkeypatch):
     """In a fused task, a streaming member whose reduction is exact and whose gathers the block
     serves is handed the block whole (one call, no combine); one that is not exact still takes the
     block's pieces (a float sum's bits follow them); the report and the catalog with aggregations
     are still their functions' results bit for bit (the test above)."""
     from l5dask.core.engine import Member, fused_chunk
+    from l5dask.prediction import reading
 
     source = l5dask.open_dataset(ds)[fmt.AGENTS]
+    monkeypatch.setattr(reading, "PIECE_ROWS", source.meta.chunk_rows)  # (a chunk a piece)
     calls: dict[str, list] = {"exact": [], "float": []}
 
     def chunk(name, piece, start, parent):

@@ -187,12 +187,14 @@ def test_encoded_block_equals_decoded_records(small_ds):
 
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_streamed_chunks_come_in_groups_whose_rows_are_the_records(small_ds, monkeypatch, group):
-    """A streaming pass gets ``ENCODED_CHUNKS`` stored chunks at a time, in order, the last group
-    shorter: their starts, rows and records are those of the decoded chunks, each chunk once."""
+    """A streaming pass gets ``PIECE_ROWS`` rows of whole stored chunks at a time (one at least),
+    in order, the last group shorter: their starts, rows and records are those of the decoded
+    chunks, each chunk once."""
     from l5dask.prediction import reading
 
-    monkeypatch.setattr(reading, "ENCODED_CHUNKS", group)
     agents = l5dask.open_dataset(small_ds)["agents"]
+    rows = agents.meta.chunk_rows
+    monkeypatch.setattr(reading, "PIECE_ROWS", group * rows + (rows - 1 if group > 1 else 0))  # (whole chunks)
     first, n = 1, agents.nchunks - 1  # (an odd start, the padded last chunk)
     got = list(agents.iter_encoded(first, n))
     assert [len(e.chunks) for _, e in got] == [min(group, n - k) for k in range(0, n, group)]
@@ -468,3 +470,15 @@ def test_a_block_s_chunks_are_taken_as_they_come(small_ds):
     block = Encoded(agents.meta, True, Arriving(range(n), failing()))
     with pytest.raises(OSError, match="the disk said no"):
         block.gather(ELEMENTS, ["label_probabilities"])
+
+
+def test_a_piece_is_40000_rows_of_whole_chunks(small_ds):
+    """The agents' chunks of 20,000 rows come two at a time, the faces' of 10,000 four, one
+    larger than the piece alone."""
+    from types import SimpleNamespace
+
+    from l5dask.prediction.reading import PIECE_ROWS, piece_chunks
+
+    assert PIECE_ROWS == 40_000
+    got = [piece_chunks(SimpleNamespace(chunk_rows=r)) for r in (20_000, 10_000, 50_000, 1, 30_000)]
+    assert got == [2, 4, 1, 40_000, 1]

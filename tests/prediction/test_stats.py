@@ -94,7 +94,7 @@ def test_the_report_is_the_same_bits_whatever_its_tasks(tmp_path, monkeypatch):
     l5dask.synthesize(path, num_scenes=6, seed=5, chunk_rows={fmt.AGENTS: 1_000, fmt.FRAMES: 200})
     want = public(compute_report(path, scheduler="sync", chunks_per_task=1))
     for group, per_task, scheduler in [(1, 5, None), (2, 3, "sync"), (3, 7, None), (4, 64, None)]:
-        monkeypatch.setattr(reading, "ENCODED_CHUNKS", group)
+        monkeypatch.setattr(reading, "PIECE_ROWS", group * 1_000)  # (the agents' chunks of 1,000 rows)
         assert public(compute_report(path, scheduler=scheduler, chunks_per_task=per_task)) == want
 
     # (speeds are at most float32's largest times sqrt 2: sums far within float64's range)
