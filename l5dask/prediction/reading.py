@@ -529,7 +529,7 @@ def iter_stored(store: Store, meta: fmt.ArrayMeta, first_chunk: int, nchunks: in
 
 
 #: Rows of stored chunks a streaming pass hands its chunk function at a time (whole chunks, at
-#: least one: :func:`piece_chunks`; :meth:`L5Array.iter_encoded`): what a call costs besides its
+#: least one: ``piece_chunks``; :meth:`L5Array.iter_encoded`): what a call costs besides its
 #: compiled loops (the gather's plan and outputs, the partial and its combine: about 45 us for a
 #: report's chunk of 20,000 agents, 0.4 ms in all) is paid once for them, and the two threads wait
 #: less for each other's Python. The report on 30 M agents, as a whole process: 1.33x the
@@ -542,7 +542,7 @@ PIECE_ROWS = 40_000
 
 
 def piece_chunks(meta: fmt.ArrayMeta) -> int:
-    """Stored chunks of ``meta``'s array a streaming pass takes at a time (:data:`PIECE_ROWS`)."""
+    """Stored chunks of ``meta``'s array a streaming pass takes at a time (``PIECE_ROWS``)."""
     return max(1, PIECE_ROWS // max(1, meta.chunk_rows))
 
 
@@ -584,7 +584,7 @@ class Encoded:
 
     def pieces(self) -> list[tuple[int, Encoded]]:
         """``(start row, Encoded)`` of these chunks in the groups :meth:`L5Array.iter_encoded`
-        hands a streaming pass (:func:`piece_chunks` at a time): what a pass fused with others
+        hands a streaming pass (``piece_chunks`` at a time): what a pass fused with others
         (:func:`l5dask.core.engine.fused_chunk`) hands a member that streams, from one block."""
         out = []
         step = piece_chunks(self.meta)
@@ -882,7 +882,7 @@ class L5Array:
 
     def iter_encoded(self, first: int, n: int):
         """``(start row, Encoded)`` of stored chunks ``first .. first + n - 1``, up to
-        :func:`piece_chunks` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
+        ``piece_chunks`` at a time, fetched ahead as :meth:`iter_chunks`, never decoded here
         (see :class:`Encoded`)."""
         group: list[tuple[int, bytes]] = []
         step = piece_chunks(self.meta)
