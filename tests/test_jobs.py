@@ -266,6 +266,18 @@ BAD = [
         "not 'x'\n",
     ),
     (
+        "where-not-a-condition",  # (passed --check, then failed the run: a new user's trial)
+        '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\nwhere = "speed + 1"\noutput = "a.csv"\n',
+        7,
+        "[analyses.a] on small: where 'speed + 1' is not a condition (it gives float64 values)\n",
+    ),
+    (
+        "where-in-a-scalar",  # (a TypeError traceback in the run)
+        '[analyses.a]\nkind = "aggregate"\nvalues = { speed = "mean" }\nwhere = "speed in 3"\noutput = "a.csv"\n',
+        7,
+        "[analyses.a] on small: where 'speed in 3': in takes a list of numbers or names ([3, 4]), not 3\n",
+    ),
+    (
         "scenes-not-a-condition",
         '[analyses.r]\nkind = "report"\nscenes = "num_frames + 1"\noutput = "r.json"\n',
         6,

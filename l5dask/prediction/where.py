@@ -156,6 +156,59 @@ def _joins(node: ast.AST) -> bool:
     return isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr))
 
 
+def _not_a_condition(node: ast.AST, table: Any) -> ast.AST | None:
+    """The part of a ``where`` that must be a condition and is not (a number, a text, a list), or
+    ``None``: comparisons are conditions, and ``and``, ``or``, ``not``, ``&``, ``|`` and ``~``
+    join conditions alone (``not speed`` kept the rows where speed is 0; ``speed > 1 and
+    scene_index`` meant ``scene_index != 0``), as do a bool column and ``True``/``False``."""
+    if isinstance(node, ast.Compare):
+        return None
+    if isinstance(node, ast.BoolOp):
+        parts = node.values
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.Invert)):
+        parts = [node.operand]
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.BitAnd, ast.BitOr)):
+        parts = [node.left, node.right]
+    elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        return None
+    elif (
+        isinstance(node, ast.Name)
+        and node.id in table.columns
+        and not table.columns[node.id].categorical
+        and np.dtype(table.columns[node.id].dtype) == np.dtype(bool)
+    ):
+        return None
+    else:
+        return node
+    return next((bad for part in parts if (bad := _not_a_condition(part, table)) is not None), None)
+
+
+def _gives(node: ast.AST, table: Any) -> str | None:
+    """What a part of a ``where`` that is no condition gives (``float64 values``, ``label names``),
+    when its columns and numbers say it before computing; else ``None``."""
+    if isinstance(node, ast.Name):
+        col = table.columns.get(node.id)
+        if col is None:
+            return None
+        return f"{node.id} names" if col.categorical else f"{np.dtype(col.dtype).name} values"
+    if isinstance(node, ast.Constant):
+        if isinstance(node.value, str):
+            return "text"
+        return f"{np.asarray(node.value).dtype.name} values" if isinstance(node.value, (bool, int, float)) else None
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return "a list"
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return _gives(node.operand, table)
+    if isinstance(node, ast.BinOp) and type(node.op) in _BIN:
+        a, b = _gives(node.left, table), _gives(node.right, table)
+        if a is None or b is None or not a.endswith(" values") or not b.endswith(" values"):
+            return None
+        if isinstance(node.op, ast.Div):
+            return "float64 values"
+        return f"{np.result_type(np.dtype(a.split()[0]), np.dtype(b.split()[0])).name} values"
+    return None
+
+
 def where_columns(text: str, table: Any, what: str | None = None, values: bool = True) -> list[str]:
     """The columns a ``where`` names, checked (its syntax too) before any computation; ``what``
     names the table in the line that lists its columns (by default its array's name). ``values``:
@@ -276,6 +329,23 @@ def where_columns(text: str, table: Any, what: str | None = None, values: bool =
                                 f"where {text!r}: {x.id} is a {kind} column ({dtype.name if kind != 'text' else dtype.str[1:]}): "
                                 f"compare it with {with_}, not {other}"
                             )
+    for node in ast.walk(tree):  # (after the categorical columns' own lines: `turn in turn_unwrapped`)
+        if isinstance(node, ast.Compare):
+            for op, o in zip(node.ops, node.comparators):
+                if isinstance(op, (ast.In, ast.NotIn)) and not isinstance(o, (ast.List, ast.Tuple)):
+                    raise UsageError(
+                        f"where {text!r}: in takes a list of numbers or names ([3, 4]), not {ast.unparse(o)}"
+                    )
+    body = tree.body if isinstance(tree, ast.Expression) else tree
+    bad = _not_a_condition(body, table)
+    if bad is not None:
+        gives = _gives(bad, table)
+        if bad is body:
+            raise UsageError(f"where {text!r} is not a condition" + (f" (it gives {gives})" if gives else ""))
+        raise UsageError(
+            f"where {text!r}: {ast.unparse(bad)} is not a condition; and, or, not, & and | join conditions "
+            "(speed > 1 and scene_index == 3)"
+        )
     return list(dict.fromkeys(names))
 
 
