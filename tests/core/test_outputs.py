@@ -204,3 +204,30 @@ def test_a_killed_writers_temporary_folder_is_removed_by_the_next_write(tmp_path
     kept = {n for n, keep in left.items() if keep}
     assert set(os.listdir(tmp_path)) == {"out", *kept}
     assert os.listdir(tmp_path / "out") == ["done"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(st.none(), st.text(st.characters(blacklist_categories=("Cs",)), max_size=6)), max_size=30
+    ),
+    ns=st.lists(st.integers(-(2**63) + 1, 2**63 - 1), max_size=30),
+)
+def test_arrow_arrays_made_from_buffers_are_pyarrows(values, ns):
+    """Strings with nulls, and int64 nanoseconds as UTC timestamps, made from their buffers (no
+    pandas, no pyarrow.compute), equal pyarrow's own arrays of the same values; a type of another
+    width is refused."""
+    import numpy as np
+    import pyarrow as pa
+
+    from l5dask.core.outputs import arrow_array, arrow_strings
+
+    valid = np.array([v is not None for v in values], bool)
+    got = arrow_strings([v or "" for v in values], valid)
+    got.validate(full=True)
+    assert got.equals(pa.array(values, pa.string()))
+    utc = pa.timestamp("ns", tz="UTC")
+    stamps = arrow_array(np.array(ns, np.int64), utc)
+    assert stamps.type == utc and stamps.equals(pa.array(ns, pa.int64()).cast(utc))
+    with pytest.raises(ValueError, match="int32 values cannot be timestamp"):
+        arrow_array(np.zeros(len(ns), np.int32), utc)

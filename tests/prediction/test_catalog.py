@@ -22,11 +22,13 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 import l5dask
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
-from l5dask.prediction.catalog import GROUPS, catalog, label_column, write_catalog
+from l5dask.prediction.catalog import GROUPS, catalog, label_column, local_clock, write_catalog
 from tests.conftest import l5kit_data, read_all, require
 
 CHUNKS = {fmt.SCENES: 2, fmt.FRAMES: 40, fmt.AGENTS: 700, fmt.TL_FACES: 300}
@@ -259,6 +261,31 @@ def test_identity_columns(edge_ds):
     assert list(got["local_hour"]) == list(london.hour) and list(got["local_weekday"]) == list(london.day_of_week)
     pa = catalog(edge_ds)["local_hour"]
     assert list(pa) == list(start.tz_convert("America/Los_Angeles").hour)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tz=hs.sampled_from(["America/Los_Angeles", "Europe/London", "Australia/Lord_Howe", "Asia/Kathmandu", "UTC"]),
+    centre=hs.integers(-(2**62), 2**62),
+    offsets=hs.lists(hs.integers(-(10**15), 10**15), min_size=1, max_size=40),
+)
+def test_local_clock_is_pyarrows_hour_and_weekday(tz, centre, offsets):
+    """The hour and weekday in a time zone, made with ``zoneinfo``, are pyarrow's (which made them
+    before): instants anywhere in int64 nanoseconds (before 1970 too), and packed about the DST
+    changes of a zone (Lord Howe's half hour, Kathmandu's 5:45) and the nanoseconds about an hour's
+    start."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    zone_changes = np.array([1_711_846_800, 1_730_595_600, 1_712_412_000, 1_728_136_800]) * 10**9  # (2024)
+    ns = np.clip(np.array([centre + o for o in offsets], dtype=object), -(2**63) + 10**12, 2**63 - 10**12)
+    ns = np.concatenate(
+        [ns.astype(np.int64), zone_changes + np.array(offsets[:1] * 4) % 7_200_000_000_000 - 3_600_000_000_000]
+    )
+    ns = np.concatenate([ns, zone_changes - 1, zone_changes, zone_changes + 1])
+    local = pa.array(ns, pa.int64()).cast(pa.timestamp("ns", tz="UTC")).cast(pa.timestamp("ns", tz=tz))
+    hour, weekday = local_clock(ns, tz)
+    assert hour.tolist() == pc.hour(local).to_pylist() and weekday.tolist() == pc.day_of_week(local).to_pylist()
 
 
 def _identify_turn():
