@@ -1644,3 +1644,65 @@ def test_an_output_inside_a_dataset_or_over_a_users_files_is_refused_by_check(sm
         (out / mine).unlink()
     assert cli(job, "--check").returncode == 0
     assert {p: p.read_bytes() for p in ds.rglob("*") if p.is_file()} == before
+
+
+def test_a_pass_writes_its_outputs_at_once_and_one_that_fails_leaves_the_others(small_ds, tmp_path):
+    """The analyses of one pass write their outputs in threads: an output that fails at write time
+    (checked writable, then a folder no file can be made in) is its member's exception, in the
+    members' order, and the others are written whole (the report, the catalog, an aggregation:
+    each equal to what its own command writes)."""
+    import pyarrow.parquet as pq
+
+    from l5dask import jobs
+    from l5dask.core import runs
+    from l5dask.errors import OutputError
+    from l5dask.prediction.jobs import run_together
+
+    out = tmp_path / "out"
+    out.mkdir()
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        small = "{small_ds}"
+
+        [analyses.report]
+        kind = "report"
+        output = "{out}/report.json"
+
+        [analyses.broken]
+        kind = "aggregate"
+        values = {{ speed = "mean" }}
+        output = "{out}/broken.parquet"
+
+        [analyses.catalog]
+        kind = "catalog"
+        output = "{out}/catalog.parquet"
+
+        [analyses.speeds]
+        kind = "aggregate"
+        by = "label"
+        values = {{ speed = ["mean", "max"] }}
+        output = "{out}/speeds.parquet"
+        """,
+    )
+    plan = runs.plan(jobs.load_job(job))
+    members = [(t.analysis.kind, t.analysis.params, t.outputs) for t in plan.tasks]
+    members[1] = (members[1][0], members[1][1], {"output": "/proc/broken.parquet"})
+    got = run_together(plan.inputs["small"].ds, members, runs.Context())
+    assert [type(g).__name__ for g in got] == ["dict", "OutputError", "dict", "dict"]
+    assert isinstance(got[1], OutputError) and "/proc/broken.parquet" in str(got[1])
+    assert sorted(os.listdir(out)) == ["catalog.parquet", "report.json", "speeds.parquet"]
+    want = tmp_path / "want"
+    want.mkdir()
+    for args in (
+        ["stats", small_ds, "-o", f"{want}/report.json"],
+        ["catalog", small_ds, "-o", f"{want}/catalog.parquet"],
+        ["agg", small_ds, "--by", "label", "--value", "speed:mean,max", "-o", f"{want}/speeds.parquet"],
+    ):
+        r = subprocess.run([sys.executable, "-m", "l5dask.cli", *args, "-q"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+    assert json.loads((out / "report.json").read_text()) == json.loads((want / "report.json").read_text())
+    for name in ("catalog.parquet", "speeds.parquet"):
+        a, b = pq.read_table(out / name), pq.read_table(want / name)
+        assert a.schema == b.schema and a.to_pandas().equals(b.to_pandas()), name  # (NaN where NaN)

@@ -15,6 +15,7 @@ from typing import Any
 from l5dask.core.engine import Job
 from l5dask.core.jobfile import Key, Kind, at_key, register
 from l5dask.core.outputs import table_format, write_json, write_table
+from l5dask.core.policy import thread_pool
 from l5dask.errors import UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import MAX_GROUPS, check_arguments, parse_values, where_columns
@@ -260,13 +261,29 @@ def run_together(ds: Any, members: list, ctx: Any) -> list:
     named = {str(i): analysis(kind.name, params) for i, (kind, params, _) in enumerate(members)}
     results = analyze(ds, named, **_cached_kw(ctx))
     seconds = time.perf_counter() - t0
-    out: list = []
-    for i, (kind, params, outputs) in enumerate(members):
-        try:
-            out.append(WRITERS[kind.name](results[str(i)], params, outputs, ctx, seconds))
-        except Exception as exc:  # noqa: BLE001 - an output that failed: said, the others written
-            out.append(exc)
-    return out
+    writes = [
+        functools.partial(WRITERS[kind.name], results[str(i)], params, outputs, ctx, seconds)
+        for i, (kind, params, outputs) in enumerate(members)
+    ]
+    if len(writes) == 1:
+        return [_written(writes[0])]
+    # (the outputs written at once, each atomically: a bucket's uploads wait on the network, and
+    # Parquet's encoding releases the GIL; the records in the members' order)
+    with thread_pool(min(len(writes), WRITE_THREADS), "l5dask-write") as pool:
+        return [f.result() for f in [pool.submit(_written, w) for w in writes]]
+
+
+#: Outputs of one pass written at once.
+WRITE_THREADS = 4
+
+
+def _written(write: Any) -> Any:
+    """What ``write`` returns, or the exception that failed it (an output that failed is said; the
+    others are written)."""
+    try:
+        return write()
+    except Exception as exc:  # noqa: BLE001 - said in the record and in one line
+        return exc
 
 
 def run_one(ds: Any, params: dict, outputs: dict, ctx: Any, kind: str) -> dict:
