@@ -111,16 +111,18 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
     the distinct keys, each with the OR of its rows' masks (bits ``0 .. nbits - 1``): ``(counts,
     first, last)``, ``counts[r, bit]`` the keys of run ``r`` whose mask has that bit, ``first`` and
     ``last`` the ``(keys, masks)`` of the first and the last run (sorted by key: those runs may go
-    on in the neighbouring chunks). Keys whose masks are all 0 count nowhere."""
+    on in the neighbouring chunks). Keys whose masks are all 0 count nowhere. (The first and last
+    runs' keys are written where their rows' room is allocated, not a table of every row's: new
+    pages each call.)"""
     cdef Py_ssize_t r, k, n = keys.shape[0], nruns = cuts.shape[0] - 1, nfirst = 0, nlast = 0
     cdef int problem = 0
     cdef uint64_t every = 0
+    cdef uint64_t* first = NULL
+    cdef uint64_t* last = NULL
     if masks.shape[0] != n or nruns < 1 or cuts[0] != 0 or cuts[nruns] != n or not 0 < nbits <= 64:
         raise ValueError("key_runs: a mask per key, runs from 0 to the rows, 1 to 64 bits expected")
     counts = np.zeros((nruns, nbits), np.int64)
-    first, last = np.empty((n, 2), np.uint64), np.empty((n, 2), np.uint64)
     cdef int64_t[:, ::1] counts_v = counts
-    cdef uint64_t[:, ::1] first_v = first, last_v = last
     with nogil:
         for r in range(nruns):
             if cuts[r + 1] <= cuts[r]:
@@ -131,23 +133,42 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
         if nbits < 64 and every >> nbits:
             problem = 1
         if not problem and n:
+            first = <uint64_t*>malloc(2 * (cuts[1] - cuts[0]) * sizeof(uint64_t))
+            last = <uint64_t*>malloc(2 * (cuts[nruns] - cuts[nruns - 1]) * sizeof(uint64_t))
+            if first == NULL or last == NULL:
+                problem = 2
+        if not problem and n:
             for r in range(nruns):
                 if r == 0:
-                    k = nfirst = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], &first_v[0, 0])
+                    k = nfirst = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], first)
                 elif r == nruns - 1:
-                    k = nlast = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], &last_v[0, 0])
+                    k = nlast = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], last)
                 else:
                     k = _mask_run(&keys[0], &masks[0], cuts[r], cuts[r + 1], &counts_v[r, 0], NULL)
                 if k < 0:
                     problem = 2
                     break
-    if problem == 1:
-        raise ValueError("key_runs: runs of at least a row, masks within the bits, expected")
-    if problem == 2:
-        raise MemoryError()
-    head = (first[:nfirst, 0].copy(), first[:nfirst, 1].copy())
-    tail = head if nruns == 1 else (last[:nlast, 0].copy(), last[:nlast, 1].copy())
+    try:
+        if problem == 1:
+            raise ValueError("key_runs: runs of at least a row, masks within the bits, expected")
+        if problem == 2:
+            raise MemoryError()
+        head = _pairs(first, nfirst)
+        tail = head if nruns == 1 else _pairs(last, nlast)
+    finally:
+        free(first)
+        free(last)
     return counts, head, tail
+
+
+cdef tuple _pairs(const uint64_t* pairs, Py_ssize_t k):
+    """``(keys, masks)`` of ``k`` (key, mask) pairs, two words each."""
+    keys, masks = np.empty(k, np.uint64), np.empty(k, np.uint64)
+    cdef uint64_t[::1] kv = keys, mv = masks
+    cdef Py_ssize_t i
+    for i in range(k):
+        kv[i], mv[i] = pairs[2 * i], pairs[2 * i + 1]
+    return keys, masks
 
 
 def face_runs(const int32_t[::1] found, const int64_t[::1] inverse, int64_t nids, const int8_t[::1] status,

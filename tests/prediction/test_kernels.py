@@ -114,8 +114,18 @@ def test_track_runs_match_numpy(id_kind, scenes_of_frames):
     np.testing.assert_array_equal(last_ids, np.unique(ids[row_scene == want_scenes[-1]]))
 
 
+def test_track_runs_refuse_frames_whose_scenes_fall():
+    """Rows of more runs than the scenes their frames span (the frames' scenes not increasing) are
+    refused in one line, not written past the runs' room."""
+    ids = np.arange(8, dtype=np.uint64)
+    pos = np.arange(8, dtype=np.int64)
+    with pytest.raises(ValueError, match="scenes increasing"):
+        track_runs(ids, pos, np.array([0, 1, 0, 1, 0, 1, 0, 1], np.int64))
+
+
+@pytest.mark.parametrize("nruns", [7, 1])
 @pytest.mark.parametrize("id_kind", ["dense", "sparse", "huge"])
-def test_key_runs_match_numpy(id_kind):
+def test_key_runs_match_numpy(id_kind, nruns):
     """The catalog's distinct keys per run, their masks OR'd: each run's count of keys per bit,
     and the first and last runs' keys and masks, as numpy's ``unique`` and a per-key OR."""
     rng = np.random.default_rng(11)
@@ -131,7 +141,8 @@ def test_key_runs_match_numpy(id_kind):
         rng.random(n) < 0.3, np.uint64(1) << np.uint64(22), np.uint64(0)
     )
     masks[rng.random(n) < 0.05] = 0  # (keys whose masks are all 0 count nowhere)
-    cuts = np.concatenate([[0], np.sort(rng.choice(np.arange(1, n), 6, replace=False)), [n]]).astype(np.int64)
+    inner = np.sort(rng.choice(np.arange(1, n), nruns - 1, replace=False))
+    cuts = np.concatenate([[0], inner, [n]]).astype(np.int64)
     counts, first, last = key_runs(keys, masks, cuts, 23)
     for r in range(len(cuts) - 1):
         k, m = keys[cuts[r] : cuts[r + 1]], masks[cuts[r] : cuts[r + 1]]
