@@ -107,10 +107,11 @@ def main() -> None:
     """Lazy, distributed analytics for Lyft Level 5 (L5Kit) datasets."""
     import warnings
 
-    from l5dask.core.policy import tune_gc, tune_malloc
+    from l5dask.core.policy import tune_arrow, tune_gc, tune_malloc
 
     tune_malloc()
     tune_gc()
+    tune_arrow()
     warnings.formatwarning = _one_line
     click.get_current_context().meta["l5dask.on-cache"] = _count_cache
 

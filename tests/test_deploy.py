@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -282,3 +283,40 @@ print(gc.get_freeze_count() > 10_000)
     )
     assert out.stdout.split()[-1] == "True"
     assert json.loads((tmp_path / "r.json").read_text())["counts"]["agents"] > 0
+
+
+def test_the_cli_takes_arrows_buffers_from_glibcs_heap_unless_the_environment_names_a_pool(small_ds, tmp_path):
+    """``tune_arrow`` (the command line's own process): Arrow's default pool is the system's, so a
+    Parquet output's buffers come from the pass's heap; a pool the environment names is kept, and
+    a library's caller (pyarrow imported first) keeps its own (child processes: the pool is
+    process-wide)."""
+    cli = """
+import sys
+import l5dask.cli
+l5dask.cli.main.main(["catalog", sys.argv[1], "-q", "-o", sys.argv[2]], standalone_mode=False)
+import pyarrow as pa
+print(pa.default_memory_pool().backend_name)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = tmp_path / "c.parquet"
+    got = subprocess.run([sys.executable, "-c", cli, small_ds, str(out)], capture_output=True, text=True, env=env)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.split()[-1] == "system" and out.exists()
+    named = subprocess.run(
+        [sys.executable, "-c", cli, small_ds, str(tmp_path / "d.parquet")],
+        capture_output=True,
+        text=True,
+        env={**env, "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"},
+    )
+    assert named.stdout.split()[-1] == "mimalloc", named.stderr
+    first = "import pyarrow as pa, sys\nfrom l5dask.core import policy\npolicy.tune_arrow()\nprint(pa.default_memory_pool().backend_name)"
+    caller = subprocess.run([sys.executable, "-c", first], capture_output=True, text=True, env=env, check=True)
+    assert caller.stdout.split()[-1] == pa_default_backend(env)
+
+
+def pa_default_backend(env: dict) -> str:
+    """The pool pyarrow picks by itself in a fresh process (mimalloc or jemalloc, as built)."""
+    code = "import pyarrow as pa; print(pa.default_memory_pool().backend_name)"
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.strip()
