@@ -1706,3 +1706,51 @@ def test_a_pass_writes_its_outputs_at_once_and_one_that_fails_leaves_the_others(
     for name in ("catalog.parquet", "speeds.parquet"):
         a, b = pq.read_table(out / name), pq.read_table(want / name)
         assert a.schema == b.schema and a.to_pandas().equals(b.to_pandas()), name  # (NaN where NaN)
+
+
+def test_relative_outputs_that_are_refused_are_one_line_a_trials_finding(small_ds, tmp_path):
+    """A new user's finding: an output written relative to the folder the run starts in
+    (``p.zarr/x.parquet``, inside the dataset; ``out/s.parquet/`` a folder; ``j.toml/x.parquet``
+    under a file) and ``--record`` given so, were a KeyError with two tracebacks, exit 1: now each
+    is the one line an absolute path gets, exit 2, from ``--check`` and from the run."""
+    work = tmp_path / "work"
+    work.mkdir()
+    shutil.copytree(small_ds, work / "p.zarr")
+    (work / "out" / "s.parquet").mkdir(parents=True)
+    (work / "j.toml").write_text("")
+    cases = [
+        ("p.zarr/x.parquet", [], "the output is inside the dataset p (p.zarr); write elsewhere"),
+        ("out/s.parquet", [], "is a folder; give a file name"),
+        ("j.toml/x.parquet", [], ""),
+        ("ok.parquet", ["--record", "p.zarr/r.json"], "the output is inside the dataset p (p.zarr); write elsewhere"),
+    ]
+    for output, extra, message in cases:
+        job = write(work / "b.toml", f'[datasets]\np = "p.zarr"\n[analyses.b]\nkind = "catalog"\noutput = "{output}"\n')
+        for how in (["--check"], ["-q"]):
+            r = cli("b.toml", *how, *extra, cwd=work)
+            assert r.returncode == 2, (output, extra, r.stderr)
+            assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+            assert r.stderr.startswith("l5dask: error: ") and message in r.stderr, r.stderr
+        assert not (work / "ok.parquet").exists() and job.exists()
+
+
+def test_date_sets_the_templates_day_not_the_records_start(small_ds, tmp_path):
+    """A new user's finding: ``--date 2020-02-29`` made the record's ``started`` that day (with
+    ``finished`` today): ``--date`` is the templates' ``{date}``; ``started`` is when the run ran."""
+    import datetime
+
+    out = tmp_path / "out"
+    job = write(
+        tmp_path / "job.toml",
+        f'[run]\nrecord = "{out}/{{date}}/run.json"\n[datasets]\ns = "{small_ds}"\n'
+        f'[analyses.f]\nkind = "aggregate"\narray = "frames"\nvalues = {{ num_agents = "sum" }}\n'
+        f'output = "{out}/{{date}}/f.parquet"\n',
+    )
+    before = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0)
+    r = cli(job, "-q", "--date", "2020-02-29")
+    assert r.returncode == 0, r.stderr
+    record = json.loads((out / "2020-02-29" / "run.json").read_text())
+    assert (out / "2020-02-29" / "f.parquet").exists()
+    started = datetime.datetime.fromisoformat(record["started"])
+    finished = datetime.datetime.fromisoformat(record["finished"])
+    assert before <= started <= finished and (finished - started).total_seconds() < 600

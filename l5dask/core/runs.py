@@ -180,10 +180,11 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
     problem = record_problem(record) if record is not None else None
     if problem is not None:  # (a template as [run] record is: {date}, {time}, {job})
         raise JobError(f"--record {record}: {problem}")
-    started = now or datetime.datetime.now(datetime.timezone.utc)
+    started = datetime.datetime.now(datetime.timezone.utc)  # (the record's: when it ran, whatever {date} says)
+    clock = now or started  # (the templates' {date} and {time}: ``now``, e.g. the command line's --date)
     fields = {
-        "date": job.run["date"] or started.strftime("%Y-%m-%d"),
-        "time": started.strftime("%H%M%S"),
+        "date": job.run["date"] or clock.strftime("%Y-%m-%d"),
+        "time": clock.strftime("%H%M%S"),
         "job": job.name,
     }
     inputs: dict[str, Input] = {}
@@ -271,7 +272,9 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                     if p == path and t.analysis.kind.check_output is not None:
                         t.analysis.kind.check_output(key, path, job.storage_options)
         except L5DaskError as exc:
-            if by[path] is None and record:  # (the command line's --record: no line of the file said it)
+            if (
+                by[store_mod.location(path)] is None and record
+            ):  # (the command line's --record: no line of the file said it)
                 raise JobError(f"--record {path}: {exc}") from None
             line = ("run", "record")
             for t in tasks:

@@ -555,10 +555,15 @@ def check_tz(tz: str) -> str:
     """``tz`` if it names a time zone (IANA), else a one-line :class:`~l5dask.errors.UsageError`."""
     import zoneinfo
 
+    if not isinstance(tz, str):
+        raise UsageError(f"a time zone is a name of the IANA database (e.g. {DEFAULT_TZ!r}), not {tz!r}")
     try:
         zoneinfo.ZoneInfo(tz)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        raise UsageError(f"unknown time zone {tz!r}: name one of the IANA database (e.g. {DEFAULT_TZ!r})") from None
+        # (the database's names are spelled with their capitals: 'utc' is 'UTC')
+        near = [n for n in zoneinfo.available_timezones() if n.lower() == tz.lower()]
+        hint = f"; did you mean {near[0]!r}?" if near else f": name one of the IANA database (e.g. {DEFAULT_TZ!r})"
+        raise UsageError(f"unknown time zone {tz!r}{hint}") from None
     return tz
 
 

@@ -383,6 +383,14 @@ def test_bad_time_zone_is_one_line(edge_ds, tmp_path):
     )
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "unknown time zone" in r.stderr
     assert not out.exists()
+    # a trial's findings: a name in the wrong case is pointed to its spelling; a zone that is no
+    # name is one line too (it was a TypeError from os.path)
+    with pytest.raises(UsageError, match="unknown time zone 'utc'; did you mean 'UTC'"):
+        catalog(edge_ds, tz="utc")
+    with pytest.raises(UsageError, match="unknown time zone 'europe/london'; did you mean 'Europe/London'"):
+        catalog(edge_ds, tz="europe/london")
+    with pytest.raises(UsageError, match="a time zone is a name of the IANA database .*, not 5"):
+        catalog(edge_ds, tz=5)
 
 
 def test_command_writes_parquet_with_fingerprint(edge_ds, want, tmp_path):
