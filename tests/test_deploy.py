@@ -197,7 +197,7 @@ def test_the_cli_sets_its_malloc_thresholds_in_its_own_process():
     from l5dask.core.cluster import WORKER_ENV
     from l5dask.core.policy import LOCAL_ENV
 
-    assert LOCAL_ENV == {**WORKER_ENV, "MALLOC_TRIM_THRESHOLD_": str(256 << 20)}
+    assert LOCAL_ENV == {**WORKER_ENV, "MALLOC_TRIM_THRESHOLD_": str(256 << 20), "MALLOC_ARENA_MAX": "1"}
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
 
     def child(kind: str, environ: dict) -> tuple[str, int]:
