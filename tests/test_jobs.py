@@ -1728,3 +1728,52 @@ def test_date_sets_the_templates_day_not_the_records_start(small_ds, tmp_path):
     started = datetime.datetime.fromisoformat(record["started"])
     finished = datetime.datetime.fromisoformat(record["finished"])
     assert before <= started <= finished and (finished - started).total_seconds() < 600
+
+
+def test_analyses_of_chosen_scenes_whose_catalog_fails_say_so(small_ds, tmp_path):
+    """A trial's finding: with a damaged agents chunk, an analysis of some scenes (``scenes =``)
+    failed with that chunk's message alone, though its own scenes' rows were sound: it fails
+    because the catalog its scenes are chosen over could not be made, and now says so (each such
+    analysis; the others are written)."""
+    bad = tmp_path / "bad.zarr"
+    shutil.copytree(small_ds, bad)
+    name, damage_fn, pattern = damage.CHUNK[-2]  # a truncated agents chunk
+    damage_fn(bad)
+    out = tmp_path / "out"
+    job = write(
+        tmp_path / "job.toml",
+        f"""\
+        [datasets]
+        bad = "{bad}"
+
+        [analyses.all_frames]
+        kind = "aggregate"
+        array = "frames"
+        values = {{ num_agents = "sum" }}
+        output = "{out}/all.parquet"
+
+        [analyses.some]
+        kind = "aggregate"
+        array = "frames"
+        values = {{ num_agents = "sum" }}
+        scenes = "scene_index < 2"
+        output = "{out}/some.parquet"
+
+        [analyses.more]
+        kind = "aggregate"
+        array = "frames"
+        by = "scene_index"
+        values = {{ num_agents = "max" }}
+        scenes = "scene_index >= 2"
+        output = "{out}/more.parquet"
+        """,
+    )
+    r = cli(job, "-q")
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[-1] == "l5dask: 2 of 3 analyses failed", lines
+    said = "its scenes are chosen over the dataset's scene catalog, which failed: "
+    for analysis in ("some", "more"):
+        line = next(x for x in lines if x.startswith(f"l5dask: failed: {analysis} on bad: "))
+        assert said in line and "array 'agents', chunk '0'" in line, line
+    assert (out / "all.parquet").exists() and not (out / "some.parquet").exists()

@@ -272,9 +272,8 @@ def plan(job: Job, *, now: datetime.datetime | None = None, record: str | None =
                     if p == path and t.analysis.kind.check_output is not None:
                         t.analysis.kind.check_output(key, path, job.storage_options)
         except L5DaskError as exc:
-            if (
-                by[store_mod.location(path)] is None and record
-            ):  # (the command line's --record: no line of the file said it)
+            # (the command line's --record: no line of the file said it)
+            if by[store_mod.location(path)] is None and record:
                 raise JobError(f"--record {path}: {exc}") from None
             line = ("run", "record")
             for t in tasks:

@@ -16,7 +16,8 @@ from l5dask.core.engine import Job
 from l5dask.core.jobfile import Key, Kind, at_key, register
 from l5dask.core.outputs import table_format, write_json, write_table
 from l5dask.core.policy import thread_pool
-from l5dask.errors import UsageError
+from l5dask.core.runs import one_line
+from l5dask.errors import L5DaskError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.aggregation import MAX_GROUPS, check_arguments, parse_values, where_columns
 from l5dask.prediction.analyses import Aggregate, Catalog, Report, analyze
@@ -102,9 +103,8 @@ def check_scenes(ds: Any, params: dict, options: dict | None = None) -> None:
         table = empty_catalog(ds)  # (the catalog's columns: known before it is made)
     if params["scenes"] is not None:
         try:
-            names_in(
-                params["scenes"]
-            )  # (its syntax, before any pass)  # (its columns and that it is a condition: over no row)
+            names_in(params["scenes"])  # (its syntax, before any pass)
+            # (its columns, and that it is a condition: over no row)
             # (the names compared with text columns: checked once the catalog is read, not over no row)
             evaluate(
                 params["scenes"],
@@ -131,8 +131,15 @@ def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
     if table is None:
         memo = ("scene-catalog", id(ds))
         if memo not in ctx.memo:
-            ctx.memo[memo] = catalog_table(ds, **_cached_kw(ctx))
+            try:
+                ctx.memo[memo] = catalog_table(ds, **_cached_kw(ctx))
+            except L5DaskError as exc:  # (said as such, once for the run: each such analysis fails with it)
+                ctx.memo[memo] = (
+                    f"its scenes are chosen over the dataset's scene catalog, which failed: {one_line(exc)}"
+                )
         table = ctx.memo[memo]
+        if isinstance(table, str):
+            raise L5DaskError(table)
     keep = query_indices(ds, expr, table, ctx.storage_options, key="scenes")  # (said with the job's key)
     return ds.isel(keep, scheduler=ctx.client, progress=ctx.progress)
 
