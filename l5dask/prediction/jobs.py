@@ -134,12 +134,11 @@ def restrict_scenes(ds: Any, key: tuple, ctx: Any, written: dict) -> Any:
             try:
                 ctx.memo[memo] = catalog_table(ds, **_cached_kw(ctx))
             except L5DaskError as exc:  # (said as such, once for the run: each such analysis fails with it)
-                ctx.memo[memo] = (
-                    f"its scenes are chosen over the dataset's scene catalog, which failed: {one_line(exc)}"
-                )
+                said = f"its scenes are chosen over the dataset's scene catalog, which failed: {one_line(exc)}"
+                ctx.memo[memo] = (type(exc), said)  # (its class: what a caller catches is the cause's)
         table = ctx.memo[memo]
-        if isinstance(table, str):
-            raise L5DaskError(table)
+        if isinstance(table, tuple):
+            raise table[0](table[1])
     keep = query_indices(ds, expr, table, ctx.storage_options, key="scenes")  # (said with the job's key)
     return ds.isel(keep, scheduler=ctx.client, progress=ctx.progress)
 
