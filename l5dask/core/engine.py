@@ -182,6 +182,9 @@ class Reduction:
     #: that declare them in their ``reads`` (its source's ``derived_out``): a fused pass runs the
     #: members that make them first.
     provides: tuple[str, ...] = ()
+    #: Results of a block ``chunk`` makes anyway and leaves in it (its source's ``leave``) for the
+    #: other members of a fused pass, which then finish their partials with them (:class:`Later`).
+    leaves: tuple[str, ...] = ()
 
     def __dask_tokenize__(self):
         return ("l5dask.Reduction", self.name)
@@ -1015,6 +1018,23 @@ def _pow2(n: int) -> int:
 
 
 # --- fusion: many passes over one source as one --------------------------------------------
+class Later:
+    """A member's partial of a fused pass's block, finished (``finish()``) once every member has
+    taken the block: with what the others left in it (``Reduction.leaves``), where it would have
+    made the same again. A ``chunk`` returns one only where its block says a member will leave
+    something in it (its source's ``leaves(name)``: a fused pass's block, never a lone pass's)."""
+
+    __slots__ = ("finish",)
+
+    def __init__(self, finish: Callable[[], Any]) -> None:
+        self.finish = finish
+
+
+def _now(partial: Any) -> Any:
+    """A partial, finished now if it waits (:class:`Later`)."""
+    return partial.finish() if isinstance(partial, Later) else partial
+
+
 @dataclass(frozen=True)
 class Member:
     """A pass fused into another (:func:`~l5dask.core.engine.fused_reduction`): its reduction and how it takes its chunks."""
@@ -1044,13 +1064,16 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     A streaming member whose reduction is ``exact`` and declares its ``reads`` takes the block
     whole when the block serves the members' gathers (gathered once for the whole block: its
     pieces would only add calls and combines). The members that make per-row columns others read
-    (``Reduction.provides``) run first."""
+    (``Reduction.provides``) run first; a partial that waits for what another member leaves in the
+    block (:class:`Later`) is finished after them all."""
     encoded = hasattr(data, "records")
     shared = encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1
     if shared:
-        for m in members:  # (what each will gather of the block, gathered once for all)
+        for m in members:  # (what each will gather of the block, gathered once for all; what it leaves)
             if m.encoded and m.reduction.reads is not None:
                 data.expect(*m.reduction.reads)
+            if m.encoded and m.reduction.leaves and hasattr(data, "leave"):
+                data.expect(leaves=m.reduction.leaves)
     out: list = [None] * len(members)
     pieces = None  # (made once: every streaming member takes the same pieces, and what they keep)
     for k in sorted(range(len(members)), key=lambda k: not members[k].reduction.provides):
@@ -1065,18 +1088,18 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
             if pieces is None:  # (a streamed piece that has none of its own, a view's chunk: itself)
                 pieces = data.pieces() if hasattr(data, "pieces") else [(start, data)]
             for lo, piece in pieces:
-                q = red.chunk(piece, lo, parent)
+                q = _now(red.chunk(piece, lo, parent))
                 p = q if p is None else red.combine(p, q)
         else:
             records = data.records() if encoded else data
             p, i = None, _first_chunk(source, start)
             while i < source.nchunks and source.chunk_bounds(i)[0] < start + len(records):
                 a, b = source.chunk_bounds(i)
-                q = red.chunk(records[a - start : b - start], a, parent)
+                q = _now(red.chunk(records[a - start : b - start], a, parent))
                 p = q if p is None else red.combine(p, q)
                 i += 1
         out[k] = red.identity() if p is None else p
-    return tuple(out)
+    return tuple(_now(p) for p in out)  # (in the members' order: what waited takes what the others left)
 
 
 def _fused_combine(reductions: tuple[Reduction, ...], a: tuple, b: tuple) -> tuple:

@@ -109,11 +109,11 @@ cdef Py_ssize_t _mask_run(const uint64_t* keys, const uint64_t* masks, Py_ssize_
 def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[::1] cuts, Py_ssize_t nbits):
     """Per run of rows (``cuts[r] .. cuts[r + 1] - 1``, ``cuts`` increasing from 0 to the rows),
     the distinct keys, each with the OR of its rows' masks (bits ``0 .. nbits - 1``): ``(counts,
-    first, last)``, ``counts[r, bit]`` the keys of run ``r`` whose mask has that bit, ``first`` and
-    ``last`` the ``(keys, masks)`` of the first and the last run (sorted by key: those runs may go
-    on in the neighbouring chunks). Keys whose masks are all 0 count nowhere. (The first and last
-    runs' keys are written where their rows' room is allocated, not a table of every row's: new
-    pages each call.)"""
+    nkeys, first, last)``, ``counts[r, bit]`` the keys of run ``r`` whose mask has that bit,
+    ``nkeys[r]`` its keys, ``first`` and ``last`` the ``(keys, masks)`` of the first and the last
+    run (sorted by key: those runs may go on in the neighbouring chunks). Keys whose masks are all
+    0 count nowhere. (The first and last runs' keys are written where their rows' room is
+    allocated, not a table of every row's: new pages each call.)"""
     cdef Py_ssize_t r, k, n = keys.shape[0], nruns = cuts.shape[0] - 1, nfirst = 0, nlast = 0
     cdef int problem = 0
     cdef uint64_t every = 0
@@ -122,7 +122,9 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
     if masks.shape[0] != n or nruns < 1 or cuts[0] != 0 or cuts[nruns] != n or not 0 < nbits <= 64:
         raise ValueError("key_runs: a mask per key, runs from 0 to the rows, 1 to 64 bits expected")
     counts = np.zeros((nruns, nbits), np.int64)
+    nkeys = np.empty(nruns, np.int64)
     cdef int64_t[:, ::1] counts_v = counts
+    cdef int64_t[::1] nkeys_v = nkeys
     with nogil:
         for r in range(nruns):
             if cuts[r + 1] <= cuts[r]:
@@ -148,6 +150,7 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
                 if k < 0:
                     problem = 2
                     break
+                nkeys_v[r] = k
     try:
         if problem == 1:
             raise ValueError("key_runs: runs of at least a row, masks within the bits, expected")
@@ -158,7 +161,7 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
     finally:
         free(first)
         free(last)
-    return counts, head, tail
+    return counts, nkeys, head, tail
 
 
 cdef tuple _pairs(const uint64_t* pairs, Py_ssize_t k):

@@ -41,7 +41,15 @@ from l5dask.errors import OutputError, UsageError
 from l5dask.prediction import format as fmt
 from l5dask.prediction.dataset import L5Dataset, open_dataset
 from l5dask.prediction.joins import scene_rows
-from l5dask.prediction.kernels import catalog_agents, face_runs, gather, key_runs, mask_counts, union_masks
+from l5dask.prediction.kernels import (
+    SCENE_TRACKS,
+    catalog_agents,
+    face_runs,
+    gather,
+    key_runs,
+    mask_counts,
+    union_masks,
+)
 from l5dask.prediction.scenes import CATALOG_KEY, fingerprint, scenes_digest
 
 #: L5Kit's ``categorize_scenes.py``: a turn is a yaw change of at least this (rad) ...
@@ -458,7 +466,11 @@ def agents_chunk(agents: Any, lo: int, frames: Rows, groups: np.ndarray) -> KeyP
     )
     # (a bijection onto uint64: distinct ids stay distinct)
     keys = track if track.dtype == np.uint64 else track.astype(np.int64).view(np.uint64)
-    counts, first, last = key_runs(keys, masks, cuts, len(groups) + 6)
+    counts, nkeys, first, last = key_runs(keys, masks, cuts, len(groups) + 6)
+    if track.dtype == np.uint64 and hasattr(agents, "leave"):
+        # (every row's mask holds its label's bit: a run's keys are its distinct tracks, which the
+        # report of a fused pass counts too: left for it, the same arrays as its track_runs')
+        agents.leave(SCENE_TRACKS, (scenes, nkeys, first[0], last[0]))
     return keyed_part(n, scenes, counts, mins, lows[:, None], (first,), (last,))
 
 
@@ -529,6 +541,7 @@ def agents_reduction(labels: tuple[str, ...]) -> Reduction:
         KeyPart,
         exact=True,  # (distinct keys, minima, integer sums)
         reads=(AGENT_ELEMENTS, ("label_probabilities",), ("label_probabilities",), (DISTANCE,)),
+        leaves=(SCENE_TRACKS,),
     )
 
 

@@ -40,6 +40,10 @@ byte_codes = _catalog.byte_codes
 catalog_agents = _catalog.catalog_agents
 face_runs = _catalog.face_runs
 key_runs = _catalog.key_runs
+#: The result the report's :func:`track_runs` and the catalog's :func:`key_runs` both make of a
+#: block of agents, ``(scenes, distinct tracks, first run's ids, last run's ids)`` of each run of
+#: a scene's rows: left by the catalog in a fused pass's block for the report.
+SCENE_TRACKS = "scene_tracks"
 mask_counts = _catalog.mask_counts
 union_masks = _catalog.union_masks
 _agent_columns = _report.agent_columns

@@ -578,6 +578,9 @@ class Encoded:
         # (the report's speeds and distances to the ego): the block's, filled by its pieces
         self._derived: dict[str, np.ndarray] = {}
         self._filled: dict[str, int] = {}
+        # results of rows one member of a fused pass makes anyway and leaves for the others (the
+        # catalog's distinct tracks of each scene's run, which the report counts): by (name, rows)
+        self._left: dict[tuple[str, int, int], Any] = {}
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -605,13 +608,15 @@ class Encoded:
         argmax: Sequence[str] = (),
         maxima: Sequence[str] = (),
         derived: Sequence[str] = (),
+        leaves: Sequence[str] = (),
     ) -> None:
         """Numbers, argmaxes and maxima (``values`` of :meth:`gather`) that readers of these chunks
         will gather (the members of a fused pass, :func:`l5dask.core.engine.fused_chunk`): the
         first gather makes all that are expected in one pass over the bytes (each chunk
         decompressed once for all of them), the others are served from it (read-only arrays).
         ``derived``: per-row columns a reader would make of them (``speed``, ``distance_to_ego``),
-        which a member that makes them anyway writes out for it (:meth:`derived_out`)."""
+        which a member that makes them anyway writes out for it (:meth:`derived_out`); ``leaves``:
+        results of rows a member will leave here for the others (:meth:`leave`)."""
         for f, idx in elements:
             self._expected[("e", f, tuple(idx))] = None
         for f in argmax:
@@ -621,6 +626,27 @@ class Encoded:
             self._expected[("v", f)] = None
         for name in derived:
             self._expected[("d", name)] = None
+        for name in leaves:
+            self._expected[("k", name)] = None
+
+    def leaves(self, name: str) -> bool:
+        """Whether a member of the fused pass these rows are read for will leave the result
+        ``name`` of them (:meth:`leave`): one that would make it too may wait for it
+        (``l5dask.core.engine.Later``)."""
+        block = self._base[0] if self._base is not None else self
+        return ("k", name) in block._expected
+
+    def leave(self, name: str, value: Any) -> None:
+        """Leave the result ``name`` of these rows for the other members of the fused pass (kept
+        with the block while it is read: read-only by convention)."""
+        block = self._base[0] if self._base is not None else self
+        if ("k", name) in block._expected:
+            block._left[(name, self.start, self.stop)] = value
+
+    def left(self, name: str) -> Any:
+        """The result ``name`` of exactly these rows another member left (:meth:`leave`), or ``None``."""
+        block = self._base[0] if self._base is not None else self
+        return block._left.get((name, self.start, self.stop))
 
     def derived_out(self, name: str) -> np.ndarray | None:
         """Where a member of a fused pass that makes the per-row column ``name`` anyway writes it

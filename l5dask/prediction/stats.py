@@ -26,10 +26,11 @@ from typing import Any
 import numpy as np
 
 from l5dask.core import cache as cachelib
-from l5dask.core.engine import Reduction, Rows
+from l5dask.core.engine import Later, Reduction, Rows
 from l5dask.prediction import format as fmt
 from l5dask.prediction.kernels import (
     AGENT_ELEMENTS,
+    SCENE_TRACKS,
     agent_chunk,
     agent_columns,
     gather,
@@ -429,10 +430,12 @@ class AgentStats:
     """Agent-level statistics: labels, speed, distance to ego, distinct tracks (exact)."""
 
     @staticmethod
-    def chunk(agents: Any, lo: int, frames: Rows, nlabels: int = 17) -> AgentPart:
+    def chunk(agents: Any, lo: int, frames: Rows, nlabels: int = 17) -> AgentPart | Later:
         """Partial of one chunk of agents (first row ``lo``): records, or the chunk's stored bytes
         (an :class:`~l5dask.prediction.reading.Encoded`, whose columns are gathered without making
-        records), given the rows of its frames (:func:`frame_rows`)."""
+        records), given the rows of its frames (:func:`frame_rows`). In a fused pass whose catalog
+        leaves its runs' distinct tracks in the block, the partial waits for them (an
+        :class:`~l5dask.core.engine.Later`: :meth:`tracks`)."""
         part = AgentPart(n=len(agents), labels=np.zeros(nlabels, np.int64))
         if not len(agents):
             return part
@@ -455,9 +458,19 @@ class AgentStats:
                 outs = [None if x is None else x[a:b] for x in (speeds, dists)]
                 sums.append(agent_columns(label[a:b], cols, *frame, lo + a, *widths, *into, pos[a:b], *outs))
             part.speed_sum = exact_add((), sums)
-        # distinct tracks: agents are ordered by scene, so each scene is one run of rows here;
-        # the first and last runs stay open (their scenes may go on in the neighbouring chunks)
-        scenes, counts, first_ids, last_ids = track_runs(ids, pos, frames["scene"])
+            leaves = getattr(agents, "leaves", None)  # (a view's chunk: none)
+            if leaves is not None and leaves(SCENE_TRACKS):  # (a fused pass's catalog counts them too)
+                return Later(functools.partial(AgentStats.tracks, part, ids, pos, frames, agents))
+        return AgentStats.tracks(part, ids, pos, frames)
+
+    @staticmethod
+    def tracks(part: AgentPart, ids: np.ndarray, pos: np.ndarray, frames: Rows, block: Any = None) -> AgentPart:
+        """``part`` with its rows' distinct tracks: agents are ordered by scene, so each scene is
+        one run of rows here; the first and last runs stay open (their scenes may go on in the
+        neighbouring chunks). Those another member of a fused pass left in ``block`` when it did
+        (:data:`~l5dask.prediction.kernels.SCENE_TRACKS`: the same arrays), else counted here."""
+        got = block.left(SCENE_TRACKS) if block is not None else None
+        scenes, counts, first_ids, last_ids = got if got is not None else track_runs(ids, pos, frames["scene"])
         s_first, s_last = int(scenes[0]), int(scenes[-1])
         n_inner = np.zeros(s_last - s_first + 1, np.int64)
         n_inner[scenes[1:-1] - s_first] = counts[1:-1]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import math
+import operator
 
 import numpy as np
 import pandas as pd
@@ -246,6 +247,64 @@ def test_the_catalog_takes_the_distances_the_reports_loop_made(ds, monkeypatch, 
     for n in ("catalog", "near"):
         same(got[n], want[n], n)
     assert given and all(d is None for d in given)
+
+
+@pytest.mark.parametrize("kw", [{}, {"chunks_per_task": 3}, {"scheduler": "sync", "chunks_per_task": 1}])
+def test_the_report_counts_tracks_with_the_runs_the_catalog_left(ds, monkeypatch, kw):
+    """Fused with the catalog, the report's distinct tracks of each scene's run are the catalog's
+    (``Reduction.leaves``, the report's partial finished after it: ``engine.Later``), whatever the
+    analyses' order: its own loop (``track_runs``) never runs on a block the catalog took whole,
+    and both are still the analysis alone, bit for bit (scenes cut across chunks and tasks). A
+    block the catalog left nothing for (the report alone, or with aggregations only): counted by
+    its own loop."""
+    from l5dask.prediction import stats
+
+    want = {n: alone(ds, n, ALL[n], **kw) for n in ("report", "catalog")}
+    counted: list = []
+    original = stats.track_runs
+    monkeypatch.setattr(stats, "track_runs", lambda *a: counted.append(len(a[0])) or original(*a))
+    for names in (["report", "catalog", "near"], ["catalog", "report"]):
+        got = analyze(ds, {n: ALL[n] for n in names}, **kw)
+        for n in ("report", "catalog"):
+            same(got[n], want[n], n)
+        assert counted == []
+    got = analyze(ds, {n: ALL[n] for n in ("report", "near")}, **kw)
+    same(got["report"], want["report"], "report")
+    assert counted and sum(counted) == l5dask.open_dataset(ds)[fmt.AGENTS].meta.length
+
+
+def test_a_later_partial_is_finished_when_its_block_is_streamed():
+    """A member's partial that waits for what another leaves (``engine.Later``) is finished before
+    it is combined where its pass streams pieces, and after every member where it takes the block
+    whole: the fused partials never hold one."""
+    from l5dask.core.engine import Later, Member, fused_reduction
+
+    order: list = []
+
+    class Source:
+        nchunks = 2
+
+        def chunk_bounds(self, i):
+            return (2 * i, 2 * i + 2)
+
+    def waits(data, start, parent):
+        order.append(("waits", start))
+        return Later(lambda: order.append(("finished", start)) or len(data))
+
+    def other(data, start, parent):
+        order.append(("other", start))
+        return len(data)
+
+    red = Reduction("waits", waits, operator.add, int, exact=True)
+    whole = fused_reduction(
+        [Member(red, True, False), Member(Reduction("o", other, operator.add, int), True, False)], Source()
+    )
+    assert whole.chunk(np.zeros(4), 0, None) == (4, 4)
+    assert order == [("waits", 0), ("other", 0), ("finished", 0)]
+    order.clear()
+    streamed = fused_reduction([Member(red, False, False)], Source())
+    assert streamed.chunk(np.zeros(4), 0, None) == (4,)
+    assert order == [("waits", 0), ("finished", 0), ("waits", 2), ("finished", 2)]
 
 
 def test_a_derived_column_written_in_part_is_not_taken(ds, monkeypatch):

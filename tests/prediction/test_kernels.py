@@ -143,7 +143,8 @@ def test_key_runs_match_numpy(id_kind, nruns):
     masks[rng.random(n) < 0.05] = 0  # (keys whose masks are all 0 count nowhere)
     inner = np.sort(rng.choice(np.arange(1, n), nruns - 1, replace=False))
     cuts = np.concatenate([[0], inner, [n]]).astype(np.int64)
-    counts, first, last = key_runs(keys, masks, cuts, 23)
+    counts, nkeys, first, last = key_runs(keys, masks, cuts, 23)
+    assert len(nkeys) == len(cuts) - 1
     for r in range(len(cuts) - 1):
         k, m = keys[cuts[r] : cuts[r + 1]], masks[cuts[r] : cuts[r + 1]]
         u, inv = np.unique(k, return_inverse=True)
@@ -152,6 +153,7 @@ def test_key_runs_match_numpy(id_kind, nruns):
         u, ored = u[ored != 0], ored[ored != 0]
         want = [int(((ored >> np.uint64(b)) & np.uint64(1)).sum()) for b in range(23)]
         assert counts[r].tolist() == want
+        assert nkeys[r] == len(u)
         if r in (0, len(cuts) - 2):
             got = first if r == 0 else last
             assert got[0].tolist() == u.tolist() and got[1].tolist() == ored.tolist()
@@ -192,9 +194,9 @@ def test_face_runs_match_two_key_runs(seed):
     cuts = np.append(starts, n).astype(np.int64)
     codes = inverse[found].astype(np.uint64)
     ones = np.ones(n, np.uint64)
-    c_ids, f_ids, l_ids = key_runs(codes, ones, cuts, 1)
+    c_ids, _, f_ids, l_ids = key_runs(codes, ones, cuts, 1)
     frame = (offset + pos).astype(np.uint64)
-    c_frames, f_frames, l_frames = key_runs(frame, np.left_shift(ones, status.astype(np.uint64)), cuts, 3)
+    c_frames, _, f_frames, l_frames = key_runs(frame, np.left_shift(ones, status.astype(np.uint64)), cuts, 3)
     scenes, counts, f_codes, l_codes, ff, fm, lf, lm = got
     np.testing.assert_array_equal(scenes, scene[starts])
     np.testing.assert_array_equal(counts, np.concatenate([c_ids, c_frames], 1))
