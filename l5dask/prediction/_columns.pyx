@@ -38,11 +38,16 @@ In ``keyed_reduce`` (``keyed_reduce + sketch``: a label's speeds, their count, s
 sketch; 200,000 rows, 2026-11-29, load 1): 2.54-2.55 ms against numpy's 5.49-5.51 (2.16x); the
 sketch's cells found in one loop and counted in a second, where one loop did both, 2.85-2.95 ms
 before (1.13x; the sketch's part of ``aggregate``'s speeds of synth-1700's 188 blocks, their
-arrays as the pass makes them: 0.31-0.33 s against 0.37-0.38 s).
+arrays as the pass makes them: 0.31-0.33 s against 0.37-0.38 s). Zeros put apart (counted per
+group, the other values kept in order for the sums and the cells; 2026-11-30): synth-1700's
+first 3 M speeds by label, their count, sum, maximum and sketch, 13.7-14.9 ms against 19.2-19.5 ms
+the loop before (best of 15 interleaved rounds, the same bits; the same loop without a sketch
+8.6-8.9 ms either way); ``benchmarks/prediction_kernels.py``'s ``keyed_reduce + sketch`` 2.05 ms
+against numpy's 10.81 ms (5.3x).
 """
 
-from libc.math cimport sqrt
-from libc.stdlib cimport free, malloc
+from libc.math cimport signbit, sqrt
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memcpy, memset
 from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
@@ -320,17 +325,33 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
     in it too (:class:`Sketch`), in the same pass; with ``keep`` (a byte per row), the rows where
     it is 0 left out (neither counted nor added: as if they were taken out first). The caller
     keeps the keys alive and gives ``n`` rows of each. Returns -1, or the first row whose code is
-    not a group of ``count``, or whose bucket is not in the sketch's range (nothing added from it
-    on), or -2 when the sketch's table is full (the outputs then partly added to)."""
-    cdef Py_ssize_t a, i, j, m, nk = addrs.shape[0], bad = -1
-    cdef int64_t g, ngroups = count.shape[0]
+    not a group of ``count``, or whose bucket is not in the sketch's range, or -2 when the
+    sketch's table is full (the outputs then partly added to, and unfit for use).
+
+    Zeros apart, with a sketch: a zero adds nothing to a sum that is not -0.0 (a sum from +0.0
+    never is) and falls in its group's zero bucket, so each group's zeros are counted as the rows
+    go (no branch: a select) and only the other values are kept, in order, for the sums and the
+    sketch's cells: the same bits (every group's values added in row order), where a chain of
+    loads, adds and stores through the sum of a group of many zeros (a still agent's speed: ~70%
+    of synth-1700's) and a cell per zero set the pace. Not where a sum is -0.0 (a +0.0 would make
+    it +0.0), nor where the sketch's exponents leave the zeros out (the first such row is then
+    named). Without a sketch the sums are made in the rows' loop (the values kept cost more than
+    the chains they spare)."""
+    cdef Py_ssize_t a, i, j, m, nz, nk = addrs.shape[0], bad = -1
+    cdef int64_t g, c, isz, ngroups = count.shape[0]
     cdef int64_t buf[KEYED_ROWS]
     cdef int64_t cells[KEYED_ROWS]
+    cdef double nzv[KEYED_ROWS]  # (the values that are not zero, of groups nzg, in row order)
+    cdef int64_t nzg[KEYED_ROWS]
     cdef Py_ssize_t ncells
     cdef double v
     cdef SketchTable* sk = NULL
     cdef const uint8_t* kp = NULL
     cdef int status = 0
+    cdef int64_t apart = 1  # (zeros apart: 1, else 0)
+    cdef bint kept = False  # (values kept, in order, for the sums and the sketch)
+    cdef int64_t* zeros = NULL
+    cdef int64_t zb
     if kinds.shape[0] != nk or los.shape[0] != nk or strides.shape[0] != nk:
         raise ValueError("keyed_reduce: a type, a lowest value and a stride per key are needed")
     if has_values and values.shape[0] != n:
@@ -341,11 +362,23 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
         if sketch.t.ngroups != ngroups or not has_values:
             raise ValueError("keyed_reduce: a sketch of every group, and values, are needed")
         sk = &sketch.t
+        zb = (_bucket(0.0, sk.shift) >> sk.bits) - sk.hlo
+        if zb < 0 or zb >= sk.hspan:
+            apart = 0
+    if want_sum:
+        for g in range(ngroups):
+            if total[g] == 0.0 and signbit(total[g]):
+                apart = 0
     if keep is not None:
         if keep.shape[0] != n:
             raise ValueError("keyed_reduce: a byte of keep per row is needed")
         if n:
             kp = &keep[0]
+    kept = has_values and sk != NULL  # (without a sketch, the sums made in the rows' loop: faster)
+    if sk != NULL and apart:
+        zeros = <int64_t*>calloc(max(ngroups, 1), sizeof(int64_t))
+        if zeros == NULL:
+            raise MemoryError("keyed_reduce: the zeros' counts")
     with nogil:
         for a in range(0, n, KEYED_ROWS):
             m = min(KEYED_ROWS, n - a)
@@ -354,6 +387,7 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
                     buf[i] = 0
             for j in range(nk):
                 _mix_block(<const char*><Py_ssize_t>addrs[j], kinds[j], a, m, los[j], strides[j], buf, j == 0)
+            nz = 0
             for i in range(m):
                 if kp != NULL and kp[a + i] == 0:
                     continue
@@ -368,35 +402,72 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
                 v = values[a + i]
                 if v != v:
                     continue
-                _take(g, v, &count[0], &total[0], &lo[0], &hi[0], want_sum, want_min, want_max)
+                count[g] += 1
+                if want_min and not v >= lo[g]:
+                    lo[g] = v
+                if want_max and not v <= hi[g]:
+                    hi[g] = v
+                if kept:
+                    isz = (v == 0.0) & apart
+                    if zeros != NULL:
+                        zeros[g] += isz
+                    nzv[nz] = v
+                    nzg[nz] = g
+                    nz += 1 - isz
+                elif want_sum:
+                    total[g] += v
+            if kept and want_sum:
+                for j in range(nz):
+                    total[nzg[j]] += nzv[j]
             if bad >= 0:
                 break
-            if sk != NULL:  # (the sketch's counts in loops of their own over the same codes: faster than one loop)
-                # each row's cell found first, then the cells counted: the counts (a few MB: a
+            if sk != NULL:  # (the sketch's counts in loops of their own: faster than one loop)
+                # each value's cell found first, then the cells counted: the counts (a few MB: a
                 # group's cells for each exponent its values take) are read from the caches beyond
                 # L2, and a loop of increments alone has many of those reads under way at once
-                ncells = m
-                for i in range(m):
-                    cells[i] = -1
-                    if kp != NULL and kp[a + i] == 0:
-                        continue
-                    v = values[a + i]
-                    if v != v:
-                        continue
-                    cells[i] = _sketch_cell(sk, buf[i], v)
-                    if cells[i] < 0:
-                        status = <int>(-cells[i])
-                        bad = a + i
-                        ncells = i
+                ncells = nz
+                for j in range(nz):
+                    c = _sketch_cell(sk, nzg[j], nzv[j])
+                    cells[j] = c
+                    if c < 0:
+                        status = <int>(-c)
+                        ncells = j
+                        bad = _kept_row(a, m, j, kp, &values[0], &buf[0], apart)
                         break
-                for i in range(ncells):
-                    if cells[i] >= 0:
-                        sk.counts[cells[i]] += 1
+                for j in range(ncells):
+                    sk.counts[cells[j]] += 1
                 if bad >= 0:
                     break
+        if zeros != NULL and bad < 0:  # (each group's zeros into its zero bucket's cell)
+            for g in range(ngroups):
+                if zeros[g]:
+                    c = _sketch_cell(sk, g, 0.0)
+                    if c < 0:
+                        status = <int>(-c)
+                        break
+                    sk.counts[c] += <int32_t>zeros[g]
+    free(zeros)
     if status == 2:
         raise MemoryError("keyed_reduce: the sketch's table")
     return -2 if status == 3 else bad
+
+
+cdef Py_ssize_t _kept_row(Py_ssize_t a, Py_ssize_t m, Py_ssize_t j, const uint8_t* kp, const real_t* values,
+                          const int64_t* buf, int64_t apart) noexcept nogil:
+    """The row of the ``j``-th value :func:`keyed_reduce` kept of rows ``a .. a + m - 1`` (those
+    left in, not NaN, and not zeros put apart): the row a failure names."""
+    cdef Py_ssize_t i, k = 0
+    cdef double v
+    for i in range(m):
+        if kp != NULL and kp[a + i] == 0:
+            continue
+        v = values[a + i]
+        if v != v or (apart and v == 0.0):
+            continue
+        if k == j:
+            return a + i
+        k += 1
+    return a + m - 1
 
 
 # --- the quantile sketch's counts in a table of its occupied exponents ----------------------

@@ -1851,6 +1851,68 @@ def test_sketches_merge_in_one_pass():
     assert merge_sketches(one, (np.array([0, 0]), np.array([4, 4]), np.array([1, 1]))) is None  # (a repeat)
 
 
+def test_keyed_reduce_puts_zeros_apart_bit_for_bit():
+    """``keyed_reduce`` with a sketch counts each group's zeros apart from its other values (the
+    sums and the sketch's cells made of those): against numpy's definitions of the same rows, bit
+    for bit, over zeros of both signs (most of the rows: parked agents' speeds), NaN, rows left out
+    by ``keep``, several slices of codes; sums that start at -0.0 (a +0.0 makes them +0.0, a -0.0
+    leaves them: zeros then not put apart); a sketch whose exponents leave the zeros out (the first
+    row out named, zero or not); a table that fills up at its zeros (full: ``False``)."""
+    from l5dask.prediction.groupby import ALL_EXPONENTS, buckets
+    from l5dask.prediction.kernels import Sketch, keyed_reduce
+
+    rng = np.random.default_rng(21)
+    for case in range(12):
+        n = [5_000, 3, 40][case % 3]
+        key = rng.integers(0, 5, n).astype(np.int8)
+        x = np.where(rng.random(n) < 0.7, 0.0, rng.lognormal(0, 2, n))
+        x[rng.random(n) < 0.2] *= -1  # (-0.0 among the zeros)
+        x[rng.random(n) < 0.05] = np.nan
+        keep = rng.random(n) < 0.9 if case % 2 else None
+        start = np.zeros(5)
+        if case % 4 == 3:
+            start[[1, 2]] = -0.0
+        count, total = np.zeros(5, np.int64), start.copy()
+        lo, hi, rows = np.full(5, np.inf), np.full(5, -np.inf), np.zeros(5, np.int64)
+        sketch = Sketch(5, 12, *ALL_EXPONENTS, 2**22)
+        assert keyed_reduce([key], [0], [1], n, (count, total, lo, hi), x, rows, sketch, keep)
+        ok = np.ones(n, bool) if keep is None else keep
+        good = ok & ~np.isnan(x)
+        c, v = key[good].astype(np.int64), x[good]
+        want, lo_, hi_ = start.copy(), np.full(5, np.inf), np.full(5, -np.inf)
+        for g, y in zip(c.tolist(), v.tolist()):  # (row order, from the sums' starts: -0.0 + 0.0 is 0.0)
+            want[g] += y
+            lo_[g] = y if y < lo_[g] else lo_[g]  # (of equal values, the first: a zero's sign)
+            hi_[g] = y if y > hi_[g] else hi_[g]
+        assert total.tobytes() == want.tobytes(), case
+        assert count.tolist() == np.bincount(c, minlength=5).tolist()
+        assert rows.tolist() == np.bincount(key[ok], minlength=5).tolist()
+        assert lo.tobytes() == lo_.tobytes() and hi.tobytes() == hi_.tobytes()
+        cells, counts = np.unique(np.stack([c, buckets(v, 12)], 1), axis=0, return_counts=True)
+        g, b, k = sketch.result()
+        assert list(zip(g.tolist(), b.tolist(), k.tolist())) == list(
+            zip(cells[:, 0].tolist(), cells[:, 1].tolist(), counts.tolist())
+        ), case
+    # sums that start at -0.0: a +0.0 makes one +0.0, a -0.0 leaves the other -0.0
+    total = np.array([-0.0, -0.0])
+    out = (np.zeros(2, np.int64), total, None, None)
+    keyed_reduce(
+        [np.array([0, 1], np.int8)], [0], [1], 2, out, np.array([0.0, -0.0]), None, Sketch(2, 12, *ALL_EXPONENTS, 2**16)
+    )
+    assert np.signbit(total).tolist() == [False, True]
+    # exponents that leave the zeros out: the first row out is named, a zero or not
+    out = (np.zeros(1, np.int64), np.zeros(1), None, None)
+    for x, first in (([1.0, 1.5, 0.0, 8.0], 2), ([1.0, 8.0, 0.0], 1), ([1.0] * 3000 + [0.0], 3000)):
+        with pytest.raises(ValueError, match=f"row {first}'s group is not in"):
+            keyed_reduce(
+                [np.zeros(len(x), np.int8)], [0], [1], len(x), out, np.array(x), None, Sketch(1, 12, 1023, 1, 10**6)
+            )
+    # a table with room for one pair: the values' pair, then the zeros' at the end: full
+    x = np.array([0.0, 1.0, 0.0])
+    full = (np.zeros(1, np.int64), np.zeros(1), None, None)
+    assert not keyed_reduce([np.zeros(3, np.int8)], [0], [1], 3, full, x, None, Sketch(1, 4, *ALL_EXPONENTS, 16))
+
+
 def test_sketch_table_refuses_what_it_cannot_count():
     """The table's arguments and rows out of its groups or exponents are refused, never counted
     out of bounds."""
