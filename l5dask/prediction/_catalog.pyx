@@ -13,8 +13,11 @@ track) keys, face ids decoded and sorted), these loops with the gather's maxima 
 scenes, id codes and masks in one pass, where they were made whole and counted by two ``key_runs``):
 the catalog's faces of 30 M agents (5.4 M faces, 270 calls) 0.059-0.072 CPU-s against 0.108 s,
 their gathers apart (the report and the catalog in one ``l5dask.analyze``, one thread, mean of 3
-runs; 2026-11-29). When to delete a loop: when a numpy or flox formulation of it runs within 10%
-of it in that benchmark.
+runs; 2026-11-29). ``catalog_agents`` given the keys counts each
+run's distinct keys as the run ends (its masks still in the core's cache), where ``key_runs`` read
+the chunk's masks back whole: the catalog's agents member of a run of five analyses at 30 M agents,
+0.111-0.115 CPU-s against 0.120-0.131 s (4 interleaved pairs of processes, 2026-11-30). When to
+delete a loop: when a numpy or flox formulation of it runs within 10% of it in that benchmark.
 """
 
 import numpy as np
@@ -113,7 +116,9 @@ def key_runs(const uint64_t[::1] keys, const uint64_t[::1] masks, const int64_t[
     ``nkeys[r]`` its keys, ``first`` and ``last`` the ``(keys, masks)`` of the first and the last
     run (sorted by key: those runs may go on in the neighbouring chunks). Keys whose masks are all
     0 count nowhere. (The first and last runs' keys are written where their rows' room is
-    allocated, not a table of every row's: new pages each call.)"""
+    allocated, not a table of every row's: new pages each call.) The catalog's chunks take this
+    from :func:`catalog_agents` given their keys (the same ``_mask_run`` of each run as it ends);
+    this is the pass over masks made whole, which its tests and ``face_runs``' check them against."""
     cdef Py_ssize_t r, k, n = keys.shape[0], nruns = cuts.shape[0] - 1, nfirst = 0, nlast = 0
     cdef int problem = 0
     cdef uint64_t every = 0
@@ -266,7 +271,7 @@ cdef enum:
 def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[::1] cx, const double[::1] cy,
                    const int64_t[::1] frame_starts, const double[:, ::1] ego_xy, const int64_t[::1] frame_scene,
                    int64_t lo, const int8_t[::1] groups, double near0, double near1, float low,
-                   uint64_t[::1] masks, const double[::1] dist=None):
+                   uint64_t[::1] masks, const double[::1] dist=None, const uint64_t[::1] keys=None):
     """The catalog's per-agent work, one pass over a chunk of agents (first row ``lo``, ordered by
     frame; ``frame_starts``, ``ego_xy``, ``frame_scene``: the agent start, ego x/y and scene of the
     frames overlapping them): each row's mask (bit ``label``; bit ``L + g`` when its label's group
@@ -283,7 +288,13 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
     up per label): 2.1 ns a row, 1.7 ns with ``dist``, against 2.6 ns for the loop that branched
     on each row's group and made its distance there (the first 40 calls of a catalog of
     ``benchmarks/analyze_benchmark.py``'s dataset, 40,000 agents each, one thread, best of 9,
-    the outputs checked equal; 2026-11-28, at load 10)."""
+    the outputs checked equal; 2026-11-28, at load 10).
+
+    With ``keys`` (a track id per row), each run's distinct keys and their masks OR'd as
+    :func:`key_runs` makes them of the masks (``_mask_run``), each run as soon as its last row's
+    mask is made, while its rows' masks are still in the core's cache (where ``key_runs`` read the
+    whole chunk's back from memory): ``(cuts, scenes, mins, lows, counts, nkeys, first, last)``,
+    the last four ``key_runs``' of ``nl + 6`` bits."""
     cdef Py_ssize_t i, q, end, j = 0, r = 0, n = label.shape[0], m = frame_starts.shape[0], nl = groups.shape[0]
     cdef int problem = 0
     cdef int8_t l, g, lmin = 0, lmax = 0
@@ -313,6 +324,27 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
     cdef int64_t[::1] cuts_v = cuts, scenes_v = scenes, lows_v = lows
     cdef double[:, ::1] mins_v = mins
     cdef const double* dp = &dist[0] if dist is not None else NULL
+    # (with keys: each run's distinct keys, made when the run ends; the first and the last run's
+    # keys and masks written out)
+    cdef Py_ssize_t nbits = nl + 6, k, nfirst = 0, nlast = 0
+    cdef uint64_t* first = NULL
+    cdef uint64_t* last = NULL
+    cdef const uint64_t* kp = NULL
+    counts = nkeys = None
+    cdef int64_t[:, ::1] counts_v
+    cdef int64_t[::1] nkeys_v
+    if keys is not None:
+        if keys.shape[0] != n:
+            raise ValueError("catalog_agents: a key a row expected")
+        kp = &keys[0]
+        counts, nkeys = np.zeros((cap, nbits), np.int64), np.zeros(cap, np.int64)
+        counts_v, nkeys_v = counts, nkeys
+        first = <uint64_t*>malloc(2 * n * sizeof(uint64_t))
+        last = <uint64_t*>malloc(2 * n * sizeof(uint64_t))
+        if first == NULL or last == NULL:
+            free(first)
+            free(last)
+            raise MemoryError("catalog_agents: the runs' keys")
     with nogil:
         for i in range(n):  # (every label one of the labels: checked before any is looked up)
             lmin = min(lmin, label[i])
@@ -332,6 +364,16 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
                     break
                 cuts_v[r], scenes_v[r] = i, scene
                 r += 1
+                if kp != NULL and r >= 2:  # (the run before this one is whole: its keys)
+                    k = _mask_run(kp, &masks[0], cuts_v[r - 2], i, &counts_v[r - 2, 0], first if r == 2 else last)
+                    if k < 0:
+                        problem = 3
+                        break
+                    nkeys_v[r - 2] = k
+                    if r == 2:
+                        nfirst = k
+                    else:
+                        nlast = k
             if dp != NULL:
                 d = dp + i
             else:
@@ -350,13 +392,34 @@ def catalog_agents(const int8_t[::1] label, const float[::1] top, const double[:
             lows_v[r - 1] += nlow
             i = end
         cuts_v[r] = n
-    if problem == 2:
-        raise ValueError("catalog_agents: the frames' scenes increasing expected")
-    if problem:
-        raise ValueError(f"catalog_agents: labels from 0 to {nl - 1} expected")
-    if r == cap:
-        return cuts, scenes, mins, lows
-    return cuts[: r + 1].copy(), scenes[:r].copy(), mins[:r].copy(), lows[:r].copy()
+        if kp != NULL and not problem and n:  # (the last run)
+            k = _mask_run(kp, &masks[0], cuts_v[r - 1], n, &counts_v[r - 1, 0], first if r == 1 else last)
+            if k < 0:
+                problem = 3
+            else:
+                nkeys_v[r - 1] = k
+                if r == 1:
+                    nfirst = k
+                else:
+                    nlast = k
+    try:
+        if problem == 3:
+            raise MemoryError("catalog_agents: a run's keys")
+        if problem == 2:
+            raise ValueError("catalog_agents: the frames' scenes increasing expected")
+        if problem:
+            raise ValueError(f"catalog_agents: labels from 0 to {nl - 1} expected")
+        out = (cuts, scenes, mins, lows) if r == cap else (cuts[: r + 1].copy(), scenes[:r].copy(), mins[:r].copy(), lows[:r].copy())
+        if kp == NULL:
+            return out
+        head = _pairs(first, nfirst)
+        tail = head if r == 1 else _pairs(last, nlast)
+        if r < cap:
+            counts, nkeys = counts[:r].copy(), nkeys[:r].copy()
+        return (*out, counts, nkeys, head, tail)
+    finally:
+        free(first)
+        free(last)
 
 
 def byte_codes(const uint8_t[:, ::1] values):

@@ -46,7 +46,6 @@ from l5dask.prediction.kernels import (
     catalog_agents,
     face_runs,
     gather,
-    key_runs,
     mask_counts,
     union_masks,
 )
@@ -448,7 +447,9 @@ def agents_chunk(agents: Any, lo: int, frames: Rows, groups: np.ndarray) -> KeyP
     # with it: the same bits; else made here)
     made = getattr(agents, "derived", None)
     dist = made(DISTANCE) if made is not None else None
-    cuts, scenes, mins, lows = catalog_agents(
+    # (a bijection onto uint64: distinct ids stay distinct)
+    keys = track if track.dtype == np.uint64 else track.astype(np.int64).view(np.uint64)
+    cuts, scenes, mins, lows, counts, nkeys, first, last = catalog_agents(
         label,
         values[0],
         np.ascontiguousarray(cx, np.float64),
@@ -463,10 +464,8 @@ def agents_chunk(agents: Any, lo: int, frames: Rows, groups: np.ndarray) -> KeyP
         LOW_CONFIDENCE,
         masks,
         dist,
+        keys,
     )
-    # (a bijection onto uint64: distinct ids stay distinct)
-    keys = track if track.dtype == np.uint64 else track.astype(np.int64).view(np.uint64)
-    counts, nkeys, first, last = key_runs(keys, masks, cuts, len(groups) + 6)
     if track.dtype == np.uint64 and hasattr(agents, "leave"):
         # (every row's mask holds its label's bit: a run's keys are its distinct tracks, which the
         # report of a fused pass counts too: left for it, the same arrays as its track_runs')

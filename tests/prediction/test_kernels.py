@@ -279,6 +279,15 @@ def test_catalog_agents_match_numpy(given):
             sel = at & (g == grp) & ~np.isnan(d)
             assert mins[r, k] == (d[sel].min() if sel.any() else np.inf)
         assert lows[r] == np.count_nonzero(top[at] < 0.5)
+    # with keys: each run's distinct keys as key_runs makes them of the masks, made as each run ends
+    for keys in (rng.integers(0, 400, n).astype(np.uint64), rng.integers(0, 2**63, n).astype(np.uint64)):
+        got = catalog_agents(
+            label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks, *extra or (None,), keys
+        )
+        assert [a.tolist() for a in got[:4]] == [a.tolist() for a in (cuts, scenes, mins, lows)]
+        counts, nkeys, first, last = key_runs(keys, masks, cuts, 23)
+        assert got[4].tolist() == counts.tolist() and got[5].tolist() == nkeys.tolist()
+        assert [a.tolist() for a in (*got[6], *got[7])] == [a.tolist() for a in (*first, *last)]
     if given:  # (the distances taken from the column, not made again: other values, other masks)
         far = np.full(n, 100.0)
         catalog_agents(label, top, cx, cy, starts, ego, frame_scene, 0, groups, 10.0, 30.0, 0.5, masks, far)
@@ -289,10 +298,15 @@ def test_catalog_agents_match_numpy(given):
 
 def test_catalog_agents_runs_sized_by_scenes():
     """The runs' outputs are sized by the scenes the frames span: scenes with gaps in their numbers
-    (fewer runs than that span) and a scene per row (as many runs as rows) are numpy's; frames
-    whose scenes do not increase are refused in one line."""
+    (fewer runs than that span), a scene per row (as many runs as rows) and one scene are numpy's,
+    and with keys each run's distinct keys ``key_runs``'; frames whose scenes do not increase are
+    refused in one line."""
     groups = np.array([0, 1, 2], np.int8)
-    for frame_scene, n in ((np.array([3, 3, 9, 20], np.int64), 8), (np.arange(4, dtype=np.int64) * 2, 4)):
+    for frame_scene, n in (
+        (np.array([3, 3, 9, 20], np.int64), 8),
+        (np.arange(4, dtype=np.int64) * 2, 4),
+        (np.full(4, 7, np.int64), 8),  # (one run: the first and the last)
+    ):
         starts = np.linspace(0, n, len(frame_scene), endpoint=False).astype(np.int64)
         ego = np.zeros((len(frame_scene), 2))
         label = (np.arange(n) % 3).astype(np.int8)
@@ -305,6 +319,27 @@ def test_catalog_agents_runs_sized_by_scenes():
         assert scenes.tolist() == sorted(set(row_scene.tolist()))
         assert cuts.tolist() == [int(np.flatnonzero(row_scene == s)[0]) for s in scenes] + [n]
         assert len(mins) == len(lows) == len(scenes)
+        keys = (np.arange(n) % 2).astype(np.uint64)
+        got = catalog_agents(
+            label,
+            np.ones(n, np.float32),
+            cx,
+            np.zeros(n),
+            starts,
+            ego,
+            frame_scene,
+            0,
+            groups,
+            10.0,
+            30.0,
+            0.5,
+            masks,
+            None,
+            keys,
+        )
+        counts, nkeys, first, last = key_runs(keys, masks, cuts, 9)
+        assert got[4].tolist() == counts.tolist() and got[5].tolist() == nkeys.tolist()
+        assert [a.tolist() for a in (*got[6], *got[7])] == [a.tolist() for a in (*first, *last)]
     with pytest.raises(ValueError, match="increasing"):
         catalog_agents(
             np.zeros(4, np.int8),
