@@ -1875,7 +1875,13 @@ def test_keyed_reduce_puts_zeros_apart_bit_for_bit():
         count, total = np.zeros(5, np.int64), start.copy()
         lo, hi, rows = np.full(5, np.inf), np.full(5, -np.inf), np.zeros(5, np.int64)
         sketch = Sketch(5, 12, *ALL_EXPONENTS, 2**22)
-        assert keyed_reduce([key], [0], [1], n, (count, total, lo, hi), x, rows, sketch, keep)
+        # (no minimum asked, every row kept: the loop written out for that case; else the other)
+        assert keyed_reduce(
+            [key], [0], [1], n, (count, total, None if case % 3 == 0 else lo, hi), x, rows, sketch, keep
+        )
+        if case % 3 == 0:
+            lo = np.full(5, np.inf)
+            keyed_reduce([key], [0], [1], n, (np.zeros(5, np.int64), None, lo, None), x, None, None, keep)
         ok = np.ones(n, bool) if keep is None else keep
         good = ok & ~np.isnan(x)
         c, v = key[good].astype(np.int64), x[good]
