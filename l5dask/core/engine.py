@@ -183,7 +183,7 @@ class Reduction:
     #: members that make them first.
     provides: tuple[str, ...] = ()
     #: Results of a block ``chunk`` makes anyway and leaves in it (its source's ``leave``) for the
-    #: other members of a fused pass, which then finish their partials with them (:class:`Later`).
+    #: other members of a fused pass, which then finish their partials with them (:class:`~l5dask.core.engine.Later`).
     leaves: tuple[str, ...] = ()
 
     def __dask_tokenize__(self):
@@ -1031,7 +1031,7 @@ class Later:
 
 
 def _now(partial: Any) -> Any:
-    """A partial, finished now if it waits (:class:`Later`)."""
+    """A partial, finished now if it waits (:class:`~l5dask.core.engine.Later`)."""
     return partial.finish() if isinstance(partial, Later) else partial
 
 
@@ -1065,7 +1065,7 @@ def fused_chunk(members: tuple[Member, ...], source: Any, data: Any, start: int,
     whole when the block serves the members' gathers (gathered once for the whole block: its
     pieces would only add calls and combines). The members that make per-row columns others read
     (``Reduction.provides``) run first; a partial that waits for what another member leaves in the
-    block (:class:`Later`) is finished after them all."""
+    block (:class:`~l5dask.core.engine.Later`) is finished after them all."""
     encoded = hasattr(data, "records")
     shared = encoded and hasattr(data, "expect") and sum(m.encoded for m in members) > 1
     if shared:
