@@ -79,7 +79,7 @@ def check_writable(path: str, storage_options: dict[str, Any] | None = None) -> 
         return path
     folder = os.path.dirname(os.path.realpath(path))
     if not os.path.isdir(folder):
-        what = "is not a folder" if os.path.exists(folder) else "does not exist"
+        what = "is a file, not a folder" if os.path.exists(folder) else "does not exist"
         raise OutputError(f"{path}: the folder {folder} {what}")
     probe_folder(folder, path)
     return path

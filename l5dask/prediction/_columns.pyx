@@ -43,10 +43,11 @@ group, the other values kept in order for the sums and the cells; 2026-11-30): s
 first 3 M speeds by label, their count, sum, maximum and sketch, 13.7-14.9 ms against 19.2-19.5 ms
 the loop before (best of 15 interleaved rounds, the same bits; the same loop without a sketch
 8.6-8.9 ms either way); ``benchmarks/prediction_kernels.py``'s ``keyed_reduce + sketch`` 2.05 ms
-against numpy's 10.81 ms (5.3x). That rows' loop written out for its case (a sketch, every row kept,
-no minimum: no test the compiler kept in the loop for the cases it does not meet): 11.8-12.1 ms
-against 14.1-14.5 ms (same benchmark; a loop written out for a mean alone gained nothing, 12.5 ms
-either way, and is not kept).
+against numpy's 10.81 ms (5.3x). The rows' loop made for its case (a sketch, every row kept, no
+minimum: one row's work, ``_keyed_row``, inlined with that case's flags as constants, so that no
+test of the other cases stays in the loop): 12.7-13.0 ms against 14.1-14.5 ms (same benchmark; the
+loop written out twice, 12.1-12.3 ms, was not kept: two places for one row's work; a loop made
+for a mean alone gained nothing, 12.5 ms either way).
 """
 
 from libc.math cimport signbit, sqrt
@@ -356,6 +357,10 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
     cdef bint fast = False  # (the rows' loop with no case it does not need: the compiler left them in)
     cdef int64_t* zeros = NULL
     cdef int64_t zb
+    cdef double* tp = NULL
+    cdef double* lp = NULL
+    cdef double* hp = NULL
+    cdef int64_t* rp = NULL
     if kinds.shape[0] != nk or los.shape[0] != nk or strides.shape[0] != nk:
         raise ValueError("keyed_reduce: a type, a lowest value and a stride per key are needed")
     if has_values and values.shape[0] != n:
@@ -379,7 +384,12 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
         if n:
             kp = &keep[0]
     kept = has_values and sk != NULL  # (without a sketch, the sums made in the rows' loop: faster)
-    fast = kept and kp == NULL and not want_min
+    if ngroups:
+        tp = &total[0] if want_sum else NULL
+        lp = &lo[0] if want_min else NULL
+        hp = &hi[0] if want_max else NULL
+        rp = &rows[0] if want_rows else NULL
+    fast = kept and kp == NULL and not want_min and has_values
     if sk != NULL and apart:
         zeros = <int64_t*>calloc(max(ngroups, 1), sizeof(int64_t))
         if zeros == NULL:
@@ -393,54 +403,21 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
             for j in range(nk):
                 _mix_block(<const char*><Py_ssize_t>addrs[j], kinds[j], a, m, los[j], strides[j], buf, j == 0)
             nz = 0
-            if fast:  # (a sketch's rows, all kept, no minimum: the loop with no other case)
+            if fast:  # (the same row's work, inlined with the flags of its case: no test of the others)
                 for i in range(m):
-                    g = buf[i]
-                    if g < 0 or g >= ngroups:
-                        bad = a + i
+                    nz = _keyed_row(a, i, &buf[0], NULL, &values[0], True, ngroups, &count[0], tp, NULL, hp, rp,
+                                    False, False, want_max, want_rows, True, apart, zeros, nzv, nzg, nz)
+                    if nz < 0:
                         break
-                    if want_rows:
-                        rows[g] += 1
-                    v = values[a + i]
-                    if v != v:
-                        continue
-                    count[g] += 1
-                    if want_max and not v <= hi[g]:
-                        hi[g] = v
-                    isz = (v == 0.0) & apart
-                    if zeros != NULL:
-                        zeros[g] += isz
-                    nzv[nz] = v
-                    nzg[nz] = g
-                    nz += 1 - isz
-            for i in range(0 if fast else m):
-                if kp != NULL and kp[a + i] == 0:
-                    continue
-                g = buf[i]
-                if g < 0 or g >= ngroups:
-                    bad = a + i
-                    break
-                if want_rows:
-                    rows[g] += 1
-                if not has_values:
-                    continue
-                v = values[a + i]
-                if v != v:
-                    continue
-                count[g] += 1
-                if want_min and not v >= lo[g]:
-                    lo[g] = v
-                if want_max and not v <= hi[g]:
-                    hi[g] = v
-                if kept:
-                    isz = (v == 0.0) & apart
-                    if zeros != NULL:
-                        zeros[g] += isz
-                    nzv[nz] = v
-                    nzg[nz] = g
-                    nz += 1 - isz
-                elif want_sum:
-                    total[g] += v
+            else:
+                for i in range(m):
+                    nz = _keyed_row(a, i, &buf[0], kp, &values[0], has_values, ngroups, &count[0], tp, lp, hp, rp,
+                                    want_sum, want_min, want_max, want_rows, kept, apart, zeros, nzv, nzg, nz)
+                    if nz < 0:
+                        break
+            if nz < 0:  # (a row out of the groups: a failure, the outputs unfit for use)
+                bad = a + i
+                nz = 0
             if kept and want_sum:
                 for j in range(nz):
                     total[nzg[j]] += nzv[j]
@@ -475,6 +452,46 @@ def keyed_reduce(const int64_t[::1] addrs, const int32_t[::1] kinds, const int64
     if status == 2:
         raise MemoryError("keyed_reduce: the sketch's table")
     return -2 if status == 3 else bad
+
+
+cdef inline Py_ssize_t _keyed_row(Py_ssize_t a, Py_ssize_t i, const int64_t* buf, const uint8_t* kp, const real_t* values,
+                            bint has_values, int64_t ngroups, int64_t* count, double* total, double* lo, double* hi,
+                            int64_t* rows, bint want_sum, bint want_min, bint want_max, bint want_rows, bint kept,
+                            int64_t apart, int64_t* zeros, double* nzv, int64_t* nzg, Py_ssize_t nz) noexcept nogil:
+    """Row ``a + i`` of :func:`keyed_reduce` (its group ``buf[i]``) added to the outputs: the values
+    kept so far (``nz``, and this one), or -1 when its group is not one of ``ngroups`` (nothing
+    added). Inlined where it is called, so that a call with a case's flags as constants is a loop
+    with no test of the other cases (a sketch's rows, all kept, no minimum: see the module's notes)."""
+    cdef int64_t g
+    cdef int64_t isz
+    cdef double v
+    if kp != NULL and kp[a + i] == 0:
+        return nz
+    g = buf[i]
+    if g < 0 or g >= ngroups:
+        return -1
+    if want_rows:
+        rows[g] += 1
+    if not has_values:
+        return nz
+    v = values[a + i]
+    if v != v:
+        return nz
+    count[g] += 1
+    if want_min and not v >= lo[g]:
+        lo[g] = v
+    if want_max and not v <= hi[g]:
+        hi[g] = v
+    if kept:
+        isz = (v == 0.0) & apart
+        if zeros != NULL:
+            zeros[g] += isz
+        nzv[nz] = v
+        nzg[nz] = g
+        return nz + 1 - isz
+    if want_sum:
+        total[g] += v
+    return nz
 
 
 cdef Py_ssize_t _kept_row(Py_ssize_t a, Py_ssize_t m, Py_ssize_t j, const uint8_t* kp, const real_t* values,

@@ -231,3 +231,16 @@ def test_arrow_arrays_made_from_buffers_are_pyarrows(values, ns):
     assert stamps.type == utc and stamps.equals(pa.array(ns, pa.int64()).cast(utc))
     with pytest.raises(ValueError, match="int32 values cannot be timestamp"):
         arrow_array(np.zeros(len(ns), np.int32), utc)
+
+
+def test_an_output_whose_folder_is_missing_or_a_file_is_one_line(tmp_path):
+    """An output under a folder that is not there, or under a file, is refused in one line that
+    says which (the same words a job's check uses: ``is a file, not a folder``)."""
+    from l5dask.core.outputs import check_writable
+    from l5dask.errors import OutputError
+
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(OutputError, match=r"afile/o\.json: the folder .*afile is a file, not a folder$"):
+        check_writable(str(tmp_path / "afile" / "o.json"))
+    with pytest.raises(OutputError, match=r"none/o\.json: the folder .*none does not exist$"):
+        check_writable(str(tmp_path / "none" / "o.json"))
